@@ -1,0 +1,84 @@
+# The two commands everything hangs on: `make run` and `make test` (see README.md).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+ENGINE_VENV := .venv-engine
+PY := $(VENV)/bin/python
+DATA_DIR ?= $(CURDIR)/var
+REDIS_URL ?= redis://127.0.0.1:6379/0
+CONSOLE_BIND ?= 127.0.0.1:8000
+# Worker processes per queue group (honcho concurrency).
+WORKERS ?= 1
+CONVERT_WORKERS ?= 1
+PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
+export DATA_DIR REDIS_URL CONSOLE_BIND
+
+.PHONY: run setup venv engine redis migrate demo test test-sqlite test-postgres browser clean-test
+
+run: setup
+	@echo ""
+	@echo "  Console: http://$(CONSOLE_BIND)/   (Ctrl-C stops everything)"
+	@echo ""
+	$(VENV)/bin/honcho start -f Procfile -c worker=$(WORKERS),convert=$(CONVERT_WORKERS),bench=1
+
+setup: venv engine redis migrate demo
+
+$(VENV)/.installed: requirements.txt requirements/dev.txt
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (apt-get install python3.11 python3.11-venv)"; exit 1; }
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || (apt-get update -qq && apt-get install -y -qq python3-venv)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+# The engine environment matches the host: Ascend (npu-smi), NVIDIA (nvidia-smi), else CPU.
+ENGINE_REQS := $(shell if command -v npu-smi >/dev/null 2>&1; then echo requirements/engine-ascend.txt; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then echo requirements/engine-cuda.txt; \
+	else echo requirements/engine-cpu.txt; fi)
+
+$(ENGINE_VENV)/.installed: $(ENGINE_REQS)
+	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $(ENGINE_REQS)
+	# PyPI's torchvision & co. break imports beside the CPU torch build; vLLM doesn't need them here.
+	if [ "$(ENGINE_REQS)" = requirements/engine-cpu.txt ]; then \
+		$(ENGINE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
+	echo $(ENGINE_REQS) > $@
+
+engine: $(ENGINE_VENV)/.installed
+
+redis: venv
+	@if $(PY) -c "import redis,sys; redis.Redis.from_url('$(REDIS_URL)', socket_timeout=2).ping()" 2>/dev/null; then \
+		echo "Redis is reachable at $(REDIS_URL)"; \
+	else \
+		command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server); \
+		mkdir -p $(DATA_DIR)/redis; \
+		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --dir $(DATA_DIR)/redis --appendonly yes \
+			--logfile $(DATA_DIR)/redis/redis.log; \
+		for i in $$(seq 1 50); do $(PY) -c "import redis; redis.Redis.from_url('$(REDIS_URL)').ping()" 2>/dev/null && break; sleep 0.2; done; \
+		$(PY) -c "import redis; redis.Redis.from_url('$(REDIS_URL)').ping()" && echo "Started a local redis-server"; \
+	fi
+
+migrate: venv
+	mkdir -p $(DATA_DIR)/models
+	$(PY) manage.py migrate --noinput -v 0
+	$(PY) manage.py collectstatic --noinput -v 0
+	$(PY) manage.py ensure_admin
+
+demo: migrate redis
+	$(PY) manage.py import_demo_model --convert
+
+# --- tests ------------------------------------------------------------------------
+test: venv test-sqlite test-postgres
+
+test-sqlite: venv
+	env -u DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS)
+
+test-postgres: venv
+	DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest $(PYTEST_ARGS)
+
+# Debian's chromium for the browser tests (Playwright drives it; no browser download).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)

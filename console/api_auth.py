@@ -1,0 +1,68 @@
+"""API authentication and the per-route role check.
+
+The role is checked inside authentication, before the body is parsed: a caller without
+the role gets 403 whatever it sent, and learns nothing from validation errors."""
+from django.core.exceptions import PermissionDenied
+from django.utils import timezone
+from ninja.security import APIKeyCookie, HttpBearer
+
+from console.models import ApiToken, hash_token
+from console.roles import check_role, require_role
+
+
+def _token_user(request, raw):
+    api_token = ApiToken.objects.active().select_related("user").filter(token_hash=hash_token(raw)).first()
+    if api_token is None or not api_token.user.is_active:
+        return None
+    now = timezone.now()
+    # Write last_used at most once a minute: a busy client must not turn reads into writes.
+    if api_token.last_used_at is None or (now - api_token.last_used_at).total_seconds() > 60:
+        ApiToken.objects.filter(pk=api_token.pk).update(last_used_at=now)
+    request.user = api_token.user
+    request.api_token = api_token
+    return api_token.user
+
+
+class BearerToken(HttpBearer):
+    def __init__(self, role: str):
+        super().__init__()
+        self.role = role
+
+    def authenticate(self, request, token):
+        user = _token_user(request, token)
+        if user is not None:
+            check_role(user, self.role)  # PermissionDenied -> 403
+        return user
+
+
+class Session(APIKeyCookie):
+    """The browser session, with CSRF (APIKeyCookie checks it)."""
+
+    param_name = "sessionid"
+
+    def __init__(self, role: str):
+        from django.conf import settings
+
+        self.param_name = settings.SESSION_COOKIE_NAME
+        super().__init__(csrf=True)
+        self.role = role
+
+    def authenticate(self, request, key):
+        if request.user.is_authenticated:
+            check_role(request.user, self.role)
+            return request.user
+        return None
+
+
+def api_route(router, method: str, path: str, *, role: str, **kwargs):
+    """Register an API operation that needs `role` (Viewer, Operator or Admin)."""
+
+    def decorator(func):
+        view = require_role(role)(func)
+        router.api_operation([method.upper()], path, auth=[BearerToken(role), Session(role)], **kwargs)(view)
+        return view
+
+    return decorator
+
+
+__all__ = ["api_route", "PermissionDenied"]

@@ -1,0 +1,9 @@
+from django.apps import AppConfig
+
+
+class ConsoleConfig(AppConfig):
+    name = "console"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from console import signals  # noqa: F401

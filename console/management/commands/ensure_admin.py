@@ -1,0 +1,35 @@
+import secrets
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+
+from console.audit import audit_log
+from console.env import env_secret
+from console.roles import ADMIN, set_role
+
+
+class Command(BaseCommand):
+    help = ("Create the first Admin account if no user exists. Password from CONSOLE_ADMIN_PASSWORD "
+            "(or CONSOLE_ADMIN_PASSWORD_FILE), else generated and printed once.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--username", default="admin")
+
+    def handle(self, *args, username, **options):
+        User = get_user_model()
+        if User.objects.exists():
+            self.stdout.write("Accounts exist already: no admin created.")
+            return
+        password = env_secret("CONSOLE_ADMIN_PASSWORD")
+        generated = not password
+        if generated:
+            password = secrets.token_urlsafe(12)
+        user = User.objects.create_user(username=username, password=password)
+        set_role(user, ADMIN)
+        audit_log(actor=None, action="user.create", obj=user, via="cli", changes={"role": ADMIN, "first_admin": True})
+        if generated:
+            self.stdout.write(self.style.WARNING(
+                f"Created the Admin account {username!r} with password: {password}\n"
+                f"(shown once; set CONSOLE_ADMIN_PASSWORD to choose it)"))
+        else:
+            self.stdout.write(f"Created the Admin account {username!r} (password from CONSOLE_ADMIN_PASSWORD).")

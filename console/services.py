@@ -1,0 +1,97 @@
+"""Writes for accounts: users, roles, API tokens. Every one is audited."""
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from console.audit import audit_log
+from console.models import ApiToken, hash_token
+from console.roles import ADMIN, ROLES, set_role, user_role
+
+User = get_user_model()
+
+
+def api_token_create(*, user, name: str, expires_days=None, request=None, via: str = "") -> tuple[ApiToken, str]:
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError("Give the token a name (what will use it).")
+    if len(name) > 100:
+        raise ValidationError("The name is too long (100 characters at most).")
+    expires_at = None
+    if expires_days not in (None, ""):
+        try:
+            days = int(expires_days)
+        except (TypeError, ValueError):
+            raise ValidationError("Expiry must be a whole number of days.") from None
+        if not 1 <= days <= 3650:
+            raise ValidationError("Expiry must be between 1 and 3650 days.")
+        expires_at = timezone.now() + timedelta(days=days)
+    raw = ApiToken.generate_raw()
+    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw), expires_at=expires_at)
+    audit_log(actor=user, action="api_token.create", obj=token, request=request, via=via,
+              changes={"name": name, "expires_at": expires_at.isoformat() if expires_at else None})
+    return token, raw
+
+
+def api_token_revoke(*, token: ApiToken, user, request=None) -> ApiToken:
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_log(actor=user, action="api_token.revoke", obj=token, request=request)
+    return token
+
+
+def user_create(*, username: str, role: str, password: str = "", actor=None, request=None, via: str = ""):
+    """Create a user with a role; a blank password is generated and returned once."""
+    username = (username or "").strip()
+    if not username:
+        raise ValidationError("Enter a username.")
+    if role not in ROLES:
+        raise ValidationError(f"Choose a role: {', '.join(ROLES)}.")
+    if User.objects.filter(username__iexact=username).exists():
+        raise ValidationError(f"A user named {username!r} already exists.")
+    user = User(username=username)
+    try:
+        User._meta.get_field("username").run_validators(username)
+    except ValidationError as exc:
+        raise ValidationError(f"Invalid username: {' '.join(exc.messages)}") from exc
+    generated = ""
+    if not password:
+        generated = password = secrets.token_urlsafe(12)
+    validate_password(password, user)
+    with transaction.atomic():
+        user.set_password(password)
+        user.save()
+        set_role(user, role)
+        audit_log(actor=actor, action="user.create", obj=user, request=request, via=via, changes={"role": role})
+    return user, generated
+
+
+def user_update(*, target, role: str | None = None, active=None, actor, request=None):
+    changes = {}
+    if role is not None:
+        if role not in ROLES:
+            raise ValidationError(f"Choose a role: {', '.join(ROLES)}.")
+        old = user_role(target)
+        if target.pk == actor.pk and role != ADMIN:
+            raise ValidationError("You cannot remove your own Admin role.")
+        if old != role:
+            set_role(target, role)
+            changes["role"] = [old, role]
+    if active is not None:
+        active = str(active).lower() in {"1", "true", "on", "yes"}
+        if target.pk == actor.pk and not active:
+            raise ValidationError("You cannot deactivate yourself.")
+        if target.is_active != active:
+            changes["is_active"] = [target.is_active, active]
+            target.is_active = active
+            target.save(update_fields=["is_active"])
+            if not active:
+                target.api_tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    if changes:
+        audit_log(actor=actor, action="user.update", obj=target, request=request, changes=changes)
+    return target

@@ -1,0 +1,154 @@
+"""The console's single settings module: every value is read from the environment
+through console.env's typed helpers. Embedded defaults (SQLite under DATA_DIR, local
+Redis) make `make run` work with no configuration at all."""
+import os
+from pathlib import Path
+
+import dj_database_url
+
+from console.env import (
+    env_bool, env_float, env_int, env_list, env_path, env_secret, env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = env_path("DATA_DIR", BASE_DIR / "var")
+DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, downloads and artifacts live here
+
+DEBUG = env_bool("DEBUG", False)
+# The embedded default key is only for development; production sets SECRET_KEY(_FILE).
+SECRET_KEY = env_secret("SECRET_KEY") or "insecure-dev-key-set-SECRET_KEY-in-production-" + "x" * 20
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django.contrib.humanize",
+    "django_rq",
+    "console",
+    "workers",
+    "models_registry",
+    "endpoints",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "console.middleware.LoginRequiredEverywhereMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.context_processors.roles",
+            ],
+        },
+    },
+]
+
+_default_db = f"sqlite:///{DATA_DIR / 'console.sqlite3'}"
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", _default_db), conn_max_age=env_int("DB_CONN_MAX_AGE", 0)
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Workers, agent and web share the file: wait for locks instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 30, "transaction_mode": "IMMEDIATE", "init_command": "PRAGMA journal_mode=WAL;"}
+    )
+    # Tests run workers in other processes: the test database must be a file they can open.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-console.sqlite3")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+RQ_QUEUES = {
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600}
+    for name in ("default", "convert", "quantize", "bench")
+}
+RQ_SHOW_ADMIN_LINK = False
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = env_str("TIME_ZONE", "UTC")
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "staticfiles"
+import plotly as _plotly  # noqa: E402
+
+# Plotly.js comes from the plotly package itself (air-gapped sites: no CDN).
+STATICFILES_DIRS = [BASE_DIR / "static", ("plotly", Path(_plotly.__file__).parent / "package_data")]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "overview"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
+SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_PROXY", False) else None
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+# Production runs behind TLS by HTTPS=true; `check --deploy` is clean with those settings.
+SILENCED_SYSTEM_CHECKS = env_list("SILENCED_SYSTEM_CHECKS", [])
+
+# --- The console's own settings --------------------------------------------------
+# Model files may be registered only from inside these roots (resolved, symlinks followed).
+MODEL_ROOTS = [Path(p).expanduser().resolve() for p in env_list("MODEL_ROOTS", [str(DATA_DIR / "models")])]
+# Conversions and quantizations write new artifacts here.
+ARTIFACT_STORE = env_path("ARTIFACT_STORE", DATA_DIR / "artifacts")
+# A conversion is refused when it would leave less than this free in the store.
+ARTIFACT_STORE_MIN_FREE_BYTES = env_int("ARTIFACT_STORE_MIN_FREE_BYTES", 1024**3)
+ENGINE_PYTHON = env_str("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
+GPU_MEMORY_UTILIZATION = env_float("GPU_MEMORY_UTILIZATION", 0.9)
+# Jobs whose heartbeat is older than this are reaped as failed (worker died).
+JOB_HEARTBEAT_SECONDS = env_int("JOB_HEARTBEAT_SECONDS", 5)
+JOB_STALE_SECONDS = env_int("JOB_STALE_SECONDS", 30)
+API_TOKEN_PREFIX = "lmc_"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+# This host's name for jobs and the node agent.
+import socket as _socket  # noqa: E402
+
+NODE_NAME = env_str("NODE_NAME", _socket.gethostname())
+CSRF_FAILURE_VIEW = "console.views.csrf_failure"

@@ -1,0 +1,35 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from console import views
+from console.api import api
+from models_registry import views as registry
+from workers import views as jobs
+
+urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("healthz", views.healthz, name="healthz"),
+    path("", views.overview, name="overview"),
+    path("audit/", views.audit_list, name="audit_list"),
+    path("tokens/", views.token_list, name="token_list"),
+    path("tokens/create", views.token_create, name="token_create"),
+    path("tokens/<int:token_id>/revoke", views.token_revoke, name="token_revoke"),
+    path("users/", views.user_list, name="user_list"),
+    path("users/create", views.user_create, name="user_create"),
+    path("users/<int:user_id>/update", views.user_update, name="user_update"),
+    path("models/", registry.model_list, name="model_list"),
+    path("models/register", registry.model_register, name="model_register"),
+    path("models/<int:model_id>/", registry.model_detail, name="model_detail"),
+    path("models/<int:model_id>/delete", registry.model_delete, name="model_delete"),
+    path("artifacts/<int:artifact_id>/", registry.artifact_detail, name="artifact_detail"),
+    path("artifacts/<int:artifact_id>/jobs", registry.artifact_jobs, name="artifact_jobs"),
+    path("artifacts/<int:artifact_id>/convert", registry.artifact_convert, name="artifact_convert"),
+    path("artifacts/<int:artifact_id>/delete", registry.artifact_delete, name="artifact_delete"),
+    path("jobs/", jobs.job_list, name="job_list"),
+    path("jobs/<int:job_id>/", jobs.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/status", jobs.job_status, name="job_status"),
+    path("jobs/<int:job_id>/cancel", jobs.job_cancel, name="job_cancel"),
+    path("jobs/<int:job_id>/retry", jobs.job_retry, name="job_retry"),
+    path("api/v1/", api.urls),
+]

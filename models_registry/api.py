@@ -1,0 +1,109 @@
+from django.shortcuts import get_object_or_404
+from ninja import Router, Schema
+
+from console.api_auth import api_route
+from console.roles import ADMIN, OPERATOR, VIEWER
+from models_registry import selectors, services
+from models_registry.capacity_view import artifact_capacity
+from models_registry.models import Artifact, Model
+
+router = Router(tags=["models"])
+
+
+class ModelIn(Schema):
+    name: str
+    path: str
+    description: str = ""
+
+
+class ConvertIn(Schema):
+    to: str
+    dtype: str | None = None
+    batch_size: int | None = None
+    seq_len: int | None = None
+    soc_version: str | None = None
+    precision_mode: str | None = None
+
+
+def artifact_json(artifact: Artifact) -> dict:
+    return {
+        "id": artifact.pk,
+        "model": artifact.model_id,
+        "format": artifact.format,
+        "dtype": artifact.dtype,
+        "status": artifact.status,
+        "parent": artifact.parent_id,
+        "producing_job": artifact.producing_job_id,
+        "params": artifact.params,
+        "path": artifact.path,
+        "size_bytes": artifact.size_bytes,
+        "sha256": artifact.sha256 or None,
+        "servable": artifact.servable,
+        "recommended": artifact.recommended,
+        "inspection": artifact.inspection,
+        "verification": artifact.verification or None,
+        "accuracy": artifact.accuracy,
+        "note": artifact.note,
+        "created_at": artifact.created_at.isoformat(),
+    }
+
+
+def model_json(model: Model, *, with_artifacts=True) -> dict:
+    data = {
+        "id": model.pk,
+        "name": model.name,
+        "description": model.description,
+        "created_at": model.created_at.isoformat(),
+    }
+    if with_artifacts:
+        data["artifacts"] = [artifact_json(a) for a in selectors.artifacts_of(model)]
+    return data
+
+
+@api_route(router, "get", "/models", role=VIEWER, response=list[dict])
+def list_models(request):
+    return [model_json(m, with_artifacts=False) | {"artifact_count": m.artifact_count} for m in selectors.model_list()]
+
+
+@api_route(router, "post", "/models", role=OPERATOR, response={201: dict})
+def register_model(request, payload: ModelIn):
+    model = services.model_register(name=payload.name, path=payload.path, description=payload.description,
+                                    user=request.user, request=request)
+    return 201, model_json(model)
+
+
+@api_route(router, "get", "/models/{model_id}", role=VIEWER, response=dict)
+def get_model(request, model_id: int):
+    return model_json(get_object_or_404(Model.objects.alive(), pk=model_id))
+
+
+@api_route(router, "delete", "/models/{model_id}", role=ADMIN, response={204: None})
+def delete_model(request, model_id: int):
+    services.model_delete(model=get_object_or_404(Model.objects.alive(), pk=model_id), user=request.user, request=request)
+    return 204, None
+
+
+@api_route(router, "get", "/artifacts/{artifact_id}", role=VIEWER, response=dict)
+def get_artifact(request, artifact_id: int):
+    return artifact_json(get_object_or_404(Artifact.objects.alive(), pk=artifact_id))
+
+
+@api_route(router, "get", "/artifacts/{artifact_id}/capacity", role=VIEWER, response=dict)
+def get_capacity(request, artifact_id: int, memory_utilization: float | None = None):
+    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    return artifact_capacity(artifact, memory_utilization=memory_utilization)
+
+
+@api_route(router, "delete", "/artifacts/{artifact_id}", role=ADMIN, response={204: None})
+def delete_artifact(request, artifact_id: int):
+    services.artifact_delete(artifact=get_object_or_404(Artifact.objects.alive(), pk=artifact_id),
+                             user=request.user, request=request)
+    return 204, None
+
+
+@api_route(router, "post", "/artifacts/{artifact_id}/convert", role=OPERATOR, response={202: dict})
+def convert_artifact(request, artifact_id: int, payload: ConvertIn):
+    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    options = {k: v for k, v in payload.dict().items() if v is not None}
+    job = services.artifact_convert(artifact=artifact, user=request.user, options=options, request=request)
+    return 202, {"job": job.pk}

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ModelsRegistryConfig(AppConfig):
+    name = "models_registry"
+    default_auto_field = "django.db.models.BigAutoField"

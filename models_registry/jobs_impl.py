@@ -1,0 +1,126 @@
+"""Job handlers for the registry: (job, ctx) -> result dict. Run inside a worker by
+workers.runtime, which owns claiming, logging, heartbeat, cancel and failure."""
+import hashlib
+import logging
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from models_registry.inspection import inspect_path
+from models_registry.models import Artifact
+from workers.runtime import JobFailed
+
+log = logging.getLogger("console.job")
+CHUNK = 8 * 1024 * 1024
+
+
+def _model_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def hash_artifact(job, ctx) -> dict:
+    artifact = Artifact.objects.get(pk=job.params["artifact"])
+    root = Path(artifact.path)
+    files = _model_files(root)
+    total = sum(p.stat().st_size for p in files) or 1
+    done = 0
+    digests = {}
+    for path in files:
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(CHUNK):
+                digest.update(chunk)
+                done += len(chunk)
+                ctx.progress(100 * done / total, f"sha256 {path.name}")
+        digests[str(path.relative_to(root)) if root.is_dir() else path.name] = digest.hexdigest()
+    combined = hashlib.sha256("".join(f"{name}\0{d}\n" for name, d in sorted(digests.items())).encode()).hexdigest()
+    Artifact.objects.filter(pk=artifact.pk).update(sha256=combined, file_hashes=digests)
+    log.info("sha256 of %d file(s): %s", len(digests), combined)
+    return {"sha256": combined, "files": len(digests)}
+
+
+def _destination(source: Artifact, job, suffix: str) -> Path:
+    return Path(settings.ARTIFACT_STORE) / source.model.name / f"{source.pk}-{suffix}-job{job.pk}"
+
+
+def _scaled(ctx, low: float, high: float):
+    def report(pct: float, stage: str) -> None:
+        ctx.progress(low + (high - low) * pct / 100.0, stage)
+
+    return report
+
+
+def _building(source: Artifact, job, *, fmt: str, dtype: str, dest: Path, params: dict) -> Artifact:
+    return Artifact.objects.create(
+        model=source.model, parent=source, producing_job=job, params=params, format=fmt, dtype=dtype,
+        path=str(dest), status=Artifact.Status.BUILDING, created_by=job.created_by,
+    )
+
+
+def _ready(artifact: Artifact, dest: Path, **extra) -> None:
+    inspection = inspect_path(dest) if fmt_inspectable(artifact.format) else {}
+    size = inspection.get("size_bytes") or sum(p.stat().st_size for p in _model_files(dest))
+    Artifact.objects.filter(pk=artifact.pk).update(
+        status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra
+    )
+    artifact.refresh_from_db()
+    from models_registry.services import artifact_hash_enqueue
+
+    transaction.on_commit(lambda: artifact_hash_enqueue(artifact=artifact))
+
+
+def fmt_inspectable(fmt: str) -> bool:
+    return fmt in {Artifact.Format.HF, Artifact.Format.GGUF}
+
+
+def convert_artifact(job, ctx) -> dict:
+    from models_registry import conversion
+
+    source = Artifact.objects.select_related("model").get(pk=job.target_artifact_id)
+    opts = job.params
+    to = opts["to"]
+    try:
+        if to == "hf":
+            dest = _destination(source, job, f"hf-{opts['dtype']}")
+            out = _building(source, job, fmt=Artifact.Format.HF, dtype=opts["dtype"], dest=dest, params=opts)
+            staging = ctx.staging_dir(dest)
+            ctx.progress(1, "loading and dequantising the GGUF")
+            conversion.gguf_to_hf(Path(source.path), staging, dtype=opts["dtype"], progress=_scaled(ctx, 1, 95))
+            ctx.commit_staging(staging, dest)
+            _ready(out, dest)
+            return {"artifact_id": out.pk}
+        if to in ("fp16", "bf16"):
+            dtype = {"fp16": "float16", "bf16": "bfloat16"}[to]
+            dest = _destination(source, job, to)
+            out = _building(source, job, fmt=Artifact.Format.HF, dtype=dtype, dest=dest, params=opts)
+            staging = ctx.staging_dir(dest)
+            conversion.convert_precision(Path(source.path), staging, dtype=dtype, progress=_scaled(ctx, 0, 70))
+            ctx.progress(75, "verifying logits against the source")
+            verification = conversion.compare_logits(Path(source.path), staging)
+            log.info("verification: %s", verification)
+            ctx.commit_staging(staging, dest)
+            _ready(out, dest, verification=verification)
+            return {"artifact_id": out.pk, "verification": verification}
+        # to == "om": ONNX first (kept as an artifact), then ATC.
+        shape = f"b{opts['batch_size']}-s{opts['seq_len']}"
+        onnx_dest = _destination(source, job, f"onnx-{shape}")
+        onnx = _building(source, job, fmt=Artifact.Format.ONNX, dtype="float32", dest=onnx_dest, params=opts)
+        staging = ctx.staging_dir(onnx_dest)
+        conversion.export_onnx(Path(source.path), staging, batch_size=opts["batch_size"], seq_len=opts["seq_len"],
+                               progress=_scaled(ctx, 0, 60))
+        ctx.commit_staging(staging, onnx_dest)
+        _ready(onnx, onnx_dest, note="Intermediate for ATC; not servable by vLLM.")
+        om_dest = _destination(source, job, f"om-{opts['soc_version']}-{shape}")
+        om = _building(source, job, fmt=Artifact.Format.OM, dtype=opts["precision_mode"], dest=om_dest, params=opts)
+        staging = ctx.staging_dir(om_dest)
+        ctx.progress(65, "running ATC")
+        conversion.run_atc(onnx_dest / "model.onnx", staging / "model", soc_version=opts["soc_version"],
+                           precision_mode=opts["precision_mode"])
+        ctx.commit_staging(staging, om_dest)
+        _ready(om, om_dest, note="Offline model for ACL/MindIE; not servable by vLLM.")
+        return {"artifact_id": om.pk, "onnx_artifact_id": onnx.pk}
+    except conversion.ConversionError as exc:
+        raise JobFailed(str(exc)) from exc

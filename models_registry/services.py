@@ -1,0 +1,208 @@
+"""Writes for the model registry: register, delete, and queue hashing and conversions."""
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from console.audit import audit_log
+from console.exceptions import Conflict, ServiceUnavailable
+from models_registry.inspection import InspectionError, inspect_path
+from models_registry.models import NAME_VALIDATOR, Artifact, Model
+from models_registry.paths import validate_model_path
+from models_registry.selectors import artifact_in_use
+from workers.models import Job
+from workers.services import job_enqueue
+
+log = logging.getLogger(__name__)
+
+CONVERT_TARGETS = ("hf", "fp16", "bf16", "om")
+HF_DTYPES = {"bfloat16", "float16"}
+PRECISION_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
+ATC_PRECISION_MODES = ("force_fp16", "allow_mix_precision", "allow_fp32_to_fp16", "must_keep_origin_dtype")
+
+
+def _format_of(inspection: dict) -> str:
+    fmt = inspection.get("format") or "hf"
+    return fmt if fmt in Artifact.Format.values else Artifact.Format.HF
+
+
+def _dtype_of(inspection: dict) -> str:
+    quant = inspection.get("quantization") or {}
+    return str(quant.get("scheme") or inspection.get("dtype") or "")
+
+
+def model_register(*, name: str, path: str, user, description: str = "", request=None) -> Model:
+    """Register a model from a path on the server. Nothing is written unless every check passes."""
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "Enter a name."})
+    try:
+        NAME_VALIDATOR(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    if Model.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"A model named {name!r} already exists."})
+    try:
+        resolved = validate_model_path(path)
+    except ValidationError as exc:
+        raise ValidationError({"path": exc.messages}) from exc
+    try:
+        inspection = inspect_path(resolved)
+    except InspectionError as exc:
+        raise ValidationError({"path": str(exc)}) from exc
+    try:
+        with transaction.atomic():
+            model = Model.objects.create(name=name, description=description, created_by=user)
+            artifact = Artifact.objects.create(
+                model=model, format=_format_of(inspection), dtype=_dtype_of(inspection), path=str(resolved),
+                size_bytes=inspection.get("size_bytes"), inspection=inspection, status=Artifact.Status.READY,
+                created_by=user,
+            )
+            audit_log(actor=user, action="model.register", obj=model, request=request,
+                      changes={"path": str(resolved), "format": artifact.format, "artifact": artifact.pk})
+            artifact_hash_enqueue(artifact=artifact)
+    except IntegrityError as exc:  # a concurrent register of the same name
+        raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
+    return model
+
+
+def artifact_hash_enqueue(*, artifact: Artifact, user=None) -> Job | None:
+    """Checksums run in the background; a registration doesn't fail because Redis is down."""
+    try:
+        return job_enqueue(kind="hash_artifact", params={"artifact": artifact.pk}, user=user,
+                           target_model=artifact.model, target_artifact=artifact,
+                           dedupe_key=f"hash_artifact:{artifact.pk}")
+    except (ServiceUnavailable, Conflict) as exc:
+        log.warning("Checksum of %s not queued: %s", artifact, exc)
+        return None
+
+
+def artifact_delete(*, artifact: Artifact, user, request=None) -> Artifact:
+    """Soft delete: the row stays for lineage and audit; files are left untouched."""
+    users = artifact_in_use(artifact)
+    if users:
+        raise Conflict(f"Artifact #{artifact.pk} is used by endpoint(s) {', '.join(users)}: stop them first.")
+    # A pending checksum doesn't block a delete; a conversion reading the files does.
+    if artifact.jobs.filter(status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
+        raise Conflict(f"Artifact #{artifact.pk} has running jobs: cancel them first.")
+    was = artifact.status
+    artifact.status = Artifact.Status.DELETED
+    artifact.deleted_at = timezone.now()
+    artifact.save(update_fields=["status", "deleted_at"])
+    audit_log(actor=user, action="artifact.delete", obj=artifact, changes={"status": [was, "deleted"]}, request=request)
+    return artifact
+
+
+def model_delete(*, model: Model, user, request=None) -> Model:
+    artifacts = list(model.artifacts.alive())
+    for artifact in artifacts:
+        users = artifact_in_use(artifact)
+        if users:
+            raise Conflict(f"{model.name} is served by endpoint(s) {', '.join(users)}: stop them first.")
+    if Job.objects.filter(target_model=model, status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
+        raise Conflict(f"{model.name} has running jobs: cancel them first.")
+    with transaction.atomic():
+        now = timezone.now()
+        model.artifacts.alive().update(status=Artifact.Status.DELETED, deleted_at=now)
+        # Free the name for a later registration; the row keeps its history.
+        old_name = model.name
+        model.name = f"{old_name}~deleted-{model.pk}"[:100]
+        model.deleted_at = now
+        model.save(update_fields=["name", "deleted_at"])
+        audit_log(actor=user, action="model.delete", obj=model, request=request,
+                  changes={"name": old_name, "artifacts": [a.pk for a in artifacts]})
+    return model
+
+
+# --- conversions -------------------------------------------------------------------
+
+def _positive_int(value, field: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValidationError({field: f"Enter a whole number between {low} and {high}."}) from None
+    if not low <= number <= high:
+        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
+    return number
+
+
+def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
+    """Validate conversion options against the source artifact; return the canonical set."""
+    if artifact.status != Artifact.Status.READY:
+        raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be converted.")
+    to = options.get("to")
+    if to not in CONVERT_TARGETS:
+        raise ValidationError({"to": f"Choose one of: {', '.join(CONVERT_TARGETS)}."})
+    unknown = set(options) - {"to", "dtype", "batch_size", "seq_len", "soc_version", "precision_mode"}
+    if unknown:
+        raise ValidationError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
+    source_dtype = (artifact.inspection or {}).get("dtype") or artifact.dtype
+    if to == "hf":
+        if artifact.format != Artifact.Format.GGUF:
+            raise ValidationError({"to": "Conversion to Hugging Face format needs a GGUF artifact."})
+        dtype = options.get("dtype") or "bfloat16"
+        if dtype not in HF_DTYPES:
+            raise ValidationError({"dtype": "Choose bfloat16 or float16."})
+        return {"to": to, "dtype": dtype}
+    if artifact.format != Artifact.Format.HF:
+        raise ValidationError({"to": f"Conversion to {to} needs a Hugging Face (safetensors) artifact; "
+                                     f"this one is {artifact.format}. Convert it to HF first."})
+    if (artifact.inspection or {}).get("quantization"):
+        raise ValidationError({"to": "This artifact is already quantized; convert its float parent instead."})
+    if to in PRECISION_DTYPE:
+        if source_dtype == PRECISION_DTYPE[to]:
+            raise ValidationError({"to": f"The artifact is already {source_dtype}."})
+        return {"to": to}
+    batch_size = _positive_int(options.get("batch_size", 1), "batch_size", 1, 64)
+    max_pos = (artifact.inspection or {}).get("max_position_embeddings") or 32768
+    seq_len = _positive_int(options.get("seq_len", 128), "seq_len", 1, max_pos)
+    soc = str(options.get("soc_version") or "").strip()
+    if not soc:
+        raise ValidationError({"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."})
+    if not soc.startswith("Ascend"):
+        soc = "Ascend" + soc
+    import re
+
+    if not re.fullmatch(r"Ascend[0-9A-Za-z_]{2,20}", soc):
+        raise ValidationError({"soc_version": "A chip name is letters, digits and '_' (e.g. Ascend910B4)."})
+    precision_mode = options.get("precision_mode") or "force_fp16"
+    if precision_mode not in ATC_PRECISION_MODES:
+        raise ValidationError({"precision_mode": f"Choose one of: {', '.join(ATC_PRECISION_MODES)}."})
+    return {"to": to, "batch_size": batch_size, "seq_len": seq_len, "soc_version": soc, "precision_mode": precision_mode}
+
+
+def _store_free_bytes() -> int:
+    store = Path(settings.ARTIFACT_STORE)
+    probe = store
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def artifact_convert(*, artifact: Artifact, user, options: dict, request=None, retry_of: Job | None = None) -> Job:
+    from models_registry.conversion import estimate_output_bytes
+
+    clean = convert_options_clean(artifact=artifact, options=options)
+    existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY).first()
+    if existing is not None:
+        raise Conflict(f"This conversion already exists as artifact #{existing.pk}.",
+                       link=existing.get_absolute_url(), object_id=existing.pk)
+    param_count = (artifact.inspection or {}).get("param_count") or 0
+    needed = estimate_output_bytes(param_count=param_count, to=clean["to"])
+    free = _store_free_bytes() - settings.ARTIFACT_STORE_MIN_FREE_BYTES
+    if needed > free:
+        raise ValidationError(
+            f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): this conversion needs about "
+            f"{needed / 1e9:.2f} GB and {max(free, 0) / 1e9:.2f} GB is available "
+            f"(keeping {settings.ARTIFACT_STORE_MIN_FREE_BYTES / 1e9:.1f} GB free)."
+        )
+    dedupe = f"convert:{artifact.pk}:{json.dumps(clean, sort_keys=True)}"
+    with transaction.atomic():
+        job = job_enqueue(kind="convert", params=clean, user=user, target_model=artifact.model,
+                          target_artifact=artifact, dedupe_key=dedupe, request=request, retry_of=retry_of)
+    return job

@@ -1,0 +1,150 @@
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from models_registry import selectors, services
+from models_registry.capacity_view import artifact_capacity
+from models_registry.models import Artifact, Model
+
+
+def _errors(exc: ValidationError) -> dict:
+    """Field -> messages for the templates; errors not tied to a field go under "general"."""
+    if hasattr(exc, "error_dict"):
+        return {("general" if field == "__all__" else field): [m for e in errs for m in e.messages]
+                for field, errs in exc.error_dict.items()}
+    return {"general": exc.messages}
+
+
+@require_GET
+@require_role(VIEWER)
+def model_list(request):
+    return render(request, "models_registry/model_list.html", {"models": selectors.model_list()})
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(OPERATOR)
+def model_register(request):
+    values = {"name": "", "path": "", "description": ""}
+    errors = {}
+    if request.method == "POST":
+        values = {k: request.POST.get(k, "") for k in values}
+        try:
+            model = services.model_register(user=request.user, request=request, **values)
+        except ValidationError as exc:
+            errors = _errors(exc)
+        else:
+            messages.success(request, f"Registered {model.name}.")
+            return redirect(model)
+    from django.conf import settings
+
+    return render(request, "models_registry/model_register.html",
+                  {"values": values, "errors": errors, "roots": settings.MODEL_ROOTS},
+                  status=400 if errors else 200)
+
+
+@require_GET
+@require_role(VIEWER)
+def model_detail(request, model_id: int):
+    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    return render(request, "models_registry/model_detail.html",
+                  {"model": model, "artifacts": selectors.artifacts_of(model)})
+
+
+@require_POST
+@require_role(ADMIN)
+def model_delete(request, model_id: int):
+    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    if request.POST.get("confirm") != model.name:
+        messages.error(request, f"Type the model's name ({model.name}) to confirm the delete.")
+        return redirect(model)
+    try:
+        services.model_delete(model=model, user=request.user, request=request)
+    except Conflict as exc:
+        messages.error(request, exc.message)
+        return redirect(model)
+    messages.success(request, f"Deleted {request.POST['confirm']}.")
+    return redirect("model_list")
+
+
+def _jobs_context(artifact) -> dict:
+    jobs = list(artifact.jobs.select_related("created_by", "target_model")[:20])
+    return {"artifact": artifact, "jobs": jobs, "jobs_active": any(j.is_active for j in jobs)}
+
+
+def _artifact_context(request, artifact, *, convert_values=None, convert_errors=None):
+    return {
+        **_jobs_context(artifact),
+        "precision_modes": services.ATC_PRECISION_MODES,
+        "model": artifact.model,
+        "children": artifact.children.alive(),
+        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util"))),
+        "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
+                                             "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
+        "convert_errors": convert_errors or {},
+        "in_use": selectors.artifact_in_use(artifact),
+    }
+
+
+def _float(raw):
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
+
+
+@require_GET
+@require_role(VIEWER)
+def artifact_detail(request, artifact_id: int):
+    artifact = get_object_or_404(Artifact.objects.alive().select_related("model", "parent"), pk=artifact_id)
+    return render(request, "models_registry/artifact_detail.html", _artifact_context(request, artifact))
+
+
+@require_POST
+@require_role(OPERATOR)
+def artifact_convert(request, artifact_id: int):
+    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    fields = ("to", "dtype", "batch_size", "seq_len", "soc_version", "precision_mode")
+    values = {k: request.POST.get(k, "").strip() for k in fields}
+    to = values.get("to")
+    wanted = {"hf": ("to", "dtype"), "fp16": ("to",), "bf16": ("to",),
+              "om": ("to", "batch_size", "seq_len", "soc_version", "precision_mode")}.get(to, ("to",))
+    options = {k: values[k] for k in wanted if values.get(k) != ""}
+    try:
+        job = services.artifact_convert(artifact=artifact, user=request.user, options=options, request=request)
+    except ValidationError as exc:
+        context = _artifact_context(request, artifact, convert_values=values, convert_errors=_errors(exc))
+        return render(request, "models_registry/artifact_detail.html", context, status=400)
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+        if isinstance(exc, Conflict) and exc.link:
+            return redirect(exc.link)
+        return redirect(artifact)
+    messages.success(request, f"Conversion queued as job #{job.pk}.")
+    return redirect(job)
+
+
+@require_POST
+@require_role(ADMIN)
+def artifact_delete(request, artifact_id: int):
+    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    if request.POST.get("confirm") != "delete":
+        messages.error(request, "Type 'delete' to confirm.")
+        return redirect(artifact)
+    try:
+        services.artifact_delete(artifact=artifact, user=request.user, request=request)
+    except Conflict as exc:
+        messages.error(request, exc.message)
+        return redirect(artifact)
+    messages.success(request, f"Artifact #{artifact.pk} deleted.")
+    return redirect(artifact.model)
+
+
+@require_GET
+@require_role(VIEWER)
+def artifact_jobs(request, artifact_id: int):
+    """The artifact page's job table, polled while a job on it is active."""
+    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    return render(request, "models_registry/_artifact_jobs.html", _jobs_context(artifact))

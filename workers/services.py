@@ -1,0 +1,158 @@
+"""Writes for jobs: enqueue (after commit), cancel, retry, reap."""
+import logging
+import uuid
+from datetime import timedelta
+
+import django_rq
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from redis.exceptions import RedisError
+from rq.command import send_stop_job_command
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq.job import Job as RqJob
+
+from console.audit import audit_log
+from console.exceptions import Conflict, ServiceUnavailable
+from workers.models import Job
+from workers.runtime import QUEUES, TIMEOUTS, _on_job_ended, remove_staging
+
+log = logging.getLogger(__name__)
+
+
+def redis_connection():
+    return django_rq.get_connection("default")
+
+
+def redis_check() -> None:
+    """Raise ServiceUnavailable with a clear message when Redis can't be reached."""
+    try:
+        redis_connection().ping()
+    except RedisError as exc:
+        raise ServiceUnavailable(
+            f"The job queue (Redis at {settings.REDIS_URL}) is unreachable: {exc}. Try again shortly."
+        ) from exc
+
+
+def _enqueue_now(job_id: int) -> None:
+    job = Job.objects.get(pk=job_id)
+    try:
+        django_rq.get_queue(job.queue).enqueue(
+            "workers.jobs.run", job.pk, job_id=job.rq_id, job_timeout=job.timeout_s,
+            result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
+        )
+    except RedisError as exc:
+        Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+            status=Job.Status.FAILED, finished_at=timezone.now(),
+            error=f"Could not queue the job: Redis is unreachable ({exc}).",
+        )
+        _on_job_ended(Job.objects.get(pk=job.pk))
+
+
+def active_duplicate(dedupe_key: str) -> Job | None:
+    if not dedupe_key:
+        return None
+    return Job.objects.active().filter(dedupe_key=dedupe_key).order_by("created_at").first()
+
+
+def job_enqueue(*, kind: str, params: dict, user=None, target_model=None, target_artifact=None,
+                dedupe_key: str = "", queue: str | None = None, retry_of: Job | None = None,
+                request=None) -> Job:
+    """Create the Job row and queue it once the surrounding transaction commits,
+    so a worker never picks up a row it can't see yet."""
+    redis_check()
+    duplicate = active_duplicate(dedupe_key)
+    if duplicate is not None:
+        raise Conflict(
+            f"The same work is already {duplicate.status} as job #{duplicate.pk}.",
+            link=duplicate.get_absolute_url(), object_id=duplicate.pk,
+        )
+    job = Job.objects.create(
+        kind=kind, queue=queue or QUEUES[kind], params=params, dedupe_key=dedupe_key,
+        created_by=user if user is not None and user.pk else None,
+        target_model=target_model, target_artifact=target_artifact,
+        timeout_s=TIMEOUTS.get(kind, 3600), rq_id=f"job-{uuid.uuid4().hex}", retry_of=retry_of,
+    )
+    transaction.on_commit(lambda: _enqueue_now(job.pk))
+    if user is not None:
+        audit_log(actor=user, action=f"job.enqueue.{kind}", obj=job, changes={"params": params}, request=request)
+    return job
+
+
+def job_cancel(*, job: Job, user, request=None) -> Job:
+    if not job.is_active:
+        raise Conflict(f"Job #{job.pk} has already ended ({job.status}).", link=job.get_absolute_url())
+    now = timezone.now()
+    was = job.status
+    Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(
+        status=Job.Status.CANCELLED, finished_at=now, error=f"Cancelled by {user.username}."
+    )
+    try:
+        conn = redis_connection()
+        if was == Job.Status.QUEUED:
+            try:
+                RqJob.fetch(job.rq_id, connection=conn).cancel()
+            except (NoSuchJobError, InvalidJobOperation):
+                pass
+        else:
+            # The job also notices the cancel at its next progress report; this stops
+            # it even when it is deep inside a library call.
+            try:
+                send_stop_job_command(conn, job.rq_id)
+            except (NoSuchJobError, InvalidJobOperation):
+                pass
+    except RedisError as exc:
+        log.warning("Cancel of %s: Redis unreachable (%s); the job stops at its next progress report", job, exc)
+    job.refresh_from_db()
+    _on_job_ended(job)
+    audit_log(actor=user, action="job.cancel", obj=job, changes={"status": [was, job.status]}, request=request)
+    return job
+
+
+def job_retry(*, job: Job, user, request=None) -> Job:
+    if job.is_active:
+        raise Conflict(f"Job #{job.pk} is still {job.status}.", link=job.get_absolute_url())
+    from workers.resubmit import resubmit
+
+    new = resubmit(job=job, user=user, request=request)
+    audit_log(actor=user, action="job.retry", obj=job, changes={"new_job": new.pk}, request=request)
+    return new
+
+
+def reap_jobs(*, now=None) -> list[int]:
+    """Mark jobs whose worker died as failed, fail queued jobs Redis lost, and remove
+    staging directories of ended jobs. Safe to run from several processes."""
+    now = now or timezone.now()
+    reaped = []
+    stale_before = now - timedelta(seconds=settings.JOB_STALE_SECONDS)
+    for job in Job.objects.filter(status=Job.Status.RUNNING, heartbeat_at__lt=stale_before):
+        message = (
+            f"The worker running this job stopped (killed, out of memory or host restart): "
+            f"no heartbeat from {job.worker_name or 'it'} on {job.node or 'its node'} since "
+            f"{job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC."
+        )
+        if Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, heartbeat_at__lt=stale_before).update(
+            status=Job.Status.FAILED, finished_at=now, error=message
+        ):
+            reaped.append(job.pk)
+            job.refresh_from_db()
+            remove_staging(job)
+            _on_job_ended(job)
+            log.warning("Reaped %s: %s", job, message)
+    # Queued rows whose RQ job is gone (Redis restarted without persistence).
+    try:
+        conn = redis_connection()
+        grace = now - timedelta(seconds=60)
+        for job in Job.objects.filter(status=Job.Status.QUEUED, created_at__lt=grace):
+            if not conn.exists(f"rq:job:{job.rq_id}"):
+                if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+                    status=Job.Status.FAILED, finished_at=now,
+                    error="The job was lost from the queue (Redis restarted or was flushed). Retry it.",
+                ):
+                    reaped.append(job.pk)
+                    _on_job_ended(Job.objects.get(pk=job.pk))
+    except RedisError as exc:
+        log.warning("Reaper: Redis unreachable (%s); queued jobs not checked", exc)
+    for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):
+        remove_staging(job)
+    return reaped
