@@ -57,10 +57,14 @@ def _not_found(request, exc):
 
 def _register_routers():
     from models_registry.api import router as registry_router
+    from endpoints.api import router as endpoints_router
     from workers.api import router as jobs_router
+    from workers.api_nodes import router as nodes_router
 
     api.add_router("/", registry_router)
     api.add_router("/", jobs_router)
+    api.add_router("/", endpoints_router)
+    api.add_router("/", nodes_router)
 
 
 _register_routers()

@@ -56,5 +56,5 @@ def set_role(user, role: str | None) -> None:
 
     user.groups.remove(*Group.objects.filter(name__in=ROLES))
     if role:
-        user.groups.add(Group.objects.get(name=role))
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
     user._console_role = False

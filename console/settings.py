@@ -152,3 +152,22 @@ import socket as _socket  # noqa: E402
 
 NODE_NAME = env_str("NODE_NAME", _socket.gethostname())
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"
+
+# --- Nodes and endpoints --------------------------------------------------------------
+NODE_OFFLINE_SECONDS = env_int("NODE_OFFLINE_SECONDS", 30)
+AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5)
+AGENT_RECONCILE_SECONDS = env_float("AGENT_RECONCILE_SECONDS", 2)
+# The address other hosts use to reach this node's endpoints (defaults to loopback for one host).
+NODE_ADDRESS = env_str("NODE_ADDRESS", "127.0.0.1")
+ENDPOINT_BIND_HOST = env_str("ENDPOINT_BIND_HOST", "127.0.0.1")
+ENDPOINT_PORT_RANGE = tuple(int(p) for p in env_str("ENDPOINT_PORT_RANGE", "8200-8399").split("-", 1))
+ENDPOINT_HEALTH_INTERVAL_SECONDS = env_float("ENDPOINT_HEALTH_INTERVAL_SECONDS", 5)
+ENDPOINT_HEALTH_FAILURES = env_int("ENDPOINT_HEALTH_FAILURES", 3)  # in a row -> restart
+ENDPOINT_START_TIMEOUT_SECONDS = env_int("ENDPOINT_START_TIMEOUT_SECONDS", 900)
+ENDPOINT_BACKOFF_BASE_SECONDS = env_float("ENDPOINT_BACKOFF_BASE_SECONDS", 10)
+ENDPOINT_BACKOFF_MAX_SECONDS = env_float("ENDPOINT_BACKOFF_MAX_SECONDS", 300)
+ENDPOINT_MAX_CRASHES = env_int("ENDPOINT_MAX_CRASHES", 5)  # in a row -> failed
+ENDPOINT_STOP_GRACE_SECONDS = env_float("ENDPOINT_STOP_GRACE_SECONDS", 20)
+ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
+ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
+VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)

@@ -4,6 +4,7 @@ from django.urls import path
 from console import views
 from console.api import api
 from models_registry import views as registry
+from endpoints import views as endpoints
 from workers import views as jobs
 
 urlpatterns = [
@@ -31,5 +32,16 @@ urlpatterns = [
     path("jobs/<int:job_id>/status", jobs.job_status, name="job_status"),
     path("jobs/<int:job_id>/cancel", jobs.job_cancel, name="job_cancel"),
     path("jobs/<int:job_id>/retry", jobs.job_retry, name="job_retry"),
+    path("endpoints/", endpoints.endpoint_list, name="endpoint_list"),
+    path("endpoints/launch", endpoints.endpoint_launch, name="endpoint_launch"),
+    path("endpoints/<int:endpoint_id>/", endpoints.endpoint_detail, name="endpoint_detail"),
+    path("endpoints/<int:endpoint_id>/live", endpoints.endpoint_live, name="endpoint_live"),
+    path("endpoints/<int:endpoint_id>/start", endpoints.endpoint_start, name="endpoint_start"),
+    path("endpoints/<int:endpoint_id>/stop", endpoints.endpoint_stop, name="endpoint_stop"),
+    path("endpoints/<int:endpoint_id>/restart", endpoints.endpoint_restart, name="endpoint_restart"),
+    path("endpoints/<int:endpoint_id>/delete", endpoints.endpoint_delete, name="endpoint_delete"),
+    path("endpoints/<int:endpoint_id>/try", endpoints.endpoint_try, name="endpoint_try"),
+    path("nodes/", endpoints.node_list, name="node_list"),
+    path("nodes/<int:node_id>/", endpoints.node_detail, name="node_detail"),
     path("api/v1/", api.urls),
 ]

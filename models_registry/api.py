@@ -1,5 +1,6 @@
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
+from pydantic import ConfigDict
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER
@@ -17,6 +18,8 @@ class ModelIn(Schema):
 
 
 class ConvertIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # an unknown option is an error, not silently dropped
+
     to: str
     dtype: str | None = None
     batch_size: int | None = None

@@ -32,12 +32,13 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ProgressFn = Callable[[float, str], None]
 
@@ -122,6 +123,7 @@ _TORCH_TO_ST = {v: k for k, v in _ST_TO_TORCH.items()}
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
                 "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
 _CONVERTIBLE_SOURCES = {"float32", "float16", "bfloat16"}
+_CHUNK_BYTES = 16 * 1024**2  # large tensors are converted in slices of about this size
 
 # Files that hold weights (never copied by convert_precision / export_onnx).
 _WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".om",
@@ -187,12 +189,6 @@ def _transformers_version() -> str:
     import transformers
 
     return transformers.__version__
-
-
-def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,6 +403,11 @@ class _ShardWriter:
                                       f"expected {self.expected_end}.")
 
     def write(self, name: str, tensor) -> int:
+        """Write one whole tensor (the next one in the plan); return its byte count."""
+        return self.write_rows(name, [tensor])
+
+    def write_rows(self, name: str, chunks: Iterable) -> int:
+        """Write the next tensor in the plan from consecutive slices along its first dimension."""
         import torch
 
         if self.next >= len(self.plan):
@@ -414,20 +415,28 @@ class _ShardWriter:
         exp_name, st_dtype, shape = self.plan[self.next]
         if name != exp_name:
             raise ConversionError(f"Internal error: got tensor {name}, expected {exp_name}.")
-        if tuple(tensor.shape) != tuple(shape):
-            raise ConversionError(f"Tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}.")
-        if _TORCH_TO_ST.get(str(tensor.dtype).removeprefix("torch.")) != st_dtype:
-            raise ConversionError(f"Internal error: tensor {name} is {tensor.dtype}, expected {st_dtype}.")
+        expected = math.prod(shape) * _ST_ITEMSIZE[st_dtype]
         k = self.shard_of[self.next]
         if k != self.current:
             self._open_shard(k)
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        if flat.dtype == torch.bool:
-            flat = flat.to(torch.uint8)
-        data = flat.view(torch.uint8).numpy() if flat.numel() else b""
-        self.fh.write(memoryview(data))
+        written = 0
+        for chunk in chunks:
+            if _TORCH_TO_ST.get(str(chunk.dtype).removeprefix("torch.")) != st_dtype:
+                raise ConversionError(f"Internal error: tensor {name} is {chunk.dtype}, expected {st_dtype}.")
+            if len(shape) > 1 and tuple(chunk.shape[1:]) != tuple(shape[1:]) or chunk.dim() != len(shape):
+                raise ConversionError(f"Tensor {name} has shape {tuple(chunk.shape)}, expected {tuple(shape)}.")
+            flat = chunk.detach().to("cpu").contiguous().reshape(-1)
+            if flat.dtype == torch.bool:
+                flat = flat.to(torch.uint8)
+            if flat.numel():
+                self.fh.write(memoryview(flat.view(torch.uint8).numpy()))
+            written += flat.numel() * flat.element_size()
+            if written > expected:
+                break
+        if written != expected:
+            raise ConversionError(f"Tensor {name} has {written} bytes, expected {expected} for shape {tuple(shape)}.")
         self.next += 1
-        return flat.numel() * flat.element_size()
+        return written
 
     def close(self) -> dict:
         if self.next != len(self.plan):
@@ -535,60 +544,159 @@ def _transformers_progress(callback):
 # 1. GGUF -> Hugging Face
 # ----------------------------------------------------------------------------------------------
 
-def _field_value(reader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    try:
-        return field.contents()
-    except Exception:  # noqa: BLE001 - a malformed field reads as absent
-        return default
+class _GgufTensor(NamedTuple):
+    name: str
+    dims: tuple[int, ...]  # ggml order (fastest-moving first)
+    qtype: int
+    offset: int  # absolute, in the file
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.dims)
 
 
-def _open_gguf(src: Path):
-    """Parse the GGUF header; return (reader, metadata summary).  Checks it is complete."""
-    from gguf import GGUFReader
+class _GgufHeader(NamedTuple):
+    metadata: dict
+    tensors: list[_GgufTensor]
+    file_size: int
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _HeaderStream:
+    def __init__(self, fh, size: int):
+        self.fh = fh
+        self.size = size
+
+    def read(self, n: int) -> bytes:
+        if n < 0 or self.fh.tell() + n > self.size:
+            raise _Truncated()
+        data = self.fh.read(n)
+        if len(data) != n:
+            raise _Truncated()
+        return data
+
+    def unpack(self, fmt: str):
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))
+
+    def string(self) -> str:
+        (length,) = self.unpack("<Q")
+        return self.read(length).decode("utf-8", errors="replace")
+
+
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+def _gguf_value(stream: _HeaderStream, vtype: int):
+    if vtype in _GGUF_SCALARS:
+        return stream.unpack(_GGUF_SCALARS[vtype])[0]
+    if vtype == 8:
+        return stream.string()
+    if vtype == 9:
+        etype, count = stream.unpack("<IQ")
+        if etype in _GGUF_SCALARS:
+            width = struct.calcsize(_GGUF_SCALARS[etype])
+            if count <= 4096:
+                return list(struct.unpack("<" + _GGUF_SCALARS[etype][1] * count, stream.read(width * count)))
+            stream.read(width * count)
+            return count  # long arrays (scores, token types) are only counted
+        if etype == 8:
+            for _ in range(count):
+                (length,) = stream.unpack("<Q")
+                stream.read(length)
+            return count  # the vocabulary and merges: transformers reads them when it builds the tokenizer
+        raise ValueError(f"unsupported metadata array type {etype}")
+    raise ValueError(f"unsupported metadata value type {vtype}")
+
+
+def _open_gguf(src: Path) -> _GgufHeader:
+    """Parse a GGUF file's metadata and tensor table (no tensor data) and check the file is complete."""
+    import gguf
 
     src = Path(src)
     if not src.is_file():
         raise ConversionError(f"GGUF file {src} does not exist.")
     size = src.stat().st_size
-    with open(src, "rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise ConversionError(f"{src.name} is not a GGUF file (it does not start with the GGUF magic bytes).")
     try:
-        reader = GGUFReader(str(src))
-    except Exception as exc:  # noqa: BLE001 - gguf raises ValueError/IndexError/struct.error on damage
-        raise ConversionError(
-            f"{src.name} is a truncated or corrupt GGUF file and cannot be read ({_first_line(exc)})."
-        ) from exc
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
+        with open(src, "rb") as fh:
+            stream = _HeaderStream(fh, size)
+            if stream.read(4) != b"GGUF":
+                raise ConversionError(f"{src.name} is not a GGUF file (it does not start with the GGUF magic bytes).")
+            (version,) = stream.unpack("<I")
+            if version not in (2, 3):
+                raise ConversionError(f"{src.name} is GGUF version {version}; only versions 2 and 3 are supported.")
+            tensor_count, kv_count = stream.unpack("<QQ")
+            if tensor_count > 1_000_000 or kv_count > 1_000_000:
+                raise ValueError(f"implausible counts ({tensor_count} tensors, {kv_count} metadata keys)")
+            metadata = {}
+            for _ in range(kv_count):
+                key = stream.string()
+                (vtype,) = stream.unpack("<I")
+                metadata[key] = _gguf_value(stream, vtype)
+            entries = []
+            for _ in range(tensor_count):
+                name = stream.string()
+                (ndim,) = stream.unpack("<I")
+                if ndim > 8:
+                    raise ValueError(f"tensor {name} has {ndim} dimensions")
+                dims = stream.unpack(f"<{ndim}Q")
+                qtype, offset = stream.unpack("<IQ")
+                entries.append((name, tuple(int(d) for d in dims), int(qtype), int(offset)))
+            alignment = int(metadata.get("general.alignment", 32) or 32)
+            data_start = (fh.tell() + alignment - 1) // alignment * alignment
+    except _Truncated:
+        raise ConversionError(f"{src.name} is a truncated or corrupt GGUF file: its header ends early.") from None
+    except (ValueError, UnicodeDecodeError, struct.error) as exc:
+        if isinstance(exc, ConversionError):
+            raise
+        raise ConversionError(f"{src.name} is a corrupt GGUF file: {_first_line(exc)}.") from exc
+
+    tensors = []
+    for name, dims, qtype, offset in entries:
+        try:
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+        except (ValueError, KeyError):
+            raise ConversionError(f"{src.name}: tensor {name} uses ggml type {qtype}, which gguf "
+                                  f"{getattr(gguf, '__version__', '')} does not know.") from None
+        n = math.prod(dims)
+        nbytes = n // block * type_size
+        start = data_start + offset
+        if start + nbytes > size:
             raise ConversionError(
-                f"{src.name} is a truncated GGUF file: tensor {t.name} ends at byte {t.data_offset + t.n_bytes} "
+                f"{src.name} is a truncated GGUF file: tensor {name} ends at byte {start + nbytes} "
                 f"but the file has {size} bytes."
             )
-    return reader
+        tensors.append(_GgufTensor(name, dims, qtype, start, nbytes))
+    if not metadata.get("general.architecture"):
+        raise ConversionError(f"{src.name} has no general.architecture metadata: it is not a model file.")
+    return _GgufHeader(metadata, tensors, size)
 
 
-def _gguf_meta_summary(reader) -> dict:
-    arch = _field_value(reader, "general.architecture")
-    if not arch:
-        raise ConversionError("The GGUF file has no general.architecture metadata: it is not a model file.")
+def _gguf_meta_summary(header: _GgufHeader) -> dict:
+    import gguf
+
+    md = header.metadata
     types: dict[str, int] = {}
-    for t in reader.tensors:
-        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
-    main_type = max(types, key=types.get) if types else None
+    for t in header.tensors:
+        tname = gguf.GGMLQuantizationType(t.qtype).name
+        types[tname] = types.get(tname, 0) + 1
+    quantized = {k: v for k, v in types.items() if k not in ("F32",)} or types
+    main_type = max(quantized, key=quantized.get) if quantized else None
+    template = md.get("tokenizer.chat_template")
     return {
-        "architecture": str(arch),
-        "name": _field_value(reader, "general.name"),
+        "architecture": str(md["general.architecture"]),
+        "name": md.get("general.name"),
         "tensor_types": types,
         "quantization": main_type,
-        "has_tokenizer": "tokenizer.ggml.model" in reader.fields and "tokenizer.ggml.tokens" in reader.fields,
-        "chat_template": _field_value(reader, "tokenizer.chat_template"),
+        "has_tokenizer": "tokenizer.ggml.model" in md and bool(md.get("tokenizer.ggml.tokens")),
+        "chat_template": template if isinstance(template, str) and template.strip() else None,
+        "add_bos": md.get("tokenizer.ggml.add_bos_token"),
+        "add_eos": md.get("tokenizer.ggml.add_eos_token"),
         "special_ids": {
-            key: _field_value(reader, f"tokenizer.ggml.{gguf_key}")
+            key: md.get(f"tokenizer.ggml.{gguf_key}")
             for key, gguf_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
                                   ("unk", "unknown_token_id"), ("pad", "padding_token_id"))
         },
@@ -630,44 +738,86 @@ def _tied_groups(model, state: dict) -> list[list[str]]:
     return list(groups.values())
 
 
-def _gguf_stream_weights(src: Path, reader, arch: str, config, torch_dtype, out_dir: Path,
+def _gguf_array(raw, qtype: int, dims: tuple[int, ...]):
+    """The raw bytes of one tensor as the array ``gguf.dequantize`` expects (gguf-py's reader layout)."""
+    import gguf
+    import numpy as np
+
+    shape = tuple(reversed(dims))
+    kind = gguf.GGMLQuantizationType(qtype)
+    if kind == gguf.GGMLQuantizationType.F32:
+        return raw.view(np.float32).reshape(shape)
+    if kind == gguf.GGMLQuantizationType.F16:
+        return raw.view(np.float16).reshape(shape)
+    if kind.name.startswith("I") or kind == gguf.GGMLQuantizationType.F64:
+        raise ValueError(f"{kind.name} tensors are not model weights")
+    return raw.reshape(gguf.quants.quant_shape_to_byte_shape(shape, kind))
+
+
+class _TopLevelOnly:
+    """What ``get_gguf_hf_weights_map`` reads of a model, without submodules to recurse into."""
+
+    def __init__(self, model, state):
+        self.config = model.config
+        self._state = state
+
+    def state_dict(self):
+        return self._state
+
+    def named_children(self):
+        return []
+
+
+def _processor_leaves_alone(processor, name: str, key_map: dict, cfg_dict: dict) -> bool:
+    """Whether transformers' tensor processor passes this tensor through untouched (probed on a dummy)."""
+    import numpy as np
+
+    probe = np.zeros((4, 4), dtype=np.float32)
+    try:
+        result = processor.process(weights=probe, name=name, tensor_key_mapping=key_map,
+                                   parsed_parameters={"config": cfg_dict, "tensors": {}})
+    except Exception:  # noqa: BLE001 - it wanted to reshape the dummy: it does something to this tensor
+        return False
+    return result.weights is probe and result.name == name
+
+
+def _gguf_stream_weights(src: Path, header: _GgufHeader, arch: str, config, torch_dtype, out_dir: Path,
                          report: ProgressFn, lo: float, hi: float, max_shard_bytes: int) -> dict:
-    """Dequantize GGUF tensors one at a time into safetensors shards (transformers' name mapping)."""
+    """Dequantize GGUF tensors one at a time into safetensors shards, with transformers' own name
+    mapping and tensor processor (the same steps as its legacy GGUF loader, without holding the model)."""
     import gguf
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
-    )
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    parsed = load_gguf_checkpoint(str(src), return_tensors=False)
     with torch.device("meta"):
         meta_model = AutoModelForCausalLM.from_config(config)
-    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=parsed.get("config", {}))
-    key_map = get_gguf_hf_weights_map(meta_model, processor)
+    cfg_dict = config.to_dict()
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=cfg_dict)
     state = meta_model.state_dict()
     groups = _tied_groups(meta_model, state)
+    # transformers' mapper recurses into every submodule (seconds per call); the top level is enough
+    # for these architectures, and the full walk remains the fallback.
+    key_map = get_gguf_hf_weights_map(_TopLevelOnly(meta_model, state), processor)
+    if any(not set(key_map.values()).intersection(g) for g in groups):
+        key_map = get_gguf_hf_weights_map(meta_model, processor)
     class_name = meta_model.__class__.__name__
     del meta_model
 
     st_dtype = _TORCH_TO_ST[str(torch_dtype).removeprefix("torch.")]
     plan, jobs, skipped = [], [], []
-    for t in reader.tensors:
+    for t in header.tensors:
         hf_name = key_map.get(t.name)
         if hf_name is None or hf_name not in state:
             skipped.append(t.name)
             continue
         shape = tuple(state[hf_name].shape)
-        if math.prod(shape) != int(t.n_elements):
-            raise ConversionError(f"GGUF tensor {t.name} has {int(t.n_elements)} values but {hf_name} "
-                                  f"needs shape {shape}: the GGUF does not match its own metadata.")
+        if math.prod(shape) != t.n_elements:
+            raise ConversionError(f"GGUF tensor {t.name} has {t.n_elements} values but {hf_name} needs shape "
+                                  f"{shape}: the file does not match its own metadata.")
         plan.append((hf_name, st_dtype, shape))
-        jobs.append((t.name, hf_name, t.tensor_type, int(t.data_offset), int(t.n_bytes),
-                     t.data.dtype, tuple(t.data.shape)))
+        jobs.append((t, hf_name))
     written = {p[0] for p in plan}
     missing = [g[0] for g in groups if not written.intersection(g)]
     if missing:
@@ -677,27 +827,49 @@ def _gguf_stream_weights(src: Path, reader, arch: str, config, torch_dtype, out_
     writer = _ShardWriter(out_dir, plan, max_shard_bytes=max_shard_bytes)
     total = writer.total_bytes or 1
     done = 0
+    parsed = {"config": cfg_dict, "tensors": {}}
+
+    def read(fh, offset: int, nbytes: int, what: str):
+        fh.seek(offset)
+        raw = np.empty(nbytes, dtype=np.uint8)
+        if fh.readinto(memoryview(raw)) != nbytes:
+            raise ConversionError(f"{src.name} is truncated: tensor {what} is incomplete.")
+        return raw
+
+    def dequantize(raw, t: _GgufTensor, dims: tuple[int, ...]):
+        kind = gguf.GGMLQuantizationType(t.qtype)
+        try:
+            return gguf.dequantize(_gguf_array(raw, t.qtype, dims), kind)
+        except Exception as exc:  # noqa: BLE001
+            raise ConversionError(f"Cannot dequantize tensor {t.name} ({kind.name}): {_first_line(exc)}") from exc
+
+    def row_chunks(fh, t: _GgufTensor, shape: tuple[int, ...]):
+        """Large tensors the processor leaves alone: dequantize a slab of rows at a time."""
+        rows = shape[0]
+        row_bytes, row_elems = t.nbytes // rows, t.n_elements // rows
+        step = max(1, _CHUNK_BYTES // (4 * row_elems))
+        for start in range(0, rows, step):
+            n = min(step, rows - start)
+            values = dequantize(read(fh, t.offset + start * row_bytes, n * row_bytes, t.name), t, t.dims[:-1] + (n,))
+            yield torch.from_numpy(np.ascontiguousarray(values)).reshape((n, *shape[1:])).to(torch_dtype)
+
     try:
         with open(src, "rb") as fh:
-            for i, (gguf_name, hf_name, qtype, offset, nbytes, np_dtype, np_shape) in enumerate(jobs):
-                report(lo + (hi - lo) * done / total, f"dequantizing {gguf_name} ({i + 1}/{len(jobs)})")
-                fh.seek(offset)
-                raw = np.empty(nbytes, dtype=np.uint8)
-                if fh.readinto(memoryview(raw)) != nbytes:
-                    raise ConversionError(f"{src.name} is truncated: tensor {gguf_name} is incomplete.")
-                try:
-                    values = gguf.dequantize(raw.view(np_dtype).reshape(np_shape), qtype)
-                except Exception as exc:  # noqa: BLE001
-                    raise ConversionError(f"Cannot dequantize tensor {gguf_name} ({qtype.name}): "
-                                          f"{_first_line(exc)}") from exc
-                del raw
-                result = processor.process(weights=values, name=gguf_name, tensor_key_mapping=key_map,
+            for i, (t, hf_name) in enumerate(jobs):
+                report(lo + (hi - lo) * done / total, f"dequantizing {t.name} ({i + 1}/{len(jobs)})")
+                shape = plan[i][2]
+                if (t.n_elements * 4 > _CHUNK_BYTES and len(shape) >= 2 and shape == tuple(reversed(t.dims))
+                        and _processor_leaves_alone(processor, t.name, key_map, cfg_dict)):
+                    done += writer.write_rows(hf_name, row_chunks(fh, t, shape))
+                    continue
+                values = dequantize(read(fh, t.offset, t.nbytes, t.name), t, t.dims)
+                result = processor.process(weights=values, name=t.name, tensor_key_mapping=key_map,
                                            parsed_parameters=parsed)
                 if key_map.get(result.name) != hf_name:
-                    raise ConversionError(f"Internal error: transformers mapped {gguf_name} unexpectedly.")
+                    raise ConversionError(f"Internal error: transformers mapped {t.name} unexpectedly.")
                 tensor = torch.from_numpy(np.ascontiguousarray(result.weights))
                 del values, result
-                tensor = tensor.reshape(plan[i][2]).to(torch_dtype)
+                tensor = tensor.reshape(shape).to(torch_dtype)
                 done += writer.write(hf_name, tensor)
                 del tensor
         info = writer.close()
@@ -722,7 +894,7 @@ def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: Progr
         elif desc.startswith("Loading"):
             report(lo + (mid - lo) * (0.5 + 0.5 * frac), f"loading weights ({i}/{total})")
         else:
-            report(lo + (mid - lo) * 0.5 * frac, f"dequantizing tensor {i + 1}/{total}")
+            report(lo + (mid - lo) * 0.5 * frac, f"dequantizing tensor {min(i + 1, total or 1)}/{total}")
 
     with _transformers_progress(callback):
         try:
@@ -734,25 +906,30 @@ def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: Progr
             raise
         except (ValueError, NotImplementedError, RuntimeError, KeyError, OSError) as exc:
             raise ConversionError(f"transformers could not load {src.name}: {_first_line(exc)}") from exc
-        num_tensors = len(model.state_dict())
         class_name = model.__class__.__name__
         model.save_pretrained(str(out_dir), max_shard_size=max_shard_bytes)
     del model
-    shards = len(list(Path(out_dir).glob("*.safetensors")))
-    return {"architecture": class_name, "num_tensors": num_tensors, "shards": shards, "strategy": "transformers"}
+    shards = sorted(Path(out_dir).glob("*.safetensors"))
+    num_tensors = len(_SafetensorsSource(shards).entries)
+    return {"architecture": class_name, "num_tensors": num_tensors, "shards": len(shards), "strategy": "transformers"}
 
 
-def _save_gguf_tokenizer(src: Path, summary: dict, config, out_dir: Path) -> dict:
-    """Tokenizer from the GGUF metadata, with its special tokens and chat template put right."""
+def _load_gguf_tokenizer(src: Path, summary: dict | None = None):
+    """``AutoTokenizer`` from the GGUF metadata, with its special tokens put right; returns (tok, fixes)."""
     from transformers import AutoTokenizer
 
+    src = Path(src)
+    if summary is None:
+        summary = _gguf_meta_summary(_open_gguf(src))
+    if not summary["has_tokenizer"]:
+        raise ConversionError(f"Missing tokenizer: {src.name} has no tokenizer metadata (tokenizer.ggml.*).")
     try:
         tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     except Exception as exc:  # noqa: BLE001
         raise ConversionError(f"transformers cannot build the tokenizer from {src.name}: {_first_line(exc)}") from exc
     # transformers' GGUF tokenizer converters get bos/eos wrong for some files (5.17's llama converter
     # sets both to the BOS token); the GGUF metadata is authoritative.
-    fixed = {}
+    fixed: dict[str, Any] = {}
     vocab_size = len(tok)
     for key, token_id in summary["special_ids"].items():
         if isinstance(token_id, int) and 0 <= token_id < vocab_size:
@@ -760,8 +937,26 @@ def _save_gguf_tokenizer(src: Path, summary: dict, config, out_dir: Path) -> dic
             if token is not None and getattr(tok, f"{key}_token", None) != token:
                 setattr(tok, f"{key}_token", token)
                 fixed[key] = token
+    # ... and ignore tokenizer.ggml.add_bos_token / add_eos_token: honour them.
+    probe = tok("a")["input_ids"]
+    for key, position in (("bos", 0), ("eos", -1)):
+        wanted = summary.get(f"add_{key}")
+        token_id = getattr(tok, f"{key}_token_id", None)
+        if isinstance(wanted, bool) and token_id is not None and probe:
+            if (probe[position] == token_id) != wanted:
+                setattr(tok, f"add_{key}_token", wanted)
+                fixed[f"add_{key}_token"] = wanted
     if summary.get("chat_template") and not getattr(tok, "chat_template", None):
         tok.chat_template = summary["chat_template"]
+        fixed["chat_template"] = True
+    # the converters switch on clean_up_tokenization_spaces, which mangles BPE output (" ." -> ".")
+    if getattr(tok, "clean_up_tokenization_spaces", False):
+        tok.clean_up_tokenization_spaces = False
+    return tok, fixed
+
+
+def _save_gguf_tokenizer(src: Path, summary: dict, config, out_dir: Path) -> dict:
+    tok, fixed = _load_gguf_tokenizer(src, summary)
     max_pos = getattr(config, "max_position_embeddings", None)
     if isinstance(max_pos, int) and max_pos > 0:
         tok.model_max_length = max_pos
@@ -785,11 +980,10 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
     src = Path(src_gguf)
     out_dir = _prepare_out_dir(out_dir)
     max_shard = int(max_shard_bytes or DEFAULT_MAX_SHARD_BYTES)
-    _quiet_transformers()
 
     report(0, "reading GGUF header")
-    reader = _open_gguf(src)
-    summary = _gguf_meta_summary(reader)
+    header = _open_gguf(src)
+    summary = _gguf_meta_summary(header)
     arch = summary["architecture"]
     _check_gguf_architecture(arch)
     if not summary["has_tokenizer"]:
@@ -801,8 +995,7 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
     from transformers.integrations.gguf import GGUF_ARCHS
 
     if arch in STREAMING_GGUF_ARCHS and arch not in GGUF_ARCHS:
-        info = _gguf_stream_weights(src, reader, arch, config, torch_dtype, out_dir, report, 2, 92, max_shard)
-        del reader
+        info = _gguf_stream_weights(src, header, arch, config, torch_dtype, out_dir, report, 2, 92, max_shard)
         config.dtype = torch_dtype
         config.architectures = [info["architecture"]]
         if hasattr(config, "quantization_config"):
@@ -812,7 +1005,6 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
 
         GenerationConfig.from_model_config(config).save_pretrained(str(out_dir))
     else:
-        del reader
         info = _gguf_full_load(src, config, torch_dtype, out_dir, report, 2, 92, max_shard)
     report(93, "writing tokenizer")
     tok_info = _save_gguf_tokenizer(src, summary, config, out_dir)
@@ -852,7 +1044,7 @@ class _SafetensorsSource:
     """Reads tensors one at a time with ``safe_open``, reopening files now and then so the pages of
     the memory map already read do not pile up in the process's resident memory."""
 
-    REOPEN_BYTES = 256 * 1024**2
+    REOPEN_BYTES = 64 * 1024**2
 
     def __init__(self, files: list[Path]):
         from safetensors import SafetensorError, safe_open
@@ -873,7 +1065,7 @@ class _SafetensorsSource:
         self._handle = None
         self._read_since_open = 0
 
-    def get(self, file: Path, name: str):
+    def _open(self, file: Path):
         if self._handle is None or self._file != file or self._read_since_open > self.REOPEN_BYTES:
             self.close()
             try:
@@ -883,13 +1075,25 @@ class _SafetensorsSource:
                 raise ConversionError(f"{file.name} is not a valid safetensors file: {_first_line(exc)}") from exc
             self._file = file
             self._read_since_open = 0
+        return self._handle
+
+    def rows(self, file: Path, name: str, shape: tuple[int, ...], itemsize: int) -> Iterator:
+        """The tensor, in slices of at most ~CHUNK_BYTES along its first dimension."""
+        nbytes = math.prod(shape) * itemsize
         try:
-            tensor = self._handle.get_tensor(name)
+            if len(shape) == 0 or nbytes <= _CHUNK_BYTES or shape[0] <= 1:
+                tensor = self._open(file).get_tensor(name)
+                self._read_since_open += nbytes
+                yield tensor
+                return
+            step = max(1, _CHUNK_BYTES // max(1, nbytes // shape[0]))
+            for start in range(0, shape[0], step):
+                chunk = self._open(file).get_slice(name)[start:start + step]
+                self._read_since_open += chunk.numel() * chunk.element_size()
+                yield chunk
         except self.errors as exc:
             raise ConversionError(f"{file.name}: tensor {name} cannot be read (corrupt file?): "
                                   f"{_first_line(exc)}") from exc
-        self._read_since_open += tensor.numel() * tensor.element_size()
-        return tensor
 
     def close(self) -> None:
         if self._handle is not None:
@@ -931,16 +1135,40 @@ class _BinSource:
             raise ConversionError(f"{file.name} does not hold a state dict.")
         return state
 
-    def get(self, file: Path, name: str):
+    def rows(self, file: Path, name: str, shape: tuple[int, ...], itemsize: int) -> Iterator:
         if self._cache_file != file:
             self._cache = None
             self._cache = self._load(file)
             self._cache_file = file
-        return self._cache.pop(name)
+        tensor = self._cache.pop(name)  # memory-mapped: slices are read on demand
+        nbytes = math.prod(shape) * itemsize
+        if len(shape) == 0 or nbytes <= _CHUNK_BYTES or shape[0] <= 1:
+            yield tensor
+            return
+        step = max(1, _CHUNK_BYTES // max(1, nbytes // shape[0]))
+        for start in range(0, shape[0], step):
+            yield tensor[start:start + step]
 
     def close(self) -> None:
         self._cache = None
         self._cache_file = None
+
+
+def _cast_chunks(chunks: Iterable, name: str, dtype) -> Iterator:
+    """Cast each chunk; refuse values that overflow float16 (they would become inf)."""
+    import torch
+
+    for chunk in chunks:
+        out = chunk.to(dtype)
+        if dtype == torch.float16 and chunk.dtype != torch.float16 and bool(torch.isinf(out).any()):
+            bad = int(torch.isinf(out).sum()) - int(torch.isinf(chunk).sum())
+            if bad > 0:
+                raise ConversionError(
+                    f"Tensor {name} has {bad} value(s) beyond the float16 range (|x| > 65504): converting "
+                    f"to float16 would turn them into inf; use bfloat16 instead."
+                )
+        del chunk
+        yield out
 
 
 def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: ProgressFn | None = None,
@@ -1007,20 +1235,11 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
     try:
         for i, (file, name, st, shape) in enumerate(source.entries):
             report(95 * done / total, f"converting {name} ({i + 1}/{n})")
-            tensor = source.get(file, name)
+            chunks = source.rows(file, name, shape, _ST_ITEMSIZE[st])
+            if _ST_TO_TORCH[st].startswith(("float", "bfloat")):
+                chunks = _cast_chunks(chunks, name, target_torch)
+            writer.write_rows(name, chunks)
             done += math.prod(shape) * _ST_ITEMSIZE[st]
-            if tensor.is_floating_point():
-                converted = tensor.to(target_torch)
-                if target == "float16" and tensor.dtype != torch.float16:
-                    bad = int((~torch.isfinite(converted)).sum()) - int((~torch.isfinite(tensor)).sum())
-                    if bad > 0:
-                        raise ConversionError(
-                            f"Tensor {name} has {bad} value(s) beyond the float16 range (|x| > 65504): "
-                            f"converting to float16 would turn them into inf; use bfloat16 instead."
-                        )
-                tensor = converted
-            writer.write(name, tensor)
-            del tensor
         info = writer.close()
     except BaseException:
         writer.abort()
@@ -1099,8 +1318,10 @@ def _load_tokenizer(path: Path):
         _require_tokenizer(directory)
     try:
         if gguf_name:
-            return AutoTokenizer.from_pretrained(str(directory), gguf_file=gguf_name)
+            return _load_gguf_tokenizer(directory / gguf_name)[0]
         return AutoTokenizer.from_pretrained(str(directory))
+    except ConversionError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise ConversionError(f"Cannot load the tokenizer of {path}: {_first_line(exc)}") from exc
 
@@ -1129,7 +1350,6 @@ def compare_logits(reference_dir: Path, candidate_dir: Path, *, prompts: list[st
     """
     import torch
 
-    _quiet_transformers()
     prompts = list(VERIFY_PROMPTS if prompts is None else prompts)
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ConversionError("compare_logits needs at least one non-empty prompt.")
@@ -1210,7 +1430,6 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
         raise ConversionError("ONNX export needs the 'onnx' and 'onnxscript' packages "
                               "(see requirements.txt).") from exc
     out_dir = _prepare_out_dir(out_dir)
-    _quiet_transformers()
 
     report(0, "loading model (float32)")
     from transformers import AutoModelForCausalLM

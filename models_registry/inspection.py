@@ -256,7 +256,13 @@ def _read_json(path: Path, *, what: str):
 def _list_files(root: Path) -> list[tuple[str, int]]:
     """(relative posix name, size) of every regular file under root, hidden entries skipped."""
     out = []
+    seen_dirs = set()
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen_dirs:  # a symlink loop
+            dirnames[:] = []
+            continue
+        seen_dirs.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in filenames:
             if name.startswith("."):
@@ -284,6 +290,12 @@ def _weight_files(root: Path, names: list[str]) -> list[str]:
             except (json.JSONDecodeError, OSError, AttributeError, UnicodeDecodeError) as e:
                 raise InspectionError(f"{root / index_name}: corrupt weight index: {e}") from e
             present = [n for n in listed if n in top]
+            missing = [n for n in listed if n not in top]
+            if present and missing:
+                raise InspectionError(
+                    f"{root}: incomplete checkpoint: {index_name} lists {len(listed)} weight files, "
+                    f"{len(missing)} missing (e.g. {missing[0]})"
+                )
             if present:
                 return present
     safetensors = [n for n in top if n.endswith(".safetensors")]
@@ -530,10 +542,10 @@ def inspect_gguf(path) -> dict:
     the 2-D tensors.  A llama GGUF whose ``general.name`` mentions "mistral" maps to Mistral, as
     transformers does.
     """
-    import gguf
-
     path = Path(path)
     header = read_gguf_header(path)
+    import gguf  # present: read_gguf_header needs it too
+
     meta = header["metadata"]
     tensors = header["tensors"]
     size = header["file_size"]
@@ -652,7 +664,10 @@ def read_gguf_header(path) -> dict:
     """
     import mmap
 
-    import gguf
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover
+        raise InspectionError("the 'gguf' package is needed to inspect GGUF files") from e
 
     path = Path(path)
     try:

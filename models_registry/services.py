@@ -154,6 +154,8 @@ def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
                                      f"this one is {artifact.format}. Convert it to HF first."})
     if (artifact.inspection or {}).get("quantization"):
         raise ValidationError({"to": "This artifact is already quantized; convert its float parent instead."})
+    if options.get("dtype") and to != "hf":
+        raise ValidationError({"dtype": "dtype applies to GGUF → HF only; choose fp16 or bf16 as the target instead."})
     if to in PRECISION_DTYPE:
         if source_dtype == PRECISION_DTYPE[to]:
             raise ValidationError({"to": f"The artifact is already {source_dtype}."})

@@ -148,6 +148,11 @@ def test_hf_sharded_index_and_hidden_files(tmp_path, tiny_hf_dir):
     assert info["param_count"] == UNTIED
     assert not any(f.startswith(".") for f in info["files"])
     assert "model-00002-of-00002.safetensors" in info["files"]
+    (d / "loop").symlink_to(d, target_is_directory=True)  # a symlink loop does not hang the walk
+    assert inspect_path(d)["param_count"] == UNTIED
+    (d / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(InspectionError, match="incomplete checkpoint"):
+        inspect_path(d)
 
 
 def test_hf_multimodal_text_config(tmp_path, tiny_hf_dir):

@@ -3,8 +3,9 @@
 Two plain functions:
 
 * :func:`build_tiny_llama_hf` writes a Hugging Face-format directory (``config.json``,
-  ``model.safetensors``, ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json``,
-  ``special_tokens_map.json`` / ``chat_template.jinja`` as transformers writes them).  The tokenizer
+  ``model.safetensors``, ``generation_config.json``, ``tokenizer.json``, ``tokenizer_config.json``
+  and ``chat_template.jinja`` -- transformers 5 writes the template there, not into
+  ``tokenizer_config.json``).  The tokenizer
   is a real byte-level BPE (the Llama-3 / GPT-2 kind) trained offline with the ``tokenizers``
   library on a few sentences, wrapped in ``PreTrainedTokenizerFast``; its size is exactly the
   config's ``vocab_size`` (padded with ``<|reserved_N|>`` special tokens when training yields fewer

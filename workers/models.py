@@ -74,3 +74,63 @@ class Job(models.Model):
         if not self.started_at:
             return None
         return (self.finished_at or timezone.now()) - self.started_at
+
+
+class Node(models.Model):
+    """An inference host, registered and kept fresh by its node agent."""
+
+    class Platform(models.TextChoices):
+        ASCEND = "ascend", "Ascend NPU"
+        CUDA = "cuda", "NVIDIA GPU"
+        CPU = "cpu", "CPU"
+
+    name = models.CharField(max_length=100, unique=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    address = models.CharField(max_length=255, blank=True)  # how the console reaches its endpoints
+    platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.CPU)
+    engine_python = models.CharField(max_length=1024, blank=True)
+    engine = models.JSONField(default=dict, blank=True)  # vllm, vllm_ascend, torch, torch_npu, cann versions
+    compat_warnings = models.JSONField(default=list, blank=True)
+    host = models.JSONField(default=dict, blank=True)  # cpu count, memory, latest host stats
+    settings = models.JSONField(default=dict, blank=True)  # e.g. HCCL/GLOO interface names for multi-node
+    agent_pid = models.IntegerField(null=True, blank=True)
+    agent_started_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    telemetry_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("node_detail", args=[self.pk])
+
+    @property
+    def online(self) -> bool:
+        if self.last_heartbeat is None:
+            return False
+        return (timezone.now() - self.last_heartbeat).total_seconds() <= settings.NODE_OFFLINE_SECONDS
+
+
+class Device(models.Model):
+    """An accelerator (NPU chip, GPU) on a node, as the agent last saw it."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
+    index = models.IntegerField()  # the id vLLM sees (ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES)
+    kind = models.CharField(max_length=8)  # npu | gpu
+    name = models.CharField(max_length=100, blank=True)  # e.g. 910B4
+    memory_total_bytes = models.BigIntegerField(null=True, blank=True)
+    health = models.CharField(max_length=32, blank=True)
+    bus_id = models.CharField(max_length=64, blank=True)
+    latest = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["node_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_device_per_node")]
+
+    def __str__(self):
+        return f"{self.node.name}:{self.kind}{self.index} {self.name}"

@@ -1,0 +1,102 @@
+from django.shortcuts import get_object_or_404
+from ninja import Router, Schema
+
+from console.api_auth import api_route
+from console.roles import ADMIN, OPERATOR, VIEWER
+from endpoints import selectors, services
+from endpoints.models import Endpoint
+
+router = Router(tags=["endpoints"])
+
+
+class EndpointIn(Schema):
+    name: str
+    artifact: int
+    node: str | int | None = None
+    devices: list[int] = []
+    replicas: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float | None = None
+    dtype: str = ""
+    quantization: str = ""
+    enforce_eager: bool = False
+    served_model_name: str = ""
+    env: dict = {}
+    extra_args: dict = {}
+    share_devices: bool = False
+    capacity_override: str = ""
+    restart_every_hours: int | None = None
+
+
+class ChatIn(Schema):
+    message: str
+    max_tokens: int = 64
+
+
+def replica_json(replica) -> dict:
+    return {"index": replica.index, "node": replica.node.name, "url": replica.url, "pid": replica.pid,
+            "port": replica.port, "devices": replica.devices, "state": replica.state, "reason": replica.state_reason,
+            "restarts": replica.restarts, "started_at": replica.started_at.isoformat() if replica.started_at else None,
+            "ready_at": replica.ready_at.isoformat() if replica.ready_at else None}
+
+
+def endpoint_json(endpoint: Endpoint) -> dict:
+    return {
+        "id": endpoint.pk, "name": endpoint.name, "state": endpoint.state, "reason": endpoint.state_reason,
+        "desired_state": endpoint.desired_state, "served_model_name": endpoint.served_model_name,
+        "artifact": endpoint.artifact_id, "node": endpoint.node.name, "devices": endpoint.devices,
+        "tensor_parallel_size": endpoint.tensor_parallel_size, "pipeline_parallel_size": endpoint.pipeline_parallel_size,
+        "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
+        "enforce_eager": endpoint.enforce_eager, "quantization": endpoint.quantization or None,
+        "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
+    }
+
+
+def _get(endpoint_id):
+    return get_object_or_404(Endpoint.objects.select_related("node"), pk=endpoint_id)
+
+
+@api_route(router, "post", "/endpoints", role=OPERATOR, response={201: dict})
+def create_endpoint(request, payload: EndpointIn):
+    endpoint = services.endpoint_create(data=payload.dict(), user=request.user, request=request)
+    return 201, endpoint_json(endpoint)
+
+
+@api_route(router, "get", "/endpoints", role=VIEWER, response=list[dict])
+def list_endpoints(request):
+    return [endpoint_json(e) for e in selectors.endpoint_list()]
+
+
+@api_route(router, "get", "/endpoints/{endpoint_id}", role=VIEWER, response=dict)
+def get_endpoint(request, endpoint_id: int):
+    return endpoint_json(_get(endpoint_id))
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/start", role=OPERATOR, response=dict)
+def start_endpoint(request, endpoint_id: int):
+    return endpoint_json(services.endpoint_start(endpoint=_get(endpoint_id), user=request.user, request=request))
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/stop", role=OPERATOR, response=dict)
+def stop_endpoint(request, endpoint_id: int):
+    return endpoint_json(services.endpoint_stop(endpoint=_get(endpoint_id), user=request.user, request=request))
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/restart", role=OPERATOR, response=dict)
+def restart_endpoint(request, endpoint_id: int):
+    return endpoint_json(services.endpoint_restart(endpoint=_get(endpoint_id), user=request.user, request=request))
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/chat", role=OPERATOR, response=dict)
+def chat_endpoint(request, endpoint_id: int, payload: ChatIn):
+    return services.endpoint_chat(endpoint=_get(endpoint_id), message=payload.message, max_tokens=payload.max_tokens,
+                                  user=request.user, request=request)
+
+
+@api_route(router, "delete", "/endpoints/{endpoint_id}", role=ADMIN, response={204: None})
+def delete_endpoint(request, endpoint_id: int):
+    services.endpoint_delete(endpoint=_get(endpoint_id), user=request.user, request=request)
+    return 204, None

@@ -1,0 +1,114 @@
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+ENDPOINT_NAME = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lower-case letters, digits and '-' (URL-safe, up to 63).")
+
+
+class Endpoint(models.Model):
+    """The desired state of one served model. Node agents make their replicas match it."""
+
+    class Desired(models.TextChoices):
+        RUNNING = "running"
+        STOPPED = "stopped"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        STARTING = "starting"
+        READY = "ready"
+        DEGRADED = "degraded"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        CRASHED = "crashed"
+        RESTARTING = "restarting"
+        FAILED = "failed"
+
+    name = models.CharField(max_length=63, unique=True, validators=[ENDPOINT_NAME])
+    artifact = models.ForeignKey("models_registry.Artifact", on_delete=models.PROTECT, related_name="endpoints")
+    node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="endpoints")
+    devices = models.JSONField(default=list, blank=True)
+    replicas = models.PositiveIntegerField(default=1)
+    tensor_parallel_size = models.PositiveIntegerField(default=1)
+    pipeline_parallel_size = models.PositiveIntegerField(default=1)
+    max_num_seqs = models.PositiveIntegerField(null=True, blank=True)
+    max_model_len = models.PositiveIntegerField(null=True, blank=True)
+    gpu_memory_utilization = models.FloatField(null=True, blank=True)
+    dtype = models.CharField(max_length=16, blank=True)
+    quantization = models.CharField(max_length=32, blank=True)
+    enforce_eager = models.BooleanField(default=False)
+    served_model_name = models.CharField(max_length=100)
+    env = models.JSONField(default=dict, blank=True)
+    extra_args = models.JSONField(default=dict, blank=True)
+    share_devices = models.BooleanField(default=False)
+    capacity_override = models.TextField(blank=True)  # an Admin's reason to launch past the estimate
+    restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
+    desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def get_absolute_url(self):
+        return reverse("endpoint_detail", args=[self.pk])
+
+
+class Replica(models.Model):
+    """One vLLM process of an endpoint: its own node, devices and port."""
+
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="replica_set")
+    index = models.PositiveIntegerField()
+    node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="replicas")
+    devices = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=Endpoint.State.choices, default=Endpoint.State.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    port = models.PositiveIntegerField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    pid_create_time = models.FloatField(null=True, blank=True)  # with pid and argv: identifies our process
+    argv = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)  # what the console set (not the whole environment)
+    log_path = models.CharField(max_length=1024, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    crashes_in_a_row = models.PositiveIntegerField(default=0)
+    health_failures = models.PositiveIntegerField(default=0)
+    last_exit_code = models.IntegerField(null=True, blank=True)
+    last_log = models.TextField(blank=True)  # the last lines before a crash
+    started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    last_health_at = models.DateTimeField(null=True, blank=True)
+    next_start_at = models.DateTimeField(null=True, blank=True)  # backoff after a crash
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    restart_requested = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["endpoint_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["endpoint", "index"], name="unique_replica_index")]
+
+    def __str__(self):
+        return f"{self.endpoint.name}#{self.index}"
+
+    @property
+    def url(self) -> str | None:
+        if not self.port:
+            return None
+        return f"http://{self.node.address or '127.0.0.1'}:{self.port}"
+
+
+class EndpointEvent(models.Model):
+    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="events")
+    replica_index = models.IntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    level = models.CharField(max_length=8, default="info")  # info | warning | error
+    kind = models.CharField(max_length=32)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]

@@ -1,0 +1,302 @@
+"""Writes for endpoints: validate and create the spec, start/stop/restart, and the
+Try-it chat. The node agents do the process work; these only change desired state."""
+import json
+import logging
+import re
+import time
+import urllib.error
+import urllib.request
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from console.audit import audit_log
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import ADMIN, has_role
+from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
+from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
+from models_registry.inspection import kv_bytes_per_token
+from models_registry.models import Artifact
+from workers.models import Node
+
+log = logging.getLogger(__name__)
+DTYPES = ("", "auto", "float16", "bfloat16", "float32")
+# vLLM serves these; GGUF support in vLLM is partial, so GGUF artifacts are converted first.
+LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM}
+
+
+def nudge(node: Node) -> None:
+    """Tell the node's agent to reconcile now (it also polls every few seconds)."""
+    from workers.agent import nudge_channel
+    from workers.services import redis_connection
+
+    try:
+        redis_connection().publish(nudge_channel(node.name), "reconcile")
+    except Exception as exc:  # the agent polls anyway
+        log.info("nudge for %s not sent: %s", node, exc)
+
+
+def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int):
+    from endpoints.commands import LaunchSpec
+
+    chip = node.devices.filter(index__in=replica.devices).values_list("name", flat=True).first()
+    return LaunchSpec(
+        platform=node.platform, engine_python=node.engine_python or settings.ENGINE_PYTHON,
+        model_path=endpoint.artifact.path, served_model_name=endpoint.served_model_name,
+        host=settings.ENDPOINT_BIND_HOST, port=port, devices=list(replica.devices),
+        tensor_parallel_size=endpoint.tensor_parallel_size, pipeline_parallel_size=endpoint.pipeline_parallel_size,
+        max_num_seqs=endpoint.max_num_seqs, max_model_len=endpoint.max_model_len,
+        gpu_memory_utilization=endpoint.gpu_memory_utilization, dtype=endpoint.dtype or None,
+        quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
+        extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
+    )
+
+
+def _int(data, field, *, low, high, default=None):
+    raw = data.get(field, default)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ValidationError({field: f"Enter a whole number between {low} and {high}."}) from None
+    if not low <= value <= high:
+        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
+    return value
+
+
+def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:
+    used = {}
+    running = Endpoint.objects.filter(node=node, desired_state=Endpoint.Desired.RUNNING)
+    if exclude_endpoint is not None:
+        running = running.exclude(pk=exclude_endpoint.pk)
+    for endpoint in running:
+        for device in endpoint.devices:
+            used[device] = endpoint.name
+    return used
+
+
+def capacity_check(*, artifact: Artifact, node: Node, devices: list[int], tp: int, max_model_len: int | None,
+                   util: float) -> dict | None:
+    """The estimate for one replica on its devices; None where memory can't be known (CPU)."""
+    inspection = artifact.inspection or {}
+    if node.platform == "cpu":
+        return None
+    per_device = [d.memory_total_bytes or device_memory_bytes(d.name) for d in node.devices.filter(index__in=devices[:tp])]
+    if not per_device or not all(per_device):
+        return None
+    kv_dtype_bytes = dtype_bytes(inspection.get("dtype")) if dtype_bytes(inspection.get("dtype")) in (2, 4) else 2
+    return estimate_capacity(
+        weight_bytes=inspection.get("weight_bytes") or artifact.size_bytes or 0,
+        kv_bytes_per_token=kv_bytes_per_token(inspection, kv_dtype_bytes), device_memory_bytes=min(per_device),
+        num_devices=tp, memory_utilization=util, max_position_embeddings=inspection.get("max_position_embeddings"),
+        context_len=max_model_len, param_count=inspection.get("param_count"),
+    )
+
+
+def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
+    """Validate a launch request and create the endpoint with its replicas (desired: running)."""
+    from endpoints.commands import CommandSpecError, validate_env, validate_extra_args
+
+    name = str(data.get("name") or "").strip()
+    try:
+        ENDPOINT_NAME(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    if Endpoint.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
+    try:
+        artifact = Artifact.objects.alive().select_related("model").get(pk=int(data.get("artifact")))
+    except (TypeError, ValueError, Artifact.DoesNotExist):
+        raise ValidationError({"artifact": "Choose an existing artifact."}) from None
+    if artifact.status != Artifact.Status.READY:
+        raise ValidationError({"artifact": f"Artifact #{artifact.pk} is {artifact.status}, not ready."})
+    if artifact.format not in LAUNCHABLE_FORMATS:
+        hint = " Convert it to Hugging Face format first." if artifact.format == Artifact.Format.GGUF else \
+            " OM models are for ACL/MindIE, not vLLM." if artifact.format == Artifact.Format.OM else ""
+        raise ValidationError({"artifact": f"vLLM cannot serve {artifact.get_format_display()} artifacts.{hint}"})
+
+    nodes = Node.objects.all()
+    node_ref = data.get("node")
+    if node_ref in (None, ""):
+        if nodes.count() != 1:
+            raise ValidationError({"node": "Choose a node." if nodes.exists() else "No node has registered: start the agent (`manage.py agent`)."})
+        node = nodes.get()
+    else:
+        node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
+        if node is None:
+            raise ValidationError({"node": f"No node {node_ref!r}."})
+
+    if artifact.format == Artifact.Format.MODELSLIM and node.platform != "ascend":
+        raise ValidationError({"artifact": "ModelSlim artifacts are served by vllm-ascend on Ascend nodes only."})
+    tp = _int(data, "tensor_parallel_size", low=1, high=64, default=1)
+    pp = _int(data, "pipeline_parallel_size", low=1, high=16, default=1)
+    replicas = _int(data, "replicas", low=1, high=64, default=1)
+    raw_devices = data.get("devices") or []
+    if isinstance(raw_devices, str):
+        raw_devices = [d for d in re.split(r"[,\s]+", raw_devices) if d]
+    try:
+        devices = [int(d) for d in raw_devices]
+    except (TypeError, ValueError):
+        raise ValidationError({"devices": "Devices are numbers, e.g. 0,1."}) from None
+    if len(set(devices)) != len(devices):
+        raise ValidationError({"devices": "A device is listed twice."})
+    if node.platform == "cpu":
+        if devices:
+            raise ValidationError({"devices": f"{node.name} is a CPU node: leave devices empty."})
+        if tp * pp != 1:
+            raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica (TP = PP = 1)."})
+    else:
+        known = set(node.devices.values_list("index", flat=True))
+        missing = [d for d in devices if d not in known]
+        if missing:
+            raise ValidationError({"devices": f"{node.name} has no device(s) {missing}; it has {sorted(known)}."})
+        if len(devices) != tp * pp * replicas:
+            raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp} need {tp * pp * replicas} devices; "
+                                              f"{len(devices)} given."})
+        share = bool(data.get("share_devices"))
+        clash = {d: owner for d, owner in _devices_in_use(node).items() if d in devices}
+        if clash and not share:
+            raise ValidationError({"devices": "In use by another endpoint: " + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
+                                              + ". Choose others, or set sharing explicitly."})
+
+    inspection = artifact.inspection or {}
+    model_max = inspection.get("max_position_embeddings") or 8192
+    max_model_len = _int(data, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
+    util = data.get("gpu_memory_utilization")
+    util = float(util) if util not in (None, "") else None
+    if util is not None and not 0.1 <= util <= 0.99:
+        raise ValidationError({"gpu_memory_utilization": "Between 0.1 and 0.99."})
+    dtype = str(data.get("dtype") or "")
+    if dtype not in DTYPES:
+        raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
+    estimate = None
+    if node.platform != "cpu":
+        estimate = capacity_check(artifact=artifact, node=node, devices=devices, tp=tp * pp, max_model_len=max_model_len,
+                                  util=util or settings.GPU_MEMORY_UTILIZATION)
+    override = str(data.get("capacity_override") or "").strip()
+    if estimate is not None and not estimate["fits"]:
+        if not override:
+            raise ValidationError({"max_model_len": f"Does not fit: {estimate['summary']} Lower max_model_len, add devices, "
+                                                    "or (Admin) override with a reason."})
+        if not has_role(user, ADMIN):
+            raise ValidationError({"capacity_override": "Only an Admin may launch past the capacity estimate."})
+    default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
+    max_num_seqs = _int(data, "max_num_seqs", low=1, high=4096, default=default_seqs)
+    try:
+        extra_args = data.get("extra_args") or {}
+        if isinstance(extra_args, str):
+            extra_args = json.loads(extra_args) if extra_args.strip() else {}
+        validate_extra_args(extra_args)
+        env = data.get("env") or {}
+        if isinstance(env, str):
+            env = json.loads(env) if env.strip() else {}
+        env = validate_env(env)
+    except (CommandSpecError, json.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise ValidationError({"extra_args": str(exc)}) from exc
+    quantization = str(data.get("quantization") or "")
+    if artifact.format == Artifact.Format.MODELSLIM:
+        quantization = "ascend"
+    served = str(data.get("served_model_name") or "").strip() or name
+    if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
+        raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
+    restart_hours = _int(data, "restart_every_hours", low=1, high=24 * 30, default=None)
+    per_replica = tp * pp
+    with transaction.atomic():
+        endpoint = Endpoint.objects.create(
+            name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
+            enforce_eager=bool(data.get("enforce_eager")) or False, served_model_name=served, env=env,
+            extra_args=extra_args, share_devices=bool(data.get("share_devices")), capacity_override=override,
+            restart_every_hours=restart_hours, created_by=user if user is not None and user.pk else None,
+            state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
+        )
+        for index in range(replicas):
+            Replica.objects.create(endpoint=endpoint, index=index, node=node,
+                                   devices=devices[index * per_replica:(index + 1) * per_replica] if devices else [])
+        EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
+        audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
+            "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
+            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+            **({"capacity_override": override} if override else {})})
+        transaction.on_commit(lambda: nudge(node))
+    return endpoint
+
+
+def _set_desired(endpoint: Endpoint, desired: str, *, user, request, action: str) -> Endpoint:
+    with transaction.atomic():
+        was = endpoint.desired_state
+        Endpoint.objects.filter(pk=endpoint.pk).update(desired_state=desired)
+        if desired == Endpoint.Desired.RUNNING:
+            # A fresh start clears a given-up replica's crash count.
+            endpoint.replica_set.filter(state__in=[Endpoint.State.FAILED, Endpoint.State.STOPPED]).update(
+                state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
+            Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.PENDING)
+        else:
+            Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.STOPPING)
+        EndpointEvent.objects.create(endpoint=endpoint, kind=action, message=f"{action} requested by {getattr(user, 'username', 'system')}")
+        audit_log(actor=user, action=f"endpoint.{action}", obj=endpoint, request=request, changes={"desired_state": [was, desired]})
+        nodes = {r.node for r in endpoint.replica_set.select_related("node")}
+        transaction.on_commit(lambda: [nudge(n) for n in nodes])
+    endpoint.refresh_from_db()
+    return endpoint
+
+
+def endpoint_start(*, endpoint: Endpoint, user, request=None) -> Endpoint:
+    return _set_desired(endpoint, Endpoint.Desired.RUNNING, user=user, request=request, action="start")
+
+
+def endpoint_stop(*, endpoint: Endpoint, user, request=None) -> Endpoint:
+    return _set_desired(endpoint, Endpoint.Desired.STOPPED, user=user, request=request, action="stop")
+
+
+def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
+    if endpoint.desired_state != Endpoint.Desired.RUNNING:
+        return endpoint_start(endpoint=endpoint, user=user, request=request)
+    with transaction.atomic():
+        endpoint.replica_set.update(restart_requested=True)
+        endpoint.replica_set.filter(state=Endpoint.State.FAILED).update(state=Endpoint.State.PENDING, crashes_in_a_row=0)
+        EndpointEvent.objects.create(endpoint=endpoint, kind="restart", message=f"restart requested by {getattr(user, 'username', 'system')}")
+        audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
+        nodes = {r.node for r in endpoint.replica_set.select_related("node")}
+        transaction.on_commit(lambda: [nudge(n) for n in nodes])
+    return endpoint
+
+
+def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
+    if endpoint.replica_set.exclude(state=Endpoint.State.STOPPED).exclude(state=Endpoint.State.FAILED, pid__isnull=True).exists():
+        raise Conflict(f"Stop {endpoint.name} first: replicas are still running.")
+    audit_log(actor=user, action="endpoint.delete", obj=endpoint, request=request)
+    endpoint.delete()
+
+
+def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int = 64, request=None) -> dict:
+    """Try-it: one chat completion through the console to a ready replica, timed."""
+    message = (message or "").strip()
+    if not message:
+        raise ValidationError({"message": "Type a message."})
+    if len(message) > 4000:
+        raise ValidationError({"message": "Keep it under 4000 characters."})
+    replica = endpoint.replica_set.filter(state=Endpoint.State.READY).select_related("node").order_by("?").first()
+    if replica is None:
+        raise ServiceUnavailable(f"{endpoint.name} has no ready replica (state: {endpoint.state}).")
+    body = json.dumps({"model": endpoint.served_model_name, "max_tokens": max_tokens, "temperature": 0,
+                       "messages": [{"role": "user", "content": message}]}).encode()
+    req = urllib.request.Request(f"{replica.url}/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=120) as response:  # noqa: S310 (a replica we started)
+            answer = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise ServiceUnavailable(f"The replica answered {exc.code}: {exc.read()[:300].decode(errors='replace')}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise ServiceUnavailable(f"The replica did not answer: {exc}") from exc
+    latency_ms = (time.perf_counter() - started) * 1000
+    text = answer["choices"][0]["message"]["content"]
+    audit_log(actor=user, action="endpoint.try", obj=endpoint, request=request, changes={"latency_ms": round(latency_ms, 1)})
+    return {"text": text, "latency_ms": round(latency_ms, 1), "replica": replica.index, "usage": answer.get("usage", {}),
+            "at": timezone.now().isoformat()}

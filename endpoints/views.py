@@ -1,0 +1,144 @@
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from endpoints import selectors, services
+from endpoints.models import Endpoint
+from models_registry.models import Artifact
+from models_registry.views import _errors
+from workers.agent import tail_lines
+from workers.models import Node
+
+FORM_FIELDS = ("name", "artifact", "node", "devices", "replicas", "tensor_parallel_size", "pipeline_parallel_size",
+               "max_model_len", "max_num_seqs", "gpu_memory_utilization", "dtype", "served_model_name", "env",
+               "extra_args", "capacity_override", "restart_every_hours")
+FORM_FLAGS = ("enforce_eager", "share_devices")
+
+
+@require_GET
+@require_role(VIEWER)
+def endpoint_list(request):
+    return render(request, "endpoints/endpoint_list.html", {"endpoints": selectors.endpoint_list()})
+
+
+@require_http_methods(["GET", "POST"])
+@require_role(OPERATOR)
+def endpoint_launch(request):
+    artifacts = Artifact.objects.alive().filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS).select_related("model")
+    values = {"replicas": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True,
+              "artifact": request.GET.get("artifact", "")}
+    errors = {}
+    if request.method == "POST":
+        values = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
+        values.update({k: request.POST.get(k) == "on" for k in FORM_FLAGS})
+        try:
+            endpoint = services.endpoint_create(data=values, user=request.user, request=request)
+        except ValidationError as exc:
+            errors = _errors(exc)
+        else:
+            messages.success(request, f"Launching {endpoint.name}.")
+            return redirect(endpoint)
+    return render(request, "endpoints/endpoint_launch.html",
+                  {"artifacts": artifacts, "nodes": Node.objects.all(), "values": values, "errors": errors,
+                   "dtypes": services.DTYPES}, status=400 if errors else 200)
+
+
+def _detail_context(endpoint):
+    replicas = list(selectors.replicas_of(endpoint))
+    log_replica = next((r for r in replicas if r.log_path), None)
+    from endpoints.commands import format_for_shell
+
+    return {
+        "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],
+        "log_tail": tail_lines(log_replica.log_path, 60) if log_replica else "",
+        "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv],
+        "failed_logs": [r for r in replicas if r.state == Endpoint.State.FAILED and r.last_log],
+    }
+
+
+@require_GET
+@require_role(VIEWER)
+def endpoint_detail(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
+    return render(request, "endpoints/endpoint_detail.html", _detail_context(endpoint))
+
+
+@require_GET
+@require_role(VIEWER)
+def endpoint_live(request, endpoint_id: int):
+    """The live part of the endpoint page (state, replicas, events, log), polled by htmx."""
+    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "node"), pk=endpoint_id)
+    return render(request, "endpoints/_endpoint_live.html", _detail_context(endpoint))
+
+
+def _action(request, endpoint_id, service, done):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    try:
+        service(endpoint=endpoint, user=request.user, request=request)
+        messages.success(request, f"{endpoint.name}: {done}.")
+    except Conflict as exc:
+        messages.error(request, exc.message)
+    return redirect(endpoint)
+
+
+@require_POST
+@require_role(OPERATOR)
+def endpoint_start(request, endpoint_id: int):
+    return _action(request, endpoint_id, services.endpoint_start, "start requested")
+
+
+@require_POST
+@require_role(OPERATOR)
+def endpoint_stop(request, endpoint_id: int):
+    return _action(request, endpoint_id, services.endpoint_stop, "stop requested")
+
+
+@require_POST
+@require_role(OPERATOR)
+def endpoint_restart(request, endpoint_id: int):
+    return _action(request, endpoint_id, services.endpoint_restart, "restart requested")
+
+
+@require_POST
+@require_role(ADMIN)
+def endpoint_delete(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    try:
+        services.endpoint_delete(endpoint=endpoint, user=request.user, request=request)
+    except Conflict as exc:
+        messages.error(request, exc.message)
+        return redirect(endpoint)
+    messages.success(request, f"Deleted {endpoint.name}.")
+    return redirect("endpoint_list")
+
+
+@require_POST
+@require_role(OPERATOR)
+def endpoint_try(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    context = {"endpoint": endpoint, "message": request.POST.get("message", "")}
+    try:
+        context["answer"] = services.endpoint_chat(endpoint=endpoint, message=context["message"], user=request.user, request=request)
+    except ValidationError as exc:
+        context["error"] = " ".join(exc.messages)
+    except ServiceUnavailable as exc:
+        context["error"] = str(exc)
+    return render(request, "endpoints/_try_result.html", context)
+
+
+@require_GET
+@require_role(VIEWER)
+def node_list(request):
+    return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
+
+
+@require_GET
+@require_role(VIEWER)
+def node_detail(request, node_id: int):
+    node = get_object_or_404(Node, pk=node_id)
+    return render(request, "endpoints/node_detail.html", {
+        "node": node, "devices": node.devices.all(),
+        "replicas": node.replicas.select_related("endpoint").exclude(state=Endpoint.State.STOPPED)})
