@@ -58,6 +58,8 @@ def _not_found(request, exc):
 def _register_routers():
     from models_registry.api import router as registry_router
     from endpoints.api import router as endpoints_router
+    from endpoints.bench.api import router as bench_router
+    from workers.telemetry.api import router as telemetry_router
     from workers.api import router as jobs_router
     from workers.api_nodes import router as nodes_router
 
@@ -65,6 +67,8 @@ def _register_routers():
     api.add_router("/", jobs_router)
     api.add_router("/", endpoints_router)
     api.add_router("/", nodes_router)
+    api.add_router("/", telemetry_router)
+    api.add_router("/", bench_router)
 
 
 _register_routers()

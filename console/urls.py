@@ -1,5 +1,5 @@
 from django.contrib.auth import views as auth_views
-from django.urls import path
+from django.urls import include, path
 
 from console import views
 from console.api import api
@@ -43,5 +43,7 @@ urlpatterns = [
     path("endpoints/<int:endpoint_id>/try", endpoints.endpoint_try, name="endpoint_try"),
     path("nodes/", endpoints.node_list, name="node_list"),
     path("nodes/<int:node_id>/", endpoints.node_detail, name="node_detail"),
+    path("", include("workers.telemetry.urls")),
+    path("", include("endpoints.bench.urls")),
     path("api/v1/", api.urls),
 ]

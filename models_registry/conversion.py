@@ -1193,14 +1193,13 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
                       max_shard_bytes: int | None = None) -> dict:
     """Convert a Hugging Face checkpoint's floating-point weights to float16 or bfloat16.
 
-    Tensors are streamed one at a time (peak memory ~ the largest tensor); non-floating tensors
+    Tensors are streamed one at a time, large ones in ~16 MB slices (so peak memory is a few slices,
+    not a shard or the model); non-floating tensors
     are copied unchanged; every non-weight file (tokenizer, generation config, chat template...)
     is copied; ``config.json`` records the new dtype.  Output is always safetensors (``.bin``
     sources are converted too).  Returns ``{"dtype", "source_dtype", "num_tensors", "size_bytes",
     "architecture", "shards", ...}``.
     """
-    import torch
-
     report = _report(progress)
     target = _normalize_dtype(dtype, ("float16", "bfloat16"), "target dtype")
     src_dir = Path(src_dir)
@@ -1281,7 +1280,7 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
         "architecture": archs[0] if archs else cfg.get("model_type"),
         "shards": info["shards"],
         "copied_files": copied,
-        "skipped_files": [s for s in skipped if s not in {f.relative_to(src_dir).as_posix() for f in weight_files}],
+        "skipped_files": skipped,
     }
 
 
@@ -1503,7 +1502,6 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
     inputs = [i.name for i in graph.input]
     outputs = [o.name for o in graph.output]
     report(95, "copying tokenizer and config files")
-    _, weights, _ = _find_weight_files(src_dir)
     _copy_non_weight_files(src_dir, out_dir)
     report(100, "done")
     return {

@@ -25,7 +25,7 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.models import Endpoint, EndpointEvent, Replica
-from workers.models import Device, Node
+from workers.models import Node
 
 log = logging.getLogger("console.agent")
 
@@ -178,29 +178,16 @@ class NodeAgent:
         Node.objects.filter(pk=self.node.pk).update(last_heartbeat=timezone.now(), agent_pid=os.getpid())
         self.node.last_heartbeat = timezone.now()
 
-    def collect_devices(self) -> None:
-        """Device inventory from npu-smi (Ascend). Runs off the main loop: a hung npu-smi
-        must not stall reconciliation."""
-        if self.node.platform != "ascend":
-            return
-        from workers.npu_smi import collect
+    def collect_telemetry(self) -> None:
+        """Devices, host and endpoint readings. Runs off the main loop: a hung npu-smi or a
+        slow /metrics must not stall reconciliation."""
+        from workers.telemetry.collect import collect_node
 
         close_old_connections()
         try:
-            data = collect(timeout=8.0)
-            for chip in data.get("chips", []):
-                index = chip.get("logic_id")
-                if index is None:
-                    index = chip["npu"] * 2 + chip["chip"] if len(data["chips"]) > 8 else chip["npu"]
-                memory_mb = chip.get("hbm_total_mb") or chip.get("memory_total_mb")
-                Device.objects.update_or_create(node=self.node, index=index, defaults={
-                    "kind": "npu", "name": chip.get("name") or "", "health": chip.get("health") or "",
-                    "bus_id": chip.get("bus_id") or "", "latest": chip, "updated_at": timezone.now(),
-                    "memory_total_bytes": int(memory_mb * 1024 * 1024) if memory_mb else None,
-                })
-            errors = "; ".join(f"{e['command']}: {e['error']}" for e in data.get("errors", []))
-            Node.objects.filter(pk=self.node.pk).update(telemetry_error=errors[:2000])
+            collect_node(self.node)
         except Exception as exc:  # never let telemetry kill the agent
+            log.exception("telemetry")
             Node.objects.filter(pk=self.node.pk).update(telemetry_error=f"{type(exc).__name__}: {exc}"[:2000])
         finally:
             close_old_connections()
@@ -433,9 +420,10 @@ class NodeAgent:
                 if time.monotonic() - self.last_heartbeat >= settings.AGENT_HEARTBEAT_SECONDS:
                     self.heartbeat()
                     self.last_heartbeat = time.monotonic()
-                if time.monotonic() - self.last_devices >= 10 and (self._device_thread is None or not self._device_thread.is_alive()):
+                if (time.monotonic() - self.last_devices >= settings.TELEMETRY_INTERVAL_SECONDS
+                        and (self._device_thread is None or not self._device_thread.is_alive())):
                     self.last_devices = time.monotonic()
-                    self._device_thread = threading.Thread(target=self.collect_devices, daemon=True)
+                    self._device_thread = threading.Thread(target=self.collect_telemetry, daemon=True)
                     self._device_thread.start()
                 self.reconcile()
             except DatabaseError as exc:

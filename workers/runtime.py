@@ -24,6 +24,7 @@ log = logging.getLogger("console.job")
 HANDLERS = {
     "hash_artifact": "models_registry.jobs_impl:hash_artifact",
     "convert": "models_registry.jobs_impl:convert_artifact",
+    "bench": "endpoints.bench.jobs_impl:run_benchmark",
 }
 
 # Seconds a job of each kind may run before RQ stops it.
