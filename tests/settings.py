@@ -16,3 +16,6 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast log
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
 WHITENOISE_USE_FINDERS = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
+    # One test database file per test run, so runs side by side don't share (and delete) it.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test-console-{os.getpid()}.sqlite3")}  # noqa: F405
