@@ -59,6 +59,7 @@ def _register_routers():
     from models_registry.api import router as registry_router
     from endpoints.api import router as endpoints_router
     from endpoints.bench.api import router as bench_router
+    from models_registry.quantize.api import router as quantize_router
     from workers.telemetry.api import router as telemetry_router
     from workers.api import router as jobs_router
     from workers.api_nodes import router as nodes_router
@@ -69,6 +70,7 @@ def _register_routers():
     api.add_router("/", nodes_router)
     api.add_router("/", telemetry_router)
     api.add_router("/", bench_router)
+    api.add_router("/", quantize_router)
 
 
 _register_routers()

@@ -172,3 +172,53 @@ ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
 ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
 VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
 TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
+
+# --- Telemetry (workers/telemetry) -------------------------------------------------------
+# The agent samples devices, host and each ready replica's vLLM /metrics every
+# TELEMETRY_INTERVAL_SECONDS (above: that is also the scrape interval).
+TELEMETRY_NPU_SMI_TIMEOUT_SECONDS = env_float("TELEMETRY_NPU_SMI_TIMEOUT_SECONDS", 8)
+TELEMETRY_SCRAPE_TIMEOUT_SECONDS = env_float("TELEMETRY_SCRAPE_TIMEOUT_SECONDS", 3)
+TELEMETRY_RAW_RETENTION_HOURS = env_int("TELEMETRY_RAW_RETENTION_HOURS", 48)
+TELEMETRY_ROLLUP_RETENTION_DAYS = env_int("TELEMETRY_ROLLUP_RETENTION_DAYS", 30)
+TELEMETRY_PRUNE_INTERVAL_SECONDS = env_float("TELEMETRY_PRUNE_INTERVAL_SECONDS", 60)  # rollups and pruning
+TELEMETRY_ALERT_INTERVAL_SECONDS = env_float("TELEMETRY_ALERT_INTERVAL_SECONDS", 10)
+TELEMETRY_ALERT_WEBHOOK_URL = env_str("TELEMETRY_ALERT_WEBHOOK_URL", "")  # JSON POST on each alert change
+TELEMETRY_ALERT_WEBHOOK_TIMEOUT_SECONDS = env_float("TELEMETRY_ALERT_WEBHOOK_TIMEOUT_SECONDS", 5)
+# A shared bearer token for Prometheus at /metrics (besides any Viewer's API token).
+METRICS_TOKEN = env_secret("METRICS_TOKEN")
+# /metrics answers a bearer token without a session: this middleware takes those requests
+# before the login redirect (anything else still goes through it).
+MIDDLEWARE.insert(MIDDLEWARE.index("console.middleware.LoginRequiredEverywhereMiddleware"),
+                  "workers.telemetry.middleware.MetricsTokenMiddleware")
+
+# --- Benchmarks ---------------------------------------------------------------------------
+BENCH_DATA_DIR = env_path("BENCH_DATA_DIR", DATA_DIR / "bench")  # saved results, client logs, prompt files
+BENCH_DEFAULT_TIMEOUT_SECONDS = env_int("BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)  # per run
+BENCH_PROMPT_FILE_MAX_BYTES = env_int("BENCH_PROMPT_FILE_MAX_BYTES", 50 * 1024 * 1024)
+
+
+def _cost_map(raw: list[str]) -> dict[str, float]:
+    from django.core.exceptions import ImproperlyConfigured
+
+    costs = {}
+    for item in raw:
+        key, _, value = item.partition("=")
+        try:
+            costs[key.strip().lower()] = float(value)
+        except ValueError:
+            raise ImproperlyConfigured(f"BENCH_COST_PER_DEVICE_HOUR: {item!r} is not TYPE=COST") from None
+    return costs
+
+
+# Cost per device-hour by device type, for the compare view's cost efficiency, e.g.
+# "910B4=1.9,A100=2.4,npu=1.5,gpu=2,cpu=0.1,default=1". A device is priced by its name (910B4),
+# then its kind (npu/gpu/cpu), then the node's platform, then "default". A CPU node counts as one device.
+BENCH_COST_PER_DEVICE_HOUR = _cost_map(env_list("BENCH_COST_PER_DEVICE_HOUR", ["default=1"]))
+BENCH_COST_CURRENCY = env_str("BENCH_COST_CURRENCY", "")
+
+# --- quantization (models_registry.quantize) ---
+QUANTIZE_GATE_PCT = float(os.environ.get("QUANTIZE_GATE_PCT", "2.0"))  # max relative perplexity increase
+QUANTIZE_MIN_SAMPLES = int(os.environ.get("QUANTIZE_MIN_SAMPLES", "8"))
+QUANTIZE_EVAL_MAX_TOKENS = int(os.environ.get("QUANTIZE_EVAL_MAX_TOKENS", "4096"))
+QUANTIZE_MAX_DATASET_CHARS = int(os.environ.get("QUANTIZE_MAX_DATASET_CHARS", str(20 * 1024**2)))
+QUANTIZE_SERVE_CHECK = os.environ.get("QUANTIZE_SERVE_CHECK", "1") not in ("0", "false", "no")

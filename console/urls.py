@@ -45,5 +45,6 @@ urlpatterns = [
     path("nodes/<int:node_id>/", endpoints.node_detail, name="node_detail"),
     path("", include("workers.telemetry.urls")),
     path("", include("endpoints.bench.urls")),
+    path("", include("models_registry.quantize.urls")),
     path("api/v1/", api.urls),
 ]

@@ -71,6 +71,8 @@ class Replica(models.Model):
     state = models.CharField(max_length=16, choices=Endpoint.State.choices, default=Endpoint.State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
     port = models.PositiveIntegerField(null=True, blank=True)
+    # The host the port is reserved on: agents on one host claim ports through this row.
+    port_host = models.CharField(max_length=255, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     pid_create_time = models.FloatField(null=True, blank=True)  # with pid and argv: identifies our process
     argv = models.JSONField(default=list, blank=True)
@@ -90,7 +92,11 @@ class Replica(models.Model):
 
     class Meta:
         ordering = ["endpoint_id", "index"]
-        constraints = [models.UniqueConstraint(fields=["endpoint", "index"], name="unique_replica_index")]
+        constraints = [
+            models.UniqueConstraint(fields=["endpoint", "index"], name="unique_replica_index"),
+            models.UniqueConstraint(fields=["port_host", "port"], condition=models.Q(port__isnull=False),
+                                    name="unique_port_per_host"),
+        ]
 
     def __str__(self):
         return f"{self.endpoint.name}#{self.index}"
@@ -112,3 +118,6 @@ class EndpointEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+from endpoints.bench.models import *  # noqa: E402,F401,F403

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
+from console.validation import int_in_range
 from console.roles import ADMIN, has_role
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
@@ -52,19 +53,6 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int):
         quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
         extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
     )
-
-
-def _int(data, field, *, low, high, default=None):
-    raw = data.get(field, default)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."}) from None
-    if not low <= value <= high:
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
-    return value
 
 
 def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:
@@ -131,9 +119,9 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
 
     if artifact.format == Artifact.Format.MODELSLIM and node.platform != "ascend":
         raise ValidationError({"artifact": "ModelSlim artifacts are served by vllm-ascend on Ascend nodes only."})
-    tp = _int(data, "tensor_parallel_size", low=1, high=64, default=1)
-    pp = _int(data, "pipeline_parallel_size", low=1, high=16, default=1)
-    replicas = _int(data, "replicas", low=1, high=64, default=1)
+    tp = int_in_range(data.get("tensor_parallel_size"), "tensor_parallel_size", low=1, high=64, default=1)
+    pp = int_in_range(data.get("pipeline_parallel_size"), "pipeline_parallel_size", low=1, high=16, default=1)
+    replicas = int_in_range(data.get("replicas"), "replicas", low=1, high=64, default=1)
     raw_devices = data.get("devices") or []
     if isinstance(raw_devices, str):
         raw_devices = [d for d in re.split(r"[,\s]+", raw_devices) if d]
@@ -164,7 +152,7 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
 
     inspection = artifact.inspection or {}
     model_max = inspection.get("max_position_embeddings") or 8192
-    max_model_len = _int(data, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
+    max_model_len = int_in_range(data.get("max_model_len"), "max_model_len", low=16, high=model_max, default=min(8192, model_max))
     util = data.get("gpu_memory_utilization")
     util = float(util) if util not in (None, "") else None
     if util is not None and not 0.1 <= util <= 0.99:
@@ -184,7 +172,7 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
         if not has_role(user, ADMIN):
             raise ValidationError({"capacity_override": "Only an Admin may launch past the capacity estimate."})
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
-    max_num_seqs = _int(data, "max_num_seqs", low=1, high=4096, default=default_seqs)
+    max_num_seqs = int_in_range(data.get("max_num_seqs"), "max_num_seqs", low=1, high=4096, default=default_seqs)
     try:
         extra_args = data.get("extra_args") or {}
         if isinstance(extra_args, str):
@@ -202,7 +190,7 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
     served = str(data.get("served_model_name") or "").strip() or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
-    restart_hours = _int(data, "restart_every_hours", low=1, high=24 * 30, default=None)
+    restart_hours = int_in_range(data.get("restart_every_hours"), "restart_every_hours", low=1, high=24 * 30, default=None)
     per_replica = tp * pp
     with transaction.atomic():
         endpoint = Endpoint.objects.create(

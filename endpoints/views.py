@@ -53,7 +53,7 @@ def _detail_context(endpoint):
 
     return {
         "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],
-        "log_tail": tail_lines(log_replica.log_path, 60) if log_replica else "",
+        "log_tail": tail_lines(log_replica.log_path, 30) if log_replica else "",
         "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv],
         "failed_logs": [r for r in replicas if r.state == Endpoint.State.FAILED and r.last_log],
     }

@@ -230,7 +230,7 @@ def _check_architecture(cfg: dict, where: Path, *, causal_lm: bool = False) -> N
             f"Unsupported architecture: model_type '{model_type}' (architectures: {arch_text}) is not "
             f"supported by transformers {transformers.__version__}."
         )
-    unknown = [a for a in archs if not hasattr(transformers, str(a))]
+    unknown = [a for a in archs if str(a) not in _transformers_class_names()]
     if archs and len(unknown) == len(archs):
         raise ConversionError(
             f"Unsupported architecture: {arch_text} (model_type '{model_type}') is not a class in "
@@ -244,6 +244,18 @@ def _check_architecture(cfg: dict, where: Path, *, causal_lm: bool = False) -> N
                 f"Unsupported architecture: model_type '{model_type}' ({arch_text}) is not a causal "
                 f"language model in transformers {transformers.__version__}."
             )
+
+
+_CLASS_NAMES: set[str] = set()
+
+
+def _transformers_class_names() -> set[str]:
+    """Every class name transformers exports, without importing the modeling code."""
+    if not _CLASS_NAMES:
+        import transformers
+
+        _CLASS_NAMES.update(dir(transformers))
+    return _CLASS_NAMES
 
 
 def _has_tokenizer(src_dir: Path) -> bool:

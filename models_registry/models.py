@@ -97,3 +97,4 @@ class Artifact(models.Model):
     @property
     def is_original(self) -> bool:
         return self.parent_id is None
+from models_registry.quantize.models import *  # noqa: E402,F401,F403

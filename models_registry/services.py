@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
+from console.validation import int_in_range
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.paths import validate_model_path
@@ -121,16 +122,6 @@ def model_delete(*, model: Model, user, request=None) -> Model:
 
 # --- conversions -------------------------------------------------------------------
 
-def _positive_int(value, field: str, low: int, high: int) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."}) from None
-    if not low <= number <= high:
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
-    return number
-
-
 def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
     """Validate conversion options against the source artifact; return the canonical set."""
     if artifact.status != Artifact.Status.READY:
@@ -160,9 +151,9 @@ def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
         if source_dtype == PRECISION_DTYPE[to]:
             raise ValidationError({"to": f"The artifact is already {source_dtype}."})
         return {"to": to}
-    batch_size = _positive_int(options.get("batch_size", 1), "batch_size", 1, 64)
+    batch_size = int_in_range(options.get("batch_size"), "batch_size", low=1, high=64, default=1)
     max_pos = (artifact.inspection or {}).get("max_position_embeddings") or 32768
-    seq_len = _positive_int(options.get("seq_len", 128), "seq_len", 1, max_pos)
+    seq_len = int_in_range(options.get("seq_len"), "seq_len", low=1, high=max_pos, default=128)
     soc = str(options.get("soc_version") or "").strip()
     if not soc:
         raise ValidationError({"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."})

@@ -79,6 +79,26 @@ def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(operator, api_
     assert om.status == "failed" and not Path(om.path).exists()
 
 
+def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
+    """Queue a conversion big enough to take seconds, start a real forked RQ worker, and
+    return (job_id, worker) once the job is running and writing into its staging directory."""
+    source = _register(api, "wide", build_tiny_llama_hf(model_root / "wide", num_layers=6, hidden_size=512,
+                                                        intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192))
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
+    worker = start_worker(env, "convert")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = Job.objects.get(pk=job_id)
+        if job.status == "running" and job.staging_path:
+            return job_id, worker
+        if job.status not in ("queued", "running"):
+            break
+        time.sleep(0.05)
+    os.killpg(worker.pid, signal.SIGKILL)
+    pytest.fail(f"the job never started writing: {job.status} {job.error}")
+
+
 @pytest.mark.django_db
 @pytest.mark.parametrize("options,field,message", [
     ({"to": "gif"}, "to", "Choose one of"),
@@ -146,21 +166,8 @@ def test_redis_down_gives_a_clear_error_not_a_500(operator, api_for, model_root,
 def test_cancel_and_retry(operator, api_for, model_root, redis_conn, settings, worker_env):
     """A real forked worker: cancel mid-run stops it, leaves nothing; retry runs it again."""
     api = api_for(operator)
-    source = _register(api, "wide", build_tiny_llama_hf(model_root / "wide", num_layers=6, hidden_size=512,
-                                                        intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192))
-    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
-    env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
-    worker = start_worker(env, "convert")
+    job_id, worker = _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            job = Job.objects.get(pk=job_id)
-            if job.status == "running" and job.staging_path:
-                break
-            assert job.status in ("queued", "running"), (job.status, job.error)
-            time.sleep(0.05)
-        else:
-            pytest.fail("the job never started")
         assert api.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -189,20 +196,8 @@ def test_cancel_and_retry(operator, api_for, model_root, redis_conn, settings, w
 @pytest.mark.django_db(transaction=True)
 def test_killed_worker_job_is_reaped_within_60_seconds(operator, api_for, model_root, redis_conn, settings, worker_env):
     api = api_for(operator)
-    source = _register(api, "wide", build_tiny_llama_hf(model_root / "wide", num_layers=6, hidden_size=512,
-                                                        intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192))
-    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
-    env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
-    worker = start_worker(env, "convert")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        job = Job.objects.get(pk=job_id)
-        if job.status == "running" and job.staging_path:
-            break
-        time.sleep(0.05)
-    else:
-        os.killpg(worker.pid, signal.SIGKILL)
-        pytest.fail("the job never started")
+    job_id, worker = _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env)
+    job = Job.objects.get(pk=job_id)
     # kill -9 of the worker and of its work horse (RQ runs the horse in its own session),
     # as an OOM kill or a machine restart would.
     os.kill(job.pid, signal.SIGKILL)

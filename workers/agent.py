@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import IntegrityError, close_old_connections, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -76,12 +76,21 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def pick_port(node: Node) -> int:
+def claim_port(node: Node, replica: Replica) -> int:
+    """Reserve a free port for the replica. The unique (port_host, port) constraint makes the
+    claim race-safe between agents on the same host."""
     low, high = settings.ENDPOINT_PORT_RANGE
-    taken = set(Replica.objects.filter(node__hostname=node.hostname, port__isnull=False).values_list("port", flat=True))
+    taken = set(Replica.objects.filter(port_host=node.hostname, port__isnull=False).exclude(pk=replica.pk)
+                .values_list("port", flat=True))
     for port in range(low, high + 1):
-        if port not in taken and port_is_free(port, settings.ENDPOINT_BIND_HOST):
+        if port in taken or not port_is_free(port, settings.ENDPOINT_BIND_HOST):
+            continue
+        try:
+            with transaction.atomic():
+                Replica.objects.filter(pk=replica.pk).update(port=port, port_host=node.hostname)
             return port
+        except IntegrityError:
+            continue  # another agent claimed it a moment ago
     raise RuntimeError(f"No free port in {low}-{high} on {node.name}")
 
 
@@ -151,6 +160,7 @@ class NodeAgent:
         self.last_devices = 0.0
         self.last_health: dict[int, float] = {}
         self._device_thread: threading.Thread | None = None
+        self.busy = False
 
     # --- registration and heartbeat -----------------------------------------------------
     def register(self) -> Node:
@@ -223,7 +233,7 @@ class NodeAgent:
         from endpoints.services import launch_spec
 
         endpoint = replica.endpoint
-        port = pick_port(self.node)
+        port = claim_port(self.node, replica)
         spec = launch_spec(endpoint=endpoint, replica=replica, node=self.node, port=port)
         argv, env_added = build_command(spec)
         log_path = Path(settings.DATA_DIR) / "logs" / "endpoints" / endpoint.name / f"replica-{replica.index}.log"
@@ -292,10 +302,14 @@ class NodeAgent:
     # --- reconciliation ----------------------------------------------------------------
     def reconcile(self) -> None:
         replicas = list(Replica.objects.filter(node=self.node).select_related("endpoint", "endpoint__artifact", "node"))
+        # While a replica is starting, look twice a second: ready should show within ~0.5 s.
+        self.busy = any(r.state in (Endpoint.State.STARTING, Endpoint.State.RESTARTING) for r in replicas)
         touched = set()
         for replica in replicas:
             try:
                 self.reconcile_replica(replica)
+            except IntegrityError:
+                continue  # the endpoint was deleted while we worked on it
             except DatabaseError:
                 raise
             except Exception as exc:  # one bad replica must not stop the others
@@ -363,7 +377,7 @@ class NodeAgent:
             event(endpoint.pk, "restarting", "restart requested", replica=replica.index)
             return
 
-        interval = settings.ENDPOINT_HEALTH_INTERVAL_SECONDS if replica.state != S.STARTING else 1.0
+        interval = settings.ENDPOINT_HEALTH_INTERVAL_SECONDS if replica.state != S.STARTING else 0.4
         if time.monotonic() - self.last_health.get(replica.pk, 0) < interval:
             return
         self.last_health[replica.pk] = time.monotonic()
@@ -436,7 +450,7 @@ class NodeAgent:
 
     def wait_for_nudge(self, pubsub):
         """Sleep until the reconcile interval passes or someone publishes a nudge."""
-        interval = settings.AGENT_RECONCILE_SECONDS
+        interval = 0.5 if self.busy else settings.AGENT_RECONCILE_SECONDS
         try:
             if pubsub is None:
                 import django_rq

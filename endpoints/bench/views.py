@@ -1,0 +1,237 @@
+import json
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.paginator import Paginator
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import OPERATOR, VIEWER, require_role
+from endpoints.bench import compare, selectors, services
+from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
+from endpoints.models import Endpoint
+
+FORM_FIELDS = ("endpoint", "replica", "label", "num_prompts", "input_len", "output_len", "max_concurrency",
+               "request_rate", "num_warmups", "timeout_s", "concurrencies")
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_list(request):
+    filters = {k: request.GET.get(k, "").strip() for k in ("endpoint", "state")}
+    runs = selectors.run_list(endpoint=filters["endpoint"] or None, state=filters["state"])
+    page = Paginator(runs, 50).get_page(request.GET.get("page"))
+    return render(request, "bench/bench_list.html", {
+        "page": page, "filters": filters, "states": selectors.STATES, "sweeps": selectors.sweep_list(),
+        "endpoints": Endpoint.objects.order_by("name"),
+    })
+
+
+def _form_data(request) -> dict:
+    data = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
+    data["ignore_eos"] = request.POST.get("ignore_eos", "on") == "on"
+    return data
+
+
+@require_POST
+@require_role(OPERATOR)
+def bench_new(request):
+    data = _form_data(request)
+    upload = request.FILES.get("prompt_file") if request.POST.get("dataset") == "file" else None
+    if request.POST.get("dataset") == "file" and upload is None:
+        messages.error(request, "Choose a prompt file (JSONL), or use random prompts.")
+        return _back(request, data)
+    sweep = request.POST.get("mode") == "sweep"
+    try:
+        if sweep:
+            created = services.sweep_create(data=data, prompt_file=upload, user=request.user, request=request)
+        else:
+            created = services.benchmark_create(data=data, prompt_file=upload, user=request.user, request=request)
+    except ValidationError as exc:
+        messages.error(request, "Benchmark not started: " + _error_text(exc))
+        return _back(request, data)
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+        return _back(request, data)
+    messages.success(request, f"Queued {'sweep' if sweep else 'benchmark'} #{created.pk} on {created.endpoint_name}.")
+    return redirect(created)
+
+
+def _error_text(exc: ValidationError) -> str:
+    if not hasattr(exc, "error_dict"):
+        return " ".join(exc.messages)
+    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(m for e in errs for m in e.messages)
+                    for field, errs in exc.error_dict.items())
+
+
+def _back(request, data):
+    endpoint = Endpoint.objects.filter(pk=data["endpoint"]).first() if str(data.get("endpoint")).isdigit() else None
+    return redirect(endpoint) if endpoint else redirect("bench_list")
+
+
+def _run(run_id) -> BenchmarkRun:
+    try:
+        return selectors.run_get(run_id)
+    except BenchmarkRun.DoesNotExist:
+        raise Http404 from None
+
+
+def _charts(run: BenchmarkRun) -> dict:
+    detail = run.detail or {}
+    ok = detail.get("ok") or []
+    keep = lambda values: [v for i, v in enumerate(values or []) if (i >= len(ok) or ok[i]) and v is not None]  # noqa: E731
+    return {
+        "ttft_ms": keep(detail.get("ttft_ms")), "tpot_ms": keep(detail.get("tpot_ms")),
+        "e2el_ms": keep(detail.get("e2el_ms")), "itl_ms": detail.get("itl_ms") or [],
+        "timeline": detail.get("timeline") or {},
+        "p99": {k: (run.result or {}).get(f"p99_{k}") for k in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")},
+    }
+
+
+LATENCY_ROWS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "End-to-end"))
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_detail(request, run_id: int):
+    run = _run(run_id)
+    from endpoints.commands import format_for_shell
+
+    result = run.result or {}
+    latency = [{"name": name, **{s: result.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")}}
+               for key, name in LATENCY_ROWS]
+    return render(request, "bench/bench_detail.html", {
+        "run": run, "result": result, "latency": latency, "charts": _charts(run),
+        "command": format_for_shell(run.command, redact=True) if run.command else "",
+        "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+        "telemetry_json": json.dumps(run.telemetry, indent=2, sort_keys=True)[:200_000],
+        "telemetry_rows": services.telemetry_summary(run.telemetry),
+    })
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_status(request, run_id: int):
+    """The live part of a run's page, polled by htmx; the page reloads (charts) when it ends."""
+    run = _run(run_id)
+    response = render(request, "bench/_run_status.html", {"run": run})
+    if not run.is_active and request.GET.get("was") == "active":
+        response["HX-Refresh"] = "true"
+    return response
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_result_json(request, run_id: int):
+    """vLLM's saved result, as written (per-request arrays included)."""
+    run = _run(run_id)
+    if run.result_path:
+        try:
+            response = FileResponse(open(run.result_path, "rb"), content_type="application/json")
+        except OSError:
+            response = None
+        if response is not None:
+            response["Content-Disposition"] = f'attachment; filename="benchmark-{run.pk}.json"'
+            return response
+    if not run.result:
+        raise Http404("No result yet.")
+    response = JsonResponse(run.result)
+    response["Content-Disposition"] = f'attachment; filename="benchmark-{run.pk}.json"'
+    return response
+
+
+def _cancel(request, job, what, target):
+    if job is None:
+        messages.error(request, f"{what} has no job to cancel.")
+        return redirect(target)
+    try:
+        services.benchmark_cancel(job=job, user=request.user, request=request)
+        messages.success(request, f"{what} cancelled.")
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+    return redirect(target)
+
+
+@require_POST
+@require_role(OPERATOR)
+def bench_cancel(request, run_id: int):
+    run = get_object_or_404(BenchmarkRun.objects.select_related("job"), pk=run_id)
+    return _cancel(request, run.job, f"Benchmark #{run.pk}", run)
+
+
+@require_POST
+@require_role(OPERATOR)
+def bench_sweep_cancel(request, sweep_id: int):
+    sweep = get_object_or_404(BenchmarkSweep.objects.select_related("job"), pk=sweep_id)
+    return _cancel(request, sweep.job, f"Sweep #{sweep.pk}", sweep)
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_sweep_detail(request, sweep_id: int):
+    try:
+        sweep = selectors.sweep_get(sweep_id)
+    except BenchmarkSweep.DoesNotExist:
+        raise Http404 from None
+    points = selectors.sweep_points(sweep)
+    ids = ",".join(str(p["run"]) for p in points if p["request_throughput"] is not None)
+    return render(request, "bench/sweep_detail.html", {
+        "sweep": sweep, "points": points, "compare_ids": ids,
+        "active": sweep.state in ("queued", "running"),
+    })
+
+
+def _compare_table(request):
+    ids = selectors.parse_ids(request.GET.getlist("runs"))
+    baseline = request.GET.get("baseline", "")
+    overrides = {k[5:]: v for k, v in request.GET.items() if k.startswith("cost_")}
+    try:
+        rates = compare.cost_rates(overrides)
+        error = ""
+    except ValueError as exc:
+        rates, error = compare.cost_rates(), f"Costs: {exc}. Using the configured costs."
+    runs = selectors.runs_by_ids(ids)
+    table = compare.compare_rows(runs, baseline_id=int(baseline) if baseline.isdigit() else None, rates=rates)
+    return ids, table, overrides, error
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_compare(request):
+    ids, table, overrides, error = _compare_table(request)
+    types = sorted({r["device_type"] for r in table["rows"] if r["device_type"]})
+    query = request.GET.urlencode()
+    return render(request, "bench/compare.html", {
+        "table": table, "ids": ids, "error": error, "query": query,
+        "cost_fields": [{"type": t, "value": overrides.get(t.lower(), overrides.get(t, "")),
+                         "default": compare.rate_for({"device_type": t}, compare.cost_rates())[1]} for t in types],
+        "chart": {"labels": [f"#{r['id']} {r['setup']}" for r in table["rows"]],
+                  "qps": [r["request_throughput"] for r in table["rows"]],
+                  "p99": [r["p99_e2el_ms"] for r in table["rows"]],
+                  "efficiency": [r["cost_efficiency"] for r in table["rows"]]},
+    })
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_compare_csv(request):
+    _, table, _, _ = _compare_table(request)
+    response = HttpResponse(compare.to_csv(table), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = 'attachment; filename="benchmark-compare.csv"'
+    return response
+
+
+@require_GET
+@require_role(VIEWER)
+def bench_compare_json(request):
+    _, table, _, _ = _compare_table(request)
+    response = JsonResponse(table)
+    response["Content-Disposition"] = 'attachment; filename="benchmark-compare.json"'
+    return response
+
+
+def compare_url(ids) -> str:
+    return reverse("bench_compare") + "?" + "&".join(f"runs={i}" for i in ids)

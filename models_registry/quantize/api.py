@@ -1,0 +1,76 @@
+from django.shortcuts import get_object_or_404
+from ninja import Router, Schema
+from pydantic import ConfigDict
+
+from console.api_auth import api_route
+from console.roles import OPERATOR, VIEWER
+from models_registry.models import Artifact
+from models_registry.quantize import selectors, services
+from models_registry.quantize.models import CalibrationDataset
+
+router = Router(tags=["quantization"])
+
+
+class QuantizeIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    scheme: str = "w8a8_dynamic"
+    target: str = "compressed-tensors"
+    calibration: int | str | None = None
+    evaluation: int | str | None = None
+    method: str = "kl"
+    smoothing: float | None = None
+    gate_pct: float | None = None
+    fallback: bool | None = None
+    max_fallback_layers: int | None = None
+    num_samples: int | None = None
+    max_seq_len: int | None = None
+    gptq: bool | None = None
+    serve_check: bool | None = None
+
+
+class DatasetIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    content: str
+    format: str = "jsonl"  # "jsonl" or "text"
+    purpose: str = "calibration"
+    description: str = ""
+    source: str = ""
+
+
+def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
+    data = {"id": ds.pk, "name": ds.name, "purpose": ds.purpose, "description": ds.description, "source": ds.source,
+            "sample_count": ds.sample_count, "char_count": ds.char_count, "builtin": ds.builtin,
+            "preview": ds.preview(), "guidance": services.GUIDANCE, "created_at": ds.created_at.isoformat()}
+    if samples:
+        data["samples"] = ds.samples
+    return data
+
+
+@api_route(router, "post", "/artifacts/{artifact_id}/quantize", role=OPERATOR, response={202: dict})
+def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
+    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    options = {k: v for k, v in payload.dict().items() if v is not None}
+    job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
+    return 202, {"job": job.pk}
+
+
+@api_route(router, "get", "/calibration-datasets", role=VIEWER, response=list[dict])
+def list_datasets(request):
+    return [dataset_json(d) for d in selectors.dataset_list()]
+
+
+@api_route(router, "post", "/calibration-datasets", role=OPERATOR, response={201: dict})
+def create_dataset(request, payload: DatasetIn):
+    ds = services.dataset_create(name=payload.name, content=payload.content, user=request.user,
+                                 filename="x.jsonl" if payload.format == "jsonl" else "x.txt",
+                                 purpose=payload.purpose, description=payload.description, source=payload.source,
+                                 request=request)
+    return 201, dataset_json(ds)
+
+
+@api_route(router, "get", "/calibration-datasets/{dataset_id}", role=VIEWER, response=dict)
+def get_dataset(request, dataset_id: int):
+    return dataset_json(get_object_or_404(CalibrationDataset, pk=dataset_id), samples=True)

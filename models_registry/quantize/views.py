@@ -1,0 +1,75 @@
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import OPERATOR, VIEWER, require_role
+from models_registry.models import Artifact
+from models_registry.quantize import selectors, services
+from models_registry.quantize.models import CalibrationDataset
+
+FORM_FIELDS = ("target", "scheme", "method", "calibration", "evaluation", "smoothing", "gate_pct",
+               "max_fallback_layers", "num_samples")
+
+
+def _messages(exc: ValidationError) -> list[str]:
+    if hasattr(exc, "message_dict"):
+        return [f"{k}: {m}" if k != "__all__" else m for k, ms in exc.message_dict.items() for m in ms]
+    return list(exc.messages)
+
+
+@require_POST
+@require_role(OPERATOR)
+def artifact_quantize(request, artifact_id: int):
+    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    options = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
+    options = {k: v for k, v in options.items() if v != ""}
+    options["fallback"] = request.POST.get("fallback") == "on"
+    try:
+        job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
+    except ValidationError as exc:
+        for m in _messages(exc):
+            messages.error(request, m)
+        return redirect(artifact)
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+        if isinstance(exc, Conflict) and exc.link:
+            return redirect(exc.link)
+        return redirect(artifact)
+    messages.success(request, f"Quantization queued as job #{job.pk}.")
+    return redirect(job)
+
+
+@require_GET
+@require_role(VIEWER)
+def calibration_list(request):
+    return render(request, "quantize/calibration_list.html",
+                  {"datasets": selectors.dataset_list(), "guidance": services.GUIDANCE})
+
+
+@require_GET
+@require_role(VIEWER)
+def calibration_detail(request, dataset_id: int):
+    ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
+    return render(request, "quantize/calibration_detail.html",
+                  {"ds": ds, "preview": ds.preview(n=10, chars=600), "guidance": services.GUIDANCE})
+
+
+@require_POST
+@require_role(OPERATOR)
+def calibration_upload(request):
+    upload = request.FILES.get("file")
+    content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")
+    try:
+        ds = services.dataset_create(name=request.POST.get("name", ""), content=content, user=request.user,
+                                     filename=upload.name if upload else "", request=request,
+                                     purpose=request.POST.get("purpose") or "calibration",
+                                     description=request.POST.get("description", ""),
+                                     source=request.POST.get("source", ""))
+    except ValidationError as exc:
+        for m in _messages(exc):
+            messages.error(request, m)
+        return redirect("calibration_list")
+    messages.success(request, f"Dataset {ds.name} added with {ds.sample_count} samples.")
+    return redirect(ds)

