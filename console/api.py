@@ -56,14 +56,17 @@ def _not_found(request, exc):
 
 
 def _register_routers():
+    from console.api_accounts import router as accounts_router
     from models_registry.api import router as registry_router
     from endpoints.api import router as endpoints_router
     from endpoints.bench.api import router as bench_router
+    from endpoints.gateway.api import router as gateway_router
     from models_registry.quantize.api import router as quantize_router
     from workers.telemetry.api import router as telemetry_router
     from workers.api import router as jobs_router
     from workers.api_nodes import router as nodes_router
 
+    api.add_router("/", accounts_router)
     api.add_router("/", registry_router)
     api.add_router("/", jobs_router)
     api.add_router("/", endpoints_router)
@@ -71,6 +74,7 @@ def _register_routers():
     api.add_router("/", telemetry_router)
     api.add_router("/", bench_router)
     api.add_router("/", quantize_router)
+    api.add_router("/", gateway_router)
 
 
 _register_routers()

@@ -46,5 +46,6 @@ urlpatterns = [
     path("", include("workers.telemetry.urls")),
     path("", include("endpoints.bench.urls")),
     path("", include("models_registry.quantize.urls")),
+    path("", include("endpoints.gateway.urls")),
     path("api/v1/", api.urls),
 ]

@@ -12,7 +12,21 @@ ASCEND_PARTS = ("910B4", "910B3", "910ProB", "A3", "950DT", "310P3")
 def _devices() -> list[tuple[str, int]]:
     rows = [(f"Ascend {part}", device_memory_bytes(part)) for part in ASCEND_PARTS]
     rows.append(("This host's memory (CPU)", psutil.virtual_memory().total))
+    rows.extend(_live_devices())
     return rows
+
+
+def _live_devices() -> list[tuple[str, int]]:
+    """The most free memory on each registered node's accelerators, as telemetry last saw it."""
+    from workers.models import Device
+
+    best: dict[str, int] = {}
+    for device in Device.objects.select_related("node").exclude(memory_total_bytes__isnull=True):
+        used_mb = (device.latest or {}).get("hbm_used_mb") or (device.latest or {}).get("memory_used_mb")
+        free = device.memory_total_bytes - int(used_mb * 1024 * 1024) if used_mb is not None else device.memory_total_bytes
+        label = f"{device.node.name}: {device.name or device.kind} (free now)"
+        best[label] = max(best.get(label, 0), free)
+    return [(label, free) for label, free in sorted(best.items()) if free > 0]
 
 
 def artifact_capacity(artifact, *, memory_utilization: float | None = None) -> dict:

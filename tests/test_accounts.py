@@ -149,3 +149,23 @@ def test_deploy_check_is_clean_with_production_settings(tmp_path):
     result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
                             capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.django_db
+def test_accounts_over_the_api(admin, viewer, api_for):
+    api = api_for(admin)
+    created = api.post("/api/v1/users", {"username": "bot-op", "role": OPERATOR})
+    assert created.status_code == 201 and created.json()["role"] == OPERATOR and created.json()["password"]
+    user_id = created.json()["id"]
+    assert api.post(f"/api/v1/users/{user_id}", {"role": VIEWER}).json()["role"] == VIEWER
+    assert {u["username"] for u in api.get("/api/v1/users").json()} >= {"bot-op", admin.username}
+    mine = api_for(viewer)
+    token = mine.post("/api/v1/tokens", {"name": "ci", "expires_days": 7})
+    assert token.status_code == 201 and token.json()["token"].startswith("lmc_")
+    assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 200
+    assert mine.post(f"/api/v1/tokens/{token.json()['id']}/revoke").json()["active"] is False
+    assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 401
+    bad = api.post("/api/v1/users", {"username": "x", "role": "Root"})
+    assert bad.status_code == 400 and "Choose a role" in bad.json()["detail"]
+    audit = api.get("/api/v1/audit?action=user.").json()
+    assert [e["action"] for e in audit] == ["user.update", "user.create"] and audit[0]["via"] == "api"

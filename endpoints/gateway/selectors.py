@@ -1,0 +1,95 @@
+"""Reading what the gateway routes on: the ready replicas per served model name (the
+console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECONDS) and keys."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+
+from console.models import hash_token
+from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One ready replica as the gateway sees it."""
+
+    url: str
+    endpoint_id: int
+    endpoint_name: str
+    replica_index: int
+    queue_depth: int
+    scope_names: frozenset = field(default_factory=frozenset)  # endpoint names a key scope may use
+    node_name: str = ""
+
+
+@dataclass
+class RoutingTable:
+    backends: dict[str, list[Backend]]  # served model name -> ready replicas taking traffic
+    known: dict[str, set[str]]  # served model name -> endpoint names (running or not): 503 vs 404
+    max_queue: dict[int, int]  # endpoint id -> queue depth
+
+
+def model_name(endpoint) -> str:
+    return endpoint.served_model_name or endpoint.name
+
+
+def routing_table() -> RoutingTable:
+    from endpoints.models import Endpoint, Replica
+
+    pairs = {g.endpoint_id: g for g in GatewayEndpoint.objects.all()}
+    # Blue-green: the side of each pair not serving gets no traffic (but is routable again on rollback).
+    idle, public_of = set(), {}
+    for g in pairs.values():
+        if g.staged_id:
+            public_of[g.staged_id] = g.endpoint_id
+            idle.add(g.staged_id if g.serving == GatewayEndpoint.Serving.LIVE else g.endpoint_id)
+    names = dict(Endpoint.objects.values_list("id", "name"))
+    known: dict[str, set[str]] = {}
+    max_queue: dict[int, int] = {}
+    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
+        known.setdefault(model_name(ep), set()).add(ep.name)
+        g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
+        max_queue[ep.pk] = (g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH)
+    backends: dict[str, list[Backend]] = {}
+    replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
+                                       endpoint__desired_state=Endpoint.Desired.RUNNING)
+                .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
+    for r in replicas:
+        ep = r.endpoint
+        scope = {ep.name}
+        if ep.pk in public_of:
+            scope.add(names.get(public_of[ep.pk], ""))
+        backends.setdefault(model_name(ep), []).append(Backend(
+            url=r.url, endpoint_id=ep.pk, endpoint_name=ep.name, replica_index=r.index,
+            queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
+            node_name=r.node.name))
+    return RoutingTable(backends=backends, known=known, max_queue=max_queue)
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    id: int
+    name: str
+    models: frozenset
+    endpoints: frozenset
+    rpm_limit: int | None
+    tpm_limit: int | None
+
+    def allows_model(self, model: str) -> bool:
+        # A key scoped to endpoints may name their model; its backends are then filtered.
+        return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)
+
+    def allows_backend(self, backend: Backend, model: str) -> bool:
+        if not self.models and not self.endpoints:
+            return True
+        return model in self.models or bool(self.endpoints & backend.scope_names)
+
+
+def key_info(raw: str) -> KeyInfo | None:
+    """The active key with this raw value, or None (unknown, revoked or expired)."""
+    key = GatewayKey.objects.active().filter(key_hash=hash_token(raw)).first()
+    if key is None:
+        return None
+    return KeyInfo(id=key.pk, name=key.name, models=frozenset(key.models_scope),
+                   endpoints=frozenset(key.endpoints_scope), rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit)
