@@ -222,3 +222,16 @@ QUANTIZE_MIN_SAMPLES = int(os.environ.get("QUANTIZE_MIN_SAMPLES", "8"))
 QUANTIZE_EVAL_MAX_TOKENS = int(os.environ.get("QUANTIZE_EVAL_MAX_TOKENS", "4096"))
 QUANTIZE_MAX_DATASET_CHARS = int(os.environ.get("QUANTIZE_MAX_DATASET_CHARS", str(20 * 1024**2)))
 QUANTIZE_SERVE_CHECK = os.environ.get("QUANTIZE_SERVE_CHECK", "1") not in ("0", "false", "no")
+
+# --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---
+GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8100")  # where it listens (and what pages show)
+GATEWAY_KEY_PREFIX = "gk_"
+GATEWAY_KEY_CACHE_SECONDS = env_float("GATEWAY_KEY_CACHE_SECONDS", 2)  # revocation takes effect within this
+GATEWAY_ROUTES_REFRESH_SECONDS = env_float("GATEWAY_ROUTES_REFRESH_SECONDS", 1)  # ready replicas from the DB
+GATEWAY_QUEUE_DEPTH = env_int("GATEWAY_QUEUE_DEPTH", 256)  # in-flight requests per endpoint before 429
+GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)
+GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
+GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
+GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush of per-endpoint/per-key figures
+GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
+CONSUL_HTTP_ADDR = env_str("CONSUL_HTTP_ADDR", "")  # e.g. http://127.0.0.1:8500: register ready replicas

@@ -219,7 +219,7 @@ while i < len(args):
         opts[args[i]] = True; i += 1
 out = opts["--result-dir"]
 with open(os.path.join(out, "argv.json"), "w") as f:
-    json.dump({{"argv": sys.argv, "pid": os.getpid()}}, f)
+    json.dump({{"argv": sys.argv, "pid": os.getpid(), "key": os.environ.get("OPENAI_API_KEY")}}, f)
 mode = os.environ.get("FAKE_BENCH_MODE", "ok")
 print("Starting main benchmark run...", flush=True)
 if mode == "sleep":
@@ -410,7 +410,7 @@ def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_fo
     result = body["result"]
     assert result["completed"] == 8 and result["failed"] == 0
     assert result["request_throughput"] == pytest.approx(8 / 0.26) and result["p99_e2el_ms"] == pytest.approx(130.0)
-    assert body["target"] == {"replica": 0, "url": "http://10.0.0.5:8201"}
+    assert body["target"] == {"via": "replica", "replica": 0, "url": "http://10.0.0.5:8201"}
     config = body["config"]
     assert config["quantization"] == "ascend" and config["device_type"] == "910B4" and config["device_count"] == 2
     assert config["tensor_parallel_size"] == 2 and config["max_num_seqs"] == 64 and config["max_model_len"] == 4096
@@ -485,6 +485,43 @@ def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, 
     assert Path(argv[argv.index("--dataset-path") + 1]).read_text().count("\n") == 2
     page = as_operator.get(f"/endpoints/{ready_endpoint.pk}/")
     assert f"#{run.pk}".encode() in page.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api_for, redis_conn, settings,
+                                                     monkeypatch):
+    pytest.importorskip("endpoints.gateway.services")
+    from endpoints.gateway.models import GatewayKey
+
+    settings.GATEWAY_URL = "http://127.0.0.1:8100"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-of-the-worker")  # never sent anywhere
+    node = ready_endpoint.node
+    Endpoint.objects.filter(pk=ready_endpoint.pk).update(devices=[0, 1, 2, 3], replicas=2)
+    ready_endpoint.refresh_from_db()
+    Replica.objects.create(endpoint=ready_endpoint, index=1, node=node, devices=[0, 1], state="ready", port=8202)
+    api = api_for(operator)
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway",
+                                           "replica": 0}).status_code == 400
+    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL,
+                                           "via": "http://10.0.0.9"}).status_code == 400
+    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway"}).json()
+    run_queued_jobs("bench")
+    body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
+    assert body["status"] == "succeeded", body["error"]
+    assert body["target"] == {"via": "gateway", "replica": None, "url": "http://127.0.0.1:8100"}
+    # Both replicas take load through the gateway: four 910B4 to pay for.
+    assert body["config"]["device_count"] == 4 and body["config"]["target"] == "gateway"
+    run = BenchmarkRun.objects.get(pk=created["id"])
+    seen = json.loads((Path(run.result_path).parent / "argv.json").read_text())
+    assert seen["argv"][seen["argv"].index("--base-url") + 1] == "http://127.0.0.1:8100"
+    assert seen["key"].startswith("gk_") and seen["key"] not in json.dumps(seen["argv"])
+    key = GatewayKey.objects.get(name=f"benchmark #{run.pk}")
+    assert key.endpoints_scope == [ready_endpoint.name] and key.revoked_at is not None  # revoked at the end
+    # A direct run sends no key at all (not the worker's own).
+    direct = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    run_queued_jobs("bench")
+    run = BenchmarkRun.objects.get(pk=direct["id"])
+    assert json.loads((Path(run.result_path).parent / "argv.json").read_text())["key"] is None
 
 
 @pytest.mark.django_db(transaction=True)

@@ -19,6 +19,7 @@ class BenchmarkIn(Schema):
 
     endpoint: int | str
     replica: int | None = None
+    via: str = "replica"  # or "gateway": through the console's gateway, to every ready replica
     label: str = ""
     num_prompts: int | None = None
     input_len: int | None = None
@@ -44,8 +45,8 @@ def run_json(run: BenchmarkRun, *, detail: bool = False) -> dict:
                      "num_prompts": run.num_prompts, "input_len": run.input_len, "output_len": run.output_len,
                      "max_concurrency": run.max_concurrency, "request_rate": run.request_rate,
                      "num_warmups": run.num_warmups, "timeout_s": run.timeout_s,
-                     "replica": run.params.get("replica")},
-        "target": {"replica": run.replica_index, "url": run.target_url or None},
+                     "replica": run.params.get("replica"), "via": run.params.get("via", "replica")},
+        "target": {"via": run.params.get("via", "replica"), "replica": run.replica_index, "url": run.target_url or None},
         "result": run.result,
         "config": run.config,
         "created_by": run.created_by.username if run.created_by else None,

@@ -43,6 +43,7 @@ PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "latencies",
 ITL_SAMPLE_MAX = 20_000
 TELEMETRY_SAMPLES_MAX = 360
 DEDUPE = "bench:endpoint:{}"
+VIA_REPLICA, VIA_GATEWAY = "replica", "gateway"
 URL_LIKE = re.compile(r"^[a-z][a-z0-9+.-]*://|^/|[:/]", re.I)
 
 
@@ -164,6 +165,14 @@ def clean_workload(data: dict, *, endpoint: Endpoint, prompt_rows: list[dict] | 
     replica = _int(data, "replica", low=0, high=10_000)
     if replica is not None and not endpoint.replica_set.filter(index=replica).exists():
         raise ValidationError({"replica": f"{endpoint.name} has no replica {replica}."})
+    via = str(data.get("via") or VIA_REPLICA).strip()
+    if via not in (VIA_REPLICA, VIA_GATEWAY):
+        raise ValidationError({"via": "Benchmark a replica directly ('replica') or through the console's gateway ('gateway')."})
+    if via == VIA_GATEWAY:
+        if replica is not None:
+            raise ValidationError({"replica": "Through the gateway the load goes to every ready replica: leave the replica empty."})
+        if not gateway_available():
+            raise ValidationError({"via": "This console has no gateway (GATEWAY_URL)."})
     if with_file:
         input_len = None
         output_len = _int(data, "output_len", low=1, high=max_len or 1_000_000)
@@ -194,6 +203,7 @@ def clean_workload(data: dict, *, endpoint: Endpoint, prompt_rows: list[dict] | 
                           default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)),
         "ignore_eos": _bool(data, "ignore_eos", True),
         "replica": replica,
+        "via": via,
         "label": label,
     }
     if sweep:
@@ -375,6 +385,28 @@ def execute_job(job: Job, ctx) -> dict:
     return {"benchmark_runs": [r.pk for r in done], "sweep": runs[0].sweep_id, **summary}
 
 
+def gateway_available() -> bool:
+    """The console's gateway (endpoints.gateway): its keys and its address."""
+    from importlib import import_module
+
+    try:
+        import_module("endpoints.gateway.services")
+    except ImportError:
+        return False
+    return bool(getattr(settings, "GATEWAY_URL", ""))
+
+
+def gateway_key(run: BenchmarkRun, endpoint: Endpoint):
+    """A key for this run only: scoped to the endpoint, expiring after the run's timeout;
+    revoked when the run ends. Passed to the client as OPENAI_API_KEY (never on its argv)."""
+    from datetime import timedelta
+
+    from endpoints.gateway.services import key_create
+
+    return key_create(name=f"benchmark #{run.pk}", endpoints=[endpoint.name], actor=run.created_by, via="job",
+                      expires_at=timezone.now() + timedelta(seconds=run.timeout_s + 600))
+
+
 def pick_replica(endpoint: Endpoint, index: int | None) -> Replica | None:
     ready = endpoint.replica_set.select_related("node").filter(state=Endpoint.State.READY, port__isnull=False)
     if index is not None:
@@ -425,6 +457,9 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     if replica is None:
         which = f"Replica {run.params['replica']} of {endpoint.name}" if run.params.get("replica") is not None else endpoint.name
         raise JobFailed(f"{which} has no ready replica now (state: {endpoint.state}).")
+    via_gateway = run.params.get("via") == VIA_GATEWAY
+    if via_gateway and not gateway_available():
+        raise JobFailed("This console has no gateway (GATEWAY_URL) to benchmark through.")
     tokenizer = endpoint.artifact.path
     if not Path(tokenizer).exists():
         raise JobFailed(f"The tokenizer files ({tokenizer}) are not on this worker's host: run the bench worker "
@@ -440,19 +475,34 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
                 "num_prompts": run.num_prompts, "max_concurrency": run.max_concurrency,
                 "request_rate": run.request_rate, "num_warmups": run.num_warmups,
                 "ignore_eos": run.params.get("ignore_eos", True)}
-    argv = client_argv(python=engine_python_for(endpoint.node), base_url=replica.url, model=endpoint.served_model_name,
+    base_url = settings.GATEWAY_URL.rstrip("/") if via_gateway else replica.url
+    # Through the gateway every ready replica takes load: readings and cost cover them all.
+    measured = None if via_gateway else replica
+    argv = client_argv(python=engine_python_for(endpoint.node), base_url=base_url, model=endpoint.served_model_name,
                        tokenizer=tokenizer, workload=workload, result_dir=out_dir, prompt_file=prompt_file)
-    config = config_snapshot(endpoint, replica, run)
+    config = config_snapshot(endpoint, replica, run, via_gateway=via_gateway)
     run.status, run.started_at, run.error = BenchStatus.RUNNING, timezone.now(), ""
-    run.replica_index, run.target_url, run.command, run.config = replica.index, replica.url, argv, config
-    run.telemetry = {"start": telemetry_snapshot(endpoint.node, replica), "samples": []}
+    run.replica_index = None if via_gateway else replica.index
+    run.target_url, run.command, run.config = base_url, argv, config
+    run.telemetry = {"start": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint), "samples": []}
     run.save(update_fields=["status", "started_at", "error", "replica_index", "target_url", "command", "config",
                             "telemetry"])
     what = f"c={run.max_concurrency}" if run.max_concurrency else f"{run.request_rate} req/s"
-    ctx.progress(span[0], f"{step}benchmark {endpoint.name}#{replica.index} ({run.num_prompts} prompts, {what})")
-    samples = run_client(argv, cwd=out_dir, ctx=ctx, span=span, step=step, num_prompts=run.num_prompts,
-                         timeout_s=run.timeout_s, log_path=out_dir / "client.log",
-                         sample=lambda: telemetry_snapshot(endpoint.node, replica, brief=True))
+    target = f"{endpoint.name} through the gateway" if via_gateway else f"{endpoint.name}#{replica.index}"
+    ctx.progress(span[0], f"{step}benchmark {target} ({run.num_prompts} prompts, {what})")
+    key, extra_env = None, {}
+    if via_gateway:
+        key, raw = gateway_key(run, endpoint)
+        extra_env["OPENAI_API_KEY"] = raw
+    try:
+        samples = run_client(argv, cwd=out_dir, ctx=ctx, span=span, step=step, num_prompts=run.num_prompts,
+                             timeout_s=run.timeout_s, log_path=out_dir / "client.log", extra_env=extra_env,
+                             sample=lambda: telemetry_snapshot(endpoint.node, measured, endpoint=endpoint, brief=True))
+    finally:
+        if key is not None:
+            from endpoints.gateway.services import key_revoke
+
+            key_revoke(key=key, actor=run.created_by, via="job")
     if not result_file.exists():
         raise JobFailed("vLLM's benchmark client ended without saving a result (see the log).")
     try:
@@ -461,8 +511,9 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
         raise JobFailed(f"vLLM's saved result could not be read: {exc}") from exc
     result, detail = parse_saved_result(saved)
     run.result, run.detail, run.result_path = result, detail, str(result_file)
-    run.telemetry = {**run.telemetry, "samples": samples, "end": telemetry_snapshot(endpoint.node, replica),
-                     **telemetry_window(endpoint, replica, run.started_at, timezone.now())}
+    run.telemetry = {**run.telemetry, "samples": samples,
+                     "end": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint),
+                     **telemetry_window(endpoint, measured, run.started_at, timezone.now())}
     run.status, run.finished_at = BenchStatus.SUCCEEDED, timezone.now()
     if result.get("completed", 0) == 0:
         run.status = BenchStatus.FAILED
@@ -481,13 +532,15 @@ _NOISE = re.compile(r"^(nanobind: |\s+- leaked |\s+- \.\.\. skipped|See https://
 
 
 def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts: int, timeout_s: int,
-               log_path: Path, sample=None) -> list[dict]:
+               log_path: Path, sample=None, extra_env: dict | None = None) -> list[dict]:
     """Run the client, report its progress bar as the job's progress, honour cancel and the
     timeout, and keep its output. Returns the telemetry samples taken meanwhile."""
     from workers.runtime import JobFailed
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("OPENAI_API_KEY", None)  # only a gateway run sends a key, its own
+    env.update(extra_env or {})
     # Same process group as the worker's horse: RQ's stop-job (cancel) and timeout kill it too.
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     state = {"done": 0, "main": False}
@@ -651,19 +704,27 @@ def timeline(*, starts, ttfts, itls, latencies, ok, t0: float, duration: float |
 
 # --------------------------------------------------------------------------- snapshots
 
-def device_info(endpoint: Endpoint, replica: Replica) -> dict:
+def device_info(endpoint: Endpoint, replica: Replica, *, all_replicas: bool = False) -> dict:
+    """The devices a run loaded: the replica's, or every replica's (through the gateway)."""
     node = replica.node
-    if node.platform == "cpu" or not replica.devices:
-        return {"device_type": "cpu", "device_kind": "cpu", "device_count": 1, "devices": []}
-    devices = list(node.devices.filter(index__in=replica.devices).order_by("index"))
+    if all_replicas:
+        replicas = list(endpoint.replica_set.all())
+        indices = sorted({d for r in replicas for d in r.devices})
+        replica_count = len(replicas)
+    else:
+        indices, replica_count = list(replica.devices), 1
+    if node.platform == "cpu" or not indices:
+        # A CPU replica is one host process: priced as one "cpu" device per replica.
+        return {"device_type": "cpu", "device_kind": "cpu", "device_count": replica_count, "devices": []}
+    devices = list(node.devices.filter(index__in=indices).order_by("index"))
     names = sorted({d.name for d in devices if d.name})
     kinds = sorted({d.kind for d in devices if d.kind}) or ["npu" if node.platform == "ascend" else "gpu"]
     return {
         "device_type": names[0] if len(names) == 1 else (kinds[0] if len(kinds) == 1 else node.platform),
         "device_kind": kinds[0] if len(kinds) == 1 else node.platform,
-        "device_count": len(replica.devices),
+        "device_count": len(indices),
         "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_total_bytes": d.memory_total_bytes}
-                    for d in devices] or [{"index": i} for i in replica.devices],
+                    for d in devices] or [{"index": i} for i in indices],
     }
 
 
@@ -677,17 +738,19 @@ def quantization_of(endpoint: Endpoint) -> str:
     return "none"
 
 
-def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | None = None) -> dict:
+def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | None = None, *,
+                    via_gateway: bool = False) -> dict:
     """What was measured, as it was when the run started."""
     node = replica.node
     artifact = endpoint.artifact
     engine = dict(node.engine or {})
-    dev = device_info(endpoint, replica)
+    dev = device_info(endpoint, replica, all_replicas=via_gateway)
     quant = quantization_of(endpoint)
     tp, pp = endpoint.tensor_parallel_size, endpoint.pipeline_parallel_size
     model_name = artifact.model.name if artifact.model_id else ""
     setup = f"{model_name or endpoint.name} · {quant if quant != 'none' else (endpoint.dtype or artifact.dtype or 'auto')}" \
-            f" · TP{tp}{f' PP{pp}' if pp > 1 else ''} · {dev['device_count']}× {dev['device_type']}"
+            f" · TP{tp}{f' PP{pp}' if pp > 1 else ''} · {dev['device_count']}× {dev['device_type']}" \
+            f"{' · gateway' if via_gateway else ''}"
     return {
         "setup": setup,
         "endpoint": {"id": endpoint.pk, "name": endpoint.name, "served_model_name": endpoint.served_model_name},
@@ -700,13 +763,14 @@ def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | No
         "tensor_parallel_size": tp,
         "pipeline_parallel_size": pp,
         "replicas": endpoint.replicas,
-        "replica": replica.index,
+        "target": VIA_GATEWAY if via_gateway else VIA_REPLICA,
+        "replica": None if via_gateway else replica.index,
         "max_num_seqs": endpoint.max_num_seqs,
         "max_model_len": endpoint.max_model_len,
         "enforce_eager": endpoint.enforce_eager,
         "extra_args": endpoint.extra_args,
         "node": node.name,
-        "url": replica.url,
+        "url": settings.GATEWAY_URL if via_gateway else replica.url,
         "engine": engine,
         "vllm_version": engine.get("vllm"),
         "engine_versions": {k: v for k, v in engine.items() if k in ("vllm", "vllm_ascend", "torch", "torch_npu",
@@ -715,15 +779,18 @@ def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | No
     }
 
 
-def telemetry_snapshot(node, replica: Replica | None = None, *, brief: bool = False) -> dict:
+def telemetry_snapshot(node, replica: Replica | None = None, *, endpoint: Endpoint | None = None,
+                       brief: bool = False) -> dict:
     """The node's device readings as the agent last stored them (Device.latest), and its host
     readings (Node.host). Read from the database: the worker may run on another host."""
     from workers.models import Device, Node
 
     fresh = Node.objects.filter(pk=node.pk).values("host", "last_heartbeat", "telemetry_error").first() or {}
     devices = Device.objects.filter(node_id=node.pk)
-    if replica is not None and replica.devices:
+    if replica is not None:
         devices = devices.filter(index__in=replica.devices)
+    elif endpoint is not None:
+        devices = devices.filter(index__in=endpoint.devices)
     snap = {
         "at": timezone.now().isoformat(),
         "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "health": d.health,
@@ -736,9 +803,9 @@ def telemetry_snapshot(node, replica: Replica | None = None, *, brief: bool = Fa
     return snap
 
 
-def telemetry_window(endpoint: Endpoint, replica: Replica, start, end, *, limit: int = 20_000) -> dict:
-    """The telemetry series of the replica's devices, its node's host and the endpoint, between
-    start and end (workers.telemetry: Series and Point, Unix seconds). {} where there are none."""
+def telemetry_window(endpoint: Endpoint, replica: Replica | None, start, end, *, limit: int = 20_000) -> dict:
+    """The telemetry series of the replica's devices (every replica's: None), its node's host and
+    the endpoint, between start and end (workers.telemetry: Series and Point, Unix seconds)."""
     try:
         from django.db.models import Q
 
@@ -746,8 +813,12 @@ def telemetry_window(endpoint: Endpoint, replica: Replica, start, end, *, limit:
     except ImportError:
         return {}
     try:
-        node_q = Q(node_id=replica.node_id, endpoint__isnull=True) & (Q(device__isnull=True) | Q(device__in=replica.devices))
-        endpoint_q = Q(endpoint_id=endpoint.pk) & (Q(replica__isnull=True) | Q(replica=replica.index))
+        devices = replica.devices if replica is not None else endpoint.devices
+        node_id = replica.node_id if replica is not None else endpoint.node_id
+        node_q = Q(node_id=node_id, endpoint__isnull=True) & (Q(device__isnull=True) | Q(device__in=devices))
+        endpoint_q = Q(endpoint_id=endpoint.pk)
+        if replica is not None:
+            endpoint_q &= Q(replica__isnull=True) | Q(replica=replica.index)
         series = {s.pk: s for s in Series.objects.filter(node_q | endpoint_q)[:300]}
         if not series:
             return {}

@@ -14,7 +14,7 @@ from endpoints.bench import compare, selectors, services
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint
 
-FORM_FIELDS = ("endpoint", "replica", "label", "num_prompts", "input_len", "output_len", "max_concurrency",
+FORM_FIELDS = ("endpoint", "replica", "via", "label", "num_prompts", "input_len", "output_len", "max_concurrency",
                "request_rate", "num_warmups", "timeout_s", "concurrencies")
 
 

@@ -1,3 +1,97 @@
-from ninja import Router
+"""API of the gateway: application keys (Admin) and blue-green moves (Operator)."""
+from django.shortcuts import get_object_or_404
+from ninja import Router, Schema
+
+from console.api_auth import api_route
+from console.roles import ADMIN, OPERATOR
+from endpoints.gateway import services
+from endpoints.gateway.models import GatewayKey
+from endpoints.models import Endpoint
 
 router = Router(tags=["gateway"])
+
+
+class KeyIn(Schema):
+    name: str
+    models: list[str] = []
+    endpoints: list[str] = []
+    expires_days: float | None = None
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+
+
+class LimitsIn(Schema):
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+
+
+class StageIn(Schema):
+    staged: int
+    drain_seconds: int | None = None
+
+
+def key_json(k: GatewayKey) -> dict:
+    return {"id": k.pk, "name": k.name, "prefix": k.prefix, "models": k.models_scope, "endpoints": k.endpoints_scope,
+            "rpm_limit": k.rpm_limit, "tpm_limit": k.tpm_limit, "active": k.is_active,
+            "expires_at": k.expires_at.isoformat() if k.expires_at else None,
+            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None,
+            "requests_total": k.requests_total, "tokens_total": k.tokens_total, "errors_total": k.errors_total}
+
+
+def pair_json(gw) -> dict:
+    return {"endpoint": gw.endpoint.name, "staged": gw.staged.name if gw.staged else None, "serving": gw.serving,
+            "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
+            "stop_idle_at": gw.stop_idle_at.isoformat() if gw.stop_idle_at else None}
+
+
+@api_route(router, "GET", "/gateway/keys", role=ADMIN)
+def list_keys(request):
+    return [key_json(k) for k in GatewayKey.objects.all()]
+
+
+@api_route(router, "POST", "/gateway/keys", role=ADMIN, response={201: dict})
+def create_key(request, data: KeyIn):
+    key, raw = services.key_create(name=data.name, models=data.models, endpoints=data.endpoints,
+                                   expires_days=data.expires_days, rpm_limit=data.rpm_limit,
+                                   tpm_limit=data.tpm_limit, actor=request.user, request=request)
+    return 201, {**key_json(key), "key": raw}
+
+
+@api_route(router, "GET", "/gateway/keys/{key_id}", role=ADMIN)
+def get_key(request, key_id: int):
+    key = get_object_or_404(GatewayKey, pk=key_id)
+    usage = [{**u, "minute": u["minute"].isoformat()} for u in services.key_usage(key)]
+    return {**key_json(key), "usage": usage}
+
+
+@api_route(router, "POST", "/gateway/keys/{key_id}/revoke", role=ADMIN)
+def revoke_key(request, key_id: int):
+    return key_json(services.key_revoke(key=get_object_or_404(GatewayKey, pk=key_id), actor=request.user,
+                                        request=request))
+
+
+@api_route(router, "POST", "/gateway/keys/{key_id}/limits", role=ADMIN)
+def key_limits(request, key_id: int, data: LimitsIn):
+    return key_json(services.key_update_limits(key=get_object_or_404(GatewayKey, pk=key_id), rpm_limit=data.rpm_limit,
+                                               tpm_limit=data.tpm_limit, actor=request.user, request=request))
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/stage", role=OPERATOR)
+def stage(request, endpoint_id: int, data: StageIn):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    staged = get_object_or_404(Endpoint, pk=data.staged)
+    return pair_json(services.stage(endpoint=endpoint, staged=staged, drain_seconds=data.drain_seconds,
+                                    actor=request.user, request=request))
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/switch", role=OPERATOR)
+def switch(request, endpoint_id: int):
+    return pair_json(services.switch(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user,
+                                     request=request))
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollback", role=OPERATOR)
+def rollback(request, endpoint_id: int):
+    return pair_json(services.rollback(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user,
+                                       request=request))

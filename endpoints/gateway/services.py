@@ -95,3 +95,160 @@ def set_queue_depth(*, endpoint, queue_depth, actor=None, request=None, via: str
     audit_log(actor=actor, action="gateway.queue_depth", obj=endpoint, request=request, via=via,
               changes={"before": before, "after": gw.queue_depth})
     return gw
+
+
+# --- telemetry of the gateway (called by the gateway process) ----------------------------
+
+def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None) -> int:
+    """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
+    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors in the
+    interval (series gk<id>.gw.*), and add them to the key's running totals."""
+    from django.db.models import F
+
+    from endpoints.gateway.asgi import _pct
+    from endpoints.models import Endpoint
+    from workers.telemetry.services import Reading, store
+
+    readings = []
+    existing = set(Endpoint.objects.filter(pk__in=list(stats.ep)).values_list("pk", flat=True))
+    for ep_id, e in stats.ep.items():
+        if ep_id not in existing:
+            continue
+        values = {"gw.qps": e["n"] / interval_s, "gw.p50_s": _pct(e["lat"], 0.5), "gw.p99_s": _pct(e["lat"], 0.99),
+                  "gw.ttft_p50_s": _pct(e["ttft"], 0.5), "gw.ttft_p99_s": _pct(e["ttft"], 0.99),
+                  "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
+                  "gw.inflight": (outstanding or {}).get(ep_id, 0)}
+        for metric, value in values.items():
+            readings.append(Reading(key=f"e{ep_id}.{metric}", metric=metric, value=value, endpoint_id=ep_id,
+                                    unit="s" if metric.endswith("_s") else "", label="gateway"))
+    keys = dict(GatewayKey.objects.filter(pk__in=list(stats.key)).values_list("pk", "name"))
+    now = timezone.now()
+    for key_id, k in stats.key.items():
+        if key_id not in keys:
+            continue
+        for metric, value in {"gk.requests": k["n"], "gk.tokens": k["tokens"], "gk.errors": k["errors"],
+                              "gk.p50_s": _pct(k["lat"], 0.5)}.items():
+            readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id]))
+        GatewayKey.objects.filter(pk=key_id).update(
+            requests_total=F("requests_total") + k["n"], tokens_total=F("tokens_total") + k["tokens"],
+            errors_total=F("errors_total") + k["errors"], last_used_at=now)
+    return store(readings)
+
+
+def key_usage(key: GatewayKey, minutes: int = 60) -> list[dict]:
+    """Per-minute requests, tokens and errors of a key (for its page), oldest first; minute is a datetime."""
+    import time as _time
+
+    from django.db.models import Sum
+
+    from workers.telemetry.models import Point, Series
+
+    since = int(_time.time()) - minutes * 60
+    series = dict(Series.objects.filter(key__startswith=f"gk{key.pk}.gw.").values_list("pk", "metric"))
+    rows: dict[int, dict] = {}
+    points = (Point.objects.filter(series_id__in=list(series), ts__gte=since)
+              .exclude(series_id__in=[pk for pk, m in series.items() if m == "gk.p50_s"])
+              .values_list("series_id", "ts", "value"))
+    for sid, ts, value in points:
+        row = rows.setdefault(ts // 60 * 60, {"minute": ts // 60 * 60, "requests": 0, "tokens": 0, "errors": 0})
+        row[series[sid].split(".", 1)[1]] += int(value)
+    from datetime import datetime, timezone as dt_tz
+
+    out = [rows[m] for m in sorted(rows)]
+    for row in out:
+        row["minute"] = datetime.fromtimestamp(row["minute"], tz=dt_tz.utc)
+    return out
+
+
+# --- blue-green ------------------------------------------------------------------------------
+
+def finish_drains() -> int:
+    """Stop the idle side of each blue-green pair whose drain period is over (the gateway calls
+    this every refresh). Returns how many were stopped."""
+    from endpoints.gateway.models import GatewayEndpoint
+
+    stopped = 0
+    for gw in GatewayEndpoint.objects.filter(stop_idle_at__lte=timezone.now()).select_related("endpoint", "staged"):
+        idle = gw.staged if gw.serving == GatewayEndpoint.Serving.LIVE else gw.endpoint
+        if idle is not None:
+            _stop_endpoint(idle, reason="blue-green drain over")
+            stopped += 1
+        gw.stop_idle_at = None
+        gw.save(update_fields=["stop_idle_at"])
+    return stopped
+
+
+def _stop_endpoint(endpoint, *, reason: str, actor=None, request=None):
+    from endpoints.services import endpoint_stop
+
+    return endpoint_stop(endpoint=endpoint, user=actor, request=request)
+
+
+def _pair(endpoint) -> GatewayEndpoint:
+    return GatewayEndpoint.objects.select_for_update().get_or_create(endpoint=endpoint)[0]
+
+
+def _ready(endpoint) -> bool:
+    from endpoints.models import Endpoint
+
+    return endpoint.desired_state == Endpoint.Desired.RUNNING and endpoint.replica_set.filter(
+        state=Endpoint.State.READY, port__isnull=False).exists()
+
+
+def stage(*, endpoint, staged, drain_seconds=None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+    """Make `staged` (another endpoint serving the same model) the standby of `endpoint`: it
+    gets no traffic until a switch."""
+    from django.db import transaction
+
+    from endpoints.gateway.selectors import model_name
+
+    if staged.pk == endpoint.pk:
+        raise ValidationError("An endpoint cannot be staged beside itself.")
+    if model_name(staged) != model_name(endpoint):
+        raise ValidationError(f"{staged.name} serves {model_name(staged)!r}, not {model_name(endpoint)!r}: "
+                              "launch it with the same served model name.")
+    if GatewayEndpoint.objects.filter(staged=endpoint).exists() or GatewayEndpoint.objects.filter(
+            endpoint=staged, staged__isnull=False).exists():
+        raise ValidationError("One of the two already belongs to another blue-green pair.")
+    with transaction.atomic():
+        gw = _pair(endpoint)
+        if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
+            raise ValidationError("The staged side is serving: roll back or wait for the drain first.")
+        gw.staged, gw.serving, gw.stop_idle_at = staged, GatewayEndpoint.Serving.LIVE, None
+        if drain_seconds not in (None, ""):
+            gw.drain_seconds = _limit(drain_seconds, "Drain seconds")
+        gw.save()
+        audit_log(actor=actor, action="gateway.stage", obj=endpoint, request=request, via=via,
+                  changes={"staged": staged.name})
+    return gw
+
+
+def _move(endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
+    from django.db import transaction
+
+    with transaction.atomic():
+        gw = _pair(endpoint)
+        if gw.staged_id is None:
+            raise ValidationError(f"{endpoint.name} has no staged deployment.")
+        if gw.serving == to:
+            raise ValidationError(f"Traffic already goes to the {to} side.")
+        target = gw.staged if to == GatewayEndpoint.Serving.STAGED else gw.endpoint
+        if not _ready(target):
+            raise ValidationError(f"{target.name} has no ready replica: traffic stays where it is.")
+        gw.serving, gw.switched_at = to, timezone.now()
+        gw.stop_idle_at = gw.switched_at + timedelta(seconds=gw.drain_seconds)
+        gw.save()
+        audit_log(actor=actor, action="gateway.switch" if to == GatewayEndpoint.Serving.STAGED else "gateway.rollback",
+                  obj=endpoint, request=request, via=via,
+                  changes={"serving": target.name, "drain_seconds": gw.drain_seconds})
+    return gw
+
+
+def switch(*, endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+    """Send the endpoint's traffic to its staged deployment; the live one stops after the drain."""
+    return _move(endpoint, GatewayEndpoint.Serving.STAGED, actor=actor, request=request, via=via)
+
+
+def rollback(*, endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+    """Send the traffic back to the live deployment (it must still be ready: within the drain)."""
+    return _move(endpoint, GatewayEndpoint.Serving.LIVE, actor=actor, request=request, via=via)

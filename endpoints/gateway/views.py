@@ -1,0 +1,96 @@
+"""Pages of the gateway: application keys (Admins create, revoke and set limits; a new key
+is shown once), each key's usage, and the blue-green controls of an endpoint."""
+from django.conf import settings
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from console.roles import ADMIN, OPERATOR, require_role
+from endpoints.gateway import services
+from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.models import Endpoint
+
+
+@require_GET
+@require_role(ADMIN)
+def key_list(request):
+    new = request.session.pop("gateway_new_key", None)
+    return render(request, "gateway/keys.html", {
+        "keys": GatewayKey.objects.all(), "new_key": new and new["raw"],
+        "new_key_obj": new and GatewayKey.objects.filter(pk=new["id"]).first(),
+        "gateway_url": settings.GATEWAY_URL,
+        "endpoints": Endpoint.objects.all(),
+        "models": sorted(set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))),
+    })
+
+
+@require_POST
+@require_role(ADMIN)
+def key_create(request):
+    try:
+        key, raw = services.key_create(
+            name=request.POST.get("name", ""), models=request.POST.getlist("models"),
+            endpoints=request.POST.getlist("endpoints"), expires_days=request.POST.get("expires_days") or None,
+            rpm_limit=request.POST.get("rpm_limit") or None, tpm_limit=request.POST.get("tpm_limit") or None,
+            actor=request.user, request=request)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("gateway_key_list")
+    # Shown once, on the next page only (the session is server-side and the value is popped).
+    request.session["gateway_new_key"] = {"id": key.pk, "raw": raw}
+    return redirect("gateway_key_list")
+
+
+@require_POST
+@require_role(ADMIN)
+def key_revoke(request, key_id: int):
+    key = get_object_or_404(GatewayKey, pk=key_id)
+    services.key_revoke(key=key, actor=request.user, request=request)
+    messages.success(request, f"Key {key} revoked: the gateway refuses it within seconds.")
+    return redirect("gateway_key_list")
+
+
+@require_POST
+@require_role(ADMIN)
+def key_limits(request, key_id: int):
+    key = get_object_or_404(GatewayKey, pk=key_id)
+    try:
+        services.key_update_limits(key=key, rpm_limit=request.POST.get("rpm_limit") or None,
+                                   tpm_limit=request.POST.get("tpm_limit") or None, actor=request.user, request=request)
+        messages.success(request, "Limits saved.")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("gateway_key_detail", key_id=key.pk)
+
+
+@require_GET
+@require_role(ADMIN)
+def key_detail(request, key_id: int):
+    key = get_object_or_404(GatewayKey, pk=key_id)
+    usage = services.key_usage(key, minutes=60)
+    peak = max([u["requests"] for u in usage] + [1])
+    for u in usage:
+        u["bar"] = round(100 * u["requests"] / peak)
+    return render(request, "gateway/key_detail.html", {"key": key, "usage": usage})
+
+
+@require_POST
+@require_role(OPERATOR)
+def endpoint_bluegreen(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    action = request.POST.get("action", "")
+    try:
+        if action == "stage":
+            staged = get_object_or_404(Endpoint, pk=request.POST.get("staged") or 0)
+            services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
+        elif action == "switch":
+            services.switch(endpoint=endpoint, actor=request.user, request=request)
+        elif action == "rollback":
+            services.rollback(endpoint=endpoint, actor=request.user, request=request)
+        else:
+            raise ValidationError("Unknown action.")
+        messages.success(request, f"Blue-green: {action} done.")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    return redirect("endpoint_detail", endpoint.pk)

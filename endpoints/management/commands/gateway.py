@@ -1,0 +1,25 @@
+"""Run the gateway (endpoints/gateway/asgi.py) on GATEWAY_URL's host and port."""
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Run the OpenAI-compatible gateway: keys, limits, routing to ready replicas."
+
+    def add_arguments(self, parser):
+        url = urlsplit(settings.GATEWAY_URL)
+        parser.add_argument("--host", default=url.hostname or "127.0.0.1")
+        parser.add_argument("--port", type=int, default=url.port or 8100)
+        parser.add_argument("--log-level", default="warning")
+
+    def handle(self, *args, host, port, log_level, **options):
+        import uvicorn
+
+        from endpoints.gateway.asgi import Gateway
+
+        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/)")
+        self.stdout.flush()
+        uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
+                    access_log=False, log_level=log_level, timeout_keep_alive=30, backlog=4096)
