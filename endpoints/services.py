@@ -160,6 +160,9 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
     dtype = str(data.get("dtype") or "")
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
+    if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
+        # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
+        raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
     estimate = None
     if node.platform != "cpu":
         estimate = capacity_check(artifact=artifact, node=node, devices=devices, tp=tp * pp, max_model_len=max_model_len,

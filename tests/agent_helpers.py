@@ -74,8 +74,29 @@ def vllm_processes(marker: str) -> list[psutil.Process]:
 
 
 def kill_leftovers(marker: str) -> None:
+    """Kill test vLLM servers and their whole process groups (engine cores rename themselves)."""
     for proc in vllm_processes(marker):
+        try:
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         try:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+def register_demo_copy(api, tmp_path, settings, name: str = "smollm2") -> tuple[int, Path]:
+    """Copy the demo model (HF, cached) under a fresh model root, register it; return
+    (artifact id, model directory)."""
+    import shutil
+
+    from tests.demo import demo_hf
+
+    root = tmp_path / "models"
+    shutil.copytree(demo_hf(), root / f"{name}-hf")
+    settings.MODEL_ROOTS = [root.resolve()]
+    response = api.post("/api/v1/models", {"name": name, "path": str(root / f"{name}-hf")})
+    assert response.status_code == 201, response.content
+    return response.json()["artifacts"][0]["id"], root / f"{name}-hf"
+

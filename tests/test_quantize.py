@@ -417,19 +417,17 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     Sized for CI: no GPTQ, no fallback rounds and a 10 % gate (this set measured +3.9 % here, see
     the README); benchmarks/quantization.py runs the full settings by hand."""
     from endpoints.models import Endpoint
-    from tests.agent_helpers import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
-    from tests.demo import demo_hf
+    from tests.agent_helpers import (engine_available, kill_leftovers, register_demo_copy, start_agent, stop_agent,
+                                     wait_for)
     from workers.models import Node
 
     if not engine_available():
         pytest.skip("no .venv-engine")
-    root = tmp_path / "models"
-    shutil.copytree(demo_hf(), root / "smollm2-hf")
-    settings.MODEL_ROOTS = [root.resolve()]
     settings.ARTIFACT_STORE = (tmp_path / "artifacts").resolve()
     settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
     api = api_for(operator)
-    aid = api.post("/api/v1/models", {"name": "smollm2", "path": str(root / "smollm2-hf")}).json()["artifacts"][0]["id"]
+    aid, model_dir = register_demo_copy(api, tmp_path, settings)
+    root = model_dir.parent
     job = _quantize(api, aid, target="compressed-tensors", scheme="w8a8_dynamic", smoothing=0.8, gptq=False,
                     serve_check=False, fallback=False, gate_pct=10)
     art = Artifact.objects.get(producing_job=job)
@@ -444,7 +442,7 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
         wait_for(lambda: Node.objects.filter(name="q-node", last_heartbeat__isnull=False).exists(), timeout=60,
                  what="node registration")
         created = api.post("/api/v1/endpoints", {"name": "demo-w8a8", "artifact": art.pk, "enforce_eager": True,
-                                                 "max_model_len": 1024, "dtype": "float32"})
+                                                 "max_model_len": 1024})
         assert created.status_code == 201, created.content
         eid = created.json()["id"]
         wait_for(lambda: Endpoint.objects.get(pk=eid).state == "ready", timeout=300, interval=1, what="ready")

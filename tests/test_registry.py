@@ -1,6 +1,5 @@
 """Model registry: registration from a path (pages and API), path confinement, inspection
 stored on the artifact, capacity, soft delete, audit."""
-import json
 import os
 
 import pytest

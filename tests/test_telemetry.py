@@ -18,7 +18,7 @@ from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.agent_helpers import start_agent, stop_agent, wait_for
 from workers.models import Device, Node
-from workers.telemetry import collect, selectors, services
+from workers.telemetry import collect, services
 from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
 from workers.telemetry.services import Reading
 

@@ -116,6 +116,16 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 
+def reap_process_group(pgid: int) -> None:
+    """Kill what is left of a replica's process group. When vLLM's API server dies (kill -9,
+    OOM), its engine-core and worker children live on holding the model's memory; the
+    replica ran in its own session, so its PID is the group id."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def backoff_seconds(crashes: int) -> float:
     return min(settings.ENDPOINT_BACKOFF_BASE_SECONDS * 2 ** max(crashes - 1, 0), settings.ENDPOINT_BACKOFF_MAX_SECONDS)
 
@@ -340,6 +350,7 @@ class NodeAgent:
         if proc is None and replica.pid:
             # It was running and is gone: a crash (or a kill from outside).
             code = self.exit_code(replica)
+            reap_process_group(replica.pid)
             crashes = replica.crashes_in_a_row + 1
             last = tail_lines(replica.log_path)
             reason = next((line for line in reversed(last.splitlines()) if line.strip()), "no output")[:300]
