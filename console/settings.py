@@ -1,6 +1,7 @@
 """The console's single settings module: every value is read from the environment
 through console.env's typed helpers. Embedded defaults (SQLite under DATA_DIR, local
 Redis) make `make run` work with no configuration at all."""
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -83,10 +84,17 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# This host's name for jobs and the node agent.
+NODE_NAME = env_str("NODE_NAME", socket.gethostname())
+
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# Queues by kind of work, plus this host's own queue for work that must run here (e.g. a
+# benchmark client next to its model files); `manage.py jobs_worker` always listens to it.
+NODE_QUEUE = f"node-{NODE_NAME}"  # workers.services.node_queue() names other hosts' queues
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600}
-    for name in ("default", "convert", "quantize", "bench")
+    for name in ("default", "convert", "quantize", "bench", NODE_QUEUE)
 }
 RQ_SHOW_ADMIN_LINK = False
 
@@ -146,10 +154,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
-# This host's name for jobs and the node agent.
-import socket as _socket  # noqa: E402
-
-NODE_NAME = env_str("NODE_NAME", _socket.gethostname())
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 
 # --- Nodes and endpoints --------------------------------------------------------------

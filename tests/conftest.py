@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
-from rq import SimpleWorker
+from rq import Queue, SimpleWorker
 
 from console.roles import ADMIN, OPERATOR, VIEWER, set_role
 from console.services import api_token_create
@@ -120,10 +120,12 @@ def redis_conn():
 
 def run_queued_jobs(*queues):
     """Run what is queued with a real RQ worker in this process (a forked worker would not
-    see the test database's uncommitted rows; tests using this need transactional_db)."""
-    names = queues or tuple(settings.RQ_QUEUES)
-    worker = SimpleWorker([django_rq.get_queue(n) for n in names], connection=django_rq.get_connection("default"))
-    worker.work(burst=True)
+    see the test database's uncommitted rows; tests using this need transactional_db).
+    Without names: every queue that holds work, per-node queues included."""
+    conn = django_rq.get_connection("default")
+    selected = [Queue(n, connection=conn) for n in queues] if queues else Queue.all(connection=conn)
+    if selected:
+        SimpleWorker(selected, connection=conn).work(burst=True)
 
 
 @pytest.fixture

@@ -346,7 +346,8 @@ def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for,
     body = first.json()
     assert body["status"] == "queued" and body["endpoint_name"] == "qwen-w8a8" and body["result"] == {}
     job = Job.objects.get(pk=body["job"])
-    assert job.kind == "bench" and job.queue == "bench" and job.params["endpoint"] == ready_endpoint.pk
+    # The client runs on the endpoint's node, beside the model files (its tokenizer).
+    assert job.kind == "bench" and job.queue == f"node-{ready_endpoint.node.name}" and job.params["endpoint"] == ready_endpoint.pk
     second = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
     assert second.status_code == 409 and second.json()["id"] == job.pk
     assert api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk}).status_code == 409
@@ -403,7 +404,7 @@ def test_telemetry_series_recorded_during_the_run(ready_endpoint):
 def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_for, redis_conn, as_viewer):
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "label": "W8A8 TP2"}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
     assert body["status"] == "succeeded", body
     result = body["result"]
@@ -440,7 +441,7 @@ def test_sweep_job_and_compare_views(ready_endpoint, operator, api_for, redis_co
     api = api_for(operator)
     sweep = api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "concurrencies": [1, 2, 4],
                                                    "num_prompts": 8, "input_len": 32, "output_len": 4}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     body = api.get(f"/api/v1/benchmarks/sweeps/{sweep['id']}").json()
     assert body["status"] == "succeeded"
     qps = [p["request_throughput"] for p in body["points"]]
@@ -476,7 +477,7 @@ def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, 
     run = BenchmarkRun.objects.get()
     assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
     assert run.dataset == "file" and run.prompt_file_name == "chat.jsonl" and run.num_prompts == 2 and run.output_len == 128
-    run_queued_jobs("bench")
+    run_queued_jobs()
     run.refresh_from_db()
     assert run.state == "succeeded", run.display_error
     argv = run.command
@@ -504,7 +505,7 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL,
                                            "via": "http://10.0.0.9"}).status_code == 400
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway"}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
     assert body["status"] == "succeeded", body["error"]
     assert body["target"] == {"via": "gateway", "replica": None, "url": "http://127.0.0.1:8100"}
@@ -518,7 +519,7 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
     assert key.endpoints_scope == [ready_endpoint.name] and key.revoked_at is not None  # revoked at the end
     # A direct run sends no key at all (not the worker's own).
     direct = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     run = BenchmarkRun.objects.get(pk=direct["id"])
     assert json.loads((Path(run.result_path).parent / "argv.json").read_text())["key"] is None
 
@@ -527,7 +528,7 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
 def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
     monkeypatch.setenv("FAKE_BENCH_MODE", "fail")
     created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
     assert body["status"] == "failed" and "exited with 1" in body["error"] and "Initial test run failed" in body["error"]
     assert Job.objects.get(pk=created["job"]).status == "failed"
@@ -557,7 +558,7 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
     thread = threading.Thread(target=cancel_when_running)
     thread.start()
     started = time.monotonic()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     thread.join(timeout=30)
     assert time.monotonic() - started < 60 and seen["status"] == 200
     assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == psutil.STATUS_ZOMBIE
@@ -571,7 +572,7 @@ def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn,
     created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     BenchmarkRun.objects.filter(pk=created["id"]).update(timeout_s=2)
     started = time.monotonic()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     assert time.monotonic() - started < 30
     run = BenchmarkRun.objects.get(pk=created["id"])
     assert run.state == "failed" and "timeout of 2 s" in run.display_error
@@ -581,7 +582,7 @@ def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn,
 def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_conn):
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2}).json()
-    run_queued_jobs("bench")
+    run_queued_jobs()
     retried = api.post(f"/api/v1/jobs/{created['job']}/retry")
     assert retried.status_code == 202, retried.content
     new_job = Job.objects.get(pk=retried.json()["job"])
@@ -619,7 +620,7 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
                                                    "output_len": 16, "max_concurrency": 4})
         assert response.status_code == 202, response.content
         run_id = response.json()["id"]
-        run_queued_jobs("bench")
+        run_queued_jobs()
         body = api.get(f"/api/v1/benchmarks/{run_id}").json()
         assert body["status"] == "succeeded", (body["error"], Job.objects.get(pk=body["job"]).log[-3000:])
         result = body["result"]

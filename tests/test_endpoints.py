@@ -266,3 +266,27 @@ def test_node_compat_warnings_from_the_matrix():
     bad = compat_warnings({**good, "torch_npu": "2.7.1"}, cann="8.0.0")
     assert any("torch_npu 2.7.1 does not match" in w for w in bad) and any("CANN 8.0.0 differs" in w for w in bad)
     assert "not installed" in compat_warnings({"vllm": "0.11.0"}, cann=None)[0]
+
+
+def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
+    """A process appending to its log keeps writing to the same file after rotation."""
+    import subprocess
+    import sys
+    import time
+
+    from workers.agent import rotate_if_large
+
+    settings.ENDPOINT_LOG_MAX_BYTES = 300
+    settings.ENDPOINT_LOG_KEEP = 3
+    log = tmp_path / "replica-0.log"
+    with open(log, "ab") as out:
+        writer = subprocess.Popen([sys.executable, "-c", "import sys,time\nfor i in range(400):\n print('line', i, flush=True); time.sleep(0.005)"],
+                                  stdout=out)
+    time.sleep(0.5)
+    rotate_if_large(str(log))
+    writer.wait()
+    first = (tmp_path / "replica-0.log.1").read_text()
+    assert first.startswith("line 0\n") and len(first) > 300
+    rest = log.read_text().lstrip("\0")
+    assert rest.rstrip().endswith("line 399")
+    assert int(first.split()[-1]) < int(rest.split()[1])  # nothing rewritten, the writer carried on

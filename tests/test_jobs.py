@@ -234,3 +234,24 @@ def test_job_pages_show_progress_and_stop_polling_when_done(as_operator, operato
     assert f"/jobs/{job.pk}/" in listing
     assert f"/jobs/{job.pk}/" not in as_operator.get("/jobs/?status=failed").content.decode()
     assert "succeeded" in as_operator.get(f"/artifacts/{source}/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, redis_conn, settings):
+    """Work that must run on one host goes to its node queue; `jobs_worker` on that host takes it."""
+    from django.core.management import call_command
+
+    from workers.services import job_enqueue, node_queue
+
+    api = api_for(operator)
+    artifact_id = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    Job.objects.all().delete()
+    artifact = Artifact.objects.get(pk=artifact_id)
+    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+                       queue=settings.NODE_QUEUE)
+    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+                            queue=node_queue("another-host"))
+    call_command("jobs_worker", "default", "--burst")
+    assert Job.objects.get(pk=here.pk).status == "succeeded"
+    assert Job.objects.get(pk=elsewhere.pk).status == "queued"
+    assert redis_conn.llen(f"rq:queue:{node_queue('another-host')}") == 1

@@ -66,6 +66,24 @@ def rotate_log(path: Path, keep: int) -> None:
     path.replace(path.with_name(f"{path.name}.1"))
 
 
+def rotate_if_large(path: str) -> None:
+    """Copy-and-truncate a running replica's log past ENDPOINT_LOG_MAX_BYTES: the process keeps
+    its descriptor (opened for append), so the live file must stay where it is."""
+    try:
+        if not path or os.path.getsize(path) <= settings.ENDPOINT_LOG_MAX_BYTES:
+            return
+        live = Path(path)
+        for n in range(settings.ENDPOINT_LOG_KEEP - 1, 0, -1):
+            older = live.with_name(f"{live.name}.{n}")
+            if older.exists():
+                older.replace(live.with_name(f"{live.name}.{n + 1}"))
+        shutil.copyfile(live, live.with_name(f"{live.name}.1"))
+        with open(live, "r+b") as handle:
+            handle.truncate(0)
+    except OSError as exc:
+        log.warning("log rotation of %s failed: %s", path, exc)
+
+
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -388,6 +406,7 @@ class NodeAgent:
             event(endpoint.pk, "restarting", "restart requested", replica=replica.index)
             return
 
+        rotate_if_large(replica.log_path)
         interval = settings.ENDPOINT_HEALTH_INTERVAL_SECONDS if replica.state != S.STARTING else 0.4
         if time.monotonic() - self.last_health.get(replica.pk, 0) < interval:
             return

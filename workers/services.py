@@ -10,6 +10,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
+from rq import Queue
 from rq.job import Job as RqJob
 
 from console.audit import audit_log
@@ -18,6 +19,11 @@ from workers.models import Job
 from workers.runtime import QUEUES, TIMEOUTS, _on_job_ended, remove_staging
 
 log = logging.getLogger(__name__)
+
+
+def node_queue(node_name: str) -> str:
+    """The queue of work that must run on that host (settings.NODE_QUEUE for this one)."""
+    return f"node-{node_name}"
 
 
 def redis_connection():
@@ -37,7 +43,8 @@ def redis_check() -> None:
 def _enqueue_now(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     try:
-        django_rq.get_queue(job.queue).enqueue(
+        # rq.Queue, not django_rq.get_queue: another node's queue is not in this host's settings.
+        Queue(job.queue, connection=redis_connection()).enqueue(
             "workers.jobs.run", job.pk, job_id=job.rq_id, job_timeout=job.timeout_s,
             result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
         )

@@ -257,13 +257,14 @@ def _check_ready(endpoint: Endpoint, replica: int | None) -> None:
 
 
 def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeout_s: int) -> Job:
-    from workers.services import job_enqueue
+    from workers.services import job_enqueue, node_queue
 
     # One benchmark per endpoint at a time: the lock serialises concurrent requests, the
     # dedupe key refuses a second while the first is queued or running.
     Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+    # The client reads the model's tokenizer from the artifact's path: run it on the endpoint's node.
     job = job_enqueue(kind="bench", params=params, user=user, dedupe_key=DEDUPE.format(endpoint.pk),
-                      request=request, retry_of=retry_of)
+                      request=request, retry_of=retry_of, queue=node_queue(endpoint.node.name))
     # The job may run longer than the kind's default: every run's timeout plus client start-up.
     Job.objects.filter(pk=job.pk).update(timeout_s=timeout_s)
     job.timeout_s = timeout_s
