@@ -35,7 +35,7 @@ def hash_token(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-class ApiTokenQuerySet(models.QuerySet):
+class SecretQuerySet(models.QuerySet):
     def active(self):
         now = timezone.now()
         return self.filter(revoked_at__isnull=True).filter(
@@ -43,21 +43,21 @@ class ApiTokenQuerySet(models.QuerySet):
         )
 
 
-class ApiToken(models.Model):
-    """A per-user bearer token for /api/v1/. Only its hash is stored; the raw value is shown once."""
+class RevocableSecret(models.Model):
+    """What API tokens and gateway keys share: shown once, stored as a hash (in the concrete
+    model), recognised by a prefix, expiring and revocable."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     name = models.CharField(max_length=100)
-    prefix = models.CharField(max_length=16)  # first characters, to recognise a token in lists
-    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=16)  # first characters, to recognise a secret in lists
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
-    objects = ApiTokenQuerySet.as_manager()
+    objects = SecretQuerySet.as_manager()
 
     class Meta:
+        abstract = True
         ordering = ["-created_at"]
 
     def __str__(self):
@@ -66,6 +66,16 @@ class ApiToken(models.Model):
     @property
     def is_active(self):
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+
+
+class ApiToken(RevocableSecret):
+    """A per-user bearer token for /api/v1/."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+
+    class Meta(RevocableSecret.Meta):
+        pass
 
     @staticmethod
     def generate_raw() -> str:

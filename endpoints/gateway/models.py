@@ -5,24 +5,17 @@ import secrets
 
 from django.conf import settings
 from django.db import models
-from django.utils import timezone
+
+from console.models import RevocableSecret
 
 __all__ = ["GatewayKey", "GatewayEndpoint"]
 
 
-class GatewayKeyQuerySet(models.QuerySet):
-    def active(self):
-        now = timezone.now()
-        return self.filter(revoked_at__isnull=True).filter(
-            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now))
-
-
-class GatewayKey(models.Model):
+class GatewayKey(RevocableSecret):
     """A key one application sends to the gateway (`Authorization: Bearer gk_…`). Only its
     SHA-256 is stored; the raw key is shown once. Empty scopes mean every model."""
 
-    name = models.CharField(max_length=100)  # the application
-    prefix = models.CharField(max_length=16)
+    # name: the application
     key_hash = models.CharField(max_length=64, unique=True)
     models_scope = models.JSONField(default=list, blank=True)  # served model names
     endpoints_scope = models.JSONField(default=list, blank=True)  # endpoint names
@@ -30,26 +23,13 @@ class GatewayKey(models.Model):
     tpm_limit = models.PositiveIntegerField(null=True, blank=True)  # tokens per minute
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
                                    related_name="+")
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
     # Running totals, added to by the gateway at each telemetry flush.
     requests_total = models.BigIntegerField(default=0)
     tokens_total = models.BigIntegerField(default=0)
     errors_total = models.BigIntegerField(default=0)
 
-    objects = GatewayKeyQuerySet.as_manager()
-
-    class Meta:
-        ordering = ["-created_at"]
-
-    def __str__(self):
-        return f"{self.name} ({self.prefix}…)"
-
-    @property
-    def is_active(self):
-        return self.revoked_at is None and (self.expires_at is None or self.expires_at > timezone.now())
+    class Meta(RevocableSecret.Meta):
+        pass
 
     @property
     def scope_text(self):
