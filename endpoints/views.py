@@ -63,7 +63,12 @@ def _detail_context(endpoint):
 @require_role(VIEWER)
 def endpoint_detail(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
-    return render(request, "endpoints/endpoint_detail.html", _detail_context(endpoint))
+    from django.conf import settings
+
+    return render(request, "endpoints/endpoint_detail.html", {
+        **_detail_context(endpoint), "gateway_url": settings.GATEWAY_URL,
+        # Candidates to stage beside this one: other endpoints serving the same model name.
+        "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(served_model_name=endpoint.served_model_name)})
 
 
 @require_GET

@@ -290,3 +290,20 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
     rest = log.read_text().lstrip("\0")
     assert rest.rstrip().endswith("line 399")
     assert int(first.split()[-1]) < int(rest.split()[1])  # nothing rewritten, the writer carried on
+
+
+@pytest.mark.django_db
+def test_blue_green_from_the_endpoint_page(as_operator, cpu_node, tiny_artifact):
+    live = Endpoint.objects.create(name="chat-blue", artifact=tiny_artifact, node=cpu_node, served_model_name="chat")
+    green = Endpoint.objects.create(name="chat-green", artifact=tiny_artifact, node=cpu_node, served_model_name="chat")
+    Endpoint.objects.create(name="other", artifact=tiny_artifact, node=cpu_node, served_model_name="other")
+    page = as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+    assert 'id="bluegreen-form"' in page and "chat-green" in page and ">other (" not in page
+    as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "stage", "staged": green.pk})
+    page = as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+    assert 'id="bluegreen-serving">live<' in page and 'id="bluegreen-switch"' in page
+    refused = as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "switch"}, follow=True)
+    assert b"chat-green has no ready replica: traffic stays where it is" in refused.content
+    Replica.objects.create(endpoint=green, index=0, node=cpu_node, state="ready", port=8301)
+    as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "switch"})
+    assert 'id="bluegreen-serving">staged<' in as_operator.get(f"/endpoints/{live.pk}/").content.decode()
