@@ -1,4 +1,5 @@
 """Writes for jobs: enqueue (after commit), cancel, retry, reap."""
+import hashlib
 import logging
 import uuid
 from datetime import timedelta
@@ -56,6 +57,14 @@ def _enqueue_now(job_id: int) -> None:
         _on_job_ended(Job.objects.get(pk=job.pk))
 
 
+def _fit_dedupe_key(key: str) -> str:
+    """Keys name the work (kind, target, canonical options); long ones keep their readable start
+    and end in a digest of the whole, to fit the column."""
+    if len(key) <= 255:
+        return key
+    return f"{key[:180]}…{hashlib.sha256(key.encode()).hexdigest()}"
+
+
 def active_duplicate(dedupe_key: str) -> Job | None:
     if not dedupe_key:
         return None
@@ -68,6 +77,7 @@ def job_enqueue(*, kind: str, params: dict, user=None, target_model=None, target
     """Create the Job row and queue it once the surrounding transaction commits,
     so a worker never picks up a row it can't see yet."""
     redis_check()
+    dedupe_key = _fit_dedupe_key(dedupe_key)
     duplicate = active_duplicate(dedupe_key)
     if duplicate is not None:
         raise Conflict(

@@ -3,6 +3,7 @@ import socket
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import connections
 from rq import Queue, Worker
 
 from workers.services import redis_connection
@@ -22,4 +23,7 @@ class Command(BaseCommand):
         worker = Worker([Queue(n, connection=conn) for n in names], connection=conn,
                         name=f"{socket.gethostname()}.{os.getpid()}.{'-'.join(queues)}")
         self.stdout.write(f"worker on queues: {', '.join(names)}")
+        # Each job runs in a forked work horse: it must not share this process's database
+        # connection (as django-rq's rqworker does, close it before forking).
+        connections.close_all()
         worker.work(burst=burst, with_scheduler=False)
