@@ -74,7 +74,17 @@ def vllm_processes(marker: str) -> list[psutil.Process]:
 
 
 def kill_leftovers(marker: str) -> None:
-    """Kill test vLLM servers and their whole process groups (engine cores rename themselves)."""
+    """Kill test vLLM servers and their whole process groups (engine cores rename themselves),
+    and engine processes orphaned by a server a test killed before the agent reaped them."""
+    orphans = []
+    for proc in psutil.process_iter(["name", "ppid"]):
+        if (proc.info["name"] or "").startswith("VLLM::") and proc.info["ppid"] == 1:
+            orphans.append(proc)
+    for proc in orphans:
+        try:
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     for proc in vllm_processes(marker):
         try:
             os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
