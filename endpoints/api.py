@@ -29,6 +29,7 @@ class EndpointIn(Schema):
     share_devices: bool = False
     capacity_override: str = ""
     restart_every_hours: int | None = None
+    restart_daily_at: str | None = None  # HH:MM, UTC
 
 
 class ChatIn(Schema):

@@ -44,6 +44,7 @@ class Endpoint(models.Model):
     share_devices = models.BooleanField(default=False)
     capacity_override = models.TextField(blank=True)  # an Admin's reason to launch past the estimate
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
+    restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
     desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)

@@ -1,5 +1,6 @@
 """Writes for endpoints: validate and create the spec, start/stop/restart, and the
 Try-it chat. The node agents do the process work; these only change desired state."""
+import datetime
 import json
 import logging
 import re
@@ -194,6 +195,12 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
     restart_hours = int_in_range(data.get("restart_every_hours"), "restart_every_hours", low=1, high=24 * 30, default=None)
+    restart_daily_at = None
+    if data.get("restart_daily_at") not in (None, ""):
+        try:
+            restart_daily_at = datetime.time.fromisoformat(str(data["restart_daily_at"]))
+        except ValueError:
+            raise ValidationError({"restart_daily_at": "A time of day as HH:MM (UTC)."}) from None
     per_replica = tp * pp
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
@@ -202,7 +209,7 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
             gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
             enforce_eager=bool(data.get("enforce_eager")) or False, served_model_name=served, env=env,
             extra_args=extra_args, share_devices=bool(data.get("share_devices")), capacity_override=override,
-            restart_every_hours=restart_hours, created_by=user if user is not None and user.pk else None,
+            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, created_by=user if user is not None and user.pk else None,
             state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
         )
         for index in range(replicas):

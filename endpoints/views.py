@@ -14,7 +14,7 @@ from workers.models import Node
 
 FORM_FIELDS = ("name", "artifact", "node", "devices", "replicas", "tensor_parallel_size", "pipeline_parallel_size",
                "max_model_len", "max_num_seqs", "gpu_memory_utilization", "dtype", "served_model_name", "env",
-               "extra_args", "capacity_override", "restart_every_hours")
+               "extra_args", "capacity_override", "restart_every_hours", "restart_daily_at")
 FORM_FLAGS = ("enforce_eager", "share_devices")
 
 

@@ -307,3 +307,26 @@ def test_blue_green_from_the_endpoint_page(as_operator, cpu_node, tiny_artifact)
     Replica.objects.create(endpoint=green, index=0, node=cpu_node, state="ready", port=8301)
     as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "switch"})
     assert 'id="bluegreen-serving">staged<' in as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, tiny_artifact):
+    import datetime as dt
+
+    from workers.agent import scheduled_restart_due
+
+    bad = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "25:99"})
+    assert bad.status_code == 400 and "HH:MM" in bad.json()["detail"]
+    body = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk,
+                                                        "restart_daily_at": "03:30"}).json()
+    endpoint = Endpoint.objects.get(pk=body["id"])
+    assert endpoint.restart_daily_at == dt.time(3, 30)
+    utc = dt.timezone.utc
+    now = dt.datetime(2026, 12, 2, 3, 31, tzinfo=utc)
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), now) == "daily restart at 03:30 UTC"
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 2, 3, 30, 30, tzinfo=utc), now) == ""  # restarted already
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc),
+                                 dt.datetime(2026, 12, 2, 3, 0, tzinfo=utc)) == ""  # not yet today
+    endpoint.restart_daily_at, endpoint.restart_every_hours = None, 6
+    assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=6, seconds=1), now) == "scheduled restart after 6 h"
+    assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=5), now) == ""

@@ -148,6 +148,21 @@ def backoff_seconds(crashes: int) -> float:
     return min(settings.ENDPOINT_BACKOFF_BASE_SECONDS * 2 ** max(crashes - 1, 0), settings.ENDPOINT_BACKOFF_MAX_SECONDS)
 
 
+def scheduled_restart_due(endpoint: Endpoint, ready_at, now) -> str:
+    """Why a replica ready since `ready_at` is due for its scheduled restart, or "" if it isn't."""
+    if not ready_at:
+        return ""
+    hours = endpoint.restart_every_hours
+    if hours and now - ready_at >= timedelta(hours=hours):
+        return f"scheduled restart after {hours} h"
+    daily = endpoint.restart_daily_at
+    if daily:
+        today = now.replace(hour=daily.hour, minute=daily.minute, second=0, microsecond=0)
+        if ready_at < today <= now:
+            return f"daily restart at {daily:%H:%M} UTC"
+    return ""
+
+
 def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
     states = list(endpoint.replica_set.values_list("state", flat=True))
     S = Endpoint.State
@@ -442,16 +457,16 @@ class NodeAgent:
                                                      state_reason=f"health check failed: {detail}"[:500])
 
     def maybe_scheduled_restart(self, replica: Replica, now) -> None:
-        """Restart replicas every N hours (memory fragmentation), one at a time: only when
-        every other replica of the endpoint is ready, so the endpoint keeps serving."""
-        hours = replica.endpoint.restart_every_hours
-        if not hours or not replica.ready_at or now - replica.ready_at < timedelta(hours=hours):
+        """Restart replicas every N hours or daily at a set time (memory fragmentation), one at a
+        time: only when every other replica of the endpoint is ready, so the endpoint keeps serving."""
+        reason = scheduled_restart_due(replica.endpoint, replica.ready_at, now)
+        if not reason:
             return
         others = Replica.objects.filter(endpoint=replica.endpoint).exclude(pk=replica.pk)
         if others.exclude(state=Endpoint.State.READY).exists():
             return
         if Replica.objects.filter(pk=replica.pk, restart_requested=False).update(restart_requested=True):
-            event(replica.endpoint_id, "scheduled-restart", f"scheduled restart after {hours} h", replica=replica.index)
+            event(replica.endpoint_id, "scheduled-restart", reason, replica=replica.index)
 
     # --- the loop ----------------------------------------------------------------------
     def run(self, *, once: bool = False) -> None:
