@@ -40,6 +40,17 @@ def test_node_chart_updates_live_and_switches_range(page, viewer, monkeypatch): 
     last = int(page.get_attribute(f"#{chart}", "data-last"))
 
     # New readings arrive (as the agent would store them): the chart grows without a reload.
+    # The reading must land in a later chart bucket than the newest one (collect_node stored one
+    # a moment ago), or it is averaged into that bucket and no point is added.
+    from django.db.models import Max
+
+    from workers.telemetry.models import Point
+    from workers.telemetry.selectors import plan
+
+    step = plan("1h")[1]
+    newest = Point.objects.filter(series__key=key).aggregate(Max("ts"))["ts__max"]
+    while int(time.time()) // step <= newest // step:
+        time.sleep(0.2)
     services.store([Reading(key, "dev.temp_c", 88.0, "°C", node_id=node.pk, device=0, label="NPU 0")], time.time())
     page.wait_for_function(f"Number({data}.points) >= {before + 1}", timeout=45_000)  # polls every 5 s; CI is busy
     assert int(page.get_attribute(f"#{chart}", "data-last")) > last
