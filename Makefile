@@ -17,7 +17,7 @@ export DATA_DIR REDIS_URL CONSOLE_BIND
 
 run: setup
 	@echo ""
-	@echo "  Console: http://$(CONSOLE_BIND)/   (Ctrl-C stops everything)"
+	@echo "  Console: http://$(CONSOLE_BIND)/   (Ctrl-C stops the console; endpoints keep serving)"
 	@echo ""
 	$(VENV)/bin/honcho start -f Procfile -c worker=$(WORKERS),convert=$(CONVERT_WORKERS),bench=1
 
