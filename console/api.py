@@ -8,6 +8,7 @@ from ninja import NinjaAPI
 from console.api_auth import BearerToken, Session
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import VIEWER
+from console.validation import field_errors
 
 api = NinjaAPI(
     title="LLM inference console API",
@@ -32,7 +33,7 @@ def _forbidden(request, exc):
 @api.exception_handler(ValidationError)
 def _invalid(request, exc):
     if hasattr(exc, "error_dict"):
-        errors = {field: [str(m) for e in errs for m in e.messages] for field, errs in exc.error_dict.items()}
+        errors = field_errors(exc)
         detail = "; ".join(f"{f}: {' '.join(m)}" if f != "__all__" else " ".join(m) for f, m in errors.items())
         return _error(request, 400, detail, errors=errors)
     return _error(request, 400, " ".join(exc.messages))

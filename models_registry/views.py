@@ -5,6 +5,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from console.validation import field_errors
 from models_registry import selectors, services
 from models_registry.capacity_view import artifact_capacity
 from models_registry.models import Artifact, Model
@@ -12,10 +13,7 @@ from models_registry.models import Artifact, Model
 
 def _errors(exc: ValidationError) -> dict:
     """Field -> messages for the templates; errors not tied to a field go under "general"."""
-    if hasattr(exc, "error_dict"):
-        return {("general" if field == "__all__" else field): [m for e in errs for m in e.messages]
-                for field, errs in exc.error_dict.items()}
-    return {"general": exc.messages}
+    return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
 
 
 @require_GET

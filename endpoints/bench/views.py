@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
+from console.validation import field_errors
 from endpoints.bench import compare, selectors, services
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint
@@ -61,10 +62,8 @@ def bench_new(request):
 
 
 def _error_text(exc: ValidationError) -> str:
-    if not hasattr(exc, "error_dict"):
-        return " ".join(exc.messages)
-    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(m for e in errs for m in e.messages)
-                    for field, errs in exc.error_dict.items())
+    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(msgs)
+                    for field, msgs in field_errors(exc).items())
 
 
 def _back(request, data):

@@ -5,18 +5,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
+from console.validation import error_lines
 from models_registry.models import Artifact
 from models_registry.quantize import selectors, services
 from models_registry.quantize.models import CalibrationDataset
 
 FORM_FIELDS = ("target", "scheme", "method", "calibration", "evaluation", "smoothing", "gate_pct",
                "max_fallback_layers", "num_samples")
-
-
-def _messages(exc: ValidationError) -> list[str]:
-    if hasattr(exc, "message_dict"):
-        return [f"{k}: {m}" if k != "__all__" else m for k, ms in exc.message_dict.items() for m in ms]
-    return list(exc.messages)
 
 
 @require_POST
@@ -29,7 +24,7 @@ def artifact_quantize(request, artifact_id: int):
     try:
         job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
     except ValidationError as exc:
-        for m in _messages(exc):
+        for m in error_lines(exc):
             messages.error(request, m)
         return redirect(artifact)
     except (Conflict, ServiceUnavailable) as exc:
@@ -68,7 +63,7 @@ def calibration_upload(request):
                                      description=request.POST.get("description", ""),
                                      source=request.POST.get("source", ""))
     except ValidationError as exc:
-        for m in _messages(exc):
+        for m in error_lines(exc):
             messages.error(request, m)
         return redirect("calibration_list")
     messages.success(request, f"Dataset {ds.name} added with {ds.sample_count} samples.")
