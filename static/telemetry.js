@@ -1,7 +1,7 @@
 /* Live telemetry charts (Plotly, served locally).
  *
  * Every element with class "tm-chart" is a chart: data-metric (comma-separated metrics),
- * data-node / data-endpoint (filters), data-names (JSON metric -> trace suffix), data-unit,
+ * data-node / data-endpoint / data-device / data-gateway-key (filters), data-names (JSON metric -> trace suffix), data-unit,
  * data-scale (multiplier), data-kind="health" (step lines, OK..Critical) and data-small.
  * Every 5 s, while the tab is visible, each chart asks /api/v1/telemetry/series for the
  * buckets since its last one, merges them, drops what fell out of the range and redraws
@@ -38,6 +38,7 @@
     if (el.dataset.node) { p.set("node", el.dataset.node); }
     if (el.dataset.endpoint) { p.set("endpoint", el.dataset.endpoint); }
     if (el.dataset.device) { p.set("device", el.dataset.device); }
+    if (el.dataset.gatewayKey) { p.set("gateway_key", el.dataset.gatewayKey); }
     if (!full && el._tm.since !== null) { p.set("since", String(el._tm.since)); }
     return "/api/v1/telemetry/series?" + p.toString();
   }

@@ -352,7 +352,22 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
     assert key.requests_total == 162 and key.tokens_total >= 1600 and key.errors_total == 0
     assert Series.objects.filter(key=f"e{ep.pk}.gw.qps", endpoint=ep).exists()
     assert Series.objects.filter(key=f"e{ep.pk}.gw.ttft_p50_s").exists()
-    assert Series.objects.filter(key=f"gk{key.pk}.gk.requests").exists()
+    # Per-key usage is stored as per-minute rates and charted on the key's page.
+    from django.test import Client
+
+    from workers.telemetry.models import Point
+
+    rates = Point.objects.filter(series__key=f"gk{key.pk}.gk.requests_pm").values_list("value", flat=True)
+    assert round(sum(rates) * 1 / 60) == 162  # the gateway above flushes every second
+    web = Client()
+    web.force_login(admin)
+    page = web.get(f"/gateway/keys/{key.pk}/").content.decode()
+    assert f'data-gateway-key="{key.pk}"' in page and 'data-metric="gk.requests_pm"' in page
+    data = web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm,gk.tokens_pm", "gateway_key": key.pk,
+                                                 "range": "15m"}).json()
+    assert {s["metric"] for s in data["series"]} == {"gk.requests_pm", "gk.tokens_pm"}
+    assert web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": key.pk + 1000,
+                                                "range": "15m"}).json()["series"] == []
 
 
 # --- Consul -----------------------------------------------------------------------------------

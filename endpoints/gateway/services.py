@@ -101,8 +101,8 @@ def set_queue_depth(*, endpoint, queue_depth, actor=None, request=None, via: str
 
 def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None) -> int:
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
-    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors in the
-    interval (series gk<id>.gw.*), and add them to the key's running totals."""
+    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors per minute
+    and latency P50 (series gk<id>.gk.*), and add the counts to the key's running totals."""
     from django.db.models import F
 
     from endpoints.gateway.asgi import _pct
@@ -126,38 +126,15 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
     for key_id, k in stats.key.items():
         if key_id not in keys:
             continue
-        for metric, value in {"gk.requests": k["n"], "gk.tokens": k["tokens"], "gk.errors": k["errors"],
-                              "gk.p50_s": _pct(k["lat"], 0.5)}.items():
-            readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id]))
+        per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
+        for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
+                              "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5)}.items():
+            readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
+                                    unit="s" if metric.endswith("_s") else "/min"))
         GatewayKey.objects.filter(pk=key_id).update(
             requests_total=F("requests_total") + k["n"], tokens_total=F("tokens_total") + k["tokens"],
             errors_total=F("errors_total") + k["errors"], last_used_at=now)
     return store(readings)
-
-
-def key_usage(key: GatewayKey, minutes: int = 60) -> list[dict]:
-    """Per-minute requests, tokens and errors of a key (for its page), oldest first; minute is a datetime."""
-    import time as _time
-
-    from django.db.models import Sum
-
-    from workers.telemetry.models import Point, Series
-
-    since = int(_time.time()) - minutes * 60
-    series = dict(Series.objects.filter(key__startswith=f"gk{key.pk}.gw.").values_list("pk", "metric"))
-    rows: dict[int, dict] = {}
-    points = (Point.objects.filter(series_id__in=list(series), ts__gte=since)
-              .exclude(series_id__in=[pk for pk, m in series.items() if m == "gk.p50_s"])
-              .values_list("series_id", "ts", "value"))
-    for sid, ts, value in points:
-        row = rows.setdefault(ts // 60 * 60, {"minute": ts // 60 * 60, "requests": 0, "tokens": 0, "errors": 0})
-        row[series[sid].split(".", 1)[1]] += int(value)
-    from datetime import datetime, timezone as dt_tz
-
-    out = [rows[m] for m in sorted(rows)]
-    for row in out:
-        row["minute"] = datetime.fromtimestamp(row["minute"], tz=dt_tz.utc)
-    return out
 
 
 # --- blue-green ------------------------------------------------------------------------------

@@ -68,11 +68,7 @@ def key_limits(request, key_id: int):
 @require_role(ADMIN)
 def key_detail(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
-    usage = services.key_usage(key, minutes=60)
-    peak = max([u["requests"] for u in usage] + [1])
-    for u in usage:
-        u["bar"] = round(100 * u["requests"] / peak)
-    return render(request, "gateway/key_detail.html", {"key": key, "usage": usage})
+    return render(request, "gateway/key_detail.html", {"key": key})
 
 
 @require_POST

@@ -124,8 +124,10 @@ def _round(value):
 
 
 def find_series(*, metrics: list[str], node: int | None = None, endpoint: int | None = None,
-                device: int | None = None) -> list[Series]:
+                device: int | None = None, gateway_key: int | None = None) -> list[Series]:
     qs = Series.objects.filter(metric__in=metrics)
+    if gateway_key is not None:  # the gateway's per-key series are keyed gk<id>.<metric>
+        qs = qs.filter(key__startswith=f"gk{gateway_key}.")
     if node is not None:
         qs = qs.filter(node_id=node)
     if endpoint is not None:
