@@ -9,6 +9,7 @@ from console.validation import field_errors
 from models_registry import selectors, services
 from models_registry.capacity_view import artifact_capacity
 from models_registry.models import Artifact, Model
+from models_registry.quantize.selectors import speed_comparison
 
 
 def _errors(exc: ValidationError) -> dict:
@@ -83,6 +84,7 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
                                              "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
         "convert_errors": convert_errors or {},
         "in_use": selectors.artifact_in_use(artifact),
+        "speed": speed_comparison(artifact),
     }
 
 

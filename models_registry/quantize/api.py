@@ -20,6 +20,7 @@ class QuantizeIn(Schema):
     evaluation: int | str | None = None
     method: str = "kl"
     smoothing: float | None = None
+    anti_outlier: str | None = None  # msModelSlim outlier suppression m1–m6 (Ascend ModelSlim target)
     gate_pct: float | None = None
     fallback: bool | None = None
     max_fallback_layers: int | None = None

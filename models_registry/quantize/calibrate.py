@@ -196,8 +196,63 @@ def layer_errors(model, stats: dict[str, LayerStats], *, scheme: str, act_params
     return out
 
 
+def sensitivity(model, batches: list[list[int]], errors: list[dict], *, scheme: str, act_params: dict | None = None,
+                max_tokens: int = 512) -> None:
+    """Each projection's effect on the loss, from one forward and backward pass (the Fisher
+    approximation used by HAWQ-style mixed precision): with g the gradient of the next-token loss at
+    the layer's output and Δy the change int8 makes to that output (fake quantisation as the scheme
+    does it), the loss moves by about ½·Σ_tokens (g·Δy)². Added to ``errors`` as "sensitivity".
+    The per-layer output error alone ranks badly: v_proj layers have the largest relative errors
+    and matter less to the loss than down_proj layers with small ones (measured on the demo model)."""
+    import torch
+
+    ids, total = [], 0
+    for b in batches:
+        take = b[:max_tokens - total]
+        if len(take) >= 2:
+            ids.append(torch.tensor([take]))
+            total += len(take)
+        if total >= max_tokens:
+            break
+    linears = quant_linears(model)
+    score = {name: 0.0 for name in linears}
+    captured: dict = {}
+
+    def hook(name):
+        def fn(module, args, out):
+            out.retain_grad()
+            captured[name] = (args[0].detach(), out)
+        return fn
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in linears.items()]
+    was_training = model.training
+    try:
+        with torch.enable_grad():
+            for x in ids:
+                captured.clear()
+                model.zero_grad(set_to_none=True)
+                loss = model(input_ids=x, labels=x, use_cache=False).loss * (x.shape[1] - 1)
+                loss.backward()
+                with torch.no_grad():
+                    for name, (inp, out) in captured.items():
+                        module = linears[name]
+                        scale, offset = (act_params or {}).get(name, (None, 0.0))
+                        w = module.weight.float()
+                        inp = inp.float()
+                        dy = fake_act(inp, scheme=scheme, scale=scale, offset=offset) @ fake_weight(w).T - inp @ w.T
+                        score[name] += 0.5 * float(((out.grad.float() * dy).sum(-1) ** 2).sum())
+    finally:
+        for h in handles:
+            h.remove()
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    for e in errors:
+        e["sensitivity"] = score.get(e["layer"], 0.0)
+
+
 def ranking(errors: list[dict]) -> list[str]:
-    return [e["layer"] for e in sorted(errors, key=lambda e: -e["rel_error"])]
+    """Most sensitive first: by the estimated effect on the loss where measured, else by the output error."""
+    return [e["layer"] for e in sorted(errors, key=lambda e: -e.get("sensitivity", e["rel_error"]))]
 
 
 def dir_size(path: Path) -> int:

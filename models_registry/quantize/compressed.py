@@ -51,13 +51,14 @@ def run_oneshot(model, tokenizer, calib: cal.CalibrationText, *, scheme: str, me
     return model
 
 
-def apply_kl_scales(model, stats: dict) -> int:
-    """Static scheme with method=kl: llm-compressor has no KL observer, so ours sets input_scale."""
+def apply_kl_scales(model, stats: dict, *, skip: set[str] = frozenset()) -> int:
+    """Static scheme with method=kl: llm-compressor has no KL observer, so ours sets input_scale
+    (layers in ``skip`` keep the min-max scale llm-compressor observed)."""
     import torch
 
     n = 0
     for name, module in cal.quant_linears(model).items():
-        if hasattr(module, "input_scale") and name in stats:
+        if hasattr(module, "input_scale") and name in stats and name not in skip:
             scale = stats[name].kl.scale()
             module.input_scale.data = torch.full_like(module.input_scale.data, scale)
             n += 1

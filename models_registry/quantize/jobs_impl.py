@@ -117,16 +117,38 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     if scored_tokens(windows) < 32:
         raise cal.QuantizeError("The evaluation set is too small (fewer than 32 tokens).")
     ctx.progress(5, "perplexity of the source")
+    tied = bool(cfg.get("tie_word_embeddings", False))
     model_src = model if dtype == torch.float32 else model.to(dtype)
     ppl_before = perplexity_hf(model_src, windows)
     model = model_src.float()
     stats = cal.collect_stats(model, calib.ids, progress=_scaled(ctx, 10, 30))
-    cal_act = None
+    cal_act, minmax_layers = None, []
+    fake_scheme = {"w8a16": "W8A16"}.get(scheme, "W8A8")
+    ctx.progress(31, "layer sensitivity")
     if scheme == "w8a8_static":
         from models_registry.quantize.modelslim import act_params_for
 
         cal_act = act_params_for(stats, method)
-    errors = cal.layer_errors(model, stats, scheme={"w8a16": "W8A16"}.get(scheme, "W8A8"), act_params=cal_act)
+        errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
+        cal.sensitivity(model, calib.ids, errors, scheme=fake_scheme, act_params=cal_act)
+        if method == "kl":
+            # KL clips the massive activations some layers carry (LLMs' down_proj); where that costs
+            # the loss more than min-max's full range would, the layer keeps the min-max range.
+            mm_act = act_params_for(stats, "minmax")
+            mm_errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=mm_act)
+            cal.sensitivity(model, calib.ids, mm_errors, scheme=fake_scheme, act_params=mm_act)
+            for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors)):
+                if mm_e["sensitivity"] < kl_e["sensitivity"]:
+                    minmax_layers.append(kl_e["layer"])
+                    cal_act[kl_e["layer"]] = mm_act[kl_e["layer"]]
+                    errors[i] = {**mm_e, "act_range": "minmax"}
+            if minmax_layers:
+                notes.append(f"KL clipping cost more than the min-max range on {len(minmax_layers)} layer(s) "
+                             f"(massive activations); those keep the min-max range.")
+    else:
+        errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
+        if opts["fallback"]:
+            cal.sensitivity(model, calib.ids, errors, scheme=fake_scheme, act_params=cal_act)
     rank = cal.ranking(errors)
     gate = float(opts["gate_pct"])
     steps = [[]] + (_fallback_steps(rank, opts["max_fallback_layers"]) if opts["fallback"] else [])
@@ -137,10 +159,18 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         pct_lo = 35 + 55 * i / len(steps)
         ctx.progress(pct_lo, f"quantizing ({len(float_layers)} layer(s) kept in float)")
         if target == "ascend-modelslim":
-            from models_registry.quantize import modelslim
+            from models_registry.quantize import modelslim, msmodelslim_run
 
-            modelslim.write_checkpoint(model, src, staging, scheme=scheme, act_params=cal_act or {},
-                                       float_layers=set(float_layers), model_dtype=dtype)
+            qmodel, _ = cal.load_model(src, torch.float32)  # msModelSlim quantizes the model in place
+            msmodelslim_run.quantize(qmodel, calib.ids, staging, scheme=scheme, method=method,
+                                     anti_outlier=opts.get("anti_outlier"), float_layers=float_layers,
+                                     minmax_layers=minmax_layers,
+                                     serve_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
+            del qmodel
+            finished = modelslim.finish(staging, src, model_dtype=dtype, tied=tied)
+            for note in finished["notes"]:
+                if note not in notes:
+                    notes.append(note)
             with modelslim.simulated(model, staging):
                 ppl_after = perplexity_hf(model.to(dtype) if dtype != torch.float32 else model, windows)
             model = model.float()
@@ -151,7 +181,9 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
             compressed.run_oneshot(qmodel, qtok, calib, scheme=scheme, method=method, smoothing=opts["smoothing"],
                                    ignore=float_layers, gptq=opts["gptq"])
             if scheme == "w8a8_static" and method == "kl":
-                compressed.apply_kl_scales(qmodel, stats)
+                # KL ranges of the inputs each layer sees in the quantized model (after SmoothQuant, if on)
+                compressed.apply_kl_scales(qmodel, cal.collect_stats(qmodel, calib.ids) if opts["smoothing"] else stats,
+                                           skip=set(minmax_layers))
             ppl_after = perplexity_hf(qmodel, windows)
             compressed.save(qmodel, qtok, src, staging)
             del qmodel
@@ -172,7 +204,8 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         "eval_tokens": scored_tokens(windows), "gate_pct": gate, "passed": passed,
         "eval_set": opts["evaluation"], "float_layers": float_layers, "attempts": attempts,
         "calibration": {"dataset": opts["calibration"], "samples": len(calib.ids), "method": method,
-                        "smoothing": opts["smoothing"], "max_seq_len": calib.max_len, "truncated": calib.truncated,
+                        "smoothing": opts["smoothing"], "anti_outlier": opts.get("anti_outlier"),
+                        "gptq": opts.get("gptq", False), "kl_minmax_layers": minmax_layers, "max_seq_len": calib.max_len, "truncated": calib.truncated,
                         "scheme": scheme, "target": target},
         "layers": [{**e, "float": e["layer"] in float_layers} for e in errors],
         "sensitivity": rank[:20], "size_before": size_before, "size_after": size_after, "serving": serving,

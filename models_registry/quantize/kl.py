@@ -5,7 +5,8 @@ memoryless min-max, and msModelSlim's act_method is 1 (min-max), 2 (histogram) o
 So this observer is ours (the TensorRT "entropy calibration" recipe): a 2048-bin histogram of |x|,
 and for every candidate clipping threshold the bins beyond it are folded into the last kept bin
 (P), P is merged into 128 quantisation levels and spread back (Q), and the threshold whose
-KL(P‖Q) is smallest wins.  Its scale (threshold / 127) is then fed to the library.
+KL(P‖Q) is smallest wins.  Its range is then fed to the library: plugged into msModelSlim's
+calibrator as its activation observer (msmodelslim_run.py), or set as llm-compressor's input_scale.
 """
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
-"""Ascend ModelSlim checkpoints (what vllm-ascend serves with --quantization ascend), written by us.
+"""Ascend ModelSlim checkpoints (what vllm-ascend serves with --quantization ascend): msModelSlim
+writes them (msmodelslim_run.py); this module finishes them for serving and runs them as written.
 
-msModelSlim 26.1.0 installs and calibrates on CPU, but its save() fails on tied embeddings, its
-output lacks config.json, and it offers no KL calibration; so the console calibrates (calibrate.py,
-kl.py) and writes the format itself, tensor by tensor as vllm-ascend's w8a8 / w8a8_dynamic loaders
-expect (see ../shared/fixtures/SOURCES.md):
-
-* W8A8 (static): weight int8 [n,k]; input_scale, input_offset [1] (model dtype); quant_bias int32 [n];
+Per layer, as vllm-ascend's w8a8 / w8a8_dynamic loaders expect (see ../shared/fixtures/SOURCES.md):
+* W8A8 (static): weight int8 [n,k]; input_scale, input_offset [1]; quant_bias int32 [n];
   deq_scale [n] (float32 for bf16/fp32 models, int64 holding the float32 bits for fp16 models);
   weight_scale, weight_offset [n,1].  x_q = round(x/input_scale) + input_offset;
   y = (x_q·Wᵀ + quant_bias)·deq_scale.
 * W8A8_DYNAMIC and W8A16: weight int8, weight_scale, weight_offset [n,1].
-* everything else (embeddings, norms, lm_head, fallback layers) FLOAT, in the model's dtype.
+* everything else (embeddings, norms, lm_head, fallback layers) FLOAT.
+msModelSlim calibrates in float32 and saves float tensors so; finish() casts them to the model's
+dtype (the size of the source, and what vllm-ascend loads them as), drops an lm_head that only
+repeats tied embeddings, and copies the model's own config and tokenizer files in (msModelSlim
+writes no config.json).
 """
 from __future__ import annotations
 
@@ -28,31 +29,12 @@ SCHEME_TYPE = {"w8a8_static": "W8A8", "w8a8_dynamic": "W8A8_DYNAMIC", "w8a16": "
 _SKIP = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}
 
 
-def pack_deq_scale(deq, model_dtype):
-    """float32 for bf16/fp32 models; for fp16 models the float32 bits widened to int64."""
-    import torch
-
-    deq = deq.float().contiguous()
-    if model_dtype == torch.float16:
-        return deq.view(torch.int32).to(torch.int64)
-    return deq
-
-
 def unpack_deq_scale(t):
     import torch
 
     if t.dtype == torch.int64:
         return t.to(torch.int32).view(torch.float32)
     return t.float()
-
-
-def quantize_weight(w):
-    import torch
-
-    w = w.float()
-    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-    q = torch.clamp(torch.round(w / scale), -128, 127).to(torch.int8)
-    return q, scale
 
 
 def copy_model_files(src: Path, dst: Path) -> list[str]:
@@ -65,63 +47,37 @@ def copy_model_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def write_checkpoint(model, src: Path, dst: Path, *, scheme: str, act_params: dict, float_layers: set[str],
-                     model_dtype) -> dict:
-    """Write description + weights + the model's own config/tokenizer files into dst."""
+def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
+    """Make msModelSlim's output servable as the source model was: float tensors in the model's
+    dtype (deq_scale keeps its packing), a tied lm_head dropped when it only repeats the embeddings,
+    and the model's own config/tokenizer files copied in unchanged."""
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
-    qtype = SCHEME_TYPE[scheme]
-    linears = cal.quant_linears(model)
-    tensors: dict = {}
-    desc: dict = {"model_quant_type": qtype, "version": "1.0.0"}
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    seen = set()
-    for name, param in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
-        module = name.rsplit(".", 1)[0]
-        if module in linears and module not in float_layers and name.endswith(".weight"):
-            if module in seen:
-                continue
-            seen.add(module)
-            lin = linears[module]
-            q, w_scale = quantize_weight(lin.weight.detach())
-            n = q.shape[0]
-            out = {
-                f"{module}.weight": q.contiguous(),
-                f"{module}.weight_scale": w_scale.to(model_dtype).contiguous(),
-                f"{module}.weight_offset": torch.zeros(n, 1, dtype=model_dtype),
-            }
-            if qtype == "W8A8":
-                scale, offset = act_params[module]
-                in_scale = torch.tensor([scale], dtype=model_dtype)
-                in_offset = torch.tensor([offset], dtype=model_dtype)
-                deq = in_scale.float() * w_scale[:, 0]  # computed from the stored (rounded) input scale
-                bias = lin.bias.detach().float() if lin.bias is not None else torch.zeros(n)
-                qbias = torch.round(-float(in_offset) * q.float().sum(dim=1) + bias / deq).to(torch.int32)
-                out.update({
-                    f"{module}.input_scale": in_scale,
-                    f"{module}.input_offset": in_offset,
-                    f"{module}.quant_bias": qbias.contiguous(),
-                    f"{module}.deq_scale": pack_deq_scale(deq, model_dtype),
-                })
-            elif lin.bias is not None:
-                out[f"{module}.bias"] = lin.bias.detach().to(model_dtype).contiguous()
-            for key in out:
-                desc[key] = qtype
-            tensors.update(out)
-            continue
-        if module in linears and module not in float_layers and name.endswith(".bias"):
-            continue  # handled with the weight
-        tensors[name] = param.detach().to(model_dtype if param.is_floating_point() else param.dtype).contiguous()
-        desc[name] = "FLOAT"
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(dst / WEIGHT_FILE[qtype]), metadata={"format": "pt"})
+    desc = json.loads((dst / DESCRIPTION).read_text())
+    weight_file = WEIGHT_FILE[desc["model_quant_type"]]
+    tensors = load_file(str(dst / weight_file))
+    for name, t in tensors.items():
+        if t.is_floating_point() and not name.endswith(".deq_scale"):
+            tensors[name] = t.to(model_dtype).contiguous()
+    notes = []
+    lm, emb = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
+    if tied and lm is not None and emb is not None:
+        if torch.equal(lm, emb):
+            del tensors["lm_head.weight"]
+            desc.pop("lm_head.weight", None)
+        else:
+            notes.append("lm_head differs from the tied embeddings after outlier suppression: kept separately.")
+    nonzero_bias = [n for n, t in tensors.items() if n.endswith("norm.bias") and bool(t.any())]
+    save_file(tensors, str(dst / weight_file), metadata={"format": "pt"})
     (dst / DESCRIPTION).write_text(json.dumps(desc, indent=2) + "\n")
     copied = copy_model_files(src, dst)
-    return {"weight_file": WEIGHT_FILE[qtype], "tensors": len(tensors), "copied": copied,
-            "float_layers": sorted(float_layers)}
+    if notes:
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg["tie_word_embeddings"] = False
+        (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return {"weight_file": weight_file, "tensors": len(tensors), "copied": copied, "notes": notes,
+            "norm_biases": nonzero_bias}
 
 
 class SimLinear:
@@ -160,9 +116,12 @@ class SimLinear:
 
 
 def simulated(model, dst: Path):
-    """Context manager: the model's projections replaced by the checkpoint's arithmetic."""
+    """Context manager: the model run as the checkpoint describes it: its FLOAT tensors loaded (outlier
+    suppression rescales norms), norm biases added, and the projections replaced by the integer
+    arithmetic of the quantized layers."""
     import contextlib
 
+    import torch
     from safetensors.torch import load_file
 
     @contextlib.contextmanager
@@ -170,17 +129,29 @@ def simulated(model, dst: Path):
         desc = json.loads((dst / DESCRIPTION).read_text())
         qtype = desc["model_quant_type"]
         tensors = load_file(str(dst / WEIGHT_FILE[qtype]))
-        saved = {}
+        params = dict(model.named_parameters())
+        saved_params, saved_forward, hooks = {}, {}, []
+        for name, t in tensors.items():
+            if desc.get(name) == "FLOAT" and name in params and not torch.equal(params[name].data, t.to(params[name].dtype)):
+                saved_params[name] = params[name].data.clone()
+                params[name].data.copy_(t.to(params[name].dtype))
+            elif name.endswith("norm.bias") and bool(t.any()):
+                norm = model.get_submodule(name.rsplit(".", 1)[0])
+                hooks.append(norm.register_forward_hook(lambda m, a, out, b=t: out + b.to(out.dtype)))
         for name, module in cal.quant_linears(model).items():
             if desc.get(f"{name}.weight") == qtype:
-                saved[name] = module.forward
+                saved_forward[name] = module.forward
                 module.forward = SimLinear(tensors, name, qtype)
         try:
             yield model
         finally:
+            for h in hooks:
+                h.remove()
             for name, module in cal.quant_linears(model).items():
-                if name in saved:
-                    module.forward = saved[name]
+                if name in saved_forward:
+                    module.forward = saved_forward[name]
+            for name, data in saved_params.items():
+                params[name].data.copy_(data)
 
     return cm()
 

@@ -22,7 +22,7 @@ TARGETS = (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM)
 SCHEMES = ("w8a8_dynamic", "w8a8_static", "w8a16")
 METHODS = ("kl", "minmax", "histogram", "auto")
 OPTIONS = {"scheme", "target", "calibration", "evaluation", "method", "smoothing", "gate_pct", "fallback",
-           "max_fallback_layers", "num_samples", "max_seq_len", "gptq", "serve_check"}
+           "max_fallback_layers", "num_samples", "max_seq_len", "gptq", "serve_check", "anti_outlier"}
 GUIDANCE = "Use 10–64 samples from the target domain (plain prose, chat logs or code as the model will see)."
 
 
@@ -136,16 +136,29 @@ def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
     smoothing = options.get("smoothing")
     smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, 0.05, 1.0)
     if smoothing and target == Artifact.Format.MODELSLIM:
-        raise ValidationError({"smoothing": "Outlier suppression is offered for compressed-tensors (SmoothQuant) only."})
+        raise ValidationError({"smoothing": "SmoothQuant strength is for compressed-tensors; for Ascend ModelSlim "
+                                            "choose msModelSlim's outlier suppression (anti_outlier m1–m6)."})
+    from models_registry.quantize.msmodelslim_run import ANTI_OUTLIER
+
+    anti_outlier = options.get("anti_outlier") or None
+    if anti_outlier is not None:
+        if target != Artifact.Format.MODELSLIM:
+            raise ValidationError({"anti_outlier": "msModelSlim's outlier suppression is for the Ascend ModelSlim "
+                                                   "target; for compressed-tensors use SmoothQuant (smoothing)."})
+        if anti_outlier not in ANTI_OUTLIER:
+            raise ValidationError({"anti_outlier": f"Choose one of: {', '.join(ANTI_OUTLIER)}."})
+        if scheme == "w8a16" and anti_outlier != "m3":
+            raise ValidationError({"anti_outlier": "With W8A16 msModelSlim offers only m3 (weight-aware)."})
     clean = {
         "target": target, "scheme": scheme, "method": method,
-        "calibration": calib.pk, "evaluation": evaluation.pk, "smoothing": smoothing,
+        "calibration": calib.pk, "evaluation": evaluation.pk, "smoothing": smoothing, "anti_outlier": anti_outlier,
         "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, 0.0, 100.0),
         "fallback": bool(options.get("fallback", True)),
-        "max_fallback_layers": _number(options, "max_fallback_layers", 8, 1, 256, int),
+        "max_fallback_layers": _number(options, "max_fallback_layers", 16, 1, 256, int),
         "num_samples": _number(options, "num_samples", 64, 1, 1024, int),
         "max_seq_len": _number(options, "max_seq_len", 512, 16, 8192, int),
-        "gptq": bool(options.get("gptq", False)) and target == Artifact.Format.COMPRESSED_TENSORS,
+        # GPTQ by default for compressed-tensors: it is what brings W8A8 within the 2 % gate (README).
+        "gptq": bool(options.get("gptq", True)) and target == Artifact.Format.COMPRESSED_TENSORS,
         "serve_check": bool(options.get("serve_check", settings.QUANTIZE_SERVE_CHECK)),
     }
     return clean

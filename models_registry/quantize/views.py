@@ -10,7 +10,7 @@ from models_registry.models import Artifact
 from models_registry.quantize import selectors, services
 from models_registry.quantize.models import CalibrationDataset
 
-FORM_FIELDS = ("target", "scheme", "method", "calibration", "evaluation", "smoothing", "gate_pct",
+FORM_FIELDS = ("target", "scheme", "method", "calibration", "evaluation", "smoothing", "anti_outlier", "gate_pct",
                "max_fallback_layers", "num_samples")
 
 
@@ -21,6 +21,7 @@ def artifact_quantize(request, artifact_id: int):
     options = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
     options = {k: v for k, v in options.items() if v != ""}
     options["fallback"] = request.POST.get("fallback") == "on"
+    options["gptq"] = bool(request.POST.get("gptq"))
     try:
         job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
     except ValidationError as exc:
