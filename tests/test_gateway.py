@@ -366,6 +366,8 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
     data = web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm,gk.tokens_pm", "gateway_key": key.pk,
                                                  "range": "15m"}).json()
     assert {s["metric"] for s in data["series"]} == {"gk.requests_pm", "gk.tokens_pm"}
+    assert Series.objects.filter(key=f"gk{key.pk}.gk.ttft_p99_s").exists()
+    assert page.count('class="tm-chart"') == 5
     assert web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": key.pk + 1000,
                                                 "range": "15m"}).json()["series"] == []
 

@@ -76,7 +76,7 @@ class Stats:
 
     def __init__(self):
         self.ep = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
-        self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": []})
+        self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []})
 
     def record(self, *, endpoint_id, key_id, status, latency, ttft, tokens):
         if endpoint_id is not None:
@@ -92,6 +92,8 @@ class Stats:
             k["n"] += 1
             k["tokens"] += tokens
             k["lat"].append(latency)
+            if ttft is not None:
+                k["ttft"].append(ttft)
             if status >= 400:
                 k["errors"] += 1
 

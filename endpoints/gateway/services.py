@@ -101,8 +101,8 @@ def set_queue_depth(*, endpoint, queue_depth, actor=None, request=None, via: str
 
 def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None) -> int:
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
-    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors per minute
-    and latency P50 (series gk<id>.gk.*), and add the counts to the key's running totals."""
+    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors per minute,
+    latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals."""
     from django.db.models import F
 
     from endpoints.gateway.asgi import _pct
@@ -128,7 +128,9 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
             continue
         per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
         for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
-                              "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5)}.items():
+                              "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5),
+                              "gk.p99_s": _pct(k["lat"], 0.99), "gk.ttft_p50_s": _pct(k["ttft"], 0.5),
+                              "gk.ttft_p99_s": _pct(k["ttft"], 0.99)}.items():
             readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
                                     unit="s" if metric.endswith("_s") else "/min"))
         GatewayKey.objects.filter(pk=key_id).update(
