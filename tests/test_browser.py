@@ -207,6 +207,8 @@ def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, 
             # Plotly drew the per-layer chart: one bar per quantized projection.
             page.wait_for_selector("#layer-error-chart .main-svg")
             bars = page.eval_on_selector("#layer-error-chart", "el => el.data[0].x.length")
+            # the estimated effect on the loss beside the output error, on a second axis
+            assert page.eval_on_selector("#layer-error-chart", "el => el.data.length") == 2
             assert bars == len(out.accuracy["layers"]) == 14
             assert page.locator("#sensitivity li").count() == 14
     assert not page.js_errors, page.js_errors
