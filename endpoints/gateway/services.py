@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.utils import timezone
 
 from console.audit import audit_log
@@ -121,22 +122,24 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
         for metric, value in values.items():
             readings.append(Reading(key=f"e{ep_id}.{metric}", metric=metric, value=value, endpoint_id=ep_id,
                                     unit="s" if metric.endswith("_s") else "", label="gateway"))
-    keys = dict(GatewayKey.objects.filter(pk__in=list(stats.key)).values_list("pk", "name"))
-    now = timezone.now()
-    for key_id, k in stats.key.items():
-        if key_id not in keys:
-            continue
-        per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
-        for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
-                              "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5),
-                              "gk.p99_s": _pct(k["lat"], 0.99), "gk.ttft_p50_s": _pct(k["ttft"], 0.5),
-                              "gk.ttft_p99_s": _pct(k["ttft"], 0.99)}.items():
-            readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
-                                    unit="s" if metric.endswith("_s") else "/min"))
-        GatewayKey.objects.filter(pk=key_id).update(
-            requests_total=F("requests_total") + k["n"], tokens_total=F("tokens_total") + k["tokens"],
-            errors_total=F("errors_total") + k["errors"], last_used_at=now)
-    return store(readings)
+    # Totals and points in one transaction: a reader never sees a key's total without its points.
+    with transaction.atomic():
+        keys = dict(GatewayKey.objects.filter(pk__in=list(stats.key)).values_list("pk", "name"))
+        now = timezone.now()
+        for key_id, k in stats.key.items():
+            if key_id not in keys:
+                continue
+            per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
+            for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
+                                  "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5),
+                                  "gk.p99_s": _pct(k["lat"], 0.99), "gk.ttft_p50_s": _pct(k["ttft"], 0.5),
+                                  "gk.ttft_p99_s": _pct(k["ttft"], 0.99)}.items():
+                readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
+                                        unit="s" if metric.endswith("_s") else "/min"))
+            GatewayKey.objects.filter(pk=key_id).update(
+                requests_total=F("requests_total") + k["n"], tokens_total=F("tokens_total") + k["tokens"],
+                errors_total=F("errors_total") + k["errors"], last_used_at=now)
+        return store(readings)
 
 
 # --- blue-green ------------------------------------------------------------------------------
@@ -177,7 +180,6 @@ def _ready(endpoint) -> bool:
 def stage(*, endpoint, staged, drain_seconds=None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     """Make `staged` (another endpoint serving the same model) the standby of `endpoint`: it
     gets no traffic until a switch."""
-    from django.db import transaction
 
     from endpoints.gateway.selectors import model_name
 
@@ -203,7 +205,6 @@ def stage(*, endpoint, staged, drain_seconds=None, actor=None, request=None, via
 
 
 def _move(endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
-    from django.db import transaction
 
     with transaction.atomic():
         gw = _pair(endpoint)
