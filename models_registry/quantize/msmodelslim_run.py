@@ -23,11 +23,11 @@ import os
 import tempfile
 
 from models_registry.quantize.kl import KLObserver
+from models_registry.quantize.modelslim import DESCRIPTION, SCHEME_TYPE, WEIGHT_FILE
 
 ACT_METHOD = {"minmax": 1, "histogram": 2, "auto": 3, "kl": 1}
 ANTI_OUTLIER = {"m1": "SmoothQuant", "m2": "outlier suppression", "m3": "AWQ-like (weight-aware)",
                 "m4": "iterative smoothing", "m5": "SmoothQuant (fast)", "m6": "flex smoothing"}
-QUANT_TYPE = {"w8a8_static": "W8A8", "w8a8_dynamic": "W8A8_DYNAMIC", "w8a16": "W8A16"}
 
 
 @contextlib.contextmanager
@@ -131,10 +131,10 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
                 qi.input_scale, qi.input_offset = scale.reshape(1).float(), offset.reshape(1).float()
             if qi.input_scale is not None:
                 qi.input_scale = qi.input_scale.reshape(1).to(serve_dtype).float()
-    qtype = QUANT_TYPE[scheme]
+    qtype = SCHEME_TYPE[scheme]
     calibrator.model_torch_dtype = serve_dtype
-    calibrator.save(str(out_dir), safetensors_name=f"quant_model_weight_{qtype.lower()}.safetensors",
-                    json_name="quant_model_description.json", save_type=["ascendV1"])
+    calibrator.save(str(out_dir), safetensors_name=WEIGHT_FILE[qtype], json_name=DESCRIPTION,
+                    save_type=["ascendV1"])
     for name in os.listdir(out_dir):  # msModelSlim leaves its files 0400 / 0600
         os.chmod(os.path.join(out_dir, name), 0o644)
     return {"quantized": sorted(quantizers), "float_layers": sorted(float_layers)}
