@@ -129,26 +129,23 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         from models_registry.quantize.modelslim import act_params_for
 
         cal_act = act_params_for(stats, method)
-        errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
+    errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
+    if scheme == "w8a8_static" or opts["fallback"]:  # static: the KL/min-max choice below uses it too
         cal.sensitivity(model, calib.ids, errors, scheme=fake_scheme, act_params=cal_act)
-        if method == "kl":
-            # KL clips the massive activations some layers carry (LLMs' down_proj); where that costs
-            # the loss more than min-max's full range would, the layer keeps the min-max range.
-            mm_act = act_params_for(stats, "minmax")
-            mm_errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=mm_act)
-            cal.sensitivity(model, calib.ids, mm_errors, scheme=fake_scheme, act_params=mm_act)
-            for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors)):
-                if mm_e["sensitivity"] < kl_e["sensitivity"]:
-                    minmax_layers.append(kl_e["layer"])
-                    cal_act[kl_e["layer"]] = mm_act[kl_e["layer"]]
-                    errors[i] = {**mm_e, "act_range": "minmax"}
-            if minmax_layers:
-                notes.append(f"KL clipping cost more than the min-max range on {len(minmax_layers)} layer(s) "
-                             f"(massive activations); those keep the min-max range.")
-    else:
-        errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
-        if opts["fallback"]:
-            cal.sensitivity(model, calib.ids, errors, scheme=fake_scheme, act_params=cal_act)
+    if scheme == "w8a8_static" and method == "kl":
+        # KL clips the massive activations some layers carry (LLMs' down_proj); where that costs
+        # the loss more than min-max's full range would, the layer keeps the min-max range.
+        mm_act = act_params_for(stats, "minmax")
+        mm_errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=mm_act)
+        cal.sensitivity(model, calib.ids, mm_errors, scheme=fake_scheme, act_params=mm_act)
+        for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors)):
+            if mm_e["sensitivity"] < kl_e["sensitivity"]:
+                minmax_layers.append(kl_e["layer"])
+                cal_act[kl_e["layer"]] = mm_act[kl_e["layer"]]
+                errors[i] = {**mm_e, "act_range": "minmax"}
+        if minmax_layers:
+            notes.append(f"KL clipping cost more than the min-max range on {len(minmax_layers)} layer(s) "
+                         f"(massive activations); those keep the min-max range.")
     rank = cal.ranking(errors)
     gate = float(opts["gate_pct"])
     steps = [[]] + (_fallback_steps(rank, opts["max_fallback_layers"]) if opts["fallback"] else [])
