@@ -178,14 +178,9 @@ def test_cuda_set_resolves_on_pypi(platform_tag):
 
 
 @pytest.mark.network
-def test_the_check_ignores_this_machines_pip_configuration():
+def test_the_check_ignores_this_machines_pip_configuration(monkeypatch):
     """A torch cap or local find-links in pip's configuration must not decide what the index offers."""
-    env_before = dict(os.environ)
-    os.environ["UV_INDEX_URL"] = "file:///nonexistent"
-    os.environ["PIP_CONSTRAINT"] = "/nonexistent-constraints.txt"
-    try:
-        picked = compile_set(["ray==" + RAY], "aarch64-manylinux_2_28", no_deps=True)
-    finally:
-        os.environ.clear()
-        os.environ.update(env_before)
+    monkeypatch.setenv("UV_INDEX_URL", "file:///nonexistent")
+    monkeypatch.setenv("PIP_CONSTRAINT", "/nonexistent-constraints.txt")
+    picked = compile_set(["ray==" + RAY], "aarch64-manylinux_2_28", no_deps=True)
     assert picked == {"ray": RAY}
