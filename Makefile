@@ -38,10 +38,40 @@ ENGINE_REQS := $(shell if command -v npu-smi >/dev/null 2>&1; then echo requirem
 	elif command -v nvidia-smi >/dev/null 2>&1; then echo requirements/engine-cuda.txt; \
 	else echo requirements/engine-cpu.txt; fi)
 
+# Ascend: the vllm-ascend v0.23.0 release row (requirements/engine-ascend.txt says where each pin comes from).
+# vLLM and vllm-ascend are built from these tags as upstream's installation page and Dockerfile do.
+VLLM_ASCEND_TAG := v0.23.0
+ASCEND_VLLM_TAG := v0.23.0
+ASCEND_CANN := 9.1.0
+ASCEND_SRC := $(ENGINE_VENV)/src
+ENGINE_PIP := $(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check
+# x86_64 torch-npu needs torch 2.10.0+cpu from PyTorch's CPU index; Huawei's index has triton-ascend.
+PYTORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+HUAWEI_ASCEND_INDEX := https://mirrors.huaweicloud.com/ascend/repos/pypi
+
 $(ENGINE_VENV)/.installed: $(ENGINE_REQS)
+ifeq ($(ENGINE_REQS),requirements/engine-ascend.txt)
+	@# CANN toolkit, kernels, NNAL, driver, build tools: one message naming what is missing, before any pip.
+	@$(PYTHON) scripts/engine_preflight.py --cann $(ASCEND_CANN) --vllm-ascend $(VLLM_ASCEND_TAG)
+endif
 	test -x $(ENGINE_VENV)/bin/python || $(PYTHON) -m venv $(ENGINE_VENV)
-	$(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-	$(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check -r $(ENGINE_REQS)
+	$(ENGINE_PIP) --upgrade pip
+ifeq ($(ENGINE_REQS),requirements/engine-ascend.txt)
+	$(ENGINE_PIP) -r $(ENGINE_REQS) --extra-index-url $(PYTORCH_CPU_INDEX)
+	test -d $(ASCEND_SRC)/vllm || git clone --depth 1 --branch $(ASCEND_VLLM_TAG) \
+		https://github.com/vllm-project/vllm $(ASCEND_SRC)/vllm
+	VLLM_TARGET_DEVICE=empty $(ENGINE_PIP) -e $(ASCEND_SRC)/vllm --extra-index-url $(PYTORCH_CPU_INDEX)
+	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q triton || true
+	test -d $(ASCEND_SRC)/vllm-ascend || git clone --depth 1 --branch $(VLLM_ASCEND_TAG) \
+		https://github.com/vllm-project/vllm-ascend $(ASCEND_SRC)/vllm-ascend
+	git -C $(ASCEND_SRC)/vllm-ascend submodule update --init --recursive
+	$(ENGINE_PIP) -e $(ASCEND_SRC)/vllm-ascend \
+		--extra-index-url $(PYTORCH_CPU_INDEX) --extra-index-url $(HUAWEI_ASCEND_INDEX)
+	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q triton triton-ascend || true
+	$(ENGINE_PIP) triton-ascend==3.2.2 --extra-index-url $(HUAWEI_ASCEND_INDEX)
+else
+	$(ENGINE_PIP) -r $(ENGINE_REQS)
+endif
 	# PyPI's torchvision & co. break imports beside the CPU torch build; vLLM doesn't need them here.
 	if [ "$(ENGINE_REQS)" = requirements/engine-cpu.txt ]; then \
 		$(ENGINE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
@@ -78,8 +108,9 @@ test: venv engine browser test-sqlite test-postgres
 test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_ARGS)
 
+# The registry look-up test (marker `network`) runs once, in the SQLite pass.
 test-postgres: venv
-	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest -m 'not network' $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
