@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
 from endpoints.gateway import services
+from endpoints.gateway.forms import KeyCreateForm, KeyLimitsForm, form_error_text
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint
 
@@ -28,12 +29,12 @@ def key_list(request):
 @require_POST
 @require_role(ADMIN)
 def key_create(request):
+    form = KeyCreateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_error_text(form))
+        return redirect("gateway_key_list")
     try:
-        key, raw = services.key_create(
-            name=request.POST.get("name", ""), models=request.POST.getlist("models"),
-            endpoints=request.POST.getlist("endpoints"), expires_days=request.POST.get("expires_days") or None,
-            rpm_limit=request.POST.get("rpm_limit") or None, tpm_limit=request.POST.get("tpm_limit") or None,
-            actor=request.user, request=request)
+        key, raw = services.key_create(**form.cleaned_data, actor=request.user, request=request)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("gateway_key_list")
@@ -55,9 +56,12 @@ def key_revoke(request, key_id: int):
 @require_role(ADMIN)
 def key_limits(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
+    form = KeyLimitsForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_error_text(form))
+        return redirect("gateway_key_detail", key_id=key.pk)
     try:
-        services.key_update_limits(key=key, rpm_limit=request.POST.get("rpm_limit") or None,
-                                   tpm_limit=request.POST.get("tpm_limit") or None, actor=request.user, request=request)
+        services.key_update_limits(key=key, **form.cleaned_data, actor=request.user, request=request)
         messages.success(request, "Limits saved.")
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
