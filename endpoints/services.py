@@ -7,6 +7,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -161,7 +162,7 @@ def _checked_engine_options(*, extra_args: dict, env: dict) -> dict:
         raise ValidationError({"extra_args": str(exc)}) from exc
 
 
-def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: list[int] = (),
+def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
                     replicas: int | None = None, tensor_parallel_size: int | None = None,
                     pipeline_parallel_size: int | None = None, max_model_len: int | None = None,
                     max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None, dtype: str = "",

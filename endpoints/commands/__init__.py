@@ -5,6 +5,10 @@ the filesystem. The console stores a :class:`LaunchSpec`, calls :func:`build_com
 hands the result to its process supervisor; :func:`format_for_shell` renders the same
 pair for people to read.
 
+Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
+``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
+(:class:`LaunchSpec`, :func:`build_command`), ``ray`` and ``shell``; import from the package.
+
 Platforms
 ---------
 ``ascend``  vLLM + the vllm-ascend platform plugin on Huawei Ascend NPUs. Device variable
