@@ -261,6 +261,11 @@ def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, ad
     assert "Expiry must be a number of days, above 0 and up to 3650." in page and not GatewayKey.objects.exists()
     key, _ = services.key_create(name="ok", models=["b", "a", "a"], expires_days=1.5, actor=admin)
     assert key.models_scope == ["a", "b"] and key.expires_at > timezone.now() + timedelta(days=1.4)
+    endpoint = Endpoint.objects.create(name="ep-x", artifact=Artifact.objects.create(
+        model=Model.objects.create(name="m"), format="hf", path="/m"), node=Node.objects.create(name="n", hostname="n"))
+    for data, message in [({"action": "stage", "staged": "abc"}, "Enter a whole number."), ({"action": "dance"}, "Unknown action.")]:
+        page = as_admin.post(f"/gateway/endpoints/{endpoint.pk}/bluegreen", data, follow=True)
+        assert page.status_code == 200 and message in page.content.decode()
     as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
     as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": ""})
     key.refresh_from_db()

@@ -23,6 +23,12 @@ class KeyCreateForm(KeyLimitsForm):
     expires_days = forms.FloatField(required=False, label="Expiry (days)")
 
 
+class BlueGreenForm(forms.Form):
+    action = forms.ChoiceField(choices=[("stage", "stage"), ("switch", "switch"), ("rollback", "rollback")],
+                               error_messages={"invalid_choice": "Unknown action.", "required": "Unknown action."})
+    staged = forms.IntegerField(required=False)
+
+
 def form_error_text(form: forms.Form) -> str:
     """One line for a flash message, each error after its field's label."""
     return " ".join(f"{form.fields[field].label or field}: {message}" if field in form.fields else message

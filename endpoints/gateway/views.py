@@ -8,7 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
 from endpoints.gateway import services
-from endpoints.gateway.forms import KeyCreateForm, KeyLimitsForm, form_error_text
+from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, form_error_text
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint
 
@@ -79,17 +79,19 @@ def key_detail(request, key_id: int):
 @require_role(OPERATOR)
 def endpoint_bluegreen(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
-    action = request.POST.get("action", "")
+    form = BlueGreenForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(m for msgs in form.errors.values() for m in msgs))
+        return redirect("endpoint_detail", endpoint.pk)
+    action = form.cleaned_data["action"]
     try:
         if action == "stage":
-            staged = get_object_or_404(Endpoint, pk=request.POST.get("staged") or 0)
+            staged = get_object_or_404(Endpoint, pk=form.cleaned_data["staged"] or 0)
             services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
         elif action == "switch":
             services.switch(endpoint=endpoint, actor=request.user, request=request)
-        elif action == "rollback":
-            services.rollback(endpoint=endpoint, actor=request.user, request=request)
         else:
-            raise ValidationError("Unknown action.")
+            services.rollback(endpoint=endpoint, actor=request.user, request=request)
         messages.success(request, f"Blue-green: {action} done.")
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
