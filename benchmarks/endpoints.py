@@ -113,8 +113,8 @@ def main():
         for run in range(args.runs):
             name = f"bench-{run}"
             t0 = time.monotonic()
-            endpoint = endpoint_create(data={"name": name, "artifact": artifact.pk, "node": "bench-node",
-                                             "enforce_eager": True, "dtype": "float32", "max_model_len": 1024}, user=user)
+            endpoint = endpoint_create(name=name, artifact=artifact.pk, node="bench-node", enforce_eager=True,
+                                       dtype="float32", max_model_len=1024, user=user)
             wait(lambda: Endpoint.objects.get(pk=endpoint.pk).state == "ready", step=0.05)
             results["console"].append(time.monotonic() - t0)
             replica = Replica.objects.get(endpoint=endpoint)

@@ -11,6 +11,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.models import ApiToken, hash_token
 from console.roles import ADMIN, ROLES, set_role, user_role
+from console.validation import int_in_range
 
 User = get_user_model()
 
@@ -21,15 +22,9 @@ def api_token_create(*, user, name: str, expires_days=None, request=None, via: s
         raise ValidationError("Give the token a name (what will use it).")
     if len(name) > 100:
         raise ValidationError("The name is too long (100 characters at most).")
-    expires_at = None
-    if expires_days not in (None, ""):
-        try:
-            days = int(expires_days)
-        except (TypeError, ValueError):
-            raise ValidationError("Expiry must be a whole number of days.") from None
-        if not 1 <= days <= 3650:
-            raise ValidationError("Expiry must be between 1 and 3650 days.")
-        expires_at = timezone.now() + timedelta(days=days)
+    days = int_in_range(expires_days, "expires_days", low=1, high=3650,
+                        message="Expiry must be a whole number of days, between 1 and 3650.")
+    expires_at = timezone.now() + timedelta(days=days) if days is not None else None
     raw = ApiToken.generate_raw()
     token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw), expires_at=expires_at)
     audit_log(actor=user, action="api_token.create", obj=token, request=request, via=via,

@@ -4,6 +4,7 @@ from ninja import Router, Schema
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER
 from endpoints import selectors, services
+from endpoints.forms import time_of_day
 from endpoints.models import Endpoint
 
 router = Router(tags=["endpoints"])
@@ -30,6 +31,12 @@ class EndpointIn(Schema):
     capacity_override: str = ""
     restart_every_hours: int | None = None
     restart_daily_at: str | None = None  # HH:MM, UTC
+
+    def launch_values(self) -> dict:
+        """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
+        return {**self.dict(), "name": self.name.strip(), "served_model_name": self.served_model_name.strip(),
+                "capacity_override": self.capacity_override.strip(),
+                "restart_daily_at": time_of_day(self.restart_daily_at)}
 
 
 class ChatIn(Schema):
@@ -62,7 +69,7 @@ def _get(endpoint_id):
 
 @api_route(router, "post", "/endpoints", role=OPERATOR, response={201: dict})
 def create_endpoint(request, payload: EndpointIn):
-    endpoint = services.endpoint_create(data=payload.dict(), user=request.user, request=request)
+    endpoint = services.endpoint_create(**payload.launch_values(), user=request.user, request=request)
     return 201, endpoint_json(endpoint)
 
 

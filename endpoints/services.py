@@ -7,6 +7,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -15,8 +16,9 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
-from console.validation import int_in_range
+from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
+from endpoints.commands import CommandSpecError, validate_env, validate_extra_args
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
@@ -85,20 +87,10 @@ def capacity_check(*, artifact: Artifact, node: Node, devices: list[int], tp: in
     )
 
 
-def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
-    """Validate a launch request and create the endpoint with its replicas (desired: running)."""
-    from endpoints.commands import CommandSpecError, validate_env, validate_extra_args
-
-    name = str(data.get("name") or "").strip()
+def _launchable_artifact(artifact_id: int | None) -> Artifact:
     try:
-        ENDPOINT_NAME(name)
-    except ValidationError as exc:
-        raise ValidationError({"name": exc.messages}) from exc
-    if Endpoint.objects.filter(name=name).exists():
-        raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
-    try:
-        artifact = Artifact.objects.alive().select_related("model").get(pk=int(data.get("artifact")))
-    except (TypeError, ValueError, Artifact.DoesNotExist):
+        artifact = Artifact.objects.alive().select_related("model").get(pk=artifact_id)
+    except Artifact.DoesNotExist:
         raise ValidationError({"artifact": "Choose an existing artifact."}) from None
     if artifact.status != Artifact.Status.READY:
         raise ValidationError({"artifact": f"Artifact #{artifact.pk} is {artifact.status}, not ready."})
@@ -106,30 +98,24 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
         hint = " Convert it to Hugging Face format first." if artifact.format == Artifact.Format.GGUF else \
             " OM models are for ACL/MindIE, not vLLM." if artifact.format == Artifact.Format.OM else ""
         raise ValidationError({"artifact": f"vLLM cannot serve {artifact.get_format_display()} artifacts.{hint}"})
+    return artifact
 
+
+def _launch_node(node_ref: str | int | None) -> Node:
+    """The node by id or name; none given is fine while only one node is registered."""
     nodes = Node.objects.all()
-    node_ref = data.get("node")
     if node_ref in (None, ""):
         if nodes.count() != 1:
             raise ValidationError({"node": "Choose a node." if nodes.exists() else "No node has registered: start the agent (`manage.py agent`)."})
-        node = nodes.get()
-    else:
-        node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
-        if node is None:
-            raise ValidationError({"node": f"No node {node_ref!r}."})
+        return nodes.get()
+    node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
+    if node is None:
+        raise ValidationError({"node": f"No node {node_ref!r}."})
+    return node
 
-    if artifact.format == Artifact.Format.MODELSLIM and node.platform != "ascend":
-        raise ValidationError({"artifact": "ModelSlim artifacts are served by vllm-ascend on Ascend nodes only."})
-    tp = int_in_range(data.get("tensor_parallel_size"), "tensor_parallel_size", low=1, high=64, default=1)
-    pp = int_in_range(data.get("pipeline_parallel_size"), "pipeline_parallel_size", low=1, high=16, default=1)
-    replicas = int_in_range(data.get("replicas"), "replicas", low=1, high=64, default=1)
-    raw_devices = data.get("devices") or []
-    if isinstance(raw_devices, str):
-        raw_devices = [d for d in re.split(r"[,\s]+", raw_devices) if d]
-    try:
-        devices = [int(d) for d in raw_devices]
-    except (TypeError, ValueError):
-        raise ValidationError({"devices": "Devices are numbers, e.g. 0,1."}) from None
+
+def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas: int, share: bool) -> None:
+    """Devices against the node, TP × PP × replicas and the other running endpoints."""
     if len(set(devices)) != len(devices):
         raise ValidationError({"devices": "A device is listed twice."})
     if node.platform == "cpu":
@@ -137,78 +123,99 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
             raise ValidationError({"devices": f"{node.name} is a CPU node: leave devices empty."})
         if tp * pp != 1:
             raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica (TP = PP = 1)."})
-    else:
-        known = set(node.devices.values_list("index", flat=True))
-        missing = [d for d in devices if d not in known]
-        if missing:
-            raise ValidationError({"devices": f"{node.name} has no device(s) {missing}; it has {sorted(known)}."})
-        if len(devices) != tp * pp * replicas:
-            raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp} need {tp * pp * replicas} devices; "
-                                              f"{len(devices)} given."})
-        share = bool(data.get("share_devices"))
-        clash = {d: owner for d, owner in _devices_in_use(node).items() if d in devices}
-        if clash and not share:
-            raise ValidationError({"devices": "In use by another endpoint: " + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
-                                              + ". Choose others, or set sharing explicitly."})
+        return
+    known = set(node.devices.values_list("index", flat=True))
+    missing = [d for d in devices if d not in known]
+    if missing:
+        raise ValidationError({"devices": f"{node.name} has no device(s) {missing}; it has {sorted(known)}."})
+    if len(devices) != tp * pp * replicas:
+        raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp} need {tp * pp * replicas} devices; "
+                                          f"{len(devices)} given."})
+    clash = {d: owner for d, owner in _devices_in_use(node).items() if d in devices}
+    if clash and not share:
+        raise ValidationError({"devices": "In use by another endpoint: " + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
+                                          + ". Choose others, or set sharing explicitly."})
 
-    inspection = artifact.inspection or {}
-    model_max = inspection.get("max_position_embeddings") or 8192
-    max_model_len = int_in_range(data.get("max_model_len"), "max_model_len", low=16, high=model_max, default=min(8192, model_max))
-    util = data.get("gpu_memory_utilization")
-    util = float(util) if util not in (None, "") else None
-    if util is not None and not 0.1 <= util <= 0.99:
-        raise ValidationError({"gpu_memory_utilization": "Between 0.1 and 0.99."})
-    dtype = str(data.get("dtype") or "")
-    if dtype not in DTYPES:
-        raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
-    if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
-        # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
-        raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
-    estimate = None
-    if node.platform != "cpu":
-        estimate = capacity_check(artifact=artifact, node=node, devices=devices, tp=tp * pp, max_model_len=max_model_len,
-                                  util=util or settings.GPU_MEMORY_UTILIZATION)
-    override = str(data.get("capacity_override") or "").strip()
+
+def _checked_capacity(*, artifact: Artifact, node: Node, devices: list[int], tp_pp: int, max_model_len: int,
+                      util: float | None, override: str, user) -> dict | None:
+    """The estimate (None on CPU or unknown memory); past it only an Admin launches, with a reason."""
+    if node.platform == "cpu":
+        return None
+    estimate = capacity_check(artifact=artifact, node=node, devices=devices, tp=tp_pp, max_model_len=max_model_len,
+                              util=util or settings.GPU_MEMORY_UTILIZATION)
     if estimate is not None and not estimate["fits"]:
         if not override:
             raise ValidationError({"max_model_len": f"Does not fit: {estimate['summary']} Lower max_model_len, add devices, "
                                                     "or (Admin) override with a reason."})
         if not has_role(user, ADMIN):
             raise ValidationError({"capacity_override": "Only an Admin may launch past the capacity estimate."})
-    default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
-    max_num_seqs = int_in_range(data.get("max_num_seqs"), "max_num_seqs", low=1, high=4096, default=default_seqs)
+    return estimate
+
+
+def _checked_engine_options(*, extra_args: dict, env: dict) -> dict:
+    """The allow-lists of the command builder; returns env with its values as text."""
     try:
-        extra_args = data.get("extra_args") or {}
-        if isinstance(extra_args, str):
-            extra_args = json.loads(extra_args) if extra_args.strip() else {}
         validate_extra_args(extra_args)
-        env = data.get("env") or {}
-        if isinstance(env, str):
-            env = json.loads(env) if env.strip() else {}
-        env = validate_env(env)
-    except (CommandSpecError, json.JSONDecodeError, TypeError, AttributeError) as exc:
+        return validate_env(env)
+    except CommandSpecError as exc:
         raise ValidationError({"extra_args": str(exc)}) from exc
-    quantization = str(data.get("quantization") or "")
+
+
+def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
+                    replicas: int | None = None, tensor_parallel_size: int | None = None,
+                    pipeline_parallel_size: int | None = None, max_model_len: int | None = None,
+                    max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None, dtype: str = "",
+                    quantization: str = "", enforce_eager: bool = False, served_model_name: str = "",
+                    env: dict | None = None, extra_args: dict | None = None, share_devices: bool = False,
+                    capacity_override: str = "", restart_every_hours: int | None = None,
+                    restart_daily_at: datetime.time | None = None, user, request=None) -> Endpoint:
+    """Check a launch request (parsed by the form or the API schema; blank numbers are None and
+    get their defaults here) and create the endpoint with its replicas (desired: running)."""
+    try:
+        ENDPOINT_NAME(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    if Endpoint.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
+    artifact = _launchable_artifact(artifact)
+    node = _launch_node(node)
+    if artifact.format == Artifact.Format.MODELSLIM and node.platform != "ascend":
+        raise ValidationError({"artifact": "ModelSlim artifacts are served by vllm-ascend on Ascend nodes only."})
+    tp = int_in_range(tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
+    pp = int_in_range(pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
+    replicas = int_in_range(replicas, "replicas", low=1, high=64, default=1)
+    devices = list(devices)
+    _check_devices(node=node, devices=devices, tp=tp, pp=pp, replicas=replicas, share=share_devices)
+    model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
+    max_model_len = int_in_range(max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
+    util = float_in_range(gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99,
+                          message="Between 0.1 and 0.99.")
+    if dtype not in DTYPES:
+        raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
+    if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
+        # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
+        raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
+    estimate = _checked_capacity(artifact=artifact, node=node, devices=devices, tp_pp=tp * pp,
+                                 max_model_len=max_model_len, util=util, override=capacity_override, user=user)
+    default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
+    max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
+    extra_args = extra_args or {}
+    env = _checked_engine_options(extra_args=extra_args, env=env or {})
     if artifact.format == Artifact.Format.MODELSLIM:
         quantization = "ascend"
-    served = str(data.get("served_model_name") or "").strip() or name
+    served = served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
-    restart_hours = int_in_range(data.get("restart_every_hours"), "restart_every_hours", low=1, high=24 * 30, default=None)
-    restart_daily_at = None
-    if data.get("restart_daily_at") not in (None, ""):
-        try:
-            restart_daily_at = datetime.time.fromisoformat(str(data["restart_daily_at"]))
-        except ValueError:
-            raise ValidationError({"restart_daily_at": "A time of day as HH:MM (UTC)."}) from None
+    restart_hours = int_in_range(restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
     per_replica = tp * pp
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
             name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
-            enforce_eager=bool(data.get("enforce_eager")) or False, served_model_name=served, env=env,
-            extra_args=extra_args, share_devices=bool(data.get("share_devices")), capacity_override=override,
+            enforce_eager=enforce_eager, served_model_name=served, env=env,
+            extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
             restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, created_by=user if user is not None and user.pk else None,
             state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
         )
@@ -219,7 +226,7 @@ def endpoint_create(*, data: dict, user, request=None) -> Endpoint:
         audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
             "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
             "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-            **({"capacity_override": override} if override else {})})
+            **({"capacity_override": capacity_override} if capacity_override else {})})
         transaction.on_commit(lambda: nudge(node))
     return endpoint
 

@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
@@ -6,16 +7,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from endpoints import selectors, services
+from endpoints.forms import EndpointLaunchForm
 from endpoints.models import Endpoint
 from models_registry.models import Artifact
 from models_registry.views import _errors
 from workers.agent import tail_lines
 from workers.models import Node
-
-FORM_FIELDS = ("name", "artifact", "node", "devices", "replicas", "tensor_parallel_size", "pipeline_parallel_size",
-               "max_model_len", "max_num_seqs", "gpu_memory_utilization", "dtype", "served_model_name", "env",
-               "extra_args", "capacity_override", "restart_every_hours", "restart_daily_at")
-FORM_FLAGS = ("enforce_eager", "share_devices")
 
 
 @require_GET
@@ -32,15 +29,20 @@ def endpoint_launch(request):
               "artifact": request.GET.get("artifact", "")}
     errors = {}
     if request.method == "POST":
-        values = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
-        values.update({k: request.POST.get(k) == "on" for k in FORM_FLAGS})
-        try:
-            endpoint = services.endpoint_create(data=values, user=request.user, request=request)
-        except ValidationError as exc:
-            errors = _errors(exc)
+        form = EndpointLaunchForm(request.POST)
+        # What the operator typed, shown again with the errors.
+        values = {name: request.POST.get(name) == "on" if isinstance(field, forms.BooleanField) else request.POST.get(name, "").strip()
+                  for name, field in form.fields.items()}
+        if not form.is_valid():
+            errors = _errors(ValidationError(form.errors.as_data()))
         else:
-            messages.success(request, f"Launching {endpoint.name}.")
-            return redirect(endpoint)
+            try:
+                endpoint = services.endpoint_create(**form.cleaned_data, user=request.user, request=request)
+            except ValidationError as exc:
+                errors = _errors(exc)
+            else:
+                messages.success(request, f"Launching {endpoint.name}.")
+                return redirect(endpoint)
     return render(request, "endpoints/endpoint_launch.html",
                   {"artifacts": artifacts, "nodes": Node.objects.all(), "values": values, "errors": errors,
                    "dtypes": services.DTYPES}, status=400 if errors else 200)

@@ -330,3 +330,29 @@ def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, 
     endpoint.restart_daily_at, endpoint.restart_every_hours = None, 6
     assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=6, seconds=1), now) == "scheduled restart after 6 h"
     assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=5), now) == ""
+
+
+@pytest.mark.django_db
+def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, ascend_node, tiny_artifact):
+    form = {"name": "web-ep", "artifact": str(tiny_artifact.pk), "node": str(ascend_node.pk), "devices": "0, 1",
+            "replicas": "2", "tensor_parallel_size": "1", "pipeline_parallel_size": "", "max_model_len": "",
+            "max_num_seqs": "", "gpu_memory_utilization": "", "dtype": "", "served_model_name": "",
+            "extra_args": '{"--enable-prefix-caching": true}', "env": '{"VLLM_LOGGING_LEVEL": "INFO"}',
+            "capacity_override": "", "restart_every_hours": "", "restart_daily_at": "03:30", "enforce_eager": "on"}
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "0", "gpu_memory_utilization": "lots"})
+    assert bad.status_code == 400 and "Between 0.1 and 0.99." in bad.content.decode()
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "0"})
+    assert bad.status_code == 400 and "2 replica(s) × TP 1 × PP 1 need 2 devices; 1 given." in bad.content.decode()
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "a,b", "env": "{bad json"})
+    page = bad.content.decode()
+    assert bad.status_code == 400 and "Devices are numbers, e.g. 0,1." in page and "Expecting property name" in page
+    assert 'value="a,b"' in page  # what was typed comes back
+    bad = as_operator.post("/endpoints/launch", {**form, "restart_daily_at": "25:99", "replicas": "-1"})
+    assert bad.status_code == 400 and "HH:MM" in bad.content.decode()
+    assert not Endpoint.objects.exists()
+    assert as_operator.post("/endpoints/launch", form).status_code == 302
+    endpoint = Endpoint.objects.get(name="web-ep")
+    assert (endpoint.devices, endpoint.replicas, endpoint.enforce_eager, endpoint.share_devices) == ([0, 1], 2, True, False)
+    assert endpoint.extra_args == {"--enable-prefix-caching": True} and endpoint.env == {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert endpoint.served_model_name == "web-ep"
+    assert str(endpoint.restart_daily_at) == "03:30:00" and endpoint.replica_set.count() == 2

@@ -251,6 +251,27 @@ def test_create_gateway_key_command_and_pages(capsys, as_admin, as_operator):
     assert as_admin.get(f"/gateway/keys/{new.pk}/").status_code == 200
 
 
+@pytest.mark.django_db
+def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, admin):
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "lots"}, follow=True).content.decode()
+    assert "Requests per minute: Enter a whole number." in page and not GatewayKey.objects.exists()
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "0"}, follow=True).content.decode()
+    assert "Requests per minute must be a whole number between 1 and 10000000." in page
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "expires_days": "0"}, follow=True).content.decode()
+    assert "Expiry must be a number of days, above 0 and up to 3650." in page and not GatewayKey.objects.exists()
+    key, _ = services.key_create(name="ok", models=["b", "a", "a"], expires_days=1.5, actor=admin)
+    assert key.models_scope == ["a", "b"] and key.expires_at > timezone.now() + timedelta(days=1.4)
+    endpoint = Endpoint.objects.create(name="ep-x", artifact=Artifact.objects.create(
+        model=Model.objects.create(name="m"), format="hf", path="/m"), node=Node.objects.create(name="n", hostname="n"))
+    for data, message in [({"action": "stage", "staged": "abc"}, "Enter a whole number."), ({"action": "dance"}, "Unknown action.")]:
+        page = as_admin.post(f"/gateway/endpoints/{endpoint.pk}/bluegreen", data, follow=True)
+        assert page.status_code == 200 and message in page.content.decode()
+    as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
+    as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": ""})
+    key.refresh_from_db()
+    assert (key.rpm_limit, key.tpm_limit) == (7, None)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_api_creates_and_revokes_keys(admin, operator, api_for):
     api = api_for(admin)

@@ -39,6 +39,8 @@ import aiohttp
 from django.conf import settings
 from django.db import close_old_connections
 
+from endpoints.gateway.stats import Stats
+
 log = logging.getLogger("console.gateway")
 
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
@@ -62,40 +64,6 @@ def _db(fn, *args):
             close_old_connections()
 
     return asyncio.to_thread(call)
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-
-class Stats:
-    """What happened since the last flush, per endpoint and per key."""
-
-    def __init__(self):
-        self.ep = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
-        self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []})
-
-    def record(self, *, endpoint_id, key_id, status, latency, ttft, tokens):
-        if endpoint_id is not None:
-            e = self.ep[endpoint_id]
-            e["n"] += 1
-            e["lat"].append(latency)
-            if ttft is not None:
-                e["ttft"].append(ttft)
-            if status >= 500:
-                e["errors"] += 1
-        if key_id is not None:
-            k = self.key[key_id]
-            k["n"] += 1
-            k["tokens"] += tokens
-            k["lat"].append(latency)
-            if ttft is not None:
-                k["ttft"].append(ttft)
-            if status >= 400:
-                k["errors"] += 1
 
 
 class Gateway:

@@ -3,62 +3,57 @@ is audited. The gateway process picks changes up within GATEWAY_KEY_CACHE_SECOND
 and GATEWAY_ROUTES_REFRESH_SECONDS (routes)."""
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from console.audit import audit_log
 from console.models import hash_token
+from console.validation import float_in_range, int_in_range
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.selectors import model_name
+from endpoints.gateway.stats import percentile
+from endpoints.models import Endpoint
+from endpoints.services import endpoint_stop
+from workers.telemetry.services import Reading, store
 
 
-def _names(value) -> list[str]:
-    if value in (None, ""):
-        return []
-    if isinstance(value, str):
-        value = value.replace(",", " ").split()
-    names = sorted({str(v).strip() for v in value if str(v).strip()})
+def _names(values: Sequence[str]) -> list[str]:
+    names = sorted({str(v).strip() for v in values if str(v).strip()})
     for n in names:
         if len(n) > 100:
             raise ValidationError(f"Scope name too long: {n[:40]}…")
     return names
 
 
-def _limit(value, what: str) -> int | None:
-    if value in (None, ""):
-        return None
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise ValidationError(f"{what} must be a whole number.") from None
-    if not 1 <= n <= 10_000_000:
-        raise ValidationError(f"{what} must be between 1 and 10000000.")
-    return n
+def _limit(value: int | None, field: str, label: str) -> int | None:
+    """A per-minute limit, queue depth or drain time: blank is none; the message names the field."""
+    return int_in_range(value, field, low=1, high=10_000_000,
+                        message=f"{label} must be a whole number between 1 and 10000000.")
 
 
-def key_create(*, name: str, models=None, endpoints=None, expires_days=None, expires_at=None, rpm_limit=None,
-               tpm_limit=None, actor=None, request=None, via: str = "") -> tuple[GatewayKey, str]:
+def key_create(*, name: str, models: Sequence[str] = (), endpoints: Sequence[str] = (),
+               expires_days: float | None = None, expires_at: datetime | None = None, rpm_limit: int | None = None,
+               tpm_limit: int | None = None, actor=None, request=None, via: str = "") -> tuple[GatewayKey, str]:
     """Create a gateway key; returns (key, raw). The raw key is not stored anywhere."""
-    name = (name or "").strip()
+    name = name.strip()
     if not name:
         raise ValidationError("Give the key a name (the application that will use it).")
     if len(name) > 100:
         raise ValidationError("The name is too long (100 characters at most).")
-    if expires_days not in (None, ""):
-        try:
-            days = float(expires_days)
-        except (TypeError, ValueError):
-            raise ValidationError("Expiry must be a number of days.") from None
-        if not 0 < days <= 3650:
-            raise ValidationError("Expiry must be between 0 and 3650 days.")
+    days = float_in_range(expires_days, "expires_days", low=0, high=3650, low_open=True,
+                          message="Expiry must be a number of days, above 0 and up to 3650.")
+    if days is not None:
         expires_at = timezone.now() + timedelta(days=days)
     raw = GatewayKey.generate_raw()
     key = GatewayKey.objects.create(
         name=name, prefix=raw[:10], key_hash=hash_token(raw), models_scope=_names(models),
-        endpoints_scope=_names(endpoints), rpm_limit=_limit(rpm_limit, "Requests per minute"),
-        tpm_limit=_limit(tpm_limit, "Tokens per minute"), expires_at=expires_at,
+        endpoints_scope=_names(endpoints), rpm_limit=_limit(rpm_limit, "rpm_limit", "Requests per minute"),
+        tpm_limit=_limit(tpm_limit, "tpm_limit", "Tokens per minute"), expires_at=expires_at,
         created_by=actor if actor is not None and getattr(actor, "pk", None) else None)
     audit_log(actor=actor, action="gateway_key.create", obj=key, request=request, via=via, changes={
         "name": name, "models": key.models_scope, "endpoints": key.endpoints_scope, "rpm_limit": key.rpm_limit,
@@ -74,24 +69,25 @@ def key_revoke(*, key: GatewayKey, actor=None, request=None, via: str = "") -> G
     return key
 
 
-def key_update_limits(*, key: GatewayKey, rpm_limit=None, tpm_limit=None, actor=None, request=None,
-                      via: str = "") -> GatewayKey:
+def key_update_limits(*, key: GatewayKey, rpm_limit: int | None = None, tpm_limit: int | None = None, actor=None,
+                      request=None, via: str = "") -> GatewayKey:
     before = {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit}
-    key.rpm_limit, key.tpm_limit = _limit(rpm_limit, "Requests per minute"), _limit(tpm_limit, "Tokens per minute")
+    key.rpm_limit = _limit(rpm_limit, "rpm_limit", "Requests per minute")
+    key.tpm_limit = _limit(tpm_limit, "tpm_limit", "Tokens per minute")
     key.save(update_fields=["rpm_limit", "tpm_limit"])
     audit_log(actor=actor, action="gateway_key.update", obj=key, request=request, via=via,
               changes={"before": before, "after": {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit}})
     return key
 
 
-def endpoint_settings(endpoint) -> GatewayEndpoint:
+def endpoint_settings(endpoint: Endpoint) -> GatewayEndpoint:
     return GatewayEndpoint.objects.get_or_create(endpoint=endpoint)[0]
 
 
-def set_queue_depth(*, endpoint, queue_depth, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def set_queue_depth(*, endpoint: Endpoint, queue_depth: int | None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     gw = endpoint_settings(endpoint)
     before = gw.queue_depth
-    gw.queue_depth = _limit(queue_depth, "Queue depth")
+    gw.queue_depth = _limit(queue_depth, "queue_depth", "Queue depth")
     gw.save(update_fields=["queue_depth"])
     audit_log(actor=actor, action="gateway.queue_depth", obj=endpoint, request=request, via=via,
               changes={"before": before, "after": gw.queue_depth})
@@ -104,19 +100,13 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
     P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors per minute,
     latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals."""
-    from django.db.models import F
-
-    from endpoints.gateway.asgi import _pct
-    from endpoints.models import Endpoint
-    from workers.telemetry.services import Reading, store
-
     readings = []
     existing = set(Endpoint.objects.filter(pk__in=list(stats.ep)).values_list("pk", flat=True))
     for ep_id, e in stats.ep.items():
         if ep_id not in existing:
             continue
-        values = {"gw.qps": e["n"] / interval_s, "gw.p50_s": _pct(e["lat"], 0.5), "gw.p99_s": _pct(e["lat"], 0.99),
-                  "gw.ttft_p50_s": _pct(e["ttft"], 0.5), "gw.ttft_p99_s": _pct(e["ttft"], 0.99),
+        values = {"gw.qps": e["n"] / interval_s, "gw.p50_s": percentile(e["lat"], 0.5), "gw.p99_s": percentile(e["lat"], 0.99),
+                  "gw.ttft_p50_s": percentile(e["ttft"], 0.5), "gw.ttft_p99_s": percentile(e["ttft"], 0.99),
                   "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
                   "gw.inflight": (outstanding or {}).get(ep_id, 0)}
         for metric, value in values.items():
@@ -131,9 +121,9 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
                 continue
             per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
             for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
-                                  "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": _pct(k["lat"], 0.5),
-                                  "gk.p99_s": _pct(k["lat"], 0.99), "gk.ttft_p50_s": _pct(k["ttft"], 0.5),
-                                  "gk.ttft_p99_s": _pct(k["ttft"], 0.99)}.items():
+                                  "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": percentile(k["lat"], 0.5),
+                                  "gk.p99_s": percentile(k["lat"], 0.99), "gk.ttft_p50_s": percentile(k["ttft"], 0.5),
+                                  "gk.ttft_p99_s": percentile(k["ttft"], 0.99)}.items():
                 readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
                                         unit="s" if metric.endswith("_s") else "/min"))
             GatewayKey.objects.filter(pk=key_id).update(
@@ -147,8 +137,6 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
 def finish_drains() -> int:
     """Stop the idle side of each blue-green pair whose drain period is over (the gateway calls
     this every refresh). Returns how many were stopped."""
-    from endpoints.gateway.models import GatewayEndpoint
-
     stopped = 0
     for gw in GatewayEndpoint.objects.filter(stop_idle_at__lte=timezone.now()).select_related("endpoint", "staged"):
         idle = gw.staged if gw.serving == GatewayEndpoint.Serving.LIVE else gw.endpoint
@@ -160,9 +148,7 @@ def finish_drains() -> int:
     return stopped
 
 
-def _stop_endpoint(endpoint, *, reason: str, actor=None, request=None):
-    from endpoints.services import endpoint_stop
-
+def _stop_endpoint(endpoint: Endpoint, *, reason: str, actor=None, request=None):
     return endpoint_stop(endpoint=endpoint, user=actor, request=request)
 
 
@@ -171,18 +157,13 @@ def _pair(endpoint) -> GatewayEndpoint:
 
 
 def _ready(endpoint) -> bool:
-    from endpoints.models import Endpoint
-
     return endpoint.desired_state == Endpoint.Desired.RUNNING and endpoint.replica_set.filter(
         state=Endpoint.State.READY, port__isnull=False).exists()
 
 
-def stage(*, endpoint, staged, drain_seconds=None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     """Make `staged` (another endpoint serving the same model) the standby of `endpoint`: it
     gets no traffic until a switch."""
-
-    from endpoints.gateway.selectors import model_name
-
     if staged.pk == endpoint.pk:
         raise ValidationError("An endpoint cannot be staged beside itself.")
     if model_name(staged) != model_name(endpoint):
@@ -196,15 +177,15 @@ def stage(*, endpoint, staged, drain_seconds=None, actor=None, request=None, via
         if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
             raise ValidationError("The staged side is serving: roll back or wait for the drain first.")
         gw.staged, gw.serving, gw.stop_idle_at = staged, GatewayEndpoint.Serving.LIVE, None
-        if drain_seconds not in (None, ""):
-            gw.drain_seconds = _limit(drain_seconds, "Drain seconds")
+        if drain_seconds is not None:
+            gw.drain_seconds = _limit(drain_seconds, "drain_seconds", "Drain seconds")
         gw.save()
         audit_log(actor=actor, action="gateway.stage", obj=endpoint, request=request, via=via,
                   changes={"staged": staged.name})
     return gw
 
 
-def _move(endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
+def _move(endpoint: Endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
 
     with transaction.atomic():
         gw = _pair(endpoint)
@@ -224,11 +205,11 @@ def _move(endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
     return gw
 
 
-def switch(*, endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def switch(*, endpoint: Endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     """Send the endpoint's traffic to its staged deployment; the live one stops after the drain."""
     return _move(endpoint, GatewayEndpoint.Serving.STAGED, actor=actor, request=request, via=via)
 
 
-def rollback(*, endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def rollback(*, endpoint: Endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     """Send the traffic back to the live deployment (it must still be ready: within the drain)."""
     return _move(endpoint, GatewayEndpoint.Serving.LIVE, actor=actor, request=request, via=via)

@@ -8,6 +8,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
 from endpoints.gateway import services
+from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, form_error_text
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint
 
@@ -28,12 +29,12 @@ def key_list(request):
 @require_POST
 @require_role(ADMIN)
 def key_create(request):
+    form = KeyCreateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_error_text(form))
+        return redirect("gateway_key_list")
     try:
-        key, raw = services.key_create(
-            name=request.POST.get("name", ""), models=request.POST.getlist("models"),
-            endpoints=request.POST.getlist("endpoints"), expires_days=request.POST.get("expires_days") or None,
-            rpm_limit=request.POST.get("rpm_limit") or None, tpm_limit=request.POST.get("tpm_limit") or None,
-            actor=request.user, request=request)
+        key, raw = services.key_create(**form.cleaned_data, actor=request.user, request=request)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("gateway_key_list")
@@ -55,9 +56,12 @@ def key_revoke(request, key_id: int):
 @require_role(ADMIN)
 def key_limits(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
+    form = KeyLimitsForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_error_text(form))
+        return redirect("gateway_key_detail", key_id=key.pk)
     try:
-        services.key_update_limits(key=key, rpm_limit=request.POST.get("rpm_limit") or None,
-                                   tpm_limit=request.POST.get("tpm_limit") or None, actor=request.user, request=request)
+        services.key_update_limits(key=key, **form.cleaned_data, actor=request.user, request=request)
         messages.success(request, "Limits saved.")
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
@@ -75,17 +79,19 @@ def key_detail(request, key_id: int):
 @require_role(OPERATOR)
 def endpoint_bluegreen(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
-    action = request.POST.get("action", "")
+    form = BlueGreenForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, " ".join(m for msgs in form.errors.values() for m in msgs))
+        return redirect("endpoint_detail", endpoint.pk)
+    action = form.cleaned_data["action"]
     try:
         if action == "stage":
-            staged = get_object_or_404(Endpoint, pk=request.POST.get("staged") or 0)
+            staged = get_object_or_404(Endpoint, pk=form.cleaned_data["staged"] or 0)
             services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
         elif action == "switch":
             services.switch(endpoint=endpoint, actor=request.user, request=request)
-        elif action == "rollback":
-            services.rollback(endpoint=endpoint, actor=request.user, request=request)
         else:
-            raise ValidationError("Unknown action.")
+            services.rollback(endpoint=endpoint, actor=request.user, request=request)
         messages.success(request, f"Blue-green: {action} done.")
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))

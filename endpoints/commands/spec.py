@@ -1,0 +1,260 @@
+"""The LaunchSpec, its validation, and the argv/env that start the vLLM server."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from endpoints.commands.checks import (
+    CommandSpecError, _as_float, _check_engine_python, _check_host, _check_port, _check_text, _is_int,
+    _split_host_port, _strict_int,
+)
+from endpoints.commands.environment import _validate_interfaces, validate_env
+from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.platforms import (
+    _CPU_DEFAULT_KVCACHE_GIB, DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, SERVER_MODULE, _platform_env,
+)
+
+
+
+@dataclass(kw_only=True)
+class LaunchSpec:
+    platform: str                     # "ascend" | "cuda" | "cpu"
+    engine_python: str                # absolute path of the engine venv's python
+    model_path: str                   # local directory or hub id
+    served_model_name: str
+    host: str = "127.0.0.1"
+    port: int
+    devices: list[int] = field(default_factory=list)  # NPU / GPU ids (per node)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None  # ignored on cpu
+    dtype: str | None = None          # "auto" | "float16" | "bfloat16" | "float32"
+    quantization: str | None = None   # "ascend" (ModelSlim), "compressed-tensors", ...
+    enforce_eager: bool = False
+    chip_name: str | None = None      # npu-smi chip name, e.g. "910B4", "310P3" (ascend only)
+    extra_args: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    cpu_kvcache_gib: int | None = None   # cpu only (VLLM_CPU_KVCACHE_SPACE, default 1)
+    cpu_threads_bind: str | None = None  # cpu only (VLLM_CPU_OMP_THREADS_BIND)
+    distributed: dict | None = None   # {"backend": "ray", "head_address", "nnodes", "node_rank", "interfaces"}
+    trust_remote_code: bool = False
+
+
+_SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
+_CHIP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.()-]{0,63}")
+_THREADS_BIND_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+
+
+def _chip(spec: LaunchSpec) -> str:
+    """npu-smi chip name, upper-case, without an "Ascend" prefix ("Ascend310P3" -> "310P3")."""
+    return re.sub(r"^ASCEND[\s_-]*", "", (spec.chip_name or "").strip().upper())
+
+
+def _is_310p(spec: LaunchSpec) -> bool:
+    return spec.platform == "ascend" and _chip(spec).startswith("310P")
+
+
+@dataclass(frozen=True)
+class _Distributed:
+    backend: str
+    head_host: str
+    head_port: int
+    nnodes: int
+    node_rank: int
+    interfaces: dict[str, str]
+
+
+def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
+    if d is None:
+        return None
+    if not isinstance(d, Mapping):
+        raise CommandSpecError("distributed must be a mapping")
+    unknown = set(d) - {"backend", "head_address", "nnodes", "node_rank", "interfaces"}
+    if unknown:
+        raise CommandSpecError(f"distributed has unknown keys: {', '.join(sorted(map(str, unknown)))}")
+    if platform not in ("ascend", "cuda"):
+        raise CommandSpecError(f"multi-node serving is supported on ascend and cuda, not {platform!r}")
+    backend = d.get("backend", "ray")
+    if backend != "ray":
+        raise CommandSpecError(f"distributed.backend must be 'ray', got {backend!r}")
+    head_host, head_port = _split_host_port(d.get("head_address"), "distributed.head_address")
+    nnodes = _strict_int(d.get("nnodes"), "distributed.nnodes", 1, 1024)
+    node_rank = d.get("node_rank", 0)
+    if not _is_int(node_rank) or not 0 <= node_rank < nnodes:
+        raise CommandSpecError(f"distributed.node_rank must be an integer in 0..{nnodes - 1}, got {node_rank!r}")
+    if node_rank != 0:
+        raise CommandSpecError(
+            "with the ray backend vLLM runs on the head node only (node_rank 0); "
+            "start the other nodes with ray_worker_command()")
+    return _Distributed(backend, head_host, head_port, nnodes, node_rank,
+                        _validate_interfaces(d.get("interfaces"), platform))
+
+
+def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
+    if spec.platform not in PLATFORMS:
+        raise CommandSpecError(f"platform must be one of {', '.join(PLATFORMS)}, got {spec.platform!r}")
+    _check_engine_python(spec.engine_python)
+    _check_text(spec.model_path, "model_path")
+    if not isinstance(spec.served_model_name, str) or not _SERVED_NAME_RE.fullmatch(spec.served_model_name):
+        raise CommandSpecError(
+            "served_model_name must be 1-128 characters of letters, digits and . _ - : / @ +, "
+            f"starting with a letter or digit; got {spec.served_model_name!r}")
+    _check_host(spec.host, "host")
+    _check_port(spec.port)
+    for what in ("tensor_parallel_size", "pipeline_parallel_size"):
+        value = getattr(spec, what)
+        if not _is_int(value) or not 1 <= value <= 1024:
+            raise CommandSpecError(f"{what} must be an integer between 1 and 1024, got {value!r}")
+    if not isinstance(spec.devices, (list, tuple)) or not all(_is_int(x) and 0 <= x < 1024 for x in spec.devices):
+        raise CommandSpecError(f"devices must be a list of device ids (0..1023), got {spec.devices!r}")
+    if len(set(spec.devices)) != len(spec.devices):
+        raise CommandSpecError(f"devices contains duplicates: {list(spec.devices)!r}")
+    if spec.max_num_seqs is not None:
+        _strict_int(spec.max_num_seqs, "max_num_seqs", 1, 1_000_000)
+    if spec.max_model_len is not None:
+        _strict_int(spec.max_model_len, "max_model_len", 1, 1 << 30)
+    if spec.gpu_memory_utilization is not None and spec.platform != "cpu":  # ignored on cpu
+        _as_float(spec.gpu_memory_utilization, "gpu_memory_utilization", 0.0, 1.0, lo_open=True)
+    if spec.dtype is not None and spec.dtype not in DTYPES:
+        raise CommandSpecError(f"dtype must be one of {', '.join(DTYPES)}, got {spec.dtype!r}")
+    if spec.quantization is not None:
+        platforms = QUANTIZATION_METHODS.get(spec.quantization)
+        if platforms is None:
+            raise CommandSpecError(
+                f"quantization must be one of {', '.join(sorted(QUANTIZATION_METHODS))}, got {spec.quantization!r}")
+        if spec.platform not in platforms:
+            raise CommandSpecError(f"quantization {spec.quantization!r} is not available on {spec.platform}")
+    for what in ("enforce_eager", "trust_remote_code"):
+        if not isinstance(getattr(spec, what), bool):
+            raise CommandSpecError(f"{what} must be true or false")
+    if spec.chip_name is not None and (not isinstance(spec.chip_name, str) or not _CHIP_RE.fullmatch(spec.chip_name)):
+        raise CommandSpecError(f"chip_name must be a device name like '910B4' or '310P3', got {spec.chip_name!r}")
+    if _is_310p(spec) and spec.dtype not in (None, "auto", "float16"):
+        raise CommandSpecError(f"{spec.chip_name} (Atlas 300I) only supports dtype float16, got {spec.dtype!r}")
+
+    if spec.platform == "cpu":
+        if spec.devices:
+            raise CommandSpecError("devices must be empty on cpu")
+        if spec.cpu_kvcache_gib is not None:
+            _strict_int(spec.cpu_kvcache_gib, "cpu_kvcache_gib (GiB)", 1, 65536)
+        bind = spec.cpu_threads_bind
+        if bind is not None:
+            if not isinstance(bind, str) or not (bind in ("auto", "nobind") or all(
+                    _THREADS_BIND_RE.fullmatch(part) for part in bind.split("|"))):
+                raise CommandSpecError(
+                    "cpu_threads_bind must be 'auto', 'nobind' or core lists like '0-31' "
+                    f"('|' between ranks, e.g. '0-31|32-63'); got {bind!r}")
+            ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size
+            if bind not in ("auto", "nobind") and len(bind.split("|")) != ranks:
+                raise CommandSpecError(
+                    f"cpu_threads_bind lists {len(bind.split('|'))} core set(s) but tensor_parallel_size x "
+                    f"pipeline_parallel_size = {ranks}; give one set per rank, separated by '|'")
+    # cpu_kvcache_gib / cpu_threads_bind are ignored on ascend and cuda.
+
+    dist = _validate_distributed(spec.distributed, spec.platform)
+    if spec.platform in ("ascend", "cuda"):
+        kind = "NPU" if spec.platform == "ascend" else "GPU"
+        world = spec.tensor_parallel_size * spec.pipeline_parallel_size
+        nnodes = dist.nnodes if dist else 1
+        if not spec.devices:
+            raise CommandSpecError(f"devices must list at least one {kind} id on {spec.platform}")
+        if world != len(spec.devices) * nnodes:
+            per_node = f" x {nnodes} nodes" if dist else ""
+            raise CommandSpecError(
+                f"tensor_parallel_size ({spec.tensor_parallel_size}) x pipeline_parallel_size "
+                f"({spec.pipeline_parallel_size}) = {world} must equal the number of {kind}s: "
+                f"{len(spec.devices)} device(s) {list(spec.devices)}{per_node} = {len(spec.devices) * nnodes}")
+    return dist
+
+
+
+def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
+    """Return ``(argv, env_additions)`` that start the vLLM server described by ``spec``.
+
+    ``env_additions`` are to be laid over the supervisor's base environment. Raises
+    :class:`CommandSpecError` with a readable message for any invalid field.
+    """
+    dist = _validate_spec(spec)
+    extra = validate_extra_args(spec.extra_args)
+    user_env = validate_env(spec.env)
+
+    dtype = spec.dtype
+    enforce_eager = spec.enforce_eager
+    if _is_310p(spec):
+        dtype, enforce_eager = "float16", True   # Atlas 300I: float16, eager mode only
+
+    argv = [
+        spec.engine_python, "-m", SERVER_MODULE,
+        "--model", spec.model_path,
+        "--served-model-name", spec.served_model_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--tensor-parallel-size", str(spec.tensor_parallel_size),
+    ]
+    if spec.pipeline_parallel_size > 1:
+        argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
+    if dist is not None:
+        argv += ["--distributed-executor-backend", "ray"]
+    if spec.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if spec.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.gpu_memory_utilization is not None and spec.platform != "cpu":
+        argv += ["--gpu-memory-utilization", repr(float(spec.gpu_memory_utilization))]
+    if dtype is not None:
+        argv += ["--dtype", dtype]
+    if spec.quantization is not None:
+        argv += ["--quantization", spec.quantization]
+    if enforce_eager:
+        argv.append("--enforce-eager")
+    if spec.trust_remote_code:
+        argv.append("--trust-remote-code")
+    argv += extra
+
+    env = _platform_env(spec.platform, spec.devices)
+    if spec.platform == "cpu":
+        kv = spec.cpu_kvcache_gib if spec.cpu_kvcache_gib is not None else _CPU_DEFAULT_KVCACHE_GIB
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv)
+        if spec.cpu_threads_bind is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    if dist is not None:
+        if spec.platform == "ascend":
+            env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"
+        env.update(dist.interfaces)
+    env.update(user_env)
+    if spec.platform in DEVICE_ENV:  # the device variable always comes from devices
+        env[DEVICE_ENV[spec.platform]] = ",".join(map(str, spec.devices))
+    return argv, env
+
+
+def spec_warnings(spec: LaunchSpec) -> list[str]:
+    """Advice that does not block a launch (call after build_command succeeded)."""
+    out = []
+    if spec.platform == "ascend" and spec.chip_name:
+        chip = _chip(spec)
+        if _is_310p(spec) and spec.max_model_len is None:
+            out.append(
+                f"{spec.chip_name}: set max_model_len explicitly (e.g. 16384); vllm-ascend builds a "
+                "max_model_len x max_model_len float16 mask on Atlas 300I and can run out of memory")
+        if chip.startswith("310") and not chip.startswith("310P"):
+            out.append(f"{spec.chip_name}: vllm-ascend supports Atlas 300I (310P) but not the 310")
+    return out
+
+
+def emittable_flags() -> set[str]:
+    """Every vLLM option string build_command can put in argv (for parser checks)."""
+    flags = {
+        "--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
+        "--pipeline-parallel-size", "--distributed-executor-backend", "--max-num-seqs",
+        "--max-model-len", "--gpu-memory-utilization", "--dtype", "--quantization",
+        "--enforce-eager", "--trust-remote-code",
+    }
+    for flag, rule in EXTRA_ARG_RULES.items():
+        flags.add(flag)
+        if rule.emits_negation:
+            flags.add("--no-" + flag[2:])
+    return flags
+

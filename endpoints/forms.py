@@ -1,0 +1,75 @@
+"""The launch form: the page's text turned into the typed values endpoint_create takes. The
+rules (ranges, devices against TP × PP × replicas, capacity, platforms) are the service's."""
+import datetime
+import json
+import re
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+TIME_OF_DAY_MESSAGE = "A time of day as HH:MM (UTC)."
+
+
+def time_of_day(value: str | None, field: str = "restart_daily_at") -> datetime.time | None:
+    """'03:30' as a time; blank gives None (shared with the API schema)."""
+    if value in (None, ""):
+        return None
+    try:
+        return datetime.time.fromisoformat(str(value))
+    except ValueError:
+        raise ValidationError({field: TIME_OF_DAY_MESSAGE}) from None
+
+
+def _parsed_json(text: str):
+    return json.loads(text) if text else {}
+
+
+class EndpointLaunchForm(forms.Form):
+    # Blank numbers stay None: the service fills the defaults (they depend on the model and node).
+    name = forms.CharField(required=False)
+    artifact = forms.IntegerField(required=False, error_messages={"invalid": "Choose an existing artifact."})
+    node = forms.CharField(required=False)
+    devices = forms.CharField(required=False)
+    replicas = forms.IntegerField(required=False)
+    tensor_parallel_size = forms.IntegerField(required=False)
+    pipeline_parallel_size = forms.IntegerField(required=False)
+    max_model_len = forms.IntegerField(required=False)
+    max_num_seqs = forms.IntegerField(required=False)
+    gpu_memory_utilization = forms.FloatField(required=False, error_messages={"invalid": "Between 0.1 and 0.99."})
+    dtype = forms.CharField(required=False)
+    enforce_eager = forms.BooleanField(required=False)
+    share_devices = forms.BooleanField(required=False)
+    served_model_name = forms.CharField(required=False)
+    extra_args = forms.CharField(required=False)
+    env = forms.CharField(required=False)
+    restart_every_hours = forms.IntegerField(required=False)
+    restart_daily_at = forms.CharField(required=False)
+    capacity_override = forms.CharField(required=False)
+
+    def clean_node(self):
+        return self.cleaned_data["node"] or None
+
+    def clean_devices(self):
+        try:
+            return [int(d) for d in re.split(r"[,\s]+", self.cleaned_data["devices"]) if d]
+        except ValueError:
+            raise ValidationError("Devices are numbers, e.g. 0,1.") from None
+
+    def clean_extra_args(self):
+        try:
+            return _parsed_json(self.cleaned_data["extra_args"])
+        except json.JSONDecodeError as exc:
+            raise ValidationError(str(exc)) from None
+
+    def clean_env(self):
+        try:
+            return _parsed_json(self.cleaned_data["env"])
+        except json.JSONDecodeError as exc:
+            self.add_error("extra_args", str(exc))  # both JSON boxes report there, as the allow-lists do
+            return {}
+
+    def clean_restart_daily_at(self):
+        try:
+            return time_of_day(self.cleaned_data["restart_daily_at"])
+        except ValidationError:
+            raise ValidationError(TIME_OF_DAY_MESSAGE) from None

@@ -1,0 +1,42 @@
+"""The gateway's figures between two flushes: counts, latencies and TTFTs per endpoint and per
+key, and the percentile used to summarise them. Pure Python: the gateway process fills it,
+the services store it."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The nearest-rank q-quantile (q in 0..1); None without values."""
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+class Stats:
+    """What happened since the last flush, per endpoint and per key."""
+
+    def __init__(self):
+        self.ep = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
+        self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []})
+
+    def record(self, *, endpoint_id, key_id, status, latency, ttft, tokens):
+        if endpoint_id is not None:
+            e = self.ep[endpoint_id]
+            e["n"] += 1
+            e["lat"].append(latency)
+            if ttft is not None:
+                e["ttft"].append(ttft)
+            if status >= 500:
+                e["errors"] += 1
+        if key_id is not None:
+            k = self.key[key_id]
+            k["n"] += 1
+            k["tokens"] += tokens
+            k["lat"].append(latency)
+            if ttft is not None:
+                k["ttft"].append(ttft)
+            if status >= 400:
+                k["errors"] += 1
