@@ -279,6 +279,11 @@ def test_api_creates_and_revokes_keys(admin, operator, api_for):
     assert created.status_code == 201 and created.json()["key"].startswith("gk_")
     key_id = created.json()["id"]
     assert "key" not in api.get("/api/v1/gateway/keys").json()[0]
+    one = api.get(f"/api/v1/gateway/keys/{key_id}")  # answered 500 while it called a removed service
+    assert one.status_code == 200 and "key" not in one.json()
+    assert one.json()["name"] == "api-app" and one.json()["requests_total"] == 0
+    usage = api.get(one.json()["usage_series"])
+    assert usage.status_code == 200, usage.content
     assert api.post(f"/api/v1/gateway/keys/{key_id}/revoke").json()["active"] is False
     assert api_for(operator).get("/api/v1/gateway/keys").status_code == 403
 

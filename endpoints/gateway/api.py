@@ -61,8 +61,9 @@ def create_key(request, data: KeyIn):
 @api_route(router, "GET", "/gateway/keys/{key_id}", role=ADMIN)
 def get_key(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
-    usage = [{**u, "minute": u["minute"].isoformat()} for u in services.key_usage(key)]
-    return {**key_json(key), "usage": usage}
+    # Per-minute usage lives in the telemetry store (requests, tokens, errors, latency): the series API charts it.
+    return {**key_json(key), "usage_series": (f"/api/v1/telemetry/series?gateway_key={key.pk}"
+                                                 "&metric=gk.requests_pm,gk.tokens_pm,gk.errors_pm")}
 
 
 @api_route(router, "POST", "/gateway/keys/{key_id}/revoke", role=ADMIN)
