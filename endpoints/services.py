@@ -2,7 +2,6 @@
 Try-it chat. The node agents do the process work; these only change desired state."""
 import datetime
 import json
-import logging
 import re
 import time
 import urllib.error
@@ -24,7 +23,6 @@ from models_registry.models import Artifact
 from workers import nudges
 from workers.models import Node
 
-log = logging.getLogger(__name__)
 DTYPES = ("", "auto", "float16", "bfloat16", "float32")
 # vLLM serves these; GGUF support in vLLM is partial, so GGUF artifacts are converted first.
 LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM}
