@@ -4,3 +4,14 @@ from django.apps import AppConfig
 class EndpointsConfig(AppConfig):
     name = "endpoints"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        # The node agent and telemetry sit below endpoints: serving registers itself with them.
+        from endpoints.reconcile import ReplicaWorkload
+        from endpoints.telemetry import collect_replicas, served_facts
+        from workers.agent.workloads import register_workload
+        from workers.telemetry.sources import register_collector, register_served_facts
+
+        register_workload("endpoints", ReplicaWorkload())
+        register_collector("endpoints", collect_replicas)
+        register_served_facts(served_facts)

@@ -7,3 +7,8 @@ def endpoint_list():
 
 def replicas_of(endpoint: Endpoint):
     return endpoint.replica_set.select_related("node").order_by("index")
+
+
+def replicas_on_node(node):
+    """What a node runs now, for its page (stopped replicas left out)."""
+    return node.replicas.select_related("endpoint").exclude(state=Endpoint.State.STOPPED)

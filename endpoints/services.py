@@ -2,7 +2,6 @@
 Try-it chat. The node agents do the process work; these only change desired state."""
 import datetime
 import json
-import logging
 import re
 import time
 import urllib.error
@@ -23,9 +22,9 @@ from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
 from models_registry.models import Artifact
+from workers import nudges
 from workers.models import Node
 
-log = logging.getLogger(__name__)
 DTYPES = ("", "auto", "float16", "bfloat16", "float32")
 # vLLM serves these; GGUF support in vLLM is partial, so GGUF artifacts are converted first.
 LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM}
@@ -33,29 +32,7 @@ LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Ar
 
 def nudge(node: Node) -> None:
     """Tell the node's agent to reconcile now (it also polls every few seconds)."""
-    from workers.agent import nudge_channel
-    from workers.services import redis_connection
-
-    try:
-        redis_connection().publish(nudge_channel(node.name), "reconcile")
-    except Exception as exc:  # the agent polls anyway
-        log.info("nudge for %s not sent: %s", node, exc)
-
-
-def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int):
-    from endpoints.commands import LaunchSpec
-
-    chip = node.devices.filter(index__in=replica.devices).values_list("name", flat=True).first()
-    return LaunchSpec(
-        platform=node.platform, engine_python=node.engine_python or settings.ENGINE_PYTHON,
-        model_path=endpoint.artifact.path, served_model_name=endpoint.served_model_name,
-        host=settings.ENDPOINT_BIND_HOST, port=port, devices=list(replica.devices),
-        tensor_parallel_size=endpoint.tensor_parallel_size, pipeline_parallel_size=endpoint.pipeline_parallel_size,
-        max_num_seqs=endpoint.max_num_seqs, max_model_len=endpoint.max_model_len,
-        gpu_memory_utilization=endpoint.gpu_memory_utilization, dtype=endpoint.dtype or None,
-        quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
-        extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
-    )
+    nudges.publish(node.name)
 
 
 def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:

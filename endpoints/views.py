@@ -11,7 +11,7 @@ from endpoints.forms import EndpointLaunchForm
 from endpoints.models import Endpoint
 from models_registry.models import Artifact
 from models_registry.views import _errors
-from workers.agent import tail_lines
+from workers.agent.supervisor import tail_lines
 from workers.models import Node
 
 
@@ -138,14 +138,7 @@ def endpoint_try(request, endpoint_id: int):
 
 @require_GET
 @require_role(VIEWER)
-def node_list(request):
-    return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
-
-
-@require_GET
-@require_role(VIEWER)
-def node_detail(request, node_id: int):
+def node_replicas(request, node_id: int):
+    """The node page's list of the replicas it runs (loaded by htmx: serving facts come from here)."""
     node = get_object_or_404(Node, pk=node_id)
-    return render(request, "endpoints/node_detail.html", {
-        "node": node, "devices": node.devices.all(),
-        "replicas": node.replicas.select_related("endpoint").exclude(state=Endpoint.State.STOPPED)})
+    return render(request, "endpoints/_node_replicas.html", {"node": node, "replicas": selectors.replicas_on_node(node)})

@@ -191,7 +191,7 @@ def test_cpu_command_and_env():
 
 
 def test_platform_specific_fields_are_ignored_elsewhere():
-    # the console fills the same fields for every node (services.launch_spec)
+    # the console fills the same fields for every node (endpoints.launch.launch_spec)
     argv, env = build_command(spec(platform="cpu", devices=[], gpu_memory_utilization=0.9, chip_name="Xeon 8480"))
     assert "--gpu-memory-utilization" not in argv and "--dtype" not in argv
     _, env = build_command(spec(cpu_kvcache_gib=4, cpu_threads_bind="0-31"))

@@ -1,13 +1,15 @@
 """Endpoint specs: validation and refusals, command construction from the spec, the
 lifecycle state machine, and the pages and API that drive them."""
+import os
+
 import pytest
 from django.utils import timezone
 
+from endpoints.launch import launch_spec
 from endpoints.models import Endpoint, EndpointEvent, Replica
-from endpoints.services import launch_spec
+from endpoints.replica_state import aggregate_state, backoff_seconds
 from models_registry.models import Artifact, Model
 from tests.tiny_models import build_tiny_llama_hf
-from workers.agent import aggregate_state, backoff_seconds
 from workers.models import Device, Node
 
 LLAMA2_70B = {"format": "hf", "architecture": "LlamaForCausalLM", "param_count": 68_976_648_192, "num_layers": 80,
@@ -274,7 +276,7 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
     import sys
     import time
 
-    from workers.agent import rotate_if_large
+    from workers.agent.supervisor import rotate_if_large
 
     settings.ENDPOINT_LOG_MAX_BYTES = 300
     settings.ENDPOINT_LOG_KEEP = 3
@@ -283,7 +285,7 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
         writer = subprocess.Popen([sys.executable, "-c", "import sys,time\nfor i in range(400):\n print('line', i, flush=True); time.sleep(0.005)"],
                                   stdout=out)
     time.sleep(0.5)
-    rotate_if_large(str(log))
+    rotate_if_large(str(log), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
     writer.wait()
     first = (tmp_path / "replica-0.log.1").read_text()
     assert first.startswith("line 0\n") and len(first) > 300
@@ -313,7 +315,7 @@ def test_blue_green_from_the_endpoint_page(as_operator, cpu_node, tiny_artifact)
 def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, tiny_artifact):
     import datetime as dt
 
-    from workers.agent import scheduled_restart_due
+    from endpoints.replica_state import scheduled_restart_due
 
     bad = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "25:99"})
     assert bad.status_code == 400 and "HH:MM" in bad.json()["detail"]
@@ -356,3 +358,68 @@ def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, asc
     assert endpoint.extra_args == {"--enable-prefix-caching": True} and endpoint.env == {"VLLM_LOGGING_LEVEL": "INFO"}
     assert endpoint.served_model_name == "web-ep"
     assert str(endpoint.restart_daily_at) == "03:30:00" and endpoint.replica_set.count() == 2
+
+
+# --- the launch: environment allow-list, log path, the node page's fragment --------------------
+
+CONSOLE_SECRETS = ("METRICS_TOKEN", "REDIS_URL", "SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL",
+                   "CONSOLE_ADMIN_PASSWORD", "CONSOLE_ADMIN_PASSWORD_FILE", "DJANGO_SETTINGS_MODULE")
+
+
+def test_child_environment_inherits_only_the_allow_list(monkeypatch):
+    from endpoints.launch import child_environment
+
+    for key in CONSOLE_SECRETS + ("AWS_SECRET_ACCESS_KEY", "SOMETHING_ELSE", "LD_PRELOAD"):
+        monkeypatch.setenv(key, "secret")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/Ascend/driver/lib64")
+    env = child_environment({"VLLM_CPU_KVCACHE_SPACE": "1", "TZ": "Asia/Shanghai"})
+    for key in CONSOLE_SECRETS + ("AWS_SECRET_ACCESS_KEY", "SOMETHING_ELSE", "LD_PRELOAD"):
+        assert key not in env, key
+    assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
+    assert env["LANG"] == "C.UTF-8" and env["LC_ALL"] == "C.UTF-8"
+    assert env["ASCEND_TOOLKIT_HOME"].endswith("latest") and env["LD_LIBRARY_PATH"].endswith("lib64")
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["TZ"] == "Asia/Shanghai"  # the console's additions win
+    assert child_environment({}, base={"PATH": "/bin", "SECRET_KEY": "x"}) == {"PATH": "/bin"}
+
+
+@pytest.mark.django_db
+def test_replica_process_spec_carries_no_console_secret(operator, api_for, cpu_node, tiny_artifact, settings, monkeypatch):
+    from endpoints.launch import replica_process
+
+    for key in CONSOLE_SECRETS:
+        monkeypatch.setenv(key, "secret")
+    assert api_for(operator).post("/api/v1/endpoints", {"name": "c", "artifact": tiny_artifact.pk}).status_code == 201
+    replica = Replica.objects.select_related("endpoint", "endpoint__artifact").get(endpoint__name="c")
+    spec, added = replica_process(replica=replica, node=cpu_node, port=8202)
+    assert not set(CONSOLE_SECRETS) & set(spec.env)
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == added["VLLM_CPU_KVCACHE_SPACE"] == str(settings.VLLM_CPU_KVCACHE_GIB)
+    assert "--port" in spec.argv and spec.argv[spec.argv.index("--port") + 1] == "8202"
+    assert spec.log_path == settings.DATA_DIR / "logs" / "endpoints" / "c" / "replica-0.log"
+    assert spec.log_keep == settings.ENDPOINT_LOG_KEEP
+
+
+def test_endpoints_register_with_the_agent_and_telemetry():
+    from endpoints.reconcile import ReplicaWorkload
+    from endpoints.telemetry import collect_replicas
+    from workers.agent.workloads import registered_workloads
+    from workers.telemetry.sources import registered_collectors
+
+    assert any(isinstance(w, ReplicaWorkload) for w in registered_workloads())
+    assert collect_replicas in registered_collectors()
+
+
+@pytest.mark.django_db
+def test_node_page_lists_its_replicas_through_the_endpoints_fragment(as_viewer, cpu_node, tiny_artifact):
+    endpoint = Endpoint.objects.create(name="tiny", artifact=tiny_artifact, node=cpu_node, served_model_name="tiny")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="ready", pid=4242, port=8301)
+    Replica.objects.create(endpoint=endpoint, index=1, node=cpu_node, state="stopped", port=8302)
+    page = as_viewer.get(f"/nodes/{cpu_node.pk}/").content.decode()
+    assert f'hx-get="/nodes/{cpu_node.pk}/replicas"' in page and "Replicas on this node" in page
+    fragment = as_viewer.get(f"/nodes/{cpu_node.pk}/replicas").content.decode()
+    assert f'href="/endpoints/{endpoint.pk}/">tiny#0</a>' in fragment and "pid 4242" in fragment and "port 8301" in fragment
+    assert "tiny#1" not in fragment  # stopped replicas are left out
+    assert as_viewer.get("/nodes/").status_code == 200 and as_viewer.get("/nodes/999/replicas").status_code == 404

@@ -10,7 +10,7 @@ import pytest
 from endpoints.models import Endpoint, Replica
 from tests.agent_helpers import (engine_available, kill_leftovers, register_demo_copy, start_agent, stop_agent,
                                  vllm_processes, wait_for)
-from workers.agent import port_is_free
+from workers.agent.supervisor import port_is_free
 from workers.models import Node
 
 pytestmark = [pytest.mark.slow,

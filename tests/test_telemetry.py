@@ -14,6 +14,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
+from endpoints import telemetry as endpoint_telemetry
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.agent_helpers import start_agent, stop_agent, wait_for
@@ -110,8 +111,8 @@ def _latest(key):
 
 @pytest.fixture(autouse=True)
 def _fresh_collector_state():
-    collect._snapshots.clear()
-    collect._health_seen.clear()
+    endpoint_telemetry._snapshots.clear()
+    endpoint_telemetry._health_seen.clear()
     collect._net_seen.clear()
     yield
 

@@ -7,7 +7,7 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
 from models_registry.models import Model
 from workers import selectors, services
-from workers.models import Job
+from workers.models import Job, Node
 
 
 @require_GET
@@ -69,3 +69,16 @@ def job_retry(request, job_id: int):
         return redirect(job)
     messages.success(request, f"Retrying as job #{new.pk}.")
     return redirect(new)
+
+
+@require_GET
+@require_role(VIEWER)
+def node_list(request):
+    return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
+
+
+@require_GET
+@require_role(VIEWER)
+def node_detail(request, node_id: int):
+    node = get_object_or_404(Node, pk=node_id)
+    return render(request, "endpoints/node_detail.html", {"node": node, "devices": node.devices.all()})

@@ -7,6 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from workers.telemetry.models import Alert, Series
+from workers.telemetry.sources import served_facts
 
 # metric -> (exposed name, help, extra labels)
 EXPOSED = {
@@ -54,7 +55,6 @@ class _Collector:
         self.fresh_after = fresh_after
 
     def collect(self):
-        from endpoints.models import Endpoint
         from workers.models import Node
 
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
@@ -77,8 +77,8 @@ class _Collector:
         for node in Node.objects.all():
             up.add_metric([node.name, node.platform], 1.0 if node.online else 0.0)
         ready = GaugeMetricFamily("console_endpoint_ready", "1 when every replica is ready", labels=["endpoint", "state"])
-        for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
-            ready.add_metric([ep.name, ep.state], 1.0 if ep.state == Endpoint.State.READY else 0.0)
+        for ep in served_facts():
+            ready.add_metric([ep.name, ep.state], 1.0 if ep.ready else 0.0)
         firing = GaugeMetricFamily("console_alerts_firing", "Alerts firing now", value=Alert.objects.filter(
             state=Alert.State.FIRING).count())
         yield up

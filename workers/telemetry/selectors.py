@@ -11,6 +11,7 @@ from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField, FloatField
 
 from workers.telemetry.models import Point, Rollup, Series
+from workers.telemetry.sources import served_facts
 
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 DEFAULT_RANGE = "1h"
@@ -148,7 +149,6 @@ def fresh_cutoff() -> int:
 def fleet_summary() -> dict:
     """The Overview cards: nodes online, accelerators healthy/total, endpoints ready, total QPS,
     worst P99 and the fleet error rate (request-weighted; the worst one while idle)."""
-    from endpoints.models import Endpoint
     from workers.models import Device, Node
 
     nodes = list(Node.objects.only("pk", "name", "last_heartbeat", "platform"))
@@ -156,9 +156,9 @@ def fleet_summary() -> dict:
     online_ids = {n.pk for n in online}
     devices = list(Device.objects.values_list("node_id", "health"))
     healthy = sum(1 for node_id, h in devices if node_id in online_ids and (h or "").upper() == "OK")
-    endpoints = Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)
-    running = endpoints.count()
-    ready = endpoints.filter(state=Endpoint.State.READY).count()
+    endpoints = served_facts()
+    running = len(endpoints)
+    ready = sum(1 for ep in endpoints if ep.ready)
     cutoff = fresh_cutoff()
     latest: dict[str, dict[int, float]] = {}
     for metric, key, value in (Series.objects.filter(metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"),

@@ -18,6 +18,7 @@ from django.db.models.fields import BigIntegerField
 from django.utils import timezone
 
 from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
+from workers.telemetry.sources import served_facts
 
 log = logging.getLogger("console.telemetry")
 
@@ -156,7 +157,6 @@ def stale_seconds() -> float:
 
 def _breaching(rule: AlertRule, now) -> dict[str, dict]:
     """subject -> {value, label, node_id, endpoint_id} for every subject breaching the rule now."""
-    from endpoints.models import Endpoint
     from workers.models import Node
 
     found: dict[str, dict] = {}
@@ -174,9 +174,10 @@ def _breaching(rule: AlertRule, now) -> dict[str, dict]:
                 found[f"node:{node.pk}"] = {"value": age, "label": f"node {node.name}", "node_id": node.pk,
                                             "endpoint_id": None}
     elif rule.kind == AlertRule.Kind.ENDPOINT_NOT_READY:
-        for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).exclude(state=Endpoint.State.READY):
-            found[f"endpoint:{ep.pk}"] = {"value": None, "label": f"endpoint {ep.name} is {ep.state}",
-                                          "node_id": ep.node_id, "endpoint_id": ep.pk}
+        for ep in served_facts():
+            if not ep.ready:
+                found[f"endpoint:{ep.id}"] = {"value": None, "label": f"endpoint {ep.name} is {ep.state}",
+                                              "node_id": ep.node_id, "endpoint_id": ep.id}
     return found
 
 

@@ -1,0 +1,202 @@
+"""The replica state machine: what to start, stop and restart on a node, crash counting,
+backoff, giving up, health failures, the start timeout and scheduled restarts one at a time.
+Registered with the node agent as a workload (EndpointsConfig.ready()); the agent's supervisor
+runs the processes."""
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.utils import DatabaseError
+from django.utils import timezone
+
+from endpoints.launch import replica_process
+from endpoints.models import Endpoint, Replica
+from endpoints.replica_state import backoff_seconds, check_ready, event, refresh_endpoint_state, scheduled_restart_due
+from workers.agent.supervisor import ProcessHandle, Supervisor, port_is_free, reap_process_group, rotate_if_large, tail_lines
+from workers.models import Node
+
+log = logging.getLogger("console.agent")
+S = Endpoint.State
+
+
+def claim_port(node: Node, replica: Replica) -> int:
+    """Reserve a free port for the replica. The unique (port_host, port) constraint makes the
+    claim race-safe between agents on the same host."""
+    low, high = settings.ENDPOINT_PORT_RANGE
+    taken = set(Replica.objects.filter(port_host=node.hostname, port__isnull=False).exclude(pk=replica.pk)
+                .values_list("port", flat=True))
+    for port in range(low, high + 1):
+        if port in taken or not port_is_free(port, settings.ENDPOINT_BIND_HOST):
+            continue
+        try:
+            with transaction.atomic():
+                Replica.objects.filter(pk=replica.pk).update(port=port, port_host=node.hostname)
+            return port
+        except IntegrityError:
+            continue  # another agent claimed it a moment ago
+    raise RuntimeError(f"No free port in {low}-{high} on {node.name}")
+
+
+def handle_of(replica: Replica) -> ProcessHandle:
+    return ProcessHandle(pid=replica.pid or 0, create_time=replica.pid_create_time or 0.0, argv=list(replica.argv or []))
+
+
+class ReplicaWorkload:
+    """One per agent process: remembers when each replica's health was last checked."""
+
+    def __init__(self):
+        self.last_health: dict[int, float] = {}
+
+    def reconcile(self, *, node: Node, supervisor: Supervisor) -> bool:
+        replicas = list(Replica.objects.filter(node=node).select_related("endpoint", "endpoint__artifact", "node"))
+        touched = set()
+        for replica in replicas:
+            try:
+                self.reconcile_replica(replica, node=node, supervisor=supervisor)
+            except IntegrityError:
+                continue  # the endpoint was deleted while we worked on it
+            except DatabaseError:
+                raise
+            except Exception as exc:  # one bad replica must not stop the others
+                log.exception("reconcile %s", replica)
+                Replica.objects.filter(pk=replica.pk).update(state=S.FAILED, state_reason=str(exc)[:500])
+                event(replica.endpoint_id, "error", f"{type(exc).__name__}: {exc}", replica=replica.index, level="error")
+            touched.add(replica.endpoint_id)
+        for endpoint in Endpoint.objects.filter(pk__in=touched).select_related("node"):
+            refresh_endpoint_state(endpoint)
+        return any(r.state in (S.STARTING, S.RESTARTING) for r in replicas)
+
+    def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
+        port = claim_port(node, replica)
+        spec, env_added = replica_process(replica=replica, node=node, port=port)
+        handle = supervisor.start(spec)
+        Replica.objects.filter(pk=replica.pk).update(
+            pid=handle.pid, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
+            state=S.STARTING, state_reason="", started_at=timezone.now(), ready_at=None, next_start_at=None,
+            stop_requested_at=None, restart_requested=False, health_failures=0, log_path=str(spec.log_path),
+            last_exit_code=None,
+        )
+        event(replica.endpoint_id, "started", f"pid {handle.pid} on port {port}", replica=replica.index)
+
+    def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
+        grace = settings.ENDPOINT_STOP_GRACE_SECONDS
+        stopped = supervisor.terminate(proc, grace=grace)
+        if stopped.killed:
+            event(replica.endpoint_id, "killed", f"did not stop within {grace:.0f} s: killed", replica=replica.index, level="warning")
+        Replica.objects.filter(pk=replica.pk).update(last_exit_code=stopped.exit_code)
+        log.info("stopped %s (%s)", replica, reason)
+
+    def reconcile_replica(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
+        endpoint = replica.endpoint
+        wanted = endpoint.desired_state == Endpoint.Desired.RUNNING and replica.index < endpoint.replicas
+        proc = supervisor.find(handle_of(replica))
+        now = timezone.now()
+
+        if not wanted:
+            if proc is not None:
+                Replica.objects.filter(pk=replica.pk).update(state=S.STOPPING, stop_requested_at=now)
+                self.terminate(replica, proc, supervisor=supervisor, reason="stop requested")
+                event(endpoint.pk, "stopped", "stopped on request", replica=replica.index)
+            if replica.state != S.STOPPED or replica.pid:
+                Replica.objects.filter(pk=replica.pk).update(state=S.STOPPED, pid=None, port=None, state_reason="",
+                                                             crashes_in_a_row=0, next_start_at=None)
+            return
+
+        if proc is None and replica.pid:
+            self.crashed(replica, supervisor=supervisor, now=now)
+            return
+
+        if proc is None:
+            if replica.state == S.FAILED and not replica.restart_requested:
+                return  # given up: an operator's Start or Restart clears it
+            if replica.next_start_at and replica.next_start_at > now:
+                return
+            if replica.state == S.RESTARTING or replica.restart_requested:
+                Replica.objects.filter(pk=replica.pk).update(restarts=replica.restarts + 1)
+            fresh = Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk)
+            self.start(fresh, node=node, supervisor=supervisor)
+            return
+
+        # Running. An operator's restart, or a scheduled one, stops it; the next pass starts it.
+        if replica.restart_requested:
+            self.terminate(replica, proc, supervisor=supervisor, reason="restart requested")
+            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, pid=None, next_start_at=None,
+                                                         crashes_in_a_row=0, state_reason="restarting on request")
+            event(endpoint.pk, "restarting", "restart requested", replica=replica.index)
+            return
+
+        rotate_if_large(replica.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
+        self.check_health(replica, proc, supervisor=supervisor, now=now)
+
+    def crashed(self, replica: Replica, *, supervisor: Supervisor, now) -> None:
+        """It was running and is gone: a crash (or a kill from outside). Back off, or give up."""
+        endpoint = replica.endpoint
+        code = supervisor.exit_code(replica.pid)
+        reap_process_group(replica.pid)
+        crashes = replica.crashes_in_a_row + 1
+        last = tail_lines(replica.log_path)
+        reason = next((line for line in reversed(last.splitlines()) if line.strip()), "no output")[:300]
+        if crashes >= settings.ENDPOINT_MAX_CRASHES:
+            Replica.objects.filter(pk=replica.pk).update(
+                state=S.FAILED, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
+                state_reason=f"gave up after {crashes} crashes in a row; last: {reason}")
+            event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",
+                  replica=replica.index, level="error")
+            return
+        delay = backoff_seconds(crashes)
+        Replica.objects.filter(pk=replica.pk).update(
+            state=S.RESTARTING, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
+            next_start_at=now + timedelta(seconds=delay),
+            state_reason=f"crashed (exit code {code}); restarting in {delay:.0f} s")
+        event(endpoint.pk, "crashed", f"process {replica.pid} exited (code {code}); restart in {delay:.0f} s: {reason}",
+              replica=replica.index, level="error")
+
+    def check_health(self, replica: Replica, proc, *, supervisor: Supervisor, now) -> None:
+        endpoint = replica.endpoint
+        interval = settings.ENDPOINT_HEALTH_INTERVAL_SECONDS if replica.state != S.STARTING else 0.4
+        if time.monotonic() - self.last_health.get(replica.pk, 0) < interval:
+            return
+        self.last_health[replica.pk] = time.monotonic()
+        ok, detail = check_ready(replica)
+        if replica.state == S.STARTING:
+            if ok:
+                Replica.objects.filter(pk=replica.pk).update(state=S.READY, ready_at=now, last_health_at=now,
+                                                             crashes_in_a_row=0, health_failures=0, state_reason="")
+                took = (now - replica.started_at).total_seconds() if replica.started_at else 0
+                event(endpoint.pk, "ready", f"ready after {took:.1f} s", replica=replica.index)
+            elif replica.started_at and (now - replica.started_at).total_seconds() > settings.ENDPOINT_START_TIMEOUT_SECONDS:
+                self.terminate(replica, proc, supervisor=supervisor, reason="start timeout")
+                Replica.objects.filter(pk=replica.pk).update(pid=None)  # next pass counts it as a crash
+            return
+        if ok:
+            updates = {"last_health_at": now, "health_failures": 0}
+            if replica.state != S.READY:
+                updates.update(state=S.READY, state_reason="")
+                event(endpoint.pk, "recovered", "health check passes again", replica=replica.index)
+            Replica.objects.filter(pk=replica.pk).update(**updates)
+            self.maybe_scheduled_restart(replica, now)
+            return
+        failures = replica.health_failures + 1
+        if failures >= settings.ENDPOINT_HEALTH_FAILURES:
+            event(endpoint.pk, "unhealthy", f"{failures} failed health checks in a row ({detail}): restarting",
+                  replica=replica.index, level="error")
+            self.terminate(replica, proc, supervisor=supervisor, reason="unhealthy")
+            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, pid=None, health_failures=0,
+                                                         state_reason=f"unhealthy: {detail}"[:500])
+            return
+        Replica.objects.filter(pk=replica.pk).update(state=S.DEGRADED, health_failures=failures,
+                                                     state_reason=f"health check failed: {detail}"[:500])
+
+    def maybe_scheduled_restart(self, replica: Replica, now) -> None:
+        """Restart replicas every N hours or daily at a set time (memory fragmentation), one at a
+        time: only when every other replica of the endpoint is ready, so the endpoint keeps serving."""
+        reason = scheduled_restart_due(replica.endpoint, replica.ready_at, now)
+        if not reason:
+            return
+        others = Replica.objects.filter(endpoint=replica.endpoint).exclude(pk=replica.pk)
+        if others.exclude(state=S.READY).exists():
+            return
+        if Replica.objects.filter(pk=replica.pk, restart_requested=False).update(restart_requested=True):
+            event(replica.endpoint_id, "scheduled-restart", reason, replica=replica.index)

@@ -1,0 +1,87 @@
+"""The rules of a replica's life that the reconcile loop applies: readiness, backoff after a
+crash, scheduled restarts, the endpoint's overall state, and the event log."""
+import json
+import logging
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+from django.conf import settings
+
+from endpoints.models import Endpoint, EndpointEvent, Replica
+
+log = logging.getLogger("console.agent")
+
+
+def event(endpoint_id: int, kind: str, message: str, *, replica: int | None = None, level: str = "info") -> None:
+    EndpointEvent.objects.create(endpoint_id=endpoint_id, replica_index=replica, kind=kind, message=message[:4000], level=level)
+    log.log(logging.WARNING if level != "info" else logging.INFO, "[endpoint %s#%s] %s: %s", endpoint_id, replica, kind, message)
+
+
+def http_get_json(url: str, timeout: float = 3.0):
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (our own replica URL)
+        body = response.read()
+        return response.status, (json.loads(body) if body else None)
+
+
+def check_ready(replica: Replica) -> tuple[bool, str]:
+    """Ready = /health answers 200 and /v1/models lists the served name."""
+    base = f"http://{settings.ENDPOINT_BIND_HOST}:{replica.port}"
+    try:
+        status, _ = http_get_json(base + "/health")
+        if status != 200:
+            return False, f"/health answered {status}"
+        status, models = http_get_json(base + "/v1/models")
+        names = {m.get("id") for m in (models or {}).get("data", [])}
+        if replica.endpoint.served_model_name not in names:
+            return False, f"/v1/models lists {sorted(names)}, not {replica.endpoint.served_model_name}"
+        return True, "ok"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+
+
+def backoff_seconds(crashes: int) -> float:
+    return min(settings.ENDPOINT_BACKOFF_BASE_SECONDS * 2 ** max(crashes - 1, 0), settings.ENDPOINT_BACKOFF_MAX_SECONDS)
+
+
+def scheduled_restart_due(endpoint: Endpoint, ready_at, now) -> str:
+    """Why a replica ready since `ready_at` is due for its scheduled restart, or "" if it isn't."""
+    if not ready_at:
+        return ""
+    hours = endpoint.restart_every_hours
+    if hours and now - ready_at >= timedelta(hours=hours):
+        return f"scheduled restart after {hours} h"
+    daily = endpoint.restart_daily_at
+    if daily:
+        today = now.replace(hour=daily.hour, minute=daily.minute, second=0, microsecond=0)
+        if ready_at < today <= now:
+            return f"daily restart at {daily:%H:%M} UTC"
+    return ""
+
+
+def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
+    states = list(endpoint.replica_set.values_list("state", flat=True))
+    S = Endpoint.State
+    if endpoint.desired_state == Endpoint.Desired.STOPPED:
+        if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in states):
+            return S.STOPPED, ""
+        return S.STOPPING, ""
+    if not states:
+        return S.PENDING, "no replicas"
+    if all(s == S.READY for s in states):
+        return S.READY, ""
+    if any(s == S.READY for s in states):
+        return S.DEGRADED, f"{states.count(S.READY)} of {len(states)} replicas ready"
+    if all(s == S.FAILED for s in states):
+        return S.FAILED, "every replica failed"
+    for s in (S.RESTARTING, S.CRASHED, S.STARTING, S.DEGRADED, S.STOPPING, S.FAILED, S.PENDING):
+        if s in states:
+            return s, ""
+    return S.PENDING, ""
+
+
+def refresh_endpoint_state(endpoint: Endpoint) -> None:
+    state, reason = aggregate_state(endpoint)
+    if state == Endpoint.State.PENDING and not endpoint.node.online:
+        reason = f"waiting for the agent of node {endpoint.node.name} (offline)"
+    Endpoint.objects.filter(pk=endpoint.pk).update(state=state, state_reason=reason[:500])

@@ -1,0 +1,119 @@
+"""The node agent's loop. Modelled on healthchecks' sendalerts: a long-running loop, a SIGTERM
+flag, race-safe `update()` writes. Processes run in their own sessions, so the agent can stop,
+crash or be upgraded without taking them down; a new agent re-adopts them (see supervisor)."""
+import logging
+import os
+import socket
+import threading
+import time
+
+import psutil
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.utils import DatabaseError
+from django.utils import timezone
+
+from workers import nudges
+from workers.agent.supervisor import Supervisor
+from workers.agent.workloads import registered_workloads
+from workers.engine_info import cann_version, compat_warnings, detect_platform, probe_engine
+from workers.models import Node
+from workers.telemetry.collect import collect_node
+
+log = logging.getLogger("console.agent")
+
+
+class NodeAgent:
+    def __init__(self, node_name: str, *, engine_python: str | None = None, address: str | None = None):
+        self.node_name = node_name
+        self.engine_python = engine_python or settings.ENGINE_PYTHON
+        self.address = address or settings.NODE_ADDRESS
+        self.supervisor = Supervisor(node_name)
+        self.stopping = False
+        self.node: Node | None = None
+        self.last_heartbeat = 0.0
+        self.last_devices = 0.0
+        self._device_thread: threading.Thread | None = None
+        self.busy = False
+
+    # --- registration and heartbeat -----------------------------------------------------
+    def register(self) -> Node:
+        platform = detect_platform()
+        engine = probe_engine(self.engine_python)
+        cann = cann_version() if platform == "ascend" else None
+        if cann:
+            engine["cann"] = cann
+        warnings = compat_warnings(engine, cann=cann) if platform == "ascend" else []
+        if engine.get("error"):
+            warnings.insert(0, engine["error"])
+        now = timezone.now()
+        node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
+            "hostname": socket.gethostname(), "address": self.address, "platform": platform,
+            "engine_python": self.engine_python, "engine": engine, "compat_warnings": warnings,
+            "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
+            "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total},
+        })
+        self.node = node
+        return node
+
+    def heartbeat(self) -> None:
+        Node.objects.filter(pk=self.node.pk).update(last_heartbeat=timezone.now(), agent_pid=os.getpid())
+        self.node.last_heartbeat = timezone.now()
+
+    def collect_telemetry(self) -> None:
+        """Devices, host and workload readings. Runs off the main loop: a hung npu-smi or a
+        slow /metrics must not stall reconciliation."""
+        close_old_connections()
+        try:
+            collect_node(self.node)
+        except Exception as exc:  # never let telemetry kill the agent
+            log.exception("telemetry")
+            Node.objects.filter(pk=self.node.pk).update(telemetry_error=f"{type(exc).__name__}: {exc}"[:2000])
+        finally:
+            close_old_connections()
+
+    def reconcile(self) -> None:
+        busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]
+        self.busy = any(busy)
+
+    # --- the loop ----------------------------------------------------------------------
+    def run(self, *, once: bool = False) -> None:
+        self.register()
+        log.info("agent %s up: platform %s, engine %s", self.node_name, self.node.platform, self.node.engine.get("vllm"))
+        pubsub = None
+        while not self.stopping:
+            try:
+                close_old_connections()
+                if time.monotonic() - self.last_heartbeat >= settings.AGENT_HEARTBEAT_SECONDS:
+                    self.heartbeat()
+                    self.last_heartbeat = time.monotonic()
+                if (time.monotonic() - self.last_devices >= settings.TELEMETRY_INTERVAL_SECONDS
+                        and (self._device_thread is None or not self._device_thread.is_alive())):
+                    self.last_devices = time.monotonic()
+                    self._device_thread = threading.Thread(target=self.collect_telemetry, daemon=True)
+                    self._device_thread.start()
+                self.reconcile()
+            except DatabaseError as exc:
+                # The database is down for a while: keep the processes running, retry.
+                log.warning("database unavailable (%s); endpoints keep running, retrying", exc)
+                close_old_connections()
+            if once:
+                return
+            pubsub = self.wait_for_nudge(pubsub)
+
+    def wait_for_nudge(self, pubsub):
+        """Sleep until the reconcile interval passes or someone publishes a nudge."""
+        # While something is starting, look twice a second: ready should show within ~0.5 s.
+        interval = 0.5 if self.busy else settings.AGENT_RECONCILE_SECONDS
+        try:
+            if pubsub is None:
+                pubsub = nudges.subscribe(self.node_name)
+            deadline = time.monotonic() + interval
+            while not self.stopping and time.monotonic() < deadline:
+                if pubsub.get_message(timeout=min(0.5, max(deadline - time.monotonic(), 0.01))):
+                    break
+            return pubsub
+        except Exception as exc:  # Redis down: fall back to plain polling
+            log.debug("nudges unavailable: %s", exc)
+            time.sleep(interval)
+            return None

@@ -1,0 +1,51 @@
+"""What telemetry learns from the apps above it, by registration (AppConfig.ready()):
+collectors that add readings to a node's pass, and the facts about served things that the
+alert rules, the fleet summary and the Prometheus exposition report."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from workers.models import Node
+
+
+@dataclass
+class Contribution:
+    """A collector's part of one pass. `owners` maps a PID to what it serves
+    ({"endpoint_id", "endpoint", "replica"}), so device processes can be attributed."""
+    readings: list = field(default_factory=list)  # of workers.telemetry.services.Reading
+    errors: list[str] = field(default_factory=list)
+    owners: dict[int, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ServedFact:
+    """One endpoint that should be serving: its id, name, state, node, and whether it is ready."""
+    id: int
+    name: str
+    state: str
+    node_id: int | None
+    ready: bool
+
+
+Collector = Callable[[Node], Contribution]
+_collectors: dict[str, Collector] = {}
+_served_facts: list[Callable[[], list[ServedFact]]] = []
+
+
+def register_collector(name: str, collector: Collector) -> None:
+    """collector(node) runs in each telemetry pass of that node's agent, beside the device sample."""
+    _collectors[name] = collector
+
+
+def registered_collectors() -> list[Collector]:
+    return list(_collectors.values())
+
+
+def register_served_facts(provider: Callable[[], list[ServedFact]]) -> None:
+    if provider not in _served_facts:
+        _served_facts.append(provider)
+
+
+def served_facts() -> list[ServedFact]:
+    return [fact for provider in _served_facts for fact in provider()]
