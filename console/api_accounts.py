@@ -1,7 +1,7 @@
 """Accounts over the API: users and roles (Admin), one's own tokens, and the audit log."""
 from django.contrib.auth import get_user_model
 from django.shortcuts import get_object_or_404
-from ninja import Router, Schema
+from ninja import Query, Router, Schema
 
 from console import services
 from console.api_auth import api_route
@@ -78,7 +78,7 @@ def revoke_token(request, token_id: int):
 
 
 @api_route(router, "get", "/audit", role=VIEWER, response=list[dict])
-def list_audit(request, actor: str = "", action: str = "", object_type: str = "", limit: int = 100):
+def list_audit(request, actor: str = "", action: str = "", object_type: str = "", limit: int = Query(100, ge=1, le=1000)):
     events = AuditEvent.objects.all()
     if actor:
         events = events.filter(actor_name=actor)
@@ -88,4 +88,4 @@ def list_audit(request, actor: str = "", action: str = "", object_type: str = ""
         events = events.filter(object_type=object_type)
     return [{"id": e.pk, "at": e.created_at.isoformat(), "actor": e.actor_name or None, "action": e.action,
              "object_type": e.object_type, "object_id": e.object_id, "object": e.object_repr, "changes": e.changes,
-             "source_ip": e.source_ip, "via": e.via} for e in events[: max(1, min(limit, 1000))]]
+             "source_ip": e.source_ip, "via": e.via} for e in events[:limit]]

@@ -1,4 +1,5 @@
 import logging
+from datetime import date
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
@@ -8,6 +9,7 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
 
@@ -15,6 +17,7 @@ from console import services
 from console.models import AuditEvent
 from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
 from console.selectors import overview_counts
+from console.validation import error_lines, int_in_range
 
 log = logging.getLogger(__name__)
 User = get_user_model()
@@ -58,12 +61,39 @@ def audit_list(request):
         events = events.filter(action__startswith=filters["action"])
     if filters["object_type"]:
         events = events.filter(object_type=filters["object_type"])
-    page = Paginator(events, 50).get_page(request.GET.get("page"))
+    since, number, problems = None, 1, []
+    try:
+        since = _date_or_none(filters["since"], "since")
+    except ValidationError as exc:
+        problems += error_lines(exc)
+    try:
+        number = int_in_range(request.GET.get("page"), "page", low=1, high=1_000_000, default=1)
+    except ValidationError as exc:
+        problems += error_lines(exc)
+    for line in problems:
+        messages.error(request, line)
+    if problems:
+        events = events.none()
+    elif since is not None:
+        events = events.filter(created_at__date__gte=since)
+    page = Paginator(events, 50).get_page(number)
     return render(request, "console/audit.html", {
         "page": page, "filters": filters,
         "actions": AuditEvent.objects.values_list("action", flat=True).distinct().order_by("action"),
         "object_types": AuditEvent.objects.exclude(object_type="").values_list("object_type", flat=True).distinct().order_by("object_type"),
-    })
+    }, status=400 if problems else 200)
+
+
+def _date_or_none(value: str, field: str) -> date | None:
+    if not value:
+        return None
+    try:
+        parsed = parse_date(value)
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise ValidationError({field: "Enter a date as YYYY-MM-DD."})
+    return parsed
 
 
 # --- API tokens (each user manages their own) ---------------------------------------
@@ -81,9 +111,9 @@ def token_create(request):
         token, raw = services.api_token_create(user=request.user, name=request.POST.get("name", ""),
                                                expires_days=request.POST.get("expires_days") or None,
                                                request=request)
-    except ValidationError as exc:
+    except ValidationError as exc:  # the list again, with the message, as a 400
         messages.error(request, " ".join(exc.messages))
-        return redirect("token_list")
+        return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all()}, status=400)
     # Shown once: only the hash is kept.
     return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all(), "new_token": raw, "new_token_obj": token})
 
@@ -102,9 +132,13 @@ def token_revoke(request, token_id: int):
 @require_GET
 @require_role(ADMIN)
 def user_list(request):
+    return _users_page(request)
+
+
+def _users_page(request, *, status: int = 200):
     users = User.objects.order_by("username").prefetch_related("groups")
     rows = [(u, user_role(u)) for u in users]
-    return render(request, "console/users.html", {"rows": rows, "roles": ROLES})
+    return render(request, "console/users.html", {"rows": rows, "roles": ROLES}, status=status)
 
 
 @require_POST
@@ -115,9 +149,9 @@ def user_create(request):
             username=request.POST.get("username", ""), role=request.POST.get("role", ""),
             password=request.POST.get("password", ""), actor=request.user, request=request,
         )
-    except ValidationError as exc:
+    except ValidationError as exc:  # the list again, with the message, as a 400
         messages.error(request, " ".join(exc.messages))
-        return redirect("user_list")
+        return _users_page(request, status=400)
     if password:
         messages.success(request, f"User {user.username} created. Initial password (shown once): {password}")
     else:

@@ -159,9 +159,12 @@ def _index(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     the parser strips ``_total`` from counter family names and vLLM declares its ``*_created``
     series as separate gauge families."""
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except ValueError as exc:  # the parser's own words name a token, not what was wrong
+        raise ValueError(f"not the Prometheus text format: {exc}") from exc
     return samples
 
 

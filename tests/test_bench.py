@@ -89,7 +89,7 @@ def test_parse_counts_failed_requests():
 
 
 def test_parse_refuses_what_is_not_a_vllm_result():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"not a vLLM benchmark result \(no request_throughput\)"):
         services.parse_saved_result({"hello": 1})
 
 
@@ -179,7 +179,7 @@ def test_compare_baseline_change_and_cost_overrides(settings):
     rates = compare.cost_rates({"a100": "3", "910B4": "1"})
     rows = compare.compare_rows([a, b], rates=rates)["rows"]
     assert rows[1]["cost_per_hour"] == 6.0 and rows[1]["cost_efficiency"] == pytest.approx(0.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="cost for a100 must not be negative"):
         compare.cost_rates({"a100": "-1"})
 
 
@@ -374,7 +374,7 @@ def test_sweep_levels(ready_endpoint, operator, api_for, redis_conn):
 
 @pytest.mark.django_db
 def test_telemetry_series_recorded_during_the_run(ready_endpoint):
-    telemetry = pytest.importorskip("workers.telemetry.models")
+    from workers.telemetry import models as telemetry
     from datetime import datetime, timezone as dt_timezone
 
     node, replica, now = ready_endpoint.node, ready_endpoint.replica_set.get(), int(time.time())
@@ -490,7 +490,6 @@ def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, 
 @pytest.mark.django_db(transaction=True)
 def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api_for, redis_conn, settings,
                                                      monkeypatch):
-    pytest.importorskip("endpoints.gateway.services")
     from endpoints.gateway.models import GatewayKey
 
     settings.GATEWAY_URL = "http://127.0.0.1:8100"
@@ -522,6 +521,60 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
     run_queued_jobs()
     run = BenchmarkRun.objects.get(pk=direct["id"])
     assert json.loads((Path(run.result_path).parent / "argv.json").read_text())["key"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_for, settings, worker_env, redis_conn,
+                                                                   bench_dirs, tmp_path, monkeypatch):
+    """vLLM's own `vllm bench serve` (from the engine venv, as the console runs it) against the console's
+    gateway under uvicorn, in front of a small OpenAI-style server: every request passes the gateway
+    with the run's own key."""
+    from endpoints.gateway.models import GatewayKey
+    from tests.agent_helpers import engine_available
+    from tests.test_gateway import FakeReplica, GatewayProc
+    from tests.tiny_models import build_tiny_llama_hf
+
+    if not engine_available():
+        pytest.skip("no .venv-engine: run `make engine`")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-of-the-worker")  # must not be what the client sends
+    weights = build_tiny_llama_hf(tmp_path / "models" / "tiny")  # the client's tokenizer
+    node = Node.objects.create(name="bench-gw", address="127.0.0.1", last_heartbeat=timezone.now())
+    artifact = Artifact.objects.create(model=Model.objects.create(name="tiny"), format="hf", path=str(weights))
+    endpoint = Endpoint.objects.create(name="tiny-ep", artifact=artifact, node=node, served_model_name="tiny",
+                                       state="ready")
+    upstream = FakeReplica("upstream")
+    gateway = None
+    try:
+        Replica.objects.create(endpoint=endpoint, index=0, node=node, state="ready", port=upstream.port,
+                               port_host=f"fake-{upstream.port}")
+        gateway = GatewayProc(worker_env)
+        gateway.wait_routes("tiny", 1)
+        settings.GATEWAY_URL = gateway.url
+        api = api_for(operator)
+        created = api.post("/api/v1/benchmarks", {"endpoint": endpoint.pk, **SMALL, "via": "gateway"}).json()
+        run_queued_jobs()
+        body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
+        assert body["status"] == "succeeded", (body["error"], (bench_dirs / "runs" / str(created["id"]) /
+                                                                "client.log").read_text()[-3000:])
+        assert body["result"]["completed"] == SMALL["num_prompts"] and body["result"]["failed"] == 0
+        run = BenchmarkRun.objects.get(pk=created["id"])
+        assert run.command[run.command.index("--base-url") + 1] == gateway.url
+        assert not any(a.startswith(("gk_", "sk-")) for a in run.command)  # the key travels in the environment
+        # The gateway counted every request the upstream answered on the run's key (flushed each second).
+        key = GatewayKey.objects.get(name=f"benchmark #{run.pk}")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and key.requests_total < upstream.served:
+            time.sleep(0.3)
+            key.refresh_from_db()
+        assert upstream.served >= SMALL["num_prompts"]  # the client's test request, then the prompts
+        assert key.requests_total == upstream.served and key.errors_total == 0
+        assert key.endpoints_scope == [endpoint.name] and key.revoked_at is not None
+        assert not GatewayKey.objects.exclude(pk=key.pk).exists()
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        upstream.stop()
 
 
 @pytest.mark.django_db(transaction=True)

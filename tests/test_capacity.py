@@ -161,14 +161,19 @@ def test_default_overhead():
     assert default_overhead_bytes(10 * GiB, num_devices=2) == 2 * GiB + GiB // 2
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"kv_bytes_per_token": 0}, {"device_memory_bytes": 0}, {"num_devices": 0},
-    {"memory_utilization": 0}, {"memory_utilization": 1.5}, {"weight_bytes": -1}, {"context_len": 0},
+@pytest.mark.parametrize("kwargs,message", [
+    ({"kv_bytes_per_token": 0}, "kv_bytes_per_token must be positive"),
+    ({"device_memory_bytes": 0}, "device_memory_bytes must be positive"),
+    ({"num_devices": 0}, "num_devices must be at least 1"),
+    ({"memory_utilization": 0}, r"memory_utilization must be in \(0, 1\]"),
+    ({"memory_utilization": 1.5}, r"memory_utilization must be in \(0, 1\]"),
+    ({"weight_bytes": -1}, "weight_bytes must be a non-negative number of bytes"),
+    ({"context_len": 0}, "context_len must be at least 1"),
 ])
-def test_validation(kwargs):
+def test_validation(kwargs, message):
     base = {"weight_bytes": GiB, "kv_bytes_per_token": 1024, "device_memory_bytes": 32 * GiB,
             "max_position_embeddings": 4096}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         estimate_capacity(**{**base, **kwargs})
 
 

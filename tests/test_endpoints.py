@@ -240,9 +240,10 @@ def test_delete_needs_a_stopped_endpoint(admin, api_for, cpu_node, tiny_artifact
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="ready", pid=12345)
     api = api_for(admin)
     assert api.delete(f"/api/v1/endpoints/{endpoint.pk}").status_code == 409
+    assert Endpoint.objects.filter(pk=endpoint.pk).exists()
     Replica.objects.update(state="stopped", pid=None)
     assert api.delete(f"/api/v1/endpoints/{endpoint.pk}").status_code == 204
-    # An artifact in use by an endpoint can't be deleted.
+    assert not Endpoint.objects.filter(pk=endpoint.pk).exists() and not Replica.objects.exists()
 
 
 @pytest.mark.django_db

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -498,8 +499,12 @@ def test_old_side_stops_after_the_drain(admin):
 
     node = Node.objects.create(name="n", address="127.0.0.1")
     blue, green = make_endpoint("b1", [], node=node), make_endpoint("g1", [], node=node)
+    Replica.objects.create(endpoint=blue, index=0, node=node, state=Endpoint.State.READY, port=8)
     Replica.objects.create(endpoint=green, index=0, node=node, state=Endpoint.State.READY, port=9)
     services.stage(endpoint=blue, staged=green, drain_seconds=1, actor=admin)
+    services.switch(endpoint=blue, actor=admin)
+    # Within the drain the old side still serves: the rollback goes through (then switch again).
+    assert services.rollback(endpoint=blue, actor=admin).serving == GatewayEndpoint.Serving.LIVE
     services.switch(endpoint=blue, actor=admin)
     assert finish_drains() == 0
     GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now())
@@ -507,8 +512,9 @@ def test_old_side_stops_after_the_drain(admin):
     blue.refresh_from_db()
     green.refresh_from_db()
     assert blue.desired_state == "stopped" and green.desired_state == "running"
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="b1 has no ready replica"):
         services.rollback(endpoint=blue, actor=admin)  # the old side is gone: no rollback
+    assert GatewayEndpoint.objects.get(endpoint=blue).serving == GatewayEndpoint.Serving.STAGED
 
 
 # --- real vLLM replicas (two agents) ------------------------------------------------------------
@@ -541,7 +547,7 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         gw = gateway()
         # Before any replica is ready: 503 with Retry-After.
         early = gw.post("/v1/chat/completions", raw, chat())
-        assert early.status_code in (200, 503)
+        assert early.status_code == 503 and int(early.headers["retry-after"]) > 0, early.text
         wait_for(lambda: Replica.objects.filter(state="ready").count() == 2, timeout=300, interval=1, what="2 ready")
         gw.wait_routes("tiny", 2)
 

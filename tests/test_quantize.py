@@ -19,10 +19,9 @@ from tests.conftest import run_queued_jobs
 from tests.tiny_models import build_tiny_llama_hf
 from workers.models import Job
 
-FIXTURE_DESC = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "ascend" / \
-    "quant_model_description_w8a8_dynamic_example.json"
+FIXTURE_DESC = Path(__file__).resolve().parent / "fixtures" / "ascend" / "quant_model_description_w8a8_dynamic_example.json"
 
-# Per-layer tensors of a vllm-ascend W8A8 static linear layer (../shared/fixtures/SOURCES.md):
+# Per-layer tensors of a vllm-ascend W8A8 static linear layer (vllm-ascend's w8a8_static):
 # name suffix -> (dtype for a bf16 model, shape as a function of [n, k]).
 STATIC_TENSORS = {
     "weight": (torch.int8, lambda n, k: [n, k]),
@@ -277,11 +276,17 @@ def test_modelslim_w8a8_dynamic_matches_vllm_ascend_description(tiny):
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_dynamic", gate_pct=100)
     assert job.status == "succeeded", job.error
     desc, tensors, weight_file = _modelslim_tensors(Path(Artifact.objects.get(pk=job.result_artifact_id).path))
-    example = json.loads(FIXTURE_DESC.read_text()) if FIXTURE_DESC.exists() else {"version": "1.0.0",
-                                                                                    "model_quant_type": "W8A8_DYNAMIC"}
+    example = json.loads(FIXTURE_DESC.read_text())
     assert desc["model_quant_type"] == example["model_quant_type"] == "W8A8_DYNAMIC"
     assert desc["version"] == example["version"]
     assert desc["model.embed_tokens.weight"] == "FLOAT"
+    # The per-layer keys vllm-ascend's example shares with a llama (its q_a_proj and experts are
+    # DeepSeek's) are named and typed the same.
+    shared = example.keys() & desc.keys()
+    assert shared >= {"model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight",
+                      "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+    assert {k: desc[k] for k in shared} == {k: example[k] for k in shared}
+    assert set(desc.values()) - {desc["version"]} <= {"W8A8", "W8A8_DYNAMIC", "W8A16", "FLOAT"}
     for layer in range(2):
         for proj in PROJ:
             prefix = f"model.layers.{layer}.{proj}"

@@ -64,7 +64,7 @@ def test_register_gguf_and_checksum_runs_in_the_background(operator, api_for, ti
     ("inner_symlink_escape", "symbolic link that leads outside"),
     ("not_a_model", "config.json"),
     ("corrupt_config", "config.json"),
-    ("random_file", ""),
+    ("random_file", "not a model: expected a Hugging Face model directory (with config.json) or a .gguf file"),
 ])
 def test_bad_paths_are_refused_clearly_and_register_nothing(case, message, operator, api_for, model_root, tmp_path, tiny_hf):
     outside = tmp_path / "elsewhere"

@@ -179,7 +179,7 @@ def test_restart_with_nothing_since(idle, after):
 
 
 def test_window_rejects_non_positive_seconds(idle, after):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="seconds must be positive, got 0"):
         window_stats(idle, after, 0)
 
 
@@ -259,7 +259,7 @@ def test_model_name_filter():
 
 
 def test_not_prometheus_text_raises():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not the Prometheus text format"):
         parse_metrics("this is { not metrics\n")
 
 
@@ -299,7 +299,7 @@ def test_histogram_quantile_tolerates_non_monotonic_counts():
 
 
 def test_histogram_quantile_rejects_bad_q():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"quantile must be within \[0, 1\], got 1.5"):
         histogram_quantile(1.5, HAND)
 
 

@@ -1,5 +1,5 @@
 from django.shortcuts import get_object_or_404
-from ninja import Router
+from ninja import Query, Router
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
@@ -37,8 +37,9 @@ def job_json(job: Job, *, user=None) -> dict:
 
 
 @api_route(router, "get", "/jobs", role=VIEWER, response=list[dict])
-def list_jobs(request, status: str = "", kind: str = "", model: int | None = None, user: str = "", limit: int = 100):
-    jobs = selectors.job_list(status=status, kind=kind, model_id=model, username=user)[: max(1, min(limit, 500))]
+def list_jobs(request, status: str = "", kind: str = "", model: int | None = None, user: str = "",
+              limit: int = Query(100, ge=1, le=500)):
+    jobs = selectors.job_list(status=status, kind=kind, model_id=model, username=user)[:limit]
     return [job_json(j) for j in jobs]
 
 
