@@ -51,10 +51,11 @@ def test_bad_input_answers_4xx_with_a_message_and_creates_nothing(as_admin, admi
         (f"/artifacts/{aid}/convert", {"to": "om", "batch_size": "x", "seq_len": "1e9"}, "Enter a whole number between 1 and 64."),
         ("/endpoints/launch", {"name": "a", "artifact": "zz", "devices": "a,b"}, "Choose an existing artifact."),
         ("/endpoints/launch", {"name": "a", "artifact": str(aid), "extra_args": "{bad json", "replicas": "-1"},
-         "No node has registered"),
+         "Expecting property name enclosed in double quotes"),
+        ("/endpoints/launch", {"name": "a", "artifact": str(aid)}, "No node has registered"),
         ("/users/create", {"username": "", "role": ""}, "Enter a username."),
         ("/tokens/create", {"name": "", "expires_days": "x"}, "Give the token a name"),
-        ("/tokens/create", {"name": "ci", "expires_days": "x"}, "Expiry must be a whole number of days."),
+        ("/tokens/create", {"name": "ci", "expires_days": "x"}, "Expiry must be a whole number of days, between 1 and 3650."),
     ]:
         resp = as_admin.post(path, data)
         assert resp.status_code == 400, (path, resp.status_code)
