@@ -32,7 +32,7 @@ LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Ar
 def nudge(node: Node) -> None:
     """Tell the node's agent to reconcile now (it also polls every few seconds)."""
     from workers.agent import nudge_channel
-    from workers.services import redis_connection
+    from workers.jobs.queues import redis_connection
 
     try:
         redis_connection().publish(nudge_channel(node.name), "reconcile")

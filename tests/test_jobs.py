@@ -12,7 +12,7 @@ from models_registry.models import Artifact, Model
 from tests.conftest import run_queued_jobs, start_worker
 from tests.tiny_models import build_tiny_llama_gguf, build_tiny_llama_hf
 from workers.models import Job
-from workers.services import reap_jobs
+from workers.jobs.services import reap_jobs
 
 
 def _register(api, name, path):
@@ -56,7 +56,7 @@ def test_precision_conversion_records_verification(operator, api_for, model_root
     run_queued_jobs("convert", "default")
     job = Job.objects.get(pk=job_id)
     assert job.status == "succeeded", job.error + job.traceback
-    out = Artifact.objects.get(pk=job.result_artifact_id)
+    out = Artifact.objects.get(pk=job.result['artifact_id'])
     assert out.dtype == "float16" and out.inspection["dtype"] == "float16"
     assert out.verification["cosine_similarity"] > 0.999 and out.verification["max_abs_diff"] < 0.05
     assert "verifying logits" in job.log
@@ -147,12 +147,12 @@ def test_duplicate_while_queued_is_refused_with_a_link(operator, api_for, model_
 def test_redis_down_gives_a_clear_error_not_a_500(operator, api_for, model_root, as_operator, monkeypatch):
     import redis
 
-    import workers.services
+    import workers.jobs.queues
 
     api = api_for(operator)
     source_path = build_tiny_llama_hf(model_root / "tiny")
     # A real client pointed at a port where no Redis listens.
-    monkeypatch.setattr(workers.services, "redis_connection", lambda: redis.Redis(port=1, socket_connect_timeout=1))
+    monkeypatch.setattr(workers.jobs.queues, "redis_connection", lambda: redis.Redis(port=1, socket_connect_timeout=1))
     # Registration itself still works (its checksum job is best-effort).
     source = _register(api, "tiny", source_path)
     response = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"})
@@ -241,15 +241,16 @@ def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, re
     """Work that must run on one host goes to its node queue; `jobs_worker` on that host takes it."""
     from django.core.management import call_command
 
-    from workers.services import job_enqueue, node_queue
+    from workers.jobs.queues import node_queue
+    from workers.jobs.services import job_enqueue
 
     api = api_for(operator)
     artifact_id = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     Job.objects.all().delete()
     artifact = Artifact.objects.get(pk=artifact_id)
-    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
                        queue=settings.NODE_QUEUE)
-    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
                             queue=node_queue("another-host"))
     call_command("jobs_worker", "default", "--burst")
     assert Job.objects.get(pk=here.pk).status == "succeeded"

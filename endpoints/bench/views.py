@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import field_errors
-from endpoints.bench import compare, selectors, services
+from endpoints.bench import compare, selectors, services, snapshots
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint
 
@@ -107,7 +107,7 @@ def bench_detail(request, run_id: int):
         "command": format_for_shell(run.command, redact=True) if run.command else "",
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
         "telemetry_json": json.dumps(run.telemetry, indent=2, sort_keys=True)[:200_000],
-        "telemetry_rows": services.telemetry_summary(run.telemetry),
+        "telemetry_rows": snapshots.telemetry_summary(run.telemetry),
     })
 
 
