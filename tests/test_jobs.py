@@ -256,3 +256,74 @@ def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, re
     assert Job.objects.get(pk=here.pk).status == "succeeded"
     assert Job.objects.get(pk=elsewhere.pk).status == "queued"
     assert redis_conn.llen(f"rq:queue:{node_queue('another-host')}") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_job_runner_registers_itself_runs_and_retries(operator, redis_conn, monkeypatch):
+    """A kind is one JobRunner subclass: defining it registers it; the runtime keeps no table of kinds."""
+    from workers.jobs import registry
+    from workers.jobs.runner import JobRunner
+    from workers.jobs.services import job_enqueue, job_retry
+
+    monkeypatch.setattr(registry, "_runners", dict(registry._runners))  # the test's kind goes with the test
+
+    class Echo(JobRunner):
+        name = "test_echo"
+        queue = "default"
+        timeout = 60
+
+        def run(self, job, ctx):
+            ctx.progress(50, "echoing")
+            return {"echo": job.params["text"]}
+
+    assert registry.runner_class("test_echo") is Echo and "test_echo" in registry.runner_kinds()
+    job = job_enqueue(kind="test_echo", params={"text": "hi"}, user=operator)
+    assert (job.queue, job.timeout_s) == ("default", 60)
+    run_queued_jobs("default")
+    job.refresh_from_db()
+    assert job.status == "succeeded" and job.result == {"echo": "hi"} and job.progress == 100
+    assert "echoing" in job.log
+    retry = job_retry(job=job, user=operator)  # the default resubmit: same kind and parameters
+    assert (retry.kind, retry.params, retry.retry_of_id) == ("test_echo", {"text": "hi"}, job.pk)
+    with pytest.raises(ValueError):
+        job_enqueue(kind="no_such_kind", params={}, user=operator)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_moves_job_links_to_the_generic_target_and_back():
+    """0005 moves each job's registry links to its generic target (the artifact wins); reversible."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [("workers", "0004_job_target")]
+    after = [("workers", "0006_job_drop_registry_links")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    OldJob = old.get_model("workers", "Job")
+    model = old.get_model("models_registry", "Model").objects.create(name="m")
+    artifact = old.get_model("models_registry", "Artifact").objects.create(model=model, format="hf", path="/x")
+    on_artifact = OldJob.objects.create(kind="convert", queue="convert", rq_id="a", target_model=model,
+                                        target_artifact=artifact, result_artifact=artifact,
+                                        result={"artifact_id": artifact.pk})
+    on_model = OldJob.objects.create(kind="hash_artifact", queue="default", rq_id="b", target_model=model)
+    on_nothing = OldJob.objects.create(kind="bench", queue="bench", rq_id="c")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    jobs = {j.rq_id: j for j in Job.objects.all()}
+    assert jobs["a"].target == Artifact.objects.get(pk=artifact.pk)
+    assert jobs["a"].result["artifact_id"] == artifact.pk
+    assert (jobs["b"].target_type.model, jobs["b"].target_id) == ("model", model.pk)
+    assert jobs["c"].target is None
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    back = {j.rq_id: j for j in old.get_model("workers", "Job").objects.all()}
+    assert (back["a"].target_artifact_id, back["a"].target_model_id, back["a"].result_artifact_id) == (
+        artifact.pk, model.pk, artifact.pk)
+    assert (back["b"].target_artifact_id, back["b"].target_model_id) == (None, model.pk)
+    assert (back["c"].target_artifact_id, back["c"].target_model_id) == (None, None)
+    assert on_artifact.pk and on_model.pk and on_nothing.pk
+    MigrationExecutor(connection).migrate(after)
