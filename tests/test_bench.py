@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from endpoints.bench import client as bench_client
 from endpoints.bench import compare, snapshots, workload
-from endpoints.bench.models import BenchmarkRun
+from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.conftest import run_queued_jobs
@@ -359,10 +359,10 @@ def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for,
 
 @pytest.mark.django_db
 def test_sweep_levels(ready_endpoint, operator, api_for, redis_conn):
-    assert workload.sweep_levels({"max_concurrency": 20}) == [1, 2, 4, 8, 16, 20]
-    assert workload.sweep_levels({"max_concurrency": 32}) == [1, 2, 4, 8, 16, 32]
-    assert workload.sweep_levels({"max_concurrency": 1}) == [1]
-    assert workload.sweep_levels({"concurrencies": "8, 2,2 4"}) == [2, 4, 8]
+    assert workload.sweep_levels(max_concurrency=20) == [1, 2, 4, 8, 16, 20]
+    assert workload.sweep_levels(max_concurrency=32) == [1, 2, 4, 8, 16, 32]
+    assert workload.sweep_levels(max_concurrency=1) == [1]
+    assert workload.sweep_levels(concurrencies=workload.parse_levels("8, 2,2 4")) == [2, 4, 8]
     response = api_for(operator).post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "max_concurrency": 8,
                                                                      "input_len": 64, "output_len": 16})
     assert response.status_code == 202, response.content
@@ -643,3 +643,16 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
     finally:
         stop_agent(agent)
         kill_leftovers(marker)
+
+
+@pytest.mark.django_db
+def test_endpoint_page_form_parses_numbers_then_queues_a_sweep(ready_endpoint, as_operator, redis_conn):
+    bad = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep",
+                                               "max_concurrency": "lots"}, follow=True)
+    assert "max_concurrency: Enter a whole number between 1 and 4096." in bad.content.decode()
+    assert not BenchmarkSweep.objects.exists()
+    ok = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "4",
+                                              "input_len": "32", "output_len": "4", "label": " W8A8 "})
+    sweep = BenchmarkSweep.objects.get()
+    assert ok.status_code == 302 and sweep.concurrencies == [1, 2, 4] and sweep.label == "W8A8"
+    assert sweep.params["ignore_eos"] is True and sweep.params["input_len"] == 32

@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from endpoints.bench.models import BENCH_ENDED, BenchmarkRun, BenchmarkSweep, BenchStatus
-from endpoints.bench.workload import DEDUPE, clean_workload, read_prompt_file, resolve_endpoint, store_prompt_file
+from endpoints.bench.workload import (DEDUPE, WorkloadRequest, clean_workload, read_prompt_file, resolve_endpoint,
+                                      store_prompt_file)
 from endpoints.models import Endpoint
 from workers.jobs.models import Job
 from workers.jobs.queues import node_queue
@@ -46,15 +47,15 @@ def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeo
                        request=request, retry_of=retry_of, queue=node_queue(endpoint.node.name), timeout_s=timeout_s)
 
 
-def _prepare(data: dict, prompt_file, stored_prompt_path: str | None):
-    endpoint = resolve_endpoint(data.get("endpoint"))
+def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_file_name: str):
+    endpoint = resolve_endpoint(endpoint_ref)
     rows, path, file_name = None, None, ""
     if stored_prompt_path:  # a retry: the file the first run stored
         path = Path(stored_prompt_path)
         if not path.exists():
             raise ValidationError({"prompt_file": "The prompt file of the first run is gone; upload it again."})
         rows, _ = read_prompt_file(path.read_bytes())
-        file_name = str(data.get("prompt_file_name") or path.name)
+        file_name = str(prompt_file_name or path.name)
     elif prompt_file is not None:
         content = prompt_file.read() if hasattr(prompt_file, "read") else prompt_file
         rows, normalised = read_prompt_file(content)
@@ -63,48 +64,51 @@ def _prepare(data: dict, prompt_file, stored_prompt_path: str | None):
     return endpoint, rows, path, file_name
 
 
-def benchmark_create(*, data: dict, user, prompt_file=None, request=None, retry_of: Job | None = None,
-                     stored_prompt_path: str | None = None) -> BenchmarkRun:
-    """Validate one benchmark of an endpoint and queue it on the `bench` queue."""
-    endpoint, rows, path, file_name = _prepare(data, prompt_file, stored_prompt_path)
-    workload = clean_workload(data, endpoint=endpoint, prompt_rows=rows)
-    _check_ready(endpoint, workload["replica"])
-    params = {"mode": "run", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **workload,
+def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
+                     retry_of: Job | None = None, stored_prompt_path: str | None = None,
+                     prompt_file_name: str = "") -> BenchmarkRun:
+    """Validate one benchmark of an endpoint (its id or name) and queue it on the endpoint's node.
+    `prompt_file`: uploaded JSONL (a file or its content); a retry passes the stored file instead."""
+    endpoint, rows, path, file_name = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows)
+    _check_ready(endpoint, cleaned["replica"])
+    params = {"mode": "run", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
     with transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
-                       timeout_s=workload["timeout_s"] + 300)
+                       timeout_s=cleaned["timeout_s"] + 300)
         run = BenchmarkRun.objects.create(job=job, params=params, **_run_fields(
-            endpoint, workload, max_concurrency=workload["max_concurrency"], num_prompts=workload["num_prompts"],
+            endpoint, cleaned, max_concurrency=cleaned["max_concurrency"], num_prompts=cleaned["num_prompts"],
             file_name=file_name, user=user))
         audit_log(actor=user, action="benchmark.create", obj=run, request=request,
-                  changes={"endpoint": endpoint.name, "job": job.pk, **{k: v for k, v in workload.items() if v not in (None, "")}})
+                  changes={"endpoint": endpoint.name, "job": job.pk, **{k: v for k, v in cleaned.items() if v not in (None, "")}})
     return run
 
 
-def sweep_create(*, data: dict, user, prompt_file=None, request=None, retry_of: Job | None = None,
-                 stored_prompt_path: str | None = None) -> BenchmarkSweep:
+def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
+                 retry_of: Job | None = None, stored_prompt_path: str | None = None,
+                 prompt_file_name: str = "") -> BenchmarkSweep:
     """A concurrency sweep (1, 2, 4, … N) in one job: one run per level, in order."""
-    endpoint, rows, path, file_name = _prepare(data, prompt_file, stored_prompt_path)
-    workload = clean_workload(data, endpoint=endpoint, prompt_rows=rows, sweep=True)
-    if workload["request_rate"] is not None:
+    endpoint, rows, path, file_name = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows, sweep=True)
+    if cleaned["request_rate"] is not None:
         raise ValidationError({"request_rate": "A sweep varies the concurrency; leave the request rate empty."})
-    _check_ready(endpoint, workload["replica"])
-    levels = workload["concurrencies"]
-    params = {"mode": "sweep", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **workload,
+    _check_ready(endpoint, cleaned["replica"])
+    levels = cleaned["concurrencies"]
+    params = {"mode": "sweep", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
     with transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
-                       timeout_s=len(levels) * (workload["timeout_s"] + 300))
+                       timeout_s=len(levels) * (cleaned["timeout_s"] + 300))
         sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, job=job,
-                                              label=workload["label"], concurrencies=levels, params=params,
+                                              label=cleaned["label"], concurrencies=levels, params=params,
                                               created_by=user if user is not None and user.pk else None)
         for index, level in enumerate(levels):
             # Without a prompt count, each level gets enough prompts to reach its concurrency.
-            prompts = workload["num_prompts"] or max(16, 4 * level)
+            prompts = cleaned["num_prompts"] or max(16, 4 * level)
             BenchmarkRun.objects.create(job=job, sweep=sweep, sweep_index=index,
                                         params={**params, "max_concurrency": level, "num_prompts": prompts},
-                                        **_run_fields(endpoint, workload, max_concurrency=level, num_prompts=prompts,
+                                        **_run_fields(endpoint, cleaned, max_concurrency=level, num_prompts=prompts,
                                                       file_name=file_name, user=user))
         audit_log(actor=user, action="benchmark.sweep", obj=sweep, request=request,
                   changes={"endpoint": endpoint.name, "job": job.pk, "concurrencies": levels})
@@ -113,10 +117,13 @@ def sweep_create(*, data: dict, user, prompt_file=None, request=None, retry_of: 
 
 def benchmark_resubmit(*, job: Job, user, request=None) -> Job:
     """Retry of a bench job: the same workload, validated again. Returns the new job."""
-    params = dict(job.params)
-    stored = params.pop("prompt_file", None)
+    params = job.params
     create = sweep_create if params.get("mode") == "sweep" else benchmark_create
-    return create(data=params, user=user, request=request, retry_of=job, stored_prompt_path=stored).job
+    return create(endpoint=params.get("endpoint"), workload=WorkloadRequest.from_params(params), user=user,
+                  request=request, retry_of=job, stored_prompt_path=params.get("prompt_file"),
+                  prompt_file_name=params.get("prompt_file_name") or "").job
+
+
 
 
 def benchmark_cancel(*, job: Job, user, request=None) -> Job:

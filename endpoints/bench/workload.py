@@ -4,11 +4,13 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 
+from console.validation import int_in_range
 from endpoints.models import Endpoint
 
 DEDUPE = "bench:endpoint:{}"
@@ -39,41 +41,13 @@ def resolve_endpoint(ref) -> Endpoint:
     return endpoint
 
 
-def _int(data, field, *, low, high, default=None):
-    raw = data.get(field, default)
-    if raw in (None, ""):
-        return default
-    if isinstance(raw, bool):
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
-    try:
-        value = int(raw)
-        if isinstance(raw, float) and raw != value:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."}) from None
-    if not low <= value <= high:
-        raise ValidationError({field: f"Enter a whole number between {low} and {high}."})
-    return value
-
-
-def _float(data, field, *, low, high):
-    raw = data.get(field)
-    if raw in (None, ""):
+def _rate(value: float | None) -> float | None:
+    """A request rate in (0, 100000] req/s, or None (all at once)."""
+    if value is None:
         return None
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ValidationError({field: f"Enter a number above {low} and up to {high}."}) from None
-    if not (low < value <= high) or math.isnan(value):
-        raise ValidationError({field: f"Enter a number above {low} and up to {high}."})
+    if not (0 < value <= 100_000) or math.isnan(value):
+        raise ValidationError({"request_rate": "Enter a number above 0 and up to 100000."})
     return value
-
-
-def _bool(data, field, default):
-    raw = data.get(field, default)
-    if isinstance(raw, str):
-        return raw.strip().lower() in ("1", "true", "on", "yes")
-    return bool(raw)
 
 
 def read_prompt_file(content) -> tuple[list[dict], bytes]:
@@ -121,18 +95,42 @@ def store_prompt_file(normalised: bytes) -> Path:
     return path
 
 
-def clean_workload(data: dict, *, endpoint: Endpoint, prompt_rows: list[dict] | None = None,
+@dataclass(frozen=True, kw_only=True)
+class WorkloadRequest:
+    """What an operator asked for, already parsed (by the bench form or the API schema); None: the default.
+    clean_workload() checks it against the endpoint."""
+
+    label: str = ""
+    replica: int | None = None
+    via: str = VIA_REPLICA
+    num_prompts: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    max_concurrency: int | None = None
+    request_rate: float | None = None
+    num_warmups: int | None = None
+    timeout_s: int | None = None
+    ignore_eos: bool = True
+    concurrencies: list[int] | None = None  # a sweep's levels (default: 1, 2, 4, … max_concurrency)
+
+    @classmethod
+    def from_params(cls, params: dict) -> "WorkloadRequest":
+        """The request behind a job's stored parameters (a retry)."""
+        return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
+
+
+def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: list[dict] | None = None,
                    sweep: bool = False) -> dict:
     """The validated workload of one run (or of every point of a sweep)."""
     with_file = prompt_rows is not None
     max_len = endpoint.max_model_len
-    label = str(data.get("label") or "").strip()
+    label = (wanted.label or "").strip()
     if len(label) > 200:
         raise ValidationError({"label": "Keep the label under 200 characters."})
-    replica = _int(data, "replica", low=0, high=10_000)
+    replica = int_in_range(wanted.replica, "replica", low=0, high=10_000)
     if replica is not None and not endpoint.replica_set.filter(index=replica).exists():
         raise ValidationError({"replica": f"{endpoint.name} has no replica {replica}."})
-    via = str(data.get("via") or VIA_REPLICA).strip()
+    via = (wanted.via or VIA_REPLICA).strip()
     if via not in (VIA_REPLICA, VIA_GATEWAY):
         raise ValidationError({"via": "Benchmark a replica directly ('replica') or through the console's gateway ('gateway')."})
     if via == VIA_GATEWAY:
@@ -142,20 +140,21 @@ def clean_workload(data: dict, *, endpoint: Endpoint, prompt_rows: list[dict] | 
             raise ValidationError({"via": "This console has no gateway (GATEWAY_URL)."})
     if with_file:
         input_len = None
-        output_len = _int(data, "output_len", low=1, high=max_len or 1_000_000)
+        output_len = int_in_range(wanted.output_len, "output_len", low=1, high=max_len or 1_000_000)
         if output_len is None and not all("output_tokens" in r for r in prompt_rows):
             output_len = 128
         default_prompts = len(prompt_rows)
     else:
-        input_len = _int(data, "input_len", low=1, high=max(1, (max_len or 1_000_000) - 1), default=512)
-        output_len = _int(data, "output_len", low=1, high=max_len or 1_000_000, default=128)
+        input_len = int_in_range(wanted.input_len, "input_len", low=1, high=max(1, (max_len or 1_000_000) - 1),
+                                 default=512)
+        output_len = int_in_range(wanted.output_len, "output_len", low=1, high=max_len or 1_000_000, default=128)
         if max_len and input_len + output_len > max_len:
             raise ValidationError({"output_len": f"input_len + output_len = {input_len + output_len} is over the "
                                                  f"endpoint's max_model_len {max_len}."})
         default_prompts = None if sweep else 100
-    num_prompts = _int(data, "num_prompts", low=1, high=100_000, default=default_prompts)
-    request_rate = _float(data, "request_rate", low=0, high=100_000)
-    max_concurrency = _int(data, "max_concurrency", low=1, high=4096)
+    num_prompts = int_in_range(wanted.num_prompts, "num_prompts", low=1, high=100_000, default=default_prompts)
+    request_rate = _rate(wanted.request_rate)
+    max_concurrency = int_in_range(wanted.max_concurrency, "max_concurrency", low=1, high=4096)
     if max_concurrency is None and request_rate is None:
         max_concurrency = 32
     workload = {
@@ -165,33 +164,28 @@ def clean_workload(data: dict, *, endpoint: Endpoint, prompt_rows: list[dict] | 
         "num_prompts": num_prompts,
         "max_concurrency": max_concurrency,
         "request_rate": request_rate,
-        "num_warmups": _int(data, "num_warmups", low=0, high=1000, default=0),
-        "timeout_s": _int(data, "timeout_s", low=10, high=7 * 24 * 3600,
-                          default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)),
-        "ignore_eos": _bool(data, "ignore_eos", True),
+        "num_warmups": int_in_range(wanted.num_warmups, "num_warmups", low=0, high=1000, default=0),
+        "timeout_s": int_in_range(wanted.timeout_s, "timeout_s", low=10, high=7 * 24 * 3600,
+                                  default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)),
+        "ignore_eos": bool(wanted.ignore_eos),
         "replica": replica,
         "via": via,
         "label": label,
     }
     if sweep:
-        workload["concurrencies"] = sweep_levels(data)
+        workload["concurrencies"] = sweep_levels(concurrencies=wanted.concurrencies,
+                                                 max_concurrency=wanted.max_concurrency)
     return workload
 
 
-def sweep_levels(data: dict) -> list[int]:
+def sweep_levels(*, concurrencies: list[int] | None = None, max_concurrency: int | None = None) -> list[int]:
     """1, 2, 4, … up to N (N included), or the levels given."""
-    given = data.get("concurrencies")
-    if isinstance(given, str):
-        given = [p for p in re.split(r"[,\s]+", given) if p]
-    if given:
-        try:
-            levels = sorted({int(c) for c in given})
-        except (TypeError, ValueError):
-            raise ValidationError({"concurrencies": "Concurrencies are whole numbers, e.g. 1,2,4,8."}) from None
+    if concurrencies:
+        levels = sorted(set(concurrencies))
         if not all(1 <= c <= 4096 for c in levels):
             raise ValidationError({"concurrencies": "Each concurrency is between 1 and 4096."})
     else:
-        top = _int(data, "max_concurrency", low=1, high=4096, default=32)
+        top = int_in_range(max_concurrency, "max_concurrency", low=1, high=4096, default=32)
         levels, c = [], 1
         while c < top:
             levels.append(c)
@@ -200,6 +194,14 @@ def sweep_levels(data: dict) -> list[int]:
     if len(levels) > 16:
         raise ValidationError({"concurrencies": "At most 16 levels in one sweep."})
     return levels
+
+
+def parse_levels(text: str) -> list[int]:
+    """A sweep's levels as typed in the form: "1, 2 4,8" (blank: none given)."""
+    try:
+        return [int(p) for p in re.split(r"[,\s]+", text) if p]
+    except ValueError:
+        raise ValidationError({"concurrencies": "Concurrencies are whole numbers, e.g. 1,2,4,8."}) from None
 
 
 def gateway_available() -> bool:
