@@ -39,7 +39,7 @@ import json, os, resource, sys, time
 from pathlib import Path
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 import django; django.setup()
-from models_registry.quantize import jobs_impl
+from models_registry.quantize import jobs as quantize_jobs
 from models_registry.quantize.selectors import DATA, read_paragraphs
 class Ctx:
     def progress(self, pct, stage=None): pass
@@ -49,7 +49,7 @@ full = {"gate_pct": 2.0, "fallback": True, "max_fallback_layers": 16, "num_sampl
         "gptq": False, "serve_check": False, "calibration": 0, "evaluation": 0, **opts}
 cfg = json.loads((src / "config.json").read_text())
 t = time.monotonic()
-rep = jobs_impl._run(Ctx(), src, out, cfg, full, read_paragraphs(DATA / "calibration_source.txt"),
+rep = quantize_jobs._run(Ctx(), src, out, cfg, full, read_paragraphs(DATA / "calibration_source.txt"),
                      read_paragraphs(DATA / "evaluation_source.txt"))
 acc = rep["accuracy"]
 print("RESULT " + json.dumps({"wall_s": round(time.monotonic() - t, 1),
@@ -74,7 +74,7 @@ def throughput(model_dir: Path, tokenizer: Path, result_dir: Path) -> dict:
     line the console's benchmark jobs use) sends the same random workload to each model."""
     from django.conf import settings
 
-    from endpoints.bench.services import client_argv
+    from endpoints.bench.client import client_argv
     from models_registry.quantize.compressed import VllmServer
 
     result_dir.mkdir(parents=True, exist_ok=True)

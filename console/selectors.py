@@ -1,5 +1,5 @@
 from models_registry.models import Artifact, Model
-from workers.models import Job
+from workers.jobs.models import Job
 
 
 def overview_counts() -> dict:
@@ -10,5 +10,5 @@ def overview_counts() -> dict:
         "jobs_active": Job.objects.active().count(),
         "jobs_failed": Job.objects.filter(status=Job.Status.FAILED).count(),
         "jobs_total": Job.objects.count(),
-        "recent_jobs": list(Job.objects.select_related("target_model", "created_by")[:8]),
+        "recent_jobs": list(Job.objects.select_related("created_by").prefetch_related("target")[:8]),
     }

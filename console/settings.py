@@ -91,7 +91,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Queues by kind of work, plus this host's own queue for work that must run here (e.g. a
 # benchmark client next to its model files); `manage.py jobs_worker` always listens to it.
-NODE_QUEUE = f"node-{NODE_NAME}"  # workers.services.node_queue() names other hosts' queues
+NODE_QUEUE = f"node-{NODE_NAME}"  # workers.jobs.queues.node_queue() names other hosts' queues
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600}
     for name in ("default", "convert", "quantize", "bench", NODE_QUEUE)

@@ -34,7 +34,7 @@ def healthz(request):
     except Exception as exc:  # the probe must answer, whatever broke
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        from workers.services import redis_connection
+        from workers.jobs.queues import redis_connection
 
         redis_connection().ping()
         checks["redis"] = "ok"

@@ -15,3 +15,5 @@ class EndpointsConfig(AppConfig):
         register_workload("endpoints", ReplicaWorkload())
         register_collector("endpoints", collect_replicas)
         register_served_facts(served_facts)
+        # Defining the job kind registers it with the job runtime (workers.jobs).
+        from endpoints.bench import jobs  # noqa: F401

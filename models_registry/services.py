@@ -15,9 +15,10 @@ from console.validation import int_in_range
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.paths import validate_model_path
-from models_registry.selectors import artifact_in_use
-from workers.models import Job
-from workers.services import job_enqueue
+from models_registry.selectors import artifact_in_use, model_jobs_q
+from workers.jobs.models import Job
+from workers.jobs.selectors import jobs_on
+from workers.jobs.services import job_enqueue
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,7 @@ def artifact_hash_enqueue(*, artifact: Artifact, user=None) -> Job | None:
     """Checksums run in the background; a registration doesn't fail because Redis is down."""
     try:
         return job_enqueue(kind="hash_artifact", params={"artifact": artifact.pk}, user=user,
-                           target_model=artifact.model, target_artifact=artifact,
-                           dedupe_key=f"hash_artifact:{artifact.pk}")
+                           target=artifact, dedupe_key=f"hash_artifact:{artifact.pk}")
     except (ServiceUnavailable, Conflict) as exc:
         log.warning("Checksum of %s not queued: %s", artifact, exc)
         return None
@@ -89,7 +89,7 @@ def artifact_delete(*, artifact: Artifact, user, request=None) -> Artifact:
     if users:
         raise Conflict(f"Artifact #{artifact.pk} is used by endpoint(s) {', '.join(users)}: stop them first.")
     # A pending checksum doesn't block a delete; a conversion reading the files does.
-    if artifact.jobs.filter(status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
+    if jobs_on(artifact).filter(status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
         raise Conflict(f"Artifact #{artifact.pk} has running jobs: cancel them first.")
     was = artifact.status
     artifact.status = Artifact.Status.DELETED
@@ -105,7 +105,7 @@ def model_delete(*, model: Model, user, request=None) -> Model:
         users = artifact_in_use(artifact)
         if users:
             raise Conflict(f"{model.name} is served by endpoint(s) {', '.join(users)}: stop them first.")
-    if Job.objects.filter(target_model=model, status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
+    if Job.objects.filter(model_jobs_q(model.pk), status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
         raise Conflict(f"{model.name} has running jobs: cancel them first.")
     with transaction.atomic():
         now = timezone.now()
@@ -196,6 +196,6 @@ def artifact_convert(*, artifact: Artifact, user, options: dict, request=None, r
         )
     dedupe = f"convert:{artifact.pk}:{json.dumps(clean, sort_keys=True)}"
     with transaction.atomic():
-        job = job_enqueue(kind="convert", params=clean, user=user, target_model=artifact.model,
-                          target_artifact=artifact, dedupe_key=dedupe, request=request, retry_of=retry_of)
+        job = job_enqueue(kind="convert", params=clean, user=user, target=artifact,
+                          dedupe_key=dedupe, request=request, retry_of=retry_of)
     return job

@@ -69,7 +69,7 @@ def model_delete(request, model_id: int):
 
 
 def _jobs_context(artifact) -> dict:
-    jobs = list(artifact.jobs.select_related("created_by", "target_model")[:20])
+    jobs = list(selectors.artifact_jobs(artifact)[:20])
     return {"artifact": artifact, "jobs": jobs, "jobs_active": any(j.is_active for j in jobs)}
 
 

@@ -13,8 +13,9 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from endpoints.bench import compare, services
-from endpoints.bench.models import BenchmarkRun
+from endpoints.bench import client as bench_client
+from endpoints.bench import compare, snapshots, workload
+from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.conftest import run_queued_jobs
@@ -47,17 +48,17 @@ REAL_RESULT = {
 
 
 def test_parse_keeps_vllm_field_names_and_drops_per_request_arrays():
-    result, detail = services.parse_saved_result(REAL_RESULT)
+    result, detail = bench_client.parse_saved_result(REAL_RESULT)
     for key in ("request_throughput", "output_throughput", "total_token_throughput", "p99_ttft_ms", "p99_e2el_ms",
                 "median_tpot_ms", "mean_itl_ms", "p90_e2el_ms", "failed", "completed", "duration", "max_concurrency"):
         assert result[key] == REAL_RESULT[key], key
-    for key in services.PER_REQUEST_FIELDS:
+    for key in bench_client.PER_REQUEST_FIELDS:
         assert key not in result
     assert result["request_rate"] == "inf" and result["request_goodput"] is None
 
 
 def test_parse_per_request_values_and_timeline():
-    _, detail = services.parse_saved_result(REAL_RESULT)
+    _, detail = bench_client.parse_saved_result(REAL_RESULT)
     assert detail["n"] == 4 and detail["ok"] == [True] * 4
     assert detail["ttft_ms"] == [100.0, 120.0, 100.0, 140.0]
     assert detail["e2el_ms"] == [400.0, 420.0, 400.0, 440.0]
@@ -81,7 +82,7 @@ def test_parse_counts_failed_requests():
     saved["ttfts"][2] = 0.0
     saved["output_lens"][2] = 0
     saved["itls"][2] = []
-    result, detail = services.parse_saved_result(saved)
+    result, detail = bench_client.parse_saved_result(saved)
     assert result["failed"] == 1 and result["completed"] == 3
     assert detail["ok"] == [True, True, False, True]
     assert detail["tpot_ms"][2] is None and detail["error_samples"] == ["Bad Request: prompt too long"]
@@ -90,22 +91,22 @@ def test_parse_counts_failed_requests():
 
 def test_parse_refuses_what_is_not_a_vllm_result():
     with pytest.raises(ValueError, match=r"not a vLLM benchmark result \(no request_throughput\)"):
-        services.parse_saved_result({"hello": 1})
+        bench_client.parse_saved_result({"hello": 1})
 
 
 def test_itls_are_sampled_when_huge():
     saved = json.loads(json.dumps(REAL_RESULT))
     saved["itls"] = [[0.01] * 10_000 for _ in range(4)]
-    _, detail = services.parse_saved_result(saved)
-    assert detail["itl_sampled"] is True and len(detail["itl_ms"]) <= services.ITL_SAMPLE_MAX
+    _, detail = bench_client.parse_saved_result(saved)
+    assert detail["itl_sampled"] is True and len(detail["itl_ms"]) <= bench_client.ITL_SAMPLE_MAX
 
 
 def test_client_command_is_vllm_bench_serve(tmp_path):
-    argv = services.client_argv(python="/engine/bin/python", base_url="http://10.0.0.5:8200", model="qwen",
+    argv = bench_client.client_argv(python="/engine/bin/python", base_url="http://10.0.0.5:8200", model="qwen",
                                 tokenizer="/models/qwen", result_dir=tmp_path, workload={
                                     "dataset": "random", "input_len": 512, "output_len": 128, "num_prompts": 32,
                                     "max_concurrency": 8, "request_rate": None, "num_warmups": 2, "ignore_eos": True})
-    assert argv[:3] == ["/engine/bin/python", "-c", services.CLIENT_LAUNCHER]
+    assert argv[:3] == ["/engine/bin/python", "-c", bench_client.CLIENT_LAUNCHER]
     assert "from vllm.benchmarks.serve import add_cli_args, main" in argv[2]
     rest = argv[3:]
 
@@ -119,7 +120,7 @@ def test_client_command_is_vllm_bench_serve(tmp_path):
     assert value("--percentile-metrics") == "ttft,tpot,itl,e2el" and value("--metric-percentiles") == "50,90,99"
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(rest) and "--request-rate" not in rest
     assert value("--result-dir") == str(tmp_path) and value("--result-filename") == "result.json"
-    rate = services.client_argv(python="p", base_url="u", model="m", tokenizer="t", result_dir=tmp_path,
+    rate = bench_client.client_argv(python="p", base_url="u", model="m", tokenizer="t", result_dir=tmp_path,
                                 prompt_file="/data/p.jsonl", workload={
                                     "dataset": "file", "output_len": None, "num_prompts": 5, "max_concurrency": None,
                                     "request_rate": 2.5, "num_warmups": 0, "ignore_eos": False})
@@ -358,10 +359,10 @@ def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for,
 
 @pytest.mark.django_db
 def test_sweep_levels(ready_endpoint, operator, api_for, redis_conn):
-    assert services.sweep_levels({"max_concurrency": 20}) == [1, 2, 4, 8, 16, 20]
-    assert services.sweep_levels({"max_concurrency": 32}) == [1, 2, 4, 8, 16, 32]
-    assert services.sweep_levels({"max_concurrency": 1}) == [1]
-    assert services.sweep_levels({"concurrencies": "8, 2,2 4"}) == [2, 4, 8]
+    assert workload.sweep_levels(max_concurrency=20) == [1, 2, 4, 8, 16, 20]
+    assert workload.sweep_levels(max_concurrency=32) == [1, 2, 4, 8, 16, 32]
+    assert workload.sweep_levels(max_concurrency=1) == [1]
+    assert workload.sweep_levels(concurrencies=workload.parse_levels("8, 2,2 4")) == [2, 4, 8]
     response = api_for(operator).post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "max_concurrency": 8,
                                                                      "input_len": 64, "output_len": 16})
     assert response.status_code == 202, response.content
@@ -390,11 +391,11 @@ def test_telemetry_series_recorded_during_the_run(ready_endpoint):
             telemetry.Point.objects.create(series=s, ts=ts, value=value)
     start = datetime.fromtimestamp(now - 10, tz=dt_timezone.utc)
     end = datetime.fromtimestamp(now, tz=dt_timezone.utc)
-    window = services.telemetry_window(ready_endpoint, replica, start, end)
+    window = snapshots.telemetry_window(ready_endpoint, replica, start, end)
     assert {s["key"] for s in window["series"]} == {"n.d2.util", "n.host.cpu", "e.r0.qps"}
     mine = next(s for s in window["series"] if s["key"] == "n.d2.util")
     assert mine["points"] == [[now - 5, 50.0], [now, 70.0]] and mine["device"] == 2
-    rows = services.telemetry_summary(window)
+    rows = snapshots.telemetry_summary(window)
     assert {r["mean"] for r in rows} == {60.0} and rows[-1]["device"] == 2
 
 
@@ -592,7 +593,7 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
     monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
-    pid_file = services.bench_dir() / "runs" / str(created["id"]) / "argv.json"
+    pid_file = workload.bench_dir() / "runs" / str(created["id"]) / "argv.json"
     seen = {}
 
     def cancel_when_running():
@@ -695,3 +696,16 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
     finally:
         stop_agent(agent)
         kill_leftovers(marker)
+
+
+@pytest.mark.django_db
+def test_endpoint_page_form_parses_numbers_then_queues_a_sweep(ready_endpoint, as_operator, redis_conn):
+    bad = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep",
+                                               "max_concurrency": "lots"}, follow=True)
+    assert "max_concurrency: Enter a whole number between 1 and 4096." in bad.content.decode()
+    assert not BenchmarkSweep.objects.exists()
+    ok = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "4",
+                                              "input_len": "32", "output_len": "4", "label": " W8A8 "})
+    sweep = BenchmarkSweep.objects.get()
+    assert ok.status_code == 302 and sweep.concurrencies == [1, 2, 4] and sweep.label == "W8A8"
+    assert sweep.params["ignore_eos"] is True and sweep.params["input_len"] == 32

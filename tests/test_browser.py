@@ -120,7 +120,7 @@ def test_operator_converts_and_watches_the_job_live(page, operator, model_root, 
 
     result = page.locator("#job-result")
     assert result.is_visible()
-    out = Artifact.objects.get(pk=job.result_artifact_id)
+    out = Artifact.objects.get(pk=job.result['artifact_id'])
     assert result.get_attribute("href") == f"/artifacts/{out.pk}/"
     result.click()
     page.wait_for_url(f"**/artifacts/{out.pk}/")
@@ -199,7 +199,7 @@ def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, 
             job.refresh_from_db()
             assert job.status == "succeeded", (job.error, job.log[-2000:])
             page.click("#job-result")
-            out = Artifact.objects.get(pk=job.result_artifact_id)
+            out = Artifact.objects.get(pk=job.result['artifact_id'])
             page.wait_for_url(f"**/artifacts/{out.pk}/")
             assert out.format == fmt and out.parent_id == source.pk
             report = page.inner_text("#accuracy-report")

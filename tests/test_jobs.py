@@ -12,7 +12,7 @@ from models_registry.models import Artifact, Model
 from tests.conftest import run_queued_jobs, start_worker
 from tests.tiny_models import build_tiny_llama_gguf, build_tiny_llama_hf
 from workers.models import Job
-from workers.services import reap_jobs
+from workers.jobs.services import reap_jobs
 
 
 def _register(api, name, path):
@@ -56,7 +56,7 @@ def test_precision_conversion_records_verification(operator, api_for, model_root
     run_queued_jobs("convert", "default")
     job = Job.objects.get(pk=job_id)
     assert job.status == "succeeded", job.error + job.traceback
-    out = Artifact.objects.get(pk=job.result_artifact_id)
+    out = Artifact.objects.get(pk=job.result['artifact_id'])
     assert out.dtype == "float16" and out.inspection["dtype"] == "float16"
     assert out.verification["cosine_similarity"] > 0.999 and out.verification["max_abs_diff"] < 0.05
     assert "verifying logits" in job.log
@@ -147,12 +147,12 @@ def test_duplicate_while_queued_is_refused_with_a_link(operator, api_for, model_
 def test_redis_down_gives_a_clear_error_not_a_500(operator, api_for, model_root, as_operator, monkeypatch):
     import redis
 
-    import workers.services
+    import workers.jobs.queues
 
     api = api_for(operator)
     source_path = build_tiny_llama_hf(model_root / "tiny")
     # A real client pointed at a port where no Redis listens.
-    monkeypatch.setattr(workers.services, "redis_connection", lambda: redis.Redis(port=1, socket_connect_timeout=1))
+    monkeypatch.setattr(workers.jobs.queues, "redis_connection", lambda: redis.Redis(port=1, socket_connect_timeout=1))
     # Registration itself still works (its checksum job is best-effort).
     source = _register(api, "tiny", source_path)
     response = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"})
@@ -241,17 +241,89 @@ def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, re
     """Work that must run on one host goes to its node queue; `jobs_worker` on that host takes it."""
     from django.core.management import call_command
 
-    from workers.services import job_enqueue, node_queue
+    from workers.jobs.queues import node_queue
+    from workers.jobs.services import job_enqueue
 
     api = api_for(operator)
     artifact_id = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     Job.objects.all().delete()
     artifact = Artifact.objects.get(pk=artifact_id)
-    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
                        queue=settings.NODE_QUEUE)
-    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target_artifact=artifact,
+    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
                             queue=node_queue("another-host"))
     call_command("jobs_worker", "default", "--burst")
     assert Job.objects.get(pk=here.pk).status == "succeeded"
     assert Job.objects.get(pk=elsewhere.pk).status == "queued"
     assert redis_conn.llen(f"rq:queue:{node_queue('another-host')}") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_job_runner_registers_itself_runs_and_retries(operator, redis_conn, monkeypatch):
+    """A kind is one JobRunner subclass: defining it registers it; the runtime keeps no table of kinds."""
+    from workers.jobs import registry
+    from workers.jobs.runner import JobRunner
+    from workers.jobs.services import job_enqueue, job_retry
+
+    monkeypatch.setattr(registry, "_runners", dict(registry._runners))  # the test's kind goes with the test
+
+    class Echo(JobRunner):
+        name = "test_echo"
+        queue = "default"
+        timeout = 60
+
+        def run(self, job, ctx):
+            ctx.progress(50, "echoing")
+            return {"echo": job.params["text"]}
+
+    assert registry.runner_class("test_echo") is Echo and "test_echo" in registry.runner_kinds()
+    job = job_enqueue(kind="test_echo", params={"text": "hi"}, user=operator)
+    assert (job.queue, job.timeout_s) == ("default", 60)
+    run_queued_jobs("default")
+    job.refresh_from_db()
+    assert job.status == "succeeded" and job.result == {"echo": "hi"} and job.progress == 100
+    assert "echoing" in job.log
+    retry = job_retry(job=job, user=operator)  # the default resubmit: same kind and parameters
+    assert (retry.kind, retry.params, retry.retry_of_id) == ("test_echo", {"text": "hi"}, job.pk)
+    with pytest.raises(ValueError):
+        job_enqueue(kind="no_such_kind", params={}, user=operator)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_moves_job_links_to_the_generic_target_and_back():
+    """0005 moves each job's registry links to its generic target (the artifact wins); reversible."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [("workers", "0004_job_target")]
+    after = [("workers", "0006_job_drop_registry_links")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    OldJob = old.get_model("workers", "Job")
+    model = old.get_model("models_registry", "Model").objects.create(name="m")
+    artifact = old.get_model("models_registry", "Artifact").objects.create(model=model, format="hf", path="/x")
+    on_artifact = OldJob.objects.create(kind="convert", queue="convert", rq_id="a", target_model=model,
+                                        target_artifact=artifact, result_artifact=artifact,
+                                        result={"artifact_id": artifact.pk})
+    on_model = OldJob.objects.create(kind="hash_artifact", queue="default", rq_id="b", target_model=model)
+    on_nothing = OldJob.objects.create(kind="bench", queue="bench", rq_id="c")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    jobs = {j.rq_id: j for j in Job.objects.all()}
+    assert jobs["a"].target == Artifact.objects.get(pk=artifact.pk)
+    assert jobs["a"].result["artifact_id"] == artifact.pk
+    assert (jobs["b"].target_type.model, jobs["b"].target_id) == ("model", model.pk)
+    assert jobs["c"].target is None
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    back = {j.rq_id: j for j in old.get_model("workers", "Job").objects.all()}
+    assert (back["a"].target_artifact_id, back["a"].target_model_id, back["a"].result_artifact_id) == (
+        artifact.pk, model.pk, artifact.pk)
+    assert (back["b"].target_artifact_id, back["b"].target_model_id) == (None, model.pk)
+    assert (back["c"].target_artifact_id, back["c"].target_model_id) == (None, None)
+    assert on_artifact.pk and on_model.pk and on_nothing.pk
+    MigrationExecutor(connection).migrate(after)

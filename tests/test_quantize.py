@@ -178,7 +178,7 @@ def test_compressed_tensors_w8a8_dynamic_job(tiny):
     api, aid, src = tiny()
     job = _quantize(api, aid, target="compressed-tensors", scheme="w8a8_dynamic", gate_pct=50)
     assert job.status == "succeeded", (job.error, job.log[-2000:])
-    art = api.get(f"/api/v1/artifacts/{job.result_artifact_id}").json()
+    art = api.get(f"/api/v1/artifacts/{job.result['artifact_id']}").json()
     assert art["format"] == "compressed-tensors" and art["dtype"] == "W8A8_DYNAMIC" and art["recommended"]
     acc = art["accuracy"]
     assert {"ppl_before", "ppl_after", "ppl_change_pct", "eval_tokens", "gate_pct", "passed"} <= set(acc)
@@ -199,7 +199,7 @@ def test_compressed_tensors_w8a8_dynamic_job(tiny):
     # The same settings again: refused with a link to the artifact.
     again = api.post(f"/api/v1/artifacts/{aid}/quantize", {"target": "compressed-tensors", "scheme": "w8a8_dynamic",
                                                            "gate_pct": 50})
-    assert again.status_code == 409 and f"/artifacts/{job.result_artifact_id}" in again.content.decode()
+    assert again.status_code == 409 and f"/artifacts/{job.result['artifact_id']}" in again.content.decode()
 
 
 def _modelslim_tensors(path: Path):
@@ -215,7 +215,7 @@ def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
     api, aid, src = tiny()
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=100)
     assert job.status == "succeeded", (job.error, job.log[-2000:])
-    art = Artifact.objects.get(pk=job.result_artifact_id)
+    art = Artifact.objects.get(pk=job.result['artifact_id'])
     out = Path(art.path)
     desc, tensors, weight_file = _modelslim_tensors(out)
     assert weight_file == "quant_model_weight_w8a8.safetensors"
@@ -275,7 +275,7 @@ def test_modelslim_w8a8_dynamic_matches_vllm_ascend_description(tiny):
     api, aid, src = tiny(dtype="float16")
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_dynamic", gate_pct=100)
     assert job.status == "succeeded", job.error
-    desc, tensors, weight_file = _modelslim_tensors(Path(Artifact.objects.get(pk=job.result_artifact_id).path))
+    desc, tensors, weight_file = _modelslim_tensors(Path(Artifact.objects.get(pk=job.result['artifact_id']).path))
     example = json.loads(FIXTURE_DESC.read_text())
     assert desc["model_quant_type"] == example["model_quant_type"] == "W8A8_DYNAMIC"
     assert desc["version"] == example["version"]
@@ -306,7 +306,7 @@ def test_fp16_static_deq_scale_is_float32_bits_in_int64(tiny):
     api, aid, _ = tiny(dtype="float16")
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=100)
     assert job.status == "succeeded", job.error
-    _, tensors, _ = _modelslim_tensors(Path(Artifact.objects.get(pk=job.result_artifact_id).path))
+    _, tensors, _ = _modelslim_tensors(Path(Artifact.objects.get(pk=job.result['artifact_id']).path))
     prefix = "model.layers.0.mlp.up_proj"
     deq = tensors[f"{prefix}.deq_scale"]
     assert deq.dtype == torch.int64 and tensors[f"{prefix}.input_scale"].dtype == torch.float16
@@ -322,7 +322,7 @@ def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="kl", anti_outlier="m1",
                     gate_pct=100, fallback=False)
     assert job.status == "succeeded", (job.error, job.log[-2000:])
-    art = Artifact.objects.get(pk=job.result_artifact_id)
+    art = Artifact.objects.get(pk=job.result['artifact_id'])
     desc, tensors, weight_file = _modelslim_tensors(Path(art.path))
     assert weight_file == "quant_model_weight_w8a8.safetensors" and desc["model_quant_type"] == "W8A8"
     assert "lm_head.weight" not in tensors or "separately" in art.note
@@ -442,8 +442,8 @@ def test_out_of_memory_fails_cleanly(tiny, monkeypatch):
 def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     api, aid, _ = tiny()
     job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="kl", gate_pct=100)
-    assert Artifact.objects.get(pk=job.result_artifact_id).accuracy["calibration"]["method"] == "kl"
-    page = as_operator.get(f"/artifacts/{job.result_artifact_id}/").content.decode()
+    assert Artifact.objects.get(pk=job.result['artifact_id']).accuracy["calibration"]["method"] == "kl"
+    page = as_operator.get(f"/artifacts/{job.result['artifact_id']}/").content.decode()
     assert 'id="accuracy-report"' in page and "plotly/plotly.min.js" in page and 'id="sensitivity"' in page
     assert 'id="quantize-form"' in as_operator.get(f"/artifacts/{aid}/").content.decode()
     # Serving speed: a hint until both the source and the quantized artifact have a finished benchmark.
@@ -454,10 +454,10 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
 
     node = Node.objects.create(name="bench-node", address="127.0.0.1")
     runs = []
-    for name, artifact_id in (("src-ep", aid), ("q-ep", job.result_artifact_id)):
+    for name, artifact_id in (("src-ep", aid), ("q-ep", job.result['artifact_id'])):
         ep = Endpoint.objects.create(name=name, artifact_id=artifact_id, node=node, served_model_name=name)
         runs.append(BenchmarkRun.objects.create(endpoint=ep, endpoint_name=name, num_prompts=8, status="succeeded"))
-    page = as_operator.get(f"/artifacts/{job.result_artifact_id}/").content.decode()
+    page = as_operator.get(f"/artifacts/{job.result['artifact_id']}/").content.decode()
     assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in page
     r = as_operator.post(f"/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16",
                                                         "method": "minmax", "gate_pct": "100", "fallback": "on"})

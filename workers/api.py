@@ -3,8 +3,9 @@ from ninja import Query, Router
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role
-from workers import selectors, services
-from workers.models import Job
+from workers.jobs import selectors as job_selectors
+from workers.jobs import services as job_services
+from workers.jobs.models import Job
 
 router = Router(tags=["jobs"])
 
@@ -19,9 +20,8 @@ def job_json(job: Job, *, user=None) -> dict:
         "error": job.error or None,
         "params": job.params,
         "result": job.result,
-        "result_artifact": job.result_artifact_id,
-        "target_model": job.target_model_id,
-        "target_artifact": job.target_artifact_id,
+        "result_artifact": job.result.get("artifact_id"),
+        **_target_keys(job),
         "queue": job.queue,
         "node": job.node,
         "worker": job.worker_name,
@@ -36,26 +36,39 @@ def job_json(job: Job, *, user=None) -> dict:
     return data
 
 
+def _target_keys(job: Job) -> dict:
+    """The API's keys from before targets were generic: `target_<its model name>` is the target's id
+    (an artifact), and `target_model` also names the model an artifact belongs to."""
+    keys = {"target_model": None, "target_artifact": None}
+    if job.target_type_id is not None:
+        name = f"target_{job.target_type.model}"
+        if name in keys:
+            keys[name] = job.target_id
+        if keys["target_model"] is None:
+            keys["target_model"] = getattr(job.target, "model_id", None)
+    return keys
+
+
 @api_route(router, "get", "/jobs", role=VIEWER, response=list[dict])
 def list_jobs(request, status: str = "", kind: str = "", model: int | None = None, user: str = "",
               limit: int = Query(100, ge=1, le=500)):
-    jobs = selectors.job_list(status=status, kind=kind, model_id=model, username=user)[:limit]
+    jobs = job_selectors.job_list(status=status, kind=kind, targets={"model": model}, username=user)[:limit]
     return [job_json(j) for j in jobs]
 
 
 @api_route(router, "get", "/jobs/{job_id}", role=VIEWER, response=dict)
 def get_job(request, job_id: int):
-    job = get_object_or_404(Job.objects.select_related("created_by"), pk=job_id)
+    job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
     return job_json(job, user=request.user) | {"log_tail": job.log[-5000:]}
 
 
 @api_route(router, "post", "/jobs/{job_id}/cancel", role=OPERATOR, response=dict)
 def cancel_job(request, job_id: int):
-    job = services.job_cancel(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
+    job = job_services.job_cancel(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
     return job_json(job)
 
 
 @api_route(router, "post", "/jobs/{job_id}/retry", role=OPERATOR, response={202: dict})
 def retry_job(request, job_id: int):
-    new = services.job_retry(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
+    new = job_services.job_retry(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
     return 202, {"job": new.pk}

@@ -5,9 +5,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from models_registry.models import Model
-from workers import selectors, services
-from workers.models import Job, Node
+from workers.jobs import selectors as job_selectors
+from workers.jobs import services as job_services
+from workers.jobs.models import Job
+from workers.models import Node
 
 
 @require_GET
@@ -15,28 +16,29 @@ from workers.models import Job, Node
 def job_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
     model_id = int(filters["model"]) if filters["model"].isdigit() else None
-    jobs = selectors.job_list(status=filters["status"], kind=filters["kind"], model_id=model_id, username=filters["user"])
+    jobs = job_selectors.job_list(status=filters["status"], kind=filters["kind"], targets={"model": model_id},
+                                  username=filters["user"])
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
     return render(request, "workers/job_list.html", {
         "page": page, "filters": filters, "statuses": Job.Status.values,
         "kinds": Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
-        "models": Model.objects.alive(),
+        "models": job_selectors.target_choices("model"),
     })
 
 
 @require_GET
 @require_role(VIEWER)
 def job_detail(request, job_id: int):
-    job = get_object_or_404(Job.objects.select_related("created_by", "target_model", "target_artifact", "result_artifact"), pk=job_id)
-    return render(request, "workers/job_detail.html", {"job": job})
+    job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
+    return render(request, "workers/job_detail.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
 @require_GET
 @require_role(VIEWER)
 def job_status(request, job_id: int):
     """The live part of the job page, polled by htmx; polling stops when the job ends."""
-    job = get_object_or_404(Job.objects.select_related("result_artifact"), pk=job_id)
-    return render(request, "workers/_job_status.html", {"job": job})
+    job = get_object_or_404(Job, pk=job_id)
+    return render(request, "workers/_job_status.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
 @require_POST
@@ -44,7 +46,7 @@ def job_status(request, job_id: int):
 def job_cancel(request, job_id: int):
     job = get_object_or_404(Job, pk=job_id)
     try:
-        services.job_cancel(job=job, user=request.user, request=request)
+        job_services.job_cancel(job=job, user=request.user, request=request)
         messages.success(request, f"Job #{job.pk} cancelled.")
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
@@ -56,7 +58,7 @@ def job_cancel(request, job_id: int):
 def job_retry(request, job_id: int):
     job = get_object_or_404(Job, pk=job_id)
     try:
-        new = services.job_retry(job=job, user=request.user, request=request)
+        new = job_services.job_retry(job=job, user=request.user, request=request)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
         return redirect(job)

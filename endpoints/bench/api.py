@@ -9,6 +9,7 @@ from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
 from endpoints.bench import compare, selectors, services
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
+from endpoints.bench.workload import WorkloadRequest
 
 router = Router(tags=["benchmarks"])
 
@@ -69,15 +70,16 @@ def sweep_json(sweep: BenchmarkSweep) -> dict:
             "url": sweep.get_absolute_url()}
 
 
-def _data(payload: Schema) -> tuple[dict, str | None]:
+def _request(payload: Schema) -> dict:
+    """The service's keyword arguments: the endpoint, the prompt file's content, the workload."""
     data = payload.dict()
-    return data, data.pop("prompt_file", None)
+    return {"endpoint": data.pop("endpoint"), "prompt_file": data.pop("prompt_file", None),
+            "workload": WorkloadRequest(**data)}
 
 
 @api_route(router, "post", "/benchmarks", role=OPERATOR, response={202: dict})
 def create_benchmark(request, payload: BenchmarkIn):
-    data, prompts = _data(payload)
-    run = services.benchmark_create(data=data, prompt_file=prompts, user=request.user, request=request)
+    run = services.benchmark_create(**_request(payload), user=request.user, request=request)
     return 202, run_json(run)
 
 
@@ -103,8 +105,7 @@ def compare_benchmarks(request, runs: str, baseline: int | None = None):
 # Before /benchmarks/{run_id}: ninja's path parameters match any segment.
 @api_route(router, "post", "/benchmarks/sweeps", role=OPERATOR, response={202: dict})
 def create_sweep(request, payload: SweepIn):
-    data, prompts = _data(payload)
-    sweep = services.sweep_create(data=data, prompt_file=prompts, user=request.user, request=request)
+    sweep = services.sweep_create(**_request(payload), user=request.user, request=request)
     return 202, sweep_json(sweep)
 
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -11,13 +12,10 @@ from django.views.decorators.http import require_GET, require_POST
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import field_errors
-from endpoints.bench import compare, selectors, services
+from endpoints.bench import compare, selectors, services, snapshots
+from endpoints.bench.forms import BenchmarkForm
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.models import Endpoint
-
-FORM_FIELDS = ("endpoint", "replica", "via", "label", "num_prompts", "input_len", "output_len", "max_concurrency",
-               "request_rate", "num_warmups", "timeout_s", "concurrencies")
-
 
 @require_GET
 @require_role(VIEWER)
@@ -31,32 +29,30 @@ def bench_list(request):
     })
 
 
-def _form_data(request) -> dict:
-    data = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
-    data["ignore_eos"] = request.POST.get("ignore_eos", "on") == "on"
-    return data
-
-
 @require_POST
 @require_role(OPERATOR)
 def bench_new(request):
-    data = _form_data(request)
+    endpoint = request.POST.get("endpoint", "").strip()
     upload = request.FILES.get("prompt_file") if request.POST.get("dataset") == "file" else None
     if request.POST.get("dataset") == "file" and upload is None:
         messages.error(request, "Choose a prompt file (JSONL), or use random prompts.")
-        return _back(request, data)
+        return _back(endpoint)
     sweep = request.POST.get("mode") == "sweep"
     try:
+        # An unticked box is not posted: EOS is ignored unless the form says otherwise.
+        workload = BenchmarkForm(request.POST).workload(ignore_eos=request.POST.get("ignore_eos", "on") == "on")
         if sweep:
-            created = services.sweep_create(data=data, prompt_file=upload, user=request.user, request=request)
+            created = services.sweep_create(endpoint=endpoint, workload=workload, prompt_file=upload,
+                                            user=request.user, request=request)
         else:
-            created = services.benchmark_create(data=data, prompt_file=upload, user=request.user, request=request)
+            created = services.benchmark_create(endpoint=endpoint, workload=replace(workload, concurrencies=None),
+                                                prompt_file=upload, user=request.user, request=request)
     except ValidationError as exc:
         messages.error(request, "Benchmark not started: " + _error_text(exc))
-        return _back(request, data)
+        return _back(endpoint)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
-        return _back(request, data)
+        return _back(endpoint)
     messages.success(request, f"Queued {'sweep' if sweep else 'benchmark'} #{created.pk} on {created.endpoint_name}.")
     return redirect(created)
 
@@ -66,8 +62,8 @@ def _error_text(exc: ValidationError) -> str:
                     for field, msgs in field_errors(exc).items())
 
 
-def _back(request, data):
-    endpoint = Endpoint.objects.filter(pk=data["endpoint"]).first() if str(data.get("endpoint")).isdigit() else None
+def _back(endpoint_ref: str):
+    endpoint = Endpoint.objects.filter(pk=endpoint_ref).first() if endpoint_ref.isdigit() else None
     return redirect(endpoint) if endpoint else redirect("bench_list")
 
 
@@ -107,7 +103,7 @@ def bench_detail(request, run_id: int):
         "command": format_for_shell(run.command, redact=True) if run.command else "",
         "config_json": json.dumps(run.config, indent=2, sort_keys=True),
         "telemetry_json": json.dumps(run.telemetry, indent=2, sort_keys=True)[:200_000],
-        "telemetry_rows": services.telemetry_summary(run.telemetry),
+        "telemetry_rows": snapshots.telemetry_summary(run.telemetry),
     })
 
 

@@ -122,7 +122,7 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
         for name, mod in quantizers.items():
             qi = mod.quant_input
             if method == "kl" and isinstance(qi.observer, KLAdapter) and qi.observer.lo is not None:
-                if name in minmax_layers:  # KL clipping would cost this layer more (see jobs_impl)
+                if name in minmax_layers:  # KL clipping would cost this layer more (see quantize/jobs.py)
                     lo, hi = qi.observer.lo.reshape(()), qi.observer.hi.reshape(())
                 else:
                     t = qi.observer.kl.threshold()  # symmetric clipping range [-t, t]

@@ -15,8 +15,8 @@ from models_registry.quantize import selectors
 from models_registry.quantize.calibrate import SUPPORTED_ARCHITECTURES
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.services import _store_free_bytes
-from workers.models import Job
-from workers.services import job_enqueue
+from workers.jobs.models import Job
+from workers.jobs.services import job_enqueue
 
 TARGETS = (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM)
 SCHEMES = ("w8a8_dynamic", "w8a8_static", "w8a16")
@@ -181,6 +181,6 @@ def artifact_quantize(*, artifact: Artifact, user, options: dict, request=None, 
             f"{needed / 1e9:.2f} GB and {max(free, 0) / 1e9:.2f} GB is available.")
     dedupe = f"quantize:{artifact.pk}:{json.dumps(same, sort_keys=True)}"
     with transaction.atomic():
-        job = job_enqueue(kind="quantize", params=clean, user=user, target_model=artifact.model,
-                          target_artifact=artifact, dedupe_key=dedupe, request=request, retry_of=retry_of)
+        job = job_enqueue(kind="quantize", params=clean, user=user, target=artifact,
+                          dedupe_key=dedupe, request=request, retry_of=retry_of)
     return job

@@ -4,7 +4,7 @@ import time
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from workers.services import reap_jobs
+from workers.jobs.services import reap_jobs
 
 
 class Command(BaseCommand):

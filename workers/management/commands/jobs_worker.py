@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand
 from django.db import connections
 from rq import Queue, Worker
 
-from workers.services import redis_connection
+from workers.jobs.queues import redis_connection
 
 
 class Command(BaseCommand):

@@ -1,10 +1,10 @@
-"""Writes for jobs: enqueue (after commit), cancel, retry, reap."""
+"""Writes for jobs: enqueue (after commit), cancel, retry, reap. What differs per kind
+(queue, timeout, what a retry submits, what a failure leaves behind) is asked of the kind's runner."""
 import hashlib
 import logging
 import uuid
 from datetime import timedelta
 
-import django_rq
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -15,38 +15,21 @@ from rq import Queue
 from rq.job import Job as RqJob
 
 from console.audit import audit_log
-from console.exceptions import Conflict, ServiceUnavailable
-from workers.models import Job
-from workers.runtime import QUEUES, TIMEOUTS, _on_job_ended, remove_staging
+from console.exceptions import Conflict
+from workers.jobs import queues
+from workers.jobs.context import remove_staging
+from workers.jobs.models import Job
+from workers.jobs.registry import runner_class
 
 log = logging.getLogger(__name__)
-
-
-def node_queue(node_name: str) -> str:
-    """The queue of work that must run on that host (settings.NODE_QUEUE for this one)."""
-    return f"node-{node_name}"
-
-
-def redis_connection():
-    return django_rq.get_connection("default")
-
-
-def redis_check() -> None:
-    """Raise ServiceUnavailable with a clear message when Redis can't be reached."""
-    try:
-        redis_connection().ping()
-    except RedisError as exc:
-        raise ServiceUnavailable(
-            f"The job queue (Redis at {settings.REDIS_URL}) is unreachable: {exc}. Try again shortly."
-        ) from exc
 
 
 def _enqueue_now(job_id: int) -> None:
     job = Job.objects.get(pk=job_id)
     try:
         # rq.Queue, not django_rq.get_queue: another node's queue is not in this host's settings.
-        Queue(job.queue, connection=redis_connection()).enqueue(
-            "workers.jobs.run", job.pk, job_id=job.rq_id, job_timeout=job.timeout_s,
+        Queue(job.queue, connection=queues.redis_connection()).enqueue(
+            "workers.jobs.entrypoint.run", job.pk, job_id=job.rq_id, job_timeout=job.timeout_s,
             result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
         )
     except RedisError as exc:
@@ -54,7 +37,14 @@ def _enqueue_now(job_id: int) -> None:
             status=Job.Status.FAILED, finished_at=timezone.now(),
             error=f"Could not queue the job: Redis is unreachable ({exc}).",
         )
-        _on_job_ended(Job.objects.get(pk=job.pk))
+        cleanup_after_failure(Job.objects.get(pk=job.pk))
+
+
+def cleanup_after_failure(job: Job) -> None:
+    """Let the kind clean up after a job that failed, was cancelled or was reaped."""
+    runner = runner_class(job.kind)
+    if runner is not None:
+        runner().on_failure(job)
 
 
 def _fit_dedupe_key(key: str) -> str:
@@ -71,12 +61,15 @@ def active_duplicate(dedupe_key: str) -> Job | None:
     return Job.objects.active().filter(dedupe_key=dedupe_key).order_by("created_at").first()
 
 
-def job_enqueue(*, kind: str, params: dict, user=None, target_model=None, target_artifact=None,
-                dedupe_key: str = "", queue: str | None = None, retry_of: Job | None = None,
+def job_enqueue(*, kind: str, params: dict, user=None, target=None, dedupe_key: str = "",
+                queue: str | None = None, timeout_s: int | None = None, retry_of: Job | None = None,
                 request=None) -> Job:
     """Create the Job row and queue it once the surrounding transaction commits,
-    so a worker never picks up a row it can't see yet."""
-    redis_check()
+    so a worker never picks up a row it can't see yet. `queue` and `timeout_s` default to the kind's."""
+    runner = runner_class(kind)
+    if runner is None:
+        raise ValueError(f"No job runner is registered for kind {kind!r}.")
+    queues.redis_check()
     dedupe_key = _fit_dedupe_key(dedupe_key)
     duplicate = active_duplicate(dedupe_key)
     if duplicate is not None:
@@ -85,10 +78,9 @@ def job_enqueue(*, kind: str, params: dict, user=None, target_model=None, target
             link=duplicate.get_absolute_url(), object_id=duplicate.pk,
         )
     job = Job.objects.create(
-        kind=kind, queue=queue or QUEUES[kind], params=params, dedupe_key=dedupe_key,
-        created_by=user if user is not None and user.pk else None,
-        target_model=target_model, target_artifact=target_artifact,
-        timeout_s=TIMEOUTS.get(kind, 3600), rq_id=f"job-{uuid.uuid4().hex}", retry_of=retry_of,
+        kind=kind, queue=queue or runner.queue, params=params, dedupe_key=dedupe_key,
+        created_by=user if user is not None and user.pk else None, target=target,
+        timeout_s=timeout_s or runner.timeout, rq_id=f"job-{uuid.uuid4().hex}", retry_of=retry_of,
     )
     transaction.on_commit(lambda: _enqueue_now(job.pk))
     if user is not None:
@@ -105,7 +97,7 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
         status=Job.Status.CANCELLED, finished_at=now, error=f"Cancelled by {user.username}."
     )
     try:
-        conn = redis_connection()
+        conn = queues.redis_connection()
         if was == Job.Status.QUEUED:
             try:
                 RqJob.fetch(job.rq_id, connection=conn).cancel()
@@ -121,7 +113,7 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
     except RedisError as exc:
         log.warning("Cancel of %s: Redis unreachable (%s); the job stops at its next progress report", job, exc)
     job.refresh_from_db()
-    _on_job_ended(job)
+    cleanup_after_failure(job)
     audit_log(actor=user, action="job.cancel", obj=job, changes={"status": [was, job.status]}, request=request)
     return job
 
@@ -129,9 +121,10 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
 def job_retry(*, job: Job, user, request=None) -> Job:
     if job.is_active:
         raise Conflict(f"Job #{job.pk} is still {job.status}.", link=job.get_absolute_url())
-    from workers.resubmit import resubmit
-
-    new = resubmit(job=job, user=user, request=request)
+    runner = runner_class(job.kind)
+    if runner is None:
+        raise Conflict(f"Jobs of kind {job.kind!r} cannot be retried.")
+    new = runner().resubmit(job=job, user=user, request=request)
     audit_log(actor=user, action="job.retry", obj=job, changes={"new_job": new.pk}, request=request)
     return new
 
@@ -154,11 +147,11 @@ def reap_jobs(*, now=None) -> list[int]:
             reaped.append(job.pk)
             job.refresh_from_db()
             remove_staging(job)
-            _on_job_ended(job)
+            cleanup_after_failure(job)
             log.warning("Reaped %s: %s", job, message)
     # Queued rows whose RQ job is gone (Redis restarted without persistence).
     try:
-        conn = redis_connection()
+        conn = queues.redis_connection()
         grace = now - timedelta(seconds=60)
         for job in Job.objects.filter(status=Job.Status.QUEUED, created_at__lt=grace):
             if not conn.exists(f"rq:job:{job.rq_id}"):
@@ -167,7 +160,7 @@ def reap_jobs(*, now=None) -> list[int]:
                     error="The job was lost from the queue (Redis restarted or was flushed). Retry it.",
                 ):
                     reaped.append(job.pk)
-                    _on_job_ended(Job.objects.get(pk=job.pk))
+                    cleanup_after_failure(Job.objects.get(pk=job.pk))
     except RedisError as exc:
         log.warning("Reaper: Redis unreachable (%s); queued jobs not checked", exc)
     for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):

@@ -9,14 +9,28 @@ from pathlib import Path
 
 from django.conf import settings
 
-from models_registry.jobs_impl import _building, _destination, _ready, _scaled
+from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled
 from models_registry.models import Artifact
 from models_registry.quantize import calibrate as cal
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.perplexity import encode_eval, perplexity_hf, scored_tokens
-from workers.runtime import JobFailed
+from models_registry.quantize.services import artifact_quantize
+from workers.jobs.context import JobFailed
 
 log = logging.getLogger("console.job")
+
+
+class Quantize(ArtifactJobRunner):
+    name = "quantize"
+    queue = "quantize"
+    timeout = 6 * 3600
+
+    def run(self, job, ctx) -> dict:
+        return quantize_artifact(job, ctx)
+
+    def resubmit(self, *, job, user, request=None):
+        """The same options, validated again."""
+        return artifact_quantize(artifact=job.target, user=user, options=job.params, request=request, retry_of=job)
 
 
 def _peak_rss_mb() -> float:
@@ -41,7 +55,7 @@ def _fallback_steps(ranking: list[str], budget: int) -> list[list[str]]:
 def quantize_artifact(job, ctx) -> dict:
     import torch
 
-    source = Artifact.objects.select_related("model").get(pk=job.target_artifact_id)
+    source = Artifact.objects.select_related("model").get(pk=job.target_id)
     opts = job.params
     target, scheme = opts["target"], opts["scheme"]
     calib_set = CalibrationDataset.objects.get(pk=opts["calibration"])

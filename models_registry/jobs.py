@@ -1,5 +1,6 @@
-"""Job handlers for the registry: (job, ctx) -> result dict. Run inside a worker by
-workers.runtime, which owns claiming, logging, heartbeat, cancel and failure."""
+"""The registry's job kinds: checksums and conversions (quantization: models_registry.quantize.jobs).
+Run inside a worker by workers.jobs, which owns claiming, logging, heartbeat, cancel and failure.
+Imported by ModelsRegistryConfig.ready(): defining a JobRunner subclass registers it."""
 import hashlib
 import logging
 from pathlib import Path
@@ -8,8 +9,12 @@ from django.conf import settings
 from django.db import transaction
 
 from models_registry.inspection import inspect_path
-from models_registry.models import Artifact
-from workers.runtime import JobFailed
+from models_registry.models import Artifact, Model
+from models_registry.selectors import model_jobs_q
+from models_registry.services import artifact_convert, artifact_hash_enqueue
+from workers.jobs.context import JobFailed
+from workers.jobs.registry import register_target_filter
+from workers.jobs.runner import JobRunner
 
 log = logging.getLogger("console.job")
 CHUNK = 8 * 1024 * 1024
@@ -19,6 +24,45 @@ def _model_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
     return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+class ArtifactJobRunner(JobRunner):
+    """A job on an artifact (its target) that may build new artifacts (named by result["artifact_id"])."""
+
+    def on_failure(self, job) -> None:
+        """A job that did not succeed leaves its 'building' artifacts marked failed."""
+        Artifact.objects.filter(producing_job=job, status=Artifact.Status.BUILDING).update(
+            status=Artifact.Status.FAILED, note=job.error or f"job {job.status}"
+        )
+
+    def result_object(self, job):
+        artifact_id = job.result.get("artifact_id")
+        return Artifact.objects.filter(pk=artifact_id).first() if artifact_id else None
+
+
+class HashArtifact(ArtifactJobRunner):
+    name = "hash_artifact"
+    queue = "default"
+    timeout = 3600
+
+    def run(self, job, ctx) -> dict:
+        return hash_artifact(job, ctx)
+
+
+class Convert(ArtifactJobRunner):
+    name = "convert"
+    queue = "convert"
+    timeout = 4 * 3600
+
+    def run(self, job, ctx) -> dict:
+        return convert_artifact(job, ctx)
+
+    def resubmit(self, *, job, user, request=None):
+        """The same options, validated again (the source may have been deleted meanwhile)."""
+        return artifact_convert(artifact=job.target, user=user, options=job.params, request=request, retry_of=job)
+
+
+register_target_filter("model", jobs_q=model_jobs_q, choices=lambda: Model.objects.alive())
 
 
 def hash_artifact(job, ctx) -> dict:
@@ -67,8 +111,6 @@ def _ready(artifact: Artifact, dest: Path, **extra) -> None:
         status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra
     )
     artifact.refresh_from_db()
-    from models_registry.services import artifact_hash_enqueue
-
     transaction.on_commit(lambda: artifact_hash_enqueue(artifact=artifact))
 
 
@@ -79,7 +121,7 @@ def fmt_inspectable(fmt: str) -> bool:
 def convert_artifact(job, ctx) -> dict:
     from models_registry import conversion
 
-    source = Artifact.objects.select_related("model").get(pk=job.target_artifact_id)
+    source = Artifact.objects.select_related("model").get(pk=job.target_id)
     opts = job.params
     to = opts["to"]
     try:

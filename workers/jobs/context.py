@@ -1,0 +1,74 @@
+"""What a running job is handed: progress, cancel checks, staging directories; and the two ways it ends early."""
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from workers.jobs.models import Job
+
+log = logging.getLogger("console.job")
+
+
+class JobCancelled(Exception):
+    pass
+
+
+class JobFailed(Exception):
+    """A failure with a message meant for the operator (no traceback needed)."""
+
+
+class JobContext:
+    """Handed to every runner's run(): progress, staging directories and the job's logger."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.log = log
+
+    def progress(self, pct: float, stage: str | None = None) -> None:
+        """Record progress and stop here if the job was cancelled meanwhile."""
+        fields = {"progress": max(0.0, min(100.0, float(pct)))}
+        if stage is not None:
+            fields["stage"] = stage[:200]
+            log.info("%s (%.0f%%)", stage, fields["progress"])
+        Job.objects.filter(pk=self.job.pk).update(**fields)
+        self.check_cancelled()
+
+    def check_cancelled(self) -> None:
+        status = Job.objects.filter(pk=self.job.pk).values_list("status", flat=True).first()
+        if status == Job.Status.CANCELLED:
+            raise JobCancelled()
+
+    def staging_dir(self, destination: Path) -> Path:
+        """A temporary directory beside `destination` (same filesystem, so the final
+        rename is atomic). Recorded on the row so a reaper can remove it if we die."""
+        destination = Path(destination)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        staging = destination.parent / f".staging-job{self.job.pk}-{destination.name}"
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        Job.objects.filter(pk=self.job.pk).update(staging_path=str(staging))
+        self.job.staging_path = str(staging)
+        return staging
+
+    def commit_staging(self, staging: Path, destination: Path) -> None:
+        self.check_cancelled()
+        os.replace(staging, destination)
+        Job.objects.filter(pk=self.job.pk).update(staging_path="")
+        self.job.staging_path = ""
+
+
+def remove_staging(job: Job) -> bool:
+    """Remove what a job left half-written. Idempotent; True if something was removed."""
+    path = job.staging_path
+    if not path:
+        return False
+    removed = False
+    staging = Path(path)
+    if staging.exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        removed = not staging.exists()
+    if not staging.exists():
+        Job.objects.filter(pk=job.pk).update(staging_path="")
+        job.staging_path = ""
+    return removed
