@@ -193,28 +193,28 @@ def check(directory: Path) -> list[Finding]:
     layers = linear_layers(config)
     findings += _check_schemes(desc, params_dtype)
     expected: dict[str, Expected] = {}
-    undescribed = []
+    unchecked = []
     for layer in layers:
         qtype = desc.get(f"{layer.prefix}.weight")
         if qtype is None:
-            findings.append(_undescribed(layer.prefix, tied))
+            findings.append(_undescribed(layer.prefix))
             if layer.prefix != "lm_head":
-                undescribed.append(f"{layer.prefix}.")  # loading stops at the KeyError: one finding is enough
+                unchecked.append(f"{layer.prefix}.")  # loading stops at the KeyError: one finding is enough
                 continue
             qtype = "FLOAT"  # what v0.23.0 makes of an undescribed lm_head
         if qtype != "FLOAT" and qtype not in KNOWN_LAYOUTS:
-            undescribed.append(f"{layer.prefix}.")  # named by scheme-supported; its tensors are not known here
+            unchecked.append(f"{layer.prefix}.")  # named by scheme-supported; its tensors are not known here
             continue
         for name, exp in method_params(qtype, layer, params_dtype).items():
             expected[f"{layer.prefix}.{name}"] = exp
     findings += _check_packed(desc, layers)
     findings += _check_others(config, desc, tensors, expected, params_dtype)
-    findings += _check_tensors(desc, tensors, expected, tied, tuple(undescribed))
+    findings += _check_tensors(desc, tensors, expected, tied, tuple(unchecked))
     findings += _check_shared_input_scale(directory, desc, tensors, layers)
     return findings
 
 
-def _undescribed(prefix: str, tied: bool) -> Finding:
+def _undescribed(prefix: str) -> Finding:
     if prefix == "lm_head":
         # v0.23.0 falls back to UnquantizedEmbeddingMethod for an undescribed lm_head (modelslim_config.py,
         # VocabParallelEmbedding branch, added by ebad45e366 for Qwen3-Omni); up to v0.22.1rc1 the same
@@ -249,7 +249,7 @@ def _check_schemes(desc: dict, params_dtype: str) -> list[Finding]:
 def _check_packed(desc: dict, layers: list[Linear]) -> list[Finding]:
     findings, groups = [], {}
     for layer in layers:
-        parent, proj = layer.prefix.rsplit(".", 1) if "." in layer.prefix else ("", layer.prefix)
+        parent, _, proj = layer.prefix.rpartition(".")
         if proj in SHARD_GROUP:
             groups.setdefault(f"{parent}.{SHARD_GROUP[proj]}", []).append(layer.prefix)
     for fused, shards in groups.items():
@@ -287,7 +287,7 @@ def _check_others(config: dict, desc: dict, tensors: dict, expected: dict, param
     return findings
 
 
-def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, undescribed: tuple) -> list[Finding]:
+def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, unchecked: tuple) -> list[Finding]:
     findings = []
     for name, exp in expected.items():
         if name not in tensors:
@@ -305,7 +305,7 @@ def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, undesc
     for name, (dtype, shape, file) in sorted(tensors.items()):
         if name not in desc:
             findings.append(Finding("tensor-described", name, f"in {file} but not in {DESCRIPTION}"))
-        if name not in expected and not name.startswith(undescribed):
+        if name not in expected and not name.startswith(unchecked):
             if name == "lm_head.weight" and tied:
                 continue  # skipped by the loader; finish() unties the config when it differs
             why = ("vLLM's llama/qwen2 load_weights skips an extra bias: the model runs without it"
