@@ -75,7 +75,7 @@ def _add_linear_biases(src: Path) -> None:
 
 
 def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_outlier=None, float_layers=(),
-                    dtype="bfloat16", tied=False, bias=False) -> Path:
+                    dtype="bfloat16", tied=False, bias=False, minmax_layers=()) -> Path:
     """A ModelSlim checkpoint of a tiny Llama, written by msModelSlim and finished as the quantize job does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -89,7 +89,8 @@ def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_o
     out = root / "out"
     out.mkdir()
     msmodelslim_run.quantize(model, calib, out, scheme=scheme, method=method, anti_outlier=anti_outlier,
-                             float_layers=list(float_layers), serve_dtype=DTYPES[dtype])
+                             float_layers=list(float_layers), serve_dtype=DTYPES[dtype],
+                             minmax_layers=list(minmax_layers))
     modelslim.finish(out, src, model_dtype=DTYPES[dtype], tied=tied)
     return out
 
@@ -119,6 +120,15 @@ CASES = {
 def test_msmodelslim_output_passes(case, tmp_path):
     options, defects = CASES[case]
     assert_loads(check(make_checkpoint(tmp_path, **options)), defects)
+
+
+def test_kl_with_a_min_max_choice_for_one_shard_is_named(tmp_path):
+    """The quantize job chooses KL or min-max per projection (its minmax_layers); one shard of qkv_proj on
+    min-max gives that fused layer two input scales, of which vllm-ascend keeps one."""
+    out = make_checkpoint(tmp_path, method="kl", minmax_layers=["model.layers.0.self_attn.q_proj"])
+    subjects = {f.subject for f in check(out) if f.rule == "shared-input-scale"}
+    assert "model.layers.0.self_attn.qkv_proj.input_scale" in subjects
+    assert not any(".layers.1." in s or "gate_up_proj" in s for s in subjects)
 
 
 @pytest.mark.django_db(transaction=True)
