@@ -31,7 +31,8 @@ _net_seen: dict[int, tuple[float, int, int]] = {}  # node id -> (monotonic, byte
 
 
 def health_code(health: str | None) -> int | None:
-    """OK 0, Warning 1, Alarm 2, Critical 3; anything else npu-smi prints counts as Alarm."""
+    """OK 0, Warning 1, Alarm 2, Critical 3, Missing 4 (gone from npu-smi); anything else npu-smi
+    prints (an error code) counts as Alarm."""
     if not health:
         return None
     return HEALTH_CODES.get(health.strip().upper(), 2)
