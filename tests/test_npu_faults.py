@@ -229,3 +229,11 @@ def test_a_broken_npu_smi_does_not_mark_chips_missing(npu_smi, node, monkeypatch
     settings.TELEMETRY_NPU_SMI_TIMEOUT_SECONDS = 1.0
     collect.collect_node(node)
     assert not Device.objects.filter(node=node).unhealthy().exists()
+
+
+def test_a_failing_chip_map_does_not_mark_chips_missing(npu_smi, node, monkeypatch):
+    """Without `-m` a 310P duo's chips would be numbered by NPU id: that is no proof a chip is gone."""
+    monkeypatch.setenv("FAKE_NPU_SMI_MAP", "does-not-exist.txt")
+    Device.objects.create(node=node, index=9, kind="npu", name="910B4", health="OK")
+    collect.collect_node(node)
+    assert Device.objects.get(node=node, index=9).health == "OK"

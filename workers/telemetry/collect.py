@@ -74,7 +74,8 @@ def sample_devices(platform: str) -> dict:
             processes.append({"device": index, "pid": proc.get("pid"), "name": proc.get("name") or "",
                               "memory_mb": proc.get("memory_mb")})
         errors = [f"{e['command']}: {e['error']}" for e in data.get("errors", [])]
-        complete = not any(e["command"] == "npu-smi info" for e in data.get("errors", []))
+        # Without `-m` the indexes fall back to NPU ids, which differ from logic ids on duo cards.
+        complete = not any(e["command"] in ("npu-smi info", "npu-smi info -m") for e in data.get("errors", []))
         return {"kind": "npu", "devices": devices, "processes": processes, "errors": errors, "complete": complete}
 
     from workers.telemetry import nvml
