@@ -13,7 +13,16 @@ from django.utils import timezone
 
 from endpoints.launch import replica_process
 from endpoints.models import Endpoint, Replica
-from endpoints.replica_state import backoff_seconds, check_ready, event, refresh_endpoint_state, scheduled_restart_due
+from endpoints.replica_state import (
+    DEVICE_FAULT,
+    backoff_seconds,
+    check_ready,
+    device_faults,
+    event,
+    healthy_placement,
+    refresh_endpoint_state,
+    scheduled_restart_due,
+)
 from workers.agent.supervisor import ProcessHandle, Supervisor, port_is_free, reap_process_group, rotate_if_large, tail_lines
 from workers.models import Node
 
@@ -113,6 +122,13 @@ class ReplicaWorkload:
                 return  # given up: an operator's Start or Restart clears it
             if replica.next_start_at and replica.next_start_at > now:
                 return
+
+        faults = device_faults(replica)
+        if faults:
+            self.leave_faulty_devices(replica, proc, faults, supervisor=supervisor)
+            return
+
+        if proc is None:
             if replica.state == S.RESTARTING or replica.restart_requested:
                 Replica.objects.filter(pk=replica.pk).update(restarts=replica.restarts + 1)
             fresh = Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk)
@@ -129,6 +145,30 @@ class ReplicaWorkload:
 
         rotate_if_large(replica.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
         self.check_health(replica, proc, supervisor=supervisor, now=now)
+
+    def leave_faulty_devices(self, replica: Replica, proc, faults: dict[int, str], *, supervisor: Supervisor) -> None:
+        """A device of this replica left OK (or vanished): its state leaves READY at once, so the
+        gateway stops routing to it; it restarts on healthy spares of the endpoint's devices when
+        there are some, else it stays out of routing with the reason shown until the chip is OK."""
+        endpoint = replica.endpoint
+        why = "; ".join(faults[i] for i in sorted(faults))
+        placement = healthy_placement(replica, faults)
+        if placement is not None:
+            if proc is not None:
+                self.terminate(replica, proc, supervisor=supervisor, reason="device fault")
+            Replica.objects.filter(pk=replica.pk).update(
+                devices=placement, state=S.RESTARTING, pid=None, next_start_at=None, health_failures=0,
+                state_reason=f"{DEVICE_FAULT}: {why}; restarting on devices {placement}"[:500])
+            event(endpoint.pk, "device-fault", f"{why}: restarting on devices {placement} (was on {replica.devices})",
+                  replica=replica.index, level="error")
+            return
+        reason = (f"{DEVICE_FAULT}: {why}; no healthy spare among the endpoint's devices {endpoint.devices}: "
+                  f"out of routing until it is OK again")[:500]
+        state = S.DEGRADED if proc is not None else S.PENDING  # a running process is kept for the recovery
+        if replica.state != state or replica.state_reason != reason:
+            Replica.objects.filter(pk=replica.pk).update(state=state, state_reason=reason)
+        if replica.state_reason != reason:
+            event(endpoint.pk, "device-fault", reason, replica=replica.index, level="error")
 
     def crashed(self, replica: Replica, *, supervisor: Supervisor, now) -> None:
         """It was running and is gone: a crash (or a kill from outside). Back off, or give up."""

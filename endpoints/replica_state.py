@@ -1,5 +1,6 @@
 """The rules of a replica's life that the reconcile loop applies: readiness, backoff after a
-crash, scheduled restarts, the endpoint's overall state, and the event log."""
+crash, scheduled restarts, device faults and where to go instead, the endpoint's overall state,
+and the event log."""
 import json
 import logging
 import urllib.error
@@ -9,6 +10,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from endpoints.models import Endpoint, EndpointEvent, Replica
+from workers.models import Device
 
 log = logging.getLogger("console.agent")
 
@@ -59,6 +61,33 @@ def scheduled_restart_due(endpoint: Endpoint, ready_at, now) -> str:
     return ""
 
 
+DEVICE_FAULT = "device fault"  # how a replica's state_reason starts while a device of it is not OK
+
+
+def device_faults(replica: Replica) -> dict[int, str]:
+    """The replica's devices that left OK (the agent's last npu-smi/NVML sample), with why."""
+    if not replica.devices:
+        return {}
+    found = Device.objects.filter(node_id=replica.node_id, index__in=replica.devices).unhealthy()
+    return {device.index: device.fault for device in found}
+
+
+def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | None:
+    """Devices to restart the replica on: its healthy ones plus, for each faulty one, a spare from
+    the endpoint's own devices (the spec's placement) that is healthy and held by no other wanted
+    replica of it. None when there are not enough spares: a pinned spec goes nowhere else."""
+    endpoint = replica.endpoint
+    held = {d for other in Replica.objects.filter(endpoint=endpoint, index__lt=endpoint.replicas).exclude(pk=replica.pk)
+            for d in other.devices}
+    bad = set(Device.objects.filter(node_id=replica.node_id).unhealthy().values_list("index", flat=True))
+    spares = [d for d in endpoint.devices if d not in held and d not in bad and d not in replica.devices]
+    keep = [d for d in replica.devices if d not in faults]
+    need = len(replica.devices) - len(keep)
+    if len(spares) < need:
+        return None
+    return keep + spares[:need]
+
+
 def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
     states = list(endpoint.replica_set.values_list("state", flat=True))
     S = Endpoint.State
@@ -84,4 +113,7 @@ def refresh_endpoint_state(endpoint: Endpoint) -> None:
     state, reason = aggregate_state(endpoint)
     if state == Endpoint.State.PENDING and not endpoint.node.online:
         reason = f"waiting for the agent of node {endpoint.node.name} (offline)"
+    if not reason:  # say why a replica is held out of routing, on the endpoint and in lists
+        reason = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
+                       if r.startswith(DEVICE_FAULT)), "")
     Endpoint.objects.filter(pk=endpoint.pk).update(state=state, state_reason=reason[:500])

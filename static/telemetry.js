@@ -2,7 +2,7 @@
  *
  * Every element with class "tm-chart" is a chart: data-metric (comma-separated metrics),
  * data-node / data-endpoint / data-device / data-gateway-key (filters), data-names (JSON metric -> trace suffix), data-unit,
- * data-scale (multiplier), data-kind="health" (step lines, OK..Critical) and data-small.
+ * data-scale (multiplier), data-kind="health" (step lines, OK..Critical, Missing) and data-small.
  * Every 5 s, while the tab is visible, each chart asks /api/v1/telemetry/series for the
  * buckets since its last one, merges them, drops what fell out of the range and redraws
  * with Plotly.react. For tests and tools, each chart keeps data-points (points drawn, all
@@ -14,7 +14,7 @@
   var RANGES = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
   var COLORS = ["#1d4ed8", "#c8102e", "#1a7f37", "#9a6700", "#7c3aed", "#0891b2", "#db2777", "#525252",
                 "#65a30d", "#ea580c", "#0f766e", "#4f46e5"];
-  var HEALTH = ["OK", "Warning", "Alarm", "Critical"];
+  var HEALTH = ["OK", "Warning", "Alarm", "Critical", "Missing"];
   var range = "1h";
   try { range = window.sessionStorage.getItem("tm-range") || "1h"; } catch (e) { /* private mode */ }
   if (!RANGES[range]) { range = "1h"; }
@@ -103,7 +103,7 @@
     };
     if (small) { layout.xaxis.tickformat = tm.range === "7d" ? "%b %d" : "%H:%M"; }
     if (health) {
-      layout.yaxis = { tickvals: [0, 1, 2, 3], ticktext: HEALTH, range: [-0.3, 3.3], fixedrange: true };
+      layout.yaxis = { tickvals: [0, 1, 2, 3, 4], ticktext: HEALTH, range: [-0.3, 4.3], fixedrange: true };
     }
     if (!traces.length) {
       layout.annotations = [{ text: "no data yet", showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,

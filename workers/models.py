@@ -43,8 +43,18 @@ class Node(models.Model):
         return (timezone.now() - self.last_heartbeat).total_seconds() <= settings.NODE_OFFLINE_SECONDS
 
 
+class DeviceQuerySet(models.QuerySet):
+    def unhealthy(self):
+        """Devices whose last health is anything but OK (Warning, Alarm, Critical, an error code,
+        or Missing: gone from npu-smi). A device never sampled (blank health) counts as healthy."""
+        return self.exclude(health="").exclude(health__iexact=Device.HEALTH_OK)
+
+
 class Device(models.Model):
     """An accelerator (NPU chip, GPU) on a node, as the agent last saw it."""
+
+    HEALTH_OK = "OK"
+    HEALTH_MISSING = "Missing"  # listed before, absent from the tool's latest complete answer
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="devices")
     index = models.IntegerField()  # the id vLLM sees (ASCEND_RT_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES)
@@ -56,11 +66,27 @@ class Device(models.Model):
     latest = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
 
+    objects = DeviceQuerySet.as_manager()
+
     class Meta:
         ordering = ["node_id", "index"]
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_device_per_node")]
 
     def __str__(self):
         return f"{self.node.name}:{self.kind}{self.index} {self.name}"
+
+    @property
+    def healthy(self) -> bool:
+        return not self.health or self.health.upper() == self.HEALTH_OK
+
+    @property
+    def fault(self) -> str:
+        """Why nothing should run on this device, in words; "" while it is healthy."""
+        if self.healthy:
+            return ""
+        what = f"{(self.kind or 'device').upper()} {self.index}"
+        if self.health == self.HEALTH_MISSING:
+            return f"{what} is missing from {'npu-smi' if self.kind == 'npu' else 'the device list'}"
+        return f"{what} health is {self.health}"
 from workers.jobs.models import Job, JobQuerySet  # noqa: E402,F401  (Django finds the job runtime's model here)
 from workers.telemetry.models import *  # noqa: E402,F401,F403

@@ -8,6 +8,7 @@ from django.conf import settings
 
 from console.models import hash_token
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from workers.models import Device
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,12 @@ def routing_table() -> RoutingTable:
     replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
                                        endpoint__desired_state=Endpoint.Desired.RUNNING)
                 .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
+    # A replica on a device that left OK gets no traffic from the moment the agent records it,
+    # before its own reconcile pass moves or holds the replica.
+    unhealthy = set(Device.objects.unhealthy().values_list("node_id", "index"))
     for r in replicas:
+        if any((r.node_id, d) in unhealthy for d in r.devices or ()):
+            continue
         ep = r.endpoint
         scope = {ep.name}
         if ep.pk in public_of:

@@ -58,7 +58,9 @@ Public API
 
 ``parse_chip_map(text) -> list[dict]``
     ``npu-smi info -m``: ``[{"npu", "chip", "logic_id", "name"}]``; MCU rows
-    have ``logic_id`` ``None`` (npu-smi prints ``-``).
+    have ``logic_id`` ``None`` (npu-smi prints ``-``).  The Ascend 950 layout
+    (``NPU ID  Slot ID  Chip ID  Chip Phy-ID  Chip Name``, no ``Chip Logic ID``)
+    adds ``slot`` and ``phy_id``; its ``logic_id`` is the NPU ID.
 
 ``parse_npu_list(text) -> list[dict]``
     ``npu-smi info -l``: ``[{"npu": 0, "chip_count": 1}, ...]``.

@@ -101,25 +101,41 @@ _MAP_COLUMNS = {
     "npuid": "npu", "npu": "npu",
     "chipid": "chip", "chip": "chip",
     "chiplogicid": "logic_id", "logicid": "logic_id",
+    "chipphyid": "phy_id", "phyid": "phy_id",
+    "slotid": "slot",
     "chipname": "name", "name": "name",
 }
+# Header names as npu-smi prints them, for a header written with single spaces.
+_MAP_HEADER_RE = re.compile(r"NPU ID|Slot ID|Chip Logic ID|Chip Phy-ID|Chip ID|Chip Name", re.IGNORECASE)
+
+
+def _map_header(line: str) -> list[tuple[str | None, int]] | None:
+    """The (field, offset) columns of a ``-m`` header line, or None when the line is not one.
+
+    Older layouts print ``NPU ID  Chip ID  Chip Logic ID  Chip Name``; the Ascend 950 prints
+    ``NPU ID  Slot ID  Chip ID  Chip Phy-ID  Chip Name`` and no logic id."""
+    for cells in ([(m.group(), m.start()) for m in _CHUNK_RE.finditer(line)],
+                  [(m.group(), m.start()) for m in _MAP_HEADER_RE.finditer(line)]):
+        fields = [_MAP_COLUMNS.get(_norm(c)) for c, _ in cells]
+        if "npu" in fields and ("logic_id" in fields or "phy_id" in fields):
+            return [(f, off) for (c, off), f in zip(cells, fields)]
+    return None
 
 
 def parse_chip_map(text: str) -> list[dict[str, Any]]:
-    """Parse ``npu-smi info -m`` into ``[{"npu", "chip", "logic_id", "name"}]``."""
+    """Parse ``npu-smi info -m`` into ``[{"npu", "chip", "logic_id", "name"}]`` (plus ``slot``
+    and ``phy_id`` where the layout prints them)."""
     if not isinstance(text, str):
         raise NpuSmiParseError("npu-smi output must be text")
-    header: list[tuple[str, int]] | None = None
+    header: list[tuple[str | None, int]] | None = None
     rows: list[dict[str, Any]] = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        cells = [(m.group(), m.start()) for m in _CHUNK_RE.finditer(line)]
         if header is None:
-            fields = [_MAP_COLUMNS.get(_norm(c)) for c, _ in cells]
-            if "npu" in fields and "logic_id" in fields:
-                header = [(f, off) for (c, off), f in zip(cells, fields)]
+            header = _map_header(line)
             continue
+        cells = [(m.group(), m.start()) for m in _CHUNK_RE.finditer(line)]
         if len(cells) == len(header):
             pieces = [c for c, _ in cells]
         else:
@@ -129,14 +145,20 @@ def parse_chip_map(text: str) -> list[dict[str, Any]]:
         if npu is None:
             continue
         chip = _num(vals.get("chip"))
-        rows.append({
-            "npu": npu,
-            "chip": chip if chip is not None else 0,
-            "logic_id": _num(vals.get("logic_id")),
-            "name": _text(vals.get("name")),
-        })
+        name = _text(vals.get("name"))
+        row = {"npu": npu, "chip": chip if chip is not None else 0, "logic_id": _num(vals.get("logic_id")),
+               "name": name}
+        columns = {f for f, _ in header}
+        if "logic_id" not in columns and str(name or "").lower() != "mcu":
+            # The 950 has one chip per NPU ID and vLLM/ACL number it by that id
+            # (vllm-project/vllm-ascend issue 10463: "logical NPU ID should be derived from NPU ID").
+            row["logic_id"] = npu
+        for extra in ("slot", "phy_id"):
+            if extra in columns:
+                row[extra] = _num(vals.get(extra))
+        rows.append(row)
     if header is None:
         raise NpuSmiParseError(
-            "not `npu-smi info -m` output: no 'NPU ID ... Chip Logic ID' header found"
+            "not `npu-smi info -m` output: no 'NPU ID ... Chip Logic ID' (or '... Chip Phy-ID') header found"
         )
     return rows

@@ -23,15 +23,16 @@ from workers.telemetry.sources import registered_collectors
 
 log = logging.getLogger("console.telemetry")
 
-HEALTH_CODES = {"OK": 0, "WARNING": 1, "ALARM": 2, "CRITICAL": 3}
-HEALTH_NAMES = {0: "OK", 1: "Warning", 2: "Alarm", 3: "Critical"}
+HEALTH_CODES = {"OK": 0, "WARNING": 1, "ALARM": 2, "CRITICAL": 3, "MISSING": 4}
+HEALTH_NAMES = {0: "OK", 1: "Warning", 2: "Alarm", 3: "Critical", 4: "Missing"}
 
 _lock = threading.Lock()
 _net_seen: dict[int, tuple[float, int, int]] = {}  # node id -> (monotonic, bytes sent, bytes received)
 
 
 def health_code(health: str | None) -> int | None:
-    """OK 0, Warning 1, Alarm 2, Critical 3; anything else npu-smi prints counts as Alarm."""
+    """OK 0, Warning 1, Alarm 2, Critical 3, Missing 4 (gone from npu-smi); anything else npu-smi
+    prints (an error code) counts as Alarm."""
     if not health:
         return None
     return HEALTH_CODES.get(health.strip().upper(), 2)
@@ -44,8 +45,9 @@ def _pct(used, total):
 # --- accelerators --------------------------------------------------------------------------
 
 def sample_devices(platform: str) -> dict:
-    """{"kind": "npu"|"gpu"|None, "devices": [normalised dicts], "processes": [...], "errors": [str]}.
-    Never raises for a missing, hung or broken tool."""
+    """{"kind": "npu"|"gpu"|None, "devices": [normalised dicts], "processes": [...], "errors": [str],
+    "complete": bool}. `complete` says the device list is the tool's whole answer, so a device known
+    before and absent now has disappeared. Never raises for a missing, hung or broken tool."""
     if platform == Node.Platform.ASCEND:
         from workers.npu_smi import collect
 
@@ -72,17 +74,20 @@ def sample_devices(platform: str) -> dict:
             processes.append({"device": index, "pid": proc.get("pid"), "name": proc.get("name") or "",
                               "memory_mb": proc.get("memory_mb")})
         errors = [f"{e['command']}: {e['error']}" for e in data.get("errors", [])]
-        return {"kind": "npu", "devices": devices, "processes": processes, "errors": errors}
+        # Without `-m` the indexes fall back to NPU ids, which differ from logic ids on duo cards.
+        complete = not any(e["command"] in ("npu-smi info", "npu-smi info -m") for e in data.get("errors", []))
+        return {"kind": "npu", "devices": devices, "processes": processes, "errors": errors, "complete": complete}
 
     from workers.telemetry import nvml
 
     try:
         gpus = nvml.sample_gpus()
     except Exception as exc:  # a broken driver must not stop the rest of the sample
-        return {"kind": "gpu", "devices": [], "processes": [], "errors": [f"NVML: {type(exc).__name__}: {exc}"]}
+        return {"kind": "gpu", "devices": [], "processes": [], "errors": [f"NVML: {type(exc).__name__}: {exc}"],
+                "complete": False}
     if gpus is None:
         errors = ["NVML unavailable (no NVIDIA driver library or nvidia-ml-py)"] if platform == Node.Platform.CUDA else []
-        return {"kind": None, "devices": [], "processes": [], "errors": errors}
+        return {"kind": None, "devices": [], "processes": [], "errors": errors, "complete": False}
     devices, processes = [], []
     for gpu in gpus:
         devices.append({"index": gpu["index"], "kind": "gpu", "name": gpu["name"] or "", "health": gpu["health"],
@@ -91,7 +96,18 @@ def sample_devices(platform: str) -> dict:
                         "bus_id": gpu["bus_id"] or "", "raw": {k: v for k, v in gpu.items() if k != "processes"}})
         processes.extend({"device": gpu["index"], "pid": p["pid"], "name": "", "memory_mb": p["memory_mb"]}
                          for p in gpu["processes"])
-    return {"kind": "gpu", "devices": devices, "processes": processes, "errors": []}
+    return {"kind": "gpu", "devices": devices, "processes": processes, "errors": [], "complete": True}
+
+
+def _mark_missing(node: Node, *, kind: str, seen: set[int], now) -> list[Reading]:
+    """A device the tool listed before and not now has disappeared (a dead chip drops out of
+    npu-smi): record it as Missing, so serving stops using it and the health alert fires."""
+    gone = list(Device.objects.filter(node=node, kind=kind).exclude(index__in=seen).values_list("index", flat=True))
+    if not gone:
+        return []
+    Device.objects.filter(node=node, kind=kind, index__in=gone).update(health=Device.HEALTH_MISSING, updated_at=now)
+    return [Reading(f"n{node.pk}.d{i}.dev.health", "dev.health", HEALTH_CODES["MISSING"], "", node_id=node.pk, device=i,
+                    label=f"{kind.upper()} {i}") for i in gone]
 
 
 # --- one pass ------------------------------------------------------------------------------
@@ -162,6 +178,9 @@ def collect_node(node: Node) -> dict:
                                     ("dev.mem_pct", "%", mem_pct), ("dev.temp_c", "°C", d["temp_c"]),
                                     ("dev.power_w", "W", d["power_w"]), ("dev.health", "", code)):
             readings.append(Reading(f"n{nid}.d{i}.{metric}", metric, value, unit, node_id=nid, device=i, label=label))
+
+    if dev.get("complete") and dev["kind"]:
+        readings += _mark_missing(node, kind=dev["kind"], seen={d["index"] for d in dev["devices"]}, now=now)
 
     for part in contributions:
         readings += part.readings

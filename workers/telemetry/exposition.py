@@ -16,7 +16,7 @@ EXPOSED = {
     "dev.mem_pct": ("console_device_memory_used_percent", "HBM / GPU memory in use, percent of total", {}),
     "dev.temp_c": ("console_device_temperature_celsius", "Accelerator temperature", {}),
     "dev.power_w": ("console_device_power_watts", "Accelerator power draw", {}),
-    "dev.health": ("console_device_health", "Health: 0 OK, 1 Warning, 2 Alarm, 3 Critical", {}),
+    "dev.health": ("console_device_health", "Health: 0 OK, 1 Warning, 2 Alarm, 3 Critical, 4 Missing", {}),
     "host.cpu_pct": ("console_host_cpu_percent", "Host CPU use, all cores", {}),
     "host.mem_pct": ("console_host_memory_used_percent", "Host memory in use", {}),
     "host.load1": ("console_host_load1", "Host 1-minute load average", {}),
