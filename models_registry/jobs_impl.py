@@ -77,7 +77,7 @@ def fmt_inspectable(fmt: str) -> bool:
 
 
 def convert_artifact(job, ctx) -> dict:
-    from models_registry import conversion
+    from models_registry import convert as conversion
 
     source = Artifact.objects.select_related("model").get(pk=job.target_artifact_id)
     opts = job.params

@@ -12,6 +12,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import int_in_range
+from models_registry.convert.sizes import estimate_output_bytes
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.paths import validate_model_path
@@ -178,8 +179,6 @@ def _store_free_bytes() -> int:
 
 
 def artifact_convert(*, artifact: Artifact, user, options: dict, request=None, retry_of: Job | None = None) -> Job:
-    from models_registry.conversion import estimate_output_bytes
-
     clean = convert_options_clean(artifact=artifact, options=options)
     existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY).first()
     if existing is not None:
