@@ -7,9 +7,8 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import field_errors
 from models_registry import selectors, services
-from models_registry.capacity_view import artifact_capacity
+from models_registry.capacity_view import artifact_capacity, reference_devices
 from models_registry.models import Artifact, Model
-from models_registry.quantize.selectors import speed_comparison
 
 
 def _errors(exc: ValidationError) -> dict:
@@ -79,12 +78,12 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         "precision_modes": services.ATC_PRECISION_MODES,
         "model": artifact.model,
         "children": artifact.children.alive(),
-        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util"))),
+        # the live devices' rows come from serving's fragment (endpoints.fragments.artifact_capacity_live)
+        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util")),
+                                      devices=reference_devices()),
         "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
                                              "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
         "convert_errors": convert_errors or {},
-        "in_use": selectors.artifact_in_use(artifact),
-        "speed": speed_comparison(artifact),
     }
 
 

@@ -441,8 +441,11 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     page = as_operator.get(f"/artifacts/{job.result_artifact_id}/").content.decode()
     assert 'id="accuracy-report"' in page and "plotly/plotly.min.js" in page and 'id="sensitivity"' in page
     assert 'id="quantize-form"' in as_operator.get(f"/artifacts/{aid}/").content.decode()
-    # Serving speed: a hint until both the source and the quantized artifact have a finished benchmark.
-    assert "to compare serving speed" in page
+    # Serving speed (serving's fragment, loaded by the page): a hint until both the source and the
+    # quantized artifact have a finished benchmark.
+    speed_url = f"/artifacts/{job.result_artifact_id}/speed"
+    assert f'hx-get="{speed_url}"' in page
+    assert "to compare serving speed" in as_operator.get(speed_url).content.decode()
     from endpoints.bench.models import BenchmarkRun
     from endpoints.models import Endpoint
     from workers.models import Node
@@ -452,8 +455,8 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     for name, artifact_id in (("src-ep", aid), ("q-ep", job.result_artifact_id)):
         ep = Endpoint.objects.create(name=name, artifact_id=artifact_id, node=node, served_model_name=name)
         runs.append(BenchmarkRun.objects.create(endpoint=ep, endpoint_name=name, num_prompts=8, status="succeeded"))
-    page = as_operator.get(f"/artifacts/{job.result_artifact_id}/").content.decode()
-    assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in page
+    speed = as_operator.get(speed_url).content.decode()
+    assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in speed
     r = as_operator.post(f"/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16",
                                                         "method": "minmax", "gate_pct": "100", "fallback": "on"})
     assert r.status_code == 302 and Job.objects.filter(kind="quantize").count() == 2
