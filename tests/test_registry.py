@@ -200,3 +200,29 @@ def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny
     artifact_id = api.post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
     rows = {r["device"]: r for r in api.get(f"/api/v1/artifacts/{artifact_id}/capacity").json()["rows"]}
     assert rows["npu1: 910B4 (free now)"]["device_memory_bytes"] == (32768 - 2654) * 1024**2
+
+
+@pytest.mark.django_db
+def test_artifact_page_loads_serving_facts_from_endpoints_fragments(operator, api_for, as_operator, tiny_hf,
+                                                                    redis_conn):
+    """The registry page shows who serves the artifact and the live devices' capacity rows through
+    serving's fragments (the registry does not import endpoints)."""
+    from django.utils import timezone
+
+    from endpoints.models import Endpoint
+    from workers.models import Device, Node
+
+    node = Node.objects.create(name="npu1", platform="ascend", last_heartbeat=timezone.now())
+    Device.objects.create(node=node, index=0, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2,
+                          latest={"hbm_used_mb": 2654, "hbm_total_mb": 32768})
+    artifact_id = api_for(operator).post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
+    page = as_operator.get(f"/artifacts/{artifact_id}/?util=0.8").content.decode()
+    assert f'hx-get="/artifacts/{artifact_id}/served-by"' in page
+    assert f'hx-get="/artifacts/{artifact_id}/capacity-live?util=0.8"' in page
+    assert "free now" not in page and "This host&#x27;s memory (CPU)" in page
+    live = as_operator.get(f"/artifacts/{artifact_id}/capacity-live?util=0.8").content.decode()
+    assert "npu1: 910B4 (free now)" in live and live.count("<tr>") == 1
+    assert "Served by" not in as_operator.get(f"/artifacts/{artifact_id}/served-by").content.decode()
+    Endpoint.objects.create(name="tiny-ep", artifact_id=artifact_id, node=node, served_model_name="tiny-ep")
+    served_by = as_operator.get(f"/artifacts/{artifact_id}/served-by").content.decode()
+    assert "<dt>Served by</dt><dd>tiny-ep</dd>" in served_by
