@@ -226,3 +226,36 @@ def test_artifact_page_loads_serving_facts_from_endpoints_fragments(operator, ap
     Endpoint.objects.create(name="tiny-ep", artifact_id=artifact_id, node=node, served_model_name="tiny-ep")
     served_by = as_operator.get(f"/artifacts/{artifact_id}/served-by").content.decode()
     assert "<dt>Served by</dt><dd>tiny-ep</dd>" in served_by
+
+
+def test_web_form_and_api_schema_give_the_same_typed_options(db, tiny_hf):
+    """Text is parsed once, at the edge: the conversion form and the API schema produce the same
+    ConvertOptions, the quantize form and schema the same QuantizeOptions."""
+    from django.core.exceptions import ValidationError
+
+    from models_registry.api import ConvertIn
+    from models_registry.forms import ConvertForm
+    from models_registry.options import ConvertOptions, QuantizeOptions
+    from models_registry.quantize.api import QuantizeIn
+    from models_registry.quantize.forms import QuantizeForm
+
+    artifact = Artifact(inspection={"max_position_embeddings": 2048})
+    post = {"to": "om", "dtype": "", "batch_size": " 2 ", "seq_len": "256", "soc_version": "Ascend910B4",
+            "precision_mode": "force_fp16"}
+    from_web = ConvertForm(post, artifact=artifact).options()
+    from_api = ConvertOptions(**ConvertIn(to="om", batch_size=2, seq_len=256, soc_version="Ascend910B4",
+                                          precision_mode="force_fp16").dict())
+    assert from_web == from_api and from_web.batch_size == 2
+    with pytest.raises(ValidationError, match="between 1 and 2048"):
+        ConvertForm({**post, "seq_len": "many"}, artifact=artifact).options()
+    assert ConvertForm({"to": "fp16", "seq_len": "9"}, artifact=artifact).options() == ConvertOptions(to="fp16")
+
+    web = QuantizeForm({"target": "compressed-tensors", "scheme": "w8a16", "method": "kl", "gate_pct": "2.5",
+                        "num_samples": "32", "fallback": "on"}).options()
+    api = QuantizeOptions(**QuantizeIn(scheme="w8a16", gate_pct=2.5, num_samples=32, fallback=True, gptq=False).dict())
+    assert web == api and isinstance(web.gate_pct, float) and web.num_samples == 32
+    with pytest.raises(ValidationError, match="Enter a number between 0.0 and 100.0"):
+        QuantizeForm({"gate_pct": "lots"}).options()
+    assert ConvertOptions.from_params({"to": "hf", "dtype": "float16"}) == ConvertOptions(to="hf", dtype="float16")
+    with pytest.raises(ValidationError, match="Unknown option"):
+        QuantizeOptions.from_params({"colour": "blue"})
