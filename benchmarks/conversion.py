@@ -33,13 +33,13 @@ GOAL_RATIO = 2.5
 
 BASELINE_CODE = """
 import torch, transformers
-import models_registry.conversion
+import models_registry.convert
 """
 
 GGUF_TO_HF_CODE = """
 import json, sys
 from pathlib import Path
-from models_registry.conversion import gguf_to_hf
+from models_registry.convert import gguf_to_hf
 result = gguf_to_hf(Path(sys.argv[1]), Path(sys.argv[2]), dtype="bfloat16")
 print("RESULT " + json.dumps(result))
 """
@@ -47,7 +47,7 @@ print("RESULT " + json.dumps(result))
 TO_FP16_CODE = """
 import json, sys
 from pathlib import Path
-from models_registry.conversion import convert_precision
+from models_registry.convert import convert_precision
 result = convert_precision(Path(sys.argv[1]), Path(sys.argv[2]), dtype="float16")
 print("RESULT " + json.dumps(result))
 """

@@ -4,6 +4,7 @@ from django.urls import include, path
 from console import views
 from console.api import api
 from models_registry import views as registry
+from endpoints import fragments as endpoint_fragments
 from endpoints import views as endpoints
 from workers import views as jobs
 
@@ -27,6 +28,9 @@ urlpatterns = [
     path("artifacts/<int:artifact_id>/jobs", registry.artifact_jobs, name="artifact_jobs"),
     path("artifacts/<int:artifact_id>/convert", registry.artifact_convert, name="artifact_convert"),
     path("artifacts/<int:artifact_id>/delete", registry.artifact_delete, name="artifact_delete"),
+    path("artifacts/<int:artifact_id>/served-by", endpoint_fragments.artifact_served_by, name="artifact_served_by"),
+    path("artifacts/<int:artifact_id>/capacity-live", endpoint_fragments.artifact_capacity_live,
+         name="artifact_capacity_live"),
     path("jobs/", jobs.job_list, name="job_list"),
     path("jobs/<int:job_id>/", jobs.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status", jobs.job_status, name="job_status"),

@@ -7,6 +7,7 @@ from console.roles import ADMIN, OPERATOR, VIEWER
 from models_registry import selectors, services
 from models_registry.capacity_view import artifact_capacity
 from models_registry.models import Artifact, Model
+from models_registry.options import ConvertOptions
 
 router = Router(tags=["models"])
 
@@ -107,6 +108,6 @@ def delete_artifact(request, artifact_id: int):
 @api_route(router, "post", "/artifacts/{artifact_id}/convert", role=OPERATOR, response={202: dict})
 def convert_artifact(request, artifact_id: int, payload: ConvertIn):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
-    options = {k: v for k, v in payload.dict().items() if v is not None}
-    job = services.artifact_convert(artifact=artifact, user=request.user, options=options, request=request)
+    job = services.artifact_convert(artifact=artifact, user=request.user, options=ConvertOptions(**payload.dict()),
+                                    request=request)
     return 202, {"job": job.pk}

@@ -2,6 +2,7 @@
 import psutil
 from django.conf import settings
 
+from models_registry import hooks
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
 
@@ -9,27 +10,19 @@ from models_registry.inspection import kv_bytes_per_token
 ASCEND_PARTS = ("910B4", "910B3", "910ProB", "A3", "950DT", "310P3")
 
 
-def _devices() -> list[tuple[str, int]]:
+def reference_devices() -> list[tuple[str, int]]:
+    """The reference parts and this host, with their whole memory."""
     rows = [(f"Ascend {part}", device_memory_bytes(part)) for part in ASCEND_PARTS]
     rows.append(("This host's memory (CPU)", psutil.virtual_memory().total))
-    rows.extend(_live_devices())
     return rows
 
 
-def _live_devices() -> list[tuple[str, int]]:
-    """The most free memory on each registered node's accelerators, as telemetry last saw it."""
-    from workers.models import Device
-
-    best: dict[str, int] = {}
-    for device in Device.objects.select_related("node").exclude(memory_total_bytes__isnull=True):
-        used_mb = (device.latest or {}).get("hbm_used_mb") or (device.latest or {}).get("memory_used_mb")
-        free = device.memory_total_bytes - int(used_mb * 1024 * 1024) if used_mb is not None else device.memory_total_bytes
-        label = f"{device.node.name}: {device.name or device.kind} (free now)"
-        best[label] = max(best.get(label, 0), free)
-    return [(label, free) for label, free in sorted(best.items()) if free > 0]
-
-
-def artifact_capacity(artifact, *, memory_utilization: float | None = None) -> dict:
+def artifact_capacity(artifact, *, memory_utilization: float | None = None,
+                      devices: list[tuple[str, int]] | None = None) -> dict:
+    """The estimate per device: ``devices`` (label, memory bytes), by default the reference parts and
+    the live devices serving registered (the most free memory on each node's accelerators)."""
+    if devices is None:
+        devices = reference_devices() + hooks.live_device_memory()
     inspection = artifact.inspection or {}
     util = memory_utilization if memory_utilization and 0 < memory_utilization <= 1 else settings.GPU_MEMORY_UTILIZATION
     weight_bytes = inspection.get("weight_bytes") or artifact.size_bytes
@@ -40,8 +33,8 @@ def artifact_capacity(artifact, *, memory_utilization: float | None = None) -> d
         kv_per_token = None
     if not weight_bytes or not kv_per_token:
         return {"error": "No estimate: the inspection lacks layer, KV-head or size figures for this artifact."}
-    rows = []
-    for name, memory in _devices():
+    rows, estimate = [], None
+    for name, memory in devices:
         estimate = estimate_capacity(
             weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token, device_memory_bytes=memory,
             memory_utilization=util, max_position_embeddings=inspection.get("max_position_embeddings"),
@@ -51,5 +44,5 @@ def artifact_capacity(artifact, *, memory_utilization: float | None = None) -> d
             "device_memory_bytes", "fits", "max_model_len", "max_num_seqs", "recommended_max_num_seqs", "summary")}})
     return {
         "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "kv_dtype": kv_dtype,
-        "memory_utilization": util, "context_len": estimate["context_len"], "rows": rows,
+        "memory_utilization": util, "context_len": estimate["context_len"] if estimate else None, "rows": rows,
     }

@@ -56,10 +56,18 @@ x bytes per element.
 from __future__ import annotations
 
 import json
-import os
-import struct
 from collections import Counter
 from pathlib import Path
+
+from models_registry.gguf_reader import GGUF_MAGIC, GgufHeaderError, read_gguf_header
+from models_registry.hf_reader import (
+    HfDirError,
+    list_files,
+    names_have_tokenizer,
+    read_config,
+    read_safetensors_header,
+    weight_files,
+)
 
 __all__ = [
     "InspectionError",
@@ -67,8 +75,6 @@ __all__ = [
     "inspect_hf_dir",
     "inspect_gguf",
     "kv_bytes_per_token",
-    "read_safetensors_header",
-    "read_gguf_header",
     "FIELDS",
 ]
 
@@ -94,9 +100,6 @@ FIELDS = (
     "quantization",
 )
 
-GGUF_MAGIC = b"GGUF"
-# A safetensors JSON header larger than this is certainly not one (the format caps it at 100 MB).
-_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 
 
 class InspectionError(ValueError):
@@ -154,8 +157,6 @@ def _has_gguf_magic(path: Path) -> bool:
 # Hugging Face directories
 # --------------------------------------------------------------------------------------------
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
-                    "tiktoken.model", "sentencepiece.bpe.model")
 _SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
                        "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
 _FLOAT_DTYPES = set(_SAFETENSORS_DTYPES.values())
@@ -164,21 +165,17 @@ _FLOAT_DTYPES = set(_SAFETENSORS_DTYPES.values())
 def inspect_hf_dir(path) -> dict:
     """Inspect a Hugging Face-format model directory (``config.json`` + safetensors/bin weights)."""
     root = Path(path)
-    if not root.is_dir():
-        raise InspectionError(f"{root}: not a directory")
-    config_path = root / "config.json"
-    if not config_path.is_file():
-        raise InspectionError(f"{root}: no config.json, so not a Hugging Face model directory")
-    config = _read_json(config_path, what="config.json")
-    if not isinstance(config, dict):
-        raise InspectionError(f"{config_path}: corrupt config.json: expected a JSON object, got {type(config).__name__}")
-
-    files = _list_files(root)
+    try:
+        config = read_config(root)
+        files = list_files(root)
+        found = weight_files(root, [rel for rel, _ in files])
+    except HfDirError as e:
+        raise InspectionError(str(e)) from e
     info = _empty()
     info["files"] = [rel for rel, _ in files]
     info["size_bytes"] = sum(size for _, size in files)
 
-    weights = _weight_files(root, [rel for rel, _ in files])
+    weights = found.names if found else []
     if not weights:
         raise InspectionError(
             f"{root}: no weights: config.json is there but no .safetensors or pytorch_model*.bin files"
@@ -223,7 +220,7 @@ def inspect_hf_dir(path) -> dict:
 
     # tokenizer
     names = set(info["files"])
-    info["has_tokenizer"] = any(n in names for n in _TOKENIZER_FILES) or any(n.endswith(".tiktoken") for n in names)
+    info["has_tokenizer"] = names_have_tokenizer(names)
     info["has_chat_template"] = _hf_has_chat_template(root, names)
 
     # quantization / format
@@ -253,84 +250,6 @@ def _read_json(path: Path, *, what: str):
         raise InspectionError(f"{path}: cannot read {what}: {e}") from e
 
 
-def _list_files(root: Path) -> list[tuple[str, int]]:
-    """(relative posix name, size) of every regular file under root, hidden entries skipped."""
-    out = []
-    seen_dirs = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen_dirs:  # a symlink loop
-            dirnames[:] = []
-            continue
-        seen_dirs.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if name.startswith("."):
-                continue
-            full = Path(dirpath) / name
-            try:
-                st = full.stat()  # follows symlinks (HF cache snapshots link to blobs)
-            except OSError:
-                continue
-            rel = full.relative_to(root).as_posix()
-            out.append((rel, st.st_size))
-    out.sort()
-    return out
-
-
-def _weight_files(root: Path, names: list[str]) -> list[str]:
-    """The weight files that make up the checkpoint: safetensors preferred over .bin."""
-    top = [n for n in names if "/" not in n]
-    for index_name, ext in (("model.safetensors.index.json", ".safetensors"),
-                            ("pytorch_model.bin.index.json", ".bin")):
-        if index_name in top:
-            try:
-                index = json.loads((root / index_name).read_text(encoding="utf-8"))
-                listed = sorted(set(index.get("weight_map", {}).values()))
-            except (json.JSONDecodeError, OSError, AttributeError, UnicodeDecodeError) as e:
-                raise InspectionError(f"{root / index_name}: corrupt weight index: {e}") from e
-            present = [n for n in listed if n in top]
-            missing = [n for n in listed if n not in top]
-            if present and missing:
-                raise InspectionError(
-                    f"{root}: incomplete checkpoint: {index_name} lists {len(listed)} weight files, "
-                    f"{len(missing)} missing (e.g. {missing[0]})"
-                )
-            if present:
-                return present
-    safetensors = [n for n in top if n.endswith(".safetensors")]
-    if safetensors:
-        # Mistral-style repos ship both consolidated.safetensors and model-*.safetensors.
-        main = [n for n in safetensors if not n.startswith("consolidated")]
-        return main or safetensors
-    return [n for n in top if n.startswith("pytorch_model") and n.endswith(".bin")]
-
-
-def read_safetensors_header(path) -> dict:
-    """The JSON header of a .safetensors file (tensor name -> dtype/shape/data_offsets), no tensor data read."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) != 8:
-                raise InspectionError(f"{path}: corrupt safetensors file: shorter than its 8-byte header length")
-            (n,) = struct.unpack("<Q", raw)
-            if n == 0 or n > _MAX_SAFETENSORS_HEADER:
-                raise InspectionError(f"{path}: corrupt safetensors file: header length {n}")
-            blob = f.read(n)
-    except OSError as e:
-        raise InspectionError(f"{path}: cannot read: {e}") from e
-    if len(blob) != n:
-        raise InspectionError(f"{path}: corrupt safetensors file: truncated header")
-    try:
-        header = json.loads(blob)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InspectionError(f"{path}: corrupt safetensors header: {e}") from e
-    if not isinstance(header, dict):
-        raise InspectionError(f"{path}: corrupt safetensors header: not a JSON object")
-    return header
-
-
 def _count_weights(root: Path, weights: list[str]) -> tuple[int | None, int | None, Counter]:
     """(stored element count, tensor data bytes, Counter of dtype -> elements)."""
     dtypes: Counter = Counter()
@@ -338,7 +257,10 @@ def _count_weights(root: Path, weights: list[str]) -> tuple[int | None, int | No
     data_bytes = 0
     if weights[0].endswith(".safetensors"):
         for name in weights:
-            header = read_safetensors_header(root / name)
+            try:
+                header = read_safetensors_header(root / name)
+            except HfDirError as e:
+                raise InspectionError(str(e)) from e
             for key, entry in header.items():
                 if key == "__metadata__":
                     continue
@@ -543,7 +465,10 @@ def inspect_gguf(path) -> dict:
     transformers does.
     """
     path = Path(path)
-    header = read_gguf_header(path)
+    try:
+        header = read_gguf_header(path)
+    except GgufHeaderError as e:
+        raise InspectionError(str(e)) from e
     import gguf  # present: read_gguf_header needs it too
 
     meta = header["metadata"]
@@ -628,192 +553,6 @@ def inspect_gguf(path) -> dict:
     info["quantization"] = None if dtype is None or dtype in _GGUF_FLOAT_TYPES else {"method": "gguf", "scheme": dtype}
     return info
 
-
-class GGUFArray(list):
-    """A long GGUF metadata array that was skipped, not read: ``len()`` is its length, items are absent."""
-
-    def __init__(self, length: int, item_type: int):
-        super().__init__()
-        self.length = length
-        self.item_type = item_type
-
-    def __len__(self):
-        return self.length
-
-    def __repr__(self):
-        return f"GGUFArray(length={self.length}, item_type={self.item_type})"
-
-
-# value type id -> struct format of a scalar (8 = string and 9 = array are handled apart)
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_MAX_COUNT = 1 << 24  # sanity bound on tensor/kv counts and dimensions
-_GGUF_READ_ARRAY_MAX = 4096  # numeric arrays longer than this, and string arrays longer than this, are skipped
-
-
-def read_gguf_header(path) -> dict:
-    """Parse a GGUF file's header (metadata and tensor table) without reading tensor data.
-
-    Returns ``{"version", "metadata": {key: value}, "tensors": [{"name", "shape" (torch order),
-    "type" (e.g. "Q8_0"), "offset" (from data_offset), "n_elements", "n_bytes"}], "data_offset",
-    "alignment", "file_size"}``.  Arrays longer than 4096 items (the vocabulary, the merges) come back
-    as :class:`GGUFArray` holding only their length.
-
-    This is a lean parser over the ``gguf`` package's constants rather than ``gguf.GGUFReader``:
-    the reader turns every vocabulary entry into numpy views, which takes seconds for a 150k-token
-    vocabulary; this takes milliseconds.  Raises :class:`InspectionError` on a bad or truncated header.
-    """
-    import mmap
-
-    try:
-        import gguf
-    except ImportError as e:  # pragma: no cover
-        raise InspectionError("the 'gguf' package is needed to inspect GGUF files") from e
-
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        f = open(path, "rb")
-    except OSError as e:
-        raise InspectionError(f"{path}: cannot read: {e}") from e
-    with f:
-        if size < 24:
-            raise InspectionError(f"{path}: corrupt GGUF header: file is only {size} bytes")
-        if f.read(4) != GGUF_MAGIC:
-            raise InspectionError(f"{path}: not a GGUF file (bad magic, expected {GGUF_MAGIC!r})")
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            try:
-                return _parse_gguf(mm, size, gguf)
-            except InspectionError as e:
-                raise InspectionError(f"{path}: {e}") from None
-            except (struct.error, UnicodeDecodeError, ValueError, OverflowError, MemoryError) as e:
-                raise InspectionError(f"{path}: corrupt GGUF header: {type(e).__name__}: {e}") from e
-
-
-def _parse_gguf(buf, size: int, gguf) -> dict:
-    pos = 4
-    (version,) = struct.unpack_from("<I", buf, pos)
-    endian = "<"
-    if version & 0xFFFF == 0 and version != 0:  # a big-endian file
-        endian = ">"
-        (version,) = struct.unpack_from(">I", buf, pos)
-    if version not in (1, 2, 3):
-        raise InspectionError(f"corrupt GGUF header: unsupported version {version}")
-    pos += 4
-    count_fmt = endian + ("I" if version == 1 else "Q")
-    count_size = struct.calcsize(count_fmt)
-
-    def need(n):
-        if pos + n > size:
-            raise InspectionError(f"corrupt GGUF header: truncated at byte {pos} (needs {n} more, file is {size})")
-
-    def read(fmt):
-        nonlocal pos
-        fmt = endian + fmt
-        n = struct.calcsize(fmt)
-        need(n)
-        out = struct.unpack_from(fmt, buf, pos)
-        pos += n
-        return out[0] if len(out) == 1 else out
-
-    def read_count():
-        nonlocal pos
-        need(count_size)
-        (n,) = struct.unpack_from(count_fmt, buf, pos)
-        pos += count_size
-        return n
-
-    def read_str():
-        nonlocal pos
-        n = read_count()
-        need(n)
-        out = bytes(buf[pos:pos + n]).decode("utf-8")
-        pos += n
-        return out
-
-    def skip_strs(count):
-        nonlocal pos
-        for _ in range(count):
-            n = read_count()
-            need(n)
-            pos += n
-
-    def read_value(vtype):
-        nonlocal pos
-        if vtype in _GGUF_SCALARS:
-            return read(_GGUF_SCALARS[vtype])
-        if vtype == 8:
-            return read_str()
-        if vtype == 9:
-            item_type = read("I")
-            count = read_count()
-            if item_type in _GGUF_SCALARS:
-                width = struct.calcsize(_GGUF_SCALARS[item_type])
-                need(count * width)
-                if count > _GGUF_READ_ARRAY_MAX:
-                    pos += count * width
-                    return GGUFArray(count, item_type)
-                out = list(struct.unpack_from(f"{endian}{count}{_GGUF_SCALARS[item_type]}", buf, pos))
-                pos += count * width
-                return out
-            if item_type == 8:
-                if count > _GGUF_READ_ARRAY_MAX:
-                    skip_strs(count)
-                    return GGUFArray(count, item_type)
-                return [read_str() for _ in range(count)]
-            if item_type == 9:
-                return [read_value(9) for _ in range(count)]
-            raise InspectionError(f"corrupt GGUF header: unknown array item type {item_type}")
-        raise InspectionError(f"corrupt GGUF header: unknown value type {vtype}")
-
-    n_tensors = read_count()
-    n_kv = read_count()
-    if n_tensors > _GGUF_MAX_COUNT or n_kv > _GGUF_MAX_COUNT:
-        raise InspectionError(f"corrupt GGUF header: {n_tensors} tensors, {n_kv} metadata keys")
-
-    metadata = {}
-    for _ in range(n_kv):
-        key = read_str()
-        vtype = read("I")
-        metadata[key] = read_value(vtype)
-
-    tensors = []
-    for _ in range(n_tensors):
-        name = read_str()
-        n_dims = read("I")
-        if n_dims > 8:
-            raise InspectionError(f"corrupt GGUF header: tensor {name!r} has {n_dims} dimensions")
-        dims = [read_count() for _ in range(n_dims)]
-        type_id = read("I")
-        offset = read("Q")
-        try:
-            qtype = gguf.GGMLQuantizationType(type_id)
-            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError):
-            raise InspectionError(f"corrupt GGUF header: tensor {name!r} has unknown type {type_id}") from None
-        n_elements = 1
-        for d in dims:
-            n_elements *= d
-        tensors.append({
-            "name": name,
-            "shape": list(reversed(dims)),  # GGUF lists the fastest-varying dimension first
-            "type": qtype.name,
-            "offset": offset,
-            "n_elements": n_elements,
-            "n_bytes": n_elements // block * type_size,
-        })
-
-    alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
-        raise InspectionError(f"corrupt GGUF header: bad general.alignment {alignment!r}")
-    data_offset = pos + (-pos % alignment)
-    return {
-        "version": version,
-        "metadata": metadata,
-        "tensors": tensors,
-        "data_offset": data_offset,
-        "alignment": alignment,
-        "file_size": size,
-    }
 
 
 # --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from django.db import transaction
 
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
+from models_registry.options import ConvertOptions
 from models_registry.selectors import model_jobs_q
 from models_registry.services import artifact_convert, artifact_hash_enqueue
 from workers.jobs.context import JobFailed
@@ -59,7 +60,8 @@ class Convert(ArtifactJobRunner):
 
     def resubmit(self, *, job, user, request=None):
         """The same options, validated again (the source may have been deleted meanwhile)."""
-        return artifact_convert(artifact=job.target, user=user, options=job.params, request=request, retry_of=job)
+        return artifact_convert(artifact=job.target, user=user, options=ConvertOptions.from_params(job.params),
+                                request=request, retry_of=job)
 
 
 register_target_filter("model", jobs_q=model_jobs_q, choices=lambda: Model.objects.alive())
@@ -119,7 +121,7 @@ def fmt_inspectable(fmt: str) -> bool:
 
 
 def convert_artifact(job, ctx) -> dict:
-    from models_registry import conversion
+    from models_registry import convert as conversion
 
     source = Artifact.objects.select_related("model").get(pk=job.target_id)
     opts = job.params

@@ -2,6 +2,7 @@
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Count, Q
 
+from models_registry import hooks
 from models_registry.models import Artifact, Model
 from workers.jobs.selectors import jobs_on
 
@@ -37,12 +38,5 @@ def model_jobs_q(model_id: int) -> Q:
 
 
 def artifact_in_use(artifact: Artifact) -> list[str]:
-    """Names of endpoints that use the artifact (not stopped). Empty until endpoints exist."""
-    from django.apps import apps
-
-    try:
-        endpoint_model = apps.get_model("endpoints", "Endpoint")
-    except LookupError:
-        return []
-    return list(endpoint_model.objects.filter(artifact=artifact).exclude(state__in=["stopped", "deleted"])
-                .values_list("name", flat=True))
+    """Names of the endpoints that use the artifact (not stopped), as serving registered them."""
+    return hooks.artifact_users(artifact)

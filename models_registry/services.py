@@ -12,8 +12,11 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import int_in_range
+from models_registry.convert.atc import ATC_PRECISION_MODES
+from models_registry.convert.sizes import estimate_output_bytes
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
+from models_registry.options import ConvertOptions
 from models_registry.paths import validate_model_path
 from models_registry.selectors import artifact_in_use, model_jobs_q
 from workers.jobs.models import Job
@@ -25,7 +28,6 @@ log = logging.getLogger(__name__)
 CONVERT_TARGETS = ("hf", "fp16", "bf16", "om")
 HF_DTYPES = {"bfloat16", "float16"}
 PRECISION_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
-ATC_PRECISION_MODES = ("force_fp16", "allow_mix_precision", "allow_fp32_to_fp16", "must_keep_origin_dtype")
 
 
 def _format_of(inspection: dict) -> str:
@@ -122,16 +124,22 @@ def model_delete(*, model: Model, user, request=None) -> Model:
 
 # --- conversions -------------------------------------------------------------------
 
-def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
-    """Validate conversion options against the source artifact; return the canonical set."""
+OM_MAX_BATCH = 64
+
+
+def om_max_seq_len(artifact: Artifact) -> int:
+    """The longest fixed sequence an OM export of this artifact may take: its context length."""
+    return (artifact.inspection or {}).get("max_position_embeddings") or 32768
+
+
+def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dict:
+    """Check conversion options against the source artifact; return the canonical set (the job's params)."""
     if artifact.status != Artifact.Status.READY:
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be converted.")
+    options = options.given()
     to = options.get("to")
     if to not in CONVERT_TARGETS:
         raise ValidationError({"to": f"Choose one of: {', '.join(CONVERT_TARGETS)}."})
-    unknown = set(options) - {"to", "dtype", "batch_size", "seq_len", "soc_version", "precision_mode"}
-    if unknown:
-        raise ValidationError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
     source_dtype = (artifact.inspection or {}).get("dtype") or artifact.dtype
     if to == "hf":
         if artifact.format != Artifact.Format.GGUF:
@@ -151,9 +159,8 @@ def convert_options_clean(*, artifact: Artifact, options: dict) -> dict:
         if source_dtype == PRECISION_DTYPE[to]:
             raise ValidationError({"to": f"The artifact is already {source_dtype}."})
         return {"to": to}
-    batch_size = int_in_range(options.get("batch_size"), "batch_size", low=1, high=64, default=1)
-    max_pos = (artifact.inspection or {}).get("max_position_embeddings") or 32768
-    seq_len = int_in_range(options.get("seq_len"), "seq_len", low=1, high=max_pos, default=128)
+    batch_size = int_in_range(options.get("batch_size"), "batch_size", low=1, high=OM_MAX_BATCH, default=1)
+    seq_len = int_in_range(options.get("seq_len"), "seq_len", low=1, high=om_max_seq_len(artifact), default=128)
     soc = str(options.get("soc_version") or "").strip()
     if not soc:
         raise ValidationError({"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."})
@@ -177,9 +184,8 @@ def _store_free_bytes() -> int:
     return shutil.disk_usage(probe).free
 
 
-def artifact_convert(*, artifact: Artifact, user, options: dict, request=None, retry_of: Job | None = None) -> Job:
-    from models_registry.conversion import estimate_output_bytes
-
+def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, request=None,
+                     retry_of: Job | None = None) -> Job:
     clean = convert_options_clean(artifact=artifact, options=options)
     existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY).first()
     if existing is not None:

@@ -7,9 +7,9 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import field_errors
 from models_registry import selectors, services
-from models_registry.capacity_view import artifact_capacity
+from models_registry.capacity_view import artifact_capacity, reference_devices
+from models_registry.forms import ConvertForm
 from models_registry.models import Artifact, Model
-from models_registry.quantize.selectors import speed_comparison
 
 
 def _errors(exc: ValidationError) -> dict:
@@ -79,12 +79,12 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         "precision_modes": services.ATC_PRECISION_MODES,
         "model": artifact.model,
         "children": artifact.children.alive(),
-        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util"))),
+        # the live devices' rows come from serving's fragment (endpoints.fragments.artifact_capacity_live)
+        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util")),
+                                      devices=reference_devices()),
         "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
                                              "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
         "convert_errors": convert_errors or {},
-        "in_use": selectors.artifact_in_use(artifact),
-        "speed": speed_comparison(artifact),
     }
 
 
@@ -106,16 +106,11 @@ def artifact_detail(request, artifact_id: int):
 @require_role(OPERATOR)
 def artifact_convert(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
-    fields = ("to", "dtype", "batch_size", "seq_len", "soc_version", "precision_mode")
-    values = {k: request.POST.get(k, "").strip() for k in fields}
-    to = values.get("to")
-    wanted = {"hf": ("to", "dtype"), "fp16": ("to",), "bf16": ("to",),
-              "om": ("to", "batch_size", "seq_len", "soc_version", "precision_mode")}.get(to, ("to",))
-    options = {k: values[k] for k in wanted if values.get(k) != ""}
+    form = ConvertForm(request.POST, artifact=artifact)
     try:
-        job = services.artifact_convert(artifact=artifact, user=request.user, options=options, request=request)
+        job = services.artifact_convert(artifact=artifact, user=request.user, options=form.options(), request=request)
     except ValidationError as exc:
-        context = _artifact_context(request, artifact, convert_values=values, convert_errors=_errors(exc))
+        context = _artifact_context(request, artifact, convert_values=form.values, convert_errors=_errors(exc))
         return render(request, "models_registry/artifact_detail.html", context, status=400)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))

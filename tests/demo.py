@@ -30,7 +30,7 @@ def demo_gguf() -> Path:
 
 def demo_hf() -> Path:
     """The demo model as HF bfloat16 safetensors, converted once with the console's own code."""
-    from models_registry.conversion import gguf_to_hf
+    from models_registry.convert import gguf_to_hf
 
     target = CACHE / "demo" / "SmolLM2-135M-Instruct-hf-bf16"
     if target.exists():

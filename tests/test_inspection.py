@@ -13,8 +13,8 @@ from models_registry.inspection import (
     inspect_hf_dir,
     inspect_path,
     kv_bytes_per_token,
-    read_gguf_header,
 )
+from models_registry.gguf_reader import read_gguf_header
 from tests.tiny_models import (
     build_tiny_llama_gguf,
     build_tiny_llama_hf,

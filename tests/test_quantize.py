@@ -3,6 +3,7 @@ Llama models (tensor by tensor, and the documented ModelSlim dequantisation nume
 accuracy gate (pass, reject, fallback), bad input, and an end-to-end run on the demo model."""
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -446,8 +447,11 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     page = as_operator.get(f"/artifacts/{job.result['artifact_id']}/").content.decode()
     assert 'id="accuracy-report"' in page and "plotly/plotly.min.js" in page and 'id="sensitivity"' in page
     assert 'id="quantize-form"' in as_operator.get(f"/artifacts/{aid}/").content.decode()
-    # Serving speed: a hint until both the source and the quantized artifact have a finished benchmark.
-    assert "to compare serving speed" in page
+    # Serving speed (serving's fragment, loaded by the page): a hint until both the source and the
+    # quantized artifact have a finished benchmark.
+    speed_url = f"/artifacts/{job.result_artifact_id}/speed"
+    assert f'hx-get="{speed_url}"' in page
+    assert "to compare serving speed" in as_operator.get(speed_url).content.decode()
     from endpoints.bench.models import BenchmarkRun
     from endpoints.models import Endpoint
     from workers.models import Node
@@ -457,8 +461,8 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     for name, artifact_id in (("src-ep", aid), ("q-ep", job.result['artifact_id'])):
         ep = Endpoint.objects.create(name=name, artifact_id=artifact_id, node=node, served_model_name=name)
         runs.append(BenchmarkRun.objects.create(endpoint=ep, endpoint_name=name, num_prompts=8, status="succeeded"))
-    page = as_operator.get(f"/artifacts/{job.result['artifact_id']}/").content.decode()
-    assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in page
+    speed = as_operator.get(speed_url).content.decode()
+    assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in speed
     r = as_operator.post(f"/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16",
                                                         "method": "minmax", "gate_pct": "100", "fallback": "on"})
     assert r.status_code == 302 and Job.objects.filter(kind="quantize").count() == 2
@@ -514,3 +518,27 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     finally:
         stop_agent(agent)
         kill_leftovers(art.path)
+
+
+def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, settings, tmp_path):
+    """The quantize job's vLLM is launched by what endpoints registered: build_command's argv, and an
+    environment built from an allow-list (no console secrets); with nothing registered it says so."""
+    from endpoints.quantize_check import EngineServer, engine_env
+    from models_registry.quantize import serving_check
+    from models_registry.quantize.calibrate import QuantizeError
+    from models_registry.quantize.compressed import VllmServer
+
+    assert serving_check.launcher() is EngineServer
+    server = EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python")
+    assert server.argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len"):][:2]
+    assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs"):][:2]
+    assert server.env_added["VLLM_TARGET_DEVICE"] == "cpu"
+    monkeypatch.setenv("SECRET_KEY", "s3cret")
+    monkeypatch.setenv("DATABASE_URL", "postgres://x")
+    env = engine_env(server.env_added)
+    assert "SECRET_KEY" not in env and "DATABASE_URL" not in env and env["PATH"] == os.environ["PATH"]
+
+    monkeypatch.setattr(serving_check, "_launcher", None)
+    with pytest.raises(QuantizeError, match="No vLLM launcher is registered"):
+        VllmServer(tmp_path / "model", engine_python="/opt/engine/bin/python")

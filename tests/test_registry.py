@@ -200,3 +200,62 @@ def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny
     artifact_id = api.post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
     rows = {r["device"]: r for r in api.get(f"/api/v1/artifacts/{artifact_id}/capacity").json()["rows"]}
     assert rows["npu1: 910B4 (free now)"]["device_memory_bytes"] == (32768 - 2654) * 1024**2
+
+
+@pytest.mark.django_db
+def test_artifact_page_loads_serving_facts_from_endpoints_fragments(operator, api_for, as_operator, tiny_hf,
+                                                                    redis_conn):
+    """The registry page shows who serves the artifact and the live devices' capacity rows through
+    serving's fragments (the registry does not import endpoints)."""
+    from django.utils import timezone
+
+    from endpoints.models import Endpoint
+    from workers.models import Device, Node
+
+    node = Node.objects.create(name="npu1", platform="ascend", last_heartbeat=timezone.now())
+    Device.objects.create(node=node, index=0, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2,
+                          latest={"hbm_used_mb": 2654, "hbm_total_mb": 32768})
+    artifact_id = api_for(operator).post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
+    page = as_operator.get(f"/artifacts/{artifact_id}/?util=0.8").content.decode()
+    assert f'hx-get="/artifacts/{artifact_id}/served-by"' in page
+    assert f'hx-get="/artifacts/{artifact_id}/capacity-live?util=0.8"' in page
+    assert "free now" not in page and "This host&#x27;s memory (CPU)" in page
+    live = as_operator.get(f"/artifacts/{artifact_id}/capacity-live?util=0.8").content.decode()
+    assert "npu1: 910B4 (free now)" in live and live.count("<tr>") == 1
+    assert "Served by" not in as_operator.get(f"/artifacts/{artifact_id}/served-by").content.decode()
+    Endpoint.objects.create(name="tiny-ep", artifact_id=artifact_id, node=node, served_model_name="tiny-ep")
+    served_by = as_operator.get(f"/artifacts/{artifact_id}/served-by").content.decode()
+    assert "<dt>Served by</dt><dd>tiny-ep</dd>" in served_by
+
+
+def test_web_form_and_api_schema_give_the_same_typed_options(db, tiny_hf):
+    """Text is parsed once, at the edge: the conversion form and the API schema produce the same
+    ConvertOptions, the quantize form and schema the same QuantizeOptions."""
+    from django.core.exceptions import ValidationError
+
+    from models_registry.api import ConvertIn
+    from models_registry.forms import ConvertForm
+    from models_registry.options import ConvertOptions, QuantizeOptions
+    from models_registry.quantize.api import QuantizeIn
+    from models_registry.quantize.forms import QuantizeForm
+
+    artifact = Artifact(inspection={"max_position_embeddings": 2048})
+    post = {"to": "om", "dtype": "", "batch_size": " 2 ", "seq_len": "256", "soc_version": "Ascend910B4",
+            "precision_mode": "force_fp16"}
+    from_web = ConvertForm(post, artifact=artifact).options()
+    from_api = ConvertOptions(**ConvertIn(to="om", batch_size=2, seq_len=256, soc_version="Ascend910B4",
+                                          precision_mode="force_fp16").dict())
+    assert from_web == from_api and from_web.batch_size == 2
+    with pytest.raises(ValidationError, match="between 1 and 2048"):
+        ConvertForm({**post, "seq_len": "many"}, artifact=artifact).options()
+    assert ConvertForm({"to": "fp16", "seq_len": "9"}, artifact=artifact).options() == ConvertOptions(to="fp16")
+
+    web = QuantizeForm({"target": "compressed-tensors", "scheme": "w8a16", "method": "kl", "gate_pct": "2.5",
+                        "num_samples": "32", "fallback": "on"}).options()
+    api = QuantizeOptions(**QuantizeIn(scheme="w8a16", gate_pct=2.5, num_samples=32, fallback=True, gptq=False).dict())
+    assert web == api and isinstance(web.gate_pct, float) and web.num_samples == 32
+    with pytest.raises(ValidationError, match="Enter a number between 0.0 and 100.0"):
+        QuantizeForm({"gate_pct": "lots"}).options()
+    assert ConvertOptions.from_params({"to": "hf", "dtype": "float16"}) == ConvertOptions(to="hf", dtype="float16")
+    with pytest.raises(ValidationError, match="Unknown option"):
+        QuantizeOptions.from_params({"colour": "blue"})

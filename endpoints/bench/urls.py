@@ -1,6 +1,6 @@
 from django.urls import path
 
-from endpoints.bench import views
+from endpoints.bench import fragments, views
 
 urlpatterns = [
     path("benchmarks/", views.bench_list, name="bench_list"),
@@ -14,4 +14,5 @@ urlpatterns = [
     path("benchmarks/<int:run_id>/cancel", views.bench_cancel, name="bench_cancel"),
     path("benchmarks/sweeps/<int:sweep_id>/", views.bench_sweep_detail, name="bench_sweep_detail"),
     path("benchmarks/sweeps/<int:sweep_id>/cancel", views.bench_sweep_cancel, name="bench_sweep_cancel"),
+    path("artifacts/<int:artifact_id>/speed", fragments.artifact_speed, name="artifact_speed"),
 ]

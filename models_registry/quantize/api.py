@@ -5,6 +5,7 @@ from pydantic import ConfigDict
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
 from models_registry.models import Artifact
+from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors, services
 from models_registry.quantize.models import CalibrationDataset
 
@@ -53,8 +54,8 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
 @api_route(router, "post", "/artifacts/{artifact_id}/quantize", role=OPERATOR, response={202: dict})
 def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
-    options = {k: v for k, v in payload.dict().items() if v is not None}
-    job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
+    job = services.artifact_quantize(artifact=artifact, user=request.user, options=QuantizeOptions(**payload.dict()),
+                                     request=request)
     return 202, {"job": job.pk}
 
 

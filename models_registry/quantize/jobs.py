@@ -12,6 +12,7 @@ from django.conf import settings
 from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled
 from models_registry.models import Artifact
 from models_registry.quantize import calibrate as cal
+from models_registry.options import QuantizeOptions
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.perplexity import encode_eval, perplexity_hf, scored_tokens
 from models_registry.quantize.services import artifact_quantize
@@ -30,7 +31,8 @@ class Quantize(ArtifactJobRunner):
 
     def resubmit(self, *, job, user, request=None):
         """The same options, validated again."""
-        return artifact_quantize(artifact=job.target, user=user, options=job.params, request=request, retry_of=job)
+        return artifact_quantize(artifact=job.target, user=user, options=QuantizeOptions.from_params(job.params),
+                                 request=request, retry_of=job)
 
 
 def _peak_rss_mb() -> float:

@@ -42,19 +42,3 @@ def dataset_list():
     ensure_defaults()
     return CalibrationDataset.objects.all()
 
-
-def speed_comparison(artifact) -> dict | None:
-    """For a quantized artifact: the latest finished benchmark of an endpoint serving it and of one
-    serving its source, and the compare page of the two when both exist."""
-    if not artifact.accuracy or artifact.parent_id is None:
-        return None
-    from endpoints.bench.models import BenchmarkRun, BenchStatus
-    from endpoints.bench.views import compare_url
-
-    def latest(artifact_id):
-        return (BenchmarkRun.objects.filter(endpoint__artifact_id=artifact_id, status=BenchStatus.SUCCEEDED)
-                .order_by("-pk").first())
-
-    quantized, source = latest(artifact.pk), latest(artifact.parent_id)
-    return {"quantized": quantized, "source": source,
-            "url": compare_url([source.pk, quantized.pk]) if quantized and source else None}

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from console.audit import audit_log
 from console.exceptions import Conflict
 from models_registry.models import NAME_VALIDATOR, Artifact
+from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors
 from models_registry.quantize.calibrate import SUPPORTED_ARCHITECTURES
 from models_registry.quantize.models import CalibrationDataset
@@ -21,8 +22,12 @@ from workers.jobs.services import job_enqueue
 TARGETS = (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM)
 SCHEMES = ("w8a8_dynamic", "w8a8_static", "w8a16")
 METHODS = ("kl", "minmax", "histogram", "auto")
-OPTIONS = {"scheme", "target", "calibration", "evaluation", "method", "smoothing", "gate_pct", "fallback",
-           "max_fallback_layers", "num_samples", "max_seq_len", "gptq", "serve_check", "anti_outlier"}
+# Bounds of the numeric options: the web form parses within them, the service checks them (API, retries).
+GATE_PCT = (0.0, 100.0)
+SMOOTHING = (0.05, 1.0)
+MAX_FALLBACK_LAYERS = (1, 256)
+NUM_SAMPLES = (1, 1024)
+MAX_SEQ_LEN = (16, 8192)
 GUIDANCE = "Use 10–64 samples from the target domain (plain prose, chat logs or code as the model will see)."
 
 
@@ -90,23 +95,20 @@ def _dataset(value, purpose: str, field: str) -> CalibrationDataset:
     return ds
 
 
-def _number(opts, key, default, low, high, kind=float):
+def _number(opts, key, default, bounds):
+    """A typed option (or its default), checked against its bounds."""
     value = opts.get(key, default)
-    try:
-        value = kind(value)
-    except (TypeError, ValueError):
-        raise ValidationError({key: f"Enter a number between {low} and {high}."}) from None
+    low, high = bounds
     if not low <= value <= high:
         raise ValidationError({key: f"Enter a number between {low} and {high}."})
     return value
 
 
-def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
+def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> dict:
+    """Check quantize options against the source artifact; return the canonical set (the job's params)."""
     if artifact.status != Artifact.Status.READY:
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be quantized.")
-    unknown = set(options) - OPTIONS
-    if unknown:
-        raise ValidationError(f"Unknown option(s): {', '.join(sorted(unknown))}.")
+    options = options.given()
     if artifact.format != Artifact.Format.HF:
         raise ValidationError({"target": f"Quantization needs a Hugging Face (safetensors) artifact; this one is "
                                          f"{artifact.format}. Convert it to HF first."})
@@ -134,7 +136,7 @@ def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
         raise ValidationError({"calibration": f"{calib.name} has {calib.sample_count} sample(s); at least "
                                               f"{settings.QUANTIZE_MIN_SAMPLES} are needed. {GUIDANCE}"})
     smoothing = options.get("smoothing")
-    smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, 0.05, 1.0)
+    smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, SMOOTHING)
     if smoothing and target == Artifact.Format.MODELSLIM:
         raise ValidationError({"smoothing": "SmoothQuant strength is for compressed-tensors; for Ascend ModelSlim "
                                             "choose msModelSlim's outlier suppression (anti_outlier m1–m6)."})
@@ -152,11 +154,11 @@ def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
     clean = {
         "target": target, "scheme": scheme, "method": method,
         "calibration": calib.pk, "evaluation": evaluation.pk, "smoothing": smoothing, "anti_outlier": anti_outlier,
-        "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, 0.0, 100.0),
+        "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, GATE_PCT),
         "fallback": bool(options.get("fallback", True)),
-        "max_fallback_layers": _number(options, "max_fallback_layers", 16, 1, 256, int),
-        "num_samples": _number(options, "num_samples", 64, 1, 1024, int),
-        "max_seq_len": _number(options, "max_seq_len", 512, 16, 8192, int),
+        "max_fallback_layers": _number(options, "max_fallback_layers", 16, MAX_FALLBACK_LAYERS),
+        "num_samples": _number(options, "num_samples", 64, NUM_SAMPLES),
+        "max_seq_len": _number(options, "max_seq_len", 512, MAX_SEQ_LEN),
         # GPTQ by default for compressed-tensors: it is what brings W8A8 within the 2 % gate (README).
         "gptq": bool(options.get("gptq", True)) and target == Artifact.Format.COMPRESSED_TENSORS,
         "serve_check": bool(options.get("serve_check", settings.QUANTIZE_SERVE_CHECK)),
@@ -164,7 +166,8 @@ def quantize_options_clean(*, artifact: Artifact, options: dict) -> dict:
     return clean
 
 
-def artifact_quantize(*, artifact: Artifact, user, options: dict, request=None, retry_of: Job | None = None) -> Job:
+def artifact_quantize(*, artifact: Artifact, user, options: QuantizeOptions, request=None,
+                      retry_of: Job | None = None) -> Job:
     clean = quantize_options_clean(artifact=artifact, options=options)
     same = {k: v for k, v in clean.items() if k != "serve_check"}
     for existing in Artifact.objects.alive().filter(parent=artifact, status=Artifact.Status.READY,

@@ -8,22 +8,17 @@ from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_lines
 from models_registry.models import Artifact
 from models_registry.quantize import selectors, services
+from models_registry.quantize.forms import QuantizeForm
 from models_registry.quantize.models import CalibrationDataset
-
-FORM_FIELDS = ("target", "scheme", "method", "calibration", "evaluation", "smoothing", "anti_outlier", "gate_pct",
-               "max_fallback_layers", "num_samples")
 
 
 @require_POST
 @require_role(OPERATOR)
 def artifact_quantize(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
-    options = {k: request.POST.get(k, "").strip() for k in FORM_FIELDS}
-    options = {k: v for k, v in options.items() if v != ""}
-    options["fallback"] = request.POST.get("fallback") == "on"
-    options["gptq"] = bool(request.POST.get("gptq"))
     try:
-        job = services.artifact_quantize(artifact=artifact, user=request.user, options=options, request=request)
+        job = services.artifact_quantize(artifact=artifact, user=request.user,
+                                         options=QuantizeForm(request.POST).options(), request=request)
     except ValidationError as exc:
         for m in error_lines(exc):
             messages.error(request, m)

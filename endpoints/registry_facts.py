@@ -1,0 +1,22 @@
+"""What the registry asks of serving (registered in EndpointsConfig.ready(), see models_registry.hooks):
+which endpoints use an artifact, and how much memory the live accelerators have free."""
+
+from endpoints.models import Endpoint
+from workers.models import Device
+
+
+def artifact_users(artifact) -> list[str]:
+    """Names of the endpoints that use the artifact and are not stopped."""
+    return list(Endpoint.objects.filter(artifact=artifact).exclude(state=Endpoint.State.STOPPED)
+                .values_list("name", flat=True))
+
+
+def live_device_memory() -> list[tuple[str, int]]:
+    """The most free memory on each registered node's accelerators, as telemetry last saw it."""
+    best: dict[str, int] = {}
+    for device in Device.objects.select_related("node").exclude(memory_total_bytes__isnull=True):
+        used_mb = (device.latest or {}).get("hbm_used_mb") or (device.latest or {}).get("memory_used_mb")
+        free = device.memory_total_bytes - int(used_mb * 1024 * 1024) if used_mb is not None else device.memory_total_bytes
+        label = f"{device.node.name}: {device.name or device.kind} (free now)"
+        best[label] = max(best.get(label, 0), free)
+    return [(label, free) for label, free in sorted(best.items()) if free > 0]
