@@ -5,10 +5,19 @@ browser session (with CSRF); every route names its role. Errors are JSON: {"deta
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
 from ninja import NinjaAPI
 
+from console.api_accounts import router as accounts_router
 from console.api_auth import BearerToken, Session
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import VIEWER
 from console.validation import field_errors
+from endpoints.api import router as endpoints_router
+from endpoints.bench.api import router as bench_router
+from endpoints.gateway.api import router as gateway_router
+from models_registry.api import router as registry_router
+from models_registry.quantize.api import router as quantize_router
+from workers.api import router as jobs_router
+from workers.api_nodes import router as nodes_router
+from workers.telemetry.api import router as telemetry_router
 
 api = NinjaAPI(
     title="LLM inference console API",
@@ -57,16 +66,6 @@ def _not_found(request, exc):
 
 
 def _register_routers():
-    from console.api_accounts import router as accounts_router
-    from models_registry.api import router as registry_router
-    from endpoints.api import router as endpoints_router
-    from endpoints.bench.api import router as bench_router
-    from endpoints.gateway.api import router as gateway_router
-    from models_registry.quantize.api import router as quantize_router
-    from workers.telemetry.api import router as telemetry_router
-    from workers.api import router as jobs_router
-    from workers.api_nodes import router as nodes_router
-
     api.add_router("/", accounts_router)
     api.add_router("/", registry_router)
     api.add_router("/", jobs_router)

@@ -18,6 +18,7 @@ from console.models import AuditEvent
 from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
 from console.selectors import overview_counts
 from console.validation import error_lines, int_in_range
+from workers.jobs.queues import redis_connection
 
 log = logging.getLogger(__name__)
 User = get_user_model()
@@ -34,8 +35,6 @@ def healthz(request):
     except Exception as exc:  # the probe must answer, whatever broke
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        from workers.jobs.queues import redis_connection
-
         redis_connection().ping()
         checks["redis"] = "ok"
     except (RedisError, OSError) as exc:

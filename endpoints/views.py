@@ -7,6 +7,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from endpoints import selectors, services
+from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
 from endpoints.models import Endpoint
 from models_registry.models import Artifact
@@ -51,7 +52,6 @@ def endpoint_launch(request):
 def _detail_context(endpoint):
     replicas = list(selectors.replicas_of(endpoint))
     log_replica = next((r for r in replicas if r.log_path), None)
-    from endpoints.commands import format_for_shell
 
     return {
         "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],

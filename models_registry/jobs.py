@@ -8,6 +8,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import transaction
 
+from models_registry import convert as conversion
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
 from models_registry.options import ConvertOptions
@@ -121,8 +122,6 @@ def fmt_inspectable(fmt: str) -> bool:
 
 
 def convert_artifact(job, ctx) -> dict:
-    from models_registry import convert as conversion
-
     source = Artifact.objects.select_related("model").get(pk=job.target_id)
     opts = job.params
     to = opts["to"]

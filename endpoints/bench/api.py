@@ -6,6 +6,7 @@ from ninja import Router, Schema
 from pydantic import ConfigDict
 
 from console.api_auth import api_route
+from console.exceptions import Conflict
 from console.roles import OPERATOR, VIEWER
 from endpoints.bench import compare, selectors, services
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
@@ -127,8 +128,6 @@ def get_benchmark(request, run_id: int, detail: bool = False):
 def cancel_benchmark(request, run_id: int):
     run = get_object_or_404(BenchmarkRun.objects.select_related("job"), pk=run_id)
     if run.job is None:
-        from console.exceptions import Conflict
-
         raise Conflict(f"Benchmark #{run.pk} has no job to cancel.")
     services.benchmark_cancel(job=run.job, user=request.user, request=request)
     return run_json(selectors.run_get(run.pk))

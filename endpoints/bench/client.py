@@ -20,6 +20,7 @@ from django.utils import timezone
 from endpoints.bench.models import BenchmarkRun, BenchStatus
 from endpoints.bench.snapshots import TELEMETRY_SAMPLES_MAX, config_snapshot, telemetry_snapshot, telemetry_window
 from endpoints.bench.workload import VIA_GATEWAY, bench_dir, gateway_available
+from endpoints.gateway.services import key_create, key_revoke
 from endpoints.models import Endpoint, Replica
 from workers.jobs.context import JobFailed
 
@@ -44,8 +45,6 @@ def gateway_key(run: BenchmarkRun, endpoint: Endpoint):
     """A key for this run only: scoped to the endpoint, expiring after the run's timeout;
     revoked when the run ends. Passed to the client as OPENAI_API_KEY (never on its argv)."""
     from datetime import timedelta
-
-    from endpoints.gateway.services import key_create
 
     return key_create(name=f"benchmark #{run.pk}", endpoints=[endpoint.name], actor=run.created_by, via="job",
                       expires_at=timezone.now() + timedelta(seconds=run.timeout_s + 600))
@@ -142,8 +141,6 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
                              sample=lambda: telemetry_snapshot(endpoint.node, measured, endpoint=endpoint, brief=True))
     finally:
         if key is not None:
-            from endpoints.gateway.services import key_revoke
-
             key_revoke(key=key, actor=run.created_by, via="job")
     if not result_file.exists():
         raise JobFailed("vLLM's benchmark client ended without saving a result (see the log).")

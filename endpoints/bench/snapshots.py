@@ -119,7 +119,6 @@ def telemetry_window(endpoint: Endpoint, replica: Replica | None, start, end, *,
     try:
         from django.db.models import Q
 
-        from workers.telemetry.models import Point, Series
     except ImportError:
         return {}
     try:

@@ -15,7 +15,9 @@ from console.validation import field_errors
 from endpoints.bench import compare, selectors, services, snapshots
 from endpoints.bench.forms import BenchmarkForm
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
+from endpoints.commands import format_for_shell
 from endpoints.models import Endpoint
+
 
 @require_GET
 @require_role(VIEWER)
@@ -93,7 +95,6 @@ LATENCY_ROWS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "En
 @require_role(VIEWER)
 def bench_detail(request, run_id: int):
     run = _run(run_id)
-    from endpoints.commands import format_for_shell
 
     result = run.result or {}
     latency = [{"name": name, **{s: result.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")}}

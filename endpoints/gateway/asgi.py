@@ -39,6 +39,9 @@ import aiohttp
 from django.conf import settings
 from django.db import close_old_connections
 
+from endpoints.gateway.consul import ConsulSync
+from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
+from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
 
 log = logging.getLogger("console.gateway")
@@ -68,8 +71,6 @@ def _db(fn, *args):
 
 class Gateway:
     def __init__(self):
-        from endpoints.gateway.selectors import RoutingTable
-
         self.table = RoutingTable(backends={}, known={}, max_queue={})
         self.outstanding: dict[str, int] = defaultdict(int)  # replica url -> in flight
         self.ep_outstanding: dict[int, int] = defaultdict(int)  # endpoint id -> in flight
@@ -91,8 +92,6 @@ class Gateway:
                                           sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
             auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         if settings.CONSUL_HTTP_ADDR:
-            from endpoints.gateway.consul import ConsulSync
-
             self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
         await self.refresh()
         self.tasks = [asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
@@ -118,8 +117,6 @@ class Gateway:
                 log.exception("gateway: %s failed", fn.__name__)
 
     async def refresh(self):
-        from endpoints.gateway.selectors import routing_table
-
         try:
             self.table = await _db(routing_table)
         except Exception:
@@ -129,15 +126,12 @@ class Gateway:
         self.key_cache = {h: v for h, v in self.key_cache.items() if v[0] > now}
         if self.consul is not None:
             await self.consul.sync(self.table)
-        from endpoints.gateway.services import finish_drains
 
         await _db(finish_drains)
 
     async def flush(self):
         stats, self.stats = self.stats, Stats()
         if stats.ep or stats.key:
-            from endpoints.gateway.services import store_gateway_stats
-
             await _db(store_gateway_stats, stats, settings.GATEWAY_TELEMETRY_SECONDS, dict(self.ep_outstanding))
 
     # --- helpers -----------------------------------------------------------------------
@@ -155,7 +149,6 @@ class Gateway:
         hit = self.key_cache.get(raw)
         if hit and hit[0] > now:
             return hit[1]
-        from endpoints.gateway.selectors import key_info
 
         info = await _db(key_info, raw)
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)

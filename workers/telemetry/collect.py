@@ -18,6 +18,8 @@ from django.utils import timezone
 
 from workers.host_stats import sample_host
 from workers.models import Device, Node
+from workers.npu_smi import collect
+from workers.telemetry import nvml
 from workers.telemetry.services import Reading, store
 from workers.telemetry.sources import registered_collectors
 
@@ -49,8 +51,6 @@ def sample_devices(platform: str) -> dict:
     "complete": bool}. `complete` says the device list is the tool's whole answer, so a device known
     before and absent now has disappeared. Never raises for a missing, hung or broken tool."""
     if platform == Node.Platform.ASCEND:
-        from workers.npu_smi import collect
-
         data = collect(timeout=settings.TELEMETRY_NPU_SMI_TIMEOUT_SECONDS)
         index_of = {}
         devices = []
@@ -77,8 +77,6 @@ def sample_devices(platform: str) -> dict:
         # Without `-m` the indexes fall back to NPU ids, which differ from logic ids on duo cards.
         complete = not any(e["command"] in ("npu-smi info", "npu-smi info -m") for e in data.get("errors", []))
         return {"kind": "npu", "devices": devices, "processes": processes, "errors": errors, "complete": complete}
-
-    from workers.telemetry import nvml
 
     try:
         gpus = nvml.sample_gpus()

@@ -6,7 +6,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from workers.models import Node
 from workers.telemetry.models import Alert, Series
+from workers.telemetry.selectors import fresh_cutoff
 from workers.telemetry.sources import served_facts
 
 # metric -> (exposed name, help, extra labels)
@@ -55,8 +57,6 @@ class _Collector:
         self.fresh_after = fresh_after
 
     def collect(self):
-        from workers.models import Node
-
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
         label_order = ["node", "device", "endpoint", "replica", "quantile"]
         series = (Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
@@ -89,8 +89,6 @@ class _Collector:
 
 
 def exposition() -> bytes:
-    from workers.telemetry.selectors import fresh_cutoff
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(fresh_cutoff()))
     return generate_latest(registry)

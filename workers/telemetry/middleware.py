@@ -4,6 +4,7 @@ LoginRequiredEverywhereMiddleware sends every sessionless request to the login p
 runs just before it and answers ``GET /metrics`` itself when the request carries
 ``Authorization: Bearer ...`` (METRICS_TOKEN, or a Viewer's API token). Every other request,
 /metrics without a bearer token included, goes on unchanged (session + Viewer role)."""
+from workers.telemetry.views import metrics_with_token
 
 
 class MetricsTokenMiddleware:
@@ -12,7 +13,5 @@ class MetricsTokenMiddleware:
 
     def __call__(self, request):
         if request.path == "/metrics" and request.headers.get("Authorization", "").startswith("Bearer "):
-            from workers.telemetry.views import metrics_with_token
-
             return metrics_with_token(request)
         return self.get_response(request)

@@ -10,7 +10,9 @@ from django.db.models import Count, F, Max, Min, Sum
 from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField, FloatField
 
+from workers.models import Device, Node
 from workers.telemetry.models import Point, Rollup, Series
+from workers.telemetry.services import stale_seconds
 from workers.telemetry.sources import served_facts
 
 RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
@@ -141,16 +143,12 @@ def find_series(*, metrics: list[str], node: int | None = None, endpoint: int | 
 # --- fleet ---------------------------------------------------------------------------------
 
 def fresh_cutoff() -> int:
-    from workers.telemetry.services import stale_seconds
-
     return int(time.time() - stale_seconds())
 
 
 def fleet_summary() -> dict:
     """The Overview cards: nodes online, accelerators healthy/total, endpoints ready, total QPS,
     worst P99 and the fleet error rate (request-weighted; the worst one while idle)."""
-    from workers.models import Device, Node
-
     nodes = list(Node.objects.only("pk", "name", "last_heartbeat", "platform"))
     online = [n for n in nodes if n.online]
     online_ids = {n.pk for n in online}

@@ -17,6 +17,7 @@ from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField
 from django.utils import timezone
 
+from workers.models import Node
 from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
 from workers.telemetry.sources import served_facts
 
@@ -157,8 +158,6 @@ def stale_seconds() -> float:
 
 def _breaching(rule: AlertRule, now) -> dict[str, dict]:
     """subject -> {value, label, node_id, endpoint_id} for every subject breaching the rule now."""
-    from workers.models import Node
-
     found: dict[str, dict] = {}
     if rule.kind == AlertRule.Kind.METRIC:
         fresh = int(now.timestamp() - stale_seconds())

@@ -7,8 +7,9 @@ from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.roles import OPERATOR, VIEWER, check_role, require_role
+from console.api_auth import _token_user
 from console.audit import audit_log
+from console.roles import OPERATOR, VIEWER, check_role, require_role
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -88,8 +89,6 @@ def metrics_exposition(request):
 def metrics_with_token(request):
     """/metrics with ``Authorization: Bearer`` (called by MetricsTokenMiddleware, before the
     login redirect): 401 for an unknown token, 403 for a user below Viewer."""
-    from console.api_auth import _token_user
-
     if request.method not in ("GET", "HEAD"):
         return HttpResponse("Method not allowed\n", status=405, content_type="text/plain", headers={"Allow": "GET"})
     raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()

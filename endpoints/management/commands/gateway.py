@@ -4,6 +4,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from endpoints.gateway.asgi import Gateway
+
 
 class Command(BaseCommand):
     help = "Run the OpenAI-compatible gateway: keys, limits, routing to ready replicas."
@@ -16,8 +18,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, host, port, log_level, **options):
         import uvicorn
-
-        from endpoints.gateway.asgi import Gateway
 
         self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/)")
         self.stdout.flush()

