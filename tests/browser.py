@@ -60,8 +60,12 @@ def page(browser, live_server):
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.js_errors = errors
+    # Chromium reports what the Content-Security-Policy refused on the console: none may be.
+    csp_violations = []
+    page.on("console", lambda msg: csp_violations.append(msg.text) if "Content Security Policy" in msg.text else None)
     try:
         yield page
+        assert not csp_violations, "CSP violations:\n" + "\n".join(csp_violations)
     finally:
         context.close()
 
