@@ -2,8 +2,10 @@
 
 Auth (console.api_auth): `Authorization: Bearer <token>` (per-user API tokens) or the
 browser session (with CSRF); every route names its role. Errors are JSON: {"detail": ..., "errors"?: {...}, "link"?: ...}."""
+from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
 from ninja import NinjaAPI
+from ninja.errors import AuthenticationError
 
 from console.api_accounts import router as accounts_router
 from console.api_auth import BearerToken, Session
@@ -27,6 +29,9 @@ api = NinjaAPI(
     auth=[BearerToken(VIEWER), Session(VIEWER)],
     docs_url="/docs",
     openapi_url="/openapi.json",
+    # The docs and the schema are for logged-in users (anonymous: the login page); the docs page
+    # loads swagger-ui from ninja's own static files ("ninja" is an installed app), not a CDN.
+    docs_decorator=login_required,
 )
 
 
@@ -37,6 +42,11 @@ def _error(request, status, detail, **extra):
 @api.exception_handler(PermissionDenied)
 def _forbidden(request, exc):
     return _error(request, 403, str(exc) or "You do not have the role this needs.")
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request, exc):
+    return _error(request, 401, "Authentication required: send 'Authorization: Bearer <API token>' or log in.")
 
 
 @api.exception_handler(ValidationError)

@@ -47,6 +47,13 @@ class Session(APIKeyCookie):
         super().__init__(csrf=True)
         self.role = role
 
+    def _get_key(self, request):
+        # No logged-in session: there is nothing for CSRF to protect, so no 403 "CSRF check
+        # Failed"; the caller is anonymous and the API answers 401.
+        if not request.user.is_authenticated:
+            return None
+        return super()._get_key(request)
+
     def authenticate(self, request, key):
         if request.user.is_authenticated:
             check_role(request.user, self.role)

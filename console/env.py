@@ -5,6 +5,7 @@ how a value is parsed. A secret may come from NAME or from the file named by
 NAME_FILE (Docker/Kubernetes secrets), never from the code.
 """
 import os
+import secrets
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -66,3 +67,36 @@ def env_list(name: str, default: list[str] | None = None, sep: str = ",") -> lis
 def env_path(name: str, default: Path) -> Path:
     raw = os.environ.get(name)
     return Path(raw).expanduser().resolve() if raw else Path(default).resolve()
+
+
+def private_data_dir(path: Path) -> Path:
+    """Create the data directory 0700, and tighten one an older version left readable by others
+    (with its SQLite files), so that no other user of the host reads the database or keys."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for item in (path, *path.glob("*.sqlite3*")):
+        try:
+            if item.stat().st_uid == os.getuid() and item.stat().st_mode & 0o077:
+                item.chmod(0o700 if item.is_dir() else 0o600)
+        except OSError:  # not ours to change (a shared mount): the umask still covers new files
+            pass
+    return path
+
+
+def secret_from_file(path: Path) -> str:
+    """The random secret kept in `path`, made 0600 on the first call. Written aside then linked
+    into place: processes starting at once all read the one complete key that won."""
+    if not path.exists():
+        spare = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(spare, path)
+        except FileExistsError:
+            pass
+        finally:
+            spare.unlink()
+    secret = path.read_text().strip()
+    if not secret:
+        raise ImproperlyConfigured(f"{path} is empty: delete it (a new key is made) or set SECRET_KEY")
+    return secret

@@ -1,22 +1,27 @@
 """The console's single settings module: every value is read from the environment
 through console.env's typed helpers. Embedded defaults (SQLite under DATA_DIR, local
 Redis) make `make run` work with no configuration at all."""
+import os
 import socket
 from pathlib import Path
 
 import dj_database_url
 
 from console.env import (
-    env_bool, env_float, env_int, env_list, env_path, env_secret, env_str,
+    env_bool, env_float, env_int, env_list, env_path, env_secret, env_str, private_data_dir, secret_from_file,
 )
 
+# Every console process (web, workers, agent, gateway) loads these settings first: from here on
+# what they create (the SQLite file and its journal, logs, keys, artifacts) is readable by this
+# user alone (files 0600, directories 0700).
+os.umask(0o077)
+
 BASE_DIR = Path(__file__).resolve().parent.parent
-DATA_DIR = env_path("DATA_DIR", BASE_DIR / "var")
-DATA_DIR.mkdir(parents=True, exist_ok=True)  # SQLite, downloads and artifacts live here
+DATA_DIR = private_data_dir(env_path("DATA_DIR", BASE_DIR / "var"))  # SQLite, downloads and artifacts live here
 
 DEBUG = env_bool("DEBUG", False)
-# The embedded default key is only for development; production sets SECRET_KEY(_FILE).
-SECRET_KEY = env_secret("SECRET_KEY") or "insecure-dev-key-set-SECRET_KEY-in-production-" + "x" * 20
+# SECRET_KEY(_FILE) wins; else a random key made on the first run and kept (0600) in the data directory.
+SECRET_KEY = env_secret("SECRET_KEY") or secret_from_file(DATA_DIR / "secret_key")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -30,6 +35,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django.contrib.humanize",
     "django_rq",
+    "ninja",  # the API docs from its own static files, not a CDN
+    "axes",
     "console",
     "workers",
     "models_registry",
@@ -46,6 +53,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "console.middleware.LoginRequiredEverywhereMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks: it answers a locked-out login
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -115,6 +124,40 @@ STORAGES = {
 }
 WHITENOISE_USE_FINDERS = DEBUG
 
+# Passwords: Django's validators, for every account (user_create, ensure_admin, the API).
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+# Login throttling by django-axes: after LOGIN_FAILURE_LIMIT wrong passwords for one username from
+# one address, that pair is refused (even with the right password) for LOGIN_LOCKOUT_MINUTES.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = env_float("LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner from every process at start
+
+# Content-Security-Policy by django-csp (Django 5.2 has none of its own). Scripts: this site's
+# files only (no inline script, no eval: htmx filters and handlers live in static/*.js). Styles
+# may be inline: Plotly writes <style> elements and style attributes, and a style runs no code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'", "'unsafe-inline'"],
+        "img-src": ["'self'", "data:"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
@@ -145,6 +188,8 @@ GPU_MEMORY_UTILIZATION = env_float("GPU_MEMORY_UTILIZATION", 0.9)
 JOB_HEARTBEAT_SECONDS = env_int("JOB_HEARTBEAT_SECONDS", 5)
 JOB_STALE_SECONDS = env_int("JOB_STALE_SECONDS", 30)
 API_TOKEN_PREFIX = "lmc_"
+# The lifetime of an API token made on the command line without --expires-in.
+API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
 
 LOGGING = {
     "version": 1,
@@ -152,7 +197,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # axes: lockouts are warnings; its note on every login is not worth a line.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 

@@ -173,6 +173,14 @@
     if (document.visibilityState === "visible") { tick(); }
   });
   document.addEventListener("htmx:load", function (ev) { scan(ev.detail && ev.detail.elt); });
+  // Panels marked data-poll-visible-only poll while the tab is visible only. Here, not in an htmx
+  // trigger filter ("every 5s[...]"): htmx evaluates those with Function(), which the CSP refuses.
+  document.addEventListener("htmx:beforeRequest", function (ev) {
+    var elt = ev.detail && ev.detail.elt;
+    if (elt && elt.hasAttribute("data-poll-visible-only") && document.visibilityState !== "visible") {
+      ev.preventDefault();
+    }
+  });
 
   function start() {
     markRange();

@@ -60,10 +60,37 @@ def page(browser, live_server):
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.js_errors = errors
+    page.wait_for_function = lambda expression, **kw: _wait_for_function(page, expression, **kw)
+    # Chromium reports what the Content-Security-Policy refused on the console: none may be.
+    csp_violations = []
+    page.on("console", lambda msg: csp_violations.append(msg.text) if "Content Security Policy" in msg.text else None)
     try:
         yield page
+        assert not csp_violations, "CSP violations:\n" + "\n".join(csp_violations)
     finally:
         context.close()
+
+
+def _wait_for_function(page, expression, *, arg=None, timeout=None, polling=None):
+    """page.wait_for_function without eval in the page: Playwright's own builds its predicate with
+    `new Function`, which the console's Content-Security-Policy refuses (no 'unsafe-eval');
+    page.evaluate goes through the DevTools protocol, which the policy does not govern."""
+    from playwright.sync_api import Error, TimeoutError
+
+    deadline = time.monotonic() + (TIMEOUT_MS if timeout is None else timeout) / 1000
+    interval = polling if isinstance(polling, (int, float)) else 100
+    while True:
+        try:
+            value = page.evaluate(expression, arg)
+        except Error as exc:  # a navigation destroyed the context: ask the next page
+            if "context was destroyed" not in str(exc) and "navigat" not in str(exc):
+                raise
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"wait_for_function: {expression} still false after {timeout or TIMEOUT_MS} ms")
+        page.wait_for_timeout(interval)
 
 
 def login(page, user, password=PASSWORD):

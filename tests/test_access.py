@@ -158,8 +158,8 @@ def test_healthz_is_public_and_reports_dependencies(redis_conn):
 
 
 @pytest.mark.django_db
-def test_openapi_schema_is_served():
-    response = Client().get("/api/v1/openapi.json")
+def test_openapi_schema_is_served(as_viewer):
+    response = as_viewer.get("/api/v1/openapi.json")  # to a logged-in user (issue 19, finding 8)
     assert response.status_code == 200
     paths = response.json()["paths"]
     assert "/api/v1/models" in paths and "/api/v1/jobs/{job_id}/cancel" in paths

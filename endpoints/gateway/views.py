@@ -16,10 +16,12 @@ from endpoints.models import Endpoint
 @require_GET
 @require_role(ADMIN)
 def key_list(request):
-    new = request.session.pop("gateway_new_key", None)
+    return _key_list_page(request)
+
+
+def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str = ""):
     return render(request, "gateway/keys.html", {
-        "keys": GatewayKey.objects.all(), "new_key": new and new["raw"],
-        "new_key_obj": new and GatewayKey.objects.filter(pk=new["id"]).first(),
+        "keys": GatewayKey.objects.all(), "new_key": new_raw, "new_key_obj": new_key,
         "gateway_url": settings.GATEWAY_URL,
         "endpoints": Endpoint.objects.all(),
         "models": sorted(set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))),
@@ -38,9 +40,8 @@ def key_create(request):
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
         return redirect("gateway_key_list")
-    # Shown once, on the next page only (the session is server-side and the value is popped).
-    request.session["gateway_new_key"] = {"id": key.pk, "raw": raw}
-    return redirect("gateway_key_list")
+    # Shown once, in this answer only: only the hash is kept (not in the session either).
+    return _key_list_page(request, new_key=key, new_raw=raw)
 
 
 @require_POST

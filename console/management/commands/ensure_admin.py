@@ -1,7 +1,9 @@
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError
 
 from console.audit import audit_log
 from console.env import env_secret
@@ -24,6 +26,10 @@ class Command(BaseCommand):
         generated = not password
         if generated:
             password = secrets.token_urlsafe(12)
+        try:
+            validate_password(password, User(username=username))  # AUTH_PASSWORD_VALIDATORS
+        except ValidationError as exc:
+            raise CommandError("CONSOLE_ADMIN_PASSWORD is refused: " + " ".join(exc.messages)) from None
         user = User.objects.create_user(username=username, password=password)
         set_role(user, ADMIN)
         audit_log(actor=None, action="user.create", obj=user, via="cli", changes={"role": ADMIN, "first_admin": True})
