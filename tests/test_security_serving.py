@@ -1,0 +1,68 @@
+"""Issue 19's serving findings (2, 5, 6, 9, 10) and the CPU default dtype: each test failed before its fix."""
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+SECRETS = {"METRICS_TOKEN": "m-secret", "REDIS_URL": "redis://secret/9", "SECRET_KEY": "s-secret",
+           "DATABASE_URL": "postgres://u:p@h/db", "CONSOLE_ADMIN_PASSWORD": "admin-secret",
+           "DJANGO_SETTINGS_MODULE": "tests.settings", "OPENAI_API_KEY": "sk-parent"}
+
+
+class _Ctx:
+    def progress(self, pct, stage=None):
+        pass
+
+
+def _env_dumper(tmp_path: Path) -> Path:
+    """An executable that writes its whole environment to env.json and prints {} (a probe's answer)."""
+    script = tmp_path / "dump-env"
+    script.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                      f"json.dump(dict(os.environ), open({str(tmp_path / 'env.json')!r}, 'w'))\nprint('{{}}')\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+# ---------------------------------------------------------------- finding 2: children inherit no secrets
+
+def test_bench_client_child_gets_none_of_the_consoles_secrets(monkeypatch, tmp_path):
+    from endpoints.bench.client import run_client
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TZ", "UTC")
+    script = _env_dumper(tmp_path)
+    run_client([str(script)], cwd=tmp_path, ctx=_Ctx(), span=(0, 1), step="", num_prompts=1, timeout_s=60,
+               log_path=tmp_path / "client.log", extra_env={"OPENAI_API_KEY": "sk-run"})
+    env = json.loads((tmp_path / "env.json").read_text())
+    for name in SECRETS:
+        if name != "OPENAI_API_KEY":
+            assert name not in env, name
+    assert env["OPENAI_API_KEY"] == "sk-run"  # the run's own key, never the parent's
+    assert env["TZ"] == "UTC" and env["PYTHONUNBUFFERED"] == "1"
+    assert "PATH" in env
+
+
+def test_engine_probe_child_gets_none_of_the_consoles_secrets(monkeypatch, tmp_path):
+    from workers.engine_info import probe_engine
+
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    probe_engine(str(_env_dumper(tmp_path)))
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert not set(SECRETS) & set(env)
+
+
+def test_one_function_builds_every_child_environment():
+    """No spawn under endpoints or workers hands a child os.environ itself."""
+    root = Path(__file__).resolve().parent.parent
+    offenders = []
+    for app in ("endpoints", "workers"):
+        for path in (root / app).rglob("*.py"):
+            text = path.read_text()
+            if "**os.environ" in text or "env=os.environ" in text or "dict(os.environ" in text:
+                offenders.append(str(path.relative_to(root)))
+    assert offenders == []
