@@ -66,3 +66,47 @@ def test_one_function_builds_every_child_environment():
             if "**os.environ" in text or "env=os.environ" in text or "dict(os.environ" in text:
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+# ---------------------------------------------------------------- findings 5 and 9: the gateway
+
+from tests.test_gateway import HEALTH_TOKEN, chat, fakes, gateway, make_endpoint  # noqa: E402,F401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tokens_per_minute_are_reserved_at_admission(fakes, gateway, admin):
+    """4 concurrent requests on a 5 tokens/min key: one passes, the others wait (they all passed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from endpoints.gateway import services
+
+    make_endpoint("ep-tpm", [fakes("slow", delay=1.0)], model="tpm")
+    _, raw = services.key_create(name="tpm-5", tpm_limit=5, actor=admin)
+    gw = gateway()
+    gw.wait_routes("tpm", 1)
+    with ThreadPoolExecutor(4) as pool:
+        codes = sorted(pool.map(lambda _: gw.post("/v1/chat/completions", raw, chat("tpm")).status_code, range(4)))
+    assert codes == [200, 429, 429, 429], codes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_models_list_is_scoped_to_the_key_and_healthz_is_a_status(fakes, gateway, admin):
+    from endpoints.gateway import services
+
+    make_endpoint("ep-one", [fakes("one")], model="one")
+    make_endpoint("ep-two", [fakes("two")], model="two")
+    _, ep_raw = services.key_create(name="only-ep-one", endpoints=["ep-one"], actor=admin)
+    _, model_raw = services.key_create(name="only-two", models=["two"], actor=admin)
+    gw = gateway()
+    gw.wait_routes("one", 1)
+    gw.wait_routes("two", 1)
+    for raw, seen in ((ep_raw, ["one"]), (model_raw, ["two"])):
+        listed = gw.client.get("/v1/models", headers={"Authorization": f"Bearer {raw}"}).json()
+        assert [m["id"] for m in listed["data"]] == seen
+    health = gw.client.get("/healthz")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert "one" not in health.text and "two" not in health.text
+    for wrong in (ep_raw, "Bearer nope"):
+        assert gw.client.get("/healthz", headers={"Authorization": wrong}).json() == {"status": "ok"}
+    monitored = gw.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"}).json()
+    assert monitored["replicas"] == {"one": 1, "two": 1}
