@@ -110,3 +110,39 @@ def test_models_list_is_scoped_to_the_key_and_healthz_is_a_status(fakes, gateway
         assert gw.client.get("/healthz", headers={"Authorization": wrong}).json() == {"status": "ok"}
     monitored = gw.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"}).json()
     assert monitored["replicas"] == {"one": 1, "two": 1}
+
+
+# ---------------------------------------------------------------- finding 6: the env allow-list
+
+@pytest.mark.parametrize("key", ["VLLM_TUNED_CONFIG_FOLDER", "VLLM_USAGE_STATS_SERVER", "VLLM_TRACE_FUNCTION",
+                                 "VLLM_SOME_FUTURE_SETTING", "HCCL_ANYTHING", "ASCEND_ANYTHING"])
+def test_env_names_off_the_explicit_list_are_refused_naming_the_key(key):
+    from endpoints.commands import CommandSpecError, validate_env
+
+    with pytest.raises(CommandSpecError, match=f"{key} is not an allowed environment variable"):
+        validate_env({key: "1"})
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"VLLM_CPU_KVCACHE_SPACE": "lots"}, "VLLM_CPU_KVCACHE_SPACE"),
+    ({"VLLM_LOGGING_LEVEL": "LOUD"}, "VLLM_LOGGING_LEVEL must be one of"),
+    ({"HCCL_CONNECT_TIMEOUT": "-1"}, "HCCL_CONNECT_TIMEOUT"),
+    ({"VLLM_HOST_IP": "http://evil"}, "VLLM_HOST_IP must be an IP address"),
+    ({"PYTORCH_NPU_ALLOC_CONF": "$(rm -rf /)"}, "PYTORCH_NPU_ALLOC_CONF must be"),
+    ({"ASCEND_RT_VISIBLE_DEVICES": "0;1"}, "ASCEND_RT_VISIBLE_DEVICES must be"),
+])
+def test_each_allowed_variable_has_a_validator(env, message):
+    from endpoints.commands import CommandSpecError, validate_env
+
+    with pytest.raises(CommandSpecError, match=message):
+        validate_env(env)
+
+
+def test_every_variable_the_console_emits_is_on_the_list():
+    from endpoints.commands import ENV_VARIABLES, LaunchSpec, build_command, validate_env
+
+    for platform, devices in (("cpu", []), ("ascend", [0, 1]), ("cuda", [0])):
+        _, env = build_command(LaunchSpec(platform=platform, engine_python="/x/python", model_path="/models/m", served_model_name="m", port=8000,
+                                          devices=devices, tensor_parallel_size=max(1, len(devices))))
+        assert set(env) <= set(ENV_VARIABLES), set(env) - set(ENV_VARIABLES)
+        assert validate_env(env) == env
