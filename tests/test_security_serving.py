@@ -146,3 +146,89 @@ def test_every_variable_the_console_emits_is_on_the_list():
                                           devices=devices, tensor_parallel_size=max(1, len(devices))))
         assert set(env) <= set(ENV_VARIABLES), set(env) - set(ENV_VARIABLES)
         assert validate_env(env) == env
+
+
+# ---------------------------------------------------------------- finding 10: bad input is a 400 naming the field
+
+from tests.test_endpoints import ascend_node, cpu_node, tiny_artifact  # noqa: E402,F401
+
+
+def _launch_form(artifact, node, **changes):
+    form = {"name": "bad-ep", "artifact": str(artifact.pk), "node": str(node.pk), "devices": "0", "replicas": "1",
+            "tensor_parallel_size": "1", "pipeline_parallel_size": "", "max_model_len": "", "max_num_seqs": "",
+            "gpu_memory_utilization": "", "dtype": "", "served_model_name": "", "extra_args": "", "env": "",
+            "capacity_override": "", "restart_every_hours": "", "restart_daily_at": ""}
+    return {**form, **changes}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field, value, message", [
+    ("gpu_memory_utilization", "abc", "Between 0.1 and 0.99."),
+    ("extra_args", "null", "Extra vLLM args: a JSON object"),
+    ("extra_args", "[1, 2]", "Extra vLLM args: a JSON object"),
+    ("env", "null", "Environment: a JSON object"),
+    ("dtype", "float64; rm", "Choose one of"),
+])
+def test_launch_form_refuses_bad_values_with_400_naming_the_field(as_operator, ascend_node, tiny_artifact,
+                                                                  field, value, message):
+    from endpoints.models import Endpoint
+
+    resp = as_operator.post("/endpoints/launch", _launch_form(tiny_artifact, ascend_node, **{field: value}))
+    assert resp.status_code == 400, (field, resp.status_code)
+    assert message in resp.content.decode(), field
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("field, value", [
+    ("quantization", "bogus; --trust-remote-code"),
+    ("dtype", "float64"),
+    ("extra_args", None),
+    ("gpu_memory_utilization", "abc"),
+])
+def test_endpoint_api_refuses_bad_values_with_400_naming_the_field(operator, api_for, cpu_node, tiny_artifact,
+                                                                   field, value):
+    from endpoints.models import Endpoint
+
+    api = api_for(operator)
+    resp = api.post("/api/v1/endpoints", {"name": "bad-api", "artifact": tiny_artifact.pk, "node": cpu_node.name,
+                                          field: value})
+    assert resp.status_code in (400, 422), (field, resp.status_code, resp.content)
+    assert field in resp.content.decode(), (field, resp.content)
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.xfail(strict=True, raises=OSError, reason="models_registry (another helper's area) answers 500: "
+                   "OSError 'File name too long' from the path check")
+def test_a_100k_character_model_path_is_a_400_naming_the_path(admin, api_for, as_admin, model_root):
+    from models_registry.models import Model
+
+    api = api_for(admin)
+    long_path = str(model_root) + "/" + "a" * 100_000
+    resp = api.post("/api/v1/models", {"name": "long-path", "path": long_path})
+    assert resp.status_code == 400 and "path" in resp.content.decode(), resp.content[:300]
+    page = as_admin.post("/models/register", {"name": "long-path", "path": long_path})
+    assert page.status_code == 400 and "path" in page.content.decode().lower()
+    assert not Model.objects.filter(name="long-path").exists()
+
+
+# ---------------------------------------------------------------- the default launch on a CPU node
+
+@pytest.mark.django_db
+def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(as_operator, cpu_node, ascend_node,
+                                                                              tiny_artifact):
+    from endpoints.models import Endpoint
+    from endpoints.services import CPU_FLOAT32_MAX_PARAMS, default_dtype
+
+    page = as_operator.get(f"/endpoints/launch?artifact={tiny_artifact.pk}").content.decode()
+    assert "runs models of up to 3 B parameters in float32" in page  # the form says why
+    form = _launch_form(tiny_artifact, cpu_node, name="cpu-default", devices="")
+    assert as_operator.post("/endpoints/launch", form).status_code == 302
+    assert Endpoint.objects.get(name="cpu-default").dtype == "float32"
+    # An explicit choice wins; other platforms and big models keep the model's dtype.
+    assert as_operator.post("/endpoints/launch", {**form, "name": "cpu-bf16", "dtype": "bfloat16"}).status_code == 302
+    assert Endpoint.objects.get(name="cpu-bf16").dtype == "bfloat16"
+    assert default_dtype(artifact=tiny_artifact, platform="ascend") == ""
+    tiny_artifact.inspection = {**tiny_artifact.inspection, "param_count": CPU_FLOAT32_MAX_PARAMS + 1}
+    assert default_dtype(artifact=tiny_artifact, platform="cpu") == ""
