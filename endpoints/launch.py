@@ -33,6 +33,8 @@ def replica_log_path(replica: Replica) -> Path:
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
     argv, env_added = build_command(launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port))
-    spec = ProcessSpec(argv=argv, env=child_environment(env_added), log_path=replica_log_path(replica),
+    # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
+    spec = ProcessSpec(argv=argv, env=child_environment({**env_added, "VLLM_API_KEY": replica.api_key}),
+                       log_path=replica_log_path(replica),
                        log_keep=settings.ENDPOINT_LOG_KEEP)
     return spec, env_added

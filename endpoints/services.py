@@ -287,7 +287,7 @@ def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int = 6
     body = json.dumps({"model": endpoint.served_model_name, "max_tokens": max_tokens, "temperature": 0,
                        "messages": [{"role": "user", "content": message}]}).encode()
     req = urllib.request.Request(f"{replica.url}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+                                 headers={"Content-Type": "application/json", **replica.auth_header}, method="POST")
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=120) as response:  # noqa: S310 (a replica we started)

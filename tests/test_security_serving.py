@@ -232,3 +232,85 @@ def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(as_
     assert default_dtype(artifact=tiny_artifact, platform="ascend") == ""
     tiny_artifact.inspection = {**tiny_artifact.inspection, "param_count": CPU_FLOAT32_MAX_PARAMS + 1}
     assert default_dtype(artifact=tiny_artifact, platform="cpu") == ""
+
+
+# ---------------------------------------------------------------- finding 9: replicas demand their own key
+
+class KeyedReplica:
+    """A replica that, like vLLM started with --api-key, answers /v1 only with its key."""
+
+    def __init__(self, key: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.key, self.seen = key, []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.seen.append(self.headers.get("Authorization"))
+                ok = self.headers.get("Authorization") == f"Bearer {outer.key}"
+                raw = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                                  "usage": {"total_tokens": 2}} if ok else {"error": "Unauthorized"}).encode()
+                self.send_response(200 if ok else 401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.django_db
+def test_each_replica_starts_with_its_own_key_in_its_environment_only(ascend_node, tiny_artifact, operator, settings):
+    from endpoints.launch import replica_process
+    from endpoints.services import endpoint_create
+
+    endpoint = endpoint_create(name="keyed", artifact=tiny_artifact.pk, node=ascend_node.pk, devices=[0, 1],
+                               replicas=2, user=operator)
+    first, second = endpoint.replica_set.order_by("index")
+    spec, shown = replica_process(replica=first, node=ascend_node, port=8581)
+    assert spec.env["VLLM_API_KEY"] == first.api_key and first.api_key.startswith("rk_")
+    assert "VLLM_API_KEY" not in shown and first.api_key not in " ".join(spec.argv)  # not on the page, not in ps
+    assert first.api_key != second.api_key
+    before = first.api_key
+    settings.SECRET_KEY = "another-secret-key-" + "x" * 40
+    assert first.api_key != before  # derived from the console's secret: a replica's port alone lets no one in
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gateway_and_try_it_send_the_replicas_key(gateway, admin, operator):
+    from endpoints.gateway import services as gateway_services
+    from endpoints.services import endpoint_chat
+
+    ep = make_endpoint("ep-keyed", [], model="keyed")
+    replica = ep.replica_set.model.objects.create(endpoint=ep, index=0, node=ep.node, state="ready", port=1)
+    fake = KeyedReplica(replica.api_key)
+    try:
+        replica.port, replica.port_host = fake.port, f"fake-{fake.port}"
+        replica.save()
+        ep.state = "ready"
+        ep.save()
+        _, raw = gateway_services.key_create(name="client", actor=admin)
+        gw = gateway()
+        gw.wait_routes("keyed", 1)
+        answer = gw.post("/v1/chat/completions", raw, chat("keyed"))
+        assert answer.status_code == 200, answer.text
+        assert fake.seen[-1] == f"Bearer {replica.api_key}"  # the replica's key, not the client's
+        assert endpoint_chat(endpoint=ep, message="hi", user=operator)["text"] == "hi"
+        assert fake.seen[-1] == f"Bearer {replica.api_key}"
+    finally:
+        fake.stop()

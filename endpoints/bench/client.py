@@ -132,7 +132,7 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     what = f"c={run.max_concurrency}" if run.max_concurrency else f"{run.request_rate} req/s"
     target = f"{endpoint.name} through the gateway" if via_gateway else f"{endpoint.name}#{replica.index}"
     ctx.progress(span[0], f"{step}benchmark {target} ({run.num_prompts} prompts, {what})")
-    key, extra_env = None, {}
+    key, extra_env = None, {"OPENAI_API_KEY": replica.api_key}  # vLLM's client sends it as the bearer
     if via_gateway:
         key, raw = gateway_key(run, endpoint)
         extra_env["OPENAI_API_KEY"] = raw

@@ -336,7 +336,8 @@ class Gateway:
             self.ep_outstanding[backend.endpoint_id] += 1
             try:
                 try:
-                    response = await self.client.post(backend.url + path, data=body, headers=fwd)
+                    response = await self.client.post(
+                        backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")])
                 except RETRYABLE as exc:
                     self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
                     log.warning("gateway: %s (%s#%s) failed: %r; trying another replica", backend.url,
