@@ -6,6 +6,7 @@ NAME_FILE (Docker/Kubernetes secrets), never from the code.
 """
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
@@ -100,3 +101,27 @@ def secret_from_file(path: Path) -> str:
     if not secret:
         raise ImproperlyConfigured(f"{path} is empty: delete it (a new key is made) or set SECRET_KEY")
     return secret
+
+
+# What every child process (engine replicas, the benchmark client, engine probes, serve
+# checks) inherits from its parent's environment: the host's locale, paths and
+# the accelerator stack (CANN's set_env.sh, CUDA), nothing else. Everything the console adds
+# (devices, engine settings, the user's allow-listed variables) comes from build_command. The
+# console's own secrets and settings (SECRET_KEY, DATABASE_URL, REDIS_URL, METRICS_TOKEN, ...)
+# are on no list, so they never reach a replica.
+INHERITED_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_CACHE_HOME",
+    "LD_LIBRARY_PATH", "PYTHONPATH",  # CANN's and CUDA's libraries and Python packages
+    "TOOLCHAIN_HOME",  # CANN
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
+})
+INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
+
+
+def child_environment(added: Mapping[str, str], *, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a child process: the allow-listed part of `base` (this process's
+    environment by default) with `added` laid over it."""
+    base = os.environ if base is None else base
+    env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
+    env.update(added)
+    return env

@@ -8,6 +8,8 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 TIME_OF_DAY_MESSAGE = "A time of day as HH:MM (UTC)."
+EXTRA_ARGS_OBJECT = 'Extra vLLM args: a JSON object like {"--enable-prefix-caching": true}.'
+ENV_OBJECT = 'Environment: a JSON object like {"VLLM_LOGGING_LEVEL": "INFO"}.'
 
 
 def time_of_day(value: str | None, field: str = "restart_daily_at") -> datetime.time | None:
@@ -57,16 +59,23 @@ class EndpointLaunchForm(forms.Form):
 
     def clean_extra_args(self):
         try:
-            return _parsed_json(self.cleaned_data["extra_args"])
+            parsed = _parsed_json(self.cleaned_data["extra_args"])
         except json.JSONDecodeError as exc:
             raise ValidationError(str(exc)) from None
+        if not isinstance(parsed, dict):
+            raise ValidationError(EXTRA_ARGS_OBJECT)
+        return parsed
 
     def clean_env(self):
         try:
-            return _parsed_json(self.cleaned_data["env"])
+            parsed = _parsed_json(self.cleaned_data["env"])
         except json.JSONDecodeError as exc:
             self.add_error("extra_args", str(exc))  # both JSON boxes report there, as the allow-lists do
             return {}
+        if not isinstance(parsed, dict):
+            self.add_error("extra_args", ENV_OBJECT)
+            return {}
+        return parsed
 
     def clean_restart_daily_at(self):
         try:

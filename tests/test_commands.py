@@ -389,11 +389,11 @@ def test_validate_env_refuses_keys(key):
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"VLLM_X": "a\x00b"}, "VLLM_X contains a NUL character"),
-    ({"VLLM_X": "a\nb"}, "control characters"),
-    ({"VLLM_X": "x" * 5000}, "longer than 4096"),
-    ({"VLLM_X": ["a"]}, "must be a string"),
-    ({"VLLM_X": True}, "must be a string"),
+    ({"PYTORCH_NPU_ALLOC_CONF": "a\x00b"}, "PYTORCH_NPU_ALLOC_CONF contains a NUL character"),
+    ({"PYTORCH_NPU_ALLOC_CONF": "a\nb"}, "control characters"),
+    ({"PYTORCH_NPU_ALLOC_CONF": "x" * 5000}, "longer than 4096"),
+    ({"PYTORCH_NPU_ALLOC_CONF": ["a"]}, "must be a string"),
+    ({"PYTORCH_NPU_ALLOC_CONF": True}, "must be a string"),
     ({"1BAD": "x"}, "not a valid environment variable name"),
     ({"A=B": "x"}, "not a valid environment variable name"),
     ({"": "x"}, "not a valid environment variable name"),

@@ -31,6 +31,7 @@ from models_registry.models import Artifact, Model
 from workers.models import Node
 
 ROOT = Path(__file__).resolve().parent.parent
+HEALTH_TOKEN = "gateway-monitoring-token"
 
 
 def free_port() -> int:
@@ -133,7 +134,8 @@ class GatewayProc:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         full = {**env, "GATEWAY_KEY_CACHE_SECONDS": "1", "GATEWAY_ROUTES_REFRESH_SECONDS": "0.3",
-                "GATEWAY_TELEMETRY_SECONDS": "1", "PYTHONUNBUFFERED": "1", **(extra or {})}
+                "GATEWAY_TELEMETRY_SECONDS": "1", "PYTHONUNBUFFERED": "1", "METRICS_TOKEN": HEALTH_TOKEN,
+                **(extra or {})}
         self.proc = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(self.port)], cwd=ROOT,
                                      env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + 60
@@ -162,7 +164,9 @@ class GatewayProc:
         raise AssertionError(f"{model}: not {n} ready replicas in the gateway")
 
     def _ready(self, model):
-        return self.client.get("/healthz").json().get("replicas", {}).get(model, 0)
+        # Replica counts are for the monitoring token only (an anonymous /healthz is a status).
+        health = self.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"})
+        return health.json().get("replicas", {}).get(model, 0)
 
     def stop(self):
         self.client.close()

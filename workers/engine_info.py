@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from console.env import child_environment
+
 MATRIX_FILE = Path(__file__).parent / "data" / "vllm_ascend_compatibility_matrix.md"
 CANN_INFO_GLOBS = (
     "/usr/local/Ascend/ascend-toolkit/latest/*/ascend_toolkit_install.info",
@@ -43,7 +45,8 @@ def probe_engine(engine_python: str, *, timeout: float = 60) -> dict:
     if not engine_python or not Path(engine_python).exists():
         return {"error": f"engine python {engine_python or '(unset)'} not found: run `make engine` on this node"}
     try:
-        result = subprocess.run([engine_python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run([engine_python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
+                                env=child_environment({}))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"engine probe failed: {exc}"}
     if result.returncode != 0:

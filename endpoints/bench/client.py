@@ -6,7 +6,6 @@ and cancel, and parses the saved JSON (keeping vLLM's field names)."""
 import json
 import logging
 import math
-import os
 import re
 import subprocess
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
+from console.env import child_environment
 from endpoints.bench.models import BenchmarkRun, BenchStatus
 from endpoints.bench.snapshots import TELEMETRY_SAMPLES_MAX, config_snapshot, telemetry_snapshot, telemetry_window
 from endpoints.bench.workload import VIA_GATEWAY, bench_dir, gateway_available
@@ -131,7 +131,7 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     what = f"c={run.max_concurrency}" if run.max_concurrency else f"{run.request_rate} req/s"
     target = f"{endpoint.name} through the gateway" if via_gateway else f"{endpoint.name}#{replica.index}"
     ctx.progress(span[0], f"{step}benchmark {target} ({run.num_prompts} prompts, {what})")
-    key, extra_env = None, {}
+    key, extra_env = None, {"OPENAI_API_KEY": replica.api_key}  # vLLM's client sends it as the bearer
     if via_gateway:
         key, raw = gateway_key(run, endpoint)
         extra_env["OPENAI_API_KEY"] = raw
@@ -174,10 +174,10 @@ def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts:
                log_path: Path, sample=None, extra_env: dict | None = None) -> list[dict]:
     """Run the client, report its progress bar as the job's progress, honour cancel and the
     timeout, and keep its output. Returns the telemetry samples taken meanwhile."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("OPENAI_API_KEY", None)  # only a gateway run sends a key, its own
-    env.update(extra_env or {})
+    # The allow-list keeps the console's secrets (and any OPENAI_API_KEY) out: only a gateway
+    # run sends a key, its own, through extra_env.
+    env = child_environment({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                             "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})})
     # Same process group as the worker's horse: RQ's stop-job (cancel) and timeout kill it too.
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     state = {"done": 0, "main": False}

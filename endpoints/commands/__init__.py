@@ -32,7 +32,7 @@ script is broken). In vLLM 0.32 the module is marked deprecated (it forwards to
 ``vllm.entrypoints.launchers.api_server.entry.main``) but still works.
 
 Extra vLLM flags and extra environment variables are accepted only through allow-lists
-(:data:`EXTRA_ARG_RULES`, :data:`ENV_ALLOWLIST` / :data:`ENV_ALLOWED_PREFIXES`). Anything
+(:data:`EXTRA_ARG_RULES`, :data:`ENV_VARIABLES` with a validator each). Anything
 that names a file to load (chat templates, plugins, logging configs, LD_PRELOAD, PATH,
 PYTHONPATH, ...) is deliberately left out: such values can make the server execute code.
 
@@ -54,7 +54,7 @@ daemonising.
 """
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.environment import (
-    ENV_ALLOWED_PREFIXES, ENV_ALLOWLIST, ENV_DENYLIST, INTERFACE_ENV_KEYS, validate_env,
+    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, validate_env,
 )
 from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
 from endpoints.commands.platforms import DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE
@@ -70,7 +70,7 @@ __all__ = [
     "QUANTIZATION_METHODS",
     "EXTRA_ARG_RULES",
     "ENV_ALLOWLIST",
-    "ENV_ALLOWED_PREFIXES",
+    "ENV_VARIABLES",
     "ENV_DENYLIST",
     "INTERFACE_ENV_KEYS",
     "DEVICE_ENV",

@@ -4,91 +4,127 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-from endpoints.commands.checks import CommandSpecError, _check_ifname, _check_ip, _is_int
+from endpoints.commands.checks import CommandSpecError, _as_int, _check_ifname, _check_ip, _is_int
 
 _MAX_ENV_VALUE_LEN = 4096
 _MAX_ENV_KEY_LEN = 128
 
 
-#: Exact variable names users may set.
-ENV_ALLOWLIST = frozenset({
-    "OMP_NUM_THREADS",
-    "PYTORCH_NPU_ALLOC_CONF",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "TASK_QUEUE_ENABLE",
-    "CPU_AFFINITY_CONF",
-    "USING_LCCL_COM",
-    "GLOO_SOCKET_IFNAME",
-    "TP_SOCKET_IFNAME",
-    "NCCL_SOCKET_IFNAME",
-    "NCCL_DEBUG",
-    "NCCL_IB_DISABLE",
-    "NCCL_P2P_DISABLE",
-    "CUDA_DEVICE_MAX_CONNECTIONS",
-    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES",
-    "RAY_DEDUP_LOGS",
-    "TOKENIZERS_PARALLELISM",
-    "HF_HUB_OFFLINE",
-    "TRANSFORMERS_OFFLINE",
-    "ASCEND_RT_VISIBLE_DEVICES",  # accepted, but always replaced by LaunchSpec.devices
-    "CUDA_VISIBLE_DEVICES",       # likewise
-})
-#: Name prefixes users may set (subject to :data:`ENV_DENYLIST` and the location rule).
-ENV_ALLOWED_PREFIXES = ("VLLM_", "HCCL_", "ASCEND_")
-#: Names refused even though a prefix would admit them: they load code or configuration
-#: from a path, switch off safety checks, or open development endpoints.
+def _int_in(lo: int, hi: int) -> Callable[[str, str], str]:
+    def check(value: str, key: str) -> str:
+        return str(_as_int(value, key, lo, hi))
+    return check
+
+
+def _one_of(*choices: str) -> Callable[[str, str], str]:
+    def check(value: str, key: str) -> str:
+        if value not in choices:
+            raise CommandSpecError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    return check
+
+
+def _pattern(regex: str, what: str) -> Callable[[str, str], str]:
+    compiled = re.compile(regex)
+
+    def check(value: str, key: str) -> str:
+        if not compiled.fullmatch(value):
+            raise CommandSpecError(f"{key} must be {what}, got {value!r}")
+        return value
+    return check
+
+
+_flag = _one_of("0", "1", "true", "false", "True", "False")
+_device_list = _pattern(r"\d{1,3}(,\d{1,3})*", "a list of device numbers like 0,1")
+# An allocator or affinity setting: options separated by , : = and |, no paths or shell.
+_options = _pattern(r"[A-Za-z0-9_.,:=|\- ]{1,256}", "a list of options like expandable_segments:True")
+_cpu_ranges = _pattern(r"(auto|nobind|all|\d{1,4}(-\d{1,4})?([,|]\d{1,4}(-\d{1,4})?)*)", "CPU ranges like 0-7 or auto")
+_log_level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: Every variable an operator may set, each with its validator (value text -> accepted text).
+#: An explicit list (issue 19, finding 6): a prefix rule let paths, URLs and tracing hooks of
+#: vLLM and CANN through (VLLM_TUNED_CONFIG_FOLDER, VLLM_USAGE_STATS_SERVER, VLLM_TRACE_FUNCTION).
+ENV_VARIABLES: dict[str, Callable[[str, str], str]] = {
+    # vLLM
+    "VLLM_CPU_KVCACHE_SPACE": _int_in(0, 4096),  # GiB; the console sets it on CPU nodes
+    "VLLM_CPU_OMP_THREADS_BIND": _cpu_ranges,
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": _int_in(0, 1024),
+    "VLLM_LOGGING_LEVEL": _log_level,
+    "VLLM_USE_MODELSCOPE": _flag,
+    "VLLM_HOST_IP": _check_ip,
+    "VLLM_WORKER_MULTIPROC_METHOD": _one_of("spawn", "fork"),
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S": _int_in(1, 86400),
+    "VLLM_RPC_TIMEOUT": _int_in(1, 86_400_000),
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": _int_in(1, 3600),
+    "VLLM_LOG_STATS_INTERVAL": _int_in(1, 3600),
+    "VLLM_ALLOW_LONG_MAX_MODEL_LEN": _flag,
+    "VLLM_NO_USAGE_STATS": _flag,
+    "VLLM_DO_NOT_TRACK": _flag,
+    "VLLM_USE_V1": _flag,
+    "VLLM_ENABLE_V1_MULTIPROCESSING": _flag,
+    # CANN, HCCL (vllm-ascend's documentation)
+    "ASCEND_RT_VISIBLE_DEVICES": _device_list,  # accepted, but always replaced by LaunchSpec.devices
+    "ASCEND_LAUNCH_BLOCKING": _flag,
+    "ASCEND_GLOBAL_LOG_LEVEL": _int_in(0, 4),
+    "ASCEND_SLOG_PRINT_TO_STDOUT": _flag,
+    "HCCL_BUFFSIZE": _int_in(1, 65536),  # MB; the console sets 1024 on Ascend nodes
+    "HCCL_CONNECT_TIMEOUT": _int_in(1, 7200),
+    "HCCL_EXEC_TIMEOUT": _int_in(0, 17340),
+    "HCCL_OP_EXPANSION_MODE": _one_of("AI_CPU", "AIV", "HOST"),
+    "HCCL_INTRA_PCIE_ENABLE": _flag,
+    "HCCL_INTRA_ROCE_ENABLE": _flag,
+    "HCCL_DETERMINISTIC": _flag,
+    "HCCL_IF_IP": _check_ip,
+    "HCCL_SOCKET_IFNAME": _check_ifname,
+    "PYTORCH_NPU_ALLOC_CONF": _options,
+    "TASK_QUEUE_ENABLE": _int_in(0, 2),
+    "CPU_AFFINITY_CONF": _options,
+    "USING_LCCL_COM": _flag,
+    # CPU threads, CUDA, NCCL, Ray, Hugging Face
+    "OMP_NUM_THREADS": _int_in(1, 4096),
+    "PYTORCH_CUDA_ALLOC_CONF": _options,
+    "GLOO_SOCKET_IFNAME": _check_ifname,
+    "TP_SOCKET_IFNAME": _check_ifname,
+    "NCCL_SOCKET_IFNAME": _check_ifname,
+    "NCCL_DEBUG": _one_of("VERSION", "WARN", "INFO", "TRACE"),
+    "NCCL_IB_DISABLE": _flag,
+    "NCCL_P2P_DISABLE": _flag,
+    "CUDA_DEVICE_MAX_CONNECTIONS": _int_in(1, 32),
+    "CUDA_VISIBLE_DEVICES": _device_list,  # likewise replaced by LaunchSpec.devices
+    "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": _flag,
+    "RAY_DEDUP_LOGS": _flag,
+    "TOKENIZERS_PARALLELISM": _flag,
+    "HF_HUB_OFFLINE": _flag,
+    "TRANSFORMERS_OFFLINE": _flag,
+}
+#: The names alone.
+ENV_ALLOWLIST = frozenset(ENV_VARIABLES)
+#: Names refused with a reason: they load code or configuration from a path, switch off safety
+#: checks, or open development endpoints (every other unlisted name is refused too).
 ENV_DENYLIST = frozenset({
-    "VLLM_LOGGING_CONFIG_PATH",
-    "VLLM_CONFIGURE_LOGGING",
-    "VLLM_PLUGINS",
-    "VLLM_ALLOW_INSECURE_SERIALIZATION",
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
-    "VLLM_SERVER_DEV_MODE",
-    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE",
-    "VLLM_TORCH_PROFILER_DIR",
-    "VLLM_RPC_BASE_PATH",
-    "VLLM_CONFIG_ROOT",
-    "VLLM_CACHE_ROOT",
-    "VLLM_ASSETS_CACHE",
-    "VLLM_XLA_CACHE_PATH",
-    "VLLM_API_KEY",
-    "ASCEND_CUSTOM_OPP_PATH",
-    "ASCEND_OPP_PATH",
-    "ASCEND_AICPU_PATH",
-    "ASCEND_HOME_PATH",
-    "ASCEND_TOOLKIT_HOME",
-    "ASCEND_PROCESS_LOG_PATH",
-    "ASCEND_CACHE_PATH",
-    "ASCEND_WORK_PATH",
+    "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", "VLLM_PLUGINS", "VLLM_ALLOW_INSECURE_SERIALIZATION",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_SERVER_DEV_MODE", "VLLM_DEBUG_LOG_API_SERVER_RESPONSE",
+    "VLLM_TORCH_PROFILER_DIR", "VLLM_RPC_BASE_PATH", "VLLM_CONFIG_ROOT", "VLLM_CACHE_ROOT", "VLLM_ASSETS_CACHE",
+    "VLLM_XLA_CACHE_PATH", "VLLM_API_KEY", "VLLM_TUNED_CONFIG_FOLDER", "VLLM_USAGE_STATS_SERVER",
+    "VLLM_TRACE_FUNCTION", "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "ASCEND_HOME_PATH",
+    "ASCEND_TOOLKIT_HOME", "ASCEND_PROCESS_LOG_PATH", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
 })
-# Within the prefixes, names that look like filesystem locations or plug-in hooks are
-# refused too, so that new vLLM/CANN variables of that kind stay out by default.
-_ENV_LOCATION_RE = re.compile(r"(_PATH|_DIR|_ROOT|_HOME|_FILE|_LIB|_PLUGIN|_PLUGINS|PRELOAD|_MODULE|_CLS)$")
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _env_key_refusal(key: str) -> str | None:
+    if key in ENV_VARIABLES:
+        return None
     if key in ENV_DENYLIST:
-        return f"{key} is not an allowed environment variable (it can load code or open unsafe features)"
-    if key in ENV_ALLOWLIST:
-        return None
-    if key.startswith(ENV_ALLOWED_PREFIXES):
-        if _ENV_LOCATION_RE.search(key):
-            return f"{key} is not an allowed environment variable (names of paths, plug-ins and libraries are refused)"
-        return None
-    return (
-        f"{key} is not an allowed environment variable; allowed: {', '.join(sorted(ENV_ALLOWLIST))}, "
-        f"or names starting with {', '.join(ENV_ALLOWED_PREFIXES)} (except paths/plug-ins)"
-    )
+        return f"{key} is not an allowed environment variable (it can load code, read paths or open unsafe features)"
+    return f"{key} is not an allowed environment variable; allowed: {', '.join(sorted(ENV_VARIABLES))}"
 
 
 def validate_env(d: Mapping[str, Any] | None) -> dict[str, str]:
     """Validate user environment additions; return them as ``{str: str}``.
 
-    Keys must be on :data:`ENV_ALLOWLIST` or start with one of
-    :data:`ENV_ALLOWED_PREFIXES` (minus :data:`ENV_DENYLIST` and names ending in
-    ``_PATH``/``_DIR``/``_FILE``/``_PLUGIN``...). Values: str, int or float; printable,
-    no NUL or newline, at most 4096 characters.
+    Keys must be in :data:`ENV_VARIABLES`, whose validator then checks the value. Values: str,
+    int or float; printable, no NUL or newline, at most 4096 characters.
     """
     if not d:
         return {}
@@ -111,7 +147,7 @@ def validate_env(d: Mapping[str, Any] | None) -> dict[str, str]:
             raise CommandSpecError(f"the value of {key} contains control characters (newline, tab...)")
         if len(value) > _MAX_ENV_VALUE_LEN:
             raise CommandSpecError(f"the value of {key} is longer than {_MAX_ENV_VALUE_LEN} characters")
-        out[key] = value
+        out[key] = ENV_VARIABLES[key](value, key)
     return out
 
 

@@ -28,6 +28,7 @@ client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -77,7 +78,7 @@ class Gateway:
         self.down_until: dict[str, float] = {}
         self.key_cache: dict[str, tuple[float, object]] = {}
         self.rpm: dict[int, deque] = defaultdict(deque)  # key id -> request times
-        self.tpm: dict[int, deque] = defaultdict(deque)  # key id -> (time, tokens)
+        self.tpm: dict[int, deque] = defaultdict(deque)  # key id -> [time, tokens] (reserved, then settled)
         self.stats = Stats()
         self.client: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task] = []
@@ -154,8 +155,11 @@ class Gateway:
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)
         return info
 
-    def limited(self, key) -> float | None:
-        """Seconds to wait if the key is over a per-minute limit, else None (and count it)."""
+    def limited(self, key, reserve: int = 0) -> tuple[float | None, list | None]:
+        """(seconds to wait if the key is over a per-minute limit, else None; the token reservation).
+        An admitted request counts at once, and reserves `reserve` tokens (its prompt estimate and
+        max_tokens) that finish() settles to the real usage: concurrent requests cannot all slip
+        under the limit before any of them is counted."""
         now = time.monotonic()
         window = self.rpm[key.id]
         while window and window[0] <= now - 60:
@@ -164,11 +168,15 @@ class Gateway:
         while tokens and tokens[0][0] <= now - 60:
             tokens.popleft()
         if key.rpm_limit and len(window) >= key.rpm_limit:
-            return max(1.0, 60 - (now - window[0]))
+            return max(1.0, 60 - (now - window[0])), None
         if key.tpm_limit and sum(n for _, n in tokens) >= key.tpm_limit:
-            return max(1.0, 60 - (now - tokens[0][0]))
+            return max(1.0, 60 - (now - tokens[0][0])), None
         window.append(now)
-        return None
+        reservation = None
+        if key.tpm_limit:
+            reservation = [now, max(1, reserve)]
+            tokens.append(reservation)
+        return None, reservation
 
     def pick(self, backends, tried: set) -> object | None:
         """Least outstanding requests (random among equals), skipping full endpoints and replicas down."""
@@ -210,9 +218,9 @@ class Gateway:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
-        if path == "/healthz":
-            return await _json(send, 200, {"status": "ok", "replicas": {m: len(b) for m, b in self.table.backends.items()}})
         headers = dict(scope["headers"])
+        if path == "/healthz":
+            return await self.health(send, headers)
         start = time.perf_counter()
         key = await self.authenticate(headers)
         if key is None:
@@ -240,8 +248,7 @@ class Gateway:
         if model not in self.table.known:
             return await self.finish(send, key, None, start, await _error(
                 send, 404, f"The model {model!r} does not exist.", "model_not_found"))
-        if not key.allows_model(model) or (key.endpoints and model not in key.models
-                                           and not (key.endpoints & self.table.known[model])):
+        if not self.may_use(key, model):
             return await self.finish(send, key, None, start, await _error(
                 send, 403, f"This key may not use the model {model!r}.", "permission_denied"))
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
@@ -249,23 +256,40 @@ class Gateway:
             return await self.finish(send, key, None, start, await _error(
                 send, 503, f"No replica of {model!r} is ready; try again shortly.", "unavailable",
                 retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
-        wait = self.limited(key)
+        wait, reservation = self.limited(key, _token_estimate(payload, generate))
         if wait is not None:
             return await self.finish(send, key, None, start, await _error(
-                send, 429, "This key is over its per-minute limit.", "rate_limit_exceeded", retry_after=math.ceil(wait)))
+                send, 429, "This key is over its per-minute limit.", "rate_limit_exceeded",
+                retry_after=math.ceil(wait)))
         if generate:
             upstream_path = "/v1/completions"
             prompt = payload.get("prompt")
             if not isinstance(prompt, str):
                 return await self.finish(send, key, None, start, await _error(
-                    send, 400, "\"prompt\" must be a string.", "invalid_request_error"))
+                    send, 400, "\"prompt\" must be a string.", "invalid_request_error"),
+                    reservation=reservation)
             payload = {k: v for k, v in payload.items() if k in {"max_tokens", "temperature", "top_p", "stop", "seed"}}
             payload.update(model=model, prompt=prompt, stream=False)
             payload.setdefault("max_tokens", 64)
             body = json.dumps(payload).encode()
         else:
             upstream_path = path
-        return await self.proxy(send, key, model, backends, upstream_path, headers, body, start, generate)
+        return await self.proxy(send, key, model, backends, upstream_path, headers, body, start, generate,
+                                reservation)
+
+    def may_use(self, key, model: str) -> bool:
+        return key.allows_model(model) and not (key.endpoints and model not in key.models
+                                                and not (key.endpoints & self.table.known[model]))
+
+    async def health(self, send, headers):
+        """A status for anyone (load balancers); the models and their ready replicas only for the
+        holder of METRICS_TOKEN (operators' monitoring), never to an anonymous caller."""
+        payload = {"status": "ok"}
+        token = settings.METRICS_TOKEN
+        auth = headers.get(b"authorization", b"").decode("latin-1")
+        if token and hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
+            payload["replicas"] = {m: len(b) for m, b in self.table.backends.items()}
+        return await _json(send, 200, payload)
 
     def default_model(self, key):
         names = [m for m in self.table.backends if key.allows_model(m)]
@@ -275,17 +299,17 @@ class Gateway:
         created = int(time.time())
         data = [{"id": m, "object": "model", "created": created, "owned_by": "console",
                  "ready_replicas": len(self.table.backends.get(m, ()))}
-                for m in sorted(self.table.known) if key.allows_model(m)]
+                for m in sorted(self.table.known) if self.may_use(key, m)]
         return await _json(send, 200, {"object": "list", "data": data})
 
-    async def finish(self, send, key, endpoint_id, start, status, ttft=None, tokens=0):
+    async def finish(self, send, key, endpoint_id, start, status, ttft=None, tokens=0, reservation=None):
         self.stats.record(endpoint_id=endpoint_id, key_id=key.id if key else None, status=status,
                           latency=time.perf_counter() - start, ttft=ttft, tokens=tokens)
-        if tokens and key is not None and key.tpm_limit:
-            self.tpm[key.id].append((time.monotonic(), tokens))
+        if reservation is not None:
+            reservation[1] = tokens  # settled: the real usage replaces the estimate
         return status
 
-    async def proxy(self, send, key, model, backends, path, headers, body, start, generate):
+    async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None):
         fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
         tried: set = set()
         last_endpoint = None
@@ -294,17 +318,19 @@ class Gateway:
             if backend is None:
                 if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
                     return await self.finish(send, key, backends[0].endpoint_id, start, await _error(
-                        send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1))
+                        send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
+                        reservation=reservation)
                 return await self.finish(send, key, last_endpoint, start, await _error(
                     send, 503, f"No replica of {model!r} answered; try again shortly.", "unavailable",
-                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS), reservation=reservation)
             tried.add(backend.url)
             last_endpoint = backend.endpoint_id
             self.outstanding[backend.url] += 1
             self.ep_outstanding[backend.endpoint_id] += 1
             try:
                 try:
-                    response = await self.client.post(backend.url + path, data=body, headers=fwd)
+                    response = await self.client.post(
+                        backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")])
                 except RETRYABLE as exc:
                     self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
                     log.warning("gateway: %s (%s#%s) failed: %r; trying another replica", backend.url,
@@ -313,16 +339,17 @@ class Gateway:
                 except UPSTREAM_ERRORS as exc:
                     log.warning("gateway: %s failed: %r", backend.url, exc)
                     return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                        send, 502, f"The replica failed: {type(exc).__name__}.", "bad_gateway"))
+                        send, 502, f"The replica failed: {type(exc).__name__}.", "bad_gateway"),
+                        reservation=reservation)
                 try:
-                    return await self.relay(send, key, backend, response, start, generate)
+                    return await self.relay(send, key, backend, response, start, generate, reservation)
                 finally:
                     response.release()
             finally:
                 self.outstanding[backend.url] -= 1
                 self.ep_outstanding[backend.endpoint_id] -= 1
 
-    async def relay(self, send, key, backend, response, start, generate):
+    async def relay(self, send, key, backend, response, start, generate, reservation=None):
         status = response.status
         content_type = response.headers.get("content-type", "")
         streaming = content_type.startswith("text/event-stream")
@@ -331,7 +358,8 @@ class Gateway:
                 data = await response.read()
             except UPSTREAM_ERRORS as exc:
                 return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                    send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"))
+                    send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
+                        reservation=reservation)
             ttft = time.perf_counter() - start
             tokens = _usage_tokens(data)
             if generate:
@@ -345,7 +373,8 @@ class Gateway:
                     await _raw(send, status, data, content_type)
             else:
                 await _raw(send, status, data, content_type)
-            return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=tokens)
+            return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=tokens,
+                                     reservation=reservation)
         out_headers = [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"),
                        (b"x-accel-buffering", b"no")]
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
@@ -363,11 +392,24 @@ class Gateway:
             log.warning("gateway: %s broke mid-stream: %r", backend.url, exc)
             err = json.dumps({"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}})
             await send({"type": "http.response.body", "body": f"data: {err}\n\n".encode(), "more_body": False})
-            return await self.finish(send, key, backend.endpoint_id, start, 502, ttft=ttft, tokens=events)
+            return await self.finish(send, key, backend.endpoint_id, start, 502, ttft=ttft, tokens=events,
+                                     reservation=reservation)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if tail:
             usage = _stream_usage(tail)
-        return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=usage or events)
+        return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft,
+                                 tokens=usage or events, reservation=reservation)
+
+
+def _token_estimate(payload: dict, generate: bool) -> int:
+    """What a request may use, reserved at admission: its prompt (about 4 characters a token)
+    and the most it may generate (max_tokens; /generate's default 64, else OpenAI's 16)."""
+    prompt = payload.get("messages") if "messages" in payload else payload.get("prompt")
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt or "")
+    limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        limit = 64 if generate else 16
+    return len(text) // 4 + 1 + limit
 
 
 def _usage_tokens(data: bytes) -> int:

@@ -23,6 +23,7 @@ class Backend:
     queue_depth: int
     scope_names: frozenset = field(default_factory=frozenset)  # endpoint names a key scope may use
     node_name: str = ""
+    api_key: str = ""  # the replica's own key (Replica.api_key), never the client's
 
 
 @dataclass
@@ -68,7 +69,7 @@ def routing_table() -> RoutingTable:
         backends.setdefault(model_name(ep), []).append(Backend(
             url=r.url, endpoint_id=ep.pk, endpoint_name=ep.name, replica_index=r.index,
             queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
-            node_name=r.node.name))
+            node_name=r.node.name, api_key=r.api_key))
     return RoutingTable(backends=backends, known=known, max_queue=max_queue)
 
 
