@@ -11,25 +11,14 @@ from pathlib import Path
 
 from django.conf import settings
 
+from console.env import child_environment
 from endpoints.commands import CommandSpecError, LaunchSpec, build_command
 from models_registry.quantize.calibrate import QuantizeError
-
-# What the engine child inherits from the console's environment: the process basics and the Hugging
-# Face cache/offline switches; never the console's secrets or settings.
-INHERITED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
-                 "LD_LIBRARY_PATH", "XDG_CACHE_HOME", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE",
-                 "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS")
-
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def engine_env(env_added: dict[str, str]) -> dict[str, str]:
-    """The child's environment: the allow-listed part of ours, then what build_command asked for."""
-    return {**{k: os.environ[k] for k in INHERITED_ENV if k in os.environ}, **env_added}
 
 
 class EngineServer:
@@ -59,7 +48,7 @@ class EngineServer:
     def __enter__(self):
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, close_fds=True, env=engine_env(self.env_added))
+                                     start_new_session=True, close_fds=True, env=child_environment(self.env_added))
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -546,11 +546,16 @@ def test_export_onnx_invalid_options(models, tmp_path):
 
 FAKE_ATC = textwrap.dedent("""\
     #!{python}
-    # Test stand-in for the CANN toolkit's atc: records its argv, writes PREFIX.om.
+    # Test stand-in for the CANN toolkit's atc: records its argv and environment's names beside itself
+    # (it gets an allow-listed environment, so the test talks to it through files), writes PREFIX.om.
     import json, os, sys, time
-    with open(os.environ["FAKE_ATC_LOG"], "w") as fh:
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "argv.json"), "w") as fh:
         json.dump(sys.argv, fh)
-    mode = os.environ.get("FAKE_ATC_MODE", "ok")
+    with open(os.path.join(here, "env.json"), "w") as fh:
+        json.dump(sorted(os.environ), fh)
+    mode_file = os.path.join(here, "mode")
+    mode = open(mode_file).read().strip() if os.path.exists(mode_file) else "ok"
     if mode == "sleep":
         time.sleep(30)
     if mode == "fail":
@@ -584,9 +589,8 @@ def fake_atc(no_cann, monkeypatch, tmp_path):
     atc = bin_dir / "atc"
     atc.write_text(FAKE_ATC.format(python=sys.executable))
     atc.chmod(atc.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    log = tmp_path / "atc-argv.json"
+    log = bin_dir / "argv.json"
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_ATC_LOG", str(log))
     return atc, log
 
 
@@ -617,8 +621,10 @@ def test_find_atc_in_toolkit_default_path(no_cann, monkeypatch, tmp_path):
     assert find_atc() == str(atc)
 
 
-def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path):
+def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path, monkeypatch):
     atc, log = fake_atc
+    monkeypatch.setenv("SECRET_KEY", "s3cret")
+    monkeypatch.setenv("ASCEND_OPP_PATH", "/usr/local/Ascend/ascend-toolkit/latest/opp")
     prefix = tmp_path / "om" / "tiny_bs1"
     result = run_atc(onnx_file, prefix, soc_version="910B4", precision_mode="allow_mix_precision",
                      input_shape="input_ids:1,16;attention_mask:1,16")
@@ -632,6 +638,8 @@ def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path):
         "--input_shape=input_ids:1,16;attention_mask:1,16",
     ]
     assert json.loads(log.read_text()) == expected
+    child_env = json.loads(log.with_name("env.json").read_text())  # an allow-listed environment: CANN's, not ours
+    assert "ASCEND_OPP_PATH" in child_env and "PATH" in child_env and "SECRET_KEY" not in child_env
     assert result["argv"] == expected
     assert result["om_path"] == str(prefix) + ".om"
     assert Path(result["om_path"]).read_bytes() == b"fake om"
@@ -647,14 +655,14 @@ def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path):
     assert result["om_path"] == str(tmp_path / "om" / "plain.om")
 
 
-def test_run_atc_failure_shows_atc_output(fake_atc, onnx_file, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_ATC_MODE", "fail")
+def test_run_atc_failure_shows_atc_output(fake_atc, onnx_file, tmp_path):
+    fake_atc[0].with_name("mode").write_text("fail")
     with pytest.raises(ConversionError, match="(?s)exit code 1.*E19010: No parser is registered"):
         run_atc(onnx_file, tmp_path / "om" / "x", soc_version="Ascend910B4")
 
 
-def test_run_atc_timeout(fake_atc, onnx_file, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_ATC_MODE", "sleep")
+def test_run_atc_timeout(fake_atc, onnx_file, tmp_path):
+    fake_atc[0].with_name("mode").write_text("sleep")
     with pytest.raises(ConversionError, match="timed out after 1 s"):
         run_atc(onnx_file, tmp_path / "om" / "x", soc_version="Ascend910B4", timeout=1)
 

@@ -523,7 +523,8 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
 def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, settings, tmp_path):
     """The quantize job's vLLM is launched by what endpoints registered: build_command's argv, and an
     environment built from an allow-list (no console secrets); with nothing registered it says so."""
-    from endpoints.quantize_check import EngineServer, engine_env
+    from console.env import child_environment
+    from endpoints.quantize_check import EngineServer
     from models_registry.quantize import serving_check
     from models_registry.quantize.calibrate import QuantizeError
     from models_registry.quantize.compressed import VllmServer
@@ -536,7 +537,7 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert server.env_added["VLLM_TARGET_DEVICE"] == "cpu"
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     monkeypatch.setenv("DATABASE_URL", "postgres://x")
-    env = engine_env(server.env_added)
+    env = child_environment(server.env_added)  # what EngineServer.start hands the child
     assert "SECRET_KEY" not in env and "DATABASE_URL" not in env and env["PATH"] == os.environ["PATH"]
 
     monkeypatch.setattr(serving_check, "_launcher", None)

