@@ -43,14 +43,14 @@ def healthz(request):
     return JsonResponse({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def overview(request):
     return render(request, "console/overview.html", {"counts": overview_counts()})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def audit_list(request):
     events = AuditEvent.objects.select_related("actor")
     filters = {k: request.GET.get(k, "").strip() for k in ("actor", "action", "object_type", "since")}
@@ -97,14 +97,14 @@ def _date_or_none(value: str, field: str) -> date | None:
 
 # --- API tokens (each user manages their own) ---------------------------------------
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def token_list(request):
     return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all()})
 
 
-@require_POST
 @require_role(VIEWER)
+@require_POST
 def token_create(request):
     try:
         token, raw = services.api_token_create(user=request.user, name=request.POST.get("name", ""),
@@ -117,8 +117,8 @@ def token_create(request):
     return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all(), "new_token": raw, "new_token_obj": token})
 
 
-@require_POST
 @require_role(VIEWER)
+@require_POST
 def token_revoke(request, token_id: int):
     token = get_object_or_404(request.user.api_tokens, pk=token_id)
     services.api_token_revoke(token=token, user=request.user, request=request)
@@ -128,8 +128,8 @@ def token_revoke(request, token_id: int):
 
 # --- Users (Admin) --------------------------------------------------------------------
 
-@require_GET
 @require_role(ADMIN)
+@require_GET
 def user_list(request):
     return _users_page(request)
 
@@ -140,8 +140,8 @@ def _users_page(request, *, status: int = 200):
     return render(request, "console/users.html", {"rows": rows, "roles": ROLES}, status=status)
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def user_create(request):
     try:
         user, password = services.user_create(
@@ -158,8 +158,8 @@ def user_create(request):
     return redirect("user_list")
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def user_update(request, user_id: int):
     target = get_object_or_404(User, pk=user_id)
     try:

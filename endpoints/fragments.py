@@ -17,15 +17,15 @@ def _float(raw):
         return None
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def artifact_served_by(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
     return render(request, "endpoints/_artifact_served_by.html", {"in_use": artifact_users(artifact)})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def artifact_capacity_live(request, artifact_id: int):
     """The capacity table's rows for the live devices (the most free memory on each node's parts)."""
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)

@@ -16,14 +16,14 @@ from workers.agent.supervisor import tail_lines
 from workers.models import Node
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def endpoint_list(request):
     return render(request, "endpoints/endpoint_list.html", {"endpoints": selectors.endpoint_list()})
 
 
-@require_http_methods(["GET", "POST"])
 @require_role(OPERATOR)
+@require_http_methods(["GET", "POST"])
 def endpoint_launch(request):
     artifacts = Artifact.objects.alive().filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS).select_related("model")
     values = {"replicas": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True,
@@ -61,8 +61,8 @@ def _detail_context(endpoint):
     }
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def endpoint_detail(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
     from django.conf import settings
@@ -73,8 +73,8 @@ def endpoint_detail(request, endpoint_id: int):
         "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(served_model_name=endpoint.served_model_name)})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def endpoint_live(request, endpoint_id: int):
     """The live part of the endpoint page (state, replicas, events, log), polled by htmx."""
     endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "node"), pk=endpoint_id)
@@ -91,26 +91,26 @@ def _action(request, endpoint_id, service, done):
     return redirect(endpoint)
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def endpoint_start(request, endpoint_id: int):
     return _action(request, endpoint_id, services.endpoint_start, "start requested")
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def endpoint_stop(request, endpoint_id: int):
     return _action(request, endpoint_id, services.endpoint_stop, "stop requested")
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def endpoint_restart(request, endpoint_id: int):
     return _action(request, endpoint_id, services.endpoint_restart, "restart requested")
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def endpoint_delete(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     try:
@@ -122,8 +122,8 @@ def endpoint_delete(request, endpoint_id: int):
     return redirect("endpoint_list")
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def endpoint_try(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     context = {"endpoint": endpoint, "message": request.POST.get("message", "")}
@@ -136,8 +136,8 @@ def endpoint_try(request, endpoint_id: int):
     return render(request, "endpoints/_try_result.html", context)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def node_replicas(request, node_id: int):
     """The node page's list of the replicas it runs (loaded by htmx: serving facts come from here)."""
     node = get_object_or_404(Node, pk=node_id)

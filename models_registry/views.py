@@ -17,14 +17,14 @@ def _errors(exc: ValidationError) -> dict:
     return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def model_list(request):
     return render(request, "models_registry/model_list.html", {"models": selectors.model_list()})
 
 
-@require_http_methods(["GET", "POST"])
 @require_role(OPERATOR)
+@require_http_methods(["GET", "POST"])
 def model_register(request):
     values = {"name": "", "path": "", "description": ""}
     errors = {}
@@ -44,16 +44,16 @@ def model_register(request):
                   status=400 if errors else 200)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def model_detail(request, model_id: int):
     model = get_object_or_404(Model.objects.alive(), pk=model_id)
     return render(request, "models_registry/model_detail.html",
                   {"model": model, "artifacts": selectors.artifacts_of(model)})
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def model_delete(request, model_id: int):
     model = get_object_or_404(Model.objects.alive(), pk=model_id)
     if request.POST.get("confirm") != model.name:
@@ -95,15 +95,15 @@ def _float(raw):
         return None
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def artifact_detail(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model", "parent"), pk=artifact_id)
     return render(request, "models_registry/artifact_detail.html", _artifact_context(request, artifact))
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def artifact_convert(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
     form = ConvertForm(request.POST, artifact=artifact)
@@ -121,8 +121,8 @@ def artifact_convert(request, artifact_id: int):
     return redirect(job)
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def artifact_delete(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
     if request.POST.get("confirm") != "delete":
@@ -137,8 +137,8 @@ def artifact_delete(request, artifact_id: int):
     return redirect(artifact.model)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def artifact_jobs(request, artifact_id: int):
     """The artifact page's job table, polled while a job on it is active."""
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)

@@ -2,30 +2,26 @@
 each, API tokens, model roots in a temporary directory, and the real Redis and RQ."""
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import django_rq
 import pytest
-from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
-from rq import Queue, SimpleWorker
+from django.utils import timezone
 
-from console.roles import ADMIN, OPERATOR, VIEWER, set_role
+from console.roles import ADMIN, OPERATOR, VIEWER
 from console.services import api_token_create
+from models_registry.inspection import inspect_path
+from models_registry.models import Artifact, Model
+from tests.support import FAKE_NPU_SMI, FIXTURES
+from tests.support.accounts import PASSWORD, make_user  # noqa: F401 (PASSWORD: the personas' password)
+from tests.support.jobs import run_queued_jobs, start_worker  # noqa: F401
+from tests.support.tiny_models import build_tiny_llama_hf
+from workers.models import Device, Node
+from workers.npu_smi import runner as npu_smi_runner
 
 ROOT = Path(__file__).resolve().parent.parent
-PASSWORD = "correct horse battery staple 42"
-
-
-def make_user(username, role):
-    user = get_user_model().objects.create_user(username=username, password=PASSWORD)
-    if role:
-        set_role(user, role)
-    return user
 
 
 @pytest.fixture
@@ -118,16 +114,6 @@ def redis_conn():
     conn.flushdb()
 
 
-def run_queued_jobs(*queues):
-    """Run what is queued with a real RQ worker in this process (a forked worker would not
-    see the test database's uncommitted rows; tests using this need transactional_db).
-    Without names: every queue that holds work, per-node queues included."""
-    conn = django_rq.get_connection("default")
-    selected = [Queue(n, connection=conn) for n in queues] if queues else Queue.all(connection=conn)
-    if selected:
-        SimpleWorker(selected, connection=conn).work(burst=True)
-
-
 @pytest.fixture
 def worker_env():
     """Environment for a real worker subprocess that must use the test database."""
@@ -142,17 +128,47 @@ def worker_env():
     return env
 
 
-def start_worker(env, *queues, extra_env=None):
-    env = {**env, **(extra_env or {})}
-    return subprocess.Popen(
-        [sys.executable, "manage.py", "rqworker", "--worker-class", "rq.Worker", *queues],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-
-
 @pytest.fixture(autouse=True)
 def _clean_artifact_store(settings):
     yield
     store = Path(settings.ARTIFACT_STORE)
     if "test" in str(store):
         shutil.rmtree(store, ignore_errors=True)
+
+
+# --- nodes, devices, a tiny artifact: shared by the endpoint, telemetry, fault and npu-smi tests -------
+
+@pytest.fixture
+def ascend_node(db):
+    """An Ascend host with eight healthy 910B4 chips (32 GiB each)."""
+    node = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
+                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now())
+    for index in range(8):
+        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2, health="OK")
+    return node
+
+
+@pytest.fixture
+def cpu_node(db):
+    return Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
+                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now())
+
+
+@pytest.fixture
+def tiny_artifact(model_root, operator):
+    path = build_tiny_llama_hf(model_root / "tiny")
+    model = Model.objects.create(name="tiny")
+    return Artifact.objects.create(model=model, format="hf", dtype="float32", path=str(path), inspection=inspect_path(path))
+
+
+@pytest.fixture
+def fake_npu_smi(monkeypatch):
+    """tests/fake_npu_smi first on PATH, replaying the real 8 x 910B4 sample; returns the monkeypatch
+    to set its variables (FAKE_NPU_SMI_DEFAULT, _MAP, _HANG)."""
+    monkeypatch.setenv("PATH", f"{FAKE_NPU_SMI}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(FIXTURES / "npu-smi"))
+    monkeypatch.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_8npu_v25.0.rc1.1_idle.txt")
+    monkeypatch.delenv("FAKE_NPU_SMI_HANG", raising=False)
+    monkeypatch.delenv("FAKE_NPU_SMI_MAP", raising=False)
+    monkeypatch.setattr(npu_smi_runner, "FALLBACK_PATHS", ())
+    return monkeypatch

@@ -11,8 +11,8 @@ from workers.jobs.models import Job
 from workers.models import Node
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def job_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
     model_id = int(filters["model"]) if filters["model"].isdigit() else None
@@ -26,23 +26,23 @@ def job_list(request):
     })
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def job_detail(request, job_id: int):
     job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
     return render(request, "workers/job_detail.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def job_status(request, job_id: int):
     """The live part of the job page, polled by htmx; polling stops when the job ends."""
     job = get_object_or_404(Job, pk=job_id)
     return render(request, "workers/_job_status.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def job_cancel(request, job_id: int):
     job = get_object_or_404(Job, pk=job_id)
     try:
@@ -53,8 +53,8 @@ def job_cancel(request, job_id: int):
     return redirect(job)
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def job_retry(request, job_id: int):
     job = get_object_or_404(Job, pk=job_id)
     try:
@@ -73,14 +73,14 @@ def job_retry(request, job_id: int):
     return redirect(new)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def node_list(request):
     return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def node_detail(request, node_id: int):
     node = get_object_or_404(Node, pk=node_id)
     return render(request, "endpoints/node_detail.html", {"node": node, "devices": node.devices.all()})

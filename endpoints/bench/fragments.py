@@ -24,8 +24,8 @@ def speed_comparison(artifact) -> dict | None:
             "url": compare_url([source.pk, quantized.pk]) if quantized and source else None}
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def artifact_speed(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
     return render(request, "bench/_artifact_speed.html", {"speed": speed_comparison(artifact)})

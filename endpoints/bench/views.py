@@ -19,8 +19,8 @@ from endpoints.commands import format_for_shell
 from endpoints.models import Endpoint
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("endpoint", "state")}
     runs = selectors.run_list(endpoint=filters["endpoint"] or None, state=filters["state"])
@@ -31,8 +31,8 @@ def bench_list(request):
     })
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def bench_new(request):
     endpoint = request.POST.get("endpoint", "").strip()
     upload = request.FILES.get("prompt_file") if request.POST.get("dataset") == "file" else None
@@ -91,8 +91,8 @@ def _charts(run: BenchmarkRun) -> dict:
 LATENCY_ROWS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "End-to-end"))
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_detail(request, run_id: int):
     run = _run(run_id)
 
@@ -108,8 +108,8 @@ def bench_detail(request, run_id: int):
     })
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_status(request, run_id: int):
     """The live part of a run's page, polled by htmx; the page reloads (charts) when it ends."""
     run = _run(run_id)
@@ -119,8 +119,8 @@ def bench_status(request, run_id: int):
     return response
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_result_json(request, run_id: int):
     """vLLM's saved result, as written (per-request arrays included)."""
     run = _run(run_id)
@@ -151,22 +151,22 @@ def _cancel(request, job, what, target):
     return redirect(target)
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def bench_cancel(request, run_id: int):
     run = get_object_or_404(BenchmarkRun.objects.select_related("job"), pk=run_id)
     return _cancel(request, run.job, f"Benchmark #{run.pk}", run)
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def bench_sweep_cancel(request, sweep_id: int):
     sweep = get_object_or_404(BenchmarkSweep.objects.select_related("job"), pk=sweep_id)
     return _cancel(request, sweep.job, f"Sweep #{sweep.pk}", sweep)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_sweep_detail(request, sweep_id: int):
     try:
         sweep = selectors.sweep_get(sweep_id)
@@ -194,8 +194,8 @@ def _compare_table(request):
     return ids, table, overrides, error
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_compare(request):
     ids, table, overrides, error = _compare_table(request)
     types = sorted({r["device_type"] for r in table["rows"] if r["device_type"]})
@@ -211,8 +211,8 @@ def bench_compare(request):
     })
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_compare_csv(request):
     _, table, _, _ = _compare_table(request)
     response = HttpResponse(compare.to_csv(table), content_type="text/csv; charset=utf-8")
@@ -220,8 +220,8 @@ def bench_compare_csv(request):
     return response
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def bench_compare_json(request):
     _, table, _, _ = _compare_table(request)
     response = JsonResponse(table)

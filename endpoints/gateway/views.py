@@ -13,8 +13,8 @@ from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint
 
 
-@require_GET
 @require_role(ADMIN)
+@require_GET
 def key_list(request):
     return _key_list_page(request)
 
@@ -28,8 +28,8 @@ def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str =
     })
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def key_create(request):
     form = KeyCreateForm(request.POST)
     if not form.is_valid():
@@ -44,8 +44,8 @@ def key_create(request):
     return _key_list_page(request, new_key=key, new_raw=raw)
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def key_revoke(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
     services.key_revoke(key=key, actor=request.user, request=request)
@@ -53,8 +53,8 @@ def key_revoke(request, key_id: int):
     return redirect("gateway_key_list")
 
 
-@require_POST
 @require_role(ADMIN)
+@require_POST
 def key_limits(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
     form = KeyLimitsForm(request.POST)
@@ -69,15 +69,15 @@ def key_limits(request, key_id: int):
     return redirect("gateway_key_detail", key_id=key.pk)
 
 
-@require_GET
 @require_role(ADMIN)
+@require_GET
 def key_detail(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
     return render(request, "gateway/key_detail.html", {"key": key})
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def endpoint_bluegreen(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     form = BlueGreenForm(request.POST)

@@ -12,8 +12,8 @@ from models_registry.quantize.forms import QuantizeForm
 from models_registry.quantize.models import CalibrationDataset
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def artifact_quantize(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
     try:
@@ -32,23 +32,23 @@ def artifact_quantize(request, artifact_id: int):
     return redirect(job)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def calibration_list(request):
     return render(request, "quantize/calibration_list.html",
                   {"datasets": selectors.dataset_list(), "guidance": services.GUIDANCE})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def calibration_detail(request, dataset_id: int):
     ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
     return render(request, "quantize/calibration_detail.html",
                   {"ds": ds, "preview": ds.preview(n=10, chars=600), "guidance": services.GUIDANCE})
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def calibration_upload(request):
     upload = request.FILES.get("file")
     content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")

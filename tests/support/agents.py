@@ -1,0 +1,113 @@
+"""Running real node agents (subprocesses) against the test database."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.support import ROOT
+
+ENGINE_PYTHON = os.environ.get("ENGINE_PYTHON", str(ROOT / ".venv-engine" / "bin" / "python"))
+
+# Short intervals so a test sees crashes, restarts and give-ups in seconds.
+AGENT_ENV = {
+    "AGENT_HEARTBEAT_SECONDS": "1",
+    "AGENT_RECONCILE_SECONDS": "1",
+    "ENDPOINT_HEALTH_INTERVAL_SECONDS": "1",
+    "ENDPOINT_BACKOFF_BASE_SECONDS": "1",
+    "ENDPOINT_BACKOFF_MAX_SECONDS": "4",
+    "ENDPOINT_STOP_GRACE_SECONDS": "15",
+    "ENDPOINT_PORT_RANGE": os.environ.get("ENDPOINT_PORT_RANGE", "8500-8599"),  # parallel runs pass their own
+    "VLLM_CPU_KVCACHE_GIB": "1",
+}
+
+
+def engine_available() -> bool:
+    return Path(ENGINE_PYTHON).exists()
+
+
+def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
+    full = {**env, **AGENT_ENV, "ENGINE_PYTHON": ENGINE_PYTHON, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    return subprocess.Popen([sys.executable, "manage.py", "agent", "--node", node], cwd=ROOT, env=full,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_agent(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def wait_for(predicate, *, timeout: float, interval: float = 0.5, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def vllm_processes(marker: str) -> list[psutil.Process]:
+    """vLLM processes (server and engine children) whose command line or parent mentions marker."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if marker in cmd:
+            found.append(proc)
+            try:
+                found.extend(proc.children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+    return [p for p in found if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def kill_leftovers(marker: str) -> None:
+    """Kill test vLLM servers and their whole process groups (engine cores rename themselves),
+    and engine processes orphaned by a server a test killed before the agent reaped them."""
+    orphans = []
+    for proc in psutil.process_iter(["name", "ppid"]):
+        if (proc.info["name"] or "").startswith("VLLM::") and proc.info["ppid"] == 1:
+            orphans.append(proc)
+    for proc in orphans:
+        try:
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for proc in vllm_processes(marker):
+        try:
+            os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def register_demo_copy(api, tmp_path, settings, name: str = "smollm2") -> tuple[int, Path]:
+    """Copy the demo model (HF, cached) under a fresh model root, register it; return
+    (artifact id, model directory)."""
+    import shutil
+
+    from tests.support.demo import demo_hf
+
+    root = tmp_path / "models"
+    shutil.copytree(demo_hf(), root / f"{name}-hf")
+    settings.MODEL_ROOTS = [root.resolve()]
+    response = api.post("/api/v1/models", {"name": name, "path": str(root / f"{name}-hf")})
+    assert response.status_code == 201, response.content
+    return response.json()["artifacts"][0]["id"], root / f"{name}-hf"
+

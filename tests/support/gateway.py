@@ -1,0 +1,157 @@
+"""The gateway under test: a real `manage.py gateway` subprocess on the test database (GatewayProc), in
+front of FakeReplica, a small in-test HTTP server that speaks the OpenAI protocol."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+
+from endpoints.models import Endpoint, Replica
+from models_registry.models import Artifact, Model
+from tests.support import ROOT
+from workers.models import Node
+
+HEALTH_TOKEN = "gateway-monitoring-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FakeReplica:
+    """Answers /v1/chat/completions and /v1/completions (plain and SSE) like vLLM, and counts."""
+
+    def __init__(self, name: str, delay: float = 0.0):
+        self.name, self.delay, self.served = name, delay, 0
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self._send(200, {"status": "ok"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                with outer.lock:
+                    outer.served += 1
+                if outer.delay:
+                    time.sleep(outer.delay)
+                text = f"hello from {outer.name}"
+                chat = self.path == "/v1/chat/completions"
+                if body.get("stream"):
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    for word in text.split():
+                        delta = {"delta": {"content": word + " "}} if chat else {"text": word + " "}
+                        self.wfile.write(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n".encode())
+                        self.wfile.flush()
+                        time.sleep(0.05)
+                    usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
+                    self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+                    self.close_connection = True
+                    return
+                choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
+                self._send(200, {"id": "x", "object": "chat.completion" if chat else "text_completion",
+                                 "model": body.get("model"), "choices": [choice],
+                                 "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
+
+            def _send(self, status, data):
+                raw = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def make_endpoint(name, replicas, *, model="tiny", node=None):
+    """An endpoint row whose ready replicas are the given fake servers (no agent involved)."""
+    node = node or Node.objects.get_or_create(name="gw-node", defaults={"address": "127.0.0.1"})[0]
+    m, _ = Model.objects.get_or_create(name="m")
+    artifact = Artifact.objects.get_or_create(model=m, format="hf", path="/models/x")[0]
+    ep = Endpoint.objects.create(name=name, artifact=artifact, node=node, served_model_name=model,
+                                 state=Endpoint.State.READY if replicas else Endpoint.State.STARTING)
+    for i, fake in enumerate(replicas):
+        Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=fake.port,
+                               port_host=f"fake-{fake.port}")
+    return ep
+
+
+class GatewayProc:
+    def __init__(self, env, extra=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full = {**env, "GATEWAY_KEY_CACHE_SECONDS": "1", "GATEWAY_ROUTES_REFRESH_SECONDS": "0.3",
+                "GATEWAY_TELEMETRY_SECONDS": "1", "PYTHONUNBUFFERED": "1", "METRICS_TOKEN": HEALTH_TOKEN,
+                **(extra or {})}
+        self.proc = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(self.port)], cwd=ROOT,
+                                     env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise AssertionError(self.proc.stdout.read().decode())
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the gateway did not start")
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def post(self, path, key, data):
+        return self.client.post(path, json=data, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+    def wait_routes(self, model, n, timeout=10):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready(model) >= n:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{model}: not {n} ready replicas in the gateway")
+
+    def _ready(self, model):
+        # Replica counts are for the monitoring token only (an anonymous /healthz is a status).
+        health = self.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"})
+        return health.json().get("replicas", {}).get(model, 0)
+
+    def stop(self):
+        self.client.close()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        print("gateway output:\n" + self.proc.stdout.read().decode(errors="replace")[-5000:])
+
+
+def chat(model="tiny", stream=False):
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": stream}

@@ -1,0 +1,26 @@
+"""Running queued jobs in tests: in this process (SimpleWorker), or with a real worker subprocess."""
+import subprocess
+import sys
+
+import django_rq
+from rq import Queue, SimpleWorker
+
+from tests.support import ROOT
+
+
+def run_queued_jobs(*queues):
+    """Run what is queued with a real RQ worker in this process (a forked worker would not
+    see the test database's uncommitted rows; tests using this need transactional_db).
+    Without names: every queue that holds work, per-node queues included."""
+    conn = django_rq.get_connection("default")
+    selected = [Queue(n, connection=conn) for n in queues] if queues else Queue.all(connection=conn)
+    if selected:
+        SimpleWorker(selected, connection=conn).work(burst=True)
+
+
+def start_worker(env, *queues, extra_env=None):
+    env = {**env, **(extra_env or {})}
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "rqworker", "--worker-class", "rq.Worker", *queues],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )

@@ -1,0 +1,329 @@
+"""The job system on real Redis and real RQ workers: conversions end to end, progress,
+cancel, retry, duplicate and disk-space refusals, and reaping of a killed worker."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from models_registry.models import Artifact
+from tests.support.jobs import run_queued_jobs, start_worker
+from tests.support.tiny_models import build_tiny_llama_gguf, build_tiny_llama_hf
+from workers.jobs.services import reap_jobs
+from workers.models import Job
+
+
+def _register(api, name, path):
+    response = api.post("/api/v1/models", {"name": name, "path": str(path)})
+    assert response.status_code == 201, response.content
+    return response.json()["artifacts"][0]["id"]
+
+
+def _leftovers(store: Path):
+    return [p for p in store.rglob("*") if ".staging" in p.name] if store.exists() else []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_gguf_to_hf_conversion_job(operator, api_for, model_root, redis_conn, settings):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_gguf(model_root / "tiny.gguf"))
+    response = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "hf", "dtype": "bfloat16"})
+    assert response.status_code == 202, response.content
+    job_id = response.json()["job"]
+    assert api.get(f"/api/v1/jobs/{job_id}").json()["status"] == "queued"
+    run_queued_jobs("convert", "default")
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job
+    assert job["progress"] == 100 and job["result_artifact"]
+    out = api.get(f"/api/v1/artifacts/{job['result_artifact']}").json()
+    assert out["format"] == "hf" and out["dtype"] == "bfloat16" and out["parent"] == source
+    assert out["status"] == "ready" and out["producing_job"] == job_id and out["sha256"]
+    assert out["inspection"]["dtype"] == "bfloat16" and out["inspection"]["has_tokenizer"]
+    assert Path(out["path"]).is_dir() and not _leftovers(Path(settings.ARTIFACT_STORE))
+    assert "dequantising the GGUF" in Job.objects.get(pk=job_id).log  # the job's logging is captured
+    # The same conversion again: refused with a link to what exists.
+    again = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "hf", "dtype": "bfloat16"})
+    assert again.status_code == 409 and again.json()["link"] == f"/artifacts/{out['id']}/"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_precision_conversion_records_verification(operator, api_for, model_root, redis_conn):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "fp16"}).json()["job"]
+    run_queued_jobs("convert", "default")
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "succeeded", job.error + job.traceback
+    out = Artifact.objects.get(pk=job.result['artifact_id'])
+    assert out.dtype == "float16" and out.inspection["dtype"] == "float16"
+    assert out.verification["cosine_similarity"] > 0.999 and out.verification["max_abs_diff"] < 0.05
+    assert "verifying logits" in job.log
+
+
+@pytest.mark.django_db(transaction=True)
+def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(operator, api_for, model_root, redis_conn, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert",
+                      {"to": "om", "soc_version": "Ascend910B4", "batch_size": 1, "seq_len": 16}).json()["job"]
+    run_queued_jobs("convert", "default")
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "failed"
+    assert job["error"] == "ATC not found on this node: install the CANN toolkit"
+    onnx = Artifact.objects.get(producing_job_id=job_id, format="onnx")
+    om = Artifact.objects.get(producing_job_id=job_id, format="om")
+    assert onnx.status == "ready" and not onnx.servable and (Path(onnx.path) / "model.onnx").exists()
+    assert om.status == "failed" and not Path(om.path).exists()
+
+
+def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
+    """Queue a conversion big enough to take seconds, start a real forked RQ worker, and
+    return (job_id, worker) once the job is running and writing into its staging directory."""
+    source = _register(api, "wide", build_tiny_llama_hf(model_root / "wide", num_layers=6, hidden_size=512,
+                                                        intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192))
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
+    worker = start_worker(env, "convert")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = Job.objects.get(pk=job_id)
+        if job.status == "running" and job.staging_path:
+            return job_id, worker
+        if job.status not in ("queued", "running"):
+            break
+        time.sleep(0.05)
+    os.killpg(worker.pid, signal.SIGKILL)
+    pytest.fail(f"the job never started writing: {job.status} {job.error}")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("options,field,message", [
+    ({"to": "gif"}, "to", "Choose one of"),
+    ({"to": "hf"}, "to", "needs a GGUF artifact"),
+    ({"to": "fp32"}, "to", "Choose one of"),
+    ({"to": "om"}, "soc_version", "Name the target chip"),
+    ({"to": "om", "soc_version": "Ascend910B4; rm -rf /"}, "soc_version", "letters, digits"),
+    ({"to": "om", "soc_version": "Ascend910B4", "batch_size": 0}, "batch_size", "between 1 and 64"),
+    ({"to": "om", "soc_version": "Ascend910B4", "precision_mode": "yolo"}, "precision_mode", "Choose one of"),
+    ({"to": "fp16", "dtype": "int3"}, "dtype", "applies to GGUF"),
+    ({"to": "fp16", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
+])
+def test_invalid_options_are_refused_before_anything_is_queued(options, field, message, operator, api_for, model_root, redis_conn):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    Job.objects.all().delete()
+    response = api.post(f"/api/v1/artifacts/{source}/convert", options)
+    assert response.status_code in (400, 422), response.content
+    assert message in str(response.json()["detail"])
+    assert not Job.objects.exists() and redis_conn.llen("rq:queue:convert") == 0
+
+
+@pytest.mark.django_db
+def test_same_dtype_and_disk_space_refusals(operator, api_for, model_root, redis_conn, settings):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny", dtype="float16"))
+    same = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "fp16"})
+    assert same.status_code == 400 and "already float16" in same.json()["detail"]
+    settings.ARTIFACT_STORE_MIN_FREE_BYTES = 10**18  # keep more free than any disk has
+    full = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"})
+    assert full.status_code == 400 and "Not enough room in the artifact store" in full.json()["detail"]
+    assert not Job.objects.filter(kind="convert").exists()
+
+
+@pytest.mark.django_db
+def test_duplicate_while_queued_is_refused_with_a_link(operator, api_for, model_root, redis_conn):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    first = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    second = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"})
+    assert second.status_code == 409
+    assert second.json()["link"] == f"/jobs/{first}/" and "already queued" in second.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_redis_down_gives_a_clear_error_not_a_500(operator, api_for, model_root, as_operator, monkeypatch):
+    import redis
+
+    import workers.jobs.queues
+
+    api = api_for(operator)
+    source_path = build_tiny_llama_hf(model_root / "tiny")
+    # A real client pointed at a port where no Redis listens.
+    monkeypatch.setattr(workers.jobs.queues, "redis_connection", lambda: redis.Redis(port=1, socket_connect_timeout=1))
+    # Registration itself still works (its checksum job is best-effort).
+    source = _register(api, "tiny", source_path)
+    response = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"})
+    assert response.status_code == 503 and "unreachable" in response.json()["detail"]
+    page = as_operator.post(f"/artifacts/{source}/convert", {"to": "bf16"}, follow=True)
+    assert page.status_code == 200 and b"unreachable" in page.content
+    assert not Job.objects.filter(kind="convert").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cancel_and_retry(operator, api_for, model_root, redis_conn, settings, worker_env):
+    """A real forked worker: cancel mid-run stops it, leaves nothing; retry runs it again."""
+    api = api_for(operator)
+    job_id, worker = _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env)
+    try:
+        assert api.post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            reap_jobs()
+            if not _leftovers(Path(settings.ARTIFACT_STORE)) and not Job.objects.get(pk=job_id).staging_path:
+                break
+            time.sleep(0.2)
+        job = Job.objects.get(pk=job_id)
+        assert job.status == "cancelled" and "Cancelled by" in job.error
+        assert not _leftovers(Path(settings.ARTIFACT_STORE))
+        assert not Artifact.objects.filter(producing_job_id=job_id, status="ready").exists()
+        retry = api.post(f"/api/v1/jobs/{job_id}/retry")
+        assert retry.status_code == 202
+        new_id = retry.json()["job"]
+        deadline = time.monotonic() + 180
+        while Job.objects.get(pk=new_id).status in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        new = Job.objects.get(pk=new_id)
+        assert new.status == "succeeded", new.error
+        assert new.retry_of_id == job_id and new.params == job.params
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_killed_worker_job_is_reaped_within_60_seconds(operator, api_for, model_root, redis_conn, settings, worker_env):
+    api = api_for(operator)
+    job_id, worker = _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env)
+    job = Job.objects.get(pk=job_id)
+    # kill -9 of the worker and of its work horse (RQ runs the horse in its own session),
+    # as an OOM kill or a machine restart would.
+    os.kill(job.pid, signal.SIGKILL)
+    os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait()
+    killed_at = timezone.now()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        reap_jobs()
+        job = Job.objects.get(pk=job_id)
+        if job.status != "running":
+            break
+        time.sleep(1)
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "failed" and "stopped" in job.error and "heartbeat" in job.error
+    assert (job.finished_at - killed_at).total_seconds() < 60
+    assert not _leftovers(Path(settings.ARTIFACT_STORE))
+    assert Artifact.objects.get(producing_job_id=job_id).status == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_pages_show_progress_and_stop_polling_when_done(as_operator, operator, api_for, model_root, redis_conn):
+    api = api_for(operator)
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    page = as_operator.post(f"/artifacts/{source}/convert", {"to": "bf16"})
+    job = Job.objects.get(kind="convert")
+    assert page.status_code == 302 and page["Location"] == f"/jobs/{job.pk}/"
+    live = as_operator.get(f"/jobs/{job.pk}/status").content.decode()
+    assert 'hx-trigger="every 2s"' in live and "queued" in live
+    run_queued_jobs("convert", "default")
+    done = as_operator.get(f"/jobs/{job.pk}/status").content.decode()
+    assert "hx-trigger" not in done and "succeeded" in done and 'id="job-result"' in done
+    listing = as_operator.get("/jobs/?status=succeeded&kind=convert").content.decode()
+    assert f"/jobs/{job.pk}/" in listing
+    assert f"/jobs/{job.pk}/" not in as_operator.get("/jobs/?status=failed").content.decode()
+    assert "succeeded" in as_operator.get(f"/artifacts/{source}/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, redis_conn, settings):
+    """Work that must run on one host goes to its node queue; `jobs_worker` on that host takes it."""
+    from django.core.management import call_command
+
+    from workers.jobs.queues import node_queue
+    from workers.jobs.services import job_enqueue
+
+    api = api_for(operator)
+    artifact_id = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    Job.objects.all().delete()
+    artifact = Artifact.objects.get(pk=artifact_id)
+    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
+                       queue=settings.NODE_QUEUE)
+    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
+                            queue=node_queue("another-host"))
+    call_command("jobs_worker", "default", "--burst")
+    assert Job.objects.get(pk=here.pk).status == "succeeded"
+    assert Job.objects.get(pk=elsewhere.pk).status == "queued"
+    assert redis_conn.llen(f"rq:queue:{node_queue('another-host')}") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_new_job_runner_registers_itself_runs_and_retries(operator, redis_conn, monkeypatch):
+    """A kind is one JobRunner subclass: defining it registers it; the runtime keeps no table of kinds."""
+    from workers.jobs import registry
+    from workers.jobs.runner import JobRunner
+    from workers.jobs.services import job_enqueue, job_retry
+
+    monkeypatch.setattr(registry, "_runners", dict(registry._runners))  # the test's kind goes with the test
+
+    class Echo(JobRunner):
+        name = "test_echo"
+        queue = "default"
+        timeout = 60
+
+        def run(self, job, ctx):
+            ctx.progress(50, "echoing")
+            return {"echo": job.params["text"]}
+
+    assert registry.runner_class("test_echo") is Echo and "test_echo" in registry.runner_kinds()
+    job = job_enqueue(kind="test_echo", params={"text": "hi"}, user=operator)
+    assert (job.queue, job.timeout_s) == ("default", 60)
+    run_queued_jobs("default")
+    job.refresh_from_db()
+    assert job.status == "succeeded" and job.result == {"echo": "hi"} and job.progress == 100
+    assert "echoing" in job.log
+    retry = job_retry(job=job, user=operator)  # the default resubmit: same kind and parameters
+    assert (retry.kind, retry.params, retry.retry_of_id) == ("test_echo", {"text": "hi"}, job.pk)
+    with pytest.raises(ValueError):
+        job_enqueue(kind="no_such_kind", params={}, user=operator)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_moves_job_links_to_the_generic_target_and_back():
+    """0005 moves each job's registry links to its generic target (the artifact wins); reversible."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before = [("workers", "0004_job_target")]
+    after = [("workers", "0006_job_drop_registry_links")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    OldJob = old.get_model("workers", "Job")
+    model = old.get_model("models_registry", "Model").objects.create(name="m")
+    artifact = old.get_model("models_registry", "Artifact").objects.create(model=model, format="hf", path="/x")
+    on_artifact = OldJob.objects.create(kind="convert", queue="convert", rq_id="a", target_model=model,
+                                        target_artifact=artifact, result_artifact=artifact,
+                                        result={"artifact_id": artifact.pk})
+    on_model = OldJob.objects.create(kind="hash_artifact", queue="default", rq_id="b", target_model=model)
+    on_nothing = OldJob.objects.create(kind="bench", queue="bench", rq_id="c")
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(after)
+    jobs = {j.rq_id: j for j in Job.objects.all()}
+    assert jobs["a"].target == Artifact.objects.get(pk=artifact.pk)
+    assert jobs["a"].result["artifact_id"] == artifact.pk
+    assert (jobs["b"].target_type.model, jobs["b"].target_id) == ("model", model.pk)
+    assert jobs["c"].target is None
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    old = executor.loader.project_state(before).apps
+    back = {j.rq_id: j for j in old.get_model("workers", "Job").objects.all()}
+    assert (back["a"].target_artifact_id, back["a"].target_model_id, back["a"].result_artifact_id) == (
+        artifact.pk, model.pk, artifact.pk)
+    assert (back["b"].target_artifact_id, back["b"].target_model_id) == (None, model.pk)
+    assert (back["c"].target_artifact_id, back["c"].target_model_id) == (None, None)
+    assert on_artifact.pk and on_model.pk and on_nothing.pk
+    MigrationExecutor(connection).migrate(after)
