@@ -6,6 +6,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 
 
+PATH_MAX = 4096  # Linux's limit for a whole path
+
+
 def _inside(path: Path, roots) -> bool:
     return any(path == root or root in path.parents for root in roots)
 
@@ -19,6 +22,8 @@ def validate_model_path(raw: str) -> Path:
         raise ValidationError("Enter the path of a model directory or GGUF file on the server.", code="required")
     if "\x00" in raw:
         raise ValidationError("The path contains a NUL character.", code="invalid")
+    if len(raw) > PATH_MAX:
+        raise ValidationError(f"The path is {len(raw)} characters long: at most {PATH_MAX}.", code="too_long")
     candidate = Path(raw).expanduser()
     if not candidate.is_absolute():
         raise ValidationError(f"Give an absolute path (inside {roots_text}).", code="relative")
@@ -40,14 +45,17 @@ def validate_model_path(raw: str) -> Path:
     if not os.access(resolved, os.R_OK) or (resolved.is_dir() and not os.access(resolved, os.X_OK)):
         raise ValidationError(f"{resolved} is not readable by the console (permission denied).", code="unreadable")
     if resolved.is_dir():
-        # A symlinked file inside the model dir could still point anywhere: check them all.
-        for entry in resolved.iterdir():
-            target = entry.resolve()
-            if not _inside(target, roots):
-                raise ValidationError(
-                    f"{entry.name} in {resolved} is a symbolic link that leads outside the allowed model roots.",
-                    code="symlink_escape",
-                )
-            if not os.access(target, os.R_OK):
-                raise ValidationError(f"{entry} is not readable by the console (permission denied).", code="unreadable")
+        # A symbolic link anywhere below the model directory (sub/etc -> /etc) could still point anywhere:
+        # walk the whole tree without following links, and check every link's target and every entry.
+        for folder, dirs, files in os.walk(resolved, followlinks=False):
+            for name in dirs + files:
+                entry = Path(folder) / name
+                target = entry.resolve()
+                if not _inside(target, roots):
+                    raise ValidationError(
+                        f"{entry.relative_to(resolved)} in {resolved} is a symbolic link that leads outside the "
+                        "allowed model roots.", code="symlink_escape")
+                if not os.access(target, os.R_OK):
+                    raise ValidationError(f"{entry} is not readable by the console (permission denied).",
+                                          code="unreadable")
     return resolved

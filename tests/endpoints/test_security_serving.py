@@ -199,8 +199,6 @@ def test_endpoint_api_refuses_bad_values_with_400_naming_the_field(operator, api
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(strict=True, raises=OSError, reason="models_registry (another helper's area) answers 500: "
-                   "OSError 'File name too long' from the path check")
 def test_a_100k_character_model_path_is_a_400_naming_the_path(admin, api_for, as_admin, model_root):
     from models_registry.models import Model
 

@@ -62,6 +62,7 @@ def test_register_gguf_and_checksum_runs_in_the_background(operator, api_for, ti
     ("missing", "does not exist"),
     ("symlink_escape", "symbolic link that leads outside"),
     ("inner_symlink_escape", "symbolic link that leads outside"),
+    ("nested_symlink_escape", "sub/etc in"),  # a directory link two levels down (the outside probe's sub/etc -> /etc)
     ("not_a_model", "config.json"),
     ("corrupt_config", "config.json"),
     ("random_file", "not a model: expected a Hugging Face model directory (with config.json) or a .gguf file"),
@@ -78,6 +79,7 @@ def test_bad_paths_are_refused_clearly_and_register_nothing(case, message, opera
         "missing": str(model_root / "nope"),
         "symlink_escape": str(model_root / "link"),
         "inner_symlink_escape": str(model_root / "mixed"),
+        "nested_symlink_escape": str(model_root / "nested"),
         "not_a_model": str(model_root / "empty-dir"),
         "corrupt_config": str(model_root / "corrupt"),
         "random_file": str(model_root / "random.bin"),
@@ -86,6 +88,9 @@ def test_bad_paths_are_refused_clearly_and_register_nothing(case, message, opera
     (model_root / "mixed").mkdir()
     (model_root / "mixed" / "config.json").write_text("{}")
     (model_root / "mixed" / "model.safetensors").symlink_to(outside / "secret-model" / "model.safetensors")
+    build_tiny_llama_hf(model_root / "nested")
+    (model_root / "nested" / "sub").mkdir()
+    (model_root / "nested" / "sub" / "etc").symlink_to(outside)
     (model_root / "empty-dir").mkdir()
     (model_root / "corrupt").mkdir()
     (model_root / "corrupt" / "config.json").write_text("{not json")
