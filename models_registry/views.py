@@ -5,7 +5,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
-from console.validation import field_errors
+from console.validation import NumberError, field_errors, parse_float
 from models_registry import selectors, services
 from models_registry.capacity_view import artifact_capacity, reference_devices
 from models_registry.forms import ConvertForm
@@ -89,9 +89,10 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
 
 
 def _float(raw):
+    """The page's optional ?util=: a number, else the default (a bad value is not worth an error page)."""
     try:
-        return float(raw) if raw else None
-    except ValueError:
+        return parse_float(raw, "util", low=0.0, high=1.0) if raw else None
+    except NumberError:
         return None
 
 

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 
 from console.audit import audit_log
 from console.exceptions import Conflict
+from console.validation import NumberError, parse_float
 from models_registry.models import NAME_VALIDATOR, Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors
@@ -100,8 +101,10 @@ def _number(opts, key, default, bounds):
     """A typed option (or its default), checked against its bounds."""
     value = opts.get(key, default)
     low, high = bounds
-    if not low <= value <= high:
-        raise ValidationError({key: f"Enter a number between {low} and {high}."})
+    try:
+        parse_float(value, key, low=low, high=high, accept_text=False)  # typed already: the bounds only
+    except NumberError:
+        raise ValidationError({key: f"Enter a number between {low} and {high}."}) from None
     return value
 
 

@@ -10,6 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.api_auth import _token_user
 from console.audit import audit_log
 from console.roles import OPERATOR, VIEWER, check_role, require_role
+from console.validation import NumberError, parse_float, parse_int
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -56,12 +57,12 @@ def alert_rule_update(request, rule_id: int):
     rule = get_object_or_404(AlertRule, pk=rule_id)
     before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
     try:
-        threshold = float(request.POST.get("threshold", rule.threshold))
-        duration = int(request.POST.get("duration_s", rule.duration_s))
+        threshold = parse_float(request.POST.get("threshold", rule.threshold), "threshold", low=-1e18, high=1e18)
+        duration = parse_int(request.POST.get("duration_s", rule.duration_s), "duration_s", low=0, high=7 * 86400)
         op = request.POST.get("op", rule.op)
-        if op not in AlertRule.Op.values or not 0 <= duration <= 7 * 86400:
-            raise ValidationError("bad operator or duration")
-    except (TypeError, ValueError, ValidationError):
+        if op not in AlertRule.Op.values:
+            raise ValidationError("bad operator")
+    except (NumberError, ValidationError):
         messages.error(request, "Give a number as threshold, a duration of 0 to 604800 s and an operator.")
         return redirect("alert_list")
     rule.threshold, rule.duration_s, rule.op = threshold, duration, op
