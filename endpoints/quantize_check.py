@@ -34,7 +34,7 @@ class EngineServer:
         self.log_path = self.model_dir.parent / f".vllm-{self.port}.log"
         spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
                           served_model_name=served_model_name, port=self.port, max_model_len=max_model_len,
-                          extra_args={"--max-logprobs": 1}, env={"VLLM_TARGET_DEVICE": "cpu"},
+                          extra_args={"--max-logprobs": 1},
                           cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
         try:
             self.argv, self.env_added = build_command(spec)

@@ -411,7 +411,7 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     assert 'id="quantize-form"' in as_operator.get(f"/artifacts/{aid}/").content.decode()
     # Serving speed (serving's fragment, loaded by the page): a hint until both the source and the
     # quantized artifact have a finished benchmark.
-    speed_url = f"/artifacts/{job.result_artifact_id}/speed"
+    speed_url = f"/artifacts/{job.result['artifact_id']}/speed"
     assert f'hx-get="{speed_url}"' in page
     assert "to compare serving speed" in as_operator.get(speed_url).content.decode()
     from endpoints.bench.models import BenchmarkRun
@@ -502,7 +502,8 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert server.argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len"):][:2]
     assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs"):][:2]
-    assert server.env_added["VLLM_TARGET_DEVICE"] == "cpu"
+    # the environment an endpoint's CPU replica gets from the same builder (the KV cache size), nothing else
+    assert server.env_added == {"VLLM_CPU_KVCACHE_SPACE": str(settings.VLLM_CPU_KVCACHE_GIB)}
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     monkeypatch.setenv("DATABASE_URL", "postgres://x")
     env = child_environment(server.env_added)  # what EngineServer.start hands the child
