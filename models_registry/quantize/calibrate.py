@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from models_registry.quantize.kl import KLObserver
+from models_registry.quantize.modelslim_check import SHARD_GROUP
 
 # Decoder-only models whose projections are plain nn.Linear (what both writers handle).
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -250,9 +251,39 @@ def sensitivity(model, batches: list[list[int]], errors: list[dict], *, scheme: 
         e["sensitivity"] = score.get(e["layer"], 0.0)
 
 
+def fused_group(layer: str) -> str:
+    """The layer vLLM builds a projection into: q/k/v → qkv_proj, gate/up → gate_up_proj (its
+    packed_modules_mapping); o_proj and down_proj are their own."""
+    parent, _, proj = layer.rpartition(".")
+    return f"{parent}.{SHARD_GROUP[proj]}" if proj in SHARD_GROUP else layer
+
+
+def by_group(errors: list[dict], key: str) -> dict[str, float]:
+    """Fused group → the sum of its members' ``key``. A sum, not a max: the Fisher estimate is additive
+    over independent perturbations, and a group is kept in float (or given one input range) as a whole,
+    so what it gains is all its members' effects together; a max would rank a group with one bad
+    member as high as one with three."""
+    totals: dict[str, float] = {}
+    for e in errors:
+        g = fused_group(e["layer"])
+        totals[g] = totals.get(g, 0.0) + e.get(key, e["rel_error"])
+    return totals
+
+
+def group_ranking(errors: list[dict]) -> list[list[str]]:
+    """Fused groups (their member layers), most sensitive first: by the estimated effect on the loss
+    where measured, else by the output error. vllm-ascend and vLLM refuse a fused layer whose shards
+    are not all of one scheme, so the float fallback keeps whole groups."""
+    score = by_group(errors, "sensitivity")
+    members: dict[str, list[str]] = {}
+    for e in errors:
+        members.setdefault(fused_group(e["layer"]), []).append(e["layer"])
+    return [members[g] for g in sorted(members, key=lambda g: -score[g])]
+
+
 def ranking(errors: list[dict]) -> list[str]:
-    """Most sensitive first: by the estimated effect on the loss where measured, else by the output error."""
-    return [e["layer"] for e in sorted(errors, key=lambda e: -e.get("sensitivity", e["rel_error"]))]
+    """Layers, most sensitive group first (a group's members together, in model order)."""
+    return [layer for group in group_ranking(errors) for layer in group]
 
 
 def dir_size(path: Path) -> int:

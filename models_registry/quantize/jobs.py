@@ -14,7 +14,7 @@ from models_registry.jobs import ArtifactJobRunner, _building, _destination, _re
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.quantize import calibrate as cal
-from models_registry.quantize import compressed, modelslim, msmodelslim_run
+from models_registry.quantize import compressed, modelslim, modelslim_check, msmodelslim_run
 from models_registry.quantize.compressed import VllmServer
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.modelslim import SCHEME_TYPE, act_params_for
@@ -47,14 +47,20 @@ def _change(before: float, after: float) -> float:
     return 100.0 * (after - before) / before
 
 
-def _fallback_steps(ranking: list[str], budget: int) -> list[list[str]]:
-    """Float layer sets to try: the top 1, 2, 4, 8 … of the ranking, up to the budget."""
+def _fallback_steps(groups: list[list[str]], budget: int) -> list[list[str]]:
+    """Float layer sets to try: the layers of the top 1, 2, 4, 8 … fused groups of the ranking, the
+    longest prefix of groups within the budget (counted in layers) at each step."""
     steps, k = [], 1
-    while k <= budget:
-        steps.append(ranking[:k])
-        if k == budget:
+    while k <= len(groups):
+        fits = 0
+        while fits < k and sum(len(g) for g in groups[:fits + 1]) <= budget:
+            fits += 1
+        layers = [layer for g in groups[:fits] for layer in g]
+        if layers and (not steps or layers != steps[-1]):
+            steps.append(layers)
+        if fits < k or k == len(groups):
             break
-        k = min(k * 2, budget)
+        k = min(k * 2, len(groups))
     return steps
 
 
@@ -90,6 +96,8 @@ def quantize_artifact(job, ctx) -> dict:
         if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
             raise JobFailed(f"Out of memory while quantizing: {str(exc)[:300]}; nothing was kept.") from exc
         raise
+    if target == Artifact.Format.MODELSLIM:
+        _check_loads(staging)
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     ctx.commit_staging(staging, dest)
@@ -112,6 +120,16 @@ def quantize_artifact(job, ctx) -> dict:
                         f"exceeds {acc['gate_pct']}%. Artifact #{out.pk} is kept, marked not recommended.")
     return {"artifact_id": out.pk, "ppl_change_pct": acc["ppl_change_pct"], "wall_s": report["wall_s"],
             "peak_rss_mb": report["peak_rss_mb"]}
+
+
+def _check_loads(staging: Path) -> None:
+    """vllm-ascend's loader rules (modelslim_check.py) before the artifact is marked ready: a checkpoint
+    that would not load is not kept."""
+    findings = modelslim_check.check(staging)
+    if findings:
+        shown = "; ".join(str(f) for f in findings[:5]) + (f"; … {len(findings) - 5} more" if len(findings) > 5 else "")
+        raise JobFailed(f"The ModelSlim checkpoint would not load in vllm-ascend ({len(findings)} finding(s) of "
+                        f"`manage.py check_modelslim`): {shown}. Nothing was kept.")
 
 
 def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list[str], eval_texts: list[str]) -> dict:
@@ -154,17 +172,22 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         mm_act = act_params_for(stats, "minmax")
         mm_errors = cal.layer_errors(model, stats, scheme=fake_scheme, act_params=mm_act)
         cal.sensitivity(model, calib.ids, mm_errors, scheme=fake_scheme, act_params=mm_act)
+        # Chosen per fused group: vllm-ascend keeps one input_scale/input_offset per fused layer, so
+        # q/k/v (and gate/up) must share the range they are quantized and simulated with.
+        kl_cost, mm_cost = cal.by_group(errors, "sensitivity"), cal.by_group(mm_errors, "sensitivity")
         for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors)):
-            if mm_e["sensitivity"] < kl_e["sensitivity"]:
+            if mm_cost[cal.fused_group(kl_e["layer"])] < kl_cost[cal.fused_group(kl_e["layer"])]:
                 minmax_layers.append(kl_e["layer"])
                 cal_act[kl_e["layer"]] = mm_act[kl_e["layer"]]
                 errors[i] = {**mm_e, "act_range": "minmax"}
         if minmax_layers:
-            notes.append(f"KL clipping cost more than the min-max range on {len(minmax_layers)} layer(s) "
-                         f"(massive activations); those keep the min-max range.")
-    rank = cal.ranking(errors)
+            groups = len({cal.fused_group(layer) for layer in minmax_layers})
+            notes.append(f"KL clipping cost more than the min-max range on {groups} fused group(s) "
+                         f"({len(minmax_layers)} layer(s), massive activations); those keep the min-max range.")
+    groups = cal.group_ranking(errors)
+    rank = [layer for group in groups for layer in group]
     gate = float(opts["gate_pct"])
-    steps = [[]] + (_fallback_steps(rank, opts["max_fallback_layers"]) if opts["fallback"] else [])
+    steps = [[]] + (_fallback_steps(groups, opts["max_fallback_layers"]) if opts["fallback"] else [])
     attempts = []
     for i, float_layers in enumerate(steps):
         for p in staging.iterdir():

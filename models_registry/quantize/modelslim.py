@@ -9,8 +9,9 @@ Per layer, as vllm-ascend's w8a8 / w8a8_dynamic loaders expect (see ../shared/fi
 * W8A8_DYNAMIC and W8A16: weight int8, weight_scale, weight_offset [n,1].
 * everything else (embeddings, norms, lm_head, fallback layers) FLOAT.
 msModelSlim calibrates in float32 and saves float tensors so; finish() casts them to the model's
-dtype (the size of the source, and what vllm-ascend loads them as), drops an lm_head that only
-repeats tied embeddings, and copies the model's own config and tokenizer files in (msModelSlim
+dtype (the size of the source, and what vllm-ascend loads them as) except input_offset (int8, as
+upstream creates it), drops the tensor of an lm_head that only repeats tied embeddings (its
+description stays FLOAT), and copies the model's own config and tokenizer files in (msModelSlim
 writes no config.json).
 """
 from __future__ import annotations
@@ -49,7 +50,8 @@ def copy_model_files(src: Path, dst: Path) -> list[str]:
 
 def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
     """Make msModelSlim's output servable as the source model was: float tensors in the model's
-    dtype (deq_scale keeps its packing), a tied lm_head dropped when it only repeats the embeddings,
+    dtype (deq_scale keeps its packing, input_offset int8), a tied lm_head's tensor dropped when it
+    only repeats the embeddings,
     and the model's own config/tokenizer files copied in unchanged."""
     import torch
     from safetensors.torch import load_file, save_file
@@ -58,14 +60,19 @@ def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
     weight_file = WEIGHT_FILE[desc["model_quant_type"]]
     tensors = load_file(str(dst / weight_file))
     for name, t in tensors.items():
-        if t.is_floating_point() and not name.endswith(".deq_scale"):
+        if name.endswith(".input_offset"):  # w8a8_static.py creates it int8; msModelSlim saves an integral float
+            tensors[name] = t.round().clamp(-128, 127).to(torch.int8).contiguous()
+        elif t.is_floating_point() and not name.endswith(".deq_scale"):
             tensors[name] = t.to(model_dtype).contiguous()
     notes = []
     lm, emb = tensors.get("lm_head.weight"), tensors.get("model.embed_tokens.weight")
     if tied and lm is not None and emb is not None:
         if torch.equal(lm, emb):
+            # The tensor goes (the loader skips "lm_head." when tied), its description stays: vLLM builds
+            # lm_head with the quant config even when tied and vllm-ascend looks "lm_head.weight" up
+            # (modelslim_config.py get_quant_method); msModelSlim itself writes it FLOAT.
             del tensors["lm_head.weight"]
-            desc.pop("lm_head.weight", None)
+            desc["lm_head.weight"] = "FLOAT"
         else:
             notes.append("lm_head differs from the tied embeddings after outlier suppression: kept separately.")
     nonzero_bias = [n for n, t in tensors.items() if n.endswith("norm.bias") and bool(t.any())]
@@ -161,23 +168,3 @@ def act_params_for(stats: dict, method: str) -> dict:
     symmetric = method == "kl"
     m = "minmax" if method == "auto" else method
     return {name: cal.activation_qparams(s, m, symmetric=symmetric) for name, s in stats.items()}
-
-
-def check_against_fixture(dst: Path) -> list[str]:
-    """Problems with a written checkpoint, against the documented tensor names/dtypes/shapes."""
-    from safetensors import safe_open
-
-    problems = []
-    desc = json.loads((dst / DESCRIPTION).read_text())
-    qtype = desc.get("model_quant_type")
-    with safe_open(str(dst / WEIGHT_FILE[qtype]), "pt") as f:
-        keys = set(f.keys())
-        for key in keys:
-            if key not in desc:
-                problems.append(f"{key} missing from the description")
-        for key in desc:
-            if key not in ("model_quant_type", "version") and key not in keys:
-                problems.append(f"{key} described but not written")
-    return problems
-
-

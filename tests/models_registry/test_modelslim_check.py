@@ -1,12 +1,9 @@
 """The ModelSlim checker (models_registry/quantize/modelslim_check.py): vllm-ascend v0.23.0's loader rules.
 
 Checkpoints come from the real msModelSlim path on tiny Llamas (msmodelslim_run.quantize + modelslim.finish,
-as the quantize job calls them). Today's producers have known defects (issue 18); the cases they break are
-xfail(strict=True, raises=AssertionError) with the defect named, so they flip to failures once the producers
-are fixed, while a finding no known defect explains raises UnexplainedFindings and fails at once."""
+as the quantize job calls them) and must load as written: any finding fails the test, named."""
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,40 +20,13 @@ from tests.support.tiny_models import build_tiny_llama_hf
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass(frozen=True)
-class Defect:
-    """A known producer defect: the reason an xfail names, and the findings it explains."""
-    reason: str
-    rule: str
-    subject_suffix: str = ""
-
-    def explains(self, finding) -> bool:
-        return finding.rule == self.rule and finding.subject.endswith(self.subject_suffix)
-
-
-INPUT_OFFSET_DTYPE = Defect("input_offset is written in the model's dtype where w8a8_static.py creates it int8 "
-                            "(modelslim.finish casts every float tensor)", "tensor-dtype", ".input_offset")
-TIED_LM_HEAD = Defect("modelslim.finish drops lm_head.weight from the description of a tied model; vLLM builds "
-                      "lm_head with the quant config and msModelSlim's own output keeps it FLOAT",
-                      "linear-described", "lm_head.weight")
-SPLIT_GROUP = Defect("the accuracy fallback keeps single projections in float (it ranks layers, not vLLM's "
-                     "fused qkv_proj / gate_up_proj groups)", "packed-one-type")
-
-
 class UnexplainedFindings(Exception):
-    """Findings no known defect explains: a real failure, never absorbed by the xfail (raises=AssertionError)."""
+    """Findings on a checkpoint the console writes: vllm-ascend would not load it as written."""
 
 
-def assert_loads(findings, defects=()):
-    unexplained = [str(f) for f in findings if not any(d.explains(f) for d in defects)]
-    if unexplained:
-        raise UnexplainedFindings(unexplained)
-    assert [str(f) for f in findings] == []
-
-
-def known_defects(*defects):
-    """xfail(strict) on exactly these defects: flips to a failure once the producers are fixed."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason="; ".join(d.reason for d in defects))
+def assert_loads(findings):
+    if findings:
+        raise UnexplainedFindings([str(f) for f in findings])
 
 
 def _add_linear_biases(src: Path) -> None:
@@ -100,27 +70,25 @@ def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_o
 
 GROUP0 = [f"model.layers.0.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")]
 CASES = {
-    "w8a8_dynamic-bf16": ({"scheme": "w8a8_dynamic"}, ()),
-    "w8a8_dynamic-fp16": ({"scheme": "w8a8_dynamic", "dtype": "float16"}, ()),
-    "w8a8_dynamic-biases": ({"scheme": "w8a8_dynamic", "bias": True}, ()),
-    "w8a16-bf16": ({"scheme": "w8a16"}, ()),
-    "w8a8_dynamic-whole-group-float": ({"scheme": "w8a8_dynamic", "float_layers": GROUP0}, ()),
-    "w8a8_dynamic-tied": ({"scheme": "w8a8_dynamic", "tied": True}, (TIED_LM_HEAD,)),
-    "w8a8_static-minmax-bf16": ({}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-minmax-fp16": ({"dtype": "float16"}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-kl-m1": ({"method": "kl", "anti_outlier": "m1"}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-minmax-m4": ({"anti_outlier": "m4"}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-biases": ({"bias": True}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-whole-group-float": ({"float_layers": GROUP0}, (INPUT_OFFSET_DTYPE,)),
-    "w8a8_static-kl-tied": ({"method": "kl", "tied": True}, (TIED_LM_HEAD, INPUT_OFFSET_DTYPE)),
+    "w8a8_dynamic-bf16": {"scheme": "w8a8_dynamic"},
+    "w8a8_dynamic-fp16": {"scheme": "w8a8_dynamic", "dtype": "float16"},
+    "w8a8_dynamic-biases": {"scheme": "w8a8_dynamic", "bias": True},
+    "w8a16-bf16": {"scheme": "w8a16"},
+    "w8a8_dynamic-whole-group-float": {"scheme": "w8a8_dynamic", "float_layers": GROUP0},
+    "w8a8_dynamic-tied": {"scheme": "w8a8_dynamic", "tied": True},
+    "w8a8_static-minmax-bf16": {},
+    "w8a8_static-minmax-fp16": {"dtype": "float16"},
+    "w8a8_static-kl-m1": {"method": "kl", "anti_outlier": "m1"},
+    "w8a8_static-minmax-m4": {"anti_outlier": "m4"},
+    "w8a8_static-biases": {"bias": True},
+    "w8a8_static-whole-group-float": {"float_layers": GROUP0},
+    "w8a8_static-kl-tied": {"method": "kl", "tied": True},
 }
 
 
-@pytest.mark.parametrize("case", [pytest.param(name, marks=known_defects(*defects)) if defects else name
-                                  for name, (_, defects) in CASES.items()])
+@pytest.mark.parametrize("case", list(CASES))
 def test_msmodelslim_output_passes(case, tmp_path):
-    options, defects = CASES[case]
-    assert_loads(check(make_checkpoint(tmp_path, **options)), defects)
+    assert_loads(check(make_checkpoint(tmp_path, **CASES[case])))
 
 
 def test_kl_with_a_min_max_choice_for_one_shard_is_named(tmp_path):
@@ -133,7 +101,6 @@ def test_kl_with_a_min_max_choice_for_one_shard_is_named(tmp_path):
 
 
 @pytest.mark.django_db(transaction=True)
-@known_defects(SPLIT_GROUP, INPUT_OFFSET_DTYPE)
 def test_fallback_job_output_passes(model_root, operator, api_for, redis_conn, settings):
     """The real quantize job's fallback (tiny model with outlier channels, a 1 % gate, as test_quantize)."""
     from models_registry.models import Artifact
@@ -151,21 +118,15 @@ def test_fallback_job_output_passes(model_root, operator, api_for, redis_conn, s
     art = Artifact.objects.get(producing_job=job)
     if not art.accuracy["float_layers"]:
         raise UnexplainedFindings("the fallback kept nothing in float: this test checks nothing")
-    assert_loads(check(Path(art.path)), (SPLIT_GROUP, INPUT_OFFSET_DTYPE))
+    assert_loads(check(Path(art.path)))
 
 
 # --- deliberately broken directories ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
-    """Real W8A8 static output (bf16, untied) with input_offset written int8 as upstream creates it:
-    the one known defect on this path, repaired here so every broken copy differs by one thing."""
+    """Real W8A8 static output (bf16, untied): every broken copy differs from it by one thing."""
     out = make_checkpoint(tmp_path_factory.mktemp("good"))
-    weights = out / modelslim.WEIGHT_FILE["W8A8"]
-    tensors = load_file(str(weights))
-    for name in [n for n in tensors if n.endswith(".input_offset")]:
-        tensors[name] = tensors[name].round().to(torch.int8)
-    save_file(tensors, str(weights), metadata={"format": "pt"})
     assert [str(f) for f in check(out)] == []
     return out
 

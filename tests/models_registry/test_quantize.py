@@ -28,7 +28,7 @@ FIXTURE_DESC = FIXTURES / "ascend" / "quant_model_description_w8a8_dynamic_examp
 STATIC_TENSORS = {
     "weight": (torch.int8, lambda n, k: [n, k]),
     "input_scale": (torch.bfloat16, lambda n, k: [1]),
-    "input_offset": (torch.bfloat16, lambda n, k: [1]),
+    "input_offset": (torch.int8, lambda n, k: [1]),  # w8a8_static.py creates it int8
     "quant_bias": (torch.int32, lambda n, k: [n]),
     "deq_scale": (torch.float32, lambda n, k: [n]),
     "weight_scale": (torch.bfloat16, lambda n, k: [n, 1]),
@@ -319,6 +319,33 @@ def test_gate_rejects_and_keeps_the_artifact_not_recommended(tiny):
     art = Artifact.objects.get(producing_job=job)
     assert art.status == "ready" and not art.recommended and art.accuracy["passed"] is False
     assert art.accuracy["ppl_change_pct"] > 1 and "Rejected" in art.note
+
+
+@pytest.mark.django_db(transaction=True)
+def test_checkpoint_the_loader_would_refuse_is_not_marked_ready(tiny, monkeypatch):
+    """The job runs modelslim_check before marking a ModelSlim artifact ready: a finishing step that
+    loses a tensor fails the job, the findings named, and the artifact is not ready."""
+    from safetensors.torch import load_file, save_file
+
+    from models_registry.quantize import modelslim
+
+    finish = modelslim.finish
+
+    def finish_losing_a_weight_offset(dst, src, **kw):
+        report = finish(dst, src, **kw)
+        weights = Path(dst) / report["weight_file"]
+        tensors = load_file(str(weights))
+        del tensors["model.layers.0.self_attn.q_proj.weight_offset"]
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+        return report
+
+    monkeypatch.setattr(modelslim, "finish", finish_losing_a_weight_offset)
+    api, aid, _ = tiny()
+    job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=100)
+    assert job.status == "failed" and "would not load in vllm-ascend" in job.error, job.error
+    assert "[tensor-present] model.layers.0.self_attn.q_proj.weight_offset" in job.error
+    art = Artifact.objects.get(producing_job=job)
+    assert art.status != "ready" and not Path(art.path).exists()
 
 
 @pytest.mark.django_db(transaction=True)
