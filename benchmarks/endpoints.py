@@ -82,7 +82,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
-    from tests.demo import demo_hf
+    from tests.support.demo import demo_hf
 
     call_command("migrate", verbosity=0)
     model_dir = demo_hf()

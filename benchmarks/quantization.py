@@ -106,7 +106,7 @@ def main() -> int:
     if args.src:
         src = Path(args.src)
     else:
-        from tests.demo import demo_hf
+        from tests.support.demo import demo_hf
 
         src = demo_hf()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="qbench-"))
