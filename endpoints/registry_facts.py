@@ -1,8 +1,9 @@
 """What the registry asks of serving (registered in EndpointsConfig.ready(), see models_registry.hooks):
-which endpoints use an artifact, and how much memory the live accelerators have free."""
+which endpoints use an artifact, how much memory the live accelerators have free, and which engine versions
+serve a quantized format here."""
 
 from endpoints.models import Endpoint
-from workers.models import Device
+from workers.models import Device, Node
 
 
 def artifact_users(artifact) -> list[str]:
@@ -20,3 +21,10 @@ def live_device_memory() -> list[tuple[str, int]]:
         label = f"{device.node.name}: {device.name or device.kind} (free now)"
         best[label] = max(best.get(label, 0), free)
     return [(label, free) for label, free in sorted(best.items()) if free > 0]
+
+
+def target_engine_versions(target: str) -> list[str]:
+    """The vllm-ascend versions the Ascend nodes' agents reported (Node.engine), for ModelSlim checkpoints."""
+    if target != "ascend-modelslim":
+        return []
+    return [v for v in Node.objects.filter(platform="ascend").values_list("engine__vllm_ascend", flat=True) if v]

@@ -9,7 +9,11 @@ ArtifactUsers = Callable[[object], list[str]]
 # () -> (label, free bytes) per live accelerator
 LiveDeviceMemory = Callable[[], list[tuple[str, int]]]
 
+# target format ("ascend-modelslim") -> the versions of the engine that serves it on this site's nodes
+TargetEngineVersions = Callable[[str], list[str]]
+
 _artifact_users: list[ArtifactUsers] = []
+_target_engine_versions: list[TargetEngineVersions] = []
 _live_device_memory: list[LiveDeviceMemory] = []
 
 
@@ -21,6 +25,15 @@ def register_artifact_users(source: ArtifactUsers) -> None:
 def register_live_device_memory(source: LiveDeviceMemory) -> None:
     if source not in _live_device_memory:
         _live_device_memory.append(source)
+
+
+def register_target_engine_versions(source: TargetEngineVersions) -> None:
+    if source not in _target_engine_versions:
+        _target_engine_versions.append(source)
+
+
+def target_engine_versions(target: str) -> list[str]:
+    return sorted({v for source in _target_engine_versions for v in source(target)})
 
 
 def artifact_users(artifact) -> list[str]:

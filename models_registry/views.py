@@ -10,6 +10,7 @@ from models_registry import selectors, services
 from models_registry.capacity_view import artifact_capacity, reference_devices
 from models_registry.forms import ConvertForm
 from models_registry.models import Artifact, Model
+from models_registry.quantize.selectors import modelslim_scheme_support
 
 
 def _errors(exc: ValidationError) -> dict:
@@ -85,6 +86,7 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
                                              "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
         "convert_errors": convert_errors or {},
+        "modelslim_schemes": modelslim_scheme_support(),
     }
 
 

@@ -88,7 +88,20 @@ def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
 
 
 class SimLinear:
-    """Runs a layer exactly as the checkpoint describes it (the documented integer arithmetic)."""
+    """Runs a layer as vllm-ascend v0.23.0 computes it from the checkpoint (quantization/methods/
+    w8a8_static.py, w8a8_dynamic.py, w8a16.py: process_weights_after_loading + apply; the torch_npu ops
+    written out in plain torch). tests/models_registry/test_modelslim_simulation.py checks it against a
+    line-by-line transcription of those apply() methods.
+
+    * W8A8 static: x_q = clamp(round(x·r + input_offset)), r = 1/input_scale computed in the model's
+      dtype (as process_weights_after_loading does), the offset added before rounding (npu_quantize with
+      div_mode=False: input·scales + zero_points; ties go to even, as the kernel's rint cast; bf16
+      activations and scales make ties common, so the order matters); y = (x_q·Wᵀ + quant_bias)·deq_scale. The layer's
+      float bias is not added: apply() passes quant_bias to npu_quant_matmul in its place (msModelSlim
+      folds the float bias into quant_bias).
+    * W8A8 dynamic: per-token s = max|x|/127, x_q = round(x/s); y = (x_q·Wᵀ)·s·weight_scale + bias.
+    * W8A16: y = x·((W + weight_offset)·weight_scale)ᵀ + bias (npu_weight_quant_batchmatmul).
+    The output is cast to the model's dtype, as output_dtype=params_dtype does."""
 
     def __init__(self, tensors: dict, prefix: str, qtype: str):
         import torch
@@ -96,9 +109,11 @@ class SimLinear:
         self.qtype = qtype
         self.w = tensors[f"{prefix}.weight"].float()
         self.w_scale = tensors[f"{prefix}.weight_scale"].float()
+        self.w_offset = tensors[f"{prefix}.weight_offset"].float()
         self.bias = tensors[f"{prefix}.bias"].float() if f"{prefix}.bias" in tensors else None
         if qtype == "W8A8":
-            self.in_scale = float(tensors[f"{prefix}.input_scale"].float())
+            scale = tensors[f"{prefix}.input_scale"]  # in the model's dtype
+            self.in_reciprocal = float((1 / scale).to(scale.dtype).float())
             self.in_offset = float(tensors[f"{prefix}.input_offset"].float())
             self.qbias = tensors[f"{prefix}.quant_bias"].double()
             self.deq = unpack_deq_scale(tensors[f"{prefix}.deq_scale"]).double()
@@ -109,15 +124,15 @@ class SimLinear:
         shape, dtype = x.shape, x.dtype
         x = x.float().reshape(-1, shape[-1])
         if self.qtype == "W8A8":
-            xq = torch.clamp(torch.round(x / self.in_scale) + self.in_offset, -128, 127)
+            xq = torch.clamp(torch.round(x * self.in_reciprocal + self.in_offset), -128, 127)
             y = ((xq.double() @ self.w.double().T + self.qbias) * self.deq).float()
         elif self.qtype == "W8A8_DYNAMIC":
             s = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.0
             xq = torch.clamp(torch.round(x / s), -128, 127)
             y = (xq @ self.w.T) * s * self.w_scale.T
         else:
-            y = x @ (self.w * self.w_scale).T
-        if self.bias is not None:
+            y = x @ ((self.w + self.w_offset) * self.w_scale).T
+        if self.bias is not None and self.qtype != "W8A8":
             y = y + self.bias
         return y.reshape(*shape[:-1], -1).to(dtype)
 

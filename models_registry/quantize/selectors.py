@@ -1,8 +1,13 @@
-"""Reads for quantization: calibration datasets (the defaults are created on first use)."""
+"""Reads for quantization: calibration datasets (the defaults are created on first use) and which schemes
+the target engine serves."""
+from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
 from django.db import IntegrityError
+from packaging.version import InvalidVersion, Version
 
+from models_registry import hooks
 from models_registry.quantize.models import CalibrationDataset
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -42,3 +47,43 @@ def dataset_list():
     ensure_defaults()
     return CalibrationDataset.objects.all()
 
+
+
+# The first vllm-ascend release whose loader has each ModelSlim scheme, read at the tags of
+# vllm-project/vllm-ascend: quantization/w8a8.py and w8a8_dynamic.py first appear in v0.8.4rc2,
+# w8a16.py in v0.13.0rc1 (at v0.23.0: quantization/methods/, @register_scheme("W8A16", "linear")).
+MODELSLIM_SCHEME_SINCE = {"w8a8_static": "0.8.4rc2", "w8a8_dynamic": "0.8.4rc2", "w8a16": "0.13.0rc1"}
+
+
+@dataclass(frozen=True)
+class SchemeSupport:
+    scheme: str
+    since: str  # the first vllm-ascend release with it
+    versions: tuple[str, ...]  # this site's vllm-ascend versions (the pinned one when no node reported)
+    serving: tuple[str, ...]  # those of them that serve it
+
+    @property
+    def supported(self) -> bool:
+        return bool(self.serving)
+
+    def refusal(self) -> str:
+        return (f"{self.scheme} for Ascend ModelSlim needs vllm-ascend v{self.since} or later (the first release "
+                f"whose loader has it); this site's vllm-ascend is {', '.join(self.versions)}.")
+
+
+def _version(raw: str) -> Version | None:
+    try:
+        return Version(raw)
+    except InvalidVersion:
+        return None
+
+
+def modelslim_scheme_support() -> dict[str, SchemeSupport]:
+    """Per scheme: does a vllm-ascend this site runs (each Ascend node's reported version, or with none
+    reported the release the console pins) have its method?"""
+    versions = tuple(hooks.target_engine_versions("ascend-modelslim") or [settings.VLLM_ASCEND_VERSION])
+    support = {}
+    for scheme, since in MODELSLIM_SCHEME_SINCE.items():
+        serving = tuple(v for v in versions if (parsed := _version(v.lstrip("v"))) and parsed >= Version(since))
+        support[scheme] = SchemeSupport(scheme=scheme, since=since, versions=versions, serving=serving)
+    return support

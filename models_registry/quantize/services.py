@@ -129,6 +129,10 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     scheme = (options.get("scheme") or "w8a8_dynamic").lower()
     if scheme not in SCHEMES:
         raise ValidationError({"scheme": f"Choose one of: {', '.join(SCHEMES)}."})
+    if target == Artifact.Format.MODELSLIM:
+        support = selectors.modelslim_scheme_support()[scheme]
+        if not support.supported:
+            raise ValidationError({"scheme": support.refusal()})
     method = options.get("method") or "kl"
     if method not in METHODS:
         raise ValidationError({"method": f"Choose one of: {', '.join(METHODS)}."})

@@ -11,13 +11,11 @@ import torch
 from django.core.management import CommandError, call_command
 from safetensors.torch import load_file, save_file
 
-from models_registry.quantize import modelslim, msmodelslim_run
+from models_registry.quantize import modelslim
 from models_registry.quantize.modelslim_check import RULES, check
-from models_registry.quantize.selectors import DATA, read_paragraphs
 from tests.support import FIXTURES
+from tests.support.quantize import make_checkpoint
 from tests.support.tiny_models import build_tiny_llama_hf
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class UnexplainedFindings(Exception):
@@ -27,43 +25,6 @@ class UnexplainedFindings(Exception):
 def assert_loads(findings):
     if findings:
         raise UnexplainedFindings([str(f) for f in findings])
-
-
-def _add_linear_biases(src: Path) -> None:
-    """The same tiny Llama with attention_bias (q/k/v/o biases, random values), as Qwen2 has on q/k/v."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig.from_pretrained(str(src))
-    cfg.attention_bias = True
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        model = LlamaForCausalLM(cfg)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if name.endswith(".bias"):
-                    p.normal_(0, 0.1)
-    model.to(cfg.dtype or torch.float32).save_pretrained(str(src))
-
-
-def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_outlier=None, float_layers=(),
-                    dtype="bfloat16", tied=False, bias=False, minmax_layers=()) -> Path:
-    """A ModelSlim checkpoint of a tiny Llama, written by msModelSlim and finished as the quantize job does."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    src = build_tiny_llama_hf(root / "src", hidden_size=128, num_heads=4, num_kv_heads=2, dtype=dtype,
-                              tie_word_embeddings=tied)
-    if bias:
-        _add_linear_biases(src)
-    tok = AutoTokenizer.from_pretrained(str(src))
-    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
-    calib = [tok(t)["input_ids"][:64] for t in read_paragraphs(DATA / "calibration_source.txt")[:6]]
-    out = root / "out"
-    out.mkdir()
-    msmodelslim_run.quantize(model, calib, out, scheme=scheme, method=method, anti_outlier=anti_outlier,
-                             float_layers=list(float_layers), serve_dtype=DTYPES[dtype],
-                             minmax_layers=list(minmax_layers))
-    modelslim.finish(out, src, model_dtype=DTYPES[dtype], tied=tied)
-    return out
 
 
 # --- real msModelSlim output ------------------------------------------------------------------------

@@ -420,6 +420,42 @@ def test_bad_input(tiny, api_for, operator, model_root):
         calibrate.check_architecture(cfg, "llm-compressor")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_modelslim_schemes_are_offered_by_the_sites_vllm_ascend_version(tiny, as_operator, ascend_node, settings):
+    """W8A16 arrived in vllm-ascend v0.13.0rc1 (quantization/w8a16.py): with no Ascend node reporting, the
+    pinned release decides; once the nodes report an older vllm-ascend, ModelSlim W8A16 is refused by name and
+    the form says so, while compressed-tensors W8A16 (vLLM) stays offered."""
+    from models_registry.quantize.selectors import modelslim_scheme_support
+
+    assert settings.VLLM_ASCEND_VERSION == "0.23.0"
+    assert all(s.supported and s.versions == ("0.23.0",) for s in modelslim_scheme_support().values())
+    api, aid, _ = tiny()
+    page = as_operator.get(f"/artifacts/{aid}/").content.decode()
+    assert "w8a16 since v0.13.0rc1," not in page and "w8a16 since v0.13.0rc1." in page
+    assert "not on this site" not in page and "This site's vllm-ascend: 0.23.0." in page
+
+    ascend_node.engine = {"vllm_ascend": "0.11.0", "vllm": "0.11.0"}
+    ascend_node.save()
+    support = modelslim_scheme_support()
+    assert not support["w8a16"].supported and support["w8a8_static"].supported
+    base = f"/api/v1/artifacts/{aid}/quantize"
+    r = api.post(base, {"target": "ascend-modelslim", "scheme": "w8a16"})
+    assert r.status_code == 400
+    assert "vllm-ascend v0.13.0rc1 or later" in r.content.decode() and "is 0.11.0" in r.content.decode()
+    assert not Job.objects.filter(kind="quantize").exists()
+    page = as_operator.get(f"/artifacts/{aid}/").content.decode()
+    assert "w8a16 since v0.13.0rc1 (<strong>not on this site</strong>)" in page
+    assert "compressed-tensors only here" in page
+    r = api.post(base, {"target": "compressed-tensors", "scheme": "w8a16", "gptq": False})
+    assert r.status_code == 202, r.content
+
+    # A second node on a current release: the site serves W8A16 again (there).
+    from workers.models import Node
+
+    Node.objects.create(name="npu-new", address="10.0.0.6", platform="ascend", engine={"vllm_ascend": "0.23.0"})
+    assert modelslim_scheme_support()["w8a16"].serving == ("0.23.0",)
+
+
 def test_long_calibration_text_is_truncated_and_said(tmp_path):
     from transformers import AutoTokenizer
 

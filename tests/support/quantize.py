@@ -1,8 +1,12 @@
 """Quantize-job helpers shared by the quantization and ModelSlim-checker tests."""
+from pathlib import Path
+
 import torch
 
+from models_registry.quantize import modelslim, msmodelslim_run
 from models_registry.quantize.selectors import DATA, read_paragraphs
 from tests.support.jobs import run_queued_jobs
+from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Job
 
 
@@ -43,3 +47,43 @@ def _quantize(api, artifact_id, **options):
     run_queued_jobs("quantize")
     job = Job.objects.get(pk=r.json()["job"])
     return job
+
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _add_linear_biases(src: Path) -> None:
+    """The same tiny Llama with attention_bias (q/k/v/o biases, random values), as Qwen2 has on q/k/v."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig.from_pretrained(str(src))
+    cfg.attention_bias = True
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(".bias"):
+                    p.normal_(0, 0.1)
+    model.to(cfg.dtype or torch.float32).save_pretrained(str(src))
+
+
+def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_outlier=None, float_layers=(),
+                    dtype="bfloat16", tied=False, bias=False, minmax_layers=()) -> Path:
+    """A ModelSlim checkpoint of a tiny Llama, written by msModelSlim and finished as the quantize job does."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = build_tiny_llama_hf(root / "src", hidden_size=128, num_heads=4, num_kv_heads=2, dtype=dtype,
+                              tie_word_embeddings=tied)
+    if bias:
+        _add_linear_biases(src)
+    tok = AutoTokenizer.from_pretrained(str(src))
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    calib = [tok(t)["input_ids"][:64] for t in read_paragraphs(DATA / "calibration_source.txt")[:6]]
+    out = root / "out"
+    out.mkdir()
+    msmodelslim_run.quantize(model, calib, out, scheme=scheme, method=method, anti_outlier=anti_outlier,
+                             float_layers=list(float_layers), serve_dtype=DTYPES[dtype],
+                             minmax_layers=list(minmax_layers))
+    modelslim.finish(out, src, model_dtype=DTYPES[dtype], tied=tied)
+    return out

@@ -74,6 +74,12 @@ def test_ascend_set_is_the_matrix_row_of_the_pinned_release():
     assert compat_warnings(built, cann=row["cann"]) == []
 
 
+def test_console_writes_modelslim_checkpoints_for_the_pinned_vllm_ascend():
+    from django.conf import settings
+
+    assert "v" + settings.VLLM_ASCEND_VERSION == makefile_var("VLLM_ASCEND_TAG")
+
+
 def test_vllm_and_vllm_ascend_are_built_from_source_not_pinned_as_wheels():
     ascend = pins(REQS / "engine-ascend.txt")
     assert "vllm" not in ascend and "vllm-ascend" not in ascend

@@ -1,0 +1,207 @@
+"""The accuracy gate's simulation (modelslim.SimLinear) computes what vllm-ascend v0.23.0 computes.
+
+``VllmAscendLayer`` below transcribes, line by line, what vllm-ascend does with a ModelSlim layer at
+tag v0.23.0 (vllm-project/vllm-ascend): the parameters ``get_weight``/``get_pertensor_param``/
+``get_perchannel_param`` create (their dtypes), ``process_weights_after_loading`` and ``apply()`` of
+quantization/methods/w8a8_static.py, w8a8_dynamic.py and w8a16.py, and vLLM's LinearBase.forward, which
+hands the layer's float bias to ``apply()``. The torch_npu kernels those call are written out in plain torch
+from their documented formulas (CANN's aclnnAscendQuantV3, aclnnQuantMatmulV4, aclnnDynamicQuant,
+aclnnWeightQuantBatchMatmulV2); the int8 products are accumulated exactly in int64, as the int32
+accumulators do for these sizes.
+
+Tolerance: one unit in the last place of the output dtype (bf16 2⁻⁷, fp16 2⁻¹⁰, relative): both sides
+cast the same values to the model's dtype and differ only in the float32 / float64 order of the final
+scaling. Rounding: ties to even (the kernel's rint cast); bf16 activations times a bf16 reciprocal land
+exactly half-way often, and the offset is added before rounding, so both are part of what is checked.
+"""
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from models_registry.quantize import calibrate as cal
+from models_registry.quantize import modelslim
+from tests.support.quantize import DTYPES, make_checkpoint
+
+ULP = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+# --- torch_npu kernels, from their documented formulas --------------------------------------------
+
+def npu_quantize(x, scales, zero_points):
+    """torch_npu.npu_quantize(x, scales, zero_points, torch.qint8, -1, div_mode=False): result = x·scales +
+    zero_points (torch_npu's documented formula), rounded to int8 (register_custom_ops.py passes the reciprocal of input_scale as scales)."""
+    return torch.clamp(torch.round(x.float() * scales.float() + zero_points.float()), -128, 127).to(torch.int8)
+
+
+def npu_dynamic_quant(x):
+    """torch_npu.npu_dynamic_quant: per token (row) scale = max|x| / 127, x / scale rounded to int8."""
+    scale = x.float().abs().amax(dim=-1) / 127.0
+    return torch.clamp(torch.round(x.float() / scale[:, None]), -128, 127).to(torch.int8), scale
+
+
+def _float_scale(scale):
+    if scale.dtype == torch.int64:  # fp16 models: the float32 bits in an int64 (w8a8_static.py get_perchannel_param)
+        return torch.from_numpy(scale.numpy().astype(np.int32).view(np.float32).copy())
+    return scale.float()
+
+
+def npu_quant_matmul(x, weight, scale, *, pertoken_scale=None, bias=None, output_dtype):
+    """(x_int8 · weight_int8 [+ int32 bias]) · scale [· pertoken_scale] [+ float bias], cast to output_dtype."""
+    acc = x.to(torch.int64) @ weight.to(torch.int64)
+    if bias is not None and bias.dtype == torch.int32:
+        acc = acc + bias.to(torch.int64)
+        bias = None
+    out = acc.double() * _float_scale(scale).double()
+    if pertoken_scale is not None:
+        out = out * pertoken_scale.double()[:, None]
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(output_dtype)
+
+
+def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset, bias=None):
+    """x · ((weight + antiquant_offset) · antiquant_scale) + bias, in x's dtype."""
+    w = (weight.double() + antiquant_offset.double()) * antiquant_scale.double()
+    out = x.double() @ w
+    if bias is not None:
+        out = out + bias.double()
+    return out.to(x.dtype)
+
+
+# --- vllm-ascend's layer ------------------------------------------------------------------------
+
+class VllmAscendLayer:
+    """One Linear as vllm-ascend v0.23.0 loads and runs it from a ModelSlim checkpoint."""
+
+    def __init__(self, tensors: dict, prefix: str, qtype: str, params_dtype: torch.dtype):
+        self.qtype, self.params_dtype = qtype, params_dtype
+        t = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        # Parameters as the scheme creates them (the loader copies the file's values into them).
+        self.weight = t["weight"].to(torch.int8)
+        self.weight_scale = t["weight_scale"].to(params_dtype)
+        self.weight_offset = t["weight_offset"].to(params_dtype)
+        self.bias = t["bias"].to(params_dtype) if "bias" in t else None  # vLLM's Linear, params_dtype
+        if qtype == "W8A8":
+            self.input_scale = t["input_scale"].to(params_dtype)
+            self.input_offset = t["input_offset"].to(torch.int8)
+            self.quant_bias = t["quant_bias"].to(torch.int32)
+            self.deq_scale = t["deq_scale"].to(torch.float32 if params_dtype == torch.bfloat16 else torch.int64)
+        self.process_weights_after_loading()
+
+    def process_weights_after_loading(self):
+        if self.qtype == "W8A8":  # w8a8_static.py
+            expanding_factor = self.weight.shape[1]
+            self.aclnn_input_scale = self.input_scale.repeat(expanding_factor)
+            self.aclnn_input_scale_reciprocal = 1 / self.input_scale.repeat(expanding_factor)
+            self.aclnn_input_offset = self.input_offset.repeat(expanding_factor).to(self.aclnn_input_scale.dtype)
+        self.weight = self.weight.transpose(0, 1).contiguous()
+        self.weight_scale = torch.flatten(self.weight_scale)
+        self.weight_offset = torch.flatten(self.weight_offset)
+
+    def forward(self, x):
+        # vLLM LinearBase.forward: output = self.quant_method.apply(self, x, bias); tp_rank 0.
+        return self.apply(x, self.bias)
+
+    def apply(self, x, bias):
+        if self.qtype == "W8A8":
+            if x.dtype != torch.int8:
+                x = npu_quantize(x, self.aclnn_input_scale_reciprocal, self.aclnn_input_offset)
+            quant_bias = self.quant_bias  # tp_rank == 0; `bias` is used only for compressed-tensors
+            return npu_quant_matmul(x, self.weight, self.deq_scale, bias=quant_bias, output_dtype=self.params_dtype)
+        if self.qtype == "W8A8_DYNAMIC":
+            quantized_x, pertoken_scale = npu_dynamic_quant(x)
+            return npu_quant_matmul(quantized_x, self.weight, self.weight_scale, pertoken_scale=pertoken_scale,
+                                    bias=bias, output_dtype=x.dtype)
+        return npu_weight_quant_batchmatmul(x, self.weight, self.weight_scale, self.weight_offset, bias=bias)
+
+
+def assert_same(sim, ref, dtype):
+    assert sim.dtype == ref.dtype == dtype
+    torch.testing.assert_close(sim.float(), ref.float(), rtol=ULP[dtype], atol=ULP[dtype] * ref.float().abs().mean().item())
+
+
+# --- random layers ---------------------------------------------------------------------------------
+
+def random_layer(qtype, dtype, *, n=48, k=64, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    t = {"l.weight": torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
+         "l.weight_scale": (torch.rand(n, 1, generator=g) * 0.01 + 1e-3).to(dtype),
+         "l.weight_offset": torch.zeros(n, 1, dtype=dtype)}
+    if bias:
+        t["l.bias"] = (torch.randn(n, generator=g) * 0.5).to(dtype)
+    if qtype == "W8A8":
+        in_scale = torch.tensor([0.037]).to(dtype)
+        t["l.input_scale"] = in_scale
+        t["l.input_offset"] = torch.tensor([-3], dtype=torch.int8)
+        t["l.quant_bias"] = torch.randint(-5000, 5000, (n,), generator=g, dtype=torch.int32)
+        deq = (in_scale.float() * t["l.weight_scale"].float().flatten()).float()
+        t["l.deq_scale"] = deq if dtype == torch.bfloat16 else \
+            torch.from_numpy(deq.numpy().view(np.int32).astype(np.int64))
+    if qtype == "W8A16":
+        t["l.weight_offset"] = torch.randint(-3, 4, (n, 1), generator=g).to(dtype)
+    return t
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("qtype", ["W8A8", "W8A8_DYNAMIC", "W8A16"])
+def test_simulation_matches_vllm_ascend_apply_on_random_inputs(qtype, dtype):
+    tensors = random_layer(qtype, dtype)
+    x = (torch.randn(37, 64, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
+    assert_same(modelslim.SimLinear(tensors, "l", qtype)(x), VllmAscendLayer(tensors, "l", qtype, dtype).forward(x),
+                dtype)
+
+
+def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias():
+    """vllm-ascend passes quant_bias to npu_quant_matmul and drops the layer's float bias: a simulation that
+    adds it again measures another model."""
+    tensors = random_layer("W8A8", torch.bfloat16)
+    x = torch.randn(5, 64).to(torch.bfloat16)
+    ref = VllmAscendLayer(tensors, "l", "W8A8", torch.bfloat16).forward(x)
+    without_bias = {k: v for k, v in tensors.items() if k != "l.bias"}
+    assert torch.equal(ref, VllmAscendLayer(without_bias, "l", "W8A8", torch.bfloat16).forward(x))
+    assert_same(modelslim.SimLinear(tensors, "l", "W8A8")(x), ref, torch.bfloat16)
+
+
+# --- real msModelSlim checkpoints, real activations ---------------------------------------------------
+
+@pytest.mark.parametrize("scheme,dtype", [("w8a8_static", "bfloat16"), ("w8a8_static", "float16"),
+                                          ("w8a8_dynamic", "bfloat16"), ("w8a16", "bfloat16")])
+def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtype, tmp_path):
+    """A tiny Llama with q/k/v/o biases (as Qwen2 has), quantized by msModelSlim: every quantized layer's
+    simulated output equals vllm-ascend's on that layer's real inputs, and what vllm-ascend computes is close
+    to the float layer (msModelSlim folded the float bias into quant_bias: nothing is lost or added twice)."""
+    out = make_checkpoint(tmp_path, scheme=scheme, dtype=dtype, bias=True)
+    torch_dtype = DTYPES[dtype]
+    tensors = load_file(str(out / modelslim.WEIGHT_FILE[modelslim.SCHEME_TYPE[scheme]]))
+    qtype = modelslim.SCHEME_TYPE[scheme]
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "src"), dtype=torch_dtype)
+    inputs = {}
+
+    def keep(name):
+        def hook(module, args, output):
+            inputs[name] = (args[0].detach(), output.detach())
+        return hook
+
+    hooks = [m.register_forward_hook(keep(name)) for name, m in cal.quant_linears(model).items()]
+    ids = torch.randint(0, model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        model(input_ids=ids)
+    for h in hooks:
+        h.remove()
+    description = json.loads((out / modelslim.DESCRIPTION).read_text())
+    checked = 0
+    for name, (x, y_float) in inputs.items():
+        if description.get(f"{name}.weight") != qtype:
+            continue
+        x = x.reshape(-1, x.shape[-1])
+        ref = VllmAscendLayer(tensors, name, qtype, torch_dtype).forward(x)
+        assert_same(modelslim.SimLinear(tensors, name, qtype)(x), ref, torch_dtype)
+        y_float = y_float.reshape(ref.shape).float()
+        rel = ((ref.float() - y_float).norm() / y_float.norm()).item()
+        assert rel < 0.1, f"{name}: vllm-ascend's output is {rel:.3f} away from the float layer"
+        checked += 1
+    assert checked >= 7 * 2  # both layers' seven projections
