@@ -76,6 +76,8 @@ def test_crashing_replica_is_restarted_then_given_up(operator, api_for, model_ro
         replica = Replica.objects.get(endpoint_id=endpoint_id)
         assert replica.crashes_in_a_row == 2 and replica.restarts == 1 and replica.pid is None
         assert "gave up after 2 crashes" in replica.state_reason
+        # The reason is the engine's own exception, not the API server's "See root cause above" wrapper.
+        assert "Error" in replica.state_reason and "root cause" not in replica.state_reason, replica.state_reason
         assert "safetensors" in replica.last_log.lower() or "error" in replica.last_log.lower()
         kinds = list(Endpoint.objects.get(pk=endpoint_id).events.order_by("created_at").values_list("kind", flat=True))
         assert kinds.count("started") == 2 and kinds.count("crashed") == 1 and kinds[-1] == "failed"
