@@ -448,3 +448,166 @@ def test_real_agent_keeps_its_heartbeat_while_npu_smi_hangs(worker_env, tmp_path
     finally:
         stop_agent(agent)
     assert agent.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
+
+
+# --- npu-exporter's names, the Grafana dashboard -----------------------------------------------------
+
+DASHBOARD = ROOT / "deploy" / "grafana" / "llm-console-dashboard.json"
+# npu-exporter's label set (MindCluster v7.3.2 collector/common: CardLabel) plus the console's node name.
+NPU_LABELS = {"id", "model_name", "vdie_id", "pcie_bus_info", "namespace", "pod_name", "container_name", "node"}
+
+
+def _scrape(settings) -> dict:
+    """GET /metrics as Prometheus does (bearer METRICS_TOKEN), parsed by prometheus_client's text parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    settings.METRICS_TOKEN = "scrape-secret-0123456789"
+    response = Client().get("/metrics", headers={"Authorization": "Bearer scrape-secret-0123456789"})
+    assert response.status_code == 200
+    return {f.name: f for f in text_string_to_metric_families(response.content.decode())}
+
+
+def _chips(families, name) -> dict[str, tuple[dict, float, float]]:
+    """id -> (labels, value, timestamp) of one npu_chip_info_* family."""
+    samples = families[name].samples if name in families else []
+    return {s.labels["id"]: (s.labels, s.value, s.timestamp) for s in samples}
+
+
+def test_npu_chip_info_has_npu_exporters_names_labels_and_the_npu_smi_values(fake_npu_smi, ascend_node, settings):
+    """The real 8 x 910B4 sample (tests/fixtures/npu-smi/info_910B4_8npu_v25.0.rc1.1_idle.txt) under npu-exporter's
+    names: gauges, its labels plus the node, values and units as npu-smi printed them (%, °C, W, MB)."""
+    collect.collect_node(ascend_node)
+    families = _scrape(settings)
+    for name in ("npu_chip_info_utilization", "npu_chip_info_temperature", "npu_chip_info_power",
+                 "npu_chip_info_health_status", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory"):
+        assert families[name].type == "gauge" and len(families[name].samples) == 8, name
+        assert all(set(s.labels) == NPU_LABELS for s in families[name].samples), name
+    labels, power, ts = _chips(families, "npu_chip_info_power")["0"]
+    assert labels == {"id": "0", "model_name": "910B4", "vdie_id": "", "pcie_bus_info": "0000:C1:00.0", "namespace": "",
+                      "pod_name": "", "container_name": "", "node": "npu-host"}
+    assert power == 87.2 and ts == Device.objects.get(node=ascend_node, index=0).latest["ts"]
+    assert _chips(families, "npu_chip_info_temperature")["4"][1] == 39
+    assert _chips(families, "npu_chip_info_hbm_used_memory")["7"][1] == 2653
+    assert {v for _, v, _ in _chips(families, "npu_chip_info_hbm_total_memory").values()} == {32768}
+    assert {v for _, v, _ in _chips(families, "npu_chip_info_health_status").values()} == {1}
+    assert {v for _, v, _ in _chips(families, "npu_chip_info_utilization").values()} == {0}
+    assert _chips(families, "npu_chip_info_power")["6"][0]["pcie_bus_info"] == "0000:41:00.0"
+    # 910B has no DDR: npu-smi prints Memory-Usage "0 / 0" and npu-exporter reports no DDR there.
+    assert "npu_chip_info_used_memory" not in families and "npu_chip_info_total_memory" not in families
+    assert "npu_chip_info_voltage" not in families  # npu-smi's table has no voltage: nothing invented
+
+    # NPUs 2-7 gone from npu-smi's answer: no npu_chip_info_* for them (npu-exporter drops the chip too),
+    # console_device_health says Missing (4); the busy sample's NPU 0 shows its AI-core use.
+    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_2npu_busy_no_version_line.txt")
+    fake_npu_smi.setenv("FAKE_NPU_SMI_MAP", "info_-m_910B4_8npu.txt")
+    collect.collect_node(ascend_node)
+    families = _scrape(settings)
+    assert set(_chips(families, "npu_chip_info_health_status")) == {"0", "1"}
+    assert {s.labels["device"]: s.value for s in families["console_device_health"].samples}["7"] == 4
+    busy = Device.objects.get(node=ascend_node, index=0).latest
+    assert _chips(families, "npu_chip_info_utilization")["0"][1] == busy["aicore_pct"]
+    assert _chips(families, "npu_chip_info_hbm_used_memory")["0"][1] == busy["hbm_used_mb"]
+
+
+def test_npu_chip_info_of_a_310p3_reports_ddr_and_no_invented_power(fake_npu_smi, ascend_node, settings):
+    """The real 310P3 sample: `Chip Device` gives the id (npu-exporter's id is the phy id, not NPU 6), Memory-Usage is
+    the DDR (npu_chip_info_used/total_memory), no HBM column, and Power `NA` stays absent."""
+    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_310P3_v25.3.rc1.txt")
+    collect.collect_node(ascend_node)
+    families = _scrape(settings)
+    labels, temperature, _ = _chips(families, "npu_chip_info_temperature")["0"]
+    assert temperature == 50 and labels["model_name"] == "310P3" and labels["pcie_bus_info"] == "0000:84:00.0"
+    assert _chips(families, "npu_chip_info_used_memory")["0"][1] == 1839
+    assert _chips(families, "npu_chip_info_total_memory")["0"][1] == 21525
+    assert _chips(families, "npu_chip_info_health_status")["0"][1] == 1
+    absent = {"npu_chip_info_power", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory"}
+    assert not absent & set(families)
+
+
+def _grafana_exprs(dashboard: dict) -> list[str]:
+    """Every PromQL expression of the dashboard: panel targets and the inner selector of label_values() variables."""
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            exprs.append(query.removeprefix("label_values(").rsplit(",", 1)[0])
+    return exprs
+
+
+def _promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects, from promql-parser's syntax tree (Grafana's range variables replaced
+    by a literal range first: they are not PromQL)."""
+    import promql_parser
+
+    for variable in ("$__rate_interval", "$__interval", "$__range"):
+        expr = expr.replace(variable, "5m")
+    names, todo = set(), [promql_parser.parse(expr)]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, promql_parser.VectorSelector):
+            names.add(node.name or next(m.value for m in node.matchers.matchers if m.name == "__name__"))
+        elif isinstance(node, promql_parser.MatrixSelector):
+            todo.append(node.vector_selector)
+        elif isinstance(node, promql_parser.Call):
+            todo += node.args
+        elif isinstance(node, promql_parser.BinaryExpr):
+            todo += [node.lhs, node.rhs]
+        elif isinstance(node, promql_parser.AggregateExpr):
+            todo += [node.expr] + ([node.param] if node.param is not None else [])
+        elif isinstance(node, (promql_parser.ParenExpr, promql_parser.UnaryExpr, promql_parser.SubqueryExpr)):
+            todo.append(node.expr)
+    return names
+
+
+def test_grafana_dashboard_uses_only_metrics_that_metrics_exposes(fake_npu_smi, ascend_node, settings, http_server):
+    """deploy/grafana/llm-console-dashboard.json: Grafana's essentials (a Prometheus data source variable, panels
+    with targets on it, a sane grid), and every metric its PromQL names is in /metrics rendered from real readings:
+    NPUs through the fake npu-smi, a replica's vLLM /metrics captures, and the gateway's own flush of its figures."""
+    from endpoints.gateway.services import key_create, store_gateway_stats
+    from endpoints.gateway.stats import Stats
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    assert dashboard["uid"] and dashboard["title"] and isinstance(dashboard["schemaVersion"], int)
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    source = {"type": "prometheus", "uid": "${datasource}"}
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"]) and len(panels) >= 20
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert panel["title"] and panel["datasource"] == source and 0 < grid["w"] and grid["x"] + grid["w"] <= 24
+        assert panel["targets"] and len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+        assert all(t["expr"] and t["datasource"] == source for t in panel["targets"]), panel["title"]
+    assert all(v["datasource"] == source for v in variables.values() if v["type"] == "query")
+
+    # Real readings: 8 NPUs, an endpoint's replica scraped twice (a window), a gateway flush for it and a key.
+    collect.collect_node(ascend_node)
+    endpoint = _endpoint(ascend_node)
+    _replica(endpoint, http_server.port)
+    http_server.body = IDLE
+    collect.collect_node(ascend_node)
+    time.sleep(0.2)
+    http_server.body = AFTER_5
+    collect.collect_node(ascend_node)
+    key, _ = key_create(name="chat-app")
+    stats = Stats()
+    for status, ttft in ((200, 0.05), (200, 0.07), (502, None)):
+        stats.record(endpoint_id=endpoint.pk, key_id=key.pk, status=status, latency=0.4, ttft=ttft, tokens=30)
+    store_gateway_stats(stats, 2.0, {endpoint.pk: 1})
+    families = _scrape(settings)
+
+    used = {name for expr in _grafana_exprs(dashboard) for name in _promql_metric_names(expr)}
+    assert used - set(families) == set()
+    # It covers what the issue asks for: NPUs per node, endpoints, gateway, keys.
+    assert {"npu_chip_info_utilization", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory",
+            "npu_chip_info_temperature", "npu_chip_info_power", "npu_chip_info_health_status",
+            "console_endpoint_requests_per_second", "console_endpoint_latency_seconds",
+            "console_endpoint_ttft_seconds", "console_endpoint_error_ratio", "console_endpoint_requests_waiting",
+            "console_endpoint_kv_cache_used_percent",
+            "console_gateway_requests_per_second", "console_gateway_key_requests_per_minute",
+            "console_gateway_key_tokens_per_minute"} <= used
+    gateway_p99 = {s.labels["quantile"]: s.value for s in families["console_gateway_latency_seconds"].samples}
+    assert gateway_p99 == {"0.5": 0.4, "0.99": 0.4}
+    assert families["console_gateway_error_ratio"].samples[0].value == pytest.approx(1 / 3)
+    tokens = families["console_gateway_key_tokens_per_minute"].samples[0]
+    assert tokens.labels == {"key_id": str(key.pk), "key": "chat-app"} and tokens.value == 90 * 60 / 2.0

@@ -40,6 +40,12 @@ def health_code(health: str | None) -> int | None:
     return HEALTH_CODES.get(health.strip().upper(), 2)
 
 
+def npu_utilization(chip: dict):
+    """AI-core utilisation of one npu-smi chip: the table's AICore(%), else `-t usages`' Aicore Usage Rate(%)."""
+    util = chip.get("aicore_pct")
+    return (chip.get("usage") or {}).get("aicore_usage_rate_pct") if util is None else util
+
+
 def _pct(used, total):
     return round(100.0 * used / total, 2) if used is not None and total else None
 
@@ -62,9 +68,7 @@ def sample_devices(platform: str) -> dict:
             usage = chip.get("usage") or {}
             total = chip.get("hbm_total_mb") or chip.get("memory_total_mb") or usage.get("hbm_capacity_mb")
             used = chip.get("hbm_used_mb") if chip.get("hbm_total_mb") else chip.get("memory_used_mb")
-            util = chip.get("aicore_pct")
-            if util is None:
-                util = usage.get("aicore_usage_rate_pct")
+            util = npu_utilization(chip)
             devices.append({"index": index, "kind": "npu", "name": chip.get("name") or "", "health": chip.get("health") or "",
                             "util_pct": util, "mem_used_mb": used, "mem_total_mb": total, "temp_c": chip.get("temp_c"),
                             "power_w": chip.get("power_w"), "bus_id": chip.get("bus_id") or "", "raw": chip})

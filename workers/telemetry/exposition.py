@@ -1,6 +1,7 @@
 """The console's gauges in the Prometheus text format (prometheus_client builds the text):
-the latest fresh reading of every device, host and endpoint series, plus node up, endpoint
-ready and firing alerts."""
+the latest fresh reading of every device, host, endpoint, gateway and gateway-key series, plus node up,
+endpoint ready and firing alerts, and each NPU's reading under npu-exporter's names (npu_exporter.py).
+deploy/grafana/llm-console-dashboard.json charts these names; tests check it uses no other."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -8,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from workers.models import Node
 from workers.telemetry.models import Alert, Series
+from workers.telemetry.npu_exporter import npu_chip_families
 from workers.telemetry.selectors import fresh_cutoff
 from workers.telemetry.sources import served_facts
 
@@ -36,6 +38,21 @@ EXPOSED = {
     "ep.waiting": ("console_endpoint_requests_waiting", "Requests waiting", {}),
     "ep.kv_cache_pct": ("console_endpoint_kv_cache_used_percent", "KV-cache in use", {}),
     "ep.error_rate": ("console_endpoint_error_ratio", "Errors / requests over the last window (failed scrapes and health checks count)", {}),
+    # The gateway's figures per endpoint and per key (endpoints/gateway/services.py store_gateway_stats).
+    "gw.qps": ("console_gateway_requests_per_second", "Requests per second through the gateway", {}),
+    "gw.p50_s": ("console_gateway_latency_seconds", "Gateway request latency over the last flush", {"quantile": "0.5"}),
+    "gw.p99_s": ("console_gateway_latency_seconds", "", {"quantile": "0.99"}),
+    "gw.ttft_p50_s": ("console_gateway_ttft_seconds", "Time to first token through the gateway", {"quantile": "0.5"}),
+    "gw.ttft_p99_s": ("console_gateway_ttft_seconds", "", {"quantile": "0.99"}),
+    "gw.error_rate": ("console_gateway_error_ratio", "5xx answers / requests through the gateway", {}),
+    "gw.inflight": ("console_gateway_requests_in_flight", "Requests the gateway has sent and not yet had answered", {}),
+    "gk.requests_pm": ("console_gateway_key_requests_per_minute", "Requests per minute of a gateway key", {}),
+    "gk.tokens_pm": ("console_gateway_key_tokens_per_minute", "Tokens per minute of a gateway key", {}),
+    "gk.errors_pm": ("console_gateway_key_errors_per_minute", "4xx/5xx answers per minute to a gateway key", {}),
+    "gk.p50_s": ("console_gateway_key_latency_seconds", "Request latency of a gateway key", {"quantile": "0.5"}),
+    "gk.p99_s": ("console_gateway_key_latency_seconds", "", {"quantile": "0.99"}),
+    "gk.ttft_p50_s": ("console_gateway_key_ttft_seconds", "Time to first token of a gateway key", {"quantile": "0.5"}),
+    "gk.ttft_p99_s": ("console_gateway_key_ttft_seconds", "", {"quantile": "0.99"}),
 }
 
 
@@ -49,6 +66,9 @@ def _labels(s: Series) -> dict[str, str]:
         labels["endpoint"] = s.endpoint.name
     if s.replica is not None:
         labels["replica"] = str(s.replica)
+    if s.metric.startswith("gk."):  # keyed gk<id>.<metric>, labelled with the key's name (names may repeat)
+        labels["key_id"] = s.key.split(".", 1)[0].removeprefix("gk")
+        labels["key"] = s.label
     return labels
 
 
@@ -58,7 +78,7 @@ class _Collector:
 
     def collect(self):
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
-        label_order = ["node", "device", "endpoint", "replica", "quantile"]
+        label_order = ["node", "device", "endpoint", "replica", "key_id", "key", "quantile"]
         series = (Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
                   .select_related("node", "endpoint").order_by("metric", "key"))
         rows: dict[str, list] = {}
@@ -86,6 +106,7 @@ class _Collector:
         yield firing
         for family, _ in families.values():
             yield family
+        yield from npu_chip_families(self.fresh_after)
 
 
 def exposition() -> bytes:
