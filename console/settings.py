@@ -230,6 +230,11 @@ ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
 ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
 VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
 TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
+# The agent re-runs the environment doctor's checks (workers/doctor.py) this often, and once at start.
+DOCTOR_INTERVAL_SECONDS = env_float("DOCTOR_INTERVAL_SECONDS", 600)
+# "container": replicas are meant to run under Docker/Podman. Nothing launches containers yet; today only
+# the doctor reads this, to check that a container runtime answers on the node.
+ENGINE_RUNTIME = env_str("ENGINE_RUNTIME", "process")
 
 # --- Telemetry (workers/telemetry) -------------------------------------------------------
 # The agent samples devices, host and each ready replica's vLLM /metrics every

@@ -1,7 +1,6 @@
 """Writes for the model registry: register, delete, and queue hashing and conversions."""
 import json
 import logging
-import shutil
 from pathlib import Path
 
 from django.conf import settings
@@ -19,6 +18,7 @@ from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.options import ConvertOptions
 from models_registry.paths import validate_model_path
 from models_registry.selectors import artifact_in_use, model_jobs_q
+from workers.jobs.context import free_bytes
 from workers.jobs.models import Job
 from workers.jobs.selectors import jobs_on
 from workers.jobs.services import job_enqueue
@@ -177,11 +177,7 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
 
 
 def _store_free_bytes() -> int:
-    store = Path(settings.ARTIFACT_STORE)
-    probe = store
-    while not probe.exists():
-        probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return free_bytes(Path(settings.ARTIFACT_STORE))
 
 
 def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, request=None,

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from console.env import child_environment
@@ -57,6 +58,31 @@ def probe_engine(engine_python: str, *, timeout: float = 60) -> dict:
     return info
 
 
+# Imports torch-npu as vLLM would (it patches torch.npu on import) and counts the NPUs it sees.
+_NPU_PROBE = (
+    "import json, torch, torch_npu\n"
+    "print(json.dumps({'torch_npu': getattr(torch_npu, '__version__', None),"
+    " 'npus': torch.npu.device_count()}))\n"
+)
+
+
+def probe_torch_npu(engine_python: str, *, timeout: float = 120) -> dict:
+    """{'torch_npu': version, 'npus': count} when torch-npu imports in the engine python, else {'error': why}.
+    A real import in a child process (the console never imports torch itself): it fails when CANN's
+    libraries are not on LD_LIBRARY_PATH, which package metadata cannot tell."""
+    if not engine_python or not Path(engine_python).exists():
+        return {"error": f"engine python {engine_python or '(unset)'} not found"}
+    try:
+        result = subprocess.run([engine_python, "-c", _NPU_PROBE], capture_output=True, text=True,
+                                timeout=timeout, env=child_environment({}))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"import torch_npu did not finish: {exc}"}
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": last[-500:]}
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def cann_version(paths=None) -> str | None:
     import glob
 
@@ -77,35 +103,76 @@ def _base(version: str | None) -> str:
     return match.group(1) if match else version
 
 
+def _python_range(cell: str) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """'>= 3.10, < 3.13' -> ((3, 10), (3, 13))."""
+    match = re.fullmatch(r">=\s*(\d+)\.(\d+)\s*,\s*<\s*(\d+)\.(\d+)", cell.strip())
+    if not match:
+        return None
+    low_major, low_minor, high_major, high_minor = map(int, match.groups())
+    return (low_major, low_minor), (high_major, high_minor)
+
+
 def load_matrix(path: Path = MATRIX_FILE) -> list[dict]:
-    """Rows of the vllm-ascend release matrix: vllm_ascend, vllm, cann, torch, torch_npu."""
+    """Rows of the vllm-ascend release matrix: vllm_ascend, vllm, python (a (low, high) range), cann, torch,
+    torch_npu."""
     rows = []
     for line in path.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) < 5 or not cells[0].startswith("v0") and not cells[0].startswith("v1"):
             continue
         torch_pair = [p.strip() for p in cells[4].split("/")]
-        rows.append({"vllm_ascend": cells[0].lstrip("v"), "vllm": cells[1].lstrip("v"), "cann": cells[3],
+        rows.append({"vllm_ascend": cells[0].lstrip("v"), "vllm": cells[1].lstrip("v"),
+                     "python": _python_range(cells[2]), "cann": cells[3],
                      "torch": torch_pair[0], "torch_npu": torch_pair[1] if len(torch_pair) > 1 else ""})
     return rows
 
 
-def compat_warnings(info: dict, *, cann: str | None) -> list[str]:
+def matrix_row(vllm_ascend: str | None) -> dict | None:
+    """The matrix row of that vllm-ascend release, None when it is not listed."""
+    if not vllm_ascend:
+        return None
+    return next((r for r in load_matrix() if r["vllm_ascend"] == vllm_ascend.lstrip("v")), None)
+
+
+@dataclass(frozen=True)
+class CompatFinding:
+    message: str
+    fix: str
+    blocking: bool  # True: vLLM cannot use the NPUs as installed; False: worth a look
+
+
+REBUILD = "rebuild the engine environment with `make engine` on this node (it installs the pinned release row)"
+
+
+def compat_findings(info: dict, *, cann: str | None) -> list[CompatFinding]:
     """Mismatches with the matrix row for the installed vllm-ascend; empty when all agree."""
     ascend = info.get("vllm_ascend")
     if not ascend:
-        return ["vllm-ascend is not installed in the engine environment: vLLM cannot use the NPUs."]
-    row = next((r for r in load_matrix() if r["vllm_ascend"] == ascend.lstrip("v")), None)
+        return [CompatFinding("vllm-ascend is not installed in the engine environment: vLLM cannot use the NPUs.",
+                              REBUILD, True)]
+    row = matrix_row(ascend)
     if row is None:
-        return [f"vllm-ascend {ascend} is not in the compatibility matrix: check the versions by hand."]
-    warnings = []
+        return [CompatFinding(f"vllm-ascend {ascend} is not in the compatibility matrix: check the versions by hand.",
+                              "compare with vllm-ascend's docs/source/community/versioning_policy.md, or " + REBUILD,
+                              False)]
+    findings = []
     for key, label in (("vllm", "vLLM"), ("torch", "torch"), ("torch_npu", "torch_npu")):
         have = info.get(key)
         want = row[key]
         if want and (not have or not _base(have).startswith(_base(want))):
-            warnings.append(f"{label} {have or 'missing'} does not match vllm-ascend {ascend} (needs {want}).")
+            findings.append(CompatFinding(f"{label} {have or 'missing'} does not match vllm-ascend {ascend} "
+                                          f"(needs {want}).", REBUILD, True))
+    install_cann = (f"install Ascend-cann-toolkit_{row['cann']} (https://www.hiascend.com/cann/download) and "
+                    "source its set_env.sh before starting the agent")
     if cann is None:
-        warnings.append(f"CANN toolkit not found (vllm-ascend {ascend} needs CANN {row['cann']}).")
+        findings.append(CompatFinding(f"CANN toolkit not found (vllm-ascend {ascend} needs CANN {row['cann']}).",
+                                      install_cann, True))
     elif cann.upper() != row["cann"].upper():
-        warnings.append(f"CANN {cann} differs from the {row['cann']} that vllm-ascend {ascend} is released for.")
-    return warnings
+        findings.append(CompatFinding(f"CANN {cann} differs from the {row['cann']} that vllm-ascend {ascend} is "
+                                      "released for.", install_cann, False))
+    return findings
+
+
+def compat_warnings(info: dict, *, cann: str | None) -> list[str]:
+    """compat_findings' messages (what the node page lists under the node's name)."""
+    return [finding.message for finding in compat_findings(info, cann=cann)]

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 
 class Node(models.Model):
@@ -25,6 +26,7 @@ class Node(models.Model):
     agent_started_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     telemetry_error = models.TextField(blank=True)
+    doctor = models.JSONField(default=dict, blank=True)  # the agent's last workers.doctor.host_report()
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -35,6 +37,10 @@ class Node(models.Model):
 
     def get_absolute_url(self):
         return reverse("node_detail", args=[self.pk])
+
+    @property
+    def doctor_checked_at(self):
+        return parse_datetime(self.doctor["checked_at"]) if self.doctor.get("checked_at") else None
 
     @property
     def online(self) -> bool:

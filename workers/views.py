@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
@@ -83,4 +84,7 @@ def node_list(request):
 @require_GET
 def node_detail(request, node_id: int):
     node = get_object_or_404(Node, pk=node_id)
-    return render(request, "endpoints/node_detail.html", {"node": node, "devices": node.devices.all()})
+    return render(request, "endpoints/node_detail.html", {
+        "node": node, "devices": node.devices.all(),
+        "doctor_interval_minutes": int(settings.DOCTOR_INTERVAL_SECONDS // 60),
+    })

@@ -235,6 +235,7 @@ def test_node_compat_warnings_from_the_matrix():
 
     rows = load_matrix()
     assert rows[0]["vllm_ascend"] == "0.23.0" and {"vllm_ascend": "0.7.3", "vllm": "0.7.3", "cann": "8.1.RC1",
+                                                   "python": ((3, 9), (3, 12)),
                                                    "torch": "2.5.1", "torch_npu": "2.5.1"} in rows
 
     info_file = FIXTURES / "ascend" / "ascend_toolkit_install.info_8.1.RC1.txt"

@@ -14,7 +14,7 @@ from endpoints.gateway.selectors import routing_table
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
 from models_registry.models import Artifact, Model
-from tests.support.npu_smi import FAKE_DIR, FIXTURES, fixture
+from tests.support.npu_smi import FAKE_DIR, FIXTURES, fixture, with_health
 from workers.agent.supervisor import ProcessHandle, Stopped
 from workers.models import Device, Node
 from workers.telemetry import collect, services
@@ -22,16 +22,6 @@ from workers.telemetry.models import Alert
 
 HEALTHY = "info_910B4_8npu_v25.0.rc1.1_idle.txt"  # real: Atlas 800I A2 (SOURCES.md)
 S = Endpoint.State
-
-
-def with_health(text: str, npu: int, health: str) -> str:
-    """The sample with NPU `npu`'s Health cell changed, the table's widths kept."""
-    def change(match):
-        return match.group(1) + health.ljust(len(match.group(2)))
-    pattern = re.compile(rf"^(\| {npu}\s+910B4\s+\| )(OK\s+)(?=\|)", re.MULTILINE)
-    changed, count = pattern.subn(change, text)
-    assert count == 1
-    return changed
 
 
 def without_npu(text: str, npu: int) -> str:

@@ -2,7 +2,6 @@
 upstream page, before any pip. Tested with constructed CANN directories, the fake npu-smi (replaying a
 real 910B4 sample) on PATH, and environment variations; then through `make` itself."""
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -10,55 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts import engine_preflight
-from scripts.engine_preflight import KERNEL_DIR, find_missing, main
-from tests.support import ROOT
+from scripts.engine_preflight import find_missing, main
+from tests.support import FAKE_NPU_SMI, ROOT
+from tests.support.cann import CANN, cann_tree, sourced_env, tools_dir
+from workers import cann as cann_checks
 
-FAKE_NPU_SMI_DIR = ROOT / "tests" / "fake_npu_smi"
-CANN = "9.1.0"
 PAGE = "https://github.com/vllm-project/vllm-ascend/blob/v0.23.0/docs/source/installation.md"
-
-
-def cann_tree(root: Path, *, version: str = CANN, info: bool = True, kernels: bool = True,
-              nnal: bool = True) -> Path:
-    """An installed CANN layout: …/Ascend/ascend-toolkit/{set_env.sh,latest/…}, nnal/atb beside it."""
-    ascend = root / "Ascend"
-    home = ascend / "ascend-toolkit" / "latest"
-    arch_dir = home / f"{platform.machine()}-linux"
-    arch_dir.mkdir(parents=True)
-    if info:
-        (arch_dir / "ascend_toolkit_install.info").write_text(
-            f"package_name=Ascend-cann-toolkit\nversion={version}\narch={platform.machine()}\nos=linux\n")
-    (home / "lib64").mkdir()
-    (ascend / "ascend-toolkit" / "set_env.sh").write_text("# stand-in\n")
-    (home / "opp").mkdir()
-    if kernels:
-        (home / "opp" / KERNEL_DIR / "ascend910b").mkdir(parents=True)
-    if nnal:
-        (ascend / "nnal" / "atb" / "latest").mkdir(parents=True)
-        (ascend / "nnal" / "atb" / "set_env.sh").write_text("# stand-in\n")
-    return home
-
-
-def tools_dir(root: Path, names=("git", "gcc", "g++", "cmake")) -> Path:
-    """A PATH folder with the build tools and python3 (the fake npu-smi's interpreter), nothing else."""
-    folder = root / "bin"
-    folder.mkdir()
-    for name in names:
-        tool = folder / name
-        tool.write_text("#!/bin/sh\nexit 0\n")
-        tool.chmod(0o755)
-    (folder / "python3").symlink_to(os.path.realpath(sys.executable))
-    return folder
-
-
-def sourced_env(home: Path, bin_dir: Path) -> dict:
-    """The variables ascend-toolkit/set_env.sh and nnal/atb/set_env.sh export (those checked here)."""
-    return {"PATH": f"{FAKE_NPU_SMI_DIR}:{bin_dir}",
-            "ASCEND_TOOLKIT_HOME": str(home), "ASCEND_HOME_PATH": str(home),
-            "LD_LIBRARY_PATH": f"{home}/lib64:{home}/lib64/plugin/opskernel:/usr/local/Ascend/driver/lib64",
-            "ASCEND_OPP_PATH": str(home / "opp"),
-            "ATB_HOME_PATH": str(home.parent.parent / "nnal" / "atb" / "latest")}
 
 
 @pytest.fixture
@@ -110,7 +66,7 @@ def test_python_outside_the_release_range(host):
 
 def test_no_toolkit_anywhere(host, tmp_path, monkeypatch):
     _, env = host
-    monkeypatch.setattr(engine_preflight, "DEFAULT_TOOLKIT_HOME", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(cann_checks, "DEFAULT_TOOLKIT_HOME", str(tmp_path / "nowhere"))
     del env["ASCEND_TOOLKIT_HOME"], env["ASCEND_HOME_PATH"]
     problem = missing(env)
     assert problem.piece == "the CANN 9.1.0 toolkit"
@@ -120,7 +76,7 @@ def test_no_toolkit_anywhere(host, tmp_path, monkeypatch):
 
 def test_toolkit_installed_but_set_env_not_sourced(host, monkeypatch):
     home, env = host
-    monkeypatch.setattr(engine_preflight, "DEFAULT_TOOLKIT_HOME", str(home))
+    monkeypatch.setattr(cann_checks, "DEFAULT_TOOLKIT_HOME", str(home))
     bare = {"PATH": env["PATH"]}
     problem = missing(bare)
     assert problem.piece == "the CANN environment"
@@ -193,10 +149,10 @@ def make_engine(tmp_path, env, *extra):
 @pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
 def test_make_engine_stops_with_one_message_before_any_pip(tmp_path, monkeypatch):
     """npu-smi on PATH makes `make engine` take the Ascend path; with no CANN here it stops at once."""
-    if Path(engine_preflight.DEFAULT_TOOLKIT_HOME).exists():
+    if Path(cann_checks.DEFAULT_TOOLKIT_HOME).exists():
         pytest.skip("this machine has a CANN toolkit installed")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASCEND_", "ATB_"))}
-    env["PATH"] = f"{FAKE_NPU_SMI_DIR}:{env['PATH']}"
+    env["PATH"] = f"{FAKE_NPU_SMI}:{env['PATH']}"
     result = make_engine(tmp_path, env)
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if not line.startswith(("make:", "make["))]

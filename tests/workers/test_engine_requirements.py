@@ -62,7 +62,7 @@ def test_matrix_is_the_same_file_for_the_agent_and_the_tests_and_is_dated():
 
 def test_ascend_set_is_the_matrix_row_of_the_pinned_release():
     row = ascend_row()
-    assert row == {"vllm_ascend": "0.23.0", "vllm": "0.23.0", "cann": "9.1.0",
+    assert row == {"vllm_ascend": "0.23.0", "vllm": "0.23.0", "python": ((3, 10), (3, 13)), "cann": "9.1.0",
                    "torch": "2.10.0", "torch_npu": "2.10.0.post4"}
     ascend = pins(REQS / "engine-ascend.txt")
     assert ascend["torch"] == row["torch"] and ascend["torch-npu"] == row["torch_npu"]

@@ -16,6 +16,7 @@ from django.utils import timezone
 from workers import nudges
 from workers.agent.supervisor import Supervisor
 from workers.agent.workloads import registered_workloads
+from workers.doctor import host_report
 from workers.engine_info import cann_version, compat_warnings, detect_platform, probe_engine
 from workers.models import Node
 from workers.telemetry.collect import collect_node
@@ -34,6 +35,8 @@ class NodeAgent:
         self.last_heartbeat = 0.0
         self.last_devices = 0.0
         self._device_thread: threading.Thread | None = None
+        self.last_doctor: float | None = None  # None: not yet, run at start (monotonic time may be small)
+        self._doctor_thread: threading.Thread | None = None
         self.busy = False
 
     # --- registration and heartbeat -----------------------------------------------------
@@ -72,6 +75,17 @@ class NodeAgent:
         finally:
             close_old_connections()
 
+    def check_host(self) -> None:
+        """The environment doctor's checks of this host, kept on the Node for its page. Off the main loop:
+        importing torch-npu in the engine python takes seconds."""
+        close_old_connections()
+        try:
+            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python))
+        except Exception:  # never let the doctor kill the agent
+            log.exception("doctor")
+        finally:
+            close_old_connections()
+
     def reconcile(self) -> None:
         busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]
         self.busy = any(busy)
@@ -92,6 +106,12 @@ class NodeAgent:
                     self.last_devices = time.monotonic()
                     self._device_thread = threading.Thread(target=self.collect_telemetry, daemon=True)
                     self._device_thread.start()
+                if ((self.last_doctor is None
+                     or time.monotonic() - self.last_doctor >= settings.DOCTOR_INTERVAL_SECONDS)
+                        and (self._doctor_thread is None or not self._doctor_thread.is_alive())):
+                    self.last_doctor = time.monotonic()
+                    self._doctor_thread = threading.Thread(target=self.check_host, daemon=True)
+                    self._doctor_thread.start()
                 self.reconcile()
             except DatabaseError as exc:
                 # The database is down for a while: keep the processes running, retry.

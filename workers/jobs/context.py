@@ -58,6 +58,14 @@ class JobContext:
         self.job.staging_path = ""
 
 
+def free_bytes(path: Path) -> int:
+    """Free space on the filesystem that holds `path`, or will hold it once made (its nearest existing parent)."""
+    probe = Path(path)
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
 def remove_staging(job: Job) -> bool:
     """Remove what a job left half-written. Idempotent; True if something was removed."""
     path = job.staging_path
