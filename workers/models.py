@@ -3,6 +3,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from workers.engine_info import engine_labels
+
 
 class Node(models.Model):
     """An inference host, registered and kept fresh by its node agent."""
@@ -35,6 +37,10 @@ class Node(models.Model):
 
     def get_absolute_url(self):
         return reverse("node_detail", args=[self.pk])
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return engine_labels(self.engine)
 
     @property
     def online(self) -> bool:
