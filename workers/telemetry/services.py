@@ -21,7 +21,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.validation import float_in_range, int_in_range
 from workers.models import Node
-from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
+from workers.telemetry.models import METRIC_UNITS, Alert, AlertRule, Point, Rollup, Series
 from workers.telemetry.sources import served_facts
 
 log = logging.getLogger("console.telemetry")
@@ -258,8 +258,6 @@ def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt",
                       severity: str = "warning", enabled: bool = True, actor=None, request=None,
                       via: str = "") -> AlertRule:
     """A new alert rule; a ValidationError keyed by the first bad field changes nothing."""
-    from workers.telemetry.selectors import METRIC_UNITS
-
     name = (name or "").strip()
     if not name or len(name) > 100:
         raise ValidationError({"name": "Give the rule a name of 1 to 100 characters."})
