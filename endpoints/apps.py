@@ -24,5 +24,6 @@ class EndpointsConfig(AppConfig):
 
         hooks.register_artifact_users(registry_facts.artifact_users)
         hooks.register_live_device_memory(registry_facts.live_device_memory)
+        hooks.register_launch_refusal(registry_facts.launch_refusal)
         hooks.register_target_engine_versions(registry_facts.target_engine_versions)
         serving_check.register(quantize_check.EngineServer)

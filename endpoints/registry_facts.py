@@ -1,8 +1,10 @@
 """What the registry asks of serving (registered in EndpointsConfig.ready(), see models_registry.hooks):
-which endpoints use an artifact, how much memory the live accelerators have free, and which engine versions
-serve a quantized format here."""
+whether an artifact can be launched here, which endpoints use an artifact, how much memory the live
+accelerators have free, and which engine versions serve a quantized format here."""
 
 from endpoints.models import Endpoint
+from endpoints.services import launch_refusal as artifact_refusal
+from endpoints.services import platform_refusal
 from workers.models import Device, Node
 
 
@@ -28,3 +30,17 @@ def target_engine_versions(target: str) -> list[str]:
     if target != "ascend-modelslim":
         return []
     return [v for v in Node.objects.filter(platform="ascend").values_list("engine__vllm_ascend", flat=True) if v]
+
+
+def launch_refusal(artifact) -> str:
+    """Why no endpoint can be launched from the artifact on this site's nodes (one line), or ""."""
+    if refusal := artifact_refusal(artifact):
+        return refusal
+    platforms = set(Node.objects.values_list("platform", flat=True))
+    if not platforms:
+        return "No node is registered: start a node agent first."
+    refusals = [platform_refusal(artifact, p) for p in sorted(platforms)]
+    if all(refusals):
+        have = ", ".join(dict(Node.Platform.choices)[p] for p in sorted(platforms))
+        return f"{refusals[0]} This site has {have} nodes only."
+    return ""

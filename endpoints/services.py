@@ -17,7 +17,8 @@ from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
-from endpoints.commands import QUANTIZATION_METHODS, CommandSpecError, validate_env, validate_extra_args
+from endpoints.commands import (FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError, platforms_for_format,
+                                validate_env, validate_extra_args)
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
@@ -69,13 +70,29 @@ def _launchable_artifact(artifact_id: int | None) -> Artifact:
         artifact = Artifact.objects.alive().select_related("model").get(pk=artifact_id)
     except Artifact.DoesNotExist:
         raise ValidationError({"artifact": "Choose an existing artifact."}) from None
+    refusal = launch_refusal(artifact)
+    if refusal:
+        raise ValidationError({"artifact": refusal})
+    return artifact
+
+
+def launch_refusal(artifact: Artifact) -> str:
+    """Why vLLM cannot serve this artifact at all (whatever the node), or ""."""
     if artifact.status != Artifact.Status.READY:
-        raise ValidationError({"artifact": f"Artifact #{artifact.pk} is {artifact.status}, not ready."})
+        return f"Artifact #{artifact.pk} is {artifact.status}, not ready."
     if artifact.format not in LAUNCHABLE_FORMATS:
         hint = " Convert it to Hugging Face format first." if artifact.format == Artifact.Format.GGUF else \
             " OM models are for ACL/MindIE, not vLLM." if artifact.format == Artifact.Format.OM else ""
-        raise ValidationError({"artifact": f"vLLM cannot serve {artifact.get_format_display()} artifacts.{hint}"})
-    return artifact
+        return f"vLLM cannot serve {artifact.get_format_display()} artifacts.{hint}"
+    return ""
+
+
+def platform_refusal(artifact: Artifact, platform: str) -> str:
+    """Why nodes of this platform cannot serve the artifact, or ""."""
+    if platform in platforms_for_format(artifact.format):
+        return ""
+    names = " or ".join(dict(Node.Platform.choices)[p] for p in platforms_for_format(artifact.format))
+    return f"{artifact.get_format_display()} artifacts are served on {names} nodes only."
 
 
 def _launch_node(node_ref: str | int | None) -> Node:
@@ -171,8 +188,8 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
     artifact = _launchable_artifact(artifact)
     node = _launch_node(node)
-    if artifact.format == Artifact.Format.MODELSLIM and node.platform != "ascend":
-        raise ValidationError({"artifact": "ModelSlim artifacts are served by vllm-ascend on Ascend nodes only."})
+    if refusal := platform_refusal(artifact, node.platform):
+        raise ValidationError({"artifact": refusal})
     tp = int_in_range(tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
     pp = int_in_range(pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     replicas = int_in_range(replicas, "replicas", low=1, high=64, default=1)
@@ -194,8 +211,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
     extra_args = extra_args or {}
     env = _checked_engine_options(extra_args=extra_args, env=env or {})
-    if artifact.format == Artifact.Format.MODELSLIM:
-        quantization = "ascend"
+    quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
         raise ValidationError({"quantization": f"Choose a quantization method vLLM has on {node.platform} nodes: "

@@ -12,7 +12,11 @@ LiveDeviceMemory = Callable[[], list[tuple[str, int]]]
 # target format ("ascend-modelslim") -> the versions of the engine that serves it on this site's nodes
 TargetEngineVersions = Callable[[str], list[str]]
 
+# artifact -> why no endpoint can be launched from it on this site ("" when one can)
+LaunchRefusal = Callable[[object], str]
+
 _artifact_users: list[ArtifactUsers] = []
+_launch_refusal: list[LaunchRefusal] = []
 _target_engine_versions: list[TargetEngineVersions] = []
 _live_device_memory: list[LiveDeviceMemory] = []
 
@@ -20,6 +24,11 @@ _live_device_memory: list[LiveDeviceMemory] = []
 def register_artifact_users(source: ArtifactUsers) -> None:
     if source not in _artifact_users:
         _artifact_users.append(source)
+
+
+def register_launch_refusal(source: LaunchRefusal) -> None:
+    if source not in _launch_refusal:
+        _launch_refusal.append(source)
 
 
 def register_live_device_memory(source: LiveDeviceMemory) -> None:
@@ -34,6 +43,13 @@ def register_target_engine_versions(source: TargetEngineVersions) -> None:
 
 def target_engine_versions(target: str) -> list[str]:
     return sorted({v for source in _target_engine_versions for v in source(target)})
+
+
+def launch_refusal(artifact) -> str:
+    """Why the artifact cannot be launched (the first reason given), or ""; with no serving layer, that."""
+    if not _launch_refusal:
+        return "No serving layer is installed in this console."
+    return next((reason for source in _launch_refusal if (reason := source(artifact))), "")
 
 
 def artifact_users(artifact) -> list[str]:

@@ -58,6 +58,8 @@ class Artifact(models.Model):
 
     # Formats vLLM (and vllm-ascend) can load. OM is for ACL/MindIE, ONNX is an intermediate.
     SERVABLE_FORMATS = {Format.HF, Format.GGUF, Format.MODELSLIM, Format.COMPRESSED_TENSORS}
+    # Formats that are quantized checkpoints by construction (made by ModelSlim / llm-compressor).
+    QUANTIZED_FORMATS = {Format.MODELSLIM, Format.COMPRESSED_TENSORS}
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="artifacts")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
@@ -93,6 +95,10 @@ class Artifact(models.Model):
     @property
     def servable(self) -> bool:
         return self.format in self.SERVABLE_FORMATS and self.status == self.Status.READY
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.format in self.QUANTIZED_FORMATS or bool((self.inspection or {}).get("quantization"))
 
     @property
     def is_original(self) -> bool:

@@ -148,11 +148,12 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
         if dtype not in HF_DTYPES:
             raise ValidationError({"dtype": "Choose bfloat16 or float16."})
         return {"to": to, "dtype": dtype}
+    # Before the format check: a ModelSlim checkpoint has no HF form to convert to (a GGUF has: convert it first).
+    if artifact.is_quantized and artifact.format != Artifact.Format.GGUF:
+        raise ValidationError({"to": "This artifact is already quantized; convert its float parent instead."})
     if artifact.format != Artifact.Format.HF:
         raise ValidationError({"to": f"Conversion to {to} needs a Hugging Face (safetensors) artifact; "
                                      f"this one is {artifact.format}. Convert it to HF first."})
-    if (artifact.inspection or {}).get("quantization"):
-        raise ValidationError({"to": "This artifact is already quantized; convert its float parent instead."})
     if options.get("dtype") and to != "hf":
         raise ValidationError({"dtype": "dtype applies to GGUF → HF only; choose fp16 or bf16 as the target instead."})
     if to in PRECISION_DTYPE:
@@ -174,6 +175,21 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     if precision_mode not in ATC_PRECISION_MODES:
         raise ValidationError({"precision_mode": f"Choose one of: {', '.join(ATC_PRECISION_MODES)}."})
     return {"to": to, "batch_size": batch_size, "seq_len": seq_len, "soc_version": soc, "precision_mode": precision_mode}
+
+
+def convert_targets(*, artifact: Artifact) -> tuple[list[str], str]:
+    """The targets the artifact converts to (by convert_options_clean's own rules) and, when there is
+    none, why (one line)."""
+    targets, reasons = [], []
+    for to in CONVERT_TARGETS:
+        try:
+            convert_options_clean(artifact=artifact, options=ConvertOptions(to=to))
+        except ValidationError as exc:
+            if not hasattr(exc, "error_dict") or "to" in exc.error_dict:
+                reasons.append(exc.message_dict["to"][0] if hasattr(exc, "error_dict") else exc.messages[0])
+                continue
+        targets.append(to)
+    return targets, ("" if targets else reasons[-1])
 
 
 def _store_free_bytes() -> int:

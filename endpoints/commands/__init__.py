@@ -57,7 +57,8 @@ from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, validate_env,
 )
 from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
-from endpoints.commands.platforms import DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE
+from endpoints.commands.platforms import (DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS, QUANTIZATION_METHODS,
+                                          RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell
 from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
@@ -68,6 +69,8 @@ __all__ = [
     "PLATFORMS",
     "DTYPES",
     "QUANTIZATION_METHODS",
+    "FORMAT_QUANTIZATION",
+    "platforms_for_format",
     "EXTRA_ARG_RULES",
     "ENV_ALLOWLIST",
     "ENV_VARIABLES",

@@ -26,6 +26,17 @@ QUANTIZATION_METHODS = {
     "quark": ("cuda",),
 }
 
+#: Checkpoint formats that carry their own quantization method: a ModelSlim checkpoint loads only through
+#: vllm-ascend's "ascend" method (vllm_ascend/quantization/quant_config.py registers it), so Ascend only.
+FORMAT_QUANTIZATION = {"ascend-modelslim": "ascend"}
+
+
+def platforms_for_format(checkpoint_format: str) -> tuple[str, ...]:
+    """The platforms whose vLLM loads a checkpoint of this format."""
+    method = FORMAT_QUANTIZATION.get(checkpoint_format)
+    return QUANTIZATION_METHODS[method] if method else PLATFORMS
+
+
 DEVICE_ENV = {"ascend": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 RAY_MODULE = "ray.scripts.scripts"

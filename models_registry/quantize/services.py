@@ -7,6 +7,7 @@ import json
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 
 from console.audit import audit_log
 from console.exceptions import Conflict
@@ -83,6 +84,22 @@ def dataset_create(*, name: str, content: str, user, filename: str = "", purpose
     except IntegrityError as exc:
         raise ValidationError({"name": f"A dataset named {name!r} already exists."}) from exc
     return ds
+
+
+def dataset_delete(*, dataset: CalibrationDataset, user, request=None) -> None:
+    """Delete an uploaded dataset; the built-in defaults stay, and so does a set an active quantize job reads."""
+    if dataset.builtin:
+        raise Conflict(f"{dataset.name} is a built-in default dataset: it cannot be deleted.",
+                       link=dataset.get_absolute_url())
+    with transaction.atomic():
+        user_job = (Job.objects.select_for_update().filter(kind="quantize", status__in=Job.ACTIVE)
+                    .filter(Q(params__calibration=dataset.pk) | Q(params__evaluation=dataset.pk)).first())
+        if user_job is not None:
+            raise Conflict(f"Quantize job #{user_job.pk} ({user_job.status}) uses {dataset.name}: delete it once the "
+                           "job has ended.", link=user_job.get_absolute_url(), object_id=user_job.pk)
+        audit_log(actor=user, action="calibration.delete", obj=dataset, request=request,
+                  changes={"name": dataset.name, "purpose": dataset.purpose, "samples": dataset.sample_count})
+        dataset.delete()
 
 
 # --- quantize -------------------------------------------------------------------------------------

@@ -49,6 +49,19 @@ def calibration_detail(request, dataset_id: int):
 
 @require_role(OPERATOR)
 @require_POST
+def calibration_delete(request, dataset_id: int):
+    ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
+    try:
+        services.dataset_delete(dataset=ds, user=request.user, request=request)
+    except Conflict as exc:
+        messages.error(request, exc.message)
+        return redirect(ds)
+    messages.success(request, f"Dataset {ds.name} deleted.")
+    return redirect("calibration_list")
+
+
+@require_role(OPERATOR)
+@require_POST
 def calibration_upload(request):
     upload = request.FILES.get("file")
     content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")

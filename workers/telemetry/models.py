@@ -9,6 +9,18 @@ from django.utils import timezone
 __all__ = ["Series", "Point", "Rollup", "AlertRule", "Alert"]
 
 
+# The metrics telemetry records and their units (charts label axes with them; alert rules name them).
+METRIC_UNITS = {
+    "dev.util_pct": "%", "dev.mem_used_mb": "MB", "dev.mem_pct": "%", "dev.temp_c": "°C", "dev.power_w": "W",
+    "dev.health": "", "host.cpu_pct": "%", "host.mem_pct": "%", "host.mem_used_bytes": "B", "host.load1": "",
+    "host.disk_pct": "%", "host.net_rx_Bps": "B/s", "host.net_tx_Bps": "B/s", "host.dev_util_avg": "%",
+    "proc.cpu_pct": "%", "proc.rss_bytes": "B", "ep.qps": "req/s", "ep.p50_s": "s", "ep.p90_s": "s",
+    "ep.p99_s": "s", "ep.ttft_p50_s": "s", "ep.ttft_p99_s": "s", "ep.itl_p50_s": "s", "ep.gen_tps": "tok/s",
+    "ep.prompt_tps": "tok/s", "ep.running": "", "ep.waiting": "", "ep.kv_cache_pct": "%", "ep.errors": "",
+    "ep.error_rate": "ratio", "ep.scrape_ok": "",
+}
+
+
 class Series(models.Model):
     """What one line on a chart measures. ``key`` is stable, e.g. ``n3.d0.dev.temp_c`` (node 3,
     device 0), ``n3.host.cpu_pct`` or ``e7.r0.ep.qps`` (endpoint 7, replica 0)."""

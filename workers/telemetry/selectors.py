@@ -11,7 +11,7 @@ from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField, FloatField
 
 from workers.models import Device, Node
-from workers.telemetry.models import Point, Rollup, Series
+from workers.telemetry.models import METRIC_UNITS, Point, Rollup, Series  # noqa: F401 (METRIC_UNITS: re-exported)
 from workers.telemetry.services import stale_seconds
 from workers.telemetry.sources import served_facts
 
@@ -19,17 +19,6 @@ RANGES = {"15m": 900, "1h": 3600, "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400}
 DEFAULT_RANGE = "1h"
 ROLLUP_FROM_SECONDS = 6 * 3600  # ranges this long or longer read the minute rollups
 MAX_POINTS = 720
-
-# What a chart shows: title, unit and the metrics it plots (one trace per series).
-METRIC_UNITS = {
-    "dev.util_pct": "%", "dev.mem_used_mb": "MB", "dev.mem_pct": "%", "dev.temp_c": "°C", "dev.power_w": "W",
-    "dev.health": "", "host.cpu_pct": "%", "host.mem_pct": "%", "host.mem_used_bytes": "B", "host.load1": "",
-    "host.disk_pct": "%", "host.net_rx_Bps": "B/s", "host.net_tx_Bps": "B/s", "host.dev_util_avg": "%",
-    "proc.cpu_pct": "%", "proc.rss_bytes": "B", "ep.qps": "req/s", "ep.p50_s": "s", "ep.p90_s": "s",
-    "ep.p99_s": "s", "ep.ttft_p50_s": "s", "ep.ttft_p99_s": "s", "ep.itl_p50_s": "s", "ep.gen_tps": "tok/s",
-    "ep.prompt_tps": "tok/s", "ep.running": "", "ep.waiting": "", "ep.kv_cache_pct": "%", "ep.errors": "",
-    "ep.error_rate": "ratio", "ep.scrape_ok": "",
-}
 
 
 class BadRange(ValueError):

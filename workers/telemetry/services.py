@@ -11,14 +11,17 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Avg, Count, F, Max, Min
 from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField
 from django.utils import timezone
 
+from console.audit import audit_log
+from console.validation import float_in_range, int_in_range
 from workers.models import Node
-from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
+from workers.telemetry.models import METRIC_UNITS, Alert, AlertRule, Point, Rollup, Series
 from workers.telemetry.sources import served_facts
 
 log = logging.getLogger("console.telemetry")
@@ -246,6 +249,38 @@ def send_webhook(alert: Alert, url: str | None = None) -> bool:
         log.warning("alert webhook %s: %s", url, error)
     Alert.objects.filter(pk=alert.pk).update(notify_error=error[:2000])
     return not error
+
+
+ALERT_SEVERITIES = ("warning", "critical")
+
+
+def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt", threshold=None, duration_s=None,
+                      severity: str = "warning", enabled: bool = True, actor=None, request=None,
+                      via: str = "") -> AlertRule:
+    """A new alert rule; a ValidationError keyed by the first bad field changes nothing."""
+    name = (name or "").strip()
+    if not name or len(name) > 100:
+        raise ValidationError({"name": "Give the rule a name of 1 to 100 characters."})
+    if AlertRule.objects.filter(name=name).exists():
+        raise ValidationError({"name": f"A rule named “{name}” exists already."})
+    if kind not in AlertRule.Kind.values:
+        raise ValidationError({"kind": f"Choose one of: {', '.join(AlertRule.Kind.values)}."})
+    metric = (metric or "").strip() if kind == AlertRule.Kind.METRIC else ""
+    if kind == AlertRule.Kind.METRIC and metric not in METRIC_UNITS:
+        raise ValidationError({"metric": "Choose a metric the console records (e.g. dev.temp_c, ep.p99_s)."})
+    op = op or AlertRule.Op.GT  # rules of the other kinds have no operator to give
+    if op not in AlertRule.Op.values:
+        raise ValidationError({"op": f"Choose one of: {', '.join(AlertRule.Op.values)}."})
+    threshold = float_in_range(threshold, "threshold", low=-1e18, high=1e18, default=0.0)
+    duration_s = int_in_range(duration_s, "duration_s", low=0, high=7 * 86400, default=60)
+    if severity not in ALERT_SEVERITIES:
+        raise ValidationError({"severity": f"Choose one of: {', '.join(ALERT_SEVERITIES)}."})
+    rule = AlertRule.objects.create(name=name, kind=kind, metric=metric, op=op, threshold=threshold,
+                                    duration_s=duration_s, severity=severity, enabled=bool(enabled))
+    audit_log(actor=actor, action="alert_rule.create", obj=rule, request=request, via=via, changes={
+        "name": name, "kind": kind, "metric": metric, "op": op, "threshold": threshold, "duration_s": duration_s,
+        "severity": severity, "enabled": rule.enabled})
+    return rule
 
 
 def ensure_default_rules() -> int:

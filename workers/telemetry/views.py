@@ -10,7 +10,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.api_auth import _token_user
 from console.audit import audit_log
 from console.roles import OPERATOR, VIEWER, check_role, require_role
-from console.validation import NumberError, parse_float, parse_int
+from console.validation import NumberError, field_errors, parse_float, parse_int
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -46,9 +46,30 @@ def node_panel(request, node_id: int):
 @require_role(VIEWER)
 @require_GET
 def alert_list(request):
+    return _alerts_page(request)
+
+
+def _alerts_page(request, *, values=None, errors=None, status: int = 200):
     return render(request, "telemetry/alerts.html", {
         "rules": AlertRule.objects.all(), "alerts": Alert.objects.select_related("rule")[:200],
-        "ops": AlertRule.Op.choices, "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL)})
+        "ops": AlertRule.Op.choices, "kinds": AlertRule.Kind.choices, "metrics": sorted(selectors.METRIC_UNITS),
+        "severities": services.ALERT_SEVERITIES, "values": values or {"kind": "metric", "severity": "warning"},
+        "errors": errors or {}, "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL)}, status=status)
+
+
+@require_role(OPERATOR)
+@require_POST
+def alert_rule_create(request):
+    post = request.POST
+    try:
+        rule = services.alert_rule_create(
+            name=post.get("name", ""), kind=post.get("kind", ""), metric=post.get("metric", ""), op=post.get("op", ""),
+            threshold=post.get("threshold"), duration_s=post.get("duration_s"), severity=post.get("severity", ""),
+            enabled=post.get("enabled") == "on", actor=request.user, request=request, via="web")
+    except ValidationError as exc:
+        return _alerts_page(request, values=post.dict(), errors=field_errors(exc), status=400)
+    messages.success(request, f"Rule “{rule.name}” created.")
+    return redirect("alert_list")
 
 
 @require_role(OPERATOR)

