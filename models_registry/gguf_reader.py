@@ -1,4 +1,4 @@
-"""The one GGUF header reader: metadata and tensor table, never tensor data (no Django).
+"""The one GGUF header reader: metadata and tensor table, never tensor data (Django only for the roots).
 
 Inspection (what a GGUF holds) and conversion (GGUF -> HF) both read headers through
 :func:`read_gguf_header`; each turns :class:`GgufHeaderError` into its own error type.
@@ -6,8 +6,11 @@ Inspection (what a GGUF holds) and conversion (GGUF -> HF) both read headers thr
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
+
+from models_registry.paths import open_confined
 
 __all__ = ["GGUF_MAGIC", "GGUFArray", "GgufHeaderError", "NotGgufError", "read_gguf_header"]
 
@@ -64,8 +67,8 @@ def read_gguf_header(path) -> dict:
 
     path = Path(path)
     try:
-        size = path.stat().st_size
-        f = open(path, "rb")
+        f = open_confined(path, tree=path.parent)
+        size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise GgufHeaderError(f"{path}: cannot read: {e}") from e
     with f:

@@ -1,18 +1,20 @@
-"""The one reader of Hugging Face model directories (no Django, no weights loaded).
+"""The one reader of Hugging Face model directories (no weights loaded; Django only for the roots).
 
 Lists a directory's files, reads ``config.json``, finds the weight files that make up the
 checkpoint, reads safetensors headers and tells whether a tokenizer is there.  Inspection and
-conversion both use it; each turns :class:`HfDirError` into its own error type.
+conversion both use it; each turns :class:`HfDirError` into its own error type.  Every walk and
+read is confined (models_registry.paths): a link leading out of the model roots raises PathRefused.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
+
+from models_registry.paths import open_confined, read_confined, tree_files
 
 __all__ = [
     "TOKENIZER_FILES",
@@ -53,8 +55,7 @@ def read_config(root) -> dict:
     if not path.is_file():
         raise HfDirError(f"{root}: no config.json, so not a Hugging Face model directory")
     try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        config = json.loads(read_confined(path, tree=root).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise HfDirError(f"{path}: corrupt config.json: {e}") from e
     except OSError as e:
@@ -68,23 +69,12 @@ def list_files(root) -> list[tuple[str, int]]:
     """(relative posix name, size) of every regular file under root, hidden entries skipped."""
     root = Path(root)
     out = []
-    seen_dirs = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        real = os.path.realpath(dirpath)
-        if real in seen_dirs:  # a symlink loop
-            dirnames[:] = []
+    for full in tree_files(root, hidden=False):
+        try:
+            st = full.stat()  # follows links, checked by tree_files (HF cache snapshots link to blobs)
+        except OSError:
             continue
-        seen_dirs.add(real)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in filenames:
-            if name.startswith("."):
-                continue
-            full = Path(dirpath) / name
-            try:
-                st = full.stat()  # follows symlinks (HF cache snapshots link to blobs)
-            except OSError:
-                continue
-            out.append((full.relative_to(root).as_posix(), st.st_size))
+        out.append((full.relative_to(root).as_posix(), st.st_size))
     out.sort()
     return out
 
@@ -102,7 +92,7 @@ def weight_files(root, names: Iterable[str] | None = None) -> WeightFiles | None
         if index_name not in top:
             continue
         try:
-            index = json.loads((root / index_name).read_text(encoding="utf-8"))
+            index = json.loads(read_confined(root / index_name, tree=root).decode("utf-8"))
             listed = sorted(set(index["weight_map"].values()))
         except (json.JSONDecodeError, OSError, AttributeError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise HfDirError(f"{root / index_name}: corrupt weight index: {e}") from e
@@ -131,7 +121,7 @@ def read_safetensors_header(path) -> dict:
     """The JSON header of a .safetensors file (tensor name -> dtype/shape/data_offsets), no tensor data read."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        with open_confined(path, tree=path.parent) as f:
             raw = f.read(8)
             if len(raw) != 8:
                 raise HfDirError(f"{path}: corrupt safetensors file: shorter than its 8-byte header length")
@@ -159,4 +149,4 @@ def names_have_tokenizer(names: Iterable[str]) -> bool:
 
 def has_tokenizer(root) -> bool:
     root = Path(root)
-    return root.is_dir() and names_have_tokenizer(p.name for p in root.iterdir() if p.is_file())
+    return root.is_dir() and names_have_tokenizer(p.name for p in tree_files(root) if p.parent == root)

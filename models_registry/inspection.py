@@ -1,4 +1,5 @@
-"""Read what a model checkpoint is, from its metadata only (pure functions, no Django).
+"""Read what a model checkpoint is, from its metadata only (pure functions; Django only for the model roots
+every read is confined to, see models_registry.paths).
 
 ``inspect_path(path)`` looks at a Hugging Face-format directory (``config.json`` + weights) or a
 ``.gguf`` file and returns a plain dict (JSON-serialisable; it is what ``Artifact.inspection``
@@ -68,6 +69,7 @@ from models_registry.hf_reader import (
     read_safetensors_header,
     weight_files,
 )
+from models_registry.paths import open_confined, read_confined, tree_files
 
 __all__ = [
     "InspectionError",
@@ -126,7 +128,7 @@ def inspect_path(path) -> dict:
     if path.is_dir():
         if (path / "config.json").is_file():
             return inspect_hf_dir(path)
-        ggufs = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() == ".gguf")
+        ggufs = [p for p in tree_files(path) if p.parent == path and p.suffix.lower() == ".gguf"]
         if len(ggufs) == 1:
             return inspect_gguf(ggufs[0])
         if len(ggufs) > 1:
@@ -147,7 +149,7 @@ def inspect_path(path) -> dict:
 
 def _has_gguf_magic(path: Path) -> bool:
     try:
-        with open(path, "rb") as f:
+        with open_confined(path, tree=path.parent) as f:
             return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
@@ -242,8 +244,7 @@ def inspect_hf_dir(path) -> dict:
 
 def _read_json(path: Path, *, what: str):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(read_confined(path, tree=path.parent).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise InspectionError(f"{path}: corrupt {what}: {e}") from e
     except OSError as e:
@@ -306,7 +307,7 @@ def _hf_has_chat_template(root: Path, names: set[str]) -> bool:
         return True
     if "tokenizer_config.json" in names:
         try:
-            cfg = json.loads((root / "tokenizer_config.json").read_text(encoding="utf-8"))
+            cfg = json.loads(read_confined(root / "tokenizer_config.json", tree=root).decode("utf-8"))
         except (json.JSONDecodeError, OSError, UnicodeDecodeError):
             return False
         template = cfg.get("chat_template") if isinstance(cfg, dict) else None

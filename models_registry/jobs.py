@@ -5,13 +5,21 @@ import hashlib
 import logging
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 
 from models_registry import convert as conversion
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
 from models_registry.options import ConvertOptions
+from models_registry.paths import (
+    PathRefused,
+    artifact_store_dir,
+    check_tree,
+    confine,
+    open_confined,
+    tree_files,
+    tree_size,
+)
 from models_registry.selectors import model_jobs_q
 from models_registry.services import artifact_convert, artifact_hash_enqueue
 from workers.jobs.context import JobFailed
@@ -22,14 +30,19 @@ log = logging.getLogger("console.job")
 CHUNK = 8 * 1024 * 1024
 
 
-def _model_files(root: Path) -> list[Path]:
-    if root.is_file():
-        return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file())
-
-
 class ArtifactJobRunner(JobRunner):
-    """A job on an artifact (its target) that may build new artifacts (named by result["artifact_id"])."""
+    """A job on an artifact (its target) that may build new artifacts (named by result["artifact_id"]).
+    Subclasses do their work in work(); a file that leads outside the model roots fails the job with
+    the refusal's message (models_registry.paths), and the runtime removes the staging directory."""
+
+    def run(self, job, ctx) -> dict:
+        try:
+            return self.work(job, ctx)
+        except PathRefused as exc:
+            raise JobFailed(str(exc)) from exc
+
+    def work(self, job, ctx) -> dict:
+        raise NotImplementedError
 
     def on_failure(self, job) -> None:
         """A job that did not succeed leaves its 'building' artifacts marked failed."""
@@ -47,7 +60,7 @@ class HashArtifact(ArtifactJobRunner):
     queue = "default"
     timeout = 3600
 
-    def run(self, job, ctx) -> dict:
+    def work(self, job, ctx) -> dict:
         return hash_artifact(job, ctx)
 
 
@@ -56,7 +69,7 @@ class Convert(ArtifactJobRunner):
     queue = "convert"
     timeout = 4 * 3600
 
-    def run(self, job, ctx) -> dict:
+    def work(self, job, ctx) -> dict:
         return convert_artifact(job, ctx)
 
     def resubmit(self, *, job, user, request=None):
@@ -71,13 +84,14 @@ register_target_filter("model", jobs_q=model_jobs_q, choices=lambda: Model.objec
 def hash_artifact(job, ctx) -> dict:
     artifact = Artifact.objects.get(pk=job.params["artifact"])
     root = Path(artifact.path)
-    files = _model_files(root)
+    confine(root)
+    files = tree_files(root)
     total = sum(p.stat().st_size for p in files) or 1
     done = 0
     digests = {}
     for path in files:
         digest = hashlib.sha256()
-        with path.open("rb") as handle:
+        with open_confined(path, tree=root) as handle:
             while chunk := handle.read(CHUNK):
                 digest.update(chunk)
                 done += len(chunk)
@@ -90,7 +104,7 @@ def hash_artifact(job, ctx) -> dict:
 
 
 def _destination(source: Artifact, job, suffix: str) -> Path:
-    return Path(settings.ARTIFACT_STORE) / source.model.name / f"{source.pk}-{suffix}-job{job.pk}"
+    return artifact_store_dir(source.model.name) / f"{source.pk}-{suffix}-job{job.pk}"
 
 
 def _scaled(ctx, low: float, high: float):
@@ -109,7 +123,7 @@ def _building(source: Artifact, job, *, fmt: str, dtype: str, dest: Path, params
 
 def _ready(artifact: Artifact, dest: Path, **extra) -> None:
     inspection = inspect_path(dest) if fmt_inspectable(artifact.format) else {}
-    size = inspection.get("size_bytes") or sum(p.stat().st_size for p in _model_files(dest))
+    size = inspection.get("size_bytes") or tree_size(dest)
     Artifact.objects.filter(pk=artifact.pk).update(
         status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra
     )
@@ -123,6 +137,7 @@ def fmt_inspectable(fmt: str) -> bool:
 
 def convert_artifact(job, ctx) -> dict:
     source = Artifact.objects.select_related("model").get(pk=job.target_id)
+    check_tree(source.path)  # transformers and safetensors read the source themselves: nothing may lead out
     opts = job.params
     to = opts["to"]
     try:

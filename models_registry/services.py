@@ -16,7 +16,7 @@ from models_registry.convert.sizes import estimate_output_bytes
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.options import ConvertOptions
-from models_registry.paths import validate_model_path
+from models_registry.paths import PathRefused, validate_model_path
 from models_registry.selectors import artifact_in_use, model_jobs_q
 from workers.jobs.context import free_bytes
 from workers.jobs.models import Job
@@ -57,7 +57,7 @@ def model_register(*, name: str, path: str, user, description: str = "", request
         raise ValidationError({"path": exc.messages}) from exc
     try:
         inspection = inspect_path(resolved)
-    except InspectionError as exc:
+    except (InspectionError, PathRefused) as exc:  # PathRefused: a link planted since validate_model_path
         raise ValidationError({"path": str(exc)}) from exc
     try:
         with transaction.atomic():

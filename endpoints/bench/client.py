@@ -22,6 +22,7 @@ from endpoints.bench.snapshots import TELEMETRY_SAMPLES_MAX, config_snapshot, te
 from endpoints.bench.workload import VIA_GATEWAY, bench_dir, gateway_available
 from endpoints.gateway.services import key_create, key_revoke
 from endpoints.models import Endpoint, Replica
+from models_registry.paths import PathRefused, tree_files
 from workers.jobs.context import JobFailed
 
 log = logging.getLogger("console.job")
@@ -105,6 +106,10 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     if not Path(tokenizer).exists():
         raise JobFailed(f"The tokenizer files ({tokenizer}) are not on this worker's host: run the bench worker "
                         f"on {replica.node.name} or where the artifact is mounted.")
+    try:  # `vllm bench` reads the tokenizer files itself: no link below them may lead out of the model roots
+        tree_files(tokenizer)
+    except PathRefused as exc:
+        raise JobFailed(str(exc)) from exc
     prompt_file = run.params.get("prompt_file")
     if run.dataset == "file" and not (prompt_file and Path(prompt_file).exists()):
         raise JobFailed("The prompt file is gone; upload it again.")

@@ -3,11 +3,11 @@ checks on a Hugging Face source directory (read through :mod:`models_registry.hf
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
 from models_registry import hf_reader
+from models_registry.paths import copy_confined, tree_files
 
 
 class ConversionError(ValueError):
@@ -69,10 +69,6 @@ def prepare_out_dir(out_dir: Path) -> Path:
     if any(out_dir.iterdir()):
         raise ConversionError(f"Output directory {out_dir} is not empty.")
     return out_dir
-
-
-def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:
@@ -165,12 +161,11 @@ def find_weight_files(src_dir: Path) -> tuple[str, list[Path], set[Path]]:
 
 
 def copy_non_weight_files(src_dir: Path, out_dir: Path, *, exclude: Iterable[str] = ()) -> tuple[list[str], list[str]]:
-    """Copy every non-weight file (recursively); return (copied, skipped) relative names."""
+    """Copy every non-weight file (recursively, never through a link out of the model roots: PathRefused);
+    return (copied, skipped) relative names."""
     exclude = set(exclude)
     copied, skipped = [], []
-    for path in sorted(Path(src_dir).rglob("*")):
-        if not path.is_file():
-            continue
+    for path in tree_files(src_dir):
         rel = path.relative_to(src_dir)
         rel_s = rel.as_posix()
         if rel_s in exclude or any(part.startswith(".") for part in rel.parts):
@@ -180,7 +175,7 @@ def copy_non_weight_files(src_dir: Path, out_dir: Path, *, exclude: Iterable[str
             continue
         target = Path(out_dir) / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(path, target)
+        copy_confined(path, target, tree=src_dir)
         copied.append(rel_s)
     return copied, skipped
 

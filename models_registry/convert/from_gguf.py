@@ -19,7 +19,6 @@ from models_registry.convert.common import (
     ConversionError,
     DEFAULT_MAX_SHARD_BYTES,
     TORCH_TO_ST,
-    dir_size,
     first_line,
     normalize_dtype,
     prepare_out_dir,
@@ -32,6 +31,7 @@ from models_registry.convert.progress import ProgressFn, clamped_progress, trans
 from models_registry.convert.shards import ShardWriter
 from models_registry.convert.sources import SafetensorsSource
 from models_registry.gguf_reader import GgufHeaderError, NotGgufError, read_gguf_header
+from models_registry.paths import open_confined, tree_size
 
 
 # Dense GGUF architectures whose transformers tensor processor is a pure per-tensor function:
@@ -278,7 +278,7 @@ def _gguf_stream_weights(src: Path, header: GgufHeader, arch: str, config, torch
             yield torch.from_numpy(np.ascontiguousarray(values)).reshape((n, *shape[1:])).to(torch_dtype)
 
     try:
-        with open(src, "rb") as fh:
+        with open_confined(src, tree=src.parent) as fh:
             for i, (t, hf_name) in enumerate(jobs):
                 report(lo + (hi - lo) * done / total, f"dequantizing {t.name} ({i + 1}/{len(jobs)})")
                 shape = plan[i][2]
@@ -455,7 +455,7 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
     return {
         "dtype": dtype,
         "num_tensors": info["num_tensors"],
-        "size_bytes": dir_size(out_dir),
+        "size_bytes": tree_size(out_dir),
         "architecture": info["architecture"],
         "model_type": cfg.get("model_type"),
         "gguf_architecture": arch,

@@ -10,7 +10,6 @@ from models_registry.convert.common import (
     ConversionError,
     check_architecture,
     copy_non_weight_files,
-    dir_size,
     find_weight_files,
     first_line,
     prepare_out_dir,
@@ -22,6 +21,7 @@ from models_registry.convert.progress import (
     silent_progress,
     transformers_progress,
 )
+from models_registry.paths import tree_size
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,6 +128,6 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
         "input_shape": ";".join(f"{name}:{batch_size},{seq_len}" for name in inputs),
         "dtype": "float32",
         "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
-        "size_bytes": dir_size(out_dir),
+        "size_bytes": tree_size(out_dir),
     }
 

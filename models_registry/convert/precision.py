@@ -14,7 +14,6 @@ from models_registry.convert.common import (
     TORCH_TO_ST,
     check_architecture,
     copy_non_weight_files,
-    dir_size,
     find_weight_files,
     normalize_dtype,
     prepare_out_dir,
@@ -26,6 +25,7 @@ from models_registry.convert.common import (
 from models_registry.convert.progress import ProgressFn, clamped_progress
 from models_registry.convert.shards import ShardWriter
 from models_registry.convert.sources import BinSource, SafetensorsSource, cast_chunks
+from models_registry.paths import tree_size
 
 
 _CONVERTIBLE_SOURCES = {"float32", "float16", "bfloat16"}
@@ -118,7 +118,7 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
         "source_dtype": source_dtype,
         "source_format": kind,
         "num_tensors": info["num_tensors"],
-        "size_bytes": dir_size(out_dir),
+        "size_bytes": tree_size(out_dir),
         "architecture": archs[0] if archs else cfg.get("model_type"),
         "shards": info["shards"],
         "copied_files": copied,

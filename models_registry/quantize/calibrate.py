@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from models_registry.paths import read_confined
 from models_registry.quantize.kl import KLObserver
 from models_registry.quantize.modelslim_check import SHARD_GROUP
 
@@ -23,7 +24,7 @@ class QuantizeError(ValueError):
 
 def read_config(src: Path) -> dict:
     try:
-        return json.loads((Path(src) / "config.json").read_text())
+        return json.loads(read_confined(Path(src) / "config.json", tree=src))
     except (OSError, ValueError) as exc:
         raise QuantizeError(f"{src} has no readable config.json: {exc}") from exc
 
@@ -284,7 +285,3 @@ def group_ranking(errors: list[dict]) -> list[list[str]]:
 def ranking(errors: list[dict]) -> list[str]:
     """Layers, most sensitive group first (a group's members together, in model order)."""
     return [layer for group in group_ranking(errors) for layer in group]
-
-
-def dir_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

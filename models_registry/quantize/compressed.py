@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from models_registry.paths import copy_confined
 from models_registry.quantize import calibrate as cal
 from models_registry.quantize import serving_check
 
@@ -65,7 +66,7 @@ def save(model, tokenizer, src: Path, dst: Path) -> None:
     tokenizer.save_pretrained(str(dst))
     for name in ("generation_config.json", "chat_template.jinja"):
         if (Path(src) / name).exists() and not (dst / name).exists():
-            (dst / name).write_bytes((Path(src) / name).read_bytes())
+            copy_confined(Path(src) / name, dst / name, tree=src)
 
 
 # --- the real serving path --------------------------------------------------------------------

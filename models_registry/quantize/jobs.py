@@ -14,6 +14,7 @@ from models_registry.inspection import inspect_path
 from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
+from models_registry.paths import check_tree, tree_size
 from models_registry.quantize import calibrate as cal
 from models_registry.quantize import compressed, modelslim, modelslim_check, msmodelslim_run
 from models_registry.quantize.compressed import VllmServer
@@ -31,7 +32,7 @@ class Quantize(ArtifactJobRunner):
     queue = "quantize"
     timeout = 6 * 3600
 
-    def run(self, job, ctx) -> dict:
+    def work(self, job, ctx) -> dict:
         return quantize_artifact(job, ctx)
 
     def resubmit(self, *, job, user, request=None):
@@ -74,6 +75,7 @@ def quantize_artifact(job, ctx) -> dict:
     calib_set = CalibrationDataset.objects.get(pk=opts["calibration"])
     eval_set = CalibrationDataset.objects.get(pk=opts["evaluation"])
     src = Path(source.path)
+    check_tree(src)  # transformers reads the source itself: nothing below it may lead out of the roots
     cfg = cal.read_config(src)
     library = "llm-compressor" if target == Artifact.Format.COMPRESSED_TENSORS else "ModelSlim"
     try:
@@ -255,8 +257,8 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     serving = None
     if target == "compressed-tensors" and opts["serve_check"]:
         serving = _serving_perplexity(ctx, src, staging, windows, change, gate)
-    size_before = cal.dir_size(src)
-    size_after = cal.dir_size(staging)
+    size_before = tree_size(src)
+    size_after = tree_size(staging)
     passed = change <= gate and (serving is None or serving["ppl_change_pct"] <= gate)
     accuracy = {
         "ppl_before": round(ppl_before, 4), "ppl_after": round(ppl_after, 4), "ppl_change_pct": round(change, 3),

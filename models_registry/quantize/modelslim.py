@@ -17,9 +17,9 @@ writes no config.json).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
+from models_registry.paths import copy_confined, tree_files
 from models_registry.quantize import calibrate as cal
 
 DESCRIPTION = "quant_model_description.json"
@@ -39,11 +39,12 @@ def unpack_deq_scale(t):
 
 
 def copy_model_files(src: Path, dst: Path) -> list[str]:
+    """The model's own top-level config and tokenizer files, copied without following a link out of the roots."""
+    src = Path(src)
     copied = []
-    for path in sorted(Path(src).iterdir()):
-        if path.is_file() and path.suffix not in _SKIP and not path.name.endswith(".index.json") \
-                and not path.name.startswith("."):
-            shutil.copy2(path, Path(dst) / path.name)
+    for path in tree_files(src, hidden=False):
+        if path.parent == src and path.suffix not in _SKIP and not path.name.endswith(".index.json"):
+            copy_confined(path, Path(dst) / path.name, tree=src)
             copied.append(path.name)
     return copied
 

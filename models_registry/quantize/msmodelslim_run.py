@@ -136,5 +136,6 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
     calibrator.save(str(out_dir), safetensors_name=WEIGHT_FILE[qtype], json_name=DESCRIPTION,
                     save_type=["ascendV1"])
     for name in os.listdir(out_dir):  # msModelSlim leaves its files 0400 / 0600
-        os.chmod(os.path.join(out_dir, name), 0o644)
+        if not os.path.islink(os.path.join(out_dir, name)):  # chmod would change a link's target
+            os.chmod(os.path.join(out_dir, name), 0o644)
     return {"quantized": sorted(quantizers), "float_layers": sorted(float_layers)}

@@ -415,6 +415,22 @@ def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_con
 
 
 @pytest.mark.django_db(transaction=True)
+def test_tokenizer_files_linked_out_of_the_roots_are_refused(ready_endpoint, operator, api_for, redis_conn,
+                                                              tmp_path):
+    """`vllm bench` reads the artifact's tokenizer itself: a link planted there to a file outside fails the
+    run before the client starts (the fake client would record its argv beside the result)."""
+    secret = tmp_path / "outside" / "secret.json"
+    secret.parent.mkdir()
+    secret.write_text("{}")
+    (Path(ready_endpoint.artifact.path) / "tokenizer.json").symlink_to(secret)
+    created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
+    run_queued_jobs()
+    body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
+    assert body["status"] == "failed" and "tokenizer.json leads outside the allowed model roots" in body["error"]
+    assert not list((tmp_path / "bench").rglob("argv.json"))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, monkeypatch):
     fake_mode(ready_endpoint, "sleep")
     api = api_for(operator)
