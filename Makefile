@@ -7,19 +7,27 @@ PY := $(VENV)/bin/python
 DATA_DIR ?= $(CURDIR)/var
 REDIS_URL ?= redis://127.0.0.1:6379/0
 CONSOLE_BIND ?= 127.0.0.1:8000
-# Worker processes per queue group (honcho concurrency).
+# Processes per group under supervisord (deploy/supervisord.conf: numprocs, gunicorn --workers).
 WORKERS ?= 1
 CONVERT_WORKERS ?= 1
+WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run setup venv engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
 	@echo "  Console: http://$(CONSOLE_BIND)/   (Ctrl-C stops the console; endpoints keep serving)"
+	@echo "  Logs: $(DATA_DIR)/logs/NAME.log   (status: make status)"
 	@echo ""
-	$(VENV)/bin/honcho start -f Procfile -c worker=$(WORKERS),convert=$(CONVERT_WORKERS),bench=1
+	umask 077 && mkdir -p $(DATA_DIR)/logs && \
+		WORKERS=$(WORKERS) CONVERT_WORKERS=$(CONVERT_WORKERS) WEB_WORKERS=$(WEB_WORKERS) \
+		exec $(VENV)/bin/supervisord -n -c deploy/supervisord.conf
+
+# What `make run` is running (another terminal): each process's state, pid and uptime.
+status:
+	$(VENV)/bin/supervisorctl -c deploy/supervisord.conf status
 
 setup: venv engine redis migrate demo
 

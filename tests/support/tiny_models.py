@@ -237,6 +237,13 @@ def build_tiny_llama_hf(
     return directory
 
 
+def build_slow_to_convert_hf(directory) -> Path:
+    """A tiny Llama wide enough (about 33M parameters) that converting it takes seconds: long enough to kill
+    its worker mid-run."""
+    return build_tiny_llama_hf(directory, num_layers=6, hidden_size=512, intermediate_size=2048, num_heads=8,
+                               num_kv_heads=8, vocab_size=8192)
+
+
 # --------------------------------------------------------------------------------------------
 # GGUF
 # --------------------------------------------------------------------------------------------

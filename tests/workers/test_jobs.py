@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from models_registry.models import Artifact
 from tests.support.jobs import run_queued_jobs, start_worker
-from tests.support.tiny_models import build_tiny_llama_gguf, build_tiny_llama_hf
+from tests.support.tiny_models import build_slow_to_convert_hf, build_tiny_llama_gguf, build_tiny_llama_hf
 from workers.jobs.services import reap_jobs
 from workers.models import Job
 
@@ -82,8 +82,7 @@ def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(operator, api_
 def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
     """Queue a conversion big enough to take seconds, start a real forked RQ worker, and
     return (job_id, worker) once the job is running and writing into its staging directory."""
-    source = _register(api, "wide", build_tiny_llama_hf(model_root / "wide", num_layers=6, hidden_size=512,
-                                                        intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192))
+    source = _register(api, "wide", build_slow_to_convert_hf(model_root / "wide"))
     job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
     env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
     worker = start_worker(env, "convert")
