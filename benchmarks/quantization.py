@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import resource
 import subprocess
@@ -135,13 +136,13 @@ def main() -> int:
     results = []
     for name in names:
         for run in range(args.repeat):
-            out = work / f"{name.replace('/', '_')}-{run}"
+            out = work / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{run}"  # msModelSlim refuses '+' in paths
             opts = {**known[name], "max_fallback_layers": args.max_fallback_layers, "fallback": not args.no_fallback}
             results.append({"run": run + 1, **run_target(name, src, out, opts)})
             if not args.json:
                 print(json.dumps(results[-1]), flush=True)
     report = {"source": str(src), "quantization": results}
-    ct = work / "compressed-tensors_w8a8_dynamic+sq0.8+gptq-0"
+    ct = work / "compressed-tensors_w8a8_dynamic_sq0.8_gptq-0"
     if not args.no_serve and (ct / "config.json").exists():
         bf16 = throughput(src, src, work / "bench-bf16")
         w8a8 = throughput(ct, src, work / "bench-w8a8")
