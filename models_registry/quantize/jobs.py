@@ -99,8 +99,6 @@ def quantize_artifact(job, ctx) -> dict:
         if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
             raise JobFailed(f"Out of memory while quantizing: {str(exc)[:300]}; nothing was kept.") from exc
         raise
-    if target == Artifact.Format.MODELSLIM:
-        _check_loads(staging)
     report["wall_s"] = round(time.monotonic() - started, 1)
     report["peak_rss_mb"] = round(_peak_rss_mb(), 1)
     ctx.commit_staging(staging, dest)
@@ -126,8 +124,8 @@ def quantize_artifact(job, ctx) -> dict:
 
 
 def _check_loads(staging: Path) -> None:
-    """vllm-ascend's loader rules (modelslim_check.py) before the artifact is marked ready: a checkpoint
-    that would not load is not kept."""
+    """vllm-ascend's loader rules (modelslim_check.py) on each attempt, before it is simulated and long before
+    the artifact is marked ready: a checkpoint that would not load is not measured and not kept."""
     findings = modelslim_check.check(staging)
     if findings:
         shown = "; ".join(str(f) for f in findings[:5]) + (f"; … {len(findings) - 5} more" if len(findings) > 5 else "")
@@ -231,6 +229,7 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
                                      serve_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
             del qmodel
             finished = modelslim.finish(staging, src, model_dtype=dtype, tied=tied)
+            _check_loads(staging)  # every attempt, before it is measured: what vllm-ascend would refuse is not run
             for note in finished["notes"]:
                 if note not in notes:
                     notes.append(note)
