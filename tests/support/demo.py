@@ -68,3 +68,37 @@ def _convert(gguf: Path, target: Path) -> Path:
     gguf_to_hf(gguf, staging, dtype="bfloat16")
     staging.replace(target)
     return target
+
+
+def demo_hf_float32() -> Path:
+    """The same weights in float32 (bf16 → fp32 is exact). For jobs that run the model in PyTorch on CPUs
+    without bf16 instructions (no avx512_bf16/amx_bf16), where a bf16 matmul runs ~40× slower than fp32."""
+    target = CACHE / "demo" / "SmolLM2-135M-Instruct-hf-f32"
+    if target.exists():
+        return target
+    source = demo_hf()
+    with _cache_lock():
+        if target.exists():
+            return target
+        return _as_float32(source, target)
+
+
+def _as_float32(source: Path, target: Path) -> Path:
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    staging = target.with_name(target.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(source, staging)
+    for shard in staging.glob("*.safetensors"):
+        tensors = {k: v.to(torch.float32) if v.is_floating_point() else v for k, v in load_file(shard).items()}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    config = json.loads((staging / "config.json").read_text())
+    for key in ("dtype", "torch_dtype"):
+        if key in config:
+            config[key] = "float32"
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    staging.replace(target)
+    return target
