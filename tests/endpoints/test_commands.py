@@ -468,6 +468,7 @@ def _sample_argvs():
     return out
 
 
+@pytest.mark.slow  # imports the real vLLM (tens of seconds on CI); no database: once is enough
 def test_installed_vllm_parser_accepts_every_flag_we_emit(settings):
     engine_python = Path(settings.ENGINE_PYTHON)  # the engine the console launches (ENGINE_PYTHON)
     if not engine_python.exists():

@@ -61,6 +61,7 @@ def test_kl_with_a_min_max_choice_for_one_shard_is_named(tmp_path):
     assert not any(".layers.1." in s or "gate_up_proj" in s for s in subjects)
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_fallback_job_output_passes(model_root, operator, api_for, redis_conn, settings):
     """The real quantize job's fallback (tiny model with outlier channels, a 1 % gate, as test_quantize)."""

@@ -137,6 +137,7 @@ def tiny(model_root, operator, api_for, redis_conn, settings):
     return make
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_compressed_tensors_w8a8_dynamic_job(tiny):
     api, aid, src = tiny()
@@ -166,6 +167,7 @@ def test_compressed_tensors_w8a8_dynamic_job(tiny):
     assert again.status_code == 409 and f"/artifacts/{job.result['artifact_id']}" in again.content.decode()
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("target,scheme,extra", [
     ("compressed-tensors", "w8a8_dynamic", {"smoothing": 0.8}),  # SmoothQuant + GPTQ (the defaults)
@@ -203,6 +205,7 @@ def _modelslim_tensors(path: Path):
     return desc, tensors, weights.name
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
     api, aid, src = tiny()
@@ -263,6 +266,7 @@ def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
     assert acc["passed"] and acc["calibration"]["method"] == "minmax" and len(acc["layers"]) == 14
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_modelslim_w8a8_dynamic_matches_vllm_ascend_description(tiny):
     api, aid, src = tiny(dtype="float16")
@@ -290,6 +294,7 @@ def test_modelslim_w8a8_dynamic_matches_vllm_ascend_description(tiny):
             assert desc[f"{prefix}.weight"] == "W8A8_DYNAMIC"
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_fp16_static_deq_scale_is_float32_bits_in_int64(tiny):
     """vllm-ascend's fp16 convention: deq_scale holds the float32 bits widened to int64, and it is
@@ -307,6 +312,7 @@ def test_fp16_static_deq_scale_is_float32_bits_in_int64(tiny):
     assert torch.allclose(unpack_deq_scale(deq), expected, rtol=2e-3)
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
     """msModelSlim's anti-outlier (m1) and our KL observer inside its calibrator, on a model with tied
@@ -340,6 +346,7 @@ def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
     assert bad.status_code == 400 and "m3" in bad.content.decode()
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_gate_rejects_and_keeps_the_artifact_not_recommended(tiny):
     api, aid, _ = tiny(outlier=True)
@@ -351,6 +358,7 @@ def test_gate_rejects_and_keeps_the_artifact_not_recommended(tiny):
     assert art.accuracy["ppl_change_pct"] > 1 and "Rejected" in art.note
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_checkpoint_the_loader_would_refuse_is_not_marked_ready(tiny, monkeypatch):
     """The job runs modelslim_check before marking a ModelSlim artifact ready: a finishing step that
@@ -378,6 +386,7 @@ def test_checkpoint_the_loader_would_refuse_is_not_marked_ready(tiny, monkeypatc
     assert art.status != "ready" and not Path(art.path).exists()
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_fallback_keeps_sensitive_layers_in_float_until_the_gate_passes(tiny):
     api, aid, _ = tiny(outlier=True)
@@ -494,6 +503,7 @@ def test_out_of_memory_fails_cleanly(tiny, monkeypatch):
     assert not list(Path(art.path).parent.glob(".staging-*"))
 
 
+@pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
 def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
     api, aid, _ = tiny()
