@@ -21,6 +21,10 @@ class Node(models.Model):
     platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.CPU)
     engine_python = models.CharField(max_length=1024, blank=True)
     engine = models.JSONField(default=dict, blank=True)  # vllm, vllm_ascend, torch, torch_npu, cann versions
+    # The engine's own vLLM parser: {"vllm", "options", "env", "fingerprint", "probed_at"} or {"error"};
+    # {} until the agent has probed it (engine_info.engine_cli). Apart from `engine`: 15 kB that the
+    # node API, benchmark snapshots and engine labels don't want.
+    engine_cli = models.JSONField(default=dict, blank=True)
     compat_warnings = models.JSONField(default=list, blank=True)
     host = models.JSONField(default=dict, blank=True)  # cpu count, memory, latest host stats
     settings = models.JSONField(default=dict, blank=True)  # e.g. HCCL/GLOO interface names for multi-node

@@ -35,6 +35,9 @@ Extra vLLM flags and extra environment variables are accepted only through allow
 (:data:`EXTRA_ARG_RULES`, :data:`ENV_VARIABLES` with a validator each). Anything
 that names a file to load (chat templates, plugins, logging configs, LD_PRELOAD, PATH,
 PYTHONPATH, ...) is deliberately left out: such values can make the server execute code.
+The allow-lists are one list for every vLLM release; :func:`flags_unknown_to` and
+:func:`env_unknown_to` then check a request against one node's own vLLM (the option strings and
+envs.py names its agent reported), which may be older or newer than the release tested here.
 
 Multi-node (Ray)
 ----------------
@@ -54,9 +57,9 @@ daemonising.
 """
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.environment import (
-    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, validate_env,
+    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
-from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.flags import EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
 from endpoints.commands.platforms import (DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS, QUANTIZATION_METHODS,
                                           RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.ray import ray_head_command, ray_worker_command
@@ -81,6 +84,8 @@ __all__ = [
     "RAY_MODULE",
     "validate_extra_args",
     "validate_env",
+    "flags_unknown_to",
+    "env_unknown_to",
     "build_command",
     "spec_warnings",
     "emittable_flags",
