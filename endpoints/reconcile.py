@@ -236,6 +236,8 @@ class ReplicaWorkload:
             if replica.state != S.READY:
                 updates.update(state=S.READY, state_reason="")
                 event(endpoint.pk, "recovered", "health check passes again", replica=replica.index)
+            elif replica.state_reason:  # e.g. the container runtime did not answer for a while
+                updates.update(state_reason="")
             Replica.objects.filter(pk=replica.pk).update(**updates)
             self.maybe_scheduled_restart(replica, now)
             return
