@@ -7,7 +7,9 @@ pair for people to read.
 
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
-(:class:`LaunchSpec`, :func:`build_command`), ``ray`` and ``shell``; import from the package.
+(:class:`LaunchSpec`, :func:`build_command`), ``container`` (the ``docker run``/``podman run`` of
+vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
+import from the package.
 
 Platforms
 ---------
@@ -56,6 +58,8 @@ depend on a console script's shebang or on PATH; and they pass ``--block`` so th
 daemonising.
 """
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.container import (CONTAINER_RUNTIMES, ContainerSpec, build_container_command,
+                                          container_name)
 from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
@@ -92,4 +96,8 @@ __all__ = [
     "ray_head_command",
     "ray_worker_command",
     "format_for_shell",
+    "CONTAINER_RUNTIMES",
+    "ContainerSpec",
+    "build_container_command",
+    "container_name",
 ]

@@ -93,7 +93,9 @@ class NodeAgent:
         parser. Off the main loop: importing torch-npu or vLLM in the engine python takes seconds."""
         close_old_connections()
         try:
-            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python))
+            node = Node.objects.get(pk=self.node.pk)  # its engine runtime may have changed on its page
+            container = {"runtime": node.engine_runtime, "image": node.engine_image()} if node.containerised else {}
+            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python, **container))
         except Exception:  # never let the doctor kill the agent
             log.exception("doctor")
         try:
