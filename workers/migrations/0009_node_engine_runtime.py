@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('workers', '0007_node_doctor'),
+        ('workers', '0008_node_engine_cli'),
     ]
 
     operations = [
