@@ -232,8 +232,8 @@ VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
 TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
 # The agent re-runs the environment doctor's checks (workers/doctor.py) this often, and once at start.
 DOCTOR_INTERVAL_SECONDS = env_float("DOCTOR_INTERVAL_SECONDS", 600)
-# "container": replicas are meant to run under Docker/Podman. Nothing launches containers yet; today only
-# the doctor reads this, to check that a container runtime answers on the node.
+# How replicas run is each node's setting (Node.engine_runtime, on its page). This only tells `manage.py doctor`
+# on a host whose node has not registered to check for a container runtime ("container", "docker", "podman").
 ENGINE_RUNTIME = env_str("ENGINE_RUNTIME", "process")
 
 # --- Telemetry (workers/telemetry) -------------------------------------------------------

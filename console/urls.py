@@ -48,6 +48,7 @@ urlpatterns = [
     path("nodes/", jobs.node_list, name="node_list"),
     path("nodes/<int:node_id>/", jobs.node_detail, name="node_detail"),
     path("nodes/<int:node_id>/replicas", endpoints.node_replicas, name="node_replicas"),
+    path("nodes/<int:node_id>/engine-runtime", jobs.node_engine_runtime, name="node_engine_runtime"),
     path("", include("workers.telemetry.urls")),
     path("", include("endpoints.bench.urls")),
     path("", include("models_registry.quantize.urls")),

@@ -45,7 +45,10 @@ class ChatIn(Schema):
 
 
 def replica_json(replica) -> dict:
+    container = {"runtime": replica.runtime, "name": replica.container_name, "id": replica.container_id} \
+        if replica.container_id else None
     return {"index": replica.index, "node": replica.node.name, "url": replica.url, "pid": replica.pid,
+            "container": container,
             "port": replica.port, "devices": replica.devices, "state": replica.state, "reason": replica.state_reason,
             "restarts": replica.restarts, "started_at": replica.started_at.isoformat() if replica.started_at else None,
             "ready_at": replica.ready_at.isoformat() if replica.ready_at else None}

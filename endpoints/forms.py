@@ -70,11 +70,9 @@ class EndpointLaunchForm(forms.Form):
         try:
             parsed = _parsed_json(self.cleaned_data["env"])
         except json.JSONDecodeError as exc:
-            self.add_error("extra_args", str(exc))  # both JSON boxes report there, as the allow-lists do
-            return {}
+            raise ValidationError(str(exc)) from None
         if not isinstance(parsed, dict):
-            self.add_error("extra_args", ENV_OBJECT)
-            return {}
+            raise ValidationError(ENV_OBJECT)
         return parsed
 
     def clean_restart_daily_at(self):

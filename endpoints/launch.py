@@ -1,12 +1,14 @@
 """The whole launch of one replica: the LaunchSpec from the endpoint, replica and node, the argv
 (endpoints.commands.build_command), the child's environment and its log file. The agent's
-supervisor gets the finished ProcessSpec and runs it."""
+supervisor gets the finished ProcessSpec and runs it. On a node whose engine runtime is Docker or
+Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command)."""
 from pathlib import Path
 
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.commands import LaunchSpec, build_command
+from endpoints.commands import (CommandSpecError, ContainerSpec, LaunchSpec, build_command, build_container_command,
+                                container_name)
 from endpoints.models import Endpoint, Replica
 from workers.agent.supervisor import ProcessSpec
 from workers.models import Node
@@ -32,9 +34,23 @@ def replica_log_path(replica: Replica) -> Path:
 
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
-    argv, env_added = build_command(launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port))
+    launch = launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port)
+    argv, env_added = build_command(launch)
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
-    spec = ProcessSpec(argv=argv, env=child_environment({**env_added, "VLLM_API_KEY": replica.api_key}),
-                       log_path=replica_log_path(replica),
-                       log_keep=settings.ENDPOINT_LOG_KEEP)
-    return spec, env_added
+    secret = {"VLLM_API_KEY": replica.api_key}
+    if not node.containerised:
+        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}),
+                           log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP)
+        return spec, env_added
+    if node.platform != Node.Platform.ASCEND:
+        raise CommandSpecError(f"{node.name} runs replicas under {node.engine_runtime}, which serves vllm-ascend's "
+                               f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
+    container = ContainerSpec(runtime=node.engine_runtime, image=node.engine_image(launch.chip_name),
+                              name=container_name(replica.endpoint.name, replica.index), devices=list(replica.devices),
+                              secret_env=tuple(secret))
+    # The engine variables travel as `-e` flags in the argv (shown there); the key by name only, its value
+    # from the CLI's own environment.
+    spec = ProcessSpec(argv=build_container_command(container, argv, env_added), env=child_environment(secret),
+                       log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP,
+                       runtime=node.engine_runtime, container_name=container.name)
+    return spec, {}

@@ -79,6 +79,11 @@ class Replica(models.Model):
     port_host = models.CharField(max_length=255, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     pid_create_time = models.FloatField(null=True, blank=True)  # with pid and argv: identifies our process
+    # What runs it: "process", or a container runtime ("docker", "podman"), where the container's name
+    # and id identify it (pid is then its main process on the host, for telemetry).
+    runtime = models.CharField(max_length=16, default="process")
+    container_name = models.CharField(max_length=128, blank=True)
+    container_id = models.CharField(max_length=128, blank=True)
     argv = models.JSONField(default=list, blank=True)
     env = models.JSONField(default=dict, blank=True)  # what the console set (not the whole environment)
     log_path = models.CharField(max_length=1024, blank=True)
@@ -104,6 +109,11 @@ class Replica(models.Model):
 
     def __str__(self):
         return f"{self.endpoint.name}#{self.index}"
+
+    @property
+    def launched(self) -> bool:
+        """An agent started it and has not seen it end: a PID or a container id is recorded."""
+        return bool(self.pid or self.container_id)
 
     @property
     def url(self) -> str | None:

@@ -24,14 +24,7 @@ from endpoints.replica_state import (
     refresh_endpoint_state,
     scheduled_restart_due,
 )
-from workers.agent.supervisor import (
-    ProcessHandle,
-    Supervisor,
-    port_is_free,
-    reap_process_group,
-    rotate_if_large,
-    tail_lines,
-)
+from workers.agent.supervisor import ProcessHandle, RuntimeUnavailable, Supervisor, port_is_free, rotate_if_large
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
@@ -56,8 +49,20 @@ def claim_port(node: Node, replica: Replica) -> int:
     raise RuntimeError(f"No free port in {low}-{high} on {node.name}")
 
 
+# What a replica that is no longer running keeps of its last start: nothing that identifies it.
+NO_HANDLE = {"pid": None, "container_id": ""}
+
+
 def handle_of(replica: Replica) -> ProcessHandle:
-    return ProcessHandle(pid=replica.pid or 0, create_time=replica.pid_create_time or 0.0, argv=list(replica.argv or []))
+    return ProcessHandle(pid=replica.pid or 0, create_time=replica.pid_create_time or 0.0, argv=list(replica.argv or []),
+                         runtime=replica.runtime or "process", container_name=replica.container_name,
+                         container_id=replica.container_id, log_path=replica.log_path)
+
+
+def started_as(handle: ProcessHandle) -> str:
+    if handle.container_id:
+        return f"{handle.runtime} container {handle.container_name} ({handle.container_id[:12]})"
+    return f"pid {handle.pid}"
 
 
 class ReplicaWorkload:
@@ -76,6 +81,9 @@ class ReplicaWorkload:
                 continue  # the endpoint was deleted while we worked on it
             except DatabaseError:
                 raise
+            except RuntimeUnavailable as exc:  # nothing known of it: neither crashed nor stopped, retried next pass
+                log.warning("reconcile %s: %s", replica, exc)
+                Replica.objects.filter(pk=replica.pk).update(state_reason=str(exc)[:500])
             except Exception as exc:  # one bad replica must not stop the others
                 log.exception("reconcile %s", replica)
                 Replica.objects.filter(pk=replica.pk).update(state=S.FAILED, state_reason=str(exc)[:500])
@@ -90,12 +98,13 @@ class ReplicaWorkload:
         spec, env_added = replica_process(replica=replica, node=node, port=port)
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
-            pid=handle.pid, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
+            pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
+            runtime=handle.runtime, container_name=handle.container_name, container_id=handle.container_id,
             state=S.STARTING, state_reason="", started_at=timezone.now(), ready_at=None, next_start_at=None,
             stop_requested_at=None, restart_requested=False, health_failures=0, log_path=str(spec.log_path),
             last_exit_code=None,
         )
-        event(replica.endpoint_id, "started", f"pid {handle.pid} on port {port}", replica=replica.index)
+        event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
 
     def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
         grace = settings.ENDPOINT_STOP_GRACE_SECONDS
@@ -116,12 +125,12 @@ class ReplicaWorkload:
                 Replica.objects.filter(pk=replica.pk).update(state=S.STOPPING, stop_requested_at=now)
                 self.terminate(replica, proc, supervisor=supervisor, reason="stop requested")
                 event(endpoint.pk, "stopped", "stopped on request", replica=replica.index)
-            if replica.state != S.STOPPED or replica.pid:
-                Replica.objects.filter(pk=replica.pk).update(state=S.STOPPED, pid=None, port=None, state_reason="",
-                                                             crashes_in_a_row=0, next_start_at=None)
+            if replica.state != S.STOPPED or replica.launched:
+                Replica.objects.filter(pk=replica.pk).update(state=S.STOPPED, port=None, state_reason="",
+                                                             crashes_in_a_row=0, next_start_at=None, **NO_HANDLE)
             return
 
-        if proc is None and replica.pid:
+        if proc is None and replica.launched:
             self.crashed(replica, supervisor=supervisor, now=now)
             return
 
@@ -140,14 +149,15 @@ class ReplicaWorkload:
             if replica.state == S.RESTARTING or replica.restart_requested:
                 Replica.objects.filter(pk=replica.pk).update(restarts=replica.restarts + 1)
             fresh = Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk)
-            self.start(fresh, node=node, supervisor=supervisor)
+            # The node as the database has it now: its engine runtime may have changed on its page.
+            self.start(fresh, node=fresh.node, supervisor=supervisor)
             return
 
         # Running. An operator's restart, or a scheduled one, stops it; the next pass starts it.
         if replica.restart_requested:
             self.terminate(replica, proc, supervisor=supervisor, reason="restart requested")
-            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, pid=None, next_start_at=None,
-                                                         crashes_in_a_row=0, state_reason="restarting on request")
+            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, next_start_at=None, crashes_in_a_row=0,
+                                                         state_reason="restarting on request", **NO_HANDLE)
             event(endpoint.pk, "restarting", "restart requested", replica=replica.index)
             return
 
@@ -165,7 +175,7 @@ class ReplicaWorkload:
             if proc is not None:
                 self.terminate(replica, proc, supervisor=supervisor, reason="device fault")
             Replica.objects.filter(pk=replica.pk).update(
-                devices=placement, state=S.RESTARTING, pid=None, next_start_at=None, health_failures=0,
+                devices=placement, state=S.RESTARTING, next_start_at=None, health_failures=0, **NO_HANDLE,
                 state_reason=f"{DEVICE_FAULT}: {why}; restarting on devices {placement}"[:500])
             event(endpoint.pk, "device-fault", f"{why}: restarting on devices {placement} (was on {replica.devices})",
                   replica=replica.index, level="error")
@@ -181,25 +191,27 @@ class ReplicaWorkload:
     def crashed(self, replica: Replica, *, supervisor: Supervisor, now) -> None:
         """It was running and is gone: a crash (or a kill from outside). Back off, or give up."""
         endpoint = replica.endpoint
-        code = supervisor.exit_code(replica.pid)
-        reap_process_group(replica.pid)
+        handle = handle_of(replica)
+        code = supervisor.exit_code(handle)
+        last = supervisor.log_tail(handle, replica.log_path)  # before reap: a container's logs go with it
+        supervisor.reap(handle)
         crashes = replica.crashes_in_a_row + 1
-        last = tail_lines(replica.log_path)
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
                                            "no output"))[:300]
         if crashes >= settings.ENDPOINT_MAX_CRASHES:
             Replica.objects.filter(pk=replica.pk).update(
-                state=S.FAILED, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
+                state=S.FAILED, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
                 state_reason=f"gave up after {crashes} crashes in a row; last: {reason}")
             event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",
                   replica=replica.index, level="error")
             return
         delay = backoff_seconds(crashes)
         Replica.objects.filter(pk=replica.pk).update(
-            state=S.RESTARTING, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
+            state=S.RESTARTING, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
             next_start_at=now + timedelta(seconds=delay),
             state_reason=f"crashed (exit code {code}); restarting in {delay:.0f} s")
-        event(endpoint.pk, "crashed", f"process {replica.pid} exited (code {code}); restart in {delay:.0f} s: {reason}",
+        what = f"process {replica.pid}" if not handle.container_id else f"container {handle.container_name}"
+        event(endpoint.pk, "crashed", f"{what} exited (code {code}); restart in {delay:.0f} s: {reason}",
               replica=replica.index, level="error")
 
     def check_health(self, replica: Replica, proc, *, supervisor: Supervisor, now) -> None:
@@ -217,13 +229,15 @@ class ReplicaWorkload:
                 event(endpoint.pk, "ready", f"ready after {took:.1f} s", replica=replica.index)
             elif replica.started_at and (now - replica.started_at).total_seconds() > settings.ENDPOINT_START_TIMEOUT_SECONDS:
                 self.terminate(replica, proc, supervisor=supervisor, reason="start timeout")
-                Replica.objects.filter(pk=replica.pk).update(pid=None)  # next pass counts it as a crash
+                Replica.objects.filter(pk=replica.pk).update(**NO_HANDLE)  # next pass counts it as a crash
             return
         if ok:
             updates = {"last_health_at": now, "health_failures": 0}
             if replica.state != S.READY:
                 updates.update(state=S.READY, state_reason="")
                 event(endpoint.pk, "recovered", "health check passes again", replica=replica.index)
+            elif replica.state_reason:  # e.g. the container runtime did not answer for a while
+                updates.update(state_reason="")
             Replica.objects.filter(pk=replica.pk).update(**updates)
             self.maybe_scheduled_restart(replica, now)
             return
@@ -232,7 +246,7 @@ class ReplicaWorkload:
             event(endpoint.pk, "unhealthy", f"{failures} failed health checks in a row ({detail}): restarting",
                   replica=replica.index, level="error")
             self.terminate(replica, proc, supervisor=supervisor, reason="unhealthy")
-            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, pid=None, health_failures=0,
+            Replica.objects.filter(pk=replica.pk).update(state=S.RESTARTING, health_failures=0, **NO_HANDLE,
                                                          state_reason=f"unhealthy: {detail}"[:500])
             return
         Replica.objects.filter(pk=replica.pk).update(state=S.DEGRADED, health_failures=failures,

@@ -17,8 +17,8 @@ from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
-from endpoints.commands import (FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError, platforms_for_format,
-                                validate_env, validate_extra_args)
+from endpoints.commands import (FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError, env_unknown_to,
+                                flags_unknown_to, platforms_for_format, validate_env, validate_extra_args)
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
@@ -161,13 +161,39 @@ def default_dtype(*, artifact: Artifact, platform: str) -> str:
     return ""
 
 
-def _checked_engine_options(*, extra_args: dict, env: dict) -> dict:
-    """The allow-lists of the command builder; returns env with its values as text."""
+def _named(names: list[str], one: str, many: str) -> str:
+    return f"{', '.join(names)} {one if len(names) == 1 else many}"
+
+
+def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict) -> dict:
+    """The command builder's allow-lists, then the vLLM of every node the spec runs on: a flag or a
+    VLLM_* variable that a node's own parser lacks (Node.engine_cli, which its agent reports) is
+    refused, naming the node and its vLLM release. A node whose agent has not reported a parser
+    (not probed yet, or the probe failed) is held to the allow-lists alone. Returns env with its
+    values as text."""
     try:
-        validate_extra_args(extra_args)
-        return validate_env(env)
+        argv = validate_extra_args(extra_args)
     except CommandSpecError as exc:
         raise ValidationError({"extra_args": str(exc)}) from exc
+    try:
+        env = validate_env(env)
+    except CommandSpecError as exc:
+        raise ValidationError({"env": str(exc)}) from exc
+    errors: dict[str, list[str]] = {}
+    for node in nodes:
+        cli = node.engine_cli or {}
+        if not cli.get("options"):
+            continue
+        where = f"vLLM {cli.get('vllm') or '(version unknown)'} on node {node.name}"
+        if unknown := flags_unknown_to(argv, cli["options"]):
+            errors.setdefault("extra_args", []).append(
+                f"{_named(unknown, 'is not a flag', 'are not flags')} of {where}.")
+        if "env" in cli and (unknown := env_unknown_to(env, cli["env"])):
+            errors.setdefault("env", []).append(
+                f"{_named(unknown, 'is not a variable', 'are not variables')} of {where}: it would do nothing.")
+    if errors:
+        raise ValidationError(errors)
+    return env
 
 
 def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
@@ -210,7 +236,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
     max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
     extra_args = extra_args or {}
-    env = _checked_engine_options(extra_args=extra_args, env=env or {})
+    env = checked_engine_options(nodes=[node], extra_args=extra_args, env=env or {})
     quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)

@@ -4,7 +4,8 @@ guide (vllm-ascend's installation page), in its order, plus what the console its
 npu-smi answers and every chip is healthy; driver and firmware versions; the CANN toolkit and its
 environment (workers/cann.py, shared with `make engine`'s preflight); Python; the engine environment
 (vLLM, and on Ascend vllm-ascend/torch/torch-npu/CANN against the compatibility matrix); torch-npu
-imports in the engine python; Docker/Podman when ENGINE_RUNTIME=container; free disk in the artifact
+imports in the engine python; Docker/Podman and the image when the node runs its replicas in containers
+(its engine runtime, or ENGINE_RUNTIME=container); free disk in the artifact
 store; the database and Redis; this host's clock against the database server's.
 
 Each check is ok / warning / failed with the fix in one line. `manage.py doctor` prints them for the host
@@ -157,25 +158,45 @@ def check_engine(engine: dict, *, platform: str, engine_python: str, cann_versio
     return Check(name, status, " ".join(f.message for f in findings), first.fix)
 
 
-def check_container_runtime(*, timeout: float = 20) -> Check | None:
-    """Only when replicas are to run in containers (ENGINE_RUNTIME=container); None otherwise."""
-    if settings.ENGINE_RUNTIME != "container":
-        return None
+def check_container_runtime(runtime: str | None = None, *, image: str = "", timeout: float = 20) -> Check | None:
+    """Only when replicas are to run in containers: the node's engine runtime ("docker"/"podman", set on
+    its page) or, without one, ENGINE_RUNTIME=container (either will do). The CLI's daemon must answer,
+    and the image the replicas run must be here already: they start with --pull=never. None otherwise."""
     name = "container runtime"
-    runtime = next((shutil.which(r) for r in CONTAINER_RUNTIMES if shutil.which(r)), None)
-    if runtime is None:
-        return Check(name, FAILED, "ENGINE_RUNTIME=container but neither docker nor podman is on PATH",
-                     "install Docker or Podman on this node, or unset ENGINE_RUNTIME")
+    wanted = runtime or settings.ENGINE_RUNTIME
+    if wanted not in (*CONTAINER_RUNTIMES, "container"):
+        return None
+    if wanted == "container":
+        found = next((shutil.which(r) for r in CONTAINER_RUNTIMES if shutil.which(r)), None)
+        if found is None:
+            return Check(name, FAILED, "ENGINE_RUNTIME=container but neither docker nor podman is on PATH",
+                         "install Docker or Podman on this node, or unset ENGINE_RUNTIME")
+    else:
+        found = shutil.which(wanted)
+        if found is None:
+            return Check(name, FAILED, f"this node's replicas run under {wanted}, which is not on PATH",
+                         f"install {wanted} on this node, or set its engine runtime back to process on the node's page")
+    binary = Path(found).name
     try:
-        result = subprocess.run([runtime, "info"], capture_output=True, text=True, timeout=timeout,
+        result = subprocess.run([found, "info"], capture_output=True, text=True, timeout=timeout,
                                 env=child_environment({}))
     except (OSError, subprocess.TimeoutExpired) as exc:
         result, said = None, str(exc)
     if result is None or result.returncode != 0:
         said = said if result is None else ((result.stderr or result.stdout).strip().splitlines() or ["no output"])[-1]
-        return Check(name, FAILED, f"`{Path(runtime).name} info` failed: {said}",
-                     f"start the {Path(runtime).name} daemon/service and let this user use it")
-    return Check(name, OK, f"{Path(runtime).name} answers ({runtime})")
+        return Check(name, FAILED, f"`{binary} info` failed: {said}",
+                     f"start the {binary} daemon/service and let this user use it")
+    if image:
+        try:
+            present = subprocess.run([found, "image", "inspect", image], capture_output=True, timeout=timeout,
+                                     env=child_environment({})).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            present = False
+        if not present:
+            return Check(name, WARNING, f"{binary} answers ({found}), but the image {image} is not on this node",
+                         f"{binary} pull {image} (replicas start with --pull=never)")
+        return Check(name, OK, f"{binary} answers ({found}); {image} is here")
+    return Check(name, OK, f"{binary} answers ({found})")
 
 
 # --- the console's own dependencies ------------------------------------------------------------------
@@ -262,8 +283,10 @@ def host_platform(engine: dict) -> str:
     return found
 
 
-def run_checks(*, engine_python: str, clock: Callable[[], float] = time.time) -> tuple[str, list[Check]]:
-    """(this host's platform, its checks in the order of the preparation guide)."""
+def run_checks(*, engine_python: str, clock: Callable[[], float] = time.time, runtime: str | None = None,
+               image: str = "") -> tuple[str, list[Check]]:
+    """(this host's platform, its checks in the order of the preparation guide). runtime/image: the node's
+    engine runtime and the image its replicas run in, when the node runs them in containers."""
     engine = probe_engine(engine_python)
     platform = host_platform(engine)
     checks: list[Check] = []
@@ -280,7 +303,7 @@ def run_checks(*, engine_python: str, clock: Callable[[], float] = time.time) ->
     checks.append(check_engine(engine, platform=platform, engine_python=engine_python, cann_version=cann_version))
     if platform == "ascend":
         checks.append(check_torch_npu(engine_python))
-    container = check_container_runtime()
+    container = check_container_runtime(runtime, image=image)
     if container:
         checks.append(container)
     checks.append(check_artifact_store())
@@ -294,8 +317,9 @@ def overall(checks: list[Check]) -> str:
     return FAILED if FAILED in statuses else WARNING if WARNING in statuses else OK
 
 
-def host_report(*, engine_python: str, clock: Callable[[], float] = time.time) -> dict:
+def host_report(*, engine_python: str, clock: Callable[[], float] = time.time, runtime: str | None = None,
+                image: str = "") -> dict:
     """What Node.doctor keeps and `manage.py doctor --json` prints."""
-    platform, checks = run_checks(engine_python=engine_python, clock=clock)
+    platform, checks = run_checks(engine_python=engine_python, clock=clock, runtime=runtime, image=image)
     return {"status": overall(checks), "checked_at": timezone.now().isoformat(), "hostname": socket.gethostname(),
             "platform": platform, "engine_python": engine_python, "checks": [asdict(c) for c in checks]}

@@ -1,5 +1,8 @@
 """What engine a node has: platform, vLLM and friends' versions, CANN, and whether they
-match the vllm-ascend compatibility matrix. Read from package metadata (no vLLM import)."""
+match the vllm-ascend compatibility matrix (read from package metadata, no vLLM import); and the
+flags and environment variables that engine's vLLM knows (its own argument parser, built in the
+engine python). The agent only gathers and reports these; endpoints decides what they allow."""
+import hashlib
 import json
 import os
 import re
@@ -7,6 +10,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
 
 from console.env import child_environment
 
@@ -80,6 +86,107 @@ def probe_engine(engine_python: str, *, timeout: float = 60) -> dict:
     if "vllm" not in info:
         info["error"] = "vLLM is not installed in the engine environment"
     return info
+
+
+# Builds the OpenAI server's own argument parser, as `python -m vllm.entrypoints.openai.api_server` does,
+# and prints vLLM's version, every option string and the variables vllm/envs.py declares. vLLM 0.32.0:
+# make_arg_parser in vllm/entrypoints/launchers/cli_args.py, FlexibleArgumentParser in
+# vllm/utils/argparse_utils.py (see vllm/entrypoints/launchers/api_server/entry.py: main); vLLM 0.11.0
+# (vllm-ascend v0.11.0's pair): vllm/entrypoints/openai/cli_args.py and vllm.utils (vllm-ascend v0.11.0
+# vllm_ascend/platform.py imports it from there). make_arg_parser calls the platform's
+# pre_register_and_update(parser), so an Ascend node's list includes what vllm-ascend adds.
+_CLI_PROBE = """
+import json, warnings
+warnings.simplefilter("ignore")
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+import vllm
+import vllm.envs
+
+parser = make_arg_parser(FlexibleArgumentParser())
+print()
+print(json.dumps({"vllm": vllm.__version__,
+                  "options": sorted({s for a in parser._actions for s in a.option_strings}),
+                  "env": sorted(vllm.envs.environment_variables)}))
+"""
+
+
+def engine_fingerprint(engine_python: str, engine: dict) -> str:
+    """What the parser depends on: the engine python's real path and the vLLM (and vllm-ascend)
+    release in it. A rebuilt venv or a repointed link to the venv changes it. (Only the folder is
+    resolved: a venv's bin/python links to the base interpreter, which every venv shares.)"""
+    path = os.path.abspath(engine_python or "")
+    parts = [os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)), engine.get("vllm_dist", ""), engine.get("vllm", ""),
+             engine.get("vllm_ascend", "")]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def probe_engine_cli(engine_python: str, *, timeout: float = 300) -> dict:
+    """{"vllm": version, "options": [...], "env": [...]} from the engine's own parser, or
+    {"error": why}. Imports vLLM (and torch) in a child process, seconds of CPU: the agent runs it
+    off its loop, at a lower priority than the replicas, and keeps the answer per fingerprint."""
+    if not engine_python or not Path(engine_python).exists():
+        return {"error": f"engine python {engine_python or '(unset)'} not found"}
+    try:
+        with subprocess.Popen([engine_python, "-c", _CLI_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=child_environment({"VLLM_LOGGING_LEVEL": "ERROR"})) as proc:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
+            except OSError:
+                pass
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                return {"error": f"vLLM parser probe took longer than {timeout:.0f} s"}
+    except OSError as exc:
+        return {"error": f"vLLM parser probe failed: {exc}"}
+    if proc.returncode != 0:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"vLLM parser probe failed: {last[-500:]}"}
+    try:
+        found = json.loads(out.strip().splitlines()[-1])
+        return {"vllm": str(found["vllm"]), "options": list(found["options"]), "env": list(found["env"])}
+    except (ValueError, IndexError, KeyError, TypeError):
+        return {"error": f"vLLM parser probe printed no report: {out[-300:]!r}"}
+
+
+def _cli_cache_path(fingerprint: str) -> Path:
+    return Path(settings.DATA_DIR) / "engine-cli" / f"{fingerprint}.json"
+
+
+def cached_engine_cli(fingerprint: str) -> dict | None:
+    """The report kept for this fingerprint under DATA_DIR, or None (never probed here)."""
+    try:
+        return json.loads(_cli_cache_path(fingerprint).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def engine_cli(engine_python: str, engine: dict) -> dict:
+    """The parser report of this engine (what Node.engine_cli keeps): kept from an earlier probe of
+    the same fingerprint (an agent restart, another agent on this host), else probed now. A failed
+    probe is returned but not kept, so the next try probes again."""
+    fingerprint = engine_fingerprint(engine_python, engine)
+    cached = cached_engine_cli(fingerprint)
+    if cached is not None:
+        return cached
+    found = probe_engine_cli(engine_python)
+    found.update(fingerprint=fingerprint, engine_python=engine_python, probed_at=timezone.now().isoformat())
+    if "error" not in found:
+        cache = _cli_cache_path(fingerprint)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        spare = cache.with_name(f".{cache.name}.{os.getpid()}")
+        spare.write_text(json.dumps(found))
+        spare.replace(cache)  # whole or not at all: two agents of one host may probe at once
+    return found
 
 
 # Imports torch-npu as vLLM would (it patches torch.npu on import) and counts the NPUs it sees.

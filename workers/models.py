@@ -4,6 +4,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from workers import engine_images
 from workers.engine_info import engine_labels
 
 
@@ -15,12 +16,23 @@ class Node(models.Model):
         CUDA = "cuda", "NVIDIA GPU"
         CPU = "cpu", "CPU"
 
+    class Runtime(models.TextChoices):
+        """How the agent runs this node's replicas: as processes of the engine venv, or in vllm-ascend's
+        official image under Docker or Podman (Ascend nodes; set on the node's page)."""
+        PROCESS = "process", "process (the engine venv)"
+        DOCKER = "docker", "Docker (vllm-ascend's image)"
+        PODMAN = "podman", "Podman (vllm-ascend's image)"
+
     name = models.CharField(max_length=100, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
     address = models.CharField(max_length=255, blank=True)  # how the console reaches its endpoints
     platform = models.CharField(max_length=16, choices=Platform.choices, default=Platform.CPU)
     engine_python = models.CharField(max_length=1024, blank=True)
     engine = models.JSONField(default=dict, blank=True)  # vllm, vllm_ascend, torch, torch_npu, cann versions
+    # The engine's own vLLM parser: {"vllm", "options", "env", "fingerprint", "probed_at"} or {"error"};
+    # {} until the agent has probed it (engine_info.engine_cli). Apart from `engine`: 15 kB that the
+    # node API, benchmark snapshots and engine labels don't want.
+    engine_cli = models.JSONField(default=dict, blank=True)
     compat_warnings = models.JSONField(default=list, blank=True)
     host = models.JSONField(default=dict, blank=True)  # cpu count, memory, latest host stats
     settings = models.JSONField(default=dict, blank=True)  # e.g. HCCL/GLOO interface names for multi-node
@@ -29,6 +41,9 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     telemetry_error = models.TextField(blank=True)
     doctor = models.JSONField(default=dict, blank=True)  # the agent's last workers.doctor.host_report()
+    engine_runtime = models.CharField(max_length=16, choices=Runtime.choices, default=Runtime.PROCESS)
+    # Which of the release's images (workers.engine_images.VARIANTS), or "auto": by the node's chips.
+    engine_image_variant = models.CharField(max_length=32, default=engine_images.AUTO)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -47,6 +62,16 @@ class Node(models.Model):
     @property
     def engine_labels(self) -> list[str]:
         return engine_labels(self.engine)
+
+    @property
+    def containerised(self) -> bool:
+        return self.engine_runtime != self.Runtime.PROCESS
+
+    def engine_image(self, chip_name: str | None = None) -> str:
+        """The image its replicas run in under Docker/Podman (the first chip's name when none given)."""
+        if chip_name is None:
+            chip_name = self.devices.values_list("name", flat=True).first()
+        return engine_images.ascend_image(self.engine_image_variant, chip_name)
 
     @property
     def online(self) -> bool:

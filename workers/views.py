@@ -1,11 +1,16 @@
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
-from console.roles import OPERATOR, VIEWER, require_role
+from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from console.validation import field_errors
+from workers import engine_images
+from workers import services as node_services
+from workers.forms import NodeEngineRuntimeForm
 from workers.jobs import selectors as job_selectors
 from workers.jobs import services as job_services
 from workers.jobs.models import Job
@@ -80,11 +85,35 @@ def node_list(request):
     return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
 
 
-@require_role(VIEWER)
-@require_GET
-def node_detail(request, node_id: int):
-    node = get_object_or_404(Node, pk=node_id)
+def _node_page(request, node: Node, *, runtime_errors: dict | None = None, status: int = 200):
     return render(request, "endpoints/node_detail.html", {
         "node": node, "devices": node.devices.all(),
         "doctor_interval_minutes": int(settings.DOCTOR_INTERVAL_SECONDS // 60),
-    })
+        "runtimes": Node.Runtime.choices, "image_variants": engine_images.variant_choices(),
+        "image": node.engine_image() if node.platform == Node.Platform.ASCEND else "",
+        "runtime_errors": runtime_errors or {},
+    }, status=status)
+
+
+@require_role(VIEWER)
+@require_GET
+def node_detail(request, node_id: int):
+    return _node_page(request, get_object_or_404(Node, pk=node_id))
+
+
+@require_role(ADMIN)
+@require_POST
+def node_engine_runtime(request, node_id: int):
+    """Admin: how this node's agent runs replicas (process, or vllm-ascend's image under Docker/Podman)."""
+    node = get_object_or_404(Node, pk=node_id)
+    form = NodeEngineRuntimeForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise ValidationError(form.errors.as_data())
+        node_services.node_set_engine_runtime(node=node, **form.cleaned_data, user=request.user, request=request)
+    except ValidationError as exc:
+        node.refresh_from_db()
+        errors = {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
+        return _node_page(request, node, runtime_errors=errors, status=400)
+    messages.success(request, f"{node.name}: replicas run as {node.get_engine_runtime_display()} from their next start.")
+    return redirect(node)

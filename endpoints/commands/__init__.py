@@ -7,7 +7,9 @@ pair for people to read.
 
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
-(:class:`LaunchSpec`, :func:`build_command`), ``ray`` and ``shell``; import from the package.
+(:class:`LaunchSpec`, :func:`build_command`), ``container`` (the ``docker run``/``podman run`` of
+vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
+import from the package.
 
 Platforms
 ---------
@@ -35,6 +37,9 @@ Extra vLLM flags and extra environment variables are accepted only through allow
 (:data:`EXTRA_ARG_RULES`, :data:`ENV_VARIABLES` with a validator each). Anything
 that names a file to load (chat templates, plugins, logging configs, LD_PRELOAD, PATH,
 PYTHONPATH, ...) is deliberately left out: such values can make the server execute code.
+The allow-lists are one list for every vLLM release; :func:`flags_unknown_to` and
+:func:`env_unknown_to` then check a request against one node's own vLLM (the option strings and
+envs.py names its agent reported), which may be older or newer than the release tested here.
 
 Multi-node (Ray)
 ----------------
@@ -53,10 +58,12 @@ depend on a console script's shebang or on PATH; and they pass ``--block`` so th
 daemonising.
 """
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.container import (CONTAINER_RUNTIMES, ContainerSpec, build_container_command,
+                                          container_name)
 from endpoints.commands.environment import (
-    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, validate_env,
+    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
-from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.flags import EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
 from endpoints.commands.platforms import (DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS, QUANTIZATION_METHODS,
                                           RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.ray import ray_head_command, ray_worker_command
@@ -81,10 +88,16 @@ __all__ = [
     "RAY_MODULE",
     "validate_extra_args",
     "validate_env",
+    "flags_unknown_to",
+    "env_unknown_to",
     "build_command",
     "spec_warnings",
     "emittable_flags",
     "ray_head_command",
     "ray_worker_command",
     "format_for_shell",
+    "CONTAINER_RUNTIMES",
+    "ContainerSpec",
+    "build_container_command",
+    "container_name",
 ]

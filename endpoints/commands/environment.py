@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from endpoints.commands.checks import CommandSpecError, _as_int, _check_ifname, _check_ip, _is_int
 
@@ -149,6 +149,17 @@ def validate_env(d: Mapping[str, Any] | None) -> dict[str, str]:
             raise CommandSpecError(f"the value of {key} is longer than {_MAX_ENV_VALUE_LEN} characters")
         out[key] = ENV_VARIABLES[key](value, key)
     return out
+
+
+#: The variables vLLM itself reads (vllm/envs.py: environment_variables) start with this; only these
+#: can be checked against a node's vLLM. CANN, HCCL, NCCL, Ray and Hugging Face ones are not vLLM's.
+VLLM_ENV_PREFIX = "VLLM_"
+
+
+def env_unknown_to(keys: Collection[str], known: Collection[str]) -> list[str]:
+    """The ``VLLM_*`` names among ``keys`` that a vLLM, given by its envs.py names, does not read."""
+    known = set(known)
+    return [k for k in keys if k.startswith(VLLM_ENV_PREFIX) and k not in known]
 
 
 #: Interface variables a multi-node spec may set, with their checks and platforms.

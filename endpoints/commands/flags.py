@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 from endpoints.commands.checks import _MAX_INT, CommandSpecError, _as_bool, _as_float, _as_int
 
@@ -73,7 +73,8 @@ def _bool_rule(negatable: bool) -> _Rule:
 
 
 #: vLLM flag -> validator. Every flag (and every ``--no-`` form) here is checked against
-#: the installed vLLM's own argument parser in tests/test_commands.py. Flags that build_command
+#: the installed vLLM's own argument parser in tests/endpoints/test_commands.py, and at launch
+#: against the parser of each node's own vLLM (flags_unknown_to). Flags that build_command
 #: sets from LaunchSpec fields (--model, --port, --tensor-parallel-size, --dtype, ...) are
 #: not here on purpose: set them through the spec. Left out deliberately: anything taking a
 #: path or a module (--chat-template, --tool-parser-plugin, --download-dir, --tokenizer,
@@ -145,3 +146,10 @@ def validate_extra_args(d: Mapping[str, Any] | None) -> list[str]:
         argv += rule(flag, value)
     return argv
 
+
+def flags_unknown_to(argv: Sequence[str], options: Collection[str]) -> list[str]:
+    """The flags of ``argv`` (validate_extra_args' output) that a vLLM parser, given by its option
+    strings, does not have. Each rendered form is checked: ``false`` renders ``--no-<flag>``, which
+    an older vLLM may lack while it has ``--<flag>``."""
+    known = set(options)
+    return [a for a in argv if a.startswith("--") and a not in known]

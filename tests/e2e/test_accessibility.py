@@ -45,7 +45,7 @@ NOT_PAGES = {
     "alert_rule_update": "POST only", "alert_rule_create": "POST only", "calibration_delete": "POST only",
     "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
     "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
-    "gateway_bluegreen": "POST only",
+    "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only",
     "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
     # htmx fragments: checked inside the page that loads them
     "artifact_jobs": "artifact page", "artifact_served_by": "artifact page",

@@ -57,7 +57,7 @@ def test_replicas_split_devices_and_node_defaults_to_the_only_one(operator, api_
     ({"max_model_len": 999999}, "max_model_len", "between 16 and"),
     ({"extra_args": {"--api-key": "x"}}, "extra_args", "not an allowed vLLM flag"),
     ({"extra_args": {"--block-size": 7}}, "extra_args", "block-size"),
-    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "extra_args", "LD_PRELOAD"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env", "LD_PRELOAD"),
     ({"dtype": "int4"}, "dtype", "Choose one of"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "Between 0.1 and 0.99"),
     ({"node": "nowhere"}, "node", "No node"),
@@ -67,6 +67,7 @@ def test_bad_launch_requests_are_refused_clearly(payload, field, message, operat
     response = api_for(operator).post("/api/v1/endpoints", data)
     assert response.status_code == 400, response.content
     assert message in response.json()["detail"], response.json()
+    assert any(message in m for m in response.json()["errors"][field]), response.json()
     assert not Endpoint.objects.exists() and not Replica.objects.exists()
 
 

@@ -56,8 +56,14 @@ class StandInSupervisor:
         self.terminated.append(proc.pid)
         return Stopped(exit_code=0, killed=False)
 
-    def exit_code(self, pid):
+    def exit_code(self, handle):
         return None
+
+    def reap(self, handle):
+        self.running.pop(handle.pid, None)
+
+    def log_tail(self, handle, log_path, count=200):
+        return ""
 
 
 @pytest.fixture

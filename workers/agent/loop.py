@@ -17,7 +17,15 @@ from workers import nudges
 from workers.agent.supervisor import Supervisor
 from workers.agent.workloads import registered_workloads
 from workers.doctor import host_report
-from workers.engine_info import cann_version, compat_warnings, detect_platform, probe_engine
+from workers.engine_info import (
+    cached_engine_cli,
+    cann_version,
+    compat_warnings,
+    detect_platform,
+    engine_cli,
+    engine_fingerprint,
+    probe_engine,
+)
 from workers.models import Node
 from workers.telemetry.collect import collect_node
 
@@ -37,6 +45,7 @@ class NodeAgent:
         self._device_thread: threading.Thread | None = None
         self.last_doctor: float | None = None  # None: not yet, run at start (monotonic time may be small)
         self._doctor_thread: threading.Thread | None = None
+        self.engine_cli_fingerprint: str | None = None  # the engine whose parser Node.engine_cli holds
         self.busy = False
 
     # --- registration and heartbeat -----------------------------------------------------
@@ -49,10 +58,14 @@ class NodeAgent:
         warnings = compat_warnings(engine, cann=cann) if platform == "ascend" else []
         if engine.get("error"):
             warnings.insert(0, engine["error"])
+        # The parser of this very engine when it was probed before, else {} (the console then holds the
+        # node to its fixed allow-list) until check_engine_cli has probed it, off the loop.
+        cli = {} if engine.get("error") else cached_engine_cli(engine_fingerprint(self.engine_python, engine)) or {}
+        self.engine_cli_fingerprint = cli.get("fingerprint")
         now = timezone.now()
         node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
-            "engine_python": self.engine_python, "engine": engine, "compat_warnings": warnings,
+            "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
             "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
             "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total},
         })
@@ -76,15 +89,44 @@ class NodeAgent:
             close_old_connections()
 
     def check_host(self) -> None:
-        """The environment doctor's checks of this host, kept on the Node for its page. Off the main loop:
-        importing torch-npu in the engine python takes seconds."""
+        """The environment doctor's checks of this host, kept on the Node for its page, then the engine's
+        parser. Off the main loop: importing torch-npu or vLLM in the engine python takes seconds."""
         close_old_connections()
         try:
-            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python))
+            node = Node.objects.get(pk=self.node.pk)  # its engine runtime may have changed on its page
+            container = {"runtime": node.engine_runtime, "image": node.engine_image()} if node.containerised else {}
+            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python, **container))
         except Exception:  # never let the doctor kill the agent
             log.exception("doctor")
+        try:
+            self.check_engine_cli()
+        except Exception:
+            log.exception("engine parser probe")
         finally:
             close_old_connections()
+
+    def check_engine_cli(self) -> None:
+        """Report the flags and VLLM_* variables the engine's vLLM knows (Node.engine_cli): at start, and
+        again whenever the engine changes under the agent (the venv's link repointed, vLLM reinstalled at
+        another release); the doctor's interval sets how soon that is seen. Gathers only: which flags a
+        launch may use on this node is endpoints' decision."""
+        engine = probe_engine(self.engine_python)  # package metadata: a fraction of a second
+        if engine.get("error"):  # no vLLM there any more: nothing to check launches against
+            if self.engine_cli_fingerprint is not None:
+                Node.objects.filter(pk=self.node.pk).update(engine_cli={})
+                self.engine_cli_fingerprint = None
+            return
+        fingerprint = engine_fingerprint(self.engine_python, engine)
+        if fingerprint == self.engine_cli_fingerprint:
+            return
+        cli = engine_cli(self.engine_python, engine)
+        Node.objects.filter(pk=self.node.pk).update(engine_cli=cli)
+        self.engine_cli_fingerprint = fingerprint  # a failed probe too: tried again when the engine changes
+        if cli.get("error"):
+            log.warning("engine parser probe: %s; launches on %s are checked against the fixed allow-list only",
+                        cli["error"], self.node_name)
+        else:
+            log.info("engine parser: vLLM %s, %d options", cli["vllm"], len(cli["options"]))
 
     def reconcile(self) -> None:
         busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]

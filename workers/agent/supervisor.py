@@ -1,85 +1,26 @@
-"""The process supervisor: starts argvs in sessions of their own, finds them alive again after an
-agent restart, stops whole process groups, and keeps their logs. It knows processes, not what
-they serve: the workload that asked for a process decides what its exit or silence means."""
+"""The agent's supervisor: starts replicas, finds them alive again after an agent restart, stops
+them and keeps their logs, through the runtime each one names: a process of the engine venv
+(ProcessRuntime, here: its own session, the whole process group stopped) or a container
+(containers.ContainerRuntime: Docker or Podman). It knows processes and containers, not what they
+serve: the workload that asked for one decides what its exit or silence means."""
 import logging
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 from django.utils import timezone
 
+from workers.agent.containers import ContainerRuntime
+from workers.agent.handles import PROCESS, ProcessHandle, ProcessSpec, Running, Runtime, RuntimeUnavailable, Stopped
+from workers.agent.logfiles import rotate_if_large, rotate_log, tail_lines
+
+__all__ = ["ProcessHandle", "ProcessRuntime", "ProcessSpec", "Running", "RuntimeUnavailable", "Stopped", "Supervisor",
+           "port_is_free", "reap_process_group", "rotate_if_large", "rotate_log", "tail_lines"]
+
 log = logging.getLogger("console.agent")
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """What to run: argv (never a shell string), the child's whole environment, its log file."""
-    argv: list[str]
-    env: dict[str, str]
-    log_path: Path
-    cwd: str | None = None
-    log_keep: int = 5  # rotated logs kept beside the live one
-
-
-@dataclass(frozen=True)
-class ProcessHandle:
-    """A started process, identified by PID, start time and command line (a PID alone may be reused)."""
-    pid: int
-    create_time: float
-    argv: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Stopped:
-    exit_code: int | None  # None when an earlier agent started it (its exit code went to init)
-    killed: bool  # it outlived the grace period and got SIGKILL
-
-
-def tail_lines(path: str, count: int = 200) -> str:
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 256 * 1024))
-            return b"\n".join(handle.read().splitlines()[-count:]).decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _shift(live: Path, keep: int) -> None:
-    for n in range(keep - 1, 0, -1):
-        older = live.with_name(f"{live.name}.{n}")
-        if older.exists():
-            older.replace(live.with_name(f"{live.name}.{n + 1}"))
-
-
-def rotate_log(path: Path, keep: int) -> None:
-    """replica.log -> replica.log.1 -> … -> .keep (oldest dropped). Called before each start."""
-    if not path.exists():
-        return
-    _shift(path, keep)
-    path.replace(path.with_name(f"{path.name}.1"))
-
-
-def rotate_if_large(path: str, *, max_bytes: int, keep: int) -> None:
-    """Copy-and-truncate a running process's log past max_bytes: the process keeps its
-    descriptor (opened for append), so the live file must stay where it is."""
-    try:
-        if not path or os.path.getsize(path) <= max_bytes:
-            return
-        live = Path(path)
-        _shift(live, keep)
-        shutil.copyfile(live, live.with_name(f"{live.name}.1"))
-        with open(live, "r+b") as handle:
-            handle.truncate(0)
-    except OSError as exc:
-        log.warning("log rotation of %s failed: %s", path, exc)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -102,7 +43,9 @@ def reap_process_group(pgid: int) -> None:
         pass
 
 
-class Supervisor:
+class ProcessRuntime:
+    """Replicas as processes of the engine venv, each in a session of its own."""
+
     def __init__(self, owner: str):
         self.owner = owner  # the agent's node name, written into each log
         self.children: dict[int, subprocess.Popen] = {}  # pid -> a process this agent started
@@ -134,7 +77,17 @@ class Supervisor:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, handle: ProcessHandle) -> int | None:
+        return self._exit_code(handle.pid)
+
+    def reap(self, handle: ProcessHandle) -> None:
+        if handle.pid:
+            reap_process_group(handle.pid)
+
+    def log_tail(self, handle: ProcessHandle, log_path: str, count: int = 200) -> str:
+        return tail_lines(log_path, count)
+
+    def _exit_code(self, pid: int) -> int | None:
         child = self.children.pop(pid, None)
         if child is None:
             return None  # started by an earlier agent: its exit code went to init
@@ -178,4 +131,41 @@ class Supervisor:
                 except psutil.NoSuchProcess:
                     pass
             psutil.wait_procs(tree, timeout=5)
-        return Stopped(exit_code=self.exit_code(proc.pid), killed=killed)
+        return Stopped(exit_code=self._exit_code(proc.pid), killed=killed)
+
+
+class Supervisor:
+    """The one object the agent hands its workloads: each call goes to the runtime the spec or handle
+    names, so a workload treats processes and containers alike."""
+
+    def __init__(self, owner: str):
+        self.owner = owner
+        self.runtimes: dict[str, Runtime] = {PROCESS: ProcessRuntime(owner)}
+        for name in ContainerRuntime.BINARIES:
+            self.runtimes[name] = ContainerRuntime(name, owner=owner)
+
+    def runtime(self, name: str) -> Runtime:
+        try:
+            return self.runtimes[name or PROCESS]
+        except KeyError:
+            raise ValueError(f"unknown engine runtime {name!r}: one of {', '.join(self.runtimes)}") from None
+
+    def start(self, spec: ProcessSpec) -> ProcessHandle:
+        return self.runtime(spec.runtime).start(spec)
+
+    def find(self, handle: ProcessHandle) -> Running | None:
+        """The replica, if it is still alive (re-adoption after an agent restart)."""
+        native = self.runtime(handle.runtime).find(handle)
+        return None if native is None else Running(handle, native)
+
+    def terminate(self, running: Running, *, grace: float) -> Stopped:
+        return self.runtime(running.handle.runtime).terminate(running.native, grace=grace)
+
+    def exit_code(self, handle: ProcessHandle) -> int | None:
+        return self.runtime(handle.runtime).exit_code(handle)
+
+    def reap(self, handle: ProcessHandle) -> None:
+        self.runtime(handle.runtime).reap(handle)
+
+    def log_tail(self, handle: ProcessHandle, log_path: str, count: int = 200) -> str:
+        return self.runtime(handle.runtime).log_tail(handle, log_path, count)

@@ -7,8 +7,10 @@ import json
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from workers.doctor import FAILED, host_report
+from workers.models import Node
 
 SHOWN = {"ok": "OK", "warning": "WARNING", "failed": "FAILED"}
 
@@ -24,7 +26,13 @@ class Command(BaseCommand):
                             help="the engine environment's python (default: ENGINE_PYTHON)")
 
     def handle(self, *args, engine_python: str, **options):
-        report = host_report(engine_python=engine_python)
+        # This host's node, when its agent has registered it: the engine runtime chosen on its page.
+        try:
+            node = Node.objects.filter(name=settings.NODE_NAME).first()
+        except DatabaseError:
+            node = None  # the database check below says why
+        container = {"runtime": node.engine_runtime, "image": node.engine_image()} if node and node.containerised else {}
+        report = host_report(engine_python=engine_python, **container)
         if options["json"]:
             self.stdout.write(json.dumps(report, indent=2))
         else:

@@ -1,0 +1,136 @@
+"""The `docker run` / `podman run` that starts a replica in vllm-ascend's official image, wrapping the
+same vLLM argv the process runtime runs.
+
+Upstream's quick start (vllm-ascend v0.23.0, docs/source/quick_start.md, "Setup environment using
+container", Ubuntu; vendored with its provenance in tests/fixtures/ascend/) runs::
+
+    docker run --rm --name vllm-ascend --shm-size=1g --device $DEVICE --device /dev/davinci_manager
+      --device /dev/devmm_svm --device /dev/hisi_hdc -v /usr/local/dcmi:/usr/local/dcmi
+      -v /usr/local/bin/npu-smi:/usr/local/bin/npu-smi
+      -v /usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/
+      -v /usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info
+      -v /etc/ascend_install.info:/etc/ascend_install.info -v /root/.cache:/root/.cache
+      -p 8000:8000 -it $IMAGE bash
+
+and then `vllm serve` in that shell. What this builder changes, and why (the test checks each):
+
+- ``-d`` for ``-it``: the agent runs it detached and watches it (inspect, logs), as it does a process.
+- no ``--rm``: a crashed container keeps its exit code and logs until the agent has read them; the
+  agent removes it itself (``rm -f``) on stop and after a crash.
+- ``--net=host`` for ``-p 8000:8000``: as installation.md's A2/A3 and multi-node commands do; the
+  replica's port is claimed on the host like a process's, and vLLM binds the same host:port.
+- ``--device /dev/davinciN`` for each of the replica's NPUs (``$DEVICE``: one per chip). The mounted
+  chips are all the container sees, so ``ASCEND_RT_VISIBLE_DEVICES`` (host numbering) is left out:
+  in the quick start, too, the one chip mounted is simply the container's device.
+- the model directory bind-mounted read-only at the same path, so ``--model`` is unchanged; no
+  ``/root/.cache`` mount: models are local paths, and the host root's cache (tokens included) stays
+  out of the container.
+- ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
+  many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
+- the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
+  alone, which docker and podman read from their own environment, so no key shows in any argv.
+- the command: ``bash -ic 'exec "$@"' bash python3 -m vllm.entrypoints.openai.api_server …``. The
+  image sets ``LD_PRELOAD`` (jemalloc) and ``LD_LIBRARY_PATH`` (the driver's devlib) in root's
+  ``~/.bashrc`` only (Dockerfile*, v0.23.0), which bash reads when interactive, as in the quick start's
+  ``-it … bash``. The script is a constant; the vLLM argv goes in as positional parameters, never
+  into shell text.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.platforms import DEVICE_ENV
+
+CONTAINER_RUNTIMES = ("docker", "podman")
+CONTAINER_PYTHON = "python3"  # the image's python (its vLLM and vllm-ascend are installed there)
+SHELL_WRAPPER = ["bash", "-ic", 'exec "$@"', "bash"]
+
+#: The device nodes and driver mounts every Ascend container gets (the quick start's, in its order).
+ASCEND_CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+ASCEND_DRIVER_MOUNTS = (
+    "/usr/local/dcmi:/usr/local/dcmi",
+    "/usr/local/bin/npu-smi:/usr/local/bin/npu-smi",
+    "/usr/local/Ascend/driver/lib64/:/usr/local/Ascend/driver/lib64/",
+    "/usr/local/Ascend/driver/version.info:/usr/local/Ascend/driver/version.info",
+    "/etc/ascend_install.info:/etc/ascend_install.info",
+)
+SHM_SIZE = "1g"
+
+# Docker's own rule for names ([a-zA-Z0-9][a-zA-Z0-9_.-]+), kept to 128 characters.
+_NAME_RE = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{1,127}")
+_IMAGE_RE = re.compile(r"[a-z0-9][a-z0-9._/-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?")
+_ENV_KEY_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+
+
+@dataclass(kw_only=True)
+class ContainerSpec:
+    runtime: str                 # "docker" | "podman"
+    image: str                   # e.g. quay.io/ascend/vllm-ascend:v0.23.0
+    name: str                    # deterministic per replica: container_name()
+    devices: list[int] = field(default_factory=list)  # the replica's NPUs (host ids)
+    secret_env: tuple[str, ...] = ("VLLM_API_KEY",)  # passed by name only: values from the CLI's environment
+
+
+def container_name(endpoint_name: str, replica_index: int) -> str:
+    """One name per replica, the same on every start: the agent finds it again after a restart, and
+    a leftover of an earlier start is recognised and removed before the next one."""
+    return f"llm-console-{endpoint_name}-r{replica_index}"
+
+
+def _model_path(argv: list[str]) -> str:
+    try:
+        path = argv[argv.index("--model") + 1]
+    except (ValueError, IndexError):
+        raise CommandSpecError("the vLLM argv has no --model to mount into the container") from None
+    if not path.startswith("/"):
+        raise CommandSpecError(f"model_path must be an absolute path to mount into the container, got {path!r}")
+    if ":" in path or "," in path:
+        raise CommandSpecError(f"model_path {path!r} cannot be bind-mounted: ':' and ',' separate mount fields")
+    return path
+
+
+def build_container_command(container: ContainerSpec, argv: list[str], env: Mapping[str, str]) -> list[str]:
+    """``[runtime, "run", …, image, "bash", "-ic", 'exec "$@"', "bash", "python3", "-m", …]`` for the
+    vLLM ``argv``/``env`` that :func:`build_command` returned (argv[0], the host's engine python, becomes
+    the image's ``python3``). Raises :class:`CommandSpecError` naming the bad field."""
+    if container.runtime not in CONTAINER_RUNTIMES:
+        raise CommandSpecError(f"runtime must be one of {', '.join(CONTAINER_RUNTIMES)}, got {container.runtime!r}")
+    if not isinstance(container.name, str) or not _NAME_RE.fullmatch(container.name):
+        raise CommandSpecError(f"container name must be 2-128 letters, digits and _ . - (starting with a letter "
+                               f"or digit), got {container.name!r}")
+    if not isinstance(container.image, str) or not _IMAGE_RE.fullmatch(container.image):
+        raise CommandSpecError(
+            f"image must be a reference like quay.io/ascend/vllm-ascend:v0.23.0, got {container.image!r}")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1024 for d in container.devices):
+        raise CommandSpecError(f"devices must be NPU ids (0..1023), got {container.devices!r}")
+    model = _model_path(argv)
+
+    run = [container.runtime, "run", "-d", "--pull=never", "--name", container.name, "--net=host",
+           f"--shm-size={SHM_SIZE}"]
+    for device in container.devices:
+        run += ["--device", f"/dev/davinci{device}"]
+    for device in ASCEND_CONTROL_DEVICES:
+        run += ["--device", device]
+    for mount in ASCEND_DRIVER_MOUNTS:
+        run += ["-v", mount]
+    run += ["-v", f"{model}:{model}:ro"]
+    run += env_flags(env, secret=container.secret_env)
+    return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
+
+
+def env_flags(env: Mapping[str, str], *, secret: Iterable[str] = ()) -> list[str]:
+    """``-e KEY=VALUE`` for each variable (the device variable left out: the ``--device`` flags choose
+    the chips), then ``-e KEY`` for each secret one."""
+    flags, secret = [], tuple(secret)
+    for key, value in env.items():
+        if key in DEVICE_ENV.values() or key in secret:
+            continue
+        if not _ENV_KEY_RE.fullmatch(key) or "\n" in str(value) or "\0" in str(value):
+            raise CommandSpecError(f"environment variable {key!r} cannot be passed to a container")
+        flags += ["-e", f"{key}={value}"]
+    for key in secret:
+        flags += ["-e", key]
+    return flags

