@@ -56,9 +56,9 @@ from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, validate_env,
 )
-from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
-from endpoints.commands.platforms import (DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS, QUANTIZATION_METHODS,
-                                          RAY_MODULE, SERVER_MODULE, platforms_for_format)
+from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
+                                          QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell
 from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
@@ -72,12 +72,14 @@ __all__ = [
     "FORMAT_QUANTIZATION",
     "platforms_for_format",
     "EXTRA_ARG_RULES",
+    "DP_PLACEMENT_FLAGS",
     "ENV_ALLOWLIST",
     "ENV_VARIABLES",
     "ENV_DENYLIST",
     "INTERFACE_ENV_KEYS",
     "DEVICE_ENV",
     "SERVER_MODULE",
+    "CLI_MODULE",
     "RAY_MODULE",
     "validate_extra_args",
     "validate_env",

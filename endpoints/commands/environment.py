@@ -155,10 +155,10 @@ def validate_env(d: Mapping[str, Any] | None) -> dict[str, str]:
 INTERFACE_ENV_KEYS: dict[str, tuple[Callable[[Any, str], str], tuple[str, ...]]] = {
     "HCCL_IF_IP": (_check_ip, ("ascend",)),
     "HCCL_SOCKET_IFNAME": (_check_ifname, ("ascend",)),
-    "GLOO_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda")),
-    "TP_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda")),
+    "GLOO_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda", "cpu")),  # gloo carries CPU collectives too
+    "TP_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda", "cpu")),
     "NCCL_SOCKET_IFNAME": (_check_ifname, ("cuda",)),
-    "VLLM_HOST_IP": (_check_ip, ("ascend", "cuda")),
+    "VLLM_HOST_IP": (_check_ip, ("ascend", "cuda", "cpu")),
 }
 
 

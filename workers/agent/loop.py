@@ -50,7 +50,11 @@ class NodeAgent:
         if engine.get("error"):
             warnings.insert(0, engine["error"])
         now = timezone.now()
+        existing = Node.objects.filter(name=self.node_name).values_list("settings", flat=True).first() or {}
+        # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
+        node_settings = {**existing, "interfaces": dict(settings.NODE_INTERFACES)}
         node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
+            "settings": node_settings,
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
             "engine_python": self.engine_python, "engine": engine, "compat_warnings": warnings,
             "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
