@@ -3,7 +3,8 @@
 one. What waits for what: the head node claims the replica's rendezvous port first; Ray workers
 start once the Ray head is up; the replica's vLLM server on the head starts once every Ray node is in
 the cluster (data-parallel ranks need no order: the server waits for its engines itself). A member
-that dies is restarted with the replicas' backoff, and the server it served is restarted with it."""
+that dies is restarted with the replicas' backoff (failed starts count towards giving up; a node that was up
+always comes back), and the server it served is restarted with it."""
 import logging
 from datetime import timedelta
 
@@ -186,16 +187,19 @@ class MemberReconciler:
         last = tail_lines(member.log_path)
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
                                            "no output"))[:300]
-        crashes = member.crashes_in_a_row + 1
+        # A node that was up and died (a lost host, the OOM killer) always comes back; only failed starts
+        # count towards giving up, so a member that cannot start at all stops being retried.
+        was_up = member.state == S.READY
+        crashes = member.crashes_in_a_row + (0 if was_up else 1)
         what = f"{member.role} on {member.node.name}"
-        if crashes >= settings.ENDPOINT_MAX_CRASHES:
+        if not was_up and crashes >= settings.ENDPOINT_MAX_CRASHES:
             ReplicaMember.objects.filter(pk=member.pk).update(
                 state=S.FAILED, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
                 state_reason=f"gave up after {crashes} crashes in a row; last: {reason}"[:500])
             event(endpoint.pk, "member-failed", f"{what}: gave up after {crashes} crashes in a row (exit code {code}): "
                   f"{reason}", replica=replica.index, level="error")
         else:
-            delay = backoff_seconds(crashes)
+            delay = backoff_seconds(max(crashes, 1))
             ReplicaMember.objects.filter(pk=member.pk).update(
                 state=S.RESTARTING, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
                 next_start_at=now + timedelta(seconds=delay),

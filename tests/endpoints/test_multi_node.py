@@ -182,3 +182,46 @@ def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_f
     assert not on_head[0].running and not on_worker[0].running
     assert Replica.objects.get().cluster_port is None
     assert set(ReplicaMember.objects.values_list("state", flat=True)) == {S.STOPPED}
+
+
+@pytest.mark.django_db
+def test_a_node_that_was_up_comes_back_a_failed_start_gives_up(operator, api_for, cpu_pair, tiny_artifact, settings,
+                                                             tmp_path):
+    settings.DATA_DIR = tmp_path
+    settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
+    settings.ENDPOINT_MAX_CRASHES = 1
+    head, _ = cpu_pair
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray", worker_nodes=["worker"],
+            pipeline_parallel_size=2)
+    workload.reconcile(node=head, supervisor=supervisor)
+    ray_head = ReplicaMember.objects.get(role="ray-head")
+    assert ray_head.state == S.STARTING
+    supervisor.running.pop(ray_head.pid)  # dies before it is up: a failed start
+    workload.reconcile(node=head, supervisor=supervisor)
+    ray_head.refresh_from_db()
+    assert ray_head.state == S.FAILED and ray_head.state_reason.startswith("gave up after 1 crashes in a row")
+    assert Endpoint.objects.get().state == S.DEGRADED
+
+    ReplicaMember.objects.filter(pk=ray_head.pk).update(state=S.PENDING, crashes_in_a_row=0)  # as Start does
+    workload.reconcile(node=head, supervisor=supervisor)
+    _say_ray_started(ReplicaMember.objects.get(pk=ray_head.pk))
+    workload.reconcile(node=head, supervisor=supervisor)
+    ray_head.refresh_from_db()
+    assert ray_head.state == S.READY
+    supervisor.running.pop(ray_head.pid)  # dies after it was up: always started again
+    workload.reconcile(node=head, supervisor=supervisor)
+    ray_head.refresh_from_db()
+    assert ray_head.state == S.RESTARTING and ray_head.crashes_in_a_row == 0
+
+
+def test_node_interfaces_setting(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.env import env_pairs
+
+    monkeypatch.setenv("NODE_INTERFACES", "HCCL_IF_IP=10.0.0.5, GLOO_SOCKET_IFNAME=enp189s0f0")
+    assert env_pairs("NODE_INTERFACES") == {"HCCL_IF_IP": "10.0.0.5", "GLOO_SOCKET_IFNAME": "enp189s0f0"}
+    monkeypatch.setenv("NODE_INTERFACES", "eth0")
+    with pytest.raises(ImproperlyConfigured, match="'eth0' is not NAME=VALUE"):
+        env_pairs("NODE_INTERFACES")
