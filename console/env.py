@@ -65,6 +65,17 @@ def env_list(name: str, default: list[str] | None = None, sep: str = ",") -> lis
     return [item.strip() for item in raw.split(sep) if item.strip()]
 
 
+def env_pairs(name: str) -> dict[str, str]:
+    """NAME=VALUE pairs separated by commas, e.g. "GLOO_SOCKET_IFNAME=eth0,HCCL_IF_IP=10.0.0.5"."""
+    pairs = {}
+    for item in env_list(name):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ImproperlyConfigured(f"{name}: {item!r} is not NAME=VALUE")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def env_path(name: str, default: Path) -> Path:
     raw = os.environ.get(name)
     return Path(raw).expanduser().resolve() if raw else Path(default).resolve()

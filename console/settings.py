@@ -12,6 +12,7 @@ from console.env import (
     env_float,
     env_int,
     env_list,
+    env_pairs,
     env_path,
     env_secret,
     env_str,
@@ -219,6 +220,13 @@ AGENT_RECONCILE_SECONDS = env_float("AGENT_RECONCILE_SECONDS", 2)
 NODE_ADDRESS = env_str("NODE_ADDRESS", "127.0.0.1")
 ENDPOINT_BIND_HOST = env_str("ENDPOINT_BIND_HOST", "127.0.0.1")
 ENDPOINT_PORT_RANGE = tuple(int(p) for p in env_str("ENDPOINT_PORT_RANGE", "8200-8399").split("-", 1))
+# Multi-node replicas' rendezvous ports on their head node (Ray head, data-parallel RPC). Not Ray's own
+# default 6379: that is Redis's port, and the console's Redis may run on the same host.
+ENDPOINT_CLUSTER_PORT_RANGE = tuple(int(p) for p in env_str("ENDPOINT_CLUSTER_PORT_RANGE", "6400-6499").split("-", 1))
+# This host's network interfaces for multi-node collectives, as NAME=VALUE pairs the agent records in its
+# node's settings (vllm-ascend's tutorials set them on every node before `ray start` / `vllm serve`), e.g.
+# "HCCL_IF_IP=10.0.0.5,GLOO_SOCKET_IFNAME=enp189s0f0,TP_SOCKET_IFNAME=enp189s0f0,HCCL_SOCKET_IFNAME=enp189s0f0".
+NODE_INTERFACES = env_pairs("NODE_INTERFACES")
 ENDPOINT_HEALTH_INTERVAL_SECONDS = env_float("ENDPOINT_HEALTH_INTERVAL_SECONDS", 5)
 ENDPOINT_HEALTH_FAILURES = env_int("ENDPOINT_HEALTH_FAILURES", 3)  # in a row -> restart
 ENDPOINT_START_TIMEOUT_SECONDS = env_int("ENDPOINT_START_TIMEOUT_SECONDS", 900)

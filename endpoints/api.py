@@ -31,6 +31,9 @@ class EndpointIn(Schema):
     capacity_override: str = ""
     restart_every_hours: int | None = None
     restart_daily_at: str | None = None  # HH:MM, UTC
+    distributed: str = ""  # "" (one node), "ray" or "dp": one replica on `node` and `worker_nodes`
+    worker_nodes: list[str | int] = []
+    data_parallel_size: int | None = None  # dp: ranks over all nodes (default: one per node)
 
     def launch_values(self) -> dict:
         """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
@@ -44,6 +47,11 @@ class ChatIn(Schema):
     max_tokens: int = 64
 
 
+def member_json(member) -> dict:
+    return {"rank": member.rank, "node": member.node.name, "role": member.role, "pid": member.pid,
+            "devices": member.devices, "state": member.state, "reason": member.state_reason, "restarts": member.restarts}
+
+
 def replica_json(replica) -> dict:
     container = {"runtime": replica.runtime, "name": replica.container_name, "id": replica.container_id} \
         if replica.container_id else None
@@ -51,7 +59,8 @@ def replica_json(replica) -> dict:
             "container": container,
             "port": replica.port, "devices": replica.devices, "state": replica.state, "reason": replica.state_reason,
             "restarts": replica.restarts, "started_at": replica.started_at.isoformat() if replica.started_at else None,
-            "ready_at": replica.ready_at.isoformat() if replica.ready_at else None}
+            "ready_at": replica.ready_at.isoformat() if replica.ready_at else None,
+            "cluster_port": replica.cluster_port, "members": [member_json(m) for m in replica.members.all()]}
 
 
 def endpoint_json(endpoint: Endpoint) -> dict:
@@ -62,6 +71,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "tensor_parallel_size": endpoint.tensor_parallel_size, "pipeline_parallel_size": endpoint.pipeline_parallel_size,
         "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
         "enforce_eager": endpoint.enforce_eager, "quantization": endpoint.quantization or None,
+        "distributed": endpoint.distributed, "data_parallel_size": endpoint.data_parallel_size,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
     }
 

@@ -47,9 +47,15 @@ class EndpointLaunchForm(forms.Form):
     restart_every_hours = forms.IntegerField(required=False)
     restart_daily_at = forms.CharField(required=False)
     capacity_override = forms.CharField(required=False)
+    distributed = forms.CharField(required=False)  # the service names the choices
+    worker_nodes = forms.CharField(required=False)
+    data_parallel_size = forms.IntegerField(required=False)
 
     def clean_node(self):
         return self.cleaned_data["node"] or None
+
+    def clean_worker_nodes(self):
+        return [name for name in re.split(r"[,\s]+", self.cleaned_data["worker_nodes"]) if name]
 
     def clean_devices(self):
         try:

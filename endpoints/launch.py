@@ -1,35 +1,84 @@
 """The whole launch of one replica: the LaunchSpec from the endpoint, replica and node, the argv
 (endpoints.commands.build_command), the child's environment and its log file. The agent's
 supervisor gets the finished ProcessSpec and runs it. On a node whose engine runtime is Docker or
-Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command)."""
+Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command). A multi-node
+replica's members (Ray nodes, headless data-parallel ranks) are built here too, each for the node
+that runs it, as processes of that node's engine venv."""
 from pathlib import Path
 
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.commands import (CommandSpecError, ContainerSpec, LaunchSpec, build_command, build_container_command,
-                                container_name)
-from endpoints.models import Endpoint, Replica
+from endpoints.commands import (
+    CommandSpecError,
+    ContainerSpec,
+    LaunchSpec,
+    build_command,
+    build_container_command,
+    container_name,
+    ray_head_command,
+    ray_worker_command,
+)
+from endpoints.models import Endpoint, Replica, ReplicaMember
 from workers.agent.supervisor import ProcessSpec
 from workers.models import Node
 
 
-def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int) -> LaunchSpec:
-    chip = node.devices.filter(index__in=replica.devices).values_list("name", flat=True).first()
+def node_interfaces(node: Node) -> dict[str, str]:
+    """The interface variables the node's agent recorded (NODE_INTERFACES): checked by the command builder."""
+    return dict((node.settings or {}).get("interfaces") or {})
+
+
+def node_count(replica: Replica) -> int:
+    """How many nodes the replica spans: the head and one per member of a higher rank."""
+    return 1 + sum(1 for m in replica.members.all() if m.rank > 0)
+
+
+def distributed_spec(*, replica: Replica, node_rank: int, node: Node) -> dict | None:
+    """LaunchSpec.distributed for the node of this rank; the rendezvous is on the replica's head node."""
+    endpoint = replica.endpoint
+    if not endpoint.distributed:
+        return None
+    nnodes = node_count(replica)
+    spec = {"backend": endpoint.distributed, "head_address": f"{replica.node.address}:{replica.cluster_port}",
+            "nnodes": nnodes, "node_rank": node_rank, "interfaces": node_interfaces(node)}
+    if endpoint.distributed == Endpoint.Distributed.DP:
+        spec.update(size=endpoint.data_parallel_size, size_local=endpoint.data_parallel_size // nnodes)
+    return spec
+
+
+def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int | None,
+                devices: list[int] | None = None, node_rank: int = 0) -> LaunchSpec:
+    devices = list(replica.devices if devices is None else devices)
+    chip = node.devices.filter(index__in=devices).values_list("name", flat=True).first()
     return LaunchSpec(
         platform=node.platform, engine_python=node.engine_python or settings.ENGINE_PYTHON,
         model_path=endpoint.artifact.path, served_model_name=endpoint.served_model_name,
-        host=settings.ENDPOINT_BIND_HOST, port=port, devices=list(replica.devices),
+        host=settings.ENDPOINT_BIND_HOST, port=port, devices=devices,
         tensor_parallel_size=endpoint.tensor_parallel_size, pipeline_parallel_size=endpoint.pipeline_parallel_size,
         max_num_seqs=endpoint.max_num_seqs, max_model_len=endpoint.max_model_len,
         gpu_memory_utilization=endpoint.gpu_memory_utilization, dtype=endpoint.dtype or None,
         quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
         extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
+        distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
     )
 
 
 def replica_log_path(replica: Replica) -> Path:
     return Path(settings.DATA_DIR) / "logs" / "endpoints" / replica.endpoint.name / f"replica-{replica.index}.log"
+
+
+def _refuse_multi_node_container(endpoint: Endpoint, node: Node) -> None:
+    """A multi-node replica's members run as processes of each node's engine venv (`ray start`, headless
+    `vllm serve`): a server in vllm-ascend's image would bring another Ray and vLLM than the ones it joins."""
+    if endpoint.distributed:
+        raise CommandSpecError(f"{endpoint.name} spans nodes ({endpoint.distributed}), whose parts run as processes "
+                               f"of each node's engine venv; {node.name} runs replicas under {node.engine_runtime}: "
+                               "set its engine runtime to process")
+
+
+def member_log_path(member: ReplicaMember) -> Path:
+    return replica_log_path(member.replica).with_name(f"replica-{member.replica.index}-{member.role}-{member.rank}.log")
 
 
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
@@ -42,6 +91,7 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
         spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}),
                            log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP)
         return spec, env_added
+    _refuse_multi_node_container(replica.endpoint, node)
     if node.platform != Node.Platform.ASCEND:
         raise CommandSpecError(f"{node.name} runs replicas under {node.engine_runtime}, which serves vllm-ascend's "
                                f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
@@ -54,3 +104,27 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
                        log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP,
                        runtime=node.engine_runtime, container_name=container.name)
     return spec, {}
+
+
+def member_command(member: ReplicaMember) -> tuple[list[str], dict[str, str]]:
+    """The member's argv and added environment: `ray start` (vllm-ascend's Ray tutorial: the interface
+    variables and devices set before it, on every node) or the headless `vllm serve` of a DP rank."""
+    replica, node, endpoint = member.replica, member.node, member.replica.endpoint
+    if member.role == ReplicaMember.Role.DP_HEADLESS:
+        return build_command(launch_spec(endpoint=endpoint, replica=replica, node=node, port=None,
+                                         devices=member.devices, node_rank=member.rank))
+    common = {"node_ip": node.address, "platform": node.platform, "devices": list(member.devices),
+              "interfaces": node_interfaces(node), "env": dict(endpoint.env)}
+    engine_python = node.engine_python or settings.ENGINE_PYTHON
+    if member.role == ReplicaMember.Role.RAY_HEAD:
+        return ray_head_command(engine_python, port=replica.cluster_port, **common)
+    return ray_worker_command(engine_python, head_address=f"{replica.node.address}:{replica.cluster_port}", **common)
+
+
+def member_process(member: ReplicaMember) -> tuple[ProcessSpec, dict[str, str]]:
+    if member.node.containerised:
+        _refuse_multi_node_container(member.replica.endpoint, member.node)
+    argv, env_added = member_command(member)
+    # runtime "process" (ProcessSpec's default): `ray start` and headless ranks run on the host's engine venv.
+    return ProcessSpec(argv=argv, env=child_environment(env_added), log_path=member_log_path(member),
+                       log_keep=settings.ENDPOINT_LOG_KEEP), env_added

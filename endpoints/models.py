@@ -28,6 +28,12 @@ class Endpoint(models.Model):
         RESTARTING = "restarting"
         FAILED = "failed"
 
+    class Distributed(models.TextChoices):
+        """How one replica spans nodes: its head node runs the API server, member nodes the rest."""
+        NONE = "", "one node"
+        RAY = "ray", "Ray cluster (tensor/pipeline parallel across nodes)"
+        DP = "dp", "data parallel across nodes (headless ranks)"
+
     name = models.CharField(max_length=63, unique=True, validators=[ENDPOINT_NAME])
     artifact = models.ForeignKey("models_registry.Artifact", on_delete=models.PROTECT, related_name="endpoints")
     node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="endpoints")
@@ -45,6 +51,8 @@ class Endpoint(models.Model):
     env = models.JSONField(default=dict, blank=True)
     extra_args = models.JSONField(default=dict, blank=True)
     share_devices = models.BooleanField(default=False)
+    distributed = models.CharField(max_length=8, choices=Distributed.choices, blank=True)
+    data_parallel_size = models.PositiveIntegerField(default=1)  # dp: ranks over all nodes (an equal share each)
     capacity_override = models.TextField(blank=True)  # an Admin's reason to launch past the estimate
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
     restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
@@ -77,6 +85,9 @@ class Replica(models.Model):
     port = models.PositiveIntegerField(null=True, blank=True)
     # The host the port is reserved on: agents on one host claim ports through this row.
     port_host = models.CharField(max_length=255, blank=True)
+    # A multi-node replica's rendezvous on its head node (the Ray head's GCS port, or the DP group's RPC
+    # port), claimed like `port` (on the same port_host) before any of its members starts.
+    cluster_port = models.PositiveIntegerField(null=True, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     pid_create_time = models.FloatField(null=True, blank=True)  # with pid and argv: identifies our process
     # What runs it: "process", or a container runtime ("docker", "podman"), where the container's name
@@ -105,6 +116,8 @@ class Replica(models.Model):
             models.UniqueConstraint(fields=["endpoint", "index"], name="unique_replica_index"),
             models.UniqueConstraint(fields=["port_host", "port"], condition=models.Q(port__isnull=False),
                                     name="unique_port_per_host"),
+            models.UniqueConstraint(fields=["port_host", "cluster_port"], condition=models.Q(cluster_port__isnull=False),
+                                    name="unique_cluster_port_per_host"),
         ]
 
     def __str__(self):
@@ -133,6 +146,44 @@ class Replica(models.Model):
     @property
     def auth_header(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
+
+
+class ReplicaMember(models.Model):
+    """One node's process in a multi-node replica, run by that node's agent beside the replica's vLLM
+    server (which runs on the head node): `ray start --head` (rank 0, on the head node) and
+    `ray start --address` (ranks 1..), or a headless data-parallel rank (1..; rank 0 is the server)."""
+
+    class Role(models.TextChoices):
+        RAY_HEAD = "ray-head"
+        RAY_WORKER = "ray-worker"
+        DP_HEADLESS = "dp-headless"
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="members")
+    rank = models.PositiveIntegerField()  # the node's rank in the replica: 0 is the head node
+    node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="replica_members")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    devices = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=16, choices=Endpoint.State.choices, default=Endpoint.State.PENDING)
+    state_reason = models.CharField(max_length=500, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    pid_create_time = models.FloatField(null=True, blank=True)
+    argv = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    log_path = models.CharField(max_length=1024, blank=True)
+    restarts = models.PositiveIntegerField(default=0)
+    crashes_in_a_row = models.PositiveIntegerField(default=0)
+    last_exit_code = models.IntegerField(null=True, blank=True)
+    last_log = models.TextField(blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    next_start_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["replica_id", "rank"]
+        constraints = [models.UniqueConstraint(fields=["replica", "rank"], name="unique_member_rank")]
+
+    def __str__(self):
+        return f"{self.replica}/{self.role}@{self.node.name}"
 
 
 class EndpointEvent(models.Model):

@@ -7,13 +7,15 @@ import time
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
 from endpoints.launch import replica_process
+from endpoints.members import MemberReconciler, cluster_wait, release_cluster_port
 from endpoints.models import Endpoint, Replica
+from endpoints.ports import claim_port
 from endpoints.replica_state import (
     DEVICE_FAULT,
     backoff_seconds,
@@ -24,29 +26,11 @@ from endpoints.replica_state import (
     refresh_endpoint_state,
     scheduled_restart_due,
 )
-from workers.agent.supervisor import ProcessHandle, RuntimeUnavailable, Supervisor, port_is_free, rotate_if_large
+from workers.agent.supervisor import ProcessHandle, RuntimeUnavailable, Supervisor, rotate_if_large
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
 S = Endpoint.State
-
-
-def claim_port(node: Node, replica: Replica) -> int:
-    """Reserve a free port for the replica. The unique (port_host, port) constraint makes the
-    claim race-safe between agents on the same host."""
-    low, high = settings.ENDPOINT_PORT_RANGE
-    taken = set(Replica.objects.filter(port_host=node.hostname, port__isnull=False).exclude(pk=replica.pk)
-                .values_list("port", flat=True))
-    for port in range(low, high + 1):
-        if port in taken or not port_is_free(port, settings.ENDPOINT_BIND_HOST):
-            continue
-        try:
-            with transaction.atomic():
-                Replica.objects.filter(pk=replica.pk).update(port=port, port_host=node.hostname)
-            return port
-        except IntegrityError:
-            continue  # another agent claimed it a moment ago
-    raise RuntimeError(f"No free port in {low}-{high} on {node.name}")
 
 
 # What a replica that is no longer running keeps of its last start: nothing that identifies it.
@@ -70,6 +54,7 @@ class ReplicaWorkload:
 
     def __init__(self):
         self.last_health: dict[int, float] = {}
+        self.members = MemberReconciler()  # this node's parts of multi-node replicas
 
     def reconcile(self, *, node: Node, supervisor: Supervisor) -> bool:
         replicas = list(Replica.objects.filter(node=node).select_related("endpoint", "endpoint__artifact", "node"))
@@ -89,9 +74,10 @@ class ReplicaWorkload:
                 Replica.objects.filter(pk=replica.pk).update(state=S.FAILED, state_reason=str(exc)[:500])
                 event(replica.endpoint_id, "error", f"{type(exc).__name__}: {exc}", replica=replica.index, level="error")
             touched.add(replica.endpoint_id)
-        for endpoint in Endpoint.objects.filter(pk__in=touched).select_related("node"):
+        member_endpoints, members_starting = self.members.reconcile(node=node, supervisor=supervisor)
+        for endpoint in Endpoint.objects.filter(pk__in=touched | member_endpoints).select_related("node"):
             refresh_endpoint_state(endpoint)
-        return any(r.state in (S.STARTING, S.RESTARTING) for r in replicas)
+        return members_starting or any(r.state in (S.STARTING, S.RESTARTING) for r in replicas)
 
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
         port = claim_port(node, replica)
@@ -128,6 +114,7 @@ class ReplicaWorkload:
             if replica.state != S.STOPPED or replica.launched:
                 Replica.objects.filter(pk=replica.pk).update(state=S.STOPPED, port=None, state_reason="",
                                                              crashes_in_a_row=0, next_start_at=None, **NO_HANDLE)
+            release_cluster_port(replica)
             return
 
         if proc is None and replica.launched:
@@ -146,6 +133,11 @@ class ReplicaWorkload:
             return
 
         if proc is None:
+            waiting = cluster_wait(replica, node)  # a multi-node replica's server starts on a whole cluster
+            if waiting:
+                if replica.state_reason != waiting:
+                    Replica.objects.filter(pk=replica.pk).update(state_reason=waiting[:500])
+                return
             if replica.state == S.RESTARTING or replica.restart_requested:
                 Replica.objects.filter(pk=replica.pk).update(restarts=replica.restarts + 1)
             fresh = Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk)

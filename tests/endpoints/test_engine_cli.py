@@ -10,13 +10,14 @@ import time
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
 from console.models import AuditEvent
 from endpoints.commands import ENV_VARIABLES, EXTRA_ARG_RULES, emittable_flags, env_unknown_to, flags_unknown_to
 from endpoints.models import Endpoint, Replica
 from endpoints.services import checked_engine_options
 from tests.support import FIXTURES
-from workers.models import Node
+from workers.models import Device, Node
 
 
 def recorded(version: str) -> dict:
@@ -41,8 +42,9 @@ def test_recordings_differ_where_vllm_changed():
     """What the fixtures stand for: the README's claims, read from the recordings themselves."""
     assert (V091["vllm"], V0110["vllm"], V032["vllm"]) == ("0.9.1", "0.11.0", "0.32.0")
     assert sorted(emittable_flags() - set(V091["options"])) == [
-        "--async-scheduling", "--enable-log-requests", "--no-async-scheduling", "--no-disable-uvicorn-access-log",
-        "--no-enable-auto-tool-choice", "--no-enable-log-requests"]
+        "--async-scheduling", "--data-parallel-start-rank", "--enable-log-requests", "--headless",
+        "--no-async-scheduling", "--no-disable-uvicorn-access-log", "--no-enable-auto-tool-choice",
+        "--no-enable-log-requests"]
     assert "--disable-log-requests" in V091["options"]  # what 0.9.1 had instead
     assert {"--headless", "--data-parallel-start-rank"} - set(V091["options"]) == {"--headless", "--data-parallel-start-rank"}
     assert emittable_flags() <= set(V0110["options"]) and emittable_flags() <= set(V032["options"])
@@ -184,6 +186,32 @@ def test_every_node_of_a_multi_node_spec_must_know_the_flag():
     assert refused.value.message_dict["extra_args"] == [
         "--async-scheduling is not a flag of vLLM 0.9.1 on node npu-worker.",
         "--async-scheduling is not a flag of vLLM 0.9.1 on node npu-old."]
+
+
+@pytest.mark.django_db
+def test_the_flags_the_console_places_on_each_node_of_a_multi_node_replica_must_be_known_there(
+        operator, api_for, tiny_artifact):
+    """A data-parallel replica's worker nodes run `vllm serve --headless --data-parallel-start-rank`, which
+    vLLM 0.9.1 lacks; its head needs only the group's flags, which 0.9.1 has."""
+    nodes = {}
+    for name in ("npu-a", "npu-b"):
+        nodes[name] = Node.objects.create(name=name, platform="ascend", address=f"10.0.0.{len(nodes) + 1}",
+                                          engine_cli=V0110, last_heartbeat=timezone.now())
+        Device.objects.create(node=nodes[name], index=0, kind="npu", name="910B4", memory_total_bytes=64 << 30,
+                              health="OK")
+    dp = {"artifact": tiny_artifact.pk, "node": "npu-a", "distributed": "dp", "worker_nodes": ["npu-b"], "devices": [0]}
+    api = api_for(operator)
+    Node.objects.filter(name="npu-b").update(engine_cli=V091)
+    response = api.post("/api/v1/endpoints", {"name": "dp", **dp})
+    assert response.status_code == 400
+    assert response.json()["errors"] == {"distributed": [
+        "--data-parallel-start-rank, --headless are not flags of vLLM 0.9.1 on node npu-b, which a dp replica "
+        "needs there."]}
+    assert _nothing_created()
+    Node.objects.filter(name="npu-b").update(engine_cli=V0110)
+    Node.objects.filter(name="npu-a").update(engine_cli=V091)  # the head runs the API server: 0.9.1 has its flags
+    response = api.post("/api/v1/endpoints", {"name": "dp", **dp})
+    assert response.status_code == 201, response.content
 
 
 @pytest.mark.django_db

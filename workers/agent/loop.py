@@ -63,7 +63,11 @@ class NodeAgent:
         cli = {} if engine.get("error") else cached_engine_cli(engine_fingerprint(self.engine_python, engine)) or {}
         self.engine_cli_fingerprint = cli.get("fingerprint")
         now = timezone.now()
+        existing = Node.objects.filter(name=self.node_name).values_list("settings", flat=True).first() or {}
+        # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
+        node_settings = {**existing, "interfaces": dict(settings.NODE_INTERFACES)}
         node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
+            "settings": node_settings,
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
             "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
             "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
