@@ -562,6 +562,9 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
         pytest.skip("no .venv-engine")
     settings.ARTIFACT_STORE = (tmp_path / "artifacts").resolve()
     settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
+    # Two 512-token windows, not the default 4,096 tokens: each is scored in the model and twice through vllm-cpu
+    # in bf16 (minutes per 4,096 tokens on a CPU without bf16 instructions); the kernel's loss shows at this size.
+    settings.QUANTIZE_EVAL_MAX_TOKENS = 1024
     api = api_for(operator)
     # float32 weights: on a CPU without bf16 instructions (this one, and CI's) PyTorch's bf16 matmul is ~40×
     # slower than fp32, and GPTQ plus the evaluation in bf16 took half an hour; vLLM serves it in bf16.
@@ -577,7 +580,7 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     serving = acc["serving"]
     print("demo accuracy:", {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "eval_tokens")},
           "serving:", serving, "job:", job.status, job.error)
-    assert acc["eval_tokens"] >= 4000 and acc["gate_pct"] == gate and acc["calibration"]["gptq"] is True
+    assert acc["eval_tokens"] >= 1000 and acc["gate_pct"] == gate and acc["calibration"]["gptq"] is True
     assert acc["ppl_change_pct"] <= gate, acc  # the checkpoint itself passes: the served check runs
     assert serving["engine"] == "vllm-cpu", serving
     assert abs(serving["ppl_before"] - acc["ppl_before"]) / acc["ppl_before"] < 0.05, serving  # the same tokens
