@@ -377,18 +377,10 @@ def main(argv: list[str], *, state: str, image_python: str, prog: str = "docker"
         return cmd_shim(store, argv[1])
     store.record(argv)
     command, args = (argv[0], argv[1:]) if argv else ("", [])
-    if command == "run":
-        return cmd_run(store, args)
-    if command == "inspect":
-        return cmd_inspect(store, args)
-    if command == "ps":
-        return cmd_ps(store, args)
-    if command == "logs":
-        return cmd_logs(store, args)
-    if command == "stop":
-        return cmd_stop(store, args)
-    if command == "rm":
-        return cmd_rm(store, args)
+    handlers = {"run": cmd_run, "inspect": cmd_inspect, "ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop,
+                "rm": cmd_rm}
+    if command in handlers:
+        return handlers[command](store, args)
     if command == "info":
         print(f"stand-in {prog} (tests/support/fake_docker.py): state in {state}")
         return 0
