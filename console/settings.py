@@ -236,6 +236,9 @@ ENDPOINT_MAX_CRASHES = env_int("ENDPOINT_MAX_CRASHES", 5)  # in a row -> failed
 ENDPOINT_STOP_GRACE_SECONDS = env_float("ENDPOINT_STOP_GRACE_SECONDS", 20)
 ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
 ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
+# Replicas launched with profiling write vLLM's traces under <root>/replicas/<endpoint>-<index>
+# (endpoints.profiling.paths); on a node, the same path there.
+ENDPOINT_PROFILE_ROOT = env_path("ENDPOINT_PROFILE_ROOT", DATA_DIR / "profiles")
 VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
 TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
 # The agent re-runs the environment doctor's checks (workers/doctor.py) this often, and once at start.

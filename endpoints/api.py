@@ -1,9 +1,11 @@
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
+from pydantic import StrictBool
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER
 from endpoints import selectors, services
+from endpoints.commands import PROFILER_FLAG
 from endpoints.forms import time_of_day
 from endpoints.models import Endpoint
 
@@ -24,6 +26,7 @@ class EndpointIn(Schema):
     dtype: str = ""
     quantization: str = ""
     enforce_eager: bool = False
+    profiling: StrictBool = False  # vLLM's profiler configured, so profiles can be recorded (some overhead)
     served_model_name: str = ""
     env: dict = {}
     extra_args: dict = {}
@@ -42,6 +45,10 @@ class EndpointIn(Schema):
                 "restart_daily_at": time_of_day(self.restart_daily_at)}
 
 
+class ProfilingIn(Schema):
+    enabled: StrictBool
+
+
 class ChatIn(Schema):
     message: str
     max_tokens: int = 64
@@ -58,7 +65,9 @@ def replica_json(replica) -> dict:
     return {"index": replica.index, "node": replica.node.name, "url": replica.url, "pid": replica.pid,
             "container": container,
             "port": replica.port, "devices": replica.devices, "state": replica.state, "reason": replica.state_reason,
-            "restarts": replica.restarts, "started_at": replica.started_at.isoformat() if replica.started_at else None,
+            "restarts": replica.restarts,
+            "profiling": PROFILER_FLAG in (replica.argv or []),  # its running vLLM has the profiler
+            "started_at": replica.started_at.isoformat() if replica.started_at else None,
             "ready_at": replica.ready_at.isoformat() if replica.ready_at else None,
             "cluster_port": replica.cluster_port, "members": [member_json(m) for m in replica.members.all()]}
 
@@ -70,7 +79,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "artifact": endpoint.artifact_id, "node": endpoint.node.name, "devices": endpoint.devices,
         "tensor_parallel_size": endpoint.tensor_parallel_size, "pipeline_parallel_size": endpoint.pipeline_parallel_size,
         "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
-        "enforce_eager": endpoint.enforce_eager, "quantization": endpoint.quantization or None,
+        "enforce_eager": endpoint.enforce_eager, "profiling": endpoint.profiling, "quantization": endpoint.quantization or None,
         "distributed": endpoint.distributed, "data_parallel_size": endpoint.data_parallel_size,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
     }
@@ -109,6 +118,13 @@ def stop_endpoint(request, endpoint_id: int):
 @api_route(router, "post", "/endpoints/{endpoint_id}/restart", role=OPERATOR, response=dict)
 def restart_endpoint(request, endpoint_id: int):
     return endpoint_json(services.endpoint_restart(endpoint=_get(endpoint_id), user=request.user, request=request))
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/profiling", role=OPERATOR, response=dict)
+def set_endpoint_profiling(request, endpoint_id: int, payload: ProfilingIn):
+    """Profiling on or off; running replicas restart one at a time to apply it."""
+    return endpoint_json(services.endpoint_set_profiling(endpoint=_get(endpoint_id), enabled=payload.enabled,
+                                                         user=request.user, request=request))
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/chat", role=OPERATOR, response=dict)

@@ -40,6 +40,7 @@ class EndpointLaunchForm(forms.Form):
     gpu_memory_utilization = forms.FloatField(required=False, error_messages={"invalid": "Between 0.1 and 0.99."})
     dtype = forms.CharField(required=False)
     enforce_eager = forms.BooleanField(required=False)
+    profiling = forms.BooleanField(required=False)
     share_devices = forms.BooleanField(required=False)
     served_model_name = forms.CharField(required=False)
     extra_args = forms.CharField(required=False)

@@ -20,6 +20,7 @@ from endpoints.commands import (
     ray_worker_command,
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
+from endpoints.profiling.paths import replica_profile_dir
 from workers.agent.supervisor import ProcessSpec
 from workers.models import Node
 
@@ -61,7 +62,16 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
         quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
         extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
+        profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
     )
+
+
+def make_profile_dir(replica: Replica) -> None:
+    """The replica's profile directory, made before its start on the node that runs it (beside the log
+    directory the supervisor makes): a container's bind mount needs it to exist, and made here it belongs
+    to the agent's user rather than to the container's root."""
+    if replica.endpoint.profiling:
+        replica_profile_dir(replica).mkdir(parents=True, exist_ok=True)
 
 
 def replica_log_path(replica: Replica) -> Path:

@@ -13,7 +13,7 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import member_process
+from endpoints.launch import make_profile_dir, member_process
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
 from endpoints.replica_state import backoff_seconds, event
@@ -162,6 +162,8 @@ class MemberReconciler:
                     state=S.RESTARTING if member.state == S.RESTARTING else S.PENDING, state_reason=why)
             return
         spec, env_added = member_process(member)
+        if member.role == ReplicaMember.Role.DP_HEADLESS:  # a vLLM of the replica: its workers profile here
+            make_profile_dir(member.replica)
         handle = supervisor.start(spec)
         restarts = member.restarts + (1 if member.state == S.RESTARTING else 0)
         ReplicaMember.objects.filter(pk=member.pk).update(

@@ -47,6 +47,9 @@ class Endpoint(models.Model):
     dtype = models.CharField(max_length=16, blank=True)
     quantization = models.CharField(max_length=32, blank=True)
     enforce_eager = models.BooleanField(default=False)
+    # vLLM's profiler configured at launch (--profiler-config), so a profile can be recorded on demand;
+    # a change restarts running replicas one at a time (ReplicaWorkload.maybe_scheduled_restart).
+    profiling = models.BooleanField(default=False)
     served_model_name = models.CharField(max_length=100)
     env = models.JSONField(default=dict, blank=True)
     extra_args = models.JSONField(default=dict, blank=True)

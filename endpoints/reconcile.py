@@ -12,7 +12,7 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import replica_process
+from endpoints.launch import make_profile_dir, replica_process
 from endpoints.members import MemberReconciler, cluster_wait, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
@@ -23,6 +23,7 @@ from endpoints.replica_state import (
     device_faults,
     event,
     healthy_placement,
+    profiling_restart_due,
     refresh_endpoint_state,
     scheduled_restart_due,
 )
@@ -82,6 +83,7 @@ class ReplicaWorkload:
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
         port = claim_port(node, replica)
         spec, env_added = replica_process(replica=replica, node=node, port=port)
+        make_profile_dir(replica)
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
             pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
@@ -245,13 +247,18 @@ class ReplicaWorkload:
                                                      state_reason=f"health check failed: {detail}"[:500])
 
     def maybe_scheduled_restart(self, replica: Replica, now) -> None:
-        """Restart replicas every N hours or daily at a set time (memory fragmentation), one at a
-        time: only when every other replica of the endpoint is ready, so the endpoint keeps serving."""
-        reason = scheduled_restart_due(replica.endpoint, replica.ready_at, now)
+        """Restart replicas every N hours or daily at a set time (memory fragmentation), or to follow a
+        change of the endpoint's profiling option, one at a time: only when every other replica of the
+        endpoint is ready and none has a restart pending, so the endpoint keeps serving."""
+        kind, reason = "scheduled-restart", scheduled_restart_due(replica.endpoint, replica.ready_at, now)
+        if not reason:
+            kind, reason = "profiling-restart", profiling_restart_due(replica)
         if not reason:
             return
         others = Replica.objects.filter(endpoint=replica.endpoint).exclude(pk=replica.pk)
-        if others.exclude(state=S.READY).exists():
+        # A replica asked to restart is still READY until its agent stops it: without the second test
+        # two replicas checked in one pass would both go.
+        if others.exclude(state=S.READY).exists() or others.filter(restart_requested=True).exists():
             return
         if Replica.objects.filter(pk=replica.pk, restart_requested=False).update(restart_requested=True):
-            event(replica.endpoint_id, "scheduled-restart", reason, replica=replica.index)
+            event(replica.endpoint_id, kind, reason, replica=replica.index)

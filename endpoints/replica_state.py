@@ -9,6 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 
+from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
 from workers.models import Device
 
@@ -60,6 +61,15 @@ def scheduled_restart_due(endpoint: Endpoint, ready_at, now) -> str:
         if ready_at < today <= now:
             return f"daily restart at {daily:%H:%M} UTC"
     return ""
+
+
+def profiling_restart_due(replica: Replica) -> str:
+    """Why a running replica must restart to follow its endpoint's profiling option (its argv was built
+    with the other setting), or "". Read from the argv the replica runs, so turning the option off
+    again before a replica restarted leaves that replica alone."""
+    if (PROFILER_FLAG in (replica.argv or [])) == replica.endpoint.profiling:
+        return ""
+    return f"restart to {'enable' if replica.endpoint.profiling else 'disable'} profiling"
 
 
 DEVICE_FAULT = "device fault"  # how a replica's state_reason starts while a device of it is not OK

@@ -19,8 +19,8 @@ from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from console.roles import ADMIN, has_role
-from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, QUANTIZATION_METHODS, CommandSpecError,
-                                env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
+from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, PROFILER_FLAG, QUANTIZATION_METHODS,
+                                CommandSpecError, env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
                                 validate_extra_args)
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
@@ -294,11 +294,27 @@ def _placed_flags_known(*, layout: _Layout, head: Node) -> None:
         raise ValidationError({"distributed": refusals})
 
 
+def _checked_profiling(enabled, *, nodes: Sequence[Node]) -> bool:
+    """The profiling option as a bool, refused (naming the node and its release) where a node's vLLM has
+    no --profiler-config (added after 0.11). A node whose agent reported no parser is not held back."""
+    if not isinstance(enabled, bool):
+        raise ValidationError({"profiling": "Profiling is true or false."})
+    if not enabled:
+        return False
+    lacking = [f"vLLM {(n.engine_cli or {}).get('vllm') or '(version unknown)'} on node {n.name}" for n in nodes
+               if (n.engine_cli or {}).get("options") and PROFILER_FLAG not in n.engine_cli["options"]]
+    if lacking:
+        raise ValidationError({"profiling": f"{', '.join(lacking)} has no {PROFILER_FLAG}: profiling needs a "
+                                            "newer vLLM there."})
+    return True
+
+
 def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
                     replicas: int | None = None, tensor_parallel_size: int | None = None,
                     pipeline_parallel_size: int | None = None, max_model_len: int | None = None,
                     max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None, dtype: str = "",
-                    quantization: str = "", enforce_eager: bool = False, served_model_name: str = "",
+                    quantization: str = "", enforce_eager: bool = False, profiling: bool = False,
+                    served_model_name: str = "",
                     env: dict | None = None, extra_args: dict | None = None, share_devices: bool = False,
                     capacity_override: str = "", restart_every_hours: int | None = None,
                     restart_daily_at: datetime.time | None = None, distributed: str = "",
@@ -343,6 +359,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     extra_args = extra_args or {}
     env = checked_engine_options(nodes=[node, *layout.nodes], extra_args=extra_args, env=env or {})
     _placed_flags_known(layout=layout, head=node)
+    profiling = _checked_profiling(profiling, nodes=[node, *layout.nodes])
     quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
@@ -358,7 +375,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
             name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
-            enforce_eager=enforce_eager, served_model_name=served, env=env,
+            enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
             extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
             distributed=distributed, data_parallel_size=layout.data_parallel_size,
             restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, created_by=user if user is not None and user.pk else None,
@@ -373,7 +390,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
         EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
             "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
-            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling,
             **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
                 "data_parallel_size": layout.data_parallel_size} if distributed else {}),
             **({"capacity_override": capacity_override} if capacity_override else {})})
@@ -429,6 +446,31 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
         audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
         nodes = _nodes_of(endpoint)
         transaction.on_commit(lambda: [nudge(n) for n in nodes])
+    return endpoint
+
+
+def endpoint_set_profiling(*, endpoint: Endpoint, enabled: bool, user, request=None) -> Endpoint:
+    """Turn vLLM's profiler on or off for the endpoint's next starts. Running replicas then restart one
+    at a time, each when every other one is ready (the agents' scheduled-restart path:
+    ReplicaWorkload.maybe_scheduled_restart, which compares each replica's argv with the option), so
+    the endpoint keeps serving. Setting the value it has already changes nothing."""
+    with transaction.atomic():
+        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        was = endpoint.profiling
+        enabled = _checked_profiling(enabled, nodes=list(_nodes_of(endpoint) | {endpoint.node}))
+        if enabled == was:
+            return endpoint
+        Endpoint.objects.filter(pk=endpoint.pk).update(profiling=enabled)
+        running = endpoint.desired_state == Endpoint.Desired.RUNNING
+        then = "replicas restart one at a time" if running else "applies at the next start"
+        EndpointEvent.objects.create(endpoint=endpoint, kind="profiling", message=(
+            f"profiling {'enabled' if enabled else 'disabled'} by {getattr(user, 'username', 'system')}: {then}"))
+        audit_log(actor=user, action="endpoint.profiling", obj=endpoint, request=request,
+                  changes={"profiling": [was, enabled]})
+        if running:
+            nodes = _nodes_of(endpoint)
+            transaction.on_commit(lambda: [nudge(n) for n in nodes])
+    endpoint.refresh_from_db()
     return endpoint
 
 

@@ -111,6 +111,23 @@ def endpoint_restart(request, endpoint_id: int):
     return _action(request, endpoint_id, services.endpoint_restart, "restart requested")
 
 
+@require_role(OPERATOR)
+@require_POST
+def endpoint_profiling(request, endpoint_id: int):
+    """The endpoint page's Enable / Disable profiling button (its form posts enabled=1 or 0)."""
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    enabled = request.POST.get("enabled") == "1"
+    try:
+        services.endpoint_set_profiling(endpoint=endpoint, enabled=enabled, user=request.user, request=request)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    else:
+        messages.success(request, f"{endpoint.name}: profiling {'enabled' if enabled else 'disabled'}"
+                                  + ("; replicas restart one at a time." if endpoint.desired_state == Endpoint.Desired.RUNNING
+                                     else "; it applies at the next start."))
+    return redirect(endpoint)
+
+
 @require_role(ADMIN)
 @require_POST
 def endpoint_delete(request, endpoint_id: int):

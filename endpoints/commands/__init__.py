@@ -7,7 +7,8 @@ pair for people to read.
 
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
-(:class:`LaunchSpec`, :func:`build_command`), ``container`` (the ``docker run``/``podman run`` of
+(:class:`LaunchSpec`, :func:`build_command`), ``profiler`` (``--profiler-config``: vLLM's profiler,
+and what each platform writes), ``container`` (the ``docker run``/``podman run`` of
 vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
 import from the package.
 
@@ -78,6 +79,7 @@ from endpoints.commands.environment import (
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
 from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
                                           QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
+from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell
 from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
@@ -114,4 +116,6 @@ __all__ = [
     "ContainerSpec",
     "build_container_command",
     "container_name",
+    "PROFILER_FLAG",
+    "profiler_config",
 ]

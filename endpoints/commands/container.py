@@ -25,6 +25,9 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
 - the model directory bind-mounted read-only at the same path, so ``--model`` is unchanged; no
   ``/root/.cache`` mount: models are local paths, and the host root's cache (tokens included) stays
   out of the container.
+- the profile directory, when the argv has ``--profiler-config``, bind-mounted read-write at the same
+  path, so the engine's traces land on the host where the console collects them (endpoints.commands.
+  profiler).
 - ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
   many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
 - the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
@@ -43,6 +46,7 @@ from typing import Iterable, Mapping
 
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.platforms import DEVICE_ENV
+from endpoints.commands.profiler import profiler_dir_in
 
 CONTAINER_RUNTIMES = ("docker", "podman")
 CONTAINER_PYTHON = "python3"  # the image's python (its vLLM and vllm-ascend are installed there)
@@ -117,6 +121,8 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     for mount in ASCEND_DRIVER_MOUNTS:
         run += ["-v", mount]
     run += ["-v", f"{model}:{model}:ro"]
+    if profiles := profiler_dir_in(argv):
+        run += ["-v", f"{profiles}:{profiles}:rw"]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
 

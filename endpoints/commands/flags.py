@@ -124,6 +124,10 @@ EXTRA_ARG_RULES: dict[str, _Rule] = {
     "--data-parallel-start-rank": _int_rule(0, 1023),
     "--headless": _bool_rule(negatable=False),  # store_true in vllm/entrypoints/launchers/cli_args.py
 }
+#: Flags that are not on the allow-list because a spec field sets them: the refusal names the field.
+SET_BY_SPEC = {
+    "--profiler-config": "vLLM's profiler is set by the endpoint's profiling option (its directory is the console's)",
+}
 #: The data-parallel flags that place one node in a multi-node group: set by LaunchSpec.distributed.
 DP_PLACEMENT_FLAGS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
                       "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless")
@@ -157,6 +161,8 @@ def validate_extra_args(d: Mapping[str, Any] | None) -> list[str]:
             raise CommandSpecError(f"{flag} is given twice (as {seen[flag]!r} and {key!r})")
         seen[flag] = key
         rule = EXTRA_ARG_RULES.get(flag)
+        if flag in SET_BY_SPEC:
+            raise CommandSpecError(f"{flag} is not an allowed vLLM flag: {SET_BY_SPEC[flag]}")
         if rule is None:
             raise CommandSpecError(
                 f"{flag} is not an allowed vLLM flag; allowed: {', '.join(sorted(EXTRA_ARG_RULES))}")

@@ -15,6 +15,7 @@ from endpoints.commands.platforms import (
     _CPU_DEFAULT_KVCACHE_GIB, CLI_MODULE, DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, SERVER_MODULE,
     _platform_env,
 )
+from endpoints.commands.profiler import PROFILER_FLAG, check_profiler_dir, profiler_args
 
 
 
@@ -42,6 +43,9 @@ class LaunchSpec:
     cpu_threads_bind: str | None = None  # cpu only (VLLM_CPU_OMP_THREADS_BIND)
     distributed: dict | None = None   # {"backend": "ray", "head_address", "nnodes", "node_rank", "interfaces"}
     trust_remote_code: bool = False
+    # vLLM's profiler on (--profiler-config), writing here; driven by POST /start_profile and
+    # /stop_profile. endpoints.commands.profiler says what each platform writes.
+    profiler_dir: str | None = None
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
@@ -152,6 +156,8 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
             raise CommandSpecError(f"{what} must be true or false")
     if spec.chip_name is not None and (not isinstance(spec.chip_name, str) or not _CHIP_RE.fullmatch(spec.chip_name)):
         raise CommandSpecError(f"chip_name must be a device name like '910B4' or '310P3', got {spec.chip_name!r}")
+    if spec.profiler_dir is not None:
+        check_profiler_dir(spec.profiler_dir)
     if _is_310p(spec) and spec.dtype not in (None, "auto", "float16"):
         raise CommandSpecError(f"{spec.chip_name} (Atlas 300I) only supports dtype float16, got {spec.dtype!r}")
 
@@ -245,6 +251,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         argv.append("--enforce-eager")
     if spec.trust_remote_code:
         argv.append("--trust-remote-code")
+    argv += profiler_args(spec.profiler_dir)
     argv += extra
 
     env = _platform_env(spec.platform, spec.devices)
@@ -301,7 +308,7 @@ def emittable_flags() -> set[str]:
         "--max-model-len", "--gpu-memory-utilization", "--dtype", "--quantization",
         "--enforce-eager", "--trust-remote-code", "--headless", "--data-parallel-size",
         "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
-        "--data-parallel-rpc-port",
+        "--data-parallel-rpc-port", PROFILER_FLAG,
     }
     for flag, rule in EXTRA_ARG_RULES.items():
         flags.add(flag)

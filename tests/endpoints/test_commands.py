@@ -463,7 +463,8 @@ def _sample_argvs():
                max_num_seqs=4, max_model_len=2048, dtype="bfloat16", enforce_eager=True,
                trust_remote_code=True, extra_args=every_value)
     out.append(build_command(cpu)[0][3:])
-    out.append(build_command(spec(platform="cpu", devices=[], extra_args=negated))[0][3:])
+    out.append(build_command(spec(platform="cpu", devices=[], extra_args=negated,
+                                  profiler_dir="/var/lib/llm-console/profiles/replicas/tiny-0"))[0][3:])
     out.append(build_command(spec(chip_name="310P3", quantization="ascend", gpu_memory_utilization=0.9,
                                   max_model_len=16384))[0][3:])
     out.append(build_command(spec(devices=list(range(8)), tensor_parallel_size=8, pipeline_parallel_size=2,
