@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import random
@@ -52,14 +51,9 @@ def replica_command(*, model: Path, port: int, profiler_dir: Path | None) -> tup
     spec = {"platform": "cpu", "engine_python": str(ROOT / ".venv-engine" / "bin" / "python"),
             "model_path": str(model), "served_model_name": SERVED_NAME, "port": port, "dtype": "float32",
             "enforce_eager": True, "max_model_len": 1024, "cpu_kvcache_gib": 1}
-    has_field = "profiler_dir" in {f.name for f in dataclasses.fields(LaunchSpec)}
-    if profiler_dir is not None and has_field:
+    if profiler_dir is not None:
         spec["profiler_dir"] = str(profiler_dir)
     argv, env = build_command(LaunchSpec(**spec))
-    if profiler_dir is not None and not has_field:
-        # TODO: drop once LaunchSpec.profiler_dir is merged (endpoints/commands/profiler.py builds this JSON).
-        argv += ["--profiler-config", json.dumps({"profiler": "torch", "torch_profiler_dir": str(profiler_dir),
-                                                  "torch_profiler_with_stack": False, "ignore_frontend": True})]
     return argv, env
 
 

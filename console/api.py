@@ -15,6 +15,7 @@ from console.validation import field_errors
 from endpoints.api import router as endpoints_router
 from endpoints.bench.api import router as bench_router
 from endpoints.gateway.api import router as gateway_router
+from endpoints.profiling.api import router as profiling_router
 from models_registry.api import router as registry_router
 from models_registry.quantize.api import router as quantize_router
 from workers.api import router as jobs_router
@@ -85,6 +86,7 @@ def _register_routers():
     api.add_router("/", bench_router)
     api.add_router("/", quantize_router)
     api.add_router("/", gateway_router)
+    api.add_router("/", profiling_router)
 
 
 _register_routers()

@@ -290,6 +290,12 @@ def _cost_map(raw: list[str]) -> dict[str, float]:
 BENCH_COST_PER_DEVICE_HOUR = _cost_map(env_list("BENCH_COST_PER_DEVICE_HOUR", ["default=1"]))
 BENCH_COST_CURRENCY = env_str("BENCH_COST_CURRENCY", "")
 
+# --- Profiles (endpoints/profiling): vLLM's profiler on a live replica ---------------------
+PROFILE_DEFAULT_SECONDS = env_int("PROFILE_DEFAULT_SECONDS", 10)
+PROFILE_MAX_SECONDS = env_int("PROFILE_MAX_SECONDS", 120)
+PROFILE_MAX_BYTES = env_int("PROFILE_MAX_BYTES", 512 * 1024**2)  # one profile's trace files
+PROFILE_TOTAL_MAX_BYTES = env_int("PROFILE_TOTAL_MAX_BYTES", 8 * 1024**3)  # every profile kept
+
 # --- Quantization (models_registry/quantize) ----------------------------------------------
 QUANTIZE_GATE_PCT = env_float("QUANTIZE_GATE_PCT", 2.0)  # max relative perplexity increase
 QUANTIZE_MIN_SAMPLES = env_int("QUANTIZE_MIN_SAMPLES", 8)

@@ -54,5 +54,6 @@ urlpatterns = [
     path("", include("endpoints.bench.urls")),
     path("", include("models_registry.quantize.urls")),
     path("", include("endpoints.gateway.urls")),
+    path("", include("endpoints.profiling.urls")),
     path("api/v1/", api.urls),
 ]

@@ -19,6 +19,7 @@ class EndpointsConfig(AppConfig):
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts
         from endpoints.bench import jobs  # noqa: F401
+        from endpoints.profiling import jobs as profiling_jobs  # noqa: F401
         from models_registry import hooks
         from models_registry.quantize import serving_check
 

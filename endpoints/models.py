@@ -203,3 +203,4 @@ class EndpointEvent(models.Model):
 
 from endpoints.bench.models import *  # noqa: E402,F401,F403
 from endpoints.gateway.models import *  # noqa: E402,F401,F403
+from endpoints.profiling.models import *  # noqa: E402,F401,F403

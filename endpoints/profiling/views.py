@@ -1,0 +1,128 @@
+"""Profile pages: start one from the endpoint page, watch it, read its breakdown and advice,
+download the trace, compare two or more side by side."""
+import mimetypes
+from pathlib import Path
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import FileResponse, Http404
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_GET, require_POST
+
+from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import OPERATOR, VIEWER, require_role
+from console.validation import field_errors
+from endpoints.bench.selectors import parse_ids
+from endpoints.bench.snapshots import telemetry_summary
+from endpoints.models import Endpoint
+from endpoints.profiling import selectors, services, storage
+from endpoints.profiling.models import Profile
+
+LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency", "request_rate")
+
+
+def _profile(profile_id: int) -> Profile:
+    try:
+        return selectors.profile_get(profile_id)
+    except Profile.DoesNotExist:
+        raise Http404 from None
+
+
+@require_role(OPERATOR)
+@require_POST
+def profile_new(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint.objects.select_related("node", "artifact"), pk=endpoint_id)
+    post = request.POST
+    load = None  # no load; else the benchmark form's settings (blank ones take the load's defaults)
+    if post.get("load") == "on":
+        load = {k: post.get(k).strip() for k in LOAD_FORM_FIELDS if (post.get(k) or "").strip()} or True
+    try:
+        profile = services.profile_create(endpoint=endpoint, replica=post.get("replica") or None,
+                                          duration_s=post.get("duration_s") or None, load=load,
+                                          label=post.get("label", ""), user=request.user, request=request)
+    except ValidationError as exc:
+        messages.error(request, "Profile not started: " + " ".join(
+            (f"{field}: " if field != "__all__" else "") + " ".join(msgs) for field, msgs in field_errors(exc).items()))
+        return redirect(endpoint)
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+        return redirect(endpoint)
+    messages.success(request, f"Profiling {endpoint.name}#{profile.replica_index} for {profile.duration_s} s "
+                              f"(profile #{profile.pk}).")
+    return redirect(profile)
+
+
+@require_role(VIEWER)
+@require_GET
+def profile_detail(request, profile_id: int):
+    profile = _profile(profile_id)
+    others = (Profile.objects.filter(endpoint_name=profile.endpoint_name, status="succeeded")
+              .exclude(pk=profile.pk)[:20]) if profile.state == "succeeded" else []
+    return render(request, "profiling/profile_detail.html", {
+        "profile": profile, "others": others, "telemetry_rows": telemetry_summary(profile.telemetry),
+        "chart": {"profiles": [_chart_data(profile)]},
+    })
+
+
+def _chart_data(profile: Profile) -> dict:
+    return {"id": profile.pk, "setup": f"#{profile.pk} {profile.setup}", "breakdown": profile.breakdown or [],
+            "telemetry": profile.telemetry or {}}
+
+
+@require_role(VIEWER)
+@require_GET
+def profile_status(request, profile_id: int):
+    """The live part of a profile's page, polled by htmx; the page reloads when it ends."""
+    profile = _profile(profile_id)
+    response = render(request, "profiling/_profile_status.html", {"profile": profile})
+    if not profile.is_active and request.GET.get("was") == "active":
+        response["HX-Refresh"] = "true"
+    return response
+
+
+@require_role(VIEWER)
+@require_GET
+def profile_file(request, profile_id: int, name: str):
+    """One trace file, as vLLM wrote it (Perfetto and chrome://tracing open the .pt.trace.json.gz;
+    MindStudio Insight the Ascend profiler's directory)."""
+    profile = _profile(profile_id)
+    if name not in {f["name"] for f in profile.files}:
+        raise Http404("No such file in this profile.")
+    root = storage.profile_dir(profile.pk).resolve()
+    path = (root / name).resolve()
+    if root not in path.parents or not path.is_file():  # the listed names only, inside the profile's directory
+        raise Http404("No such file in this profile.")
+    content_type = "application/gzip" if name.endswith(".gz") else (mimetypes.guess_type(name)[0] or "application/octet-stream")
+    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"profile-{profile.pk}-{Path(name).name}",
+                        content_type=content_type)
+
+
+@require_role(OPERATOR)
+@require_POST
+def profile_delete(request, profile_id: int):
+    profile = _profile(profile_id)
+    endpoint = profile.endpoint
+    try:
+        services.profile_delete(profile=profile, user=request.user, request=request)
+    except Conflict as exc:
+        messages.error(request, exc.message)
+        return redirect(profile)
+    messages.success(request, f"Profile #{profile_id} deleted with its trace files.")
+    return redirect(endpoint) if endpoint else redirect("endpoint_list")
+
+
+@require_role(VIEWER)
+@require_GET
+def profile_compare(request):
+    """Two or more profiles side by side: the breakdown by category and each one's top operators."""
+    profiles = [p for p in selectors.profiles_by_ids(parse_ids(request.GET.getlist("ids"))) if p.state == "succeeded"]
+    categories = []
+    for p in profiles:
+        for row in p.breakdown or []:
+            if row["category"] not in categories:
+                categories.append(row["category"])
+    table = [{"category": c, "shares": [next((r["share"] for r in p.breakdown if r["category"] == c), None)
+                                         for p in profiles]} for c in categories]
+    return render(request, "profiling/compare.html", {
+        "profiles": profiles, "table": table, "chart": {"profiles": [_chart_data(p) for p in profiles]},
+    })

