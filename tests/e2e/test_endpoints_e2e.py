@@ -80,7 +80,10 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         os.kill(first_pid, signal.SIGKILL)
         wait_for(lambda: Replica.objects.get(endpoint_id=endpoint_id).state in ("restarting", "starting"),
                  timeout=15, interval=0.2, what="crash noticed")
-        wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready again")
+        # The replica's row changes first; the endpoint's state follows at the end of the agent's pass.
+        wait_for(lambda: Replica.objects.filter(endpoint_id=endpoint_id, state="ready").exclude(pid=first_pid).exists(),
+                 timeout=300, interval=1, what="ready again")
+        wait_for(lambda: _state(endpoint_id) == "ready", timeout=30, interval=0.5, what="endpoint ready again")
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid != first_pid and rep.restarts == 1
         # The killed server's engine-core children (own process names, same group) are gone too.

@@ -112,15 +112,15 @@ def test_profile_a_live_demo_endpoint(operator, api_for, tmp_path, settings, wor
 
         # The replica dies mid-recording: the profile fails with the reason and keeps no files.
         killed_id = _profile(api, endpoint_id, duration_s=30)
-        pid = replica.pid if replica.pid else Replica.objects.get(pk=replica.pk).pid
+        pid = Replica.objects.get(pk=replica.pk).pid
         killer = threading.Timer(8, lambda: os.killpg(os.getpgid(pid), signal.SIGKILL))
         killer.start()
         killed, _ = _finished(api, endpoint_id, killed_id)
         killer.join()
         assert killed["state"] == "failed" and "during the recording" in killed["error"], killed
         assert killed["files"] == [] and not storage.profile_dir(killed_id).exists()
-        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1,
-                 what="ready after the crash")
+        wait_for(lambda: Replica.objects.filter(pk=replica.pk, state="ready").exclude(pid=pid).exists(),
+                 timeout=300, interval=1, what="ready after the crash")
         assert list(replica_profile_dir(replica).iterdir()) == []
 
         # The disk cap: what the two profiles take leaves no room for a third.
