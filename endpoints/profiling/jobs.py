@@ -34,7 +34,7 @@ from workers.jobs.runner import JobRunner
 
 log = logging.getLogger("console.job")
 STOP_TIMEOUT_S = 600  # /stop_profile returns after the workers wrote their traces (large ones take a while)
-LOAD_WARMUP_S = 90    # the load client's start (tokenizer, first requests) before the recording begins
+LOAD_WARMUP_S = 180   # the load client's start (tokenizer, first requests) before the recording begins
 
 
 class ProfileRun(JobRunner):
