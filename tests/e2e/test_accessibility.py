@@ -18,7 +18,7 @@ from console.services import api_token_create
 from endpoints.bench.client import parse_saved_result
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.gateway.services import key_create
-from endpoints.models import Endpoint, EndpointEvent, Replica
+from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
 from models_registry.quantize.models import CalibrationDataset
@@ -45,7 +45,9 @@ NOT_PAGES = {
     "alert_rule_update": "POST only", "alert_rule_create": "POST only", "calibration_delete": "POST only",
     "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
     "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
-    "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only",
+    "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only", "endpoint_profiling": "POST only",
+    "profile_new": "POST only", "profile_delete": "POST only", "profile_file": "a trace file",
+    "profile_archive": "a .zip", "profile_status": "profile page",
     "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
     # htmx fragments: checked inside the page that loads them
     "artifact_jobs": "artifact page", "artifact_served_by": "artifact page",
@@ -117,9 +119,20 @@ def site(admin, operator, viewer, model_root, redis_conn):
     Job.objects.create(kind="convert", queue="convert", rq_id="a11y-2", status="failed", error="it broke",
                        traceback="Traceback (most recent call last):\n  boom\n", target=hf, created_by=operator)
     endpoint = Endpoint.objects.create(name="tiny-ep", artifact=hf, node=cpu, served_model_name="tiny",
-                                       state="ready", created_by=operator)
+                                       state="ready", created_by=operator, profiling=True)
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu, state="ready", port=8301, pid=4243,
-                           argv=["python", "-m", "vllm.entrypoints.openai.api_server"])
+                           argv=["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", "{}"])
+    analysis = {"breakdown": [{"category": "matrix multiply", "seconds": 0.5, "share": 0.5},
+                              {"category": "host idle", "seconds": 0.5, "share": 0.5}],
+                "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.5, "calls": 9,
+                             "share": 0.5}],
+                "advice": [{"rule": "host-bound", "figure": "device idle 50.0 % of the traced time",
+                            "text": "The device waits for the host between steps."}]}
+    profiles = [Profile.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, replica_index=0, duration_s=5,
+                                       status="succeeded", traced_seconds=1.0, label=label, created_by=operator,
+                                       files=[{"name": "rank0.1.pt.trace.json.gz", "bytes": 1000}],
+                                       window={"requests": 8, "generation_tokens_per_s": 30.0}, **analysis)
+                for label in ("bf16", "w8a8")]
     EndpointEvent.objects.create(endpoint=endpoint, kind="state", message="ready")
     result, detail = _benchmark_result()
     run = BenchmarkRun.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, num_prompts=8, input_len=32,
@@ -141,7 +154,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
     api_token_create(user=admin, name="laptop")
     audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
     return {"hf": hf, "slim": slim, "model": model, "job": job, "endpoint": endpoint, "cpu": cpu, "npu": npu,
-            "run": run, "sweep": sweep, "dataset": dataset, "key": key}
+            "run": run, "sweep": sweep, "dataset": dataset, "key": key, "profiles": profiles}
 
 
 def _pages(site) -> dict[str, str]:
@@ -162,6 +175,8 @@ def _pages(site) -> dict[str, str]:
         "bench_sweep_detail": f"/benchmarks/sweeps/{site['sweep'].pk}/",
         "calibration_list": "/calibration/", "calibration_detail": f"/calibration/{site['dataset'].pk}",
         "gateway_key_list": "/gateway/", "gateway_key_detail": f"/gateway/keys/{site['key'].pk}/",
+        "profile_detail": f"/profiles/{site['profiles'][0].pk}/",
+        "profile_compare": f"/profiles/compare?ids={site['profiles'][0].pk},{site['profiles'][1].pk}",
     }
 
 
