@@ -110,6 +110,15 @@ def test_profile_a_live_demo_endpoint(operator, api_for, tmp_path, settings, wor
         header = page.inner_text("#profile-compare-table thead")
         assert "first" in header and "second" in header
 
+        # The disk cap: what the two profiles take leaves no room for a third.
+        settings.PROFILE_TOTAL_MAX_BYTES = storage.used_bytes() + settings.PROFILE_MAX_BYTES - 1
+        full = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
+        assert full.status_code == 409 and "PROFILE_TOTAL_MAX_BYTES" in full.json()["detail"]
+
+        # Deleting a profile removes its files, which makes room under the cap again (the next profile is taken).
+        assert api.delete(f"/api/v1/endpoints/{endpoint_id}/profiles/{second_id}").status_code == 204
+        assert not storage.profile_dir(second_id).exists() and Profile.objects.filter(pk=first_id).exists()
+
         # The replica dies mid-recording: the profile fails with the reason and keeps no files.
         killed_id = _profile(api, endpoint_id, duration_s=30)
         pid = Replica.objects.get(pk=replica.pk).pid
@@ -119,18 +128,7 @@ def test_profile_a_live_demo_endpoint(operator, api_for, tmp_path, settings, wor
         killer.join()
         assert killed["state"] == "failed" and "during the recording" in killed["error"], killed
         assert killed["files"] == [] and not storage.profile_dir(killed_id).exists()
-        wait_for(lambda: Replica.objects.filter(pk=replica.pk, state="ready").exclude(pid=pid).exists(),
-                 timeout=300, interval=1, what="ready after the crash")
-        assert list(replica_profile_dir(replica).iterdir()) == []
-
-        # The disk cap: what the two profiles take leaves no room for a third.
-        settings.PROFILE_TOTAL_MAX_BYTES = storage.used_bytes() + settings.PROFILE_MAX_BYTES - 1
-        full = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
-        assert full.status_code == 409 and "PROFILE_TOTAL_MAX_BYTES" in full.json()["detail"]
-
-        # Deleting a profile removes its files.
-        assert api.delete(f"/api/v1/endpoints/{endpoint_id}/profiles/{second_id}").status_code == 204
-        assert not storage.profile_dir(second_id).exists() and Profile.objects.filter(pk=first_id).exists()
+        assert list(replica_profile_dir(replica).iterdir()) == []  # the partial trace is gone too
 
         assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
         wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=60, what="stopped")
