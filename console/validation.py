@@ -85,3 +85,9 @@ def field_errors(exc: ValidationError) -> dict[str, list[str]]:
 def error_lines(exc: ValidationError) -> list[str]:
     """One "field: message" line per message (no prefix for messages tied to no field)."""
     return [m if field == "__all__" else f"{field}: {m}" for field, msgs in field_errors(exc).items() for m in msgs]
+
+
+def error_text(exc: ValidationError) -> str:
+    """A ValidationError as one line for a page's message: 'field: message …' per field."""
+    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(msgs)
+                    for field, msgs in field_errors(exc).items())

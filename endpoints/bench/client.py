@@ -66,6 +66,13 @@ def engine_python_for(node) -> str:
     return settings.ENGINE_PYTHON
 
 
+def client_environment(extra: dict) -> dict:
+    """The benchmark client's environment: allow-listed (no console secrets), offline, plus `extra`
+    (the bearer it sends as OPENAI_API_KEY)."""
+    return child_environment({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                              "TOKENIZERS_PARALLELISM": "false", **extra})
+
+
 def client_argv(*, python: str, base_url: str, model: str, tokenizer: str, workload: dict, result_dir: Path,
                 result_filename: str = "result.json", prompt_file: str | None = None) -> list[str]:
     """The `vllm bench serve` command line for one run."""
@@ -181,8 +188,7 @@ def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts:
     timeout, and keep its output. Returns the telemetry samples taken meanwhile."""
     # The allow-list keeps the console's secrets (and any OPENAI_API_KEY) out: only a gateway
     # run sends a key, its own, through extra_env.
-    env = child_environment({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                             "TOKENIZERS_PARALLELISM": "false", **(extra_env or {})})
+    env = client_environment(extra_env or {})
     # Same process group as the worker's horse: RQ's stop-job (cancel) and timeout kill it too.
     proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     state = {"done": 0, "main": False}

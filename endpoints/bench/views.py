@@ -11,7 +11,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from console.validation import field_errors
+from console.validation import error_text
 from endpoints.bench import compare, selectors, services, snapshots
 from endpoints.bench.forms import BenchmarkForm
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
@@ -50,18 +50,13 @@ def bench_new(request):
             created = services.benchmark_create(endpoint=endpoint, workload=replace(workload, concurrencies=None),
                                                 prompt_file=upload, user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Benchmark not started: " + _error_text(exc))
+        messages.error(request, "Benchmark not started: " + error_text(exc))
         return _back(endpoint)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
         return _back(endpoint)
     messages.success(request, f"Queued {'sweep' if sweep else 'benchmark'} #{created.pk} on {created.endpoint_name}.")
     return redirect(created)
-
-
-def _error_text(exc: ValidationError) -> str:
-    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(msgs)
-                    for field, msgs in field_errors(exc).items())
 
 
 def _back(endpoint_ref: str):

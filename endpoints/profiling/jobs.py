@@ -19,8 +19,7 @@ from pathlib import Path
 from django.conf import settings
 from django.utils import timezone
 
-from console.env import child_environment
-from endpoints.bench.client import client_argv, engine_python_for
+from endpoints.bench.client import client_argv, client_environment, engine_python_for
 from endpoints.bench.snapshots import telemetry_window
 from endpoints.models import Endpoint, Replica
 from endpoints.profiling import analysis, storage
@@ -121,8 +120,7 @@ def _snapshot(replica: Replica, served_name: str):
 
 def _config(endpoint: Endpoint, replica: Replica) -> dict:
     artifact = endpoint.artifact
-    setup = " ".join(x for x in (artifact.name if hasattr(artifact, "name") else str(artifact),
-                                 endpoint.quantization or "", endpoint.dtype or "") if x)
+    setup = " ".join(x for x in (str(artifact), endpoint.quantization or "", endpoint.dtype or "") if x)
     return {"setup": setup, "artifact": artifact.pk, "artifact_name": str(artifact), "dtype": endpoint.dtype or "auto",
             "quantization": endpoint.quantization or None, "tensor_parallel_size": endpoint.tensor_parallel_size,
             "max_num_seqs": endpoint.max_num_seqs, "max_model_len": endpoint.max_model_len,
@@ -139,8 +137,7 @@ class _Load:
         argv = client_argv(python=engine_python_for(replica.node), base_url=replica.url,
                            model=endpoint.served_model_name, tokenizer=endpoint.artifact.path,
                            workload=workload, result_dir=Path(self.dir.name))
-        env = child_environment({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                 "TOKENIZERS_PARALLELISM": "false", "OPENAI_API_KEY": replica.api_key})
+        env = client_environment({"OPENAI_API_KEY": replica.api_key})
         self.log_path = Path(self.dir.name) / "client.log"
         self.out = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(argv, cwd=self.dir.name, env=env, stdout=self.out, stderr=subprocess.STDOUT,

@@ -7,6 +7,7 @@ from django.db import transaction
 from console.audit import audit_log
 from console.exceptions import Conflict
 from console.validation import int_in_range
+from endpoints.bench.client import pick_replica
 from endpoints.bench.workload import WorkloadRequest, clean_workload, resolve_endpoint
 from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, Replica
@@ -29,13 +30,9 @@ def replica_records_profiles(replica: Replica) -> bool:
 
 
 def _ready_replica(endpoint: Endpoint, index: int | None) -> Replica:
-    replicas = endpoint.replica_set.select_related("node")
-    if index is not None and not replicas.filter(index=index).exists():
+    if index is not None and not endpoint.replica_set.filter(index=index).exists():
         raise ValidationError({"replica": f"{endpoint.name} has no replica {index}."})
-    ready = replicas.filter(state=Endpoint.State.READY, port__isnull=False)
-    if index is not None:
-        ready = ready.filter(index=index)
-    replica = ready.order_by("index").first()
+    replica = pick_replica(endpoint, index)
     if replica is None:
         which = f"Replica {index} of {endpoint.name}" if index is not None else endpoint.name
         raise ValidationError({"endpoint": f"{which} is not serving (state: {endpoint.state}): only a ready "

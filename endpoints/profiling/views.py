@@ -13,7 +13,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from console.validation import field_errors
+from console.validation import error_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.models import Endpoint
@@ -43,8 +43,7 @@ def profile_new(request, endpoint_id: int):
                                           duration_s=post.get("duration_s") or None, load=load,
                                           label=post.get("label", ""), user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Profile not started: " + " ".join(
-            (f"{field}: " if field != "__all__" else "") + " ".join(msgs) for field, msgs in field_errors(exc).items()))
+        messages.error(request, "Profile not started: " + error_text(exc))
         return redirect(endpoint)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
