@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -69,8 +70,9 @@ def _text(content, budget: int) -> str:
                 break
             piece = part.get("text")
             if not isinstance(piece, str):
-                url = part.get("image_url") or part.get("input_audio") or part.get("video_url")
-                piece = url.get("url", "") if isinstance(url, dict) else str(part.get("type", ""))
+                url = part.get("image_url") or part.get("video_url") or part.get("audio_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                piece = url if isinstance(url, str) else str(part.get("type", ""))
             piece = piece[:budget - used] if isinstance(piece, str) else ""
             out.append(piece)
             used += len(piece)
@@ -104,9 +106,10 @@ def prefix_key(payload: Mapping, *, chars: int = PREFIX_CHARS, tokens: int = PRE
     if isinstance(prompt, str):
         return prompt[:chars].encode("utf-8", "surrogatepass") if prompt else None
     if isinstance(prompt, list) and prompt:
-        ids = prompt[:tokens]
-        if all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in ids):
-            return b"\x00ids" + b"".join(t.to_bytes(4, "little") for t in ids)
+        try:  # token ids: packed in C (a float or a negative id is refused there)
+            return b"\x00ids" + array("I", prompt[:tokens]).tobytes()
+        except (TypeError, OverflowError):
+            return None
     return None
 
 

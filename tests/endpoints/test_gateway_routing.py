@@ -64,7 +64,8 @@ def test_prefix_key_is_the_start_of_a_conversation_bounded():
     assert ids == routing.prefix_key({"prompt": list(range(128)) + [7, 7, 7]}, tokens=128)
     assert ids != routing.prefix_key({"prompt": list(range(1, 129))}, tokens=128)
     assert routing.prefix_key({"prompt": ["first", "second"]}) == b"first"
-    for nothing in ({}, {"prompt": ""}, {"prompt": []}, {"messages": []}, {"prompt": [1.5, 2]}, {"prompt": {"a": 1}}):
+    for nothing in ({}, {"prompt": ""}, {"prompt": []}, {"messages": []}, {"prompt": [1.5, 2]}, {"prompt": [-1]},
+                    {"prompt": {"a": 1}}, {"prompt": [[1.5]]}):
         assert routing.prefix_key(nothing) is None, nothing
 
 
