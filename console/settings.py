@@ -318,5 +318,9 @@ GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2
 GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
 GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
 GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush of per-endpoint/per-key figures
+# Prefix-aware routing (endpoints/gateway/routing.py): leading characters hashed (a quarter as many
+# token ids), and the bounded-load factor c = 1 + epsilon.
+GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)
+GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
 CONSUL_HTTP_ADDR = env_str("CONSUL_HTTP_ADDR", "")  # e.g. http://127.0.0.1:8500: register ready replicas

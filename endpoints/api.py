@@ -1,6 +1,6 @@
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
-from pydantic import StrictBool
+from pydantic import ConfigDict, StrictBool
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER
@@ -37,12 +37,19 @@ class EndpointIn(Schema):
     distributed: str = ""  # "" (one node), "ray" or "dp": one replica on `node` and `worker_nodes`
     worker_nodes: list[str | int] = []
     data_parallel_size: int | None = None  # dp: ranks over all nodes (default: one per node)
+    routing: str = ""  # the gateway's policy: "least-outstanding" (default) or "prefix"
 
     def launch_values(self) -> dict:
         """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
         return {**self.dict(), "name": self.name.strip(), "served_model_name": self.served_model_name.strip(),
                 "capacity_override": self.capacity_override.strip(),
                 "restart_daily_at": time_of_day(self.restart_daily_at)}
+
+
+class EndpointPatch(Schema):
+    """The settings PATCH may change; absent fields stay as they are. Unknown fields are refused."""
+    model_config = ConfigDict(extra="forbid")
+    routing: str | None = None
 
 
 class ProfilingIn(Schema):
@@ -81,6 +88,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
         "enforce_eager": endpoint.enforce_eager, "profiling": endpoint.profiling, "quantization": endpoint.quantization or None,
         "distributed": endpoint.distributed, "data_parallel_size": endpoint.data_parallel_size,
+        "routing": endpoint.routing,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
     }
 
@@ -103,6 +111,13 @@ def list_endpoints(request):
 @api_route(router, "get", "/endpoints/{endpoint_id}", role=VIEWER, response=dict)
 def get_endpoint(request, endpoint_id: int):
     return endpoint_json(_get(endpoint_id))
+
+
+@api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
+def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
+    """Change the given settings (today `routing`); a bad value is refused and nothing changes."""
+    return endpoint_json(services.endpoint_update(endpoint=_get(endpoint_id), user=request.user, request=request,
+                                                  **payload.dict(exclude_unset=True)))
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/start", role=OPERATOR, response=dict)

@@ -51,6 +51,7 @@ class EndpointLaunchForm(forms.Form):
     distributed = forms.CharField(required=False)  # the service names the choices
     worker_nodes = forms.CharField(required=False)
     data_parallel_size = forms.IntegerField(required=False)
+    routing = forms.CharField(required=False)  # the service names the choices
 
     def clean_node(self):
         return self.cleaned_data["node"] or None

@@ -34,6 +34,11 @@ class Endpoint(models.Model):
         RAY = "ray", "Ray cluster (tensor/pipeline parallel across nodes)"
         DP = "dp", "data parallel across nodes (headless ranks)"
 
+    class Routing(models.TextChoices):
+        """How the gateway picks one of the endpoint's ready replicas (endpoints/gateway/routing.py)."""
+        LEAST_OUTSTANDING = "least-outstanding", "least outstanding requests"
+        PREFIX = "prefix", "prefix-aware (requests that start alike go to the same replica)"
+
     name = models.CharField(max_length=63, unique=True, validators=[ENDPOINT_NAME])
     artifact = models.ForeignKey("models_registry.Artifact", on_delete=models.PROTECT, related_name="endpoints")
     node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="endpoints")
@@ -58,6 +63,7 @@ class Endpoint(models.Model):
     data_parallel_size = models.PositiveIntegerField(default=1)  # dp: ranks over all nodes (an equal share each)
     capacity_override = models.TextField(blank=True)  # an Admin's reason to launch past the estimate
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
+    routing = models.CharField(max_length=24, choices=Routing.choices, default=Routing.LEAST_OUTSTANDING)
     restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
     desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)

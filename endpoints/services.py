@@ -319,7 +319,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
                     capacity_override: str = "", restart_every_hours: int | None = None,
                     restart_daily_at: datetime.time | None = None, distributed: str = "",
                     worker_nodes: Sequence[str | int] = (), data_parallel_size: int | None = None,
-                    user, request=None) -> Endpoint:
+                    routing: str = "", user, request=None) -> Endpoint:
     """Check a launch request (parsed by the form or the API schema; blank numbers are None and
     get their defaults here) and create the endpoint with its replicas (desired: running). A
     multi-node endpoint (`distributed` "ray" or "dp") runs one replica on `node` and `worker_nodes`."""
@@ -369,6 +369,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
     restart_hours = int_in_range(restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
+    routing = _checked_routing(routing)
     per_replica = tp * pp
     with transaction.atomic():
         endpoint = Endpoint.objects.create(
@@ -378,7 +379,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
             enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
             extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
             distributed=distributed, data_parallel_size=layout.data_parallel_size,
-            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, created_by=user if user is not None and user.pk else None,
+            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing, created_by=user if user is not None and user.pk else None,
             state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
         )
         for index in range(replicas):
@@ -390,7 +391,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
         EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
             "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
-            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling,
+            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling, "routing": routing,
             **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
                 "data_parallel_size": layout.data_parallel_size} if distributed else {}),
             **({"capacity_override": capacity_override} if capacity_override else {})})
@@ -470,6 +471,41 @@ def endpoint_set_profiling(*, endpoint: Endpoint, enabled: bool, user, request=N
         if running:
             nodes = _nodes_of(endpoint)
             transaction.on_commit(lambda: [nudge(n) for n in nodes])
+    endpoint.refresh_from_db()
+    return endpoint
+
+
+def _checked_routing(value: str | None) -> str:
+    """The gateway's routing policy for the endpoint; blank gives the default (least outstanding)."""
+    if value in (None, ""):
+        return Endpoint.Routing.LEAST_OUTSTANDING
+    if value not in Endpoint.Routing.values:
+        raise ValidationError({"routing": f"Choose {' or '.join(Endpoint.Routing.values)}, not {str(value)[:40]!r}."})
+    return value
+
+
+#: What endpoint_update may change on an existing endpoint (each checked like at launch).
+UPDATABLE = ("routing",)
+
+
+def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> Endpoint:
+    """Change settings of an endpoint that apply without a restart (today its gateway routing policy,
+    which the gateway picks up within GATEWAY_ROUTES_REFRESH_SECONDS). Only the given fields
+    change; every one is checked before any is saved, so a bad value changes nothing."""
+    unknown = sorted(set(changes) - set(UPDATABLE))
+    if unknown:
+        raise ValidationError({unknown[0]: f"{unknown[0]} cannot be changed here (only {', '.join(UPDATABLE)})."})
+    checked = {}
+    if changes.get("routing") is not None:
+        checked["routing"] = _checked_routing(changes["routing"])
+    with transaction.atomic():
+        endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        diff = {f: [getattr(endpoint, f), v] for f, v in checked.items() if getattr(endpoint, f) != v}
+        if diff:
+            Endpoint.objects.filter(pk=endpoint.pk).update(**{f: v for f, (_, v) in diff.items()})
+            EndpointEvent.objects.create(endpoint=endpoint, kind="updated", message="; ".join(
+                f"{f}: {was} → {now}" for f, (was, now) in diff.items()) + f" (by {getattr(user, 'username', 'system')})")
+            audit_log(actor=user, action="endpoint.update", obj=endpoint, request=request, changes=diff)
     endpoint.refresh_from_db()
     return endpoint
 

@@ -86,6 +86,9 @@ def endpoint_readings(replica: Replica, text: str | None, error: str | None, now
         ("ep.itl_p50_s", "s", itl.get("p50")),
         ("ep.gen_tps", "tok/s", stats.get("generation_tokens_per_s")),
         ("ep.prompt_tps", "tok/s", stats.get("prompt_tokens_per_s")),
+        # Prompt tokens found in the prefix cache over the window (what prefix-aware routing aims at).
+        ("ep.prefix_hit_pct", "%", None if stats.get("prefix_cache_hit_rate") is None
+         else round(stats["prefix_cache_hit_rate"] * 100, 3)),
         ("ep.errors", "", float(errors)),
         ("ep.error_rate", "ratio", errors / total if total else 0.0),
     ]

@@ -6,6 +6,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from console.validation import error_text
 from endpoints import selectors, services
 from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
@@ -46,7 +47,8 @@ def endpoint_launch(request):
                 return redirect(endpoint)
     return render(request, "endpoints/endpoint_launch.html",
                   {"artifacts": artifacts, "nodes": Node.objects.all(), "values": values, "errors": errors,
-                   "dtypes": services.DTYPES, "distributed_choices": Endpoint.Distributed.choices},
+                   "dtypes": services.DTYPES, "distributed_choices": Endpoint.Distributed.choices,
+                   "routing_choices": Endpoint.Routing.choices},
                   status=400 if errors else 200)
 
 
@@ -72,7 +74,8 @@ def endpoint_detail(request, endpoint_id: int):
     return render(request, "endpoints/endpoint_detail.html", {
         **_detail_context(endpoint), "gateway_url": settings.GATEWAY_URL,
         # Candidates to stage beside this one: other endpoints serving the same model name.
-        "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(served_model_name=endpoint.served_model_name)})
+        "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(served_model_name=endpoint.served_model_name),
+        "routing_choices": Endpoint.Routing.choices})
 
 
 @require_role(VIEWER)
@@ -125,6 +128,22 @@ def endpoint_profiling(request, endpoint_id: int):
         messages.success(request, f"{endpoint.name}: profiling {'enabled' if enabled else 'disabled'}"
                                   + ("; replicas restart one at a time." if endpoint.desired_state == Endpoint.Desired.RUNNING
                                      else "; it applies at the next start."))
+    return redirect(endpoint)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_routing(request, endpoint_id: int):
+    """The endpoint page's gateway routing policy (least outstanding or prefix-aware)."""
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    try:
+        endpoint = services.endpoint_update(endpoint=endpoint, routing=request.POST.get("routing", ""),
+                                            user=request.user, request=request)
+    except ValidationError as exc:
+        messages.error(request, error_text(exc))
+    else:
+        messages.success(request, f"{endpoint.name}: the gateway routes by {endpoint.get_routing_display()} "
+                                  "within seconds.")
     return redirect(endpoint)
 
 

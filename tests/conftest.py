@@ -86,6 +86,12 @@ class ApiClient:
         return self.client.post(path, data=json.dumps(data or {}), content_type="application/json",
                                 headers=self._headers(), **kw)
 
+    def patch(self, path, data=None, **kw):
+        import json
+
+        return self.client.patch(path, data=json.dumps(data or {}), content_type="application/json",
+                                 headers=self._headers(), **kw)
+
     def delete(self, path, **kw):
         return self.client.delete(path, headers=self._headers(), **kw)
 

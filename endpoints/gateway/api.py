@@ -1,6 +1,7 @@
-"""API of the gateway: application keys (Admin) and blue-green moves (Operator)."""
+"""API of the gateway: application keys (Admin) and blue-green moves and canary shares (Operator)."""
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
+from pydantic import ConfigDict
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR
@@ -30,6 +31,11 @@ class StageIn(Schema):
     drain_seconds: int | None = None
 
 
+class CanaryIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    percent: int  # 1-99 of the requests to the staged side; 0 ends the canary
+
+
 def key_json(k: GatewayKey) -> dict:
     return {"id": k.pk, "name": k.name, "prefix": k.prefix, "models": k.models_scope, "endpoints": k.endpoints_scope,
             "rpm_limit": k.rpm_limit, "tpm_limit": k.tpm_limit, "active": k.is_active,
@@ -41,7 +47,7 @@ def key_json(k: GatewayKey) -> dict:
 
 def pair_json(gw) -> dict:
     return {"endpoint": gw.endpoint.name, "staged": gw.staged.name if gw.staged else None, "serving": gw.serving,
-            "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
+            "canary_percent": gw.canary_percent, "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
             "stop_idle_at": gw.stop_idle_at.isoformat() if gw.stop_idle_at else None}
 
 
@@ -96,3 +102,10 @@ def switch(request, endpoint_id: int):
 def rollback(request, endpoint_id: int):
     return pair_json(services.rollback(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user,
                                        request=request))
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/canary", role=OPERATOR)
+def canary(request, endpoint_id: int, data: CanaryIn):
+    """A share of the requests (percent) to the staged deployment, the rest to the live one."""
+    return pair_json(services.set_canary(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), percent=data.percent,
+                                         actor=request.user, request=request))

@@ -2,7 +2,10 @@
 
 A plain ASGI app (run by uvicorn with uvloop and httptools) that checks the application's key,
 its scope and per-minute limits, the endpoint's queue depth, then proxies the request to the
-ready replica with the fewest outstanding requests (aiohttp, pooled keep-alive connections),
+ready replica the endpoint's routing policy picks: the fewest outstanding requests, or
+prefix-aware, by a consistent hash of the prompt's start with a bound on load
+(endpoints/gateway/routing.py); a blue-green pair's staged side may take a canary share
+(aiohttp, pooled keep-alive connections),
 streaming the answer (SSE included) through as it comes. The replicas come from the console's
 database (refreshed every GATEWAY_ROUTES_REFRESH_SECONDS); a replica that refuses the
 connection is skipped for a while and the request goes to another one.
@@ -32,7 +35,6 @@ import hmac
 import json
 import logging
 import math
-import random
 import time
 from collections import defaultdict, deque
 
@@ -40,6 +42,7 @@ import aiohttp
 from django.conf import settings
 from django.db import close_old_connections
 
+from endpoints.gateway import routing
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
@@ -83,6 +86,8 @@ class Gateway:
         self.client: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task] = []
         self.consul = None
+        self.prefix_chars = settings.GATEWAY_PREFIX_KEY_CHARS
+        self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -178,21 +183,20 @@ class Gateway:
             tokens.append(reservation)
         return None, reservation
 
-    def pick(self, backends, tried: set) -> object | None:
-        """Least outstanding requests (random among equals), skipping full endpoints and replicas down."""
+    def pick(self, backends, tried: set, *, staged: bool | None = None, key: bytes | None = None) -> object | None:
+        """A replica for one try of a request, skipping those tried, down, or whose endpoint is full.
+        `staged`: the side of a blue-green pair with a canary share this request goes to (if that
+        side has no replica to take it, the other one does). `key`: the digest of the request's
+        leading content, for a side that routes prefix-aware; else least outstanding."""
         now = time.monotonic()
-        best, best_n = [], None
-        for b in backends:
-            if b.url in tried or self.down_until.get(b.url, 0) > now:
-                continue
-            if self.ep_outstanding[b.endpoint_id] >= b.queue_depth:
-                continue
-            n = self.outstanding[b.url]
-            if best_n is None or n < best_n:
-                best, best_n = [b], n
-            elif n == best_n:
-                best.append(b)
-        return random.choice(best) if best else None
+        down, ep_out = self.down_until, self.ep_outstanding
+        ok = [b for b in backends if b.url not in tried and down.get(b.url, 0) <= now
+              and ep_out[b.endpoint_id] < b.queue_depth]
+        if staged is not None:
+            ok = [b for b in ok if b.staged == staged] or ok
+        if key is not None and ok and all(b.prefix for b in ok):
+            return routing.bounded_load_pick(key, ok, self.outstanding, factor=self.load_factor)
+        return routing.least_outstanding(ok, self.outstanding)
 
     # --- ASGI --------------------------------------------------------------------------
 
@@ -275,7 +279,7 @@ class Gateway:
         else:
             upstream_path = path
         return await self.proxy(send, key, model, backends, upstream_path, headers, body, start, generate,
-                                reservation)
+                                reservation, payload)
 
     def may_use(self, key, model: str) -> bool:
         return key.allows_model(model) and not (key.endpoints and model not in key.models
@@ -309,12 +313,20 @@ class Gateway:
             reservation[1] = tokens  # settled: the real usage replaces the estimate
         return status
 
-    async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None):
+    async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None,
+                    payload=None):
         fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
         tried: set = set()
         last_endpoint = None
+        # Decided once per request (a retry stays on the same side and key order).
+        percent = self.table.canary.get(model)
+        staged = routing.staged_takes_it(percent) if percent else None
+        prefix = None
+        if model in self.table.prefix and payload is not None:
+            leading = routing.prefix_key(payload, chars=self.prefix_chars, tokens=max(1, self.prefix_chars // 4))
+            prefix = routing.digest(leading) if leading else None
         while True:
-            backend = self.pick(backends, tried)
+            backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:
                 if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
                     return await self.finish(send, key, backends[0].endpoint_id, start, await _error(

@@ -24,9 +24,11 @@ class KeyCreateForm(KeyLimitsForm):
 
 
 class BlueGreenForm(forms.Form):
-    action = forms.ChoiceField(choices=[("stage", "stage"), ("switch", "switch"), ("rollback", "rollback")],
+    action = forms.ChoiceField(choices=[("stage", "stage"), ("switch", "switch"), ("rollback", "rollback"),
+                                        ("canary", "canary")],
                                error_messages={"invalid_choice": "Unknown action.", "required": "Unknown action."})
     staged = forms.IntegerField(required=False)
+    percent = forms.IntegerField(required=False, label="Canary share (%)")  # the service bounds it
 
 
 def form_error_text(form: forms.Form) -> str:

@@ -45,7 +45,8 @@ class GatewayEndpoint(models.Model):
     """Gateway settings of one endpoint (the public one, whose served model name clients use).
 
     Blue-green: `staged` is a second endpoint serving the same model, started beside this one.
-    `serving` says which of the two takes the traffic; after a switch or rollback the other one
+    `serving` says which of the two takes the traffic (and `canary_percent` what share of it the
+    staged side takes meanwhile); after a switch or rollback the other one
     keeps running for `drain_seconds` (so a rollback is instant), then it is stopped."""
 
     class Serving(models.TextChoices):
@@ -57,6 +58,9 @@ class GatewayEndpoint(models.Model):
     staged = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
                                related_name="staged_for")
     serving = models.CharField(max_length=8, choices=Serving.choices, default=Serving.LIVE)
+    # Weighted canary: while the live side serves, this share (percent) of the requests goes to the
+    # staged side instead; 0: the staged side is idle. A switch or rollback sets it back to 0.
+    canary_percent = models.PositiveSmallIntegerField(default=0)
     drain_seconds = models.PositiveIntegerField(default=30)
     switched_at = models.DateTimeField(null=True, blank=True)
     stop_idle_at = models.DateTimeField(null=True, blank=True)  # when the idle side is to be stopped

@@ -24,6 +24,9 @@ class Backend:
     scope_names: frozenset = field(default_factory=frozenset)  # endpoint names a key scope may use
     node_name: str = ""
     api_key: str = ""  # the replica's own key (Replica.api_key), never the client's
+    prefix: bool = False  # its endpoint routes prefix-aware (Endpoint.routing), else least outstanding
+    staged: bool = False  # the staged side of a blue-green pair taking a canary share
+    canary_percent: int = 0  # that share (on the staged side's backends)
 
 
 @dataclass
@@ -31,6 +34,8 @@ class RoutingTable:
     backends: dict[str, list[Backend]]  # served model name -> ready replicas taking traffic
     known: dict[str, set[str]]  # served model name -> endpoint names (running or not): 503 vs 404
     max_queue: dict[int, int]  # endpoint id -> queue depth
+    canary: dict[str, int] = field(default_factory=dict)  # served model name -> the staged side's share (%)
+    prefix: set[str] = field(default_factory=set)  # served model names with a prefix-routed endpoint
 
 
 def model_name(endpoint) -> str:
@@ -39,12 +44,16 @@ def model_name(endpoint) -> str:
 
 def routing_table() -> RoutingTable:
     pairs = {g.endpoint_id: g for g in GatewayEndpoint.objects.all()}
-    # Blue-green: the side of each pair not serving gets no traffic (but is routable again on rollback).
-    idle, public_of = set(), {}
+    # Blue-green: the side of each pair not serving gets no traffic (but is routable again on rollback),
+    # unless it is the staged side with a canary share: then it takes that share of the requests.
+    idle, public_of, canary = set(), {}, {}
     for g in pairs.values():
         if g.staged_id:
             public_of[g.staged_id] = g.endpoint_id
-            idle.add(g.staged_id if g.serving == GatewayEndpoint.Serving.LIVE else g.endpoint_id)
+            if g.serving == GatewayEndpoint.Serving.LIVE and g.canary_percent:
+                canary[g.staged_id] = g.canary_percent
+            else:
+                idle.add(g.staged_id if g.serving == GatewayEndpoint.Serving.LIVE else g.endpoint_id)
     names = dict(Endpoint.objects.values_list("id", "name"))
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
@@ -69,8 +78,11 @@ def routing_table() -> RoutingTable:
         backends.setdefault(model_name(ep), []).append(Backend(
             url=r.url, endpoint_id=ep.pk, endpoint_name=ep.name, replica_index=r.index,
             queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
-            node_name=r.node.name, api_key=r.api_key))
-    return RoutingTable(backends=backends, known=known, max_queue=max_queue)
+            node_name=r.node.name, api_key=r.api_key, prefix=ep.routing == Endpoint.Routing.PREFIX,
+            staged=ep.pk in canary, canary_percent=canary.get(ep.pk, 0)))
+    return RoutingTable(backends=backends, known=known, max_queue=max_queue,
+                        canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
+                        prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)})
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,7 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
         gw = _pair(endpoint)
         if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
             raise ValidationError("The staged side is serving: roll back or wait for the drain first.")
-        gw.staged, gw.serving, gw.stop_idle_at = staged, GatewayEndpoint.Serving.LIVE, None
+        gw.staged, gw.serving, gw.stop_idle_at, gw.canary_percent = staged, GatewayEndpoint.Serving.LIVE, None, 0
         if drain_seconds is not None:
             gw.drain_seconds = _limit(drain_seconds, "drain_seconds", "Drain seconds")
         gw.save()
@@ -186,22 +186,57 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
 
 
 def _move(endpoint: Endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
-
+    """All traffic to one side; the other side stops after the drain. A canary's share ends:
+    a rollback while the live side serves with a canary is the canary's abort."""
     with transaction.atomic():
         gw = _pair(endpoint)
         if gw.staged_id is None:
             raise ValidationError(f"{endpoint.name} has no staged deployment.")
-        if gw.serving == to:
+        if gw.serving == to and not (to == GatewayEndpoint.Serving.LIVE and gw.canary_percent):
             raise ValidationError(f"Traffic already goes to the {to} side.")
         target = gw.staged if to == GatewayEndpoint.Serving.STAGED else gw.endpoint
         if not _ready(target):
             raise ValidationError(f"{target.name} has no ready replica: traffic stays where it is.")
-        gw.serving, gw.switched_at = to, timezone.now()
+        canary_was = gw.canary_percent
+        gw.serving, gw.switched_at, gw.canary_percent = to, timezone.now(), 0
         gw.stop_idle_at = gw.switched_at + timedelta(seconds=gw.drain_seconds)
         gw.save()
         audit_log(actor=actor, action="gateway.switch" if to == GatewayEndpoint.Serving.STAGED else "gateway.rollback",
                   obj=endpoint, request=request, via=via,
-                  changes={"serving": target.name, "drain_seconds": gw.drain_seconds})
+                  changes={"serving": target.name, "drain_seconds": gw.drain_seconds,
+                           **({"canary_percent": [canary_was, 0]} if canary_was else {})})
+    return gw
+
+
+def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+    """Send `percent` (1-99) of the endpoint's requests to its staged deployment while the live one
+    keeps the rest; 0 ends the canary (the staged side idle again, still running). Switch and
+    Rollback end it too."""
+    percent = int_in_range(percent, "percent", low=0, high=99,
+                           message="percent must be a whole number from 1 to 99 (0 ends the canary).")
+    if percent is None:
+        raise ValidationError({"percent": "Give percent: a whole number from 1 to 99 (0 ends the canary)."})
+    with transaction.atomic():
+        gw = _pair(endpoint)
+        if gw.staged_id is None:
+            raise ValidationError({"staged": f"{endpoint.name} has no staged deployment: stage one first."})
+        if gw.serving != GatewayEndpoint.Serving.LIVE:
+            raise ValidationError({"percent": "The staged side serves all the traffic already: a canary share is "
+                                              "for a staged deployment before its switch."})
+        if percent and not _ready(gw.staged):
+            raise ValidationError({"staged": f"{gw.staged.name} has no ready replica: no canary share for it yet."})
+        before = gw.canary_percent
+        if percent == before:
+            return gw
+        # A staged side draining after a rollback that takes a share again is kept.
+        kept = bool(percent and gw.stop_idle_at)
+        gw.canary_percent = percent
+        if kept:
+            gw.stop_idle_at = None
+        gw.save(update_fields=["canary_percent", "stop_idle_at"])
+        audit_log(actor=actor, action="gateway.canary", obj=endpoint, request=request, via=via,
+                  changes={"staged": gw.staged.name, "canary_percent": [before, percent],
+                           **({"drain_cancelled": True} if kept else {})})
     return gw
 
 

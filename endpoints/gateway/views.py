@@ -1,5 +1,5 @@
 """Pages of the gateway: application keys (Admins create, revoke and set limits; a new key
-is shown once), each key's usage, and the blue-green controls of an endpoint."""
+is shown once), each key's usage, and the blue-green and canary controls of an endpoint."""
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -7,6 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
+from console.validation import error_text
 from endpoints.gateway import services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, form_error_text
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
@@ -82,18 +83,21 @@ def endpoint_bluegreen(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     form = BlueGreenForm(request.POST)
     if not form.is_valid():
-        messages.error(request, " ".join(m for msgs in form.errors.values() for m in msgs))
+        messages.error(request, form_error_text(form))
         return redirect("endpoint_detail", endpoint.pk)
     action = form.cleaned_data["action"]
     try:
         if action == "stage":
             staged = get_object_or_404(Endpoint, pk=form.cleaned_data["staged"] or 0)
             services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
+        elif action == "canary":
+            services.set_canary(endpoint=endpoint, percent=form.cleaned_data["percent"], actor=request.user,
+                                request=request)
         elif action == "switch":
             services.switch(endpoint=endpoint, actor=request.user, request=request)
         else:
             services.rollback(endpoint=endpoint, actor=request.user, request=request)
         messages.success(request, f"Blue-green: {action} done.")
     except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
+        messages.error(request, error_text(exc))
     return redirect("endpoint_detail", endpoint.pk)

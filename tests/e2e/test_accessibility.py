@@ -17,6 +17,7 @@ from console.audit import audit_log
 from console.services import api_token_create
 from endpoints.bench.client import parse_saved_result
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
+from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from models_registry.inspection import inspect_path
@@ -46,6 +47,7 @@ NOT_PAGES = {
     "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
     "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
     "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only", "endpoint_profiling": "POST only",
+    "endpoint_routing": "POST only",
     "profile_new": "POST only", "profile_delete": "POST only", "profile_file": "a trace file",
     "profile_archive": "a .zip", "profile_status": "profile page",
     "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
@@ -122,6 +124,11 @@ def site(admin, operator, viewer, model_root, redis_conn):
                                        state="ready", created_by=operator, profiling=True)
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu, state="ready", port=8301, pid=4243,
                            argv=["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", "{}"])
+    # A staged deployment taking a canary share: the page's routing, canary form and side-by-side charts.
+    green = Endpoint.objects.create(name="tiny-green", artifact=hf, node=cpu, served_model_name="tiny", state="ready",
+                                    created_by=operator, routing="prefix")
+    Replica.objects.create(endpoint=green, index=0, node=cpu, state="ready", port=8302, pid=4244)
+    GatewayEndpoint.objects.create(endpoint=endpoint, staged=green, canary_percent=25)
     analysis = {"breakdown": [{"category": "matrix multiply", "seconds": 0.5, "share": 0.5},
                               {"category": "host idle", "seconds": 0.5, "share": 0.5}],
                 "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.5, "calls": 9,

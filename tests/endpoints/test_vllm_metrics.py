@@ -200,6 +200,37 @@ def test_qps_falls_back_to_e2e_count(idle, after):
     assert stats["successes"] is None and stats["errors"] is None
 
 
+def with_prefix_hits(text, hits):
+    """The real scrape with its prefix-cache hit counter set to `hits` (the captured run had none)."""
+    out, n = re.subn(r'^(vllm:prefix_cache_hits_total\{[^}]*\}) \S+$', rf"\g<1> {float(hits)}", text, flags=re.M)
+    assert n == 1
+    return out
+
+
+def test_prefix_cache_counters_from_the_real_samples(idle, after):
+    assert idle.names["prefix_cache_queries"] == "vllm:prefix_cache_queries_total"
+    assert idle.names["prefix_cache_hits"] == "vllm:prefix_cache_hits_total"
+    assert (idle.prefix_cache_queries, idle.prefix_cache_hits) == (0.0, 0.0)
+    # 5 prompts of 8 tokens looked up, none found (each prompt differs and fills no 128-token block).
+    assert (after.prefix_cache_queries, after.prefix_cache_hits) == (40.0, 0.0)
+    stats = window_stats(idle, after, 2.0)
+    assert (stats["prefix_cache_queries"], stats["prefix_cache_hits"]) == (40.0, 0.0)
+    assert stats["prefix_cache_hit_rate"] == 0.0
+    assert window_stats(after, after, 2.0)["prefix_cache_hit_rate"] is None  # no lookup: no rate
+    hit = parse_metrics(with_prefix_hits(AFTER_TEXT, 24))
+    assert hit.prefix_cache_hits == 24.0
+    assert window_stats(idle, hit, 2.0)["prefix_cache_hit_rate"] == pytest.approx(0.6)
+    # Over a window, not since start: 40 more queries with 10 more hits is 25 %.
+    later = parse_metrics(with_prefix_hits(AFTER_TEXT.replace(
+        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 40.0',
+        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 80.0'), 34))
+    assert window_stats(hit, later, 2.0)["prefix_cache_hit_rate"] == pytest.approx(0.25)
+    # The names before the rename (vllm:gpu_prefix_cache_*) are read too.
+    old = parse_metrics(with_prefix_hits(AFTER_TEXT, 8).replace("vllm:prefix_cache_", "vllm:gpu_prefix_cache_"))
+    assert old.names["prefix_cache_hits"] == "vllm:gpu_prefix_cache_hits_total"
+    assert (old.prefix_cache_queries, old.prefix_cache_hits) == (40.0, 8.0)
+
+
 # ---------------------------------------------------------------------------- names, labels
 
 

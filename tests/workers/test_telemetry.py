@@ -194,6 +194,7 @@ def test_scrape_turns_vllm_metrics_into_qps_latency_and_errors(cpu_node, http_se
     assert 0 < p50 <= p99 and _latest(f"{prefix}.ep.ttft_p99_s") > 0
     assert _latest(f"{prefix}.ep.gen_tps") == pytest.approx(40 * qps / 5, rel=1e-6)
     assert _latest(f"{prefix}.ep.error_rate") == 0 and _latest(f"{prefix}.ep.errors") == 0
+    assert _latest(f"{prefix}.ep.prefix_hit_pct") == 0  # 40 prompt tokens looked up, none in the prefix cache
 
     # A failed scrape is an error; so is each failed health check of the agent.
     http_server.status = 500
@@ -399,7 +400,7 @@ def test_pages_carry_stable_chart_ids_with_point_counts(fake_npu_smi, ascend_nod
     panel = as_viewer.get(f"/nodes/{ascend_node.pk}/telemetry").content.decode()
     assert "2,654 / 32,768 MB" in panel
     page = as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
-    for chart in ("qps", "latency", "ttft", "tokens", "requests", "kv", "errors"):
+    for chart in ("qps", "latency", "ttft", "tokens", "requests", "kv", "prefix", "errors"):
         assert f'id="chart-endpoint-{endpoint.pk}-{chart}"' in page
     fleet = as_viewer.get("/telemetry/fleet").content.decode()
     assert 'id="fleet-devices">8<small>/8' in fleet and 'id="fleet-nodes">1<small>/1' in fleet

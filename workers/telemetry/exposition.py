@@ -37,6 +37,8 @@ EXPOSED = {
     "ep.running": ("console_endpoint_requests_running", "Requests being processed", {}),
     "ep.waiting": ("console_endpoint_requests_waiting", "Requests waiting", {}),
     "ep.kv_cache_pct": ("console_endpoint_kv_cache_used_percent", "KV-cache in use", {}),
+    "ep.prefix_hit_pct": ("console_endpoint_prefix_cache_hit_percent",
+                          "Prompt tokens found in the prefix cache over the last window", {}),
     "ep.error_rate": ("console_endpoint_error_ratio", "Errors / requests over the last window (failed scrapes and health checks count)", {}),
     # The gateway's figures per endpoint and per key (endpoints/gateway/services.py store_gateway_stats).
     "gw.qps": ("console_gateway_requests_per_second", "Requests per second through the gateway", {}),

@@ -16,7 +16,7 @@ METRIC_UNITS = {
     "host.disk_pct": "%", "host.net_rx_Bps": "B/s", "host.net_tx_Bps": "B/s", "host.dev_util_avg": "%",
     "proc.cpu_pct": "%", "proc.rss_bytes": "B", "ep.qps": "req/s", "ep.p50_s": "s", "ep.p90_s": "s",
     "ep.p99_s": "s", "ep.ttft_p50_s": "s", "ep.ttft_p99_s": "s", "ep.itl_p50_s": "s", "ep.gen_tps": "tok/s",
-    "ep.prompt_tps": "tok/s", "ep.running": "", "ep.waiting": "", "ep.kv_cache_pct": "%", "ep.errors": "",
+    "ep.prompt_tps": "tok/s", "ep.running": "", "ep.waiting": "", "ep.kv_cache_pct": "%", "ep.prefix_hit_pct": "%", "ep.errors": "",
     "ep.error_rate": "ratio", "ep.scrape_ok": "",
 }
 

@@ -1,0 +1,152 @@
+"""How the gateway chooses a replica: least outstanding requests, or prefix-aware (consistent
+hashing of the request's leading content with a bound on load), and which side of a
+blue-green pair takes a request when the staged side has a canary share.
+
+Pure functions over the gateway's in-memory counts, no I/O and no Django: the gateway
+(endpoints/gateway/asgi.py) filters out replicas that are tried, down or whose endpoint is
+full, then calls these.
+
+Prefix-aware routing sends requests that start alike to the replica that has most likely
+kept that start in its prefix cache (vLLM's automatic prefix caching), so it is not computed
+again. The key is the request's leading content, bounded (the system prompt and first user
+turn of a chat, which stay the same for every turn of a conversation; a completion prompt's
+first characters or token ids), hashed once with BLAKE2b. Each replica is scored by
+rendezvous (highest random weight) hashing of (key digest, replica URL): a key's order over
+the replicas is fixed, and when a replica leaves only the keys it ranked first move.
+
+The load bound is "consistent hashing with bounded loads" (Mirrokni, Thorup and
+Zadimoghaddam, SODA 2018, arXiv:1608.01350): with n replicas and m requests in flight
+(this one included), a replica takes the request only while its load stays within
+ceil(c * m / n), c = 1 + epsilon; otherwise the next replica in the key's order is asked.
+Some replica is always within the bound (they cannot all be above the mean), so a hot prefix
+overflows to a stable second choice instead of piling up on one replica."""
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from array import array
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+#: Characters of leading text (chat messages or a completion prompt) that make the key. Short on
+#: purpose: requests that share a longer prefix (a system prompt, a few-shot block) then share a
+#: key; a long key would tell apart prompts whose caches overlap.
+PREFIX_CHARS = 512
+#: Leading token ids that make the key of a prompt given as token ids.
+PREFIX_TOKENS = 128
+#: Bounded-load factor c = 1 + epsilon (Mirrokni et al.); 1.25 is KubeAI's default for the same rule.
+LOAD_FACTOR = 1.25
+
+
+class Routable(Protocol):
+    url: str
+
+
+B = TypeVar("B", bound=Routable)
+
+
+def least_outstanding(candidates: Sequence[B], load: Mapping[str, int], rnd: Callable[[Sequence], B] = random.choice) -> B | None:
+    """The candidate with the fewest requests in flight (random among equals)."""
+    best, best_n = [], None
+    for b in candidates:
+        n = load.get(b.url, 0)
+        if best_n is None or n < best_n:
+            best, best_n = [b], n
+        elif n == best_n:
+            best.append(b)
+    return rnd(best) if best else None
+
+
+def _text(content, budget: int) -> str:
+    """A message's content as text, at most `budget` characters: a string, or the text (or URL) of
+    its parts in order (OpenAI's content parts)."""
+    if isinstance(content, str):
+        return content[:budget]
+    out, used = [], 0
+    if isinstance(content, list):
+        for part in content:
+            if used >= budget or not isinstance(part, dict):
+                break
+            piece = part.get("text")
+            if not isinstance(piece, str):
+                url = part.get("image_url") or part.get("video_url") or part.get("audio_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                piece = url if isinstance(url, str) else str(part.get("type", ""))
+            piece = piece[:budget - used] if isinstance(piece, str) else ""
+            out.append(piece)
+            used += len(piece)
+    return "\x1e".join(out)
+
+
+def prefix_key(payload: Mapping, *, chars: int = PREFIX_CHARS, tokens: int = PREFIX_TOKENS) -> bytes | None:
+    """The leading content of a chat or completion request, bounded, as bytes to hash; None when
+    there is none to go by (then the policy falls back to least outstanding).
+
+    Chat: the messages up to and including the first user message (system and developer prompts,
+    then the first turn), as role and text, cut at `chars` characters in all: every later turn
+    of the conversation has the same key. Completions: the prompt's first `chars` characters, or
+    its first `tokens` token ids; of a batch, its first prompt. Never serialises a whole body."""
+    messages = payload.get("messages")
+    if isinstance(messages, list):
+        parts, used = [], 0
+        for message in messages:
+            if used >= chars or not isinstance(message, dict):
+                break
+            role = message.get("role")
+            text = _text(message.get("content"), chars - used)
+            parts.append(f"{role}\x1f{text}")
+            used += len(text)
+            if role == "user":
+                break
+        return "\x1d".join(parts).encode("utf-8", "surrogatepass") if parts else None
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        prompt = prompt[0]  # a batch: its first prompt
+    if isinstance(prompt, str):
+        return prompt[:chars].encode("utf-8", "surrogatepass") if prompt else None
+    if isinstance(prompt, list) and prompt:
+        try:  # token ids: packed in C (a float or a negative id is refused there)
+            return b"\x00ids" + array("I", prompt[:tokens]).tobytes()
+        except (TypeError, OverflowError):
+            return None
+    return None
+
+
+def digest(key: bytes) -> bytes:
+    """The key's hash, computed once per request."""
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
+def _score(key_digest: bytes, url: str) -> bytes:
+    return hashlib.blake2b(key_digest + url.encode(), digest_size=8).digest()
+
+
+def rendezvous_order(key_digest: bytes, candidates: Sequence[B]) -> list[B]:
+    """Candidates by rendezvous (highest random weight) score for this key, best first: each
+    replica's score depends on the key and its own URL only, so adding or removing one replica
+    reorders nothing else."""
+    return sorted(candidates, reverse=True, key=lambda b: _score(key_digest, b.url))
+
+
+def bounded_load_pick(key_digest: bytes, candidates: Sequence[B], load: Mapping[str, int], *,
+                      factor: float = LOAD_FACTOR) -> B | None:
+    """The first candidate in the key's rendezvous order whose load, with this request, stays
+    within ceil(factor * (requests in flight + 1) / replicas) (Mirrokni et al.); least outstanding
+    if none does (cannot happen with factor >= 1, kept as the safe answer)."""
+    if not candidates:
+        return None
+    if len(candidates) == 1:
+        return candidates[0]
+    total = sum(load.get(b.url, 0) for b in candidates)
+    bound = math.ceil(factor * (total + 1) / len(candidates))
+    scored = sorted(((_score(key_digest, b.url), i) for i, b in enumerate(candidates)), reverse=True)
+    for _, i in scored:
+        if load.get(candidates[i].url, 0) + 1 <= bound:
+            return candidates[i]
+    return least_outstanding(candidates, load)
+
+
+def staged_takes_it(canary_percent: int, rnd: Callable[[], float] = random.random) -> bool:
+    """Whether this request goes to the staged side of a pair with this canary share (0..100)."""
+    return canary_percent > 0 and rnd() * 100 < canary_percent

@@ -1,0 +1,391 @@
+"""The gateway's routing policies and canary share: the pure policy (endpoints/gateway/routing.py),
+Gateway.pick over it, the settings' services, API and pages (bad input refused naming the field,
+nothing changed, audited), and a real gateway process in front of FakeReplicas: a conversation
+sticks to one replica under prefix routing, and a 25 % canary takes about a quarter of the requests."""
+import math
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from console.models import AuditEvent
+from endpoints.gateway import routing, services
+from endpoints.gateway.asgi import Gateway
+from endpoints.gateway.models import GatewayEndpoint
+from endpoints.gateway.selectors import Backend, routing_table
+from endpoints.models import Endpoint, EndpointEvent, Replica
+from tests.support.gateway import make_endpoint
+
+
+@dataclass(frozen=True)
+class R:
+    url: str
+
+
+def replicas(n):
+    return [R(f"http://10.0.0.{i}:8000") for i in range(1, n + 1)]
+
+
+def conversation(system: str, first: str, turns: int) -> list[dict]:
+    """A chat's messages after `turns` user turns: the same system prompt and first turn throughout."""
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+    for t in range(1, turns):
+        messages += [{"role": "assistant", "content": f"answer {t}"}, {"role": "user", "content": f"follow-up {t}"}]
+    return messages
+
+
+def key_of(payload, **kw):
+    return routing.digest(routing.prefix_key(payload, **kw))
+
+
+# --- the pure policy ------------------------------------------------------------------------------
+
+def test_prefix_key_is_the_start_of_a_conversation_bounded():
+    first = {"messages": conversation("You are terse.", "What is a KV cache?", 1)}
+    later = {"messages": conversation("You are terse.", "What is a KV cache?", 4)}
+    other = {"messages": conversation("You are terse.", "What is paged attention?", 1)}
+    assert routing.prefix_key(first) == routing.prefix_key(later)  # every turn: one key
+    assert routing.prefix_key(first) != routing.prefix_key(other)
+    # Bounded: a huge system prompt gives a key of at most `chars` characters of content.
+    huge = {"messages": conversation("x" * 1_000_000, "hi", 3)}
+    assert len(routing.prefix_key(huge, chars=512)) < 600
+    assert routing.prefix_key(huge, chars=512) == routing.prefix_key(
+        {"messages": conversation("x" * 600, "something else", 1)}, chars=512)
+    # Content parts: their text, in order.
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "describe"},
+                                                       {"type": "image_url", "image_url": {"url": "http://i/1.png"}}]}]}
+    assert b"describe" in routing.prefix_key(parts) and b"http://i/1.png" in routing.prefix_key(parts)
+    # Completions: the prompt's first characters, token ids, a batch's first prompt.
+    assert routing.prefix_key({"prompt": "abc" * 1000}, chars=100) == ("abc" * 1000)[:100].encode()
+    ids = routing.prefix_key({"prompt": list(range(1000))}, tokens=128)
+    assert ids == routing.prefix_key({"prompt": list(range(128)) + [7, 7, 7]}, tokens=128)
+    assert ids != routing.prefix_key({"prompt": list(range(1, 129))}, tokens=128)
+    assert routing.prefix_key({"prompt": ["first", "second"]}) == b"first"
+    for nothing in ({}, {"prompt": ""}, {"prompt": []}, {"messages": []}, {"prompt": [1.5, 2]}, {"prompt": [-1]},
+                    {"prompt": {"a": 1}}, {"prompt": [[1.5]]}):
+        assert routing.prefix_key(nothing) is None, nothing
+
+
+def test_same_prefix_same_replica_and_different_prefixes_spread():
+    rs = replicas(4)
+    idle: dict = {}
+    key = key_of({"prompt": "A shared system prompt. Question 1"})
+    assert len({routing.bounded_load_pick(key, rs, idle) for _ in range(20)}) == 1
+    # The order of the candidates does not matter (hashing, not position).
+    assert routing.bounded_load_pick(key, list(reversed(rs)), idle) == routing.bounded_load_pick(key, rs, idle)
+    owners = Counter(routing.bounded_load_pick(key_of({"prompt": f"prefix {i}"}), rs, idle).url for i in range(2000))
+    # 2000 keys over 4 replicas: 500 each expected, sd ~19; 4 sd either side.
+    assert set(owners) == {r.url for r in rs} and all(abs(n - 500) <= 80 for n in owners.values()), owners
+
+
+def test_bounded_load_moves_a_hot_key_to_its_next_replica_then_least_outstanding():
+    rs = replicas(3)
+    key = key_of({"prompt": "hot prefix"})
+    order = routing.rendezvous_order(key, rs)
+    load = {order[0].url: 10, order[1].url: 0, order[2].url: 0}
+    # ceil(1.25 * 11 / 3) = 5: the first choice (10 in flight) is over the bound, the second takes it.
+    assert routing.bounded_load_pick(key, rs, load) == order[1]
+    load = {order[0].url: 3, order[1].url: 2, order[2].url: 2}  # bound ceil(1.25 * 8 / 3) = 4
+    assert routing.bounded_load_pick(key, rs, load) == order[0]
+    load = {order[0].url: 4, order[1].url: 4, order[2].url: 0}  # bound ceil(1.25 * 9 / 3) = 4
+    assert routing.bounded_load_pick(key, rs, load) == order[2]
+    # Whatever the loads, the pick never exceeds the bound (Mirrokni et al.'s guarantee).
+    rnd = random.Random(3)
+    for _ in range(500):
+        load = {r.url: rnd.randint(0, 20) for r in rs}
+        pick = routing.bounded_load_pick(key, rs, load)
+        assert load[pick.url] + 1 <= math.ceil(1.25 * (sum(load.values()) + 1) / 3)
+    # A factor below 1 can leave every replica over the bound: least outstanding then.
+    load = {order[0].url: 5, order[1].url: 1, order[2].url: 3}
+    assert routing.bounded_load_pick(key, rs, load, factor=0.1) == order[1]
+    assert routing.bounded_load_pick(key, [], {}) is None
+
+
+def test_a_replica_leaving_or_joining_moves_only_its_own_keys():
+    rs = replicas(5)
+    keys = [key_of({"prompt": f"conversation {i}"}) for i in range(3000)]
+    before = {k: routing.bounded_load_pick(k, rs, {}) for k in keys}
+    gone = rs[2]
+    after = {k: routing.bounded_load_pick(k, [r for r in rs if r != gone], {}) for k in keys}
+    moved = [k for k in keys if before[k] != after[k]]
+    assert moved and all(before[k] == gone for k in moved)  # only the leaver's keys moved
+    assert len(moved) == sum(1 for k in keys if before[k] == gone)
+    new = R("http://10.0.0.99:8000")
+    joined = {k: routing.bounded_load_pick(k, [*rs, new], {}) for k in keys}
+    changed = [k for k in keys if joined[k] != before[k]]
+    assert all(joined[k] == new for k in changed) and 3000 / 6 - 120 <= len(changed) <= 3000 / 6 + 120
+
+
+def test_least_outstanding_and_the_canary_coin():
+    rs = replicas(3)
+    assert routing.least_outstanding(rs, {rs[0].url: 2, rs[1].url: 0, rs[2].url: 1}) == rs[1]
+    assert routing.least_outstanding([], {}) is None
+    assert {routing.least_outstanding(rs, {}, rnd=random.Random(s).choice) for s in range(30)} == set(rs)
+    rnd = random.Random(25)
+    n = 4000
+    staged = sum(routing.staged_takes_it(25, rnd.random) for _ in range(n))
+    assert abs(staged - n * 0.25) <= 4 * math.sqrt(n * 0.25 * 0.75), staged
+    assert not any(routing.staged_takes_it(0, rnd.random) for _ in range(100))
+
+
+def backend(url, ep=1, **kw):
+    return Backend(url=url, endpoint_id=ep, endpoint_name=f"ep{ep}", replica_index=0, queue_depth=kw.pop("depth", 100), **kw)
+
+
+def test_gateway_pick_sides_prefix_and_fallbacks():
+    gw = Gateway()
+    live = [backend("http://l1", 1, prefix=True), backend("http://l2", 1, prefix=True)]
+    staged = [backend("http://s1", 2, staged=True, canary_percent=25)]
+    both = live + staged
+    assert gw.pick(both, set(), staged=True) == staged[0]
+    assert gw.pick(both, set(), staged=False) in live
+    # The staged side down (or tried, or its endpoint full): the live side takes the request.
+    gw.down_until["http://s1"] = time.monotonic() + 60
+    assert gw.pick(both, set(), staged=True) in live
+    gw.down_until.clear()
+    assert gw.pick(both, {"http://s1"}, staged=True) in live
+    gw.ep_outstanding[2] = 100
+    assert gw.pick(both, set(), staged=True) in live
+    gw.ep_outstanding[2] = 0
+    # Prefix-aware on the live side: one key, one replica, until it is over the bound.
+    key = key_of({"prompt": "same start"})
+    first = gw.pick(both, set(), staged=False, key=key)
+    assert all(gw.pick(both, set(), staged=False, key=key) == first for _ in range(10))
+    gw.outstanding[first.url] = 5
+    assert gw.pick(both, set(), staged=False, key=key) not in (first, staged[0])
+    # A side with a least-outstanding endpoint in it is not routed by prefix.
+    gw.outstanding.clear()
+    mixed = [live[0], backend("http://l3", 3)]
+    gw.outstanding["http://l3"] = 1
+    assert all(gw.pick(mixed, set(), key=routing.digest(bytes([i]))) == live[0] for i in range(20))
+    assert gw.pick(both, {"http://l1", "http://l2", "http://s1"}) is None
+
+
+# --- settings: services, API, pages ---------------------------------------------------------------
+
+@pytest.mark.django_db
+def test_routing_on_launch_and_patch_refusing_bad_values(operator, viewer, api_for, cpu_node, tiny_artifact):
+    api = api_for(operator)
+    bad = api.post("/api/v1/endpoints", {"name": "r-bad", "artifact": tiny_artifact.pk, "routing": "round-robin"})
+    assert bad.status_code == 400 and "routing" in bad.json()["errors"], bad.content
+    assert not Endpoint.objects.filter(name="r-bad").exists()
+    made = api.post("/api/v1/endpoints", {"name": "r-prefix", "artifact": tiny_artifact.pk, "routing": "prefix"})
+    assert made.status_code == 201 and made.json()["routing"] == "prefix", made.content
+    plain = api.post("/api/v1/endpoints", {"name": "r-plain", "artifact": tiny_artifact.pk}).json()
+    assert plain["routing"] == "least-outstanding"
+    launch = AuditEvent.objects.get(action="endpoint.launch", object_id=str(made.json()["id"]))
+    assert launch.changes["routing"] == "prefix"
+
+    url = f"/api/v1/endpoints/{plain['id']}"
+    for body, field, status in [({"routing": "fastest"}, "routing", 400), ({"routing": 3}, "routing", 422),
+                                ({"routng": "prefix"}, "routng", 422)]:
+        refused = api.patch(url, body)
+        assert refused.status_code == status and field in refused.content.decode(), refused.content
+    assert Endpoint.objects.get(pk=plain["id"]).routing == "least-outstanding"
+    assert not AuditEvent.objects.filter(action="endpoint.update").exists()
+    assert api_for(viewer).patch(url, {"routing": "prefix"}).status_code == 403
+
+    changed = api.patch(url, {"routing": "prefix"})
+    assert changed.status_code == 200 and changed.json()["routing"] == "prefix"
+    audit = AuditEvent.objects.get(action="endpoint.update")
+    assert audit.changes == {"routing": ["least-outstanding", "prefix"]} and audit.actor == operator
+    assert EndpointEvent.objects.filter(endpoint_id=plain["id"], kind="updated").exists()
+    assert api.patch(url, {}).json()["routing"] == "prefix"  # nothing given, nothing changed
+    assert api.patch(url, {"routing": "prefix"}).status_code == 200
+    assert AuditEvent.objects.filter(action="endpoint.update").count() == 1  # no change, no audit row
+    with pytest.raises(ValidationError, match="cannot be changed here"):
+        from endpoints.services import endpoint_update
+
+        endpoint_update(endpoint=Endpoint.objects.get(pk=plain["id"]), user=operator, replicas=3)
+
+
+@pytest.mark.django_db
+def test_launch_form_takes_routing(as_operator, as_viewer, cpu_node, tiny_artifact):
+    page = as_operator.get("/endpoints/launch").content.decode()
+    assert 'name="routing"' in page and 'value="prefix"' in page
+    bad = as_operator.post("/endpoints/launch", {"name": "f-bad", "artifact": tiny_artifact.pk, "node": cpu_node.pk,
+                                                   "routing": "sticky"})
+    assert bad.status_code == 400 and "Choose least-outstanding or prefix" in bad.content.decode()
+    ok = as_operator.post("/endpoints/launch", {"name": "f-ok", "artifact": tiny_artifact.pk, "node": cpu_node.pk,
+                                                  "routing": "prefix", "replicas": "1"})
+    assert ok.status_code == 302, ok.content.decode()[-2000:]
+    endpoint = Endpoint.objects.get(name="f-ok")
+    assert endpoint.routing == "prefix"
+    page = as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert 'id="endpoint-routing">prefix-aware' in page and 'id="routing-form"' in page
+    # Changed later from the page: a bad value changes nothing; a good one is audited.
+    refused = as_operator.post(f"/endpoints/{endpoint.pk}/routing", {"routing": "random"}, follow=True)
+    assert "routing: Choose least-outstanding or prefix" in refused.content.decode()
+    assert Endpoint.objects.get(pk=endpoint.pk).routing == "prefix"
+    assert as_viewer.post(f"/endpoints/{endpoint.pk}/routing", {"routing": "least-outstanding"}).status_code == 403
+    as_operator.post(f"/endpoints/{endpoint.pk}/routing", {"routing": "least-outstanding"})
+    assert Endpoint.objects.get(pk=endpoint.pk).routing == "least-outstanding"
+    assert AuditEvent.objects.filter(action="endpoint.update", object_id=str(endpoint.pk)).count() == 1
+
+
+def pair(node=None):
+    blue = make_endpoint("c-blue", [], model="tiny", node=node)
+    green = make_endpoint("c-green", [], model="tiny", node=node)
+    for i, ep in enumerate((blue, green)):
+        Replica.objects.create(endpoint=ep, index=0, node=ep.node, state=Endpoint.State.READY, port=9100 + i,
+                               port_host=f"fake-{9100 + i}")
+    return blue, green
+
+
+@pytest.mark.django_db
+def test_canary_api_refuses_bad_input_and_switch_rollback_reset_it(operator, viewer, api_for, admin):
+    blue, green = pair()
+    api = api_for(operator)
+    url = f"/api/v1/gateway/endpoints/{blue.pk}/canary"
+    none = api.post(url, {"percent": 25})
+    assert none.status_code == 400 and "staged" in none.json()["errors"], none.content
+    services.stage(endpoint=blue, staged=green, actor=admin)
+    for body, status, field in [({"percent": 100}, 400, "percent"), ({"percent": -1}, 400, "percent"),
+                                ({"percent": "lots"}, 422, "percent"), ({}, 422, "percent"),
+                                ({"percent": 5, "share": 1}, 422, "share")]:
+        refused = api.post(url, body)
+        assert refused.status_code == status and field in refused.content.decode(), (body, refused.content)
+    assert GatewayEndpoint.objects.get(endpoint=blue).canary_percent == 0
+    assert not AuditEvent.objects.filter(action="gateway.canary").exists()
+    assert api_for(viewer).post(url, {"percent": 25}).status_code == 403
+
+    Replica.objects.filter(endpoint=green).update(state=Endpoint.State.STARTING)
+    cold = api.post(url, {"percent": 25})
+    assert cold.status_code == 400 and "c-green has no ready replica" in cold.json()["detail"]
+    Replica.objects.filter(endpoint=green).update(state=Endpoint.State.READY)
+
+    set_ = api.post(url, {"percent": 25})
+    assert set_.status_code == 200 and set_.json()["canary_percent"] == 25 and set_.json()["serving"] == "live"
+    audit = AuditEvent.objects.get(action="gateway.canary")
+    assert audit.changes == {"staged": "c-green", "canary_percent": [0, 25]} and audit.actor == operator
+    table = routing_table()
+    assert table.canary == {"tiny": 25}
+    sides = {b.endpoint_name: (b.staged, b.canary_percent) for b in table.backends["tiny"]}
+    assert sides == {"c-blue": (False, 0), "c-green": (True, 25)}
+
+    # Switch: all traffic to the staged side, the share ends.
+    switched = api.post(f"/api/v1/gateway/endpoints/{blue.pk}/switch").json()
+    assert switched["serving"] == "staged" and switched["canary_percent"] == 0
+    refused = api.post(url, {"percent": 10})
+    assert refused.status_code == 400 and "percent" in refused.json()["errors"]
+    assert [b.endpoint_name for b in routing_table().backends["tiny"]] == ["c-green"]
+    api.post(f"/api/v1/gateway/endpoints/{blue.pk}/rollback")
+
+    # Rollback during a canary aborts it: the live side takes all, the staged side stops after the drain.
+    assert api.post(url, {"percent": 40}).json()["canary_percent"] == 40
+    rolled = api.post(f"/api/v1/gateway/endpoints/{blue.pk}/rollback")
+    assert rolled.status_code == 200 and rolled.json()["canary_percent"] == 0 and rolled.json()["stop_idle_at"]
+    assert AuditEvent.objects.filter(action="gateway.rollback").order_by("pk").last().changes["canary_percent"] == [40, 0]
+    assert [b.endpoint_name for b in routing_table().backends["tiny"]] == ["c-blue"]
+    assert routing_table().canary == {}
+    # 0 ends a canary without a rollback (the staged side idle again, still running).
+    api.post(url, {"percent": 30})
+    assert api.post(url, {"percent": 0}).json()["canary_percent"] == 0
+    assert Endpoint.objects.get(pk=green.pk).desired_state == "running"
+
+
+@pytest.mark.django_db
+def test_canary_from_the_endpoint_page(as_operator, admin):
+    blue, green = pair()
+    page = as_operator.get(f"/endpoints/{blue.pk}/").content.decode()
+    assert 'id="canary-form"' not in page and 'id="canary-charts"' not in page
+    services.stage(endpoint=blue, staged=green, actor=admin)
+    page = as_operator.get(f"/endpoints/{blue.pk}/").content.decode()
+    assert 'id="canary-form"' in page and 'id="canary-charts"' in page
+    # Live and staged charted side by side: the same gateway metrics for each side's endpoint.
+    for side, ep in (("live", blue), ("staged", green)):
+        for chart in ("latency", "ttft", "errors"):
+            assert f'id="chart-canary-{side}-{chart}"' in page
+        assert page.count(f'data-endpoint="{ep.pk}"') >= 3
+    url = f"/gateway/endpoints/{blue.pk}/bluegreen"
+    refused = as_operator.post(url, {"action": "canary", "percent": "150"}, follow=True).content.decode()
+    assert "percent must be a whole number from 1 to 99" in refused
+    refused = as_operator.post(url, {"action": "canary", "percent": "a quarter"}, follow=True).content.decode()
+    assert "Canary share (%): Enter a whole number." in refused
+    assert GatewayEndpoint.objects.get(endpoint=blue).canary_percent == 0
+    as_operator.post(url, {"action": "canary", "percent": "25"})
+    assert GatewayEndpoint.objects.get(endpoint=blue).canary_percent == 25
+    assert 'id="canary-percent">25 %<' in as_operator.get(f"/endpoints/{blue.pk}/").content.decode()
+
+
+# --- a real gateway in front of fake replicas --------------------------------------------------------
+
+def served_by(response) -> str:
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"].removeprefix("hello from ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin, api_for, operator):
+    from workers.models import Node
+
+    fs = [fakes(f"r{i}") for i in range(3)]
+    ep = make_endpoint("ep-prefix", fs[:1], model="tiny")
+    for i, f in enumerate(fs[1:], start=1):
+        node = Node.objects.create(name=f"pfx-node-{i}", address="127.0.0.1")
+        Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=f.port,
+                               port_host=f"fake-{f.port}")
+    assert api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "prefix"}).status_code == 200
+    _, raw = services.key_create(name="app", actor=admin)
+    gw = gateway()
+    gw.wait_routes("tiny", 3)
+    time.sleep(0.4)  # a refresh after the PATCH (the table is read every 0.3 s here)
+
+    system = "You are a support agent for a bakery. Answer in one sentence. " * 2
+    owners = {}
+    for c in range(12):
+        seen = {served_by(gw.post("/v1/chat/completions", raw, {
+            "model": "tiny", "max_tokens": 4, "messages": conversation(system, f"Customer {c}: my order is late", t)}))
+            for t in range(1, 5)}
+        assert len(seen) == 1, (c, seen)  # every turn of one conversation on one replica
+        owners[c] = seen.pop()
+    assert len(set(owners.values())) >= 2, owners  # different conversations spread
+
+    # Least outstanding (the default) for comparison: one conversation's turns go round the replicas.
+    api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "least-outstanding"})
+    time.sleep(0.7)
+    seen = {served_by(gw.post("/v1/chat/completions", raw, {
+        "model": "tiny", "max_tokens": 4, "messages": conversation(system, "Customer 0: my order is late", t)}))
+        for t in range(1, 13)}
+    assert len(seen) >= 2, seen
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fakes, gateway, admin, api_for, operator):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers.telemetry.models import Series
+
+    blue_fake, green_fake = fakes("blue"), fakes("green")
+    blue = make_endpoint("ep-live", [blue_fake], model="tiny")
+    green = make_endpoint("ep-canary", [green_fake], model="tiny")
+    api = api_for(operator)
+    assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/stage", {"staged": green.pk}).status_code == 200
+    assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/canary", {"percent": 25}).status_code == 200
+    _, raw = services.key_create(name="app", actor=admin)
+    gw = gateway()
+    gw.wait_routes("tiny", 2)
+
+    n = 400
+    with ThreadPoolExecutor(4) as pool:
+        sides = Counter(pool.map(lambda i: served_by(gw.post("/v1/chat/completions", raw, {
+            "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": f"q{i}"}]})), range(n)))
+    # Binomial(400, 0.25): 100 expected, sd 8.7; within 4 sd (a false alarm about once in 15 000 runs).
+    assert sides["blue"] + sides["green"] == n and abs(sides["green"] - 100) <= 4 * math.sqrt(n * 0.25 * 0.75), sides
+
+    # Per side in the telemetry: the staged side is its own endpoint.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not (Series.objects.filter(key=f"e{green.pk}.gw.p50_s").exists()
+                                               and Series.objects.filter(key=f"e{blue.pk}.gw.p50_s").exists()):
+        time.sleep(0.3)
+    for ep in (blue, green):
+        for metric in ("gw.qps", "gw.p50_s", "gw.ttft_p50_s", "gw.error_rate"):
+            assert Series.objects.filter(key=f"e{ep.pk}.{metric}", endpoint=ep).exists(), (ep.name, metric)
+
+    # The staged side's replica goes away: the live side takes every request, none fails.
+    green_fake.stop()
+    codes = Counter(gw.post("/v1/completions", raw, {"model": "tiny", "prompt": f"x{i}"}).status_code for i in range(60))
+    assert codes == {200: 60}, codes
