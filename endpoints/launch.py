@@ -27,7 +27,7 @@ from workers.models import Node
 
 def node_interfaces(node: Node) -> dict[str, str]:
     """The interface variables the node's agent recorded (NODE_INTERFACES): checked by the command builder."""
-    return dict((node.settings or {}).get("interfaces") or {})
+    return node.interfaces
 
 
 def node_count(replica: Replica) -> int:
