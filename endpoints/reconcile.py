@@ -12,8 +12,8 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import make_profile_dir, replica_process
-from endpoints.members import MemberReconciler, cluster_wait, release_cluster_port
+from endpoints.launch import EngineRefused, make_profile_dir, replica_process
+from endpoints.members import MemberReconciler, cluster_wait, member_refused, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
 from endpoints.replica_state import (
@@ -82,7 +82,11 @@ class ReplicaWorkload:
 
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
         port = claim_port(node, replica)
-        spec, env_added = replica_process(replica=replica, node=node, port=port)
+        try:
+            spec, env_added = replica_process(replica=replica, node=node, port=port)
+        except EngineRefused as exc:  # the node's vLLM changed since the launch: not started, until an operator's Start
+            self.refuse_start(replica, str(exc))
+            return
         make_profile_dir(replica)
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
@@ -93,6 +97,14 @@ class ReplicaWorkload:
             last_exit_code=None,
         )
         event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
+
+    def refuse_start(self, replica: Replica, reason: str) -> None:
+        """Failed (an operator's Start or Restart tries again), the port given back, the reason on the
+        endpoint page and its event; the endpoint's failed state raises the "Endpoint not ready" alert."""
+        Replica.objects.filter(pk=replica.pk).update(state=S.FAILED, state_reason=reason[:500], port=None,
+                                                     restart_requested=False, next_start_at=None, **NO_HANDLE)
+        if replica.state != S.FAILED or replica.state_reason != reason[:500]:
+            event(replica.endpoint_id, "start-refused", reason, replica=replica.index, level="error")
 
     def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
         grace = settings.ENDPOINT_STOP_GRACE_SECONDS
@@ -135,6 +147,11 @@ class ReplicaWorkload:
             return
 
         if proc is None:
+            refused = member_refused(replica)  # a node of a multi-node replica cannot run its part
+            if refused:
+                self.refuse_start(replica, refused)
+                release_cluster_port(replica)
+                return
             waiting = cluster_wait(replica, node)  # a multi-node replica's server starts on a whole cluster
             if waiting:
                 if replica.state_reason != waiting:

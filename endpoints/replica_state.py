@@ -73,6 +73,8 @@ def profiling_restart_due(replica: Replica) -> str:
 
 
 DEVICE_FAULT = "device fault"  # how a replica's state_reason starts while a device of it is not OK
+# How the reason of a start that the node's vLLM parser refused starts (launch.check_node_parser).
+ENGINE_REFUSED = "not started"
 
 
 def device_faults(replica: Replica) -> dict[int, str]:
@@ -117,6 +119,10 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
             return S.STOPPED, ""
         return S.STOPPING, ""
+    if states and all(s == S.FAILED for s in states):  # before a member's reason: its replica said more
+        refused = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
+                        if ENGINE_REFUSED in r), "")
+        return S.FAILED, refused or "every replica failed"
     if down := member_down_reason(endpoint):  # a node of the cluster died: degraded until it is back
         return S.DEGRADED, down
     if not states:
@@ -125,8 +131,6 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         return S.READY, ""
     if any(s == S.READY for s in states):
         return S.DEGRADED, f"{states.count(S.READY)} of {len(states)} replicas ready"
-    if all(s == S.FAILED for s in states):
-        return S.FAILED, "every replica failed"
     for s in (S.RESTARTING, S.CRASHED, S.STARTING, S.DEGRADED, S.STOPPING, S.FAILED, S.PENDING):
         if s in states:
             return s, ""
