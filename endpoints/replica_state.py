@@ -78,11 +78,21 @@ ENGINE_REFUSED = "not started"
 
 
 def device_faults(replica: Replica) -> dict[int, str]:
-    """The replica's devices that left OK (the agent's last npu-smi/NVML sample), with why."""
+    """The replica's devices on its own (head) node that left OK (the agent's last npu-smi/NVML sample), with why."""
     if not replica.devices:
         return {}
     found = Device.objects.filter(node_id=replica.node_id, index__in=replica.devices).unhealthy()
     return {device.index: device.fault for device in found}
+
+
+def member_device_faults(replica: Replica) -> list[str]:
+    """Why devices that a multi-node replica's members hold on the other nodes left OK, each naming its node
+    (the head node's are device_faults'). Those devices are pinned on their node by the spec: no move."""
+    faults = []
+    for member in replica.members.exclude(node_id=replica.node_id).select_related("node"):
+        found = Device.objects.filter(node_id=member.node_id, index__in=member.devices or []).unhealthy()
+        faults += [f"{device.fault} on node {member.node.name} ({member.role})" for device in found]
+    return faults
 
 
 def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | None:
