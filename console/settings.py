@@ -323,4 +323,8 @@ GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush 
 GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)
 GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
+# SLO-gated rollouts (endpoints/gateway/rollout.py): the fewest requests to the staged side in a window
+# for any decision (fewer: hold), and the serving controller's pass interval (`manage.py serving_controller`).
+GATEWAY_ROLLOUT_MIN_REQUESTS = env_int("GATEWAY_ROLLOUT_MIN_REQUESTS", 50)
+SERVING_CONTROLLER_INTERVAL_SECONDS = env_float("SERVING_CONTROLLER_INTERVAL_SECONDS", 10)
 CONSUL_HTTP_ADDR = env_str("CONSUL_HTTP_ADDR", "")  # e.g. http://127.0.0.1:8500: register ready replicas

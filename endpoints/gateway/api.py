@@ -1,4 +1,5 @@
-"""API of the gateway: application keys (Admin) and blue-green moves and canary shares (Operator)."""
+"""API of the gateway: application keys (Admin) and blue-green moves, canary shares and SLO-gated
+rollouts (Operator)."""
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
@@ -36,6 +37,17 @@ class CanaryIn(Schema):
     percent: int  # 1-99 of the requests to the staged side; 0 ends the canary
 
 
+class RolloutIn(Schema):
+    """The pair's SLO-gated rollout; fields left out keep their value, null clears a threshold."""
+    model_config = ConfigDict(extra="forbid")
+    p99_ms: int | None = None  # P99 latency threshold (ms)
+    error_pct: float | None = None  # error rate threshold (%)
+    ttft_p99_ms: int | None = None  # TTFT P99 threshold (ms)
+    window_seconds: int | None = None
+    steps: list[int] | str | None = None  # shares (%), rising, ending at 100
+    auto: bool | None = None
+
+
 def key_json(k: GatewayKey) -> dict:
     return {"id": k.pk, "name": k.name, "prefix": k.prefix, "models": k.models_scope, "endpoints": k.endpoints_scope,
             "rpm_limit": k.rpm_limit, "tpm_limit": k.tpm_limit, "active": k.is_active,
@@ -47,8 +59,14 @@ def key_json(k: GatewayKey) -> dict:
 
 def pair_json(gw) -> dict:
     return {"endpoint": gw.endpoint.name, "staged": gw.staged.name if gw.staged else None, "serving": gw.serving,
-            "canary_percent": gw.canary_percent, "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
+            "canary_percent": gw.canary_percent, "rollout": rollout_json(gw), "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
             "stop_idle_at": gw.stop_idle_at.isoformat() if gw.stop_idle_at else None}
+
+
+def rollout_json(gw) -> dict:
+    return {"p99_ms": gw.slo_p99_ms, "error_pct": gw.slo_error_pct, "ttft_p99_ms": gw.slo_ttft_p99_ms,
+            "window_seconds": gw.rollout_window_seconds, "steps": gw.rollout_steps, "auto": gw.rollout_auto,
+            "canary_set_at": gw.canary_set_at.isoformat() if gw.canary_set_at else None}
 
 
 @api_route(router, "GET", "/gateway/keys", role=ADMIN)
@@ -109,3 +127,15 @@ def canary(request, endpoint_id: int, data: CanaryIn):
     """A share of the requests (percent) to the staged deployment, the rest to the live one."""
     return pair_json(services.set_canary(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), percent=data.percent,
                                          actor=request.user, request=request))
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollout", role=OPERATOR)
+def rollout(request, endpoint_id: int, data: RolloutIn):
+    """SLO thresholds, window, step plan and automatic rollout (`manage.py serving_controller` applies it)."""
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    current = rollout_json(services.endpoint_settings(endpoint))
+    given = {**current, **data.model_dump(exclude_unset=True)}
+    return pair_json(services.set_rollout(
+        endpoint=endpoint, p99_ms=given["p99_ms"], error_pct=given["error_pct"], ttft_p99_ms=given["ttft_p99_ms"],
+        window_seconds=given["window_seconds"], steps=given["steps"], auto=bool(given["auto"]),
+        actor=request.user, request=request))

@@ -31,6 +31,16 @@ class BlueGreenForm(forms.Form):
     percent = forms.IntegerField(required=False, label="Canary share (%)")  # the service bounds it
 
 
+class RolloutForm(forms.Form):
+    """Text to values; the bounds and the plan's rules are the service's (set_rollout)."""
+    p99_ms = forms.IntegerField(required=False, label="P99 latency (ms)")
+    error_pct = forms.FloatField(required=False, label="Error rate (%)")
+    ttft_p99_ms = forms.IntegerField(required=False, label="TTFT P99 (ms)")
+    window_seconds = forms.IntegerField(required=False, label="Window (s)")
+    steps = forms.CharField(required=False, label="Steps (%)")
+    auto = forms.BooleanField(required=False, label="Automatic")
+
+
 def form_error_text(form: forms.Form) -> str:
     """One line for a flash message, each error after its field's label."""
     return " ".join(f"{form.fields[field].label or field}: {message}" if field in form.fields else message

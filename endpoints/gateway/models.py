@@ -41,6 +41,10 @@ class GatewayKey(RevocableSecret):
         return settings.GATEWAY_KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def default_rollout_steps() -> list[int]:
+    return [10, 25, 50, 100]
+
+
 class GatewayEndpoint(models.Model):
     """Gateway settings of one endpoint (the public one, whose served model name clients use).
 
@@ -61,7 +65,18 @@ class GatewayEndpoint(models.Model):
     # Weighted canary: while the live side serves, this share (percent) of the requests goes to the
     # staged side instead; 0: the staged side is idle. A switch or rollback sets it back to 0.
     canary_percent = models.PositiveSmallIntegerField(default=0)
+    # When canary_percent last changed: an SLO-gated rollout's window starts again there.
+    canary_set_at = models.DateTimeField(null=True, blank=True)
     drain_seconds = models.PositiveIntegerField(default=30)
+    # SLO-gated rollout (endpoints/gateway/rollout.py, applied by `manage.py serving_controller`): while
+    # `rollout_auto`, the staged side's share goes up the plan after each clean window, switches at 100
+    # and rolls back on a breach of a threshold (each optional: None is not checked).
+    slo_p99_ms = models.PositiveIntegerField(null=True, blank=True)
+    slo_error_pct = models.FloatField(null=True, blank=True)
+    slo_ttft_p99_ms = models.PositiveIntegerField(null=True, blank=True)
+    rollout_window_seconds = models.PositiveIntegerField(default=300)
+    rollout_steps = models.JSONField(default=default_rollout_steps, blank=True)  # shares (%), rising, ending at 100
+    rollout_auto = models.BooleanField(default=False)
     switched_at = models.DateTimeField(null=True, blank=True)
     stop_idle_at = models.DateTimeField(null=True, blank=True)  # when the idle side is to be stopped
 

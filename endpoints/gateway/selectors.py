@@ -8,8 +8,10 @@ from django.conf import settings
 
 from console.models import hash_token
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
 from endpoints.selectors import unhealthy_replica_ids
+from workers.telemetry.models import Point, Series
 
 
 @dataclass(frozen=True)
@@ -112,3 +114,30 @@ def key_info(raw: str) -> KeyInfo | None:
         return None
     return KeyInfo(id=key.pk, name=key.name, models=frozenset(key.models_scope),
                    endpoints=frozenset(key.endpoints_scope), rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit)
+
+
+# --- an SLO-gated rollout's inputs ---------------------------------------------------------------
+
+_SAMPLE_METRICS = {"gw.qps": "qps", "gw.p99_s": "p99_s", "gw.ttft_p99_s": "ttft_p99_s", "gw.error_rate": "error_rate"}
+
+
+def gateway_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
+    """One endpoint's gateway flushes in (since, until], as rollout samples. The gateway stores a flush
+    only for an endpoint that had requests in it, at GATEWAY_TELEMETRY_SECONDS apart; a flush's request
+    count is its QPS times that interval."""
+    series = dict(Series.objects.filter(endpoint_id=endpoint_id, key__in=[f"e{endpoint_id}.{m}" for m in _SAMPLE_METRICS])
+                  .values_list("pk", "metric"))
+    by_ts: dict[int, dict] = {}
+    for series_id, ts, value in Point.objects.filter(series_id__in=list(series), ts__gt=int(since), ts__lte=int(until)) \
+            .values_list("series_id", "ts", "value"):
+        by_ts.setdefault(ts, {})[_SAMPLE_METRICS[series[series_id]]] = value
+    interval = settings.GATEWAY_TELEMETRY_SECONDS
+    return [Sample(ts=ts, requests=round((v.get("qps") or 0.0) * interval), p99_s=v.get("p99_s"),
+                   ttft_p99_s=v.get("ttft_p99_s"), error_rate=v.get("error_rate"))
+            for ts, v in sorted(by_ts.items())]
+
+
+def auto_rollouts():
+    """The pairs whose automatic rollout is on and whose canary runs (the live side serving)."""
+    return GatewayEndpoint.objects.filter(rollout_auto=True, staged__isnull=False,
+                                          serving=GatewayEndpoint.Serving.LIVE).select_related("endpoint", "staged")

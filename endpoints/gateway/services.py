@@ -14,7 +14,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.models import hash_token
 from console.validation import float_in_range, int_in_range
-from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.models import GatewayEndpoint, GatewayKey, default_rollout_steps
 from endpoints.gateway.selectors import model_name
 from endpoints.gateway.stats import percentile
 from endpoints.models import Endpoint
@@ -185,9 +185,10 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
     return gw
 
 
-def _move(endpoint: Endpoint, to: str, *, actor, request, via) -> GatewayEndpoint:
+def _move(endpoint: Endpoint, to: str, *, actor, request, via, extra: dict | None = None) -> GatewayEndpoint:
     """All traffic to one side; the other side stops after the drain. A canary's share ends:
-    a rollback while the live side serves with a canary is the canary's abort."""
+    a rollback while the live side serves with a canary is the canary's abort. An automatic
+    rollout ends too (else the controller would start the canary again after a rollback)."""
     with transaction.atomic():
         gw = _pair(endpoint)
         if gw.staged_id is None:
@@ -197,21 +198,24 @@ def _move(endpoint: Endpoint, to: str, *, actor, request, via) -> GatewayEndpoin
         target = gw.staged if to == GatewayEndpoint.Serving.STAGED else gw.endpoint
         if not _ready(target):
             raise ValidationError(f"{target.name} has no ready replica: traffic stays where it is.")
-        canary_was = gw.canary_percent
-        gw.serving, gw.switched_at, gw.canary_percent = to, timezone.now(), 0
+        canary_was, auto_was = gw.canary_percent, gw.rollout_auto
+        gw.serving, gw.switched_at, gw.canary_percent, gw.rollout_auto = to, timezone.now(), 0, False
+        gw.canary_set_at = gw.switched_at
         gw.stop_idle_at = gw.switched_at + timedelta(seconds=gw.drain_seconds)
         gw.save()
         audit_log(actor=actor, action="gateway.switch" if to == GatewayEndpoint.Serving.STAGED else "gateway.rollback",
                   obj=endpoint, request=request, via=via,
                   changes={"serving": target.name, "drain_seconds": gw.drain_seconds,
-                           **({"canary_percent": [canary_was, 0]} if canary_was else {})})
+                           **({"canary_percent": [canary_was, 0]} if canary_was else {}),
+                           **({"rollout_auto": [True, False]} if auto_was else {}), **(extra or {})})
     return gw
 
 
-def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "",
+               extra: dict | None = None) -> GatewayEndpoint:
     """Send `percent` (1-99) of the endpoint's requests to its staged deployment while the live one
     keeps the rest; 0 ends the canary (the staged side idle again, still running). Switch and
-    Rollback end it too."""
+    Rollback end it too. `extra`: more for the audit row (the rollout controller's figures)."""
     percent = int_in_range(percent, "percent", low=0, high=99,
                            message="percent must be a whole number from 1 to 99 (0 ends the canary).")
     if percent is None:
@@ -230,21 +234,86 @@ def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, vi
             return gw
         # A staged side draining after a rollback that takes a share again is kept.
         kept = bool(percent and gw.stop_idle_at)
-        gw.canary_percent = percent
+        gw.canary_percent, gw.canary_set_at = percent, timezone.now()
         if kept:
             gw.stop_idle_at = None
-        gw.save(update_fields=["canary_percent", "stop_idle_at"])
+        # Ending the canary by hand ends an automatic rollout too (it would hold at 0 forever).
+        auto_ended = not percent and gw.rollout_auto
+        gw.rollout_auto = gw.rollout_auto and bool(percent)
+        gw.save(update_fields=["canary_percent", "canary_set_at", "stop_idle_at", "rollout_auto"])
         audit_log(actor=actor, action="gateway.canary", obj=endpoint, request=request, via=via,
                   changes={"staged": gw.staged.name, "canary_percent": [before, percent],
-                           **({"drain_cancelled": True} if kept else {})})
+                           **({"drain_cancelled": True} if kept else {}),
+                           **({"rollout_auto": [True, False]} if auto_ended else {}), **(extra or {})})
     return gw
 
 
-def switch(*, endpoint: Endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def switch(*, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None) -> GatewayEndpoint:
     """Send the endpoint's traffic to its staged deployment; the live one stops after the drain."""
-    return _move(endpoint, GatewayEndpoint.Serving.STAGED, actor=actor, request=request, via=via)
+    return _move(endpoint, GatewayEndpoint.Serving.STAGED, actor=actor, request=request, via=via, extra=extra)
 
 
-def rollback(*, endpoint: Endpoint, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def rollback(*, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None) -> GatewayEndpoint:
     """Send the traffic back to the live deployment (it must still be ready: within the drain)."""
-    return _move(endpoint, GatewayEndpoint.Serving.LIVE, actor=actor, request=request, via=via)
+    return _move(endpoint, GatewayEndpoint.Serving.LIVE, actor=actor, request=request, via=via, extra=extra)
+
+
+# --- SLO-gated rollout settings ------------------------------------------------------------------
+
+def _steps(value) -> list[int]:
+    """The step plan: shares (%) rising from 1, ending at 100 (the promotion), given as a list or
+    as text ("10,25,50,100"); blank: the default plan. A plan rather than a step size: the first
+    share is the one that matters for the blast radius (small), the later ones can be coarse."""
+    message = ("steps must be shares in percent, rising, each from 1 to 100, ending at 100 and with at least one "
+               "below it (e.g. 10,25,50,100).")
+    if value in (None, ""):
+        return default_rollout_steps()
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", ",").split(",") if v]
+    if not isinstance(value, list | tuple) or not 2 <= len(value) <= 20:
+        raise ValidationError({"steps": message})
+    steps = [int_in_range(v, "steps", low=1, high=100, message=message) for v in value]
+    if any(b <= a for a, b in zip(steps, steps[1:], strict=False)) or steps[-1] != 100:
+        raise ValidationError({"steps": message})
+    return steps
+
+
+def set_rollout(*, endpoint: Endpoint, p99_ms: int | None, error_pct: float | None, ttft_p99_ms: int | None,
+                window_seconds: int | None, steps, auto: bool, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+    """The pair's SLO thresholds (each optional), evaluation window, step plan and automatic rollout.
+    Turning `auto` on with no canary share yet starts one at the plan's first share. All or nothing:
+    a bad value changes nothing."""
+    values = {
+        "slo_p99_ms": int_in_range(p99_ms, "p99_ms", low=1, high=3_600_000,
+                                   message="p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked)."),
+        "slo_error_pct": float_in_range(error_pct, "error_pct", low=0, high=100,
+                                        message="error_pct must be a percentage from 0 to 100 (blank: not checked)."),
+        "slo_ttft_p99_ms": int_in_range(ttft_p99_ms, "ttft_p99_ms", low=1, high=3_600_000,
+                                        message="ttft_p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked)."),
+        "rollout_window_seconds": int_in_range(window_seconds, "window_seconds", low=10, high=86_400, default=300,
+                                               message="window_seconds must be a whole number of seconds from 10 to 86400."),
+        "rollout_steps": _steps(steps),
+        "rollout_auto": bool(auto),
+    }
+    with transaction.atomic():
+        gw = _pair(endpoint)
+        if values["rollout_auto"]:
+            if gw.staged_id is None:
+                raise ValidationError({"auto": f"{endpoint.name} has no staged deployment: stage one first."})
+            if gw.serving != GatewayEndpoint.Serving.LIVE:
+                raise ValidationError({"auto": "The staged side serves all the traffic already: nothing to roll out."})
+            if all(values[f] is None for f in ("slo_p99_ms", "slo_error_pct", "slo_ttft_p99_ms")):
+                raise ValidationError({"auto": "Set at least one threshold (p99_ms, error_pct or ttft_p99_ms) "
+                                               "before an automatic rollout."})
+        before = {f: getattr(gw, f) for f in values}
+        for f, v in values.items():
+            setattr(gw, f, v)
+        gw.save(update_fields=list(values))
+        changed = {f: [before[f], v] for f, v in values.items() if before[f] != v}
+        if changed:
+            audit_log(actor=actor, action="gateway.rollout", obj=endpoint, request=request, via=via, changes=changed)
+        if gw.rollout_auto and not gw.canary_percent:
+            # Its own audit row (gateway.canary); a staged side not ready raises and undoes the settings too.
+            gw = set_canary(endpoint=endpoint, percent=gw.rollout_steps[0], actor=actor, request=request, via=via,
+                            extra={"rollout": "first step"})
+    return gw

@@ -9,4 +9,5 @@ urlpatterns = [
     path("gateway/keys/<int:key_id>/revoke", views.key_revoke, name="gateway_key_revoke"),
     path("gateway/keys/<int:key_id>/limits", views.key_limits, name="gateway_key_limits"),
     path("gateway/endpoints/<int:endpoint_id>/bluegreen", views.endpoint_bluegreen, name="gateway_bluegreen"),
+    path("gateway/endpoints/<int:endpoint_id>/rollout", views.endpoint_rollout, name="gateway_rollout"),
 ]

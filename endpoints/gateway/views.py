@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.roles import ADMIN, OPERATOR, require_role
 from console.validation import error_text
 from endpoints.gateway import services
-from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, form_error_text
+from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint
 
@@ -98,6 +98,23 @@ def endpoint_bluegreen(request, endpoint_id: int):
         else:
             services.rollback(endpoint=endpoint, actor=request.user, request=request)
         messages.success(request, f"Blue-green: {action} done.")
+    except ValidationError as exc:
+        messages.error(request, error_text(exc))
+    return redirect("endpoint_detail", endpoint.pk)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_rollout(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    form = RolloutForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form_error_text(form))
+        return redirect("endpoint_detail", endpoint.pk)
+    try:
+        gw = services.set_rollout(endpoint=endpoint, **form.cleaned_data, actor=request.user, request=request)
+        messages.success(request, "SLO-gated rollout saved" + (
+            f": automatic, the staged side at {gw.canary_percent} %." if gw.rollout_auto else "."))
     except ValidationError as exc:
         messages.error(request, error_text(exc))
     return redirect("endpoint_detail", endpoint.pk)

@@ -53,7 +53,7 @@ def test_compose_file_matches_the_compose_spec_schema():
 def test_one_host_has_the_console_its_stores_and_the_agent():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "convert", "bench", "reaper",
-                             "telemetry", "gateway", "agent"}
+                             "telemetry", "gateway", "controller", "agent"}
     # Secrets only as files (NAME_FILE), never as values in the file.
     for name, service in services.items():
         for variable in service.get("environment", {}):

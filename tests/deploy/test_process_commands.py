@@ -73,7 +73,7 @@ def kubernetes_argvs() -> list[list[str]]:
 
 def test_every_supervised_process_runs_the_same_command_everywhere():
     programs = supervised()
-    assert {"web", "worker", "convert", "bench", "reaper", "agent", "telemetry", "gateway"} <= set(programs)
+    assert {"web", "worker", "convert", "bench", "reaper", "agent", "telemetry", "gateway", "controller"} <= set(programs)
     assert _gunicorn(programs.pop("web"))
     wanted = {cmd for argv in programs.values() for cmd in _manage_commands(argv)}
     agent = ("agent",)

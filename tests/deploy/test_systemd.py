@@ -13,7 +13,7 @@ from tests.support import ROOT
 UNITS = DEPLOY / "systemd"
 CONSOLE_UNITS = ["llm-console-web.service", "llm-console-worker@1.service", "llm-console-convert@1.service",
                  "llm-console-bench.service", "llm-console-reaper.service", "llm-console-telemetry.service",
-                 "llm-console-gateway.service", "llm-console-migrate.service"]
+                 "llm-console-gateway.service", "llm-console-migrate.service", "llm-console-controller.service"]
 AGENT = "llm-console-agent.service"
 
 

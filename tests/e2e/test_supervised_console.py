@@ -41,6 +41,7 @@ SIGNATURES = {
     "agent": ("agent",),
     "telemetry": ("telemetry_prune",),
     "gateway": ("gateway",),
+    "controller": ("serving_controller",),
 }
 
 
@@ -209,7 +210,7 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
             return pid in _rq_worker_pids(redis_conn)
         if name == "agent":
             return _heartbeat_after(api, console.node, since)
-        return True  # the reaper and telemetry answer nothing; the reaper's work is checked below
+        return True  # the reaper, telemetry and controller answer nothing; the reaper's work is checked below
 
     def all_up() -> dict[str, int] | None:
         found = console.processes()

@@ -1,0 +1,111 @@
+"""The serving controller's evaluators: each reads stored telemetry and applies what it decides,
+in one place (`manage.py serving_controller` calls `run_once` in a loop). Today: SLO-gated
+rollouts; autoscaling is to be another evaluator in EVALUATORS.
+
+Every applied decision is an endpoint event (on the live endpoint's page) with its figures and an
+audit row as the system user (actor none, via "controller"). Two controllers never apply one step
+twice: a decision is claimed by an update() conditioned on the state it was made from (the share and
+when it was set); the loser finds no row and leaves it."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from console.validation import error_text
+from endpoints.gateway import services
+from endpoints.gateway.models import GatewayEndpoint
+from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision, Thresholds, decide
+from endpoints.gateway.selectors import auto_rollouts, gateway_samples
+from endpoints.models import EndpointEvent
+from endpoints.replica_state import event
+
+log = logging.getLogger("console.controller")
+VIA = "controller"
+
+
+def rollout_decision(gw: GatewayEndpoint, now: float) -> Decision:
+    """The pure policy's decision for one pair, from its stored telemetry."""
+    window = gw.rollout_window_seconds
+    since = now - window
+    return decide(thresholds=Thresholds(p99_ms=gw.slo_p99_ms, error_pct=gw.slo_error_pct, ttft_p99_ms=gw.slo_ttft_p99_ms),
+                  window_s=window, steps=list(gw.rollout_steps or []), current=gw.canary_percent,
+                  last_step_at=gw.canary_set_at.timestamp() if gw.canary_set_at else None, now=now,
+                  staged=gateway_samples(gw.staged_id, since=since, until=now),
+                  live=gateway_samples(gw.endpoint_id, since=since, until=now),
+                  min_requests=settings.GATEWAY_ROLLOUT_MIN_REQUESTS)
+
+
+def _claim(gw: GatewayEndpoint, now: float) -> bool:
+    """Take the decision made from `gw`'s state: 1 row only if nobody moved the pair meanwhile."""
+    return GatewayEndpoint.objects.filter(
+        pk=gw.pk, rollout_auto=True, serving=GatewayEndpoint.Serving.LIVE, staged_id=gw.staged_id,
+        canary_percent=gw.canary_percent, canary_set_at=gw.canary_set_at,
+    ).update(canary_set_at=datetime.fromtimestamp(now, UTC)) == 1
+
+
+def apply_rollout(gw: GatewayEndpoint, decision: Decision, now: float) -> bool:
+    """Apply a step, promotion or rollback; False if another controller (or an operator) got there
+    first or the move was refused (that is an event too: the pair stays as it was)."""
+    extra = {"rollout": decision.as_dict()}
+    try:
+        with transaction.atomic():
+            if not _claim(gw, now):
+                return False
+            if decision.action == ROLLBACK:
+                services.rollback(endpoint=gw.endpoint, via=VIA, extra=extra)
+            elif decision.action == PROMOTE:
+                services.switch(endpoint=gw.endpoint, via=VIA, extra=extra)
+            else:
+                services.set_canary(endpoint=gw.endpoint, percent=decision.share, via=VIA, extra=extra)
+    except ValidationError as exc:
+        message = f"rollout {decision.action} to {decision.share} % refused: {error_text(exc)} ({decision.reason})"
+        # Tried again every pass until it goes through: one event per refusal, not one per pass.
+        last = EndpointEvent.objects.filter(endpoint_id=gw.endpoint_id, kind="rollout").order_by("-pk").first()
+        if last is None or last.message != message:
+            event(gw.endpoint_id, "rollout", message, level="warning")
+        return False
+    event(gw.endpoint_id, "rollout", f"rollout {decision.action}: {decision.reason}; "
+          f"staged {gw.staged.name} now at {decision.share} %. Figures: {_figures_text(decision.figures)}",
+          level="warning" if decision.action == ROLLBACK else "info")
+    return True
+
+
+def _figures_text(figures: dict) -> str:
+    s, live = figures["staged"], figures["live"]
+    return (f"staged {s['requests']} requests, P99 {s['p99_ms']} ms, TTFT P99 {s['ttft_p99_ms']} ms, "
+            f"errors {s['error_pct']} %; live {live['requests']} requests, P99 {live['p99_ms']} ms, "
+            f"TTFT P99 {live['ttft_p99_ms']} ms, errors {live['error_pct']} %; window "
+            f"{figures['window_end'] - figures['window_start']} s")
+
+
+def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, Decision, bool]]:
+    """One pass over the pairs with an automatic rollout: (pair, decision, applied) each."""
+    now = time.time() if now is None else now
+    out = []
+    for gw in auto_rollouts():
+        decision = rollout_decision(gw, now)
+        applied = decision.action != HOLD and apply_rollout(gw, decision, now)
+        out.append((gw, decision, applied))
+    return out
+
+
+# The controller's loop body: each evaluator makes and applies its own decisions, one pass per call.
+EVALUATORS: list[Callable[..., list]] = [evaluate_rollouts]
+
+
+def run_once(now: float | None = None) -> dict[str, list]:
+    """One pass of every evaluator; one failing (the database gone for a moment) leaves the others."""
+    results = {}
+    for evaluator in EVALUATORS:
+        try:
+            results[evaluator.__name__] = evaluator(now)
+        except Exception:
+            log.exception("serving controller: %s failed", evaluator.__name__)
+            results[evaluator.__name__] = []
+    return results
