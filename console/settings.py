@@ -319,9 +319,10 @@ GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
 GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
 GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush of per-endpoint/per-key figures
 # Prefix-aware routing (endpoints/gateway/routing.py): leading characters hashed (a quarter as many
-# token ids), and the bounded-load factor c = 1 + epsilon.
+# token ids), the bounded-load factor c = 1 + epsilon, and the requests a replica may run above that bound.
 GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)
 GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)
+GATEWAY_PREFIX_LOAD_SLACK = env_int("GATEWAY_PREFIX_LOAD_SLACK", 8)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
 # SLO-gated rollouts (endpoints/gateway/rollout.py): the fewest requests to the staged side in a window
 # for any decision (fewer: hold), and the serving controller's pass interval (`manage.py serving_controller`).

@@ -88,6 +88,7 @@ class Gateway:
         self.consul = None
         self.prefix_chars = settings.GATEWAY_PREFIX_KEY_CHARS
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
+        self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -195,7 +196,8 @@ class Gateway:
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
-            return routing.bounded_load_pick(key, ok, self.outstanding, factor=self.load_factor)
+            return routing.bounded_load_pick(key, ok, self.outstanding, factor=self.load_factor,
+                                             slack=self.load_slack)
         return routing.least_outstanding(ok, self.outstanding)
 
     # --- ASGI --------------------------------------------------------------------------

@@ -37,6 +37,13 @@ PREFIX_CHARS = 512
 PREFIX_TOKENS = 128
 #: Bounded-load factor c = 1 + epsilon (Mirrokni et al.); 1.25 is KubeAI's default for the same rule.
 LOAD_FACTOR = 1.25
+#: Requests a replica may run above that bound before a prefix overflows to its next replica. The
+#: factor alone is tight at the small concurrencies of LLM serving (4 in flight on 2 replicas: a
+#: bound of 3), where recomputing a long prefix on the second replica costs far more than one more
+#: sequence in the first one's continuous batch, and makes both replicas hold the prefix (measured:
+#: benchmarks/routing.py, README). vllm-router's cache_aware rebalances only past 64 requests of
+#: imbalance (its --balance-abs-threshold); 8 keeps a bound on a hot prefix at any scale.
+LOAD_SLACK = 8
 
 
 class Routable(Protocol):
@@ -130,16 +137,17 @@ def rendezvous_order(key_digest: bytes, candidates: Sequence[B]) -> list[B]:
 
 
 def bounded_load_pick(key_digest: bytes, candidates: Sequence[B], load: Mapping[str, int], *,
-                      factor: float = LOAD_FACTOR) -> B | None:
+                      factor: float = LOAD_FACTOR, slack: int = 0) -> B | None:
     """The first candidate in the key's rendezvous order whose load, with this request, stays
-    within ceil(factor * (requests in flight + 1) / replicas) (Mirrokni et al.); least outstanding
-    if none does (cannot happen with factor >= 1, kept as the safe answer)."""
+    within ceil(factor * (requests in flight + 1) / replicas) + slack (Mirrokni et al., plus an
+    absolute slack: see LOAD_SLACK); least outstanding if none does (cannot happen with
+    factor >= 1, kept as the safe answer)."""
     if not candidates:
         return None
     if len(candidates) == 1:
         return candidates[0]
     total = sum(load.get(b.url, 0) for b in candidates)
-    bound = math.ceil(factor * (total + 1) / len(candidates))
+    bound = math.ceil(factor * (total + 1) / len(candidates)) + slack
     scored = sorted(((_score(key_digest, b.url), i) for i, b in enumerate(candidates)), reverse=True)
     for _, i in scored:
         if load.get(candidates[i].url, 0) + 1 <= bound:

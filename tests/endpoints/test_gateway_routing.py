@@ -104,6 +104,23 @@ def test_bounded_load_moves_a_hot_key_to_its_next_replica_then_least_outstanding
     assert routing.bounded_load_pick(key, [], {}) is None
 
 
+def test_load_slack_keeps_a_prefix_on_its_replica_up_to_that_many_extra_requests():
+    rs = replicas(2)
+    key = key_of({"prompt": "system prompt of one tenant"})
+    first, second = routing.rendezvous_order(key, rs)
+    # 3 in flight, all on the first choice: ceil(1.25 * 4 / 2) = 3 without slack, so it overflows...
+    load = {first.url: 3, second.url: 0}
+    assert routing.bounded_load_pick(key, rs, load) == second
+    # ...with a slack of 2 the bound is 5: it stays, until the first choice runs 5.
+    assert routing.bounded_load_pick(key, rs, load, slack=2) == first
+    load = {first.url: 5, second.url: 0}  # bound ceil(1.25 * 6 / 2) + 2 = 6
+    assert routing.bounded_load_pick(key, rs, load, slack=2) == first
+    load = {first.url: 6, second.url: 0}  # bound ceil(1.25 * 7 / 2) + 2 = 7: 6 + 1 fits
+    assert routing.bounded_load_pick(key, rs, load, slack=2) == first
+    load = {first.url: 9, second.url: 0}  # bound ceil(1.25 * 10 / 2) + 2 = 9: 9 + 1 does not
+    assert routing.bounded_load_pick(key, rs, load, slack=2) == second
+
+
 def test_a_replica_leaving_or_joining_moves_only_its_own_keys():
     rs = replicas(5)
     keys = [key_of({"prompt": f"conversation {i}"}) for i in range(3000)]
@@ -154,7 +171,11 @@ def test_gateway_pick_sides_prefix_and_fallbacks():
     key = key_of({"prompt": "same start"})
     first = gw.pick(both, set(), staged=False, key=key)
     assert all(gw.pick(both, set(), staged=False, key=key) == first for _ in range(10))
+    # 5 in flight on it: ceil(1.25 * 6 / 2) = 4, + GATEWAY_PREFIX_LOAD_SLACK (8) = 12: it stays...
     gw.outstanding[first.url] = 5
+    assert gw.pick(both, set(), staged=False, key=key) == first
+    # ...until it runs more than that.
+    gw.outstanding[first.url] = 40
     assert gw.pick(both, set(), staged=False, key=key) not in (first, staged[0])
     # A side with a least-outstanding endpoint in it is not routed by prefix.
     gw.outstanding.clear()

