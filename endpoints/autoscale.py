@@ -24,6 +24,7 @@ endpoint's replicas per telemetry pass). The rules, in order:
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import re
 import zoneinfo
@@ -195,7 +196,7 @@ def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) 
     if not samples:
         return False
     stamps = [start, *(s.ts for s in samples), end]
-    return all(b - a <= max_gap_s for a, b in zip(stamps, stamps[1:], strict=False))
+    return all(b - a <= max_gap_s for a, b in itertools.pairwise(stamps))
 
 
 def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,

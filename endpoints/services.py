@@ -584,10 +584,9 @@ def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None
         claim = Endpoint.objects.filter(pk=endpoint.pk, replicas=current, scaled_at=endpoint.scaled_at,
                                         desired_state=Endpoint.Desired.RUNNING)
         if new == current:  # nothing to start: only what is wanted changes (no cooldown restarts)
-            if endpoint.autoscale_wanted != blocked and claim.update(autoscale_wanted=blocked):
-                if blocked:
-                    EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", level="warning", message=(
-                        f"wants {blocked}, has {current}: no free devices ({reason})"))
+            if endpoint.autoscale_wanted != blocked and claim.update(autoscale_wanted=blocked) and blocked:
+                EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", level="warning", message=(
+                    f"wants {blocked}, has {current}: no free devices ({reason})"))
             endpoint.refresh_from_db()
             return endpoint, False
         if not claim.update(replicas=new, scaled_at=at or timezone.now(), autoscale_wanted=blocked):

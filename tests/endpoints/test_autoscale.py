@@ -265,7 +265,7 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
     # 3 + 3 queued on two replicas: 6 / 2 per replica = 3 needed over the whole 30 s window.
     for index in (0, 1):
         store_waiting(endpoint, replica=index, start=now - 30, seconds=30, value=3)
-    [(ep, decision, applied)] = evaluate_autoscaling(now)
+    [(_, decision, applied)] = evaluate_autoscaling(now)
     assert (decision.action, decision.wanted, applied) == (UP, 3, True)
     endpoint.refresh_from_db()
     assert endpoint.replicas == 3 and endpoint.scaled_at is not None
@@ -322,7 +322,7 @@ def test_two_controllers_apply_one_change(ascend_node, tiny_artifact, settings):
 class Metrics(BaseHTTPRequestHandler):
     running = 1.0
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         body = (f'vllm:num_requests_running{{model_name="auto"}} {Metrics.running}\n'
                 'vllm:num_requests_waiting{model_name="auto"} 0.0\n').encode()
         self.send_response(200)
@@ -354,7 +354,10 @@ def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend
     for pid in (3_000_000, 3_000_001):
         supervisor.adopt(pid)
     monkeypatch.setattr("endpoints.reconcile.check_ready", lambda replica: (True, "ok"))
-    routed = lambda: {b.replica_index for b in routing_table().backends.get("auto", [])}  # noqa: E731
+
+    def routed():
+        return {b.replica_index for b in routing_table().backends.get("auto", [])}
+
     assert routed() == {0, 1}
     from endpoints.services import endpoint_scale
     endpoint_scale(endpoint=endpoint, replicas=1, via="controller", reason="test")
