@@ -10,24 +10,29 @@ from django.conf import settings
 
 from console.env import child_environment
 from endpoints.commands import (
+    PROFILER_FLAG,
     CommandSpecError,
     ContainerSpec,
     LaunchSpec,
     build_command,
     build_container_command,
     container_name,
+    env_unknown_to,
+    flags_unknown_to,
     ray_head_command,
     ray_worker_command,
+    validate_extra_args,
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
+from endpoints.replica_state import ENGINE_REFUSED
 from workers.agent.supervisor import ProcessSpec
 from workers.models import Node
 
 
 def node_interfaces(node: Node) -> dict[str, str]:
     """The interface variables the node's agent recorded (NODE_INTERFACES): checked by the command builder."""
-    return dict((node.settings or {}).get("interfaces") or {})
+    return node.interfaces
 
 
 def node_count(replica: Replica) -> int:
@@ -91,10 +96,36 @@ def member_log_path(member: ReplicaMember) -> Path:
     return replica_log_path(member.replica).with_name(f"replica-{member.replica.index}-{member.role}-{member.rank}.log")
 
 
+class EngineRefused(CommandSpecError):
+    """The vLLM command a start is about to run has flags or VLLM_* variables that its node's vLLM, as the
+    node's agent last probed it (Node.engine_cli), does not know: its engine changed since the launch."""
+
+
+def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
+    """The launch's rule (services.checked_engine_options) again at each start, against the node's parser
+    now: the agent re-probes when the engine under it changes. No parser reported: the allow-list holds."""
+    cli = node.engine_cli or {}
+    if not cli.get("options"):
+        return
+    flags = flags_unknown_to(argv, cli["options"])
+    env = env_unknown_to(list(env_keys), cli["env"]) if "env" in cli else []
+    if not flags and not env:
+        return
+    what = []
+    if flags:
+        what.append(f"{', '.join(flags)} {'is not a flag' if len(flags) == 1 else 'are not flags'}")
+    if env:
+        what.append(f"{', '.join(env)} {'is not a variable' if len(env) == 1 else 'are not variables'}")
+    raise EngineRefused(f"{ENGINE_REFUSED}: {' and '.join(what)} of vLLM {cli.get('vllm') or '(version unknown)'} "
+                        f"on node {node.name} (its engine changed since the launch); change the endpoint's "
+                        "options or the node's engine, then start it again")
+
+
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
     launch = launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port)
     argv, env_added = build_command(launch)
+    check_node_parser(node=node, argv=argv, env_keys=replica.endpoint.env)
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
@@ -121,8 +152,15 @@ def member_command(member: ReplicaMember) -> tuple[list[str], dict[str, str]]:
     variables and devices set before it, on every node) or the headless `vllm serve` of a DP rank."""
     replica, node, endpoint = member.replica, member.node, member.replica.endpoint
     if member.role == ReplicaMember.Role.DP_HEADLESS:
-        return build_command(launch_spec(endpoint=endpoint, replica=replica, node=node, port=None,
-                                         devices=member.devices, node_rank=member.rank))
+        argv, env_added = build_command(launch_spec(endpoint=endpoint, replica=replica, node=node, port=None,
+                                                    devices=member.devices, node_rank=member.rank))
+        check_node_parser(node=node, argv=argv, env_keys=endpoint.env)
+        return argv, env_added
+    if member.role == ReplicaMember.Role.RAY_WORKER:
+        # `ray start` itself has no vLLM flags; the server's Ray workers on this node run this node's vLLM
+        # with the spec's options (the head's own flags are checked on the head's node).
+        spec_flags = validate_extra_args(endpoint.extra_args) + ([PROFILER_FLAG] if endpoint.profiling else [])
+        check_node_parser(node=node, argv=spec_flags, env_keys=endpoint.env)
     common = {"node_ip": node.address, "platform": node.platform, "devices": list(member.devices),
               "interfaces": node_interfaces(node), "env": dict(endpoint.env)}
     engine_python = node.engine_python or settings.ENGINE_PYTHON

@@ -13,10 +13,10 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import make_profile_dir, member_process
+from endpoints.launch import EngineRefused, make_profile_dir, member_process
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
-from endpoints.replica_state import backoff_seconds, event
+from endpoints.replica_state import ENGINE_REFUSED, backoff_seconds, event
 from workers import nudges
 from workers.agent.handles import PROCESS
 from workers.agent.supervisor import ProcessHandle, Supervisor, tail_lines
@@ -54,6 +54,12 @@ def cluster_wait(replica: Replica, node: Node) -> str:
         return ""
     return (f"waiting for the Ray cluster: {len(members) - len(down)} of {len(members)} nodes up ("
             + ", ".join(f"{m.role} on {m.node.name}: {m.state}" for m in down) + ")")
+
+
+def member_refused(replica: Replica) -> str:
+    """Why the replica cannot start because a member's node refused its part (its vLLM parser), or ""."""
+    member = replica.members.filter(state=S.FAILED, state_reason__startswith=ENGINE_REFUSED).first()
+    return f"{member.role}: {member.state_reason}" if member else ""
 
 
 def release_cluster_port(replica: Replica) -> None:
@@ -161,7 +167,11 @@ class MemberReconciler:
                 ReplicaMember.objects.filter(pk=member.pk).update(
                     state=S.RESTARTING if member.state == S.RESTARTING else S.PENDING, state_reason=why)
             return
-        spec, env_added = member_process(member)
+        try:
+            spec, env_added = member_process(member)
+        except EngineRefused as exc:
+            self.refuse_start(member, str(exc))
+            return
         if member.role == ReplicaMember.Role.DP_HEADLESS:  # a vLLM of the replica: its workers profile here
             make_profile_dir(member.replica)
         handle = supervisor.start(spec)
@@ -172,6 +182,15 @@ class MemberReconciler:
             restarts=restarts)
         event(member.replica.endpoint_id, "member-started", f"{member.role} on {member.node.name}: pid {handle.pid}",
               replica=member.replica.index)
+
+    def refuse_start(self, member: ReplicaMember, reason: str) -> None:
+        """This node's vLLM no longer knows the member's flags: failed, and the replica's server, which
+        cannot run without it, is stopped (if it runs) and held failed by its own agent (member_refused)."""
+        replica = member.replica
+        ReplicaMember.objects.filter(pk=member.pk).update(state=S.FAILED, state_reason=reason[:500], next_start_at=None)
+        event(replica.endpoint_id, "start-refused", f"{member.role}: {reason}", replica=replica.index, level="error")
+        Replica.objects.filter(pk=replica.pk, pid__isnull=False, state__in=RUNNING).update(restart_requested=True)
+        nudge_members(replica)
 
     def terminate(self, member: ReplicaMember, proc, *, supervisor: Supervisor) -> None:
         stopped = supervisor.terminate(proc, grace=settings.ENDPOINT_STOP_GRACE_SECONDS)

@@ -12,8 +12,8 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import make_profile_dir, replica_process
-from endpoints.members import MemberReconciler, cluster_wait, release_cluster_port
+from endpoints.launch import EngineRefused, make_profile_dir, replica_process
+from endpoints.members import MemberReconciler, cluster_wait, member_refused, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
 from endpoints.replica_state import (
@@ -24,6 +24,7 @@ from endpoints.replica_state import (
     event,
     healthy_placement,
     in_flight,
+    member_device_faults,
     profiling_restart_due,
     refresh_endpoint_state,
     scheduled_restart_due,
@@ -83,7 +84,11 @@ class ReplicaWorkload:
 
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
         port = claim_port(node, replica)
-        spec, env_added = replica_process(replica=replica, node=node, port=port)
+        try:
+            spec, env_added = replica_process(replica=replica, node=node, port=port)
+        except EngineRefused as exc:  # the node's vLLM changed since the launch: not started, until an operator's Start
+            self.refuse_start(replica, str(exc))
+            return
         make_profile_dir(replica)
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
@@ -94,6 +99,14 @@ class ReplicaWorkload:
             last_exit_code=None,
         )
         event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
+
+    def refuse_start(self, replica: Replica, reason: str) -> None:
+        """Failed (an operator's Start or Restart tries again), the port given back, the reason on the
+        endpoint page and its event; the endpoint's failed state raises the "Endpoint not ready" alert."""
+        Replica.objects.filter(pk=replica.pk).update(state=S.FAILED, state_reason=reason[:500], port=None,
+                                                     restart_requested=False, next_start_at=None, **NO_HANDLE)
+        if replica.state != S.FAILED or replica.state_reason != reason[:500]:
+            event(replica.endpoint_id, "start-refused", reason, replica=replica.index, level="error")
 
     def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
         grace = settings.ENDPOINT_STOP_GRACE_SECONDS
@@ -133,12 +146,17 @@ class ReplicaWorkload:
             if replica.next_start_at and replica.next_start_at > now:
                 return
 
-        faults = device_faults(replica)
-        if faults:
-            self.leave_faulty_devices(replica, proc, faults, supervisor=supervisor)
+        faults, elsewhere = device_faults(replica), member_device_faults(replica)
+        if faults or elsewhere:
+            self.leave_faulty_devices(replica, proc, faults, elsewhere=elsewhere, supervisor=supervisor)
             return
 
         if proc is None:
+            refused = member_refused(replica)  # a node of a multi-node replica cannot run its part
+            if refused:
+                self.refuse_start(replica, refused)
+                release_cluster_port(replica)
+                return
             waiting = cluster_wait(replica, node)  # a multi-node replica's server starts on a whole cluster
             if waiting:
                 if replica.state_reason != waiting:
@@ -192,13 +210,18 @@ class ReplicaWorkload:
             return True
         return False
 
-    def leave_faulty_devices(self, replica: Replica, proc, faults: dict[int, str], *, supervisor: Supervisor) -> None:
+    def leave_faulty_devices(self, replica: Replica, proc, faults: dict[int, str], *, elsewhere: list[str] = (),
+                             supervisor: Supervisor) -> None:
         """A device of this replica left OK (or vanished): its state leaves READY at once, so the
         gateway stops routing to it; it restarts on healthy spares of the endpoint's devices when
-        there are some, else it stays out of routing with the reason shown until the chip is OK."""
+        there are some, else it stays out of routing with the reason shown until the chip is OK.
+        `elsewhere`: faults on the other nodes of a multi-node replica (member_device_faults), whose
+        devices the spec pins there: the replica is held the same way."""
         endpoint = replica.endpoint
-        why = "; ".join(faults[i] for i in sorted(faults))
-        placement = healthy_placement(replica, faults)
+        why = "; ".join([faults[i] for i in sorted(faults)] + list(elsewhere))
+        # A multi-node replica's devices are the spec's on every node it spans: nowhere else to go.
+        pinned = bool(elsewhere or endpoint.distributed)
+        placement = None if pinned else healthy_placement(replica, faults)
         if placement is not None:
             if proc is not None:
                 self.terminate(replica, proc, supervisor=supervisor, reason="device fault")
@@ -208,8 +231,9 @@ class ReplicaWorkload:
             event(endpoint.pk, "device-fault", f"{why}: restarting on devices {placement} (was on {replica.devices})",
                   replica=replica.index, level="error")
             return
-        reason = (f"{DEVICE_FAULT}: {why}; no healthy spare among the endpoint's devices {endpoint.devices}: "
-                  f"out of routing until it is OK again")[:500]
+        where = (f"devices {endpoint.devices} pinned on each of its nodes" if pinned
+                 else f"no healthy spare among the endpoint's devices {endpoint.devices}")
+        reason = f"{DEVICE_FAULT}: {why}; {where}: out of routing until it is OK again"[:500]
         state = S.DEGRADED if proc is not None else S.PENDING  # a running process is kept for the recovery
         if replica.state != state or replica.state_reason != reason:
             Replica.objects.filter(pk=replica.pk).update(state=state, state_reason=reason)

@@ -87,14 +87,26 @@ def profiling_restart_due(replica: Replica) -> str:
 
 
 DEVICE_FAULT = "device fault"  # how a replica's state_reason starts while a device of it is not OK
+# How the reason of a start that the node's vLLM parser refused starts (launch.check_node_parser).
+ENGINE_REFUSED = "not started"
 
 
 def device_faults(replica: Replica) -> dict[int, str]:
-    """The replica's devices that left OK (the agent's last npu-smi/NVML sample), with why."""
+    """The replica's devices on its own (head) node that left OK (the agent's last npu-smi/NVML sample), with why."""
     if not replica.devices:
         return {}
     found = Device.objects.filter(node_id=replica.node_id, index__in=replica.devices).unhealthy()
     return {device.index: device.fault for device in found}
+
+
+def member_device_faults(replica: Replica) -> list[str]:
+    """Why devices that a multi-node replica's members hold on the other nodes left OK, each naming its node
+    (the head node's are device_faults'). Those devices are pinned on their node by the spec: no move."""
+    faults = []
+    for member in replica.members.exclude(node_id=replica.node_id).select_related("node"):
+        found = Device.objects.filter(node_id=member.node_id, index__in=member.devices or []).unhealthy()
+        faults += [f"{device.fault} on node {member.node.name} ({member.role})" for device in found]
+    return faults
 
 
 def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | None:
@@ -133,6 +145,10 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
             return S.STOPPED, ""
         return S.STOPPING, ""
+    if states and all(s == S.FAILED for s in states):  # before a member's reason: its replica said more
+        refused = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
+                        if ENGINE_REFUSED in r), "")
+        return S.FAILED, refused or "every replica failed"
     if down := member_down_reason(endpoint):  # a node of the cluster died: degraded until it is back
         return S.DEGRADED, down
     if not states:
@@ -141,8 +157,6 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         return S.READY, ""
     if any(s == S.READY for s in states):
         return S.DEGRADED, f"{states.count(S.READY)} of {len(states)} replicas ready"
-    if all(s == S.FAILED for s in states):
-        return S.FAILED, "every replica failed"
     for s in (S.RESTARTING, S.CRASHED, S.STARTING, S.DEGRADED, S.STOPPING, S.FAILED, S.PENDING):
         if s in states:
             return s, ""

@@ -1,7 +1,8 @@
 from django.conf import settings
 
 from endpoints.autoscale import Sample
-from endpoints.models import Endpoint
+from endpoints.models import Endpoint, ReplicaMember
+from workers.models import Device
 from workers.telemetry.models import Point, Series
 
 
@@ -16,6 +17,24 @@ def replicas_of(endpoint: Endpoint):
 def replicas_on_node(node):
     """What a node runs now, for its page (stopped replicas left out)."""
     return node.replicas.select_related("endpoint").exclude(state=Endpoint.State.STOPPED)
+
+
+def members_on_node(node):
+    """The parts of multi-node replicas headed elsewhere that the node runs, for its page."""
+    return (ReplicaMember.objects.filter(node=node).exclude(replica__node=node).exclude(state=Endpoint.State.STOPPED)
+            .select_related("replica", "replica__endpoint"))
+
+
+def unhealthy_replica_ids(replicas) -> set[int]:
+    """Of these replicas, those with a device that left OK on any node they span (their own and their
+    members'): the gateway routes none of them, from the moment an agent records the fault."""
+    unhealthy = set(Device.objects.unhealthy().values_list("node_id", "index"))
+    if not unhealthy:
+        return set()
+    held = {r.pk: {(r.node_id, d) for d in r.devices or ()} for r in replicas}
+    for member in ReplicaMember.objects.filter(replica_id__in=held):
+        held[member.replica_id] |= {(member.node_id, d) for d in member.devices or ()}
+    return {pk for pk, devices in held.items() if devices & unhealthy}
 
 
 def autoscaled_endpoints():

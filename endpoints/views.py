@@ -182,4 +182,5 @@ def endpoint_try(request, endpoint_id: int):
 def node_replicas(request, node_id: int):
     """The node page's list of the replicas it runs (loaded by htmx: serving facts come from here)."""
     node = get_object_or_404(Node, pk=node_id)
-    return render(request, "endpoints/_node_replicas.html", {"node": node, "replicas": selectors.replicas_on_node(node)})
+    return render(request, "endpoints/_node_replicas.html", {"node": node, "replicas": selectors.replicas_on_node(node),
+                                                             "members": selectors.members_on_node(node)})

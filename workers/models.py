@@ -64,6 +64,11 @@ class Node(models.Model):
         return engine_labels(self.engine)
 
     @property
+    def interfaces(self) -> dict[str, str]:
+        """The interface variables for multi-node collectives its agent recorded from NODE_INTERFACES."""
+        return dict((self.settings or {}).get("interfaces") or {})
+
+    @property
     def containerised(self) -> bool:
         return self.engine_runtime != self.Runtime.PROCESS
 

@@ -11,7 +11,7 @@ from console.models import hash_token
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
-from workers.models import Device
+from endpoints.selectors import unhealthy_replica_ids
 from workers.telemetry.models import Point, Series
 
 
@@ -70,11 +70,12 @@ def routing_table() -> RoutingTable:
                                        endpoint__desired_state=Endpoint.Desired.RUNNING,
                                        index__lt=F("endpoint__replicas"))
                 .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
-    # A replica on a device that left OK gets no traffic from the moment the agent records it,
-    # before its own reconcile pass moves or holds the replica.
-    unhealthy = set(Device.objects.unhealthy().values_list("node_id", "index"))
+    # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
+    # from the moment the agent records it, before its own reconcile pass moves or holds the replica.
+    replicas = list(replicas)
+    faulty = unhealthy_replica_ids(replicas)
     for r in replicas:
-        if any((r.node_id, d) in unhealthy for d in r.devices or ()):
+        if r.pk in faulty:
             continue
         ep = r.endpoint
         scope = {ep.name}
