@@ -38,6 +38,9 @@ class EndpointIn(Schema):
     worker_nodes: list[str | int] = []
     data_parallel_size: int | None = None  # dp: ranks over all nodes (default: one per node)
     routing: str = ""  # the gateway's policy: "least-outstanding" (default) or "prefix"
+    # {"min_replicas", "max_replicas", "target_waiting", "scale_up_window_s", "scale_down_window_s",
+    #  "cooldown_s", "schedule": [...]} (endpoints/autoscale.py); null is off
+    autoscale: dict | None = None
 
     def launch_values(self) -> dict:
         """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
@@ -50,6 +53,7 @@ class EndpointPatch(Schema):
     """The settings PATCH may change; absent fields stay as they are. Unknown fields are refused."""
     model_config = ConfigDict(extra="forbid")
     routing: str | None = None
+    autoscale: dict | None = None  # null turns it off
 
 
 class ProfilingIn(Schema):
@@ -88,7 +92,8 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
         "enforce_eager": endpoint.enforce_eager, "profiling": endpoint.profiling, "quantization": endpoint.quantization or None,
         "distributed": endpoint.distributed, "data_parallel_size": endpoint.data_parallel_size,
-        "routing": endpoint.routing,
+        "routing": endpoint.routing, "autoscale": endpoint.autoscale, "replica_count": endpoint.replicas,
+        "autoscale_wanted": endpoint.autoscale_wanted,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
     }
 
@@ -115,7 +120,7 @@ def get_endpoint(request, endpoint_id: int):
 
 @api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
 def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
-    """Change the given settings (today `routing`); a bad value is refused and nothing changes."""
+    """Change the given settings (`routing`, `autoscale`); a bad value is refused and nothing changes."""
     return endpoint_json(services.endpoint_update(endpoint=_get(endpoint_id), user=request.user, request=request,
                                                   **payload.dict(exclude_unset=True)))
 

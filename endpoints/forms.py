@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 
 TIME_OF_DAY_MESSAGE = "A time of day as HH:MM (UTC)."
 EXTRA_ARGS_OBJECT = 'Extra vLLM args: a JSON object like {"--enable-prefix-caching": true}.'
+AUTOSCALE_OBJECT = 'Autoscaling: a JSON object like {"min_replicas": 1, "max_replicas": 4}, or blank (off).'
 ENV_OBJECT = 'Environment: a JSON object like {"VLLM_LOGGING_LEVEL": "INFO"}.'
 
 
@@ -52,6 +53,19 @@ class EndpointLaunchForm(forms.Form):
     worker_nodes = forms.CharField(required=False)
     data_parallel_size = forms.IntegerField(required=False)
     routing = forms.CharField(required=False)  # the service names the choices
+    autoscale = forms.CharField(required=False)  # JSON; the service (endpoints.autoscale) checks it
+
+    def clean_autoscale(self):
+        text = self.cleaned_data["autoscale"].strip()
+        if not text:
+            return None
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(str(exc)) from None
+        if parsed is not None and not isinstance(parsed, dict):
+            raise ValidationError(AUTOSCALE_OBJECT)
+        return parsed
 
     def clean_node(self):
         return self.cleaned_data["node"] or None

@@ -65,6 +65,12 @@ class Endpoint(models.Model):
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
     routing = models.CharField(max_length=24, choices=Routing.choices, default=Routing.LEAST_OUTSTANDING)
     restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
+    # Autoscaling settings (endpoints.autoscale.parse_settings reads them; null is off) and when the
+    # controller last changed `replicas` (its cooldown, and the claim two controllers race on).
+    autoscale = models.JSONField(null=True, blank=True)
+    scaled_at = models.DateTimeField(null=True, blank=True)
+    # The count the autoscaler wants but cannot place yet (no free devices): shown as the reason.
+    autoscale_wanted = models.PositiveIntegerField(null=True, blank=True)
     desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)

@@ -23,6 +23,7 @@ from endpoints.replica_state import (
     device_faults,
     event,
     healthy_placement,
+    in_flight,
     member_device_faults,
     profiling_restart_due,
     refresh_endpoint_state,
@@ -122,6 +123,9 @@ class ReplicaWorkload:
         now = timezone.now()
 
         if not wanted:
+            if proc is not None and endpoint.desired_state == Endpoint.Desired.RUNNING and \
+                    not self.drained(replica, now):
+                return  # scaled down: it finishes its requests first
             if proc is not None:
                 Replica.objects.filter(pk=replica.pk).update(state=S.STOPPING, stop_requested_at=now)
                 self.terminate(replica, proc, supervisor=supervisor, reason="stop requested")
@@ -175,6 +179,36 @@ class ReplicaWorkload:
 
         rotate_if_large(replica.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
         self.check_health(replica, proc, supervisor=supervisor, now=now)
+
+    def drained(self, replica: Replica, now) -> bool:
+        """A replica the endpoint no longer counts (scaled down) stops only once drained: first it is
+        STOPPING (the gateway already routes only to replicas below the count, and only READY ones),
+        then it stops when its vLLM has no request running or queued, but not before the gateway's
+        routing table has refreshed (a request routed just before may still arrive), or after
+        GATEWAY_DRAIN_SECONDS whatever it is doing."""
+        if replica.state in (S.STARTING, S.RESTARTING, S.PENDING):
+            return True  # never ready since it started: the gateway sent it nothing
+        if replica.state != S.STOPPING or replica.stop_requested_at is None:
+            bound = settings.GATEWAY_DRAIN_SECONDS
+            Replica.objects.filter(pk=replica.pk).update(
+                state=S.STOPPING, stop_requested_at=now,
+                state_reason=f"draining after a scale-down: stops when idle, at most {bound} s")
+            event(replica.endpoint_id, "draining", f"scaled down: out of routing, stopping when its requests "
+                                                   f"finish (at most {bound} s)", replica=replica.index)
+            return False
+        waited = (now - replica.stop_requested_at).total_seconds()
+        if waited >= settings.GATEWAY_DRAIN_SECONDS:
+            event(replica.endpoint_id, "drained", f"drain bound of {settings.GATEWAY_DRAIN_SECONDS} s reached: stopping",
+                  replica=replica.index)
+            return True
+        if waited < 2 * settings.GATEWAY_ROUTES_REFRESH_SECONDS:
+            return False
+        busy = in_flight(replica)
+        if busy == 0:
+            event(replica.endpoint_id, "drained", f"no request in flight after {waited:.0f} s: stopping",
+                  replica=replica.index)
+            return True
+        return False
 
     def leave_faulty_devices(self, replica: Replica, proc, faults: dict[int, str], *, elsewhere: list[str] = (),
                              supervisor: Supervisor) -> None:
@@ -279,7 +313,7 @@ class ReplicaWorkload:
             kind, reason = "profiling-restart", profiling_restart_due(replica)
         if not reason:
             return
-        others = Replica.objects.filter(endpoint=replica.endpoint).exclude(pk=replica.pk)
+        others = Replica.objects.filter(endpoint=replica.endpoint, index__lt=replica.endpoint.replicas).exclude(pk=replica.pk)
         # A replica asked to restart is still READY until its agent stops it: without the second test
         # two replicas checked in one pass would both go.
         if others.exclude(state=S.READY).exists() or others.filter(restart_requested=True).exists():

@@ -11,6 +11,7 @@ from django.conf import settings
 
 from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
+from endpoints.vllm_metrics import parse_metrics
 from workers.models import Device
 
 log = logging.getLogger("console.agent")
@@ -42,6 +43,19 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         return True, "ok"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+
+
+def in_flight(replica: Replica) -> float | None:
+    """Requests the replica's vLLM is running or queueing (its /metrics gauges), None if unknown."""
+    try:
+        request = urllib.request.Request(f"http://{settings.ENDPOINT_BIND_HOST}:{replica.port}/metrics")
+        with urllib.request.urlopen(request, timeout=3.0) as response:  # noqa: S310 (our own replica URL)
+            snap = parse_metrics(response.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    if snap.running is None and snap.waiting is None:
+        return None
+    return (snap.running or 0) + (snap.waiting or 0)
 
 
 def backoff_seconds(crashes: int) -> float:
@@ -122,8 +136,10 @@ def member_down_reason(endpoint: Endpoint) -> str:
 
 
 def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
-    states = list(endpoint.replica_set.values_list("state", flat=True))
     S = Endpoint.State
+    states = list(endpoint.replica_set.values_list("state", flat=True))
+    if endpoint.desired_state == Endpoint.Desired.RUNNING:  # replicas past the count (scaled down) are not wanted
+        states = list(endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list("state", flat=True))
     if endpoint.desired_state == Endpoint.Desired.STOPPED:
         members = ReplicaMember.objects.filter(replica__endpoint=endpoint).values_list("state", flat=True)
         if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
@@ -154,4 +170,11 @@ def refresh_endpoint_state(endpoint: Endpoint) -> None:
     if not reason:  # say why a replica is held out of routing, on the endpoint and in lists
         reason = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
                        if r.startswith(DEVICE_FAULT)), "")
+    if not reason and endpoint.desired_state == Endpoint.Desired.RUNNING:
+        draining = endpoint.replica_set.filter(index__gte=endpoint.replicas, state=Endpoint.State.STOPPING).count()
+        wanted = endpoint.autoscale_wanted
+        if wanted and wanted > endpoint.replicas:  # the autoscaler's scale-up that found no devices
+            reason = f"wants {wanted}, has {endpoint.replicas}: no free devices"
+        elif draining:
+            reason = f"draining {draining} replica(s) after a scale-down"
     Endpoint.objects.filter(pk=endpoint.pk).update(state=state, state_reason=reason[:500])

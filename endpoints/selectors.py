@@ -1,5 +1,9 @@
+from django.conf import settings
+
+from endpoints.autoscale import Sample
 from endpoints.models import Endpoint, ReplicaMember
 from workers.models import Device
+from workers.telemetry.models import Point, Series
 
 
 def endpoint_list():
@@ -31,3 +35,22 @@ def unhealthy_replica_ids(replicas) -> set[int]:
     for member in ReplicaMember.objects.filter(replica_id__in=held):
         held[member.replica_id] |= {(member.node_id, d) for d in member.devices or ()}
     return {pk for pk, devices in held.items() if devices & unhealthy}
+
+
+def autoscaled_endpoints():
+    """The endpoints the autoscaler looks after: autoscaling on, meant to be running, one node."""
+    return (Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, autoscale__isnull=False, distributed="")
+            .select_related("node"))
+
+
+def waiting_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
+    """The endpoint's queued requests (vLLM's num_requests_waiting, each replica's `ep.waiting` series)
+    in (since, until], summed over its replicas per telemetry pass: readings of one pass are bucketed
+    by TELEMETRY_INTERVAL_SECONDS (a replica's several readings in one bucket count once, the last)."""
+    series = list(Series.objects.filter(endpoint_id=endpoint_id, metric="ep.waiting").values_list("pk", flat=True))
+    step = max(1, int(settings.TELEMETRY_INTERVAL_SECONDS))
+    buckets: dict[int, dict[int, float]] = {}
+    for series_id, ts, value in (Point.objects.filter(series_id__in=series, ts__gt=int(since), ts__lte=int(until))
+                                 .order_by("ts").values_list("series_id", "ts", "value")):
+        buckets.setdefault(ts // step * step, {})[series_id] = value
+    return [Sample(ts=ts, waiting=sum(v.values())) for ts, v in sorted(buckets.items())]

@@ -18,6 +18,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
+from endpoints.autoscale import AutoscaleSettings, parse_settings
 from console.roles import ADMIN, has_role
 from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, PROFILER_FLAG, QUANTIZATION_METHODS,
                                 CommandSpecError, env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
@@ -27,7 +28,7 @@ from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_
 from models_registry.inspection import kv_bytes_per_token
 from models_registry.models import Artifact
 from workers import nudges
-from workers.models import Node
+from workers.models import Device, Node
 
 DTYPES = ("", "auto", "float16", "bfloat16", "float32")
 # vLLM serves these; GGUF support in vLLM is partial, so GGUF artifacts are converted first.
@@ -319,7 +320,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
                     capacity_override: str = "", restart_every_hours: int | None = None,
                     restart_daily_at: datetime.time | None = None, distributed: str = "",
                     worker_nodes: Sequence[str | int] = (), data_parallel_size: int | None = None,
-                    routing: str = "", user, request=None) -> Endpoint:
+                    routing: str = "", autoscale: dict | None = None, user, request=None) -> Endpoint:
     """Check a launch request (parsed by the form or the API schema; blank numbers are None and
     get their defaults here) and create the endpoint with its replicas (desired: running). A
     multi-node endpoint (`distributed` "ray" or "dp") runs one replica on `node` and `worker_nodes`."""
@@ -339,8 +340,12 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     devices = list(devices)
     layout = _multi_node_layout(distributed=distributed, node=node, worker_nodes=worker_nodes, replicas=replicas,
                                 tp_pp=tp * pp, data_parallel_size=data_parallel_size)
+    scaling = _checked_autoscale(autoscale, node=node, devices=devices, tp_pp=tp * pp, distributed=distributed)
+    if scaling is not None:  # it starts within its bounds; its devices are held for max_replicas
+        replicas = min(max(replicas, scaling.min_replicas), scaling.max_replicas)
+    held_for = scaling.max_replicas if scaling is not None else replicas
     for member_node in [node, *layout.nodes]:
-        _check_devices(node=member_node, devices=devices, tp=tp, pp=pp, replicas=replicas, share=share_devices,
+        _check_devices(node=member_node, devices=devices, tp=tp, pp=pp, replicas=held_for, share=share_devices,
                        ranks_per_device_set=layout.ranks_per_device_set, multi_node=bool(layout.distributed))
     model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
     max_model_len = int_in_range(max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
@@ -379,7 +384,9 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
             enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
             extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
             distributed=distributed, data_parallel_size=layout.data_parallel_size,
-            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing, created_by=user if user is not None and user.pk else None,
+            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing,
+            autoscale=scaling.as_json() if scaling is not None else None,
+            created_by=user if user is not None and user.pk else None,
             state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
         )
         for index in range(replicas):
@@ -392,6 +399,7 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
         audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
             "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
             "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling, "routing": routing,
+            **({"autoscale": scaling.as_json()} if scaling is not None else {}),
             **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
                 "data_parallel_size": layout.data_parallel_size} if distributed else {}),
             **({"capacity_override": capacity_override} if capacity_override else {})})
@@ -484,13 +492,37 @@ def _checked_routing(value: str | None) -> str:
     return value
 
 
+def _checked_autoscale(raw, *, node: Node, devices: Sequence[int], tp_pp: int,
+                       distributed: str) -> AutoscaleSettings | None:
+    """The autoscale settings against the endpoint: one-node endpoints only, and pinned devices that
+    hold max_replicas replicas of TP × PP each (an autoscaled endpoint holds its devices for its
+    largest size, so a scale-up never waits on another endpoint's devices)."""
+    scaling = parse_settings(raw)
+    if scaling is None:
+        return None
+    if distributed:
+        raise ValidationError({"autoscale": "A multi-node endpoint runs one replica across its nodes: it cannot "
+                                            "autoscale."})
+    top = scaling.max_replicas
+    if node.platform == "cpu":
+        if top != 1:
+            raise ValidationError({"autoscale.max_replicas": f"{node.name} is a CPU node: it serves one replica "
+                                                             "per endpoint, so max_replicas is 1 there."})
+    elif len(devices) < top * tp_pp:
+        raise ValidationError({"autoscale.max_replicas": (
+            f"{top} replica(s) × TP × PP {tp_pp} need {top * tp_pp} devices; the endpoint is pinned to "
+            f"{len(devices)} ({list(devices)}): list them all in devices, or lower max_replicas.")})
+    return scaling
+
+
 #: What endpoint_update may change on an existing endpoint (each checked like at launch).
-UPDATABLE = ("routing",)
+UPDATABLE = ("routing", "autoscale")
 
 
 def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> Endpoint:
-    """Change settings of an endpoint that apply without a restart (today its gateway routing policy,
-    which the gateway picks up within GATEWAY_ROUTES_REFRESH_SECONDS). Only the given fields
+    """Change settings of an endpoint that apply without a restart (its gateway routing policy, which
+    the gateway picks up within GATEWAY_ROUTES_REFRESH_SECONDS, and its autoscaling, which the
+    serving controller applies on its next pass). Only the given fields
     change; every one is checked before any is saved, so a bad value changes nothing."""
     unknown = sorted(set(changes) - set(UPDATABLE))
     if unknown:
@@ -500,6 +532,13 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
         checked["routing"] = _checked_routing(changes["routing"])
     with transaction.atomic():
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
+        if "autoscale" in changes:  # null turns it off; the replica count stays where it is
+            scaling = _checked_autoscale(changes["autoscale"], node=endpoint.node, devices=endpoint.devices,
+                                         tp_pp=endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size,
+                                         distributed=endpoint.distributed)
+            checked["autoscale"] = scaling.as_json() if scaling is not None else None
+            if scaling is None:
+                Endpoint.objects.filter(pk=endpoint.pk).update(autoscale_wanted=None)
         diff = {f: [getattr(endpoint, f), v] for f, v in checked.items() if getattr(endpoint, f) != v}
         if diff:
             Endpoint.objects.filter(pk=endpoint.pk).update(**{f: v for f, (_, v) in diff.items()})
@@ -508,6 +547,71 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
             audit_log(actor=user, action="endpoint.update", obj=endpoint, request=request, changes=diff)
     endpoint.refresh_from_db()
     return endpoint
+
+
+def _placeable(endpoint: Endpoint, *, start: int, stop: int) -> int:
+    """How many of the replicas start..stop-1 (in order) can start now: each on its own share of the
+    endpoint's devices (the row's devices if it has run before), all of them healthy and not held by
+    another running endpoint unless the endpoint shares devices. CPU endpoints hold no devices."""
+    per = endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size
+    rows = dict(endpoint.replica_set.filter(index__gte=start, index__lt=stop).values_list("index", "devices"))
+    bad = set(Device.objects.filter(node=endpoint.node).unhealthy().values_list("index", flat=True))
+    taken = {} if endpoint.share_devices else _devices_in_use(endpoint.node, exclude_endpoint=endpoint)
+    placed = 0
+    for index in range(start, stop):
+        devices = rows.get(index) or endpoint.devices[index * per:(index + 1) * per]
+        if endpoint.node.platform != "cpu" and (len(devices) < per or any(d in bad or d in taken for d in devices)):
+            break
+        placed += 1
+    return placed
+
+
+def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None, via: str = "",
+                   reason: str = "", figures: dict | None = None,
+                   at: datetime.datetime | None = None) -> tuple[Endpoint, bool]:
+    """Set how many replicas the endpoint runs (the autoscaler's write; an operator's would go through
+    it too). Up: as many of the new replicas as can be placed; the rest are recorded as wanted (the
+    endpoint's reason says "wants N, has M: no free devices") and tried again on the next call.
+    Down: `replicas` drops and the agents drain the replicas past it (out of routing at once, stopped
+    when idle or after GATEWAY_DRAIN_SECONDS: ReplicaWorkload.drained). Claimed by an update
+    conditioned on the count and `scaled_at` the caller read: (endpoint, False) if another writer moved
+    it first, or nothing changed. `at` (default now) is recorded as scaled_at, the cooldown's start."""
+    current = endpoint.replicas
+    new = replicas if replicas <= current else current + _placeable(endpoint, start=current, stop=replicas)
+    blocked = replicas if new < replicas else None
+    per = endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size
+    with transaction.atomic():
+        claim = Endpoint.objects.filter(pk=endpoint.pk, replicas=current, scaled_at=endpoint.scaled_at,
+                                        desired_state=Endpoint.Desired.RUNNING)
+        if new == current:  # nothing to start: only what is wanted changes (no cooldown restarts)
+            if endpoint.autoscale_wanted != blocked and claim.update(autoscale_wanted=blocked) and blocked:
+                EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", level="warning", message=(
+                    f"wants {blocked}, has {current}: no free devices ({reason})"))
+            endpoint.refresh_from_db()
+            return endpoint, False
+        if not claim.update(replicas=new, scaled_at=at or timezone.now(), autoscale_wanted=blocked):
+            endpoint.refresh_from_db()
+            return endpoint, False
+        for index in range(current, new):
+            replica, made = Replica.objects.get_or_create(endpoint=endpoint, index=index, defaults={
+                "node": endpoint.node, "devices": endpoint.devices[index * per:(index + 1) * per]})
+            if not made and replica.state == Endpoint.State.FAILED:  # a fresh start, like endpoint_start's
+                Replica.objects.filter(pk=replica.pk).update(state=Endpoint.State.PENDING, crashes_in_a_row=0,
+                                                             next_start_at=None, state_reason="")
+        if new < current:
+            Endpoint.objects.filter(pk=endpoint.pk).update(state_reason=f"draining {current - new} replica(s)")
+        text = (f"scaled {'up' if new > current else 'down'} {current} → {new}"
+                + (f" (wants {blocked}: no free devices for the rest)" if blocked else "")
+                + (f": {reason}" if reason else "") + (". Figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()) if figures else ""))
+        EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", message=text[:2000],
+                                     level="warning" if blocked else "info")
+        audit_log(actor=user, action="endpoint.scale", obj=endpoint, request=request, via=via,
+                  changes={"replicas": [current, new], **({"wanted": blocked} if blocked else {}),
+                           "reason": reason, **({"figures": figures} if figures else {})})
+        node = endpoint.node
+        transaction.on_commit(lambda: nudge(node))
+    endpoint.refresh_from_db()
+    return endpoint, True
 
 
 def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:

@@ -42,6 +42,9 @@ def endpoint_launch(request):
                 endpoint = services.endpoint_create(**form.cleaned_data, user=request.user, request=request)
             except ValidationError as exc:
                 errors = _errors(exc)
+                # autoscale.<setting> errors show under the one autoscale box, each naming its setting.
+                for key in [k for k in errors if k.startswith("autoscale.")]:
+                    errors.setdefault("autoscale", []).extend(f"{key}: {m}" for m in errors.pop(key))
             else:
                 messages.success(request, f"Launching {endpoint.name}.")
                 return redirect(endpoint)

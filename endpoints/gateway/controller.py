@@ -1,6 +1,6 @@
 """The serving controller's evaluators: each reads stored telemetry and applies what it decides,
-in one place (`manage.py serving_controller` calls `run_once` in a loop). Today: SLO-gated
-rollouts; autoscaling is to be another evaluator in EVALUATORS.
+in one place (`manage.py serving_controller` calls `run_once` in a loop): SLO-gated rollouts and
+autoscaling (endpoints/autoscale.py's policy on the replicas' queued requests).
 
 Every applied decision is an endpoint event (on the live endpoint's page) with its figures and an
 audit row as the system user (actor none, via "controller"). Two controllers never apply one step
@@ -18,12 +18,15 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from console.validation import error_text
+from endpoints import autoscale
 from endpoints.gateway import services
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision, Thresholds, decide
 from endpoints.gateway.selectors import auto_rollouts, gateway_samples
-from endpoints.models import EndpointEvent
-from endpoints.replica_state import event
+from endpoints.models import Endpoint, EndpointEvent
+from endpoints.replica_state import event, refresh_endpoint_state
+from endpoints.selectors import autoscaled_endpoints, waiting_samples
+from endpoints.services import endpoint_scale
 
 log = logging.getLogger("console.controller")
 VIA = "controller"
@@ -95,8 +98,46 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
     return out
 
 
+def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
+    """The pure policy's decision for one endpoint, from its stored queue samples."""
+    scaling = autoscale.parse_settings(endpoint.autoscale)
+    gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
+    since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
+    return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
+                            last_change_at=endpoint.scaled_at, samples=waiting_samples(endpoint.pk, since=since, until=now),
+                            tz=settings.TIME_ZONE, max_gap_s=gap)
+
+
+def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autoscale.Decision, bool]]:
+    """One pass over the autoscaled endpoints: (endpoint, decision, applied) each. A change goes through
+    endpoints.services.endpoint_scale (claimed on the count and scaled_at read here, an event with the
+    figures, an audit row as the system user); a scale-up with no free devices is recorded as wanted
+    and shown as the endpoint's reason; scale-down drains (ReplicaWorkload.drained)."""
+    now = time.time() if now is None else now
+    out = []
+    for endpoint in autoscaled_endpoints():
+        try:
+            decision = autoscale_decision(endpoint, now)
+        except ValidationError as exc:  # stored settings that no longer parse: say so once, leave it
+            message = f"autoscale settings refused: {error_text(exc)}"
+            last = EndpointEvent.objects.filter(endpoint_id=endpoint.pk, kind="autoscale").order_by("-pk").first()
+            if last is None or last.message != message:
+                event(endpoint.pk, "autoscale", message, level="warning")
+            continue
+        applied = False
+        if decision.action != autoscale.HOLD or (endpoint.autoscale_wanted and not decision.cooling):
+            # A hold (outside cooldown) clears a scale-up that was waiting for devices.
+            figures = {k: v for k, v in decision.figures.items() if v is not None}
+            endpoint, applied = endpoint_scale(endpoint=endpoint, replicas=decision.wanted, via=VIA,
+                                               reason=decision.reason, figures=figures,
+                                               at=datetime.fromtimestamp(now, UTC))
+            refresh_endpoint_state(endpoint)
+        out.append((endpoint, decision, applied))
+    return out
+
+
 # The controller's loop body: each evaluator makes and applies its own decisions, one pass per call.
-EVALUATORS: list[Callable[..., list]] = [evaluate_rollouts]
+EVALUATORS: list[Callable[..., list]] = [evaluate_rollouts, evaluate_autoscaling]
 
 
 def run_once(now: float | None = None) -> dict[str, list]:

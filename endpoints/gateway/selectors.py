@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.db.models import F
 
 from console.models import hash_token
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
@@ -64,8 +65,10 @@ def routing_table() -> RoutingTable:
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
         max_queue[ep.pk] = (g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH)
     backends: dict[str, list[Backend]] = {}
+    # A replica past its endpoint's count (scaled down) leaves routing at once, before its agent drains it.
     replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
-                                       endpoint__desired_state=Endpoint.Desired.RUNNING)
+                                       endpoint__desired_state=Endpoint.Desired.RUNNING,
+                                       index__lt=F("endpoint__replicas"))
                 .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
     # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
     # from the moment the agent records it, before its own reconcile pass moves or holds the replica.

@@ -163,6 +163,7 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
     a, b = fakes("a", delay=0.05), fakes("b", delay=0.05)
     node_b = Node.objects.create(name="gw-node-b", address="127.0.0.1")
     ep = make_endpoint("ep-two", [a], model="tiny")
+    Endpoint.objects.filter(pk=ep.pk).update(replicas=2)  # the gateway routes to replicas below the count
     Replica.objects.create(endpoint=ep, index=1, node=node_b, state=Endpoint.State.READY, port=b.port,
                            port_host=f"fake-{b.port}")
     key, raw = services.key_create(name="app", actor=admin)

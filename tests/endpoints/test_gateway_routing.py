@@ -345,6 +345,7 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
 
     fs = [fakes(f"r{i}") for i in range(3)]
     ep = make_endpoint("ep-prefix", fs[:1], model="tiny")
+    Endpoint.objects.filter(pk=ep.pk).update(replicas=3)  # the gateway routes to replicas below the count
     for i, f in enumerate(fs[1:], start=1):
         node = Node.objects.create(name=f"pfx-node-{i}", address="127.0.0.1")
         Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=f.port,

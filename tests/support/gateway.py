@@ -95,6 +95,7 @@ def make_endpoint(name, replicas, *, model="tiny", node=None):
     m, _ = Model.objects.get_or_create(name="m")
     artifact = Artifact.objects.get_or_create(model=m, format="hf", path="/models/x")[0]
     ep = Endpoint.objects.create(name=name, artifact=artifact, node=node, served_model_name=model,
+                                 replicas=max(1, len(replicas)),
                                  state=Endpoint.State.READY if replicas else Endpoint.State.STARTING)
     for i, fake in enumerate(replicas):
         Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=fake.port,

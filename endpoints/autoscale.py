@@ -1,0 +1,243 @@
+"""Autoscaling: an endpoint's settings (parsed and checked in one place, stored as a JSONField) and
+the pure policy that turns recorded waiting requests into a wanted replica count. No database, no
+clock: the serving controller (endpoints/gateway/controller.py) reads the samples and applies.
+
+The signal is vLLM's queue (`ep.waiting`, scraped from each replica's /metrics and summed over the
+endpoint's replicas per telemetry pass). The rules, in order:
+
+1. Bounds first: the wanted count is clamped to [max(min_replicas, the schedule's floor now),
+   max_replicas]. A count outside them (settings changed, a schedule window opened) moves at once,
+   past windows and cooldown: it is the operator's standing intent, not a reading of load.
+2. Cooldown: no load-driven change within `cooldown_s` of the last change, up or down. Scale-up does
+   not bypass it: a new replica takes minutes to start, the queue stays long meanwhile, and a
+   second step on that same queue would overshoot.
+3. Up: per sample need = ceil(total waiting / target_waiting) (the HPA form: replicas such that each
+   holds at most target_waiting queued requests). Scale up when every sample of the whole scale-up
+   window needs more than now: to the least need of the window (what held throughout).
+4. Down: when every sample of the whole scale-down window needs fewer than now, one replica at a
+   time (each step then waits out the cooldown and a fresh window). Why not straight to the need:
+   a queue that stays empty says the replicas keep up, not how many could go; at steady load the
+   need reads 0, so going straight there would drop to the floor and flap back up.
+5. Missing data holds: a window with no samples, or with a gap longer than `max_gap_s`, decides
+   nothing load-driven (a scrape outage is not an idle endpoint).
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import re
+import zoneinfo
+from dataclasses import asdict, dataclass, field
+
+from django.core.exceptions import ValidationError
+
+MAX_REPLICAS_CAP = 64  # as many as a launch may ask for (endpoint_create's replicas range)
+MAX_WINDOW_S = 24 * 3600
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+DEFAULTS = {"min_replicas": 1, "target_waiting": 4, "scale_up_window_s": 60, "scale_down_window_s": 600,
+            "cooldown_s": 300}
+KNOWN = {"min_replicas", "max_replicas", "target_waiting", "scale_up_window_s", "scale_down_window_s",
+         "cooldown_s", "schedule"}
+SCHEDULE_KNOWN = {"days", "from", "to", "min_replicas"}
+
+HOLD, UP, DOWN = "hold", "up", "down"
+
+
+@dataclass(frozen=True)
+class ScheduleEntry:
+    """A floor of replicas on some days between two times of day (local to the console's TIME_ZONE).
+    `to` at or before `from` crosses midnight: it ends on the next day."""
+    days: frozenset[int]  # 0 = Monday
+    start: datetime.time
+    end: datetime.time
+    min_replicas: int
+    text: dict = field(compare=False, default_factory=dict)  # as given, to store back
+
+    def covers(self, local: datetime.datetime) -> bool:
+        t, day = local.time().replace(tzinfo=None), local.weekday()
+        if self.start < self.end:
+            return day in self.days and self.start <= t < self.end
+        # Across midnight: the evening of a listed day, or the morning after one.
+        return (day in self.days and t >= self.start) or ((day - 1) % 7 in self.days and t < self.end)
+
+
+@dataclass(frozen=True)
+class AutoscaleSettings:
+    min_replicas: int
+    max_replicas: int
+    target_waiting: float
+    scale_up_window_s: int
+    scale_down_window_s: int
+    cooldown_s: int
+    schedule: tuple[ScheduleEntry, ...] = ()
+
+    def floor(self, now: datetime.datetime, tz: str) -> int:
+        """min_replicas, raised by any schedule entry covering `now` (in `tz`)."""
+        local = now.astimezone(zoneinfo.ZoneInfo(tz))
+        return max([self.min_replicas, *(e.min_replicas for e in self.schedule if e.covers(local))])
+
+    def as_json(self) -> dict:
+        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
+                "target_waiting": self.target_waiting, "scale_up_window_s": self.scale_up_window_s,
+                "scale_down_window_s": self.scale_down_window_s, "cooldown_s": self.cooldown_s,
+                "schedule": [e.text for e in self.schedule]}
+
+
+def _err(name: str, message: str) -> ValidationError:
+    return ValidationError({f"autoscale.{name}": message})
+
+
+def _int(raw: dict, name: str, *, low: int, high: int, default=None) -> int:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _err(name, f"A whole number from {low} to {high}.")
+    if not low <= value <= high:
+        raise _err(name, f"A whole number from {low} to {high}, not {value}.")
+    return value
+
+
+def _days(text, where: str) -> frozenset[int]:
+    """'mon-fri', 'sat,sun', 'fri-mon' (wrapping), 'daily'."""
+    if not isinstance(text, str) or not text.strip():
+        raise _err(f"{where}.days", "Days like mon-fri, sat,sun or daily.")
+    if text.strip().lower() in ("daily", "*"):
+        return frozenset(range(7))
+    out = set()
+    for part in re.split(r"\s*,\s*", text.strip().lower()):
+        ends = part.split("-")
+        if len(ends) > 2 or any(e.strip()[:3] not in DAYS or len(e.strip()) < 3 for e in ends):
+            raise _err(f"{where}.days", f"{part!r} is not a day or a range of days like mon-fri.")
+        a, b = (DAYS.index(e.strip()[:3]) for e in (ends if len(ends) == 2 else ends * 2))
+        out.update((a + i) % 7 for i in range((b - a) % 7 + 1))
+    return frozenset(out)
+
+
+def _time(text, where: str) -> datetime.time:
+    if not isinstance(text, str) or not re.fullmatch(r"\d{2}:\d{2}", text.strip()):
+        raise _err(where, "A time of day as HH:MM (the console's time zone).")
+    try:
+        return datetime.time.fromisoformat(text.strip())
+    except ValueError:
+        raise _err(where, f"{text!r} is not a time of day (HH:MM).") from None
+
+
+def parse_settings(raw) -> AutoscaleSettings | None:
+    """The one parser of autoscale settings (API, form, PATCH, the stored JSON): None or {} is off.
+    Errors name the field as autoscale.<name>. Rules that need the endpoint (devices, multi-node)
+    are endpoints.services'."""
+    if raw in (None, {}, ""):
+        return None
+    if not isinstance(raw, dict):
+        raise ValidationError({"autoscale": "An object like {\"min_replicas\": 1, \"max_replicas\": 4}, or null (off)."})
+    if unknown := sorted(set(raw) - KNOWN):
+        raise _err(unknown[0], f"Unknown setting (known: {', '.join(sorted(KNOWN))}).")
+    raw = {**DEFAULTS, **raw}
+    if raw.get("max_replicas") is None:
+        raise _err("max_replicas", "Say how many replicas at most.")
+    if raw.get("min_replicas") == 0:
+        raise _err("min_replicas", "Scale to zero is not supported yet (it needs wake-on-request in the gateway): "
+                                   "at least 1.")
+    low = _int(raw, "min_replicas", low=1, high=MAX_REPLICAS_CAP)
+    high = _int(raw, "max_replicas", low=1, high=MAX_REPLICAS_CAP)
+    if low > high:
+        raise _err("min_replicas", f"min_replicas {low} is above max_replicas {high}.")
+    target = raw["target_waiting"]
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 10_000:
+        raise _err("target_waiting", "Queued requests per replica that call for another one: above 0, up to 10000.")
+    up = _int(raw, "scale_up_window_s", low=10, high=MAX_WINDOW_S)
+    down = _int(raw, "scale_down_window_s", low=10, high=MAX_WINDOW_S)
+    cooldown = _int(raw, "cooldown_s", low=0, high=MAX_WINDOW_S)
+    entries = raw.get("schedule") or []
+    if not isinstance(entries, list):
+        raise _err("schedule", "A list of {\"days\": \"mon-fri\", \"from\": \"08:00\", \"to\": \"20:00\", \"min_replicas\": 2}.")
+    schedule = []
+    for i, entry in enumerate(entries):
+        where = f"schedule[{i}]"
+        if not isinstance(entry, dict):
+            raise _err(where, "An object with days, from, to and min_replicas.")
+        if unknown := sorted(set(entry) - SCHEDULE_KNOWN):
+            raise _err(f"{where}.{unknown[0]}", "Unknown (known: days, from, to, min_replicas).")
+        start, end = _time(entry.get("from"), f"{where}.from"), _time(entry.get("to"), f"{where}.to")
+        if start == end:
+            raise _err(f"{where}.to", "Ends when it starts: give a window (to before from crosses midnight).")
+        floor = entry.get("min_replicas")
+        if isinstance(floor, bool) or not isinstance(floor, int) or not 1 <= floor <= high:
+            raise _err(f"{where}.min_replicas", f"A whole number from 1 to max_replicas ({high}).")
+        schedule.append(ScheduleEntry(days=_days(entry.get("days"), where), start=start, end=end, min_replicas=floor,
+                                      text={"days": entry["days"], "from": entry["from"], "to": entry["to"],
+                                            "min_replicas": floor}))
+    return AutoscaleSettings(min_replicas=low, max_replicas=high, target_waiting=float(target), scale_up_window_s=up,
+                             scale_down_window_s=down, cooldown_s=cooldown, schedule=tuple(schedule))
+
+
+@dataclass(frozen=True)
+class Sample:
+    ts: float  # Unix seconds
+    waiting: float  # queued requests summed over the endpoint's replicas
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # hold, up or down
+    wanted: int
+    current: int
+    reason: str
+    figures: dict
+    cooling: bool = False  # held by the cooldown
+
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) -> bool:
+    """The samples span [start, end] with no hole longer than max_gap_s."""
+    if not samples:
+        return False
+    stamps = [start, *(s.ts for s in samples), end]
+    return all(b - a <= max_gap_s for a, b in itertools.pairwise(stamps))
+
+
+def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
+           last_change_at: datetime.datetime | None, samples: list[Sample], tz: str = "UTC",
+           max_gap_s: float = 30.0) -> Decision:
+    """The wanted replica count for an endpoint now (see the module's rules)."""
+    floor = settings.floor(now, tz)
+    low, high = min(floor, settings.max_replicas), settings.max_replicas
+    ts = now.timestamp()
+    up_from, down_from = ts - settings.scale_up_window_s, ts - settings.scale_down_window_s
+    up_win = [s for s in samples if up_from <= s.ts <= ts]
+    down_win = [s for s in samples if down_from <= s.ts <= ts]
+    need = [math.ceil(s.waiting / settings.target_waiting) for s in samples]
+    figures = {"floor": floor, "min": settings.min_replicas, "max": high, "target_waiting": settings.target_waiting,
+               "samples": len(samples),
+               "waiting_avg_up": round(sum(s.waiting for s in up_win) / len(up_win), 2) if up_win else None,
+               "waiting_avg_down": round(sum(s.waiting for s in down_win) / len(down_win), 2) if down_win else None,
+               "need_max": max(need) if need else None}
+
+    def out(action: str, wanted: int, reason: str, cooling: bool = False) -> Decision:
+        return Decision(action=action, wanted=wanted, current=current, reason=reason, figures=figures, cooling=cooling)
+
+    if current < low:
+        why = f"schedule floor {floor}" if floor > settings.min_replicas else f"min_replicas {settings.min_replicas}"
+        return out(UP, low, f"below {why}")
+    if current > high:
+        return out(DOWN, high, f"above max_replicas {high}")
+    if last_change_at is not None and (ts - last_change_at.timestamp()) < settings.cooldown_s:
+        return out(HOLD, current, f"cooldown: last change {ts - last_change_at.timestamp():.0f} s ago "
+                                  f"(cooldown {settings.cooldown_s} s)", cooling=True)
+    up_need = [math.ceil(s.waiting / settings.target_waiting) for s in up_win]
+    if current < high and _covered(up_win, up_from, ts, max_gap_s) and min(up_need) > current:
+        wanted = min(min(up_need), high)
+        return out(UP, wanted, f"waiting requests averaged {figures['waiting_avg_up']} over {settings.scale_up_window_s} s "
+                               f"(target {settings.target_waiting:g} per replica): every sample needs {min(up_need)}+")
+    down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
+    if current > low and _covered(down_win, down_from, ts, max_gap_s) and max(down_need) < current:
+        return out(DOWN, max(current - 1, low), f"waiting requests averaged {figures['waiting_avg_down']} over "
+                                                f"{settings.scale_down_window_s} s: at most {max(down_need)} needed")
+    if not (_covered(up_win, up_from, ts, max_gap_s) or _covered(down_win, down_from, ts, max_gap_s)):
+        return out(HOLD, current, "no complete window of waiting-request samples: holding")
+    if current > low and not _covered(down_win, down_from, ts, max_gap_s):
+        return out(HOLD, current, "no complete scale-down window of waiting-request samples: holding")
+    return out(HOLD, current, "load within target")

@@ -1,0 +1,420 @@
+"""Autoscaling: the settings' one parser and the pure policy (endpoints/autoscale.py) on recorded
+series; the API and form refusing bad settings by field; the controller's pass against the real
+database with samples stored as the agent stores them; and the drain of a scaled-down replica at the
+reconcile level (a stand-in supervisor, a real HTTP server answering /metrics)."""
+import threading
+from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.test import Client
+from django.utils import timezone
+
+from console.models import AuditEvent
+from endpoints.autoscale import DOWN, HOLD, UP, Sample, decide, parse_settings
+from endpoints.gateway.controller import evaluate_autoscaling, run_once
+from endpoints.gateway.selectors import routing_table
+from endpoints.models import Endpoint, EndpointEvent, Replica
+from endpoints.reconcile import ReplicaWorkload
+from endpoints.services import _checked_autoscale
+from tests.endpoints.test_npu_faults import StandInSupervisor
+from workers.models import Device
+from workers.telemetry.models import Point, Series
+
+S = Endpoint.State
+# Monday 2026-11-30 12:00 UTC
+MONDAY_NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def settings_of(**over):
+    return parse_settings({"min_replicas": 1, "max_replicas": 4, "target_waiting": 4, "scale_up_window_s": 60,
+                           "scale_down_window_s": 300, "cooldown_s": 120, **over})
+
+
+def series(now, seconds, waiting, every=10):
+    """Samples every `every` s over the last `seconds` up to `now`, each `waiting` (or waiting(i))."""
+    end = now.timestamp()
+    count = seconds // every
+    return [Sample(ts=end - seconds + every * i, waiting=waiting(i) if callable(waiting) else waiting)
+            for i in range(count + 1)]
+
+
+def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", **over):
+    return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz)
+
+
+# --- the settings ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, field, message", [
+    ({"min_replicas": 5, "max_replicas": 4}, "autoscale.min_replicas", "above max_replicas 4"),
+    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 1 to 64"),
+    ({"min_replicas": 0, "max_replicas": 4}, "autoscale.min_replicas", "Scale to zero is not supported yet"),
+    ({"max_replicas": 65}, "autoscale.max_replicas", "from 1 to 64"),
+    ({"min_replicas": 1}, "autoscale.max_replicas", "at most"),
+    ({"max_replicas": 2, "target_waiting": 0}, "autoscale.target_waiting", "above 0"),
+    ({"max_replicas": 2, "cooldown": 5}, "autoscale.cooldown", "Unknown setting"),
+    ({"max_replicas": 2, "scale_up_window_s": 5}, "autoscale.scale_up_window_s", "from 10"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon-fry", "from": "08:00", "to": "20:00", "min_replicas": 2}]},
+     "autoscale.schedule[0].days", "'mon-fry' is not a day"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "8am", "to": "20:00", "min_replicas": 2}]},
+     "autoscale.schedule[0].from", "HH:MM"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "25:00", "min_replicas": 2}]},
+     "autoscale.schedule[0].to", "not a time of day"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 3}]},
+     "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
+    ({"max_replicas": 2, "schedule": {"days": "mon"}}, "autoscale.schedule", "A list"),
+])
+def test_bad_settings_are_refused_naming_the_field(raw, field, message):
+    with pytest.raises(ValidationError) as exc:
+        parse_settings(raw)
+    assert field in exc.value.message_dict and message in " ".join(exc.value.message_dict[field])
+
+
+def test_settings_round_trip_with_defaults_and_off():
+    parsed = parse_settings({"max_replicas": 3, "schedule": [
+        {"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]})
+    assert (parsed.min_replicas, parsed.target_waiting, parsed.scale_up_window_s, parsed.cooldown_s) == (1, 4.0, 60, 300)
+    assert parse_settings(parsed.as_json()) == parsed
+    assert parse_settings(None) is None and parse_settings({}) is None
+
+
+# --- the pure policy -------------------------------------------------------------------------------
+
+def test_need_held_over_the_whole_up_window_scales_up_to_the_least_need_of_the_window():
+    # 10 to 17 queued, target 4 per replica: every sample needs 3 or more; the least held throughout is 3.
+    d = run(series(MONDAY_NOON, 60, lambda i: 10 + i))
+    assert (d.action, d.wanted) == (UP, 3) and "every sample needs 3+" in d.reason
+    assert d.figures["waiting_avg_up"] == 13.0 and d.figures["samples"] == 7
+    # One sample of the window below the need: not held, no change.
+    dip = series(MONDAY_NOON, 60, lambda i: 0 if i == 3 else 12)
+    assert run(dip).action == HOLD
+    # The need over a window that started only 20 s ago (telemetry just began; 30 s is the gap allowed): hold.
+    assert run(series(MONDAY_NOON, 20, 12)).action == HOLD
+
+
+def test_the_need_is_clamped_to_max_and_bounds_move_at_once():
+    assert (run(series(MONDAY_NOON, 60, 100)).wanted) == 4  # 25 needed, max 4
+    # Above max (settings lowered): down to max at once, even in cooldown and with no data.
+    d = run([], current=6, last=MONDAY_NOON - timedelta(seconds=5))
+    assert (d.action, d.wanted) == (DOWN, 4) and "above max_replicas" in d.reason
+    d = run([], current=1, min_replicas=2, last=MONDAY_NOON - timedelta(seconds=5))
+    assert (d.action, d.wanted) == (UP, 2) and "min_replicas 2" in d.reason
+
+
+def test_cooldown_holds_both_ways_and_ends():
+    busy = series(MONDAY_NOON, 300, 12)
+    held = run(busy, last=MONDAY_NOON - timedelta(seconds=119))
+    assert held.action == HOLD and held.cooling and "cooldown" in held.reason
+    assert run(busy, last=MONDAY_NOON - timedelta(seconds=120)).action == UP
+    idle = series(MONDAY_NOON, 300, 0)
+    assert run(idle, current=3, last=MONDAY_NOON - timedelta(seconds=60)).action == HOLD
+    assert run(idle, current=3, last=MONDAY_NOON - timedelta(seconds=121)).action == DOWN
+
+
+def test_scale_down_after_a_whole_low_window_one_replica_at_a_time():
+    d = run(series(MONDAY_NOON, 300, 0), current=3)
+    assert (d.action, d.wanted) == (DOWN, 2)
+    # 3 queued at some point of the window: 1 replica needed, still fewer than 3: down by one.
+    assert run(series(MONDAY_NOON, 300, lambda i: 3 if i == 10 else 0), current=3).wanted == 2
+    # 9 queued once in the window needs 3: no scale-down.
+    assert run(series(MONDAY_NOON, 300, lambda i: 9 if i == 10 else 0), current=3).action == HOLD
+    # Low for the up window only (60 s of 300): hold.
+    assert run(series(MONDAY_NOON, 60, 0), current=3).action == HOLD
+    # At min already: hold.
+    assert run(series(MONDAY_NOON, 300, 0), current=1).action == HOLD
+
+
+def test_missing_data_holds():
+    assert run([], current=2).action == HOLD
+    gap = [s for s in series(MONDAY_NOON, 300, 0) if not 100 < MONDAY_NOON.timestamp() - s.ts < 200]
+    d = run(gap, current=2)
+    assert d.action == HOLD and "no complete scale-down window" in d.reason
+    stale = series(MONDAY_NOON - timedelta(seconds=60), 300, 20)  # nothing in the last minute
+    assert run(stale, current=1).action == HOLD
+
+
+def test_schedule_floors_by_weekday_time_zone_and_across_midnight():
+    office = [{"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 3}]
+    idle = series(MONDAY_NOON, 300, 0)
+    # Monday 12:00 UTC is 13:00 in Paris: within office hours, the floor lifts 1 to 3 at once.
+    d = run(idle, schedule=office, tz="Europe/Paris")
+    assert (d.action, d.wanted) == (UP, 3) and "schedule floor 3" in d.reason and d.figures["floor"] == 3
+    # 19:30 UTC is 20:30 in Paris (out of hours) but 19:30 in UTC (in hours).
+    evening = MONDAY_NOON.replace(hour=19, minute=30)
+    assert run([], now=evening, schedule=office, tz="Europe/Paris").action == HOLD
+    assert run([], now=evening, schedule=office, tz="UTC").wanted == 3
+    # Saturday: no floor; and at 3 replicas with an idle window the floor no longer holds them.
+    saturday = MONDAY_NOON + timedelta(days=5)
+    assert run(series(saturday, 300, 0), now=saturday, current=3, schedule=office).action == DOWN
+    # A night entry on Friday crosses into Saturday morning.
+    night = [{"days": "fri", "from": "22:00", "to": "02:00", "min_replicas": 2}]
+    assert run([], now=saturday.replace(hour=1), schedule=night).wanted == 2
+    assert run([], now=saturday.replace(hour=3), schedule=night).action == HOLD
+    assert run([], now=(saturday - timedelta(days=1)).replace(hour=23), schedule=night).wanted == 2
+    assert run([], now=(saturday - timedelta(days=1)).replace(hour=1), schedule=night).action == HOLD  # Thu night
+    # A wrapping day range.
+    weekend = [{"days": "sat-sun", "from": "00:00", "to": "23:59", "min_replicas": 2}]
+    assert run([], now=saturday, schedule=weekend).wanted == 2 and run([], schedule=weekend).action == HOLD
+
+
+# --- API, form and service checks ------------------------------------------------------------------
+
+AUTO = {"min_replicas": 1, "max_replicas": 4, "target_waiting": 2, "scale_up_window_s": 30,
+        "scale_down_window_s": 60, "cooldown_s": 30}
+
+
+@pytest.mark.django_db
+def test_launch_with_autoscale_holds_devices_for_max_and_starts_at_min(operator, api_for, ascend_node, tiny_artifact):
+    api = api_for(operator)
+    refused = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1],
+                                             "autoscale": AUTO})
+    assert refused.status_code == 400
+    assert "need 4 devices" in " ".join(refused.json()["errors"]["autoscale.max_replicas"])
+    bad = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3],
+                                         "autoscale": {**AUTO, "min_replicas": 5}})
+    assert bad.status_code == 400 and "autoscale.min_replicas" in bad.json()["errors"]
+    assert not Endpoint.objects.exists()
+    made = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3],
+                                          "autoscale": {**AUTO, "min_replicas": 2}})
+    assert made.status_code == 201, made.content
+    body = made.json()
+    assert body["replica_count"] == 2 and [r["devices"] for r in body["replicas"]] == [[0], [1]]
+    assert body["autoscale"]["max_replicas"] == 4 and body["autoscale"]["schedule"] == []
+    audit = AuditEvent.objects.get(action="endpoint.launch")
+    assert audit.changes["autoscale"]["min_replicas"] == 2
+    # Its devices are held for 4 replicas: another endpoint cannot take NPU 3.
+    clash = api.post("/api/v1/endpoints", {"name": "other", "artifact": tiny_artifact.pk, "devices": [3]})
+    assert clash.status_code == 400 and "In use by another endpoint: 3 (auto)" in clash.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_patch_autoscale_checks_the_pinned_devices_and_is_audited(operator, api_for, ascend_node, tiny_artifact):
+    api = api_for(operator)
+    made = api.post("/api/v1/endpoints", {"name": "two", "artifact": tiny_artifact.pk, "devices": [0, 1], "replicas": 2})
+    url = f"/api/v1/endpoints/{made.json()['id']}"
+    too_many = api.patch(url, {"autoscale": {"max_replicas": 3}})
+    assert too_many.status_code == 400
+    assert "pinned to 2 ([0, 1])" in " ".join(too_many.json()["errors"]["autoscale.max_replicas"])
+    schedule = api.patch(url, {"autoscale": {"max_replicas": 2, "schedule": [{"days": "weekdays", "from": "08:00",
+                                                                               "to": "20:00", "min_replicas": 2}]}})
+    assert schedule.status_code == 400 and "autoscale.schedule[0].days" in schedule.json()["errors"]
+    assert Endpoint.objects.get().autoscale is None and not AuditEvent.objects.filter(action="endpoint.update").exists()
+    on = api.patch(url, {"autoscale": {"max_replicas": 2, "cooldown_s": 60}})
+    assert on.status_code == 200 and on.json()["autoscale"]["cooldown_s"] == 60
+    audit = AuditEvent.objects.get(action="endpoint.update")
+    assert audit.changes["autoscale"][0] is None and audit.changes["autoscale"][1]["max_replicas"] == 2
+    page = Client()
+    page.force_login(operator)
+    shown = page.get(f"/endpoints/{made.json()['id']}/").content.decode()
+    assert "between 1 and 2, another one per 4.0 queued requests" in shown and "cooldown 60 s" in shown
+    off = api.patch(url, {"autoscale": None})
+    assert off.status_code == 200 and off.json()["autoscale"] is None and off.json()["replica_count"] == 2
+
+
+@pytest.mark.django_db
+def test_multi_node_and_cpu_endpoints_cannot_autoscale_past_one(ascend_node, cpu_node):
+    with pytest.raises(ValidationError) as exc:
+        _checked_autoscale({"max_replicas": 2}, node=ascend_node, devices=[0, 1], tp_pp=1, distributed="ray")
+    assert "cannot autoscale" in exc.value.message_dict["autoscale"][0]
+    with pytest.raises(ValidationError) as exc:
+        _checked_autoscale({"max_replicas": 2}, node=cpu_node, devices=[], tp_pp=1, distributed="")
+    assert "CPU node" in exc.value.message_dict["autoscale.max_replicas"][0]
+    assert _checked_autoscale({"max_replicas": 1}, node=cpu_node, devices=[], tp_pp=1, distributed="").max_replicas == 1
+
+
+@pytest.mark.django_db
+def test_launch_form_shows_autoscale_errors_under_the_box(as_operator, ascend_node, tiny_artifact):
+    page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
+                                                "autoscale": '{"min_replicas": 0, "max_replicas": 1}'})
+    assert page.status_code == 400
+    assert "autoscale.min_replicas: Scale to zero is not supported yet" in page.content.decode()
+    page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
+                                                "autoscale": "[1]"})
+    assert page.status_code == 400 and "Autoscaling: a JSON object" in page.content.decode()
+    made = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0,1",
+                                                "autoscale": '{"max_replicas": 2}'})
+    assert made.status_code == 302 and Endpoint.objects.get().autoscale["max_replicas"] == 2
+
+
+# --- the controller --------------------------------------------------------------------------------
+
+def autoscaled(node, tiny_artifact, *, replicas=1, devices=(0, 1, 2, 3), **over):
+    endpoint = Endpoint.objects.create(name="auto", artifact=tiny_artifact, node=node, served_model_name="auto",
+                                       devices=list(devices), replicas=replicas, state=S.READY,
+                                       autoscale=parse_settings({**AUTO, **over}).as_json())
+    for index in range(replicas):
+        Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=[devices[index]], state=S.READY,
+                               port=8950 + index, port_host=node.hostname, pid=3_000_000 + index, pid_create_time=1.0)
+    return endpoint
+
+
+def store_waiting(endpoint, *, replica, start, seconds, value, every=10):
+    """`ep.waiting` points for one replica as the agent stores them (series e<id>.r<i>.ep.waiting)."""
+    s, _ = Series.objects.get_or_create(key=f"e{endpoint.pk}.r{replica}.ep.waiting", defaults={
+        "metric": "ep.waiting", "endpoint": endpoint, "replica": replica, "node": endpoint.node})
+    Point.objects.bulk_create([Point(series=s, ts=int(start) + every * i, value=value)
+                               for i in range(seconds // every + 1)])
+
+
+@pytest.mark.django_db
+def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(ascend_node, tiny_artifact, settings):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    now = 1_800_000_000
+    # 3 + 3 queued on two replicas: 6 / 2 per replica = 3 needed over the whole 30 s window.
+    for index in (0, 1):
+        store_waiting(endpoint, replica=index, start=now - 30, seconds=30, value=3)
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (UP, 3, True)
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 3 and endpoint.scaled_at is not None
+    new = Replica.objects.get(endpoint=endpoint, index=2)
+    assert new.devices == [2] and new.state == S.PENDING
+    ev = EndpointEvent.objects.get(endpoint=endpoint, kind="autoscale")
+    assert "scaled up 2 → 3" in ev.message and "waiting_avg_up 6.0" in ev.message
+    audit = AuditEvent.objects.get(action="endpoint.scale")
+    assert audit.actor is None and audit.via == "controller" and audit.changes["replicas"] == [2, 3]
+    # The next pass is in cooldown: nothing more, even on the same queue.
+    [(_, again, applied)] = run_once(now + 10)["evaluate_autoscaling"]
+    assert again.cooling and not applied and Endpoint.objects.get().replicas == 3
+
+
+@pytest.mark.django_db
+def test_a_scale_up_without_free_devices_says_so_instead_of_failing(ascend_node, tiny_artifact, settings):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1)
+    Device.objects.filter(node=ascend_node, index=1).update(health="Critical")
+    now = 1_800_000_000
+    store_waiting(endpoint, replica=0, start=now - 30, seconds=30, value=5)  # needs 3
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert decision.wanted == 3 and not applied
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 1 and endpoint.autoscale_wanted == 3
+    assert endpoint.state_reason == "wants 3, has 1: no free devices"
+    assert EndpointEvent.objects.filter(kind="autoscale", message__startswith="wants 3, has 1").count() == 1
+    evaluate_autoscaling(now + 1)  # tried again, one event only
+    assert EndpointEvent.objects.filter(kind="autoscale").count() == 1
+    # The chip is OK again: the next pass places both.
+    Device.objects.filter(node=ascend_node, index=1).update(health="OK")
+    evaluate_autoscaling(now + 2)
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 3 and endpoint.autoscale_wanted is None and endpoint.state_reason != \
+        "wants 3, has 1: no free devices"
+
+
+@pytest.mark.django_db
+def test_two_controllers_apply_one_change(ascend_node, tiny_artifact, settings):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1)
+    now = 1_800_000_000
+    store_waiting(endpoint, replica=0, start=now - 30, seconds=30, value=4)
+    from endpoints.services import endpoint_scale
+    stale = Endpoint.objects.get(pk=endpoint.pk)
+    assert evaluate_autoscaling(now)[0][2] is True
+    _, applied = endpoint_scale(endpoint=stale, replicas=2, via="controller", reason="late")
+    assert not applied and Endpoint.objects.get().replicas == 2
+    assert AuditEvent.objects.filter(action="endpoint.scale").count() == 1
+
+
+# --- the drain -------------------------------------------------------------------------------------
+
+class Metrics(BaseHTTPRequestHandler):
+    running = 1.0
+
+    def do_GET(self):
+        body = (f'vllm:num_requests_running{{model_name="auto"}} {Metrics.running}\n'
+                'vllm:num_requests_waiting{model_name="auto"} 0.0\n').encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server(settings):
+    server = ThreadingHTTPServer(("127.0.0.1", 8990), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings.ENDPOINT_BIND_HOST = "127.0.0.1"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.django_db
+def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend_node, tiny_artifact, settings,
+                                                                            metrics_server, monkeypatch):
+    settings.GATEWAY_DRAIN_SECONDS, settings.GATEWAY_ROUTES_REFRESH_SECONDS = 30, 1
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    Replica.objects.filter(endpoint=endpoint, index=1).update(port=8990)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    for pid in (3_000_000, 3_000_001):
+        supervisor.adopt(pid)
+    monkeypatch.setattr("endpoints.reconcile.check_ready", lambda replica: (True, "ok"))
+
+    def routed():
+        return {b.replica_index for b in routing_table().backends.get("auto", [])}
+
+    assert routed() == {0, 1}
+    from endpoints.services import endpoint_scale
+    endpoint_scale(endpoint=endpoint, replicas=1, via="controller", reason="test")
+    assert routed() == {0}  # before any agent pass
+    t0 = timezone.now()
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    replica = Replica.objects.get(endpoint=endpoint, index=1)
+    assert replica.state == S.STOPPING and "draining" in replica.state_reason and supervisor.terminated == []
+    assert Endpoint.objects.get().state_reason == "draining 1 replica(s) after a scale-down"
+    # A request still running 5 s later: kept.
+    monkeypatch.setattr("endpoints.reconcile.timezone.now", lambda: t0 + timedelta(seconds=5))
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [] and Replica.objects.get(pk=replica.pk).state == S.STOPPING
+    # Idle: stopped.
+    Metrics.running = 0.0
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    replica.refresh_from_db()
+    assert supervisor.terminated == [3_000_001] and replica.state == S.STOPPED and 3_000_000 in supervisor.running
+    assert EndpointEvent.objects.filter(kind="drained", message__startswith="no request in flight").exists()
+    endpoint.refresh_from_db()
+    assert endpoint.state == S.READY and endpoint.state_reason == ""
+
+
+@pytest.mark.django_db
+def test_a_busy_draining_replica_stops_at_the_drain_bound(ascend_node, tiny_artifact, settings, metrics_server,
+                                                          monkeypatch):
+    settings.GATEWAY_DRAIN_SECONDS = 30
+    Metrics.running = 3.0
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    Replica.objects.filter(endpoint=endpoint, index=1).update(port=8990)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    for pid in (3_000_000, 3_000_001):
+        supervisor.adopt(pid)
+    monkeypatch.setattr("endpoints.reconcile.check_ready", lambda replica: (True, "ok"))
+    Endpoint.objects.filter(pk=endpoint.pk).update(replicas=1)
+    t0 = timezone.now()
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    monkeypatch.setattr("endpoints.reconcile.timezone.now", lambda: t0 + timedelta(seconds=29))
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == []
+    monkeypatch.setattr("endpoints.reconcile.timezone.now", lambda: t0 + timedelta(seconds=31))
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [3_000_001]
+    assert EndpointEvent.objects.filter(kind="drained", message__startswith="drain bound of 30 s").exists()
+    # Stopping the whole endpoint is not a drain: the other replica stops on the next pass.
+    Endpoint.objects.filter(pk=endpoint.pk).update(desired_state=Endpoint.Desired.STOPPED)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [3_000_001, 3_000_000]
+
+
+@pytest.mark.django_db
+def test_a_scaled_down_replica_still_starting_stops_at_once(ascend_node, tiny_artifact):
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    Replica.objects.filter(endpoint=endpoint, index=1).update(state=S.STARTING)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    for pid in (3_000_000, 3_000_001):
+        supervisor.adopt(pid)
+    Endpoint.objects.filter(pk=endpoint.pk).update(replicas=1)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [3_000_001] and Replica.objects.get(endpoint=endpoint, index=1).state == S.STOPPED
