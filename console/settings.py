@@ -239,6 +239,10 @@ ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
 # Replicas launched with profiling write vLLM's traces under <root>/replicas/<endpoint>-<index>
 # (endpoints.profiling.paths); on a node, the same path there.
 ENDPOINT_PROFILE_ROOT = env_path("ENDPOINT_PROFILE_ROOT", DATA_DIR / "profiles")
+# The node's persistent engine cache (vLLM's cache root, inductor's and Triton's caches), shared by its
+# replicas: restarts and scale-ups of an artifact with unchanged settings load the compiled model instead
+# of compiling it again (endpoints.commands.cache). Made 0700 by the agent before a start.
+ENDPOINT_ENGINE_CACHE_ROOT = env_path("ENDPOINT_ENGINE_CACHE_ROOT", DATA_DIR / "engine-cache")
 VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
 TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
 # The agent re-runs the environment doctor's checks (workers/doctor.py) this often, and once at start.

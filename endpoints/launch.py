@@ -4,6 +4,7 @@ supervisor gets the finished ProcessSpec and runs it. On a node whose engine run
 Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command). A multi-node
 replica's members (Ray nodes, headless data-parallel ranks) are built here too, each for the node
 that runs it, as processes of that node's engine venv."""
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -68,7 +69,25 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
         extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
+        engine_cache_dir=str(engine_cache_dir()),
     )
+
+
+def engine_cache_dir() -> Path:
+    """The node's persistent engine cache (ENDPOINT_ENGINE_CACHE_ROOT), the same path on every start."""
+    return Path(settings.ENDPOINT_ENGINE_CACHE_ROOT)
+
+
+def make_engine_cache_dir() -> Path:
+    """The engine cache, made 0700 before a start on the node that runs it (a container's bind mount needs
+    it to exist). Engines load compiled code from it (pickled graphs, shared objects): a directory other
+    users could write would let them run code in every replica, so one left open is tightened."""
+    path = engine_cache_dir()
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid == os.getuid() and st.st_mode & 0o077:
+        path.chmod(0o700)
+    return path
 
 
 def make_profile_dir(replica: Replica) -> None:

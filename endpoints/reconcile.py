@@ -12,7 +12,7 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import EngineRefused, make_profile_dir, replica_process
+from endpoints.launch import EngineRefused, make_engine_cache_dir, make_profile_dir, replica_process
 from endpoints.members import MemberReconciler, cluster_wait, member_refused, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
@@ -90,6 +90,7 @@ class ReplicaWorkload:
             self.refuse_start(replica, str(exc))
             return
         make_profile_dir(replica)
+        make_engine_cache_dir()
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
             pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,

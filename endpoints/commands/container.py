@@ -28,6 +28,9 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
 - the profile directory, when the argv has ``--profiler-config``, bind-mounted read-write at the same
   path, so the engine's traces land on the host where the console collects them (endpoints.commands.
   profiler).
+- the node's engine cache (endpoints.commands.cache), when the environment names one, bind-mounted
+  read-write at the same path, so compile caches outlive the container (``--rm`` or not, each start is a
+  new container) and a restart loads them; the variables pointing there travel as ``-e`` flags.
 - ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
   many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
 - the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
@@ -44,6 +47,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from endpoints.commands.cache import engine_cache_dir_in
 from endpoints.commands.checks import CommandSpecError
 from endpoints.commands.platforms import DEVICE_ENV
 from endpoints.commands.profiler import profiler_dir_in
@@ -123,6 +127,8 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     run += ["-v", f"{model}:{model}:ro"]
     if profiles := profiler_dir_in(argv):
         run += ["-v", f"{profiles}:{profiles}:rw"]
+    if cache := engine_cache_dir_in(env):
+        run += ["-v", f"{cache}:{cache}:rw"]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
 

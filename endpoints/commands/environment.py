@@ -108,6 +108,8 @@ ENV_DENYLIST = frozenset({
     "VLLM_XLA_CACHE_PATH", "VLLM_API_KEY", "VLLM_TUNED_CONFIG_FOLDER", "VLLM_USAGE_STATS_SERVER",
     "VLLM_TRACE_FUNCTION", "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "ASCEND_HOME_PATH",
     "ASCEND_TOOLKIT_HOME", "ASCEND_PROCESS_LOG_PATH", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
+    # The engine cache's (endpoints.commands.cache): the console sets them, to the node's own directory.
+    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
 })
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

