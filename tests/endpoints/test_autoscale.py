@@ -281,6 +281,24 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
 
 
 @pytest.mark.django_db
+def test_the_controller_command_applies_and_prints_a_scaling_decision(ascend_node, tiny_artifact, settings):
+    import io
+    import time
+
+    from django.core.management import call_command
+
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    now = int(time.time())
+    for index in (0, 1):
+        store_waiting(endpoint, replica=index, start=now - 40, seconds=40, value=3)
+    out = io.StringIO()
+    call_command("serving_controller", "--once", stdout=out)
+    assert "evaluate_autoscaling: auto: up" in out.getvalue()
+    assert Endpoint.objects.get(pk=endpoint.pk).replicas == 3
+
+
+@pytest.mark.django_db
 def test_a_scale_up_without_free_devices_says_so_instead_of_failing(ascend_node, tiny_artifact, settings):
     settings.TELEMETRY_INTERVAL_SECONDS = 10
     endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1)

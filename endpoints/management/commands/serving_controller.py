@@ -10,8 +10,9 @@ from endpoints.gateway.controller import run_once
 
 class Command(BaseCommand):
     help = ("The serving controller, in a loop: every SERVING_CONTROLLER_INTERVAL_SECONDS, each evaluator "
-            "(today SLO-gated rollouts) reads the stored telemetry and applies its decisions: a canary's next "
-            "share, its promotion (switch) or its rollback. Several may run: a decision is applied once.")
+            "(SLO-gated rollouts, autoscaling) reads the stored telemetry and applies its decisions: a canary's "
+            "next share, its promotion (switch) or its rollback; an endpoint's replica count. Several may run: a "
+            "decision is applied once.")
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
@@ -30,9 +31,11 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, _stop)
         while True:
             for name, decisions in run_once().items():
-                for gw, decision, applied in decisions:
+                for subject, decision, applied in decisions:
                     if applied or verbose:
-                        self.stdout.write(f"{name}: {gw.endpoint.name}: {decision.action}"
+                        # A rollout decides for a GatewayEndpoint pair, autoscaling for an Endpoint.
+                        endpoint = getattr(subject, "endpoint", subject)
+                        self.stdout.write(f"{name}: {endpoint.name}: {decision.action}"
                                           f"{'' if applied else ' (not applied)'}: {decision.reason}")
             if once or self.stopping:
                 return
