@@ -47,7 +47,7 @@ NOT_PAGES = {
     "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
     "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
     "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only", "endpoint_profiling": "POST only",
-    "endpoint_routing": "POST only",
+    "endpoint_routing": "POST only", "gateway_rollout": "POST only (its form is on the endpoint page, checked there)",
     "profile_new": "POST only", "profile_delete": "POST only", "profile_file": "a trace file",
     "profile_archive": "a .zip", "profile_status": "profile page",
     "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
