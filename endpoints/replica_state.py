@@ -145,12 +145,16 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
             return S.STOPPED, ""
         return S.STOPPING, ""
-    if states and all(s == S.FAILED for s in states):  # before a member's reason: its replica said more
+    every_failed = bool(states) and all(s == S.FAILED for s in states)
+    if every_failed:  # a start refused by a node's parser says more than a member it left down
         refused = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
                         if ENGINE_REFUSED in r), "")
-        return S.FAILED, refused or "every replica failed"
+        if refused:
+            return S.FAILED, refused
     if down := member_down_reason(endpoint):  # a node of the cluster died: degraded until it is back
         return S.DEGRADED, down
+    if every_failed:
+        return S.FAILED, "every replica failed"
     if not states:
         return S.PENDING, "no replicas"
     if all(s == S.READY for s in states):
