@@ -11,6 +11,7 @@ from django.conf import settings
 
 from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
+from endpoints.telemetry import scrape
 from endpoints.vllm_metrics import parse_metrics
 from workers.models import Device
 
@@ -47,11 +48,12 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
 
 def in_flight(replica: Replica) -> float | None:
     """Requests the replica's vLLM is running or queueing (its /metrics gauges), None if unknown."""
+    text, _ = scrape(replica.port, timeout=3.0)
+    if text is None:
+        return None
     try:
-        request = urllib.request.Request(f"http://{settings.ENDPOINT_BIND_HOST}:{replica.port}/metrics")
-        with urllib.request.urlopen(request, timeout=3.0) as response:  # noqa: S310 (our own replica URL)
-            snap = parse_metrics(response.read().decode(errors="replace"))
-    except (urllib.error.URLError, OSError, ValueError):
+        snap = parse_metrics(text)
+    except ValueError:
         return None
     if snap.running is None and snap.waiting is None:
         return None

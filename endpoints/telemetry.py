@@ -28,9 +28,11 @@ _health_seen: dict[int, int] = {}  # replica id -> health_failures at the previo
 
 
 def scrape(port: int, timeout: float) -> tuple[str | None, str | None]:
-    """(text, None) or (None, error) for GET http://127.0.0.1:port/metrics."""
+    """(text, None) or (None, error) for GET /metrics of the replica on `port` (where replicas bind, as
+    check_ready asks)."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as response:  # noqa: S310
+        url = f"http://{settings.ENDPOINT_BIND_HOST}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (our own replica URL)
             if response.status != 200:
                 return None, f"/metrics answered {response.status}"
             return response.read().decode("utf-8", errors="replace"), None
