@@ -109,6 +109,17 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
             "rps": n / wall, "errors": errors}
 
 
+def stop_processes(procs: list[subprocess.Popen]):
+    """Terminate them all, then wait for each (killed after 10 s)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def setup_console(db_path: Path, upstreams: list[str], model: str, env: dict) -> str:
     """Migrate a scratch database, register the upstreams as replicas, return a gateway key."""
     subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -212,13 +223,7 @@ def main():
                   + (f" | 2 replicas: {e['gateway_2']['rps']:.0f} req/s, x{e['two_replicas_gain']:.2f}" if "gateway_2" in e else "")
                   + (f" | errors {d['errors']}/{g['errors']}" if d["errors"] or g["errors"] else ""))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)

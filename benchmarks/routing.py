@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gateway import free_port, setup_console, wait_http  # noqa: E402
+from benchmarks.gateway import free_port, setup_console, stop_processes, wait_http  # noqa: E402
 from benchmarks.profiling import SERVED_NAME, Replica, replica_command, wait_ready  # noqa: E402
 
 SUFFIX_TOKENS = 16
@@ -201,13 +201,7 @@ def main():
             results[name] = result
         ok = True
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(procs)
         for r in replicas:
             r.stop()
         if ok:

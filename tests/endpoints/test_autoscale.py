@@ -362,16 +362,23 @@ def metrics_server(settings):
     server.server_close()
 
 
-@pytest.mark.django_db
-def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend_node, tiny_artifact, settings,
-                                                                            metrics_server, monkeypatch):
-    settings.GATEWAY_DRAIN_SECONDS, settings.GATEWAY_ROUTES_REFRESH_SECONDS = 30, 1
-    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+def two_running_replicas(node, tiny_artifact, monkeypatch):
+    """An autoscaled endpoint with two ready replicas whose processes the stand-in supervisor holds;
+    replica 1's /metrics is the metrics_server fixture's (port 8990)."""
+    endpoint = autoscaled(node, tiny_artifact, replicas=2)
     Replica.objects.filter(endpoint=endpoint, index=1).update(port=8990)
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
     for pid in (3_000_000, 3_000_001):
         supervisor.adopt(pid)
     monkeypatch.setattr("endpoints.reconcile.check_ready", lambda replica: (True, "ok"))
+    return endpoint, supervisor, workload
+
+
+@pytest.mark.django_db
+def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend_node, tiny_artifact, settings,
+                                                                            metrics_server, monkeypatch):
+    settings.GATEWAY_DRAIN_SECONDS, settings.GATEWAY_ROUTES_REFRESH_SECONDS = 30, 1
+    endpoint, supervisor, workload = two_running_replicas(ascend_node, tiny_artifact, monkeypatch)
 
     def routed():
         return {b.replica_index for b in routing_table().backends.get("auto", [])}
@@ -404,12 +411,7 @@ def test_a_busy_draining_replica_stops_at_the_drain_bound(ascend_node, tiny_arti
                                                           monkeypatch):
     settings.GATEWAY_DRAIN_SECONDS = 30
     Metrics.running = 3.0
-    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
-    Replica.objects.filter(endpoint=endpoint, index=1).update(port=8990)
-    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
-    for pid in (3_000_000, 3_000_001):
-        supervisor.adopt(pid)
-    monkeypatch.setattr("endpoints.reconcile.check_ready", lambda replica: (True, "ok"))
+    endpoint, supervisor, workload = two_running_replicas(ascend_node, tiny_artifact, monkeypatch)
     Endpoint.objects.filter(pk=endpoint.pk).update(replicas=1)
     t0 = timezone.now()
     workload.reconcile(node=ascend_node, supervisor=supervisor)
