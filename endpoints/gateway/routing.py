@@ -148,10 +148,9 @@ def bounded_load_pick(key_digest: bytes, candidates: Sequence[B], load: Mapping[
         return candidates[0]
     total = sum(load.get(b.url, 0) for b in candidates)
     bound = math.ceil(factor * (total + 1) / len(candidates)) + slack
-    scored = sorted(((_score(key_digest, b.url), i) for i, b in enumerate(candidates)), reverse=True)
-    for _, i in scored:
-        if load.get(candidates[i].url, 0) + 1 <= bound:
-            return candidates[i]
+    for b in rendezvous_order(key_digest, candidates):
+        if load.get(b.url, 0) + 1 <= bound:
+            return b
     return least_outstanding(candidates, load)
 
 
