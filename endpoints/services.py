@@ -124,7 +124,9 @@ def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas
     if node.platform == "cpu":
         if devices:
             raise ValidationError({"devices": f"{node.name} is a CPU node: leave devices empty."})
-        if need != 1:
+        # Replicas on one CPU node are separate processes sharing its cores (vLLM's automatic thread
+        # binding, or the endpoint's VLLM_CPU_OMP_THREADS_BIND): no device to hand out, so no count limit.
+        if need != replicas:
             raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica and node "
                                                            "(TP × PP = 1, or the number of nodes over Ray)."})
         return
@@ -504,11 +506,7 @@ def _checked_autoscale(raw, *, node: Node, devices: Sequence[int], tp_pp: int,
         raise ValidationError({"autoscale": "A multi-node endpoint runs one replica across its nodes: it cannot "
                                             "autoscale."})
     top = scaling.max_replicas
-    if node.platform == "cpu":
-        if top != 1:
-            raise ValidationError({"autoscale.max_replicas": f"{node.name} is a CPU node: it serves one replica "
-                                                             "per endpoint, so max_replicas is 1 there."})
-    elif len(devices) < top * tp_pp:
+    if node.platform != "cpu" and len(devices) < top * tp_pp:  # CPU replicas share the node's cores
         raise ValidationError({"autoscale.max_replicas": (
             f"{top} replica(s) × TP × PP {tp_pp} need {top * tp_pp} devices; the endpoint is pinned to "
             f"{len(devices)} ({list(devices)}): list them all in devices, or lower max_replicas.")})
