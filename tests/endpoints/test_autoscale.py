@@ -32,11 +32,15 @@ def settings_of(**over):
                            "scale_down_window_s": 300, "cooldown_s": 120, **over})
 
 
-def series(now, seconds, waiting, every=10):
-    """Samples every `every` s over the last `seconds` up to `now`, each `waiting` (or waiting(i))."""
+def series(now, seconds, waiting, every=10, running=0, served=0):
+    """Samples every `every` s over the last `seconds` up to `now`, each `waiting` (or waiting(i)), and
+    likewise `running` and `served`."""
     end = now.timestamp()
     count = seconds // every
-    return [Sample(ts=end - seconds + every * i, waiting=waiting(i) if callable(waiting) else waiting)
+
+    def at(value, i):
+        return value(i) if callable(value) else value
+    return [Sample(ts=end - seconds + every * i, waiting=at(waiting, i), running=at(running, i), served=at(served, i))
             for i in range(count + 1)]
 
 
@@ -48,8 +52,9 @@ def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", **over):
 
 @pytest.mark.parametrize("raw, field, message", [
     ({"min_replicas": 5, "max_replicas": 4}, "autoscale.min_replicas", "above max_replicas 4"),
-    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 1 to 64"),
-    ({"min_replicas": 0, "max_replicas": 4}, "autoscale.min_replicas", "Scale to zero is not supported yet"),
+    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 0 to 64, not -1"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 0}]},
+     "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
     ({"max_replicas": 65}, "autoscale.max_replicas", "from 1 to 64"),
     ({"min_replicas": 1}, "autoscale.max_replicas", "at most"),
     ({"max_replicas": 2, "target_waiting": 0}, "autoscale.target_waiting", "above 0"),
@@ -77,6 +82,7 @@ def test_settings_round_trip_with_defaults_and_off():
     assert (parsed.min_replicas, parsed.target_waiting, parsed.scale_up_window_s, parsed.cooldown_s) == (1, 4.0, 60, 300)
     assert parse_settings(parsed.as_json()) == parsed
     assert parse_settings(None) is None and parse_settings({}) is None
+    assert parse_settings({"min_replicas": 0, "max_replicas": 2}).min_replicas == 0  # scale to zero
 
 
 # --- the pure policy -------------------------------------------------------------------------------
@@ -132,6 +138,46 @@ def test_missing_data_holds():
     assert d.action == HOLD and "no complete scale-down window" in d.reason
     stale = series(MONDAY_NOON - timedelta(seconds=60), 300, 20)  # nothing in the last minute
     assert run(stale, current=1).action == HOLD
+
+
+def test_scale_to_zero_needs_a_whole_idle_window_and_the_cooldown():
+    zero = {"min_replicas": 0}
+    d = run(series(MONDAY_NOON, 300, 0), **zero)
+    assert (d.action, d.wanted) == (DOWN, 0) and "idle for 300 s" in d.reason
+    # One request served (vLLM's or the gateway's qps) or running in the window: hold at 1.
+    one = run(series(MONDAY_NOON, 300, 0, served=lambda i: 0.1 if i == 20 else 0), **zero)
+    assert (one.action, one.wanted) == (HOLD, 1) and "not idle" in one.reason
+    assert run(series(MONDAY_NOON, 300, 0, running=lambda i: 1 if i == 5 else 0), **zero).action == HOLD
+    # Steady load with an empty queue: need reads 0 throughout, yet no drop to zero.
+    steady = run(series(MONDAY_NOON, 300, 0, running=3, served=2.5), **zero)
+    assert steady.action == HOLD and steady.wanted == 1
+    # vLLM not saying what it runs is not idle; a scrape gap decides nothing.
+    assert run(series(MONDAY_NOON, 300, 0, running=None), **zero).action == HOLD
+    gap = [s for s in series(MONDAY_NOON, 300, 0) if not 100 < MONDAY_NOON.timestamp() - s.ts < 200]
+    assert run(gap, **zero).action == HOLD
+    # The gateway's figures alone (no vLLM scrape) fill no window.
+    gateway_only = [Sample(ts=s.ts, waiting=0, scraped=False) for s in series(MONDAY_NOON, 300, 0)]
+    assert run(gateway_only, **zero).action == HOLD
+    # Woken 60 s ago (cooldown 120 s): idle since, still held at 1; from 2 it goes to 1 first.
+    cooling = run(series(MONDAY_NOON, 300, 0), last=MONDAY_NOON - timedelta(seconds=60), **zero)
+    assert cooling.action == HOLD and cooling.cooling
+    assert run(series(MONDAY_NOON, 300, 0), current=2, **zero).wanted == 1
+
+
+def test_from_zero_requests_held_in_the_gateway_wake_one_replica_at_once():
+    zero = {"min_replicas": 0}
+    held = [Sample(ts=MONDAY_NOON.timestamp() - 5, waiting=3, scraped=False)]  # the gateway's gw.waiting
+    # Past the cooldown (scaled to zero 10 s ago): a client waits.
+    d = run(held, current=0, last=MONDAY_NOON - timedelta(seconds=10), **zero)
+    assert (d.action, d.wanted) == (UP, 1) and "waking" in d.reason and d.figures["waiting_now"] == 3
+    # Nothing waiting, or only long ago: stays at zero.
+    assert run([], current=0, **zero).action == HOLD
+    old = [Sample(ts=MONDAY_NOON.timestamp() - 120, waiting=3, scraped=False)]
+    assert (run(old, current=0, **zero).action, run(old, current=0, **zero).wanted) == (HOLD, 0)
+    # The floors still apply at zero: a schedule window lifts it to its floor.
+    office = [{"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]
+    assert run([], current=0, schedule=office, **zero).wanted == 2
+    assert run(held, current=0, schedule=office, **zero).wanted == 2
 
 
 def test_schedule_floors_by_weekday_time_zone_and_across_midnight():
@@ -226,15 +272,17 @@ def test_multi_node_and_cpu_endpoints_cannot_autoscale_past_one(ascend_node, cpu
 @pytest.mark.django_db
 def test_launch_form_shows_autoscale_errors_under_the_box(as_operator, ascend_node, tiny_artifact):
     page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
-                                                "autoscale": '{"min_replicas": 0, "max_replicas": 1}'})
+                                                "autoscale": '{"min_replicas": -1, "max_replicas": 1}'})
     assert page.status_code == 400
-    assert "autoscale.min_replicas: Scale to zero is not supported yet" in page.content.decode()
+    assert "autoscale.min_replicas: A whole number from 0 to 64, not -1." in page.content.decode()
     page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
                                                 "autoscale": "[1]"})
     assert page.status_code == 400 and "Autoscaling: a JSON object" in page.content.decode()
     made = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0,1",
-                                                "autoscale": '{"max_replicas": 2}'})
-    assert made.status_code == 302 and Endpoint.objects.get().autoscale["max_replicas"] == 2
+                                                "autoscale": '{"min_replicas": 0, "max_replicas": 2}'})
+    assert made.status_code == 302
+    made = Endpoint.objects.get()  # scale to zero accepted; it starts with one replica
+    assert (made.autoscale["min_replicas"], made.autoscale["max_replicas"], made.replicas) == (0, 2, 1)
 
 
 # --- the controller --------------------------------------------------------------------------------
