@@ -297,10 +297,12 @@ def autoscaled(node, tiny_artifact, *, replicas=1, devices=(0, 1, 2, 3), **over)
     return endpoint
 
 
-def store_waiting(endpoint, *, replica, start, seconds, value, every=10):
-    """`ep.waiting` points for one replica as the agent stores them (series e<id>.r<i>.ep.waiting)."""
-    s, _ = Series.objects.get_or_create(key=f"e{endpoint.pk}.r{replica}.ep.waiting", defaults={
-        "metric": "ep.waiting", "endpoint": endpoint, "replica": replica, "node": endpoint.node})
+def store_waiting(endpoint, *, replica, start, seconds, value, every=10, metric="ep.waiting"):
+    """`ep.waiting` (or `metric`) points for one replica as the agent stores them (series e<id>.r<i>.<metric>);
+    replica None: the gateway's series (e<id>.<metric>)."""
+    key = f"e{endpoint.pk}.{metric}" if replica is None else f"e{endpoint.pk}.r{replica}.{metric}"
+    s, _ = Series.objects.get_or_create(key=key, defaults={
+        "metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node})
     Point.objects.bulk_create([Point(series=s, ts=int(start) + every * i, value=value)
                                for i in range(seconds // every + 1)])
 
@@ -326,6 +328,35 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
     # The next pass is in cooldown: nothing more, even on the same queue.
     [(_, again, applied)] = run_once(now + 10)["evaluate_autoscaling"]
     assert again.cooling and not applied and Endpoint.objects.get().replicas == 3
+
+
+@pytest.mark.django_db
+def test_controller_scales_an_idle_endpoint_to_zero_and_wakes_it_on_held_requests(ascend_node, tiny_artifact,
+                                                                                   settings):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1, min_replicas=0)
+    now = 1_800_000_000
+    for metric in ("ep.waiting", "ep.running", "ep.qps"):
+        store_waiting(endpoint, replica=0, start=now - 60, seconds=60, value=0, metric=metric)
+    # One request the gateway served in the window: not idle.
+    store_waiting(endpoint, replica=None, start=now - 30, seconds=0, value=0.1, metric="gw.qps")
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (HOLD, 1, False) and "not idle" in decision.reason
+    Point.objects.filter(series__metric="gw.qps").update(value=0)
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (DOWN, 0, True)
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 0 and (endpoint.state, endpoint.state_reason) == (
+        S.PENDING, "scaled to zero: the next request through the gateway starts a replica")
+    assert "scaled down 1 → 0: idle for 60 s" in EndpointEvent.objects.get(endpoint=endpoint, kind="autoscale").message
+    assert not routing_table().backends and [w.endpoint_id for w in routing_table().wakeable["auto"]] == [endpoint.pk]
+    # Requests held in a gateway (its wake write lost): the next pass wakes it, cooldown or not.
+    store_waiting(endpoint, replica=None, start=now + 5, seconds=0, value=2, metric="gw.waiting")
+    [(_, decision, applied)] = evaluate_autoscaling(now + 10)
+    assert (decision.action, decision.wanted, applied) == (UP, 1, True) and "waking" in decision.reason
+    assert Endpoint.objects.get().replicas == 1
+    audit = AuditEvent.objects.filter(action="endpoint.scale").order_by("pk").last()
+    assert audit.actor is None and audit.via == "controller" and audit.changes["replicas"] == [0, 1]
 
 
 @pytest.mark.django_db
