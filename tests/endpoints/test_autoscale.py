@@ -517,3 +517,21 @@ def test_a_scaled_down_replica_still_starting_stops_at_once(ascend_node, tiny_ar
     Endpoint.objects.filter(pk=endpoint.pk).update(replicas=1)
     workload.reconcile(node=ascend_node, supervisor=supervisor)
     assert supervisor.terminated == [3_000_001] and Replica.objects.get(endpoint=endpoint, index=1).state == S.STOPPED
+
+
+@pytest.mark.django_db
+def test_the_agent_at_zero_replicas_stops_the_last_one_and_starts_nothing(ascend_node, tiny_artifact, as_operator):
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1, min_replicas=0)
+    Replica.objects.filter(endpoint=endpoint).update(state=S.STARTING)  # never ready: stops at once
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    supervisor.adopt(3_000_000)
+    Endpoint.objects.filter(pk=endpoint.pk).update(replicas=0)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [3_000_000] and Replica.objects.get(endpoint=endpoint).state == S.STOPPED
+    assert supervisor.started == []
+    endpoint.refresh_from_db()
+    assert (endpoint.desired_state, endpoint.state) == (Endpoint.Desired.RUNNING, S.PENDING)
+    assert endpoint.state_reason == "scaled to zero: the next request through the gateway starts a replica"
+    page = as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert "scaled to zero: the next request through the gateway starts a replica" in page and "0 replica(s)" in page
