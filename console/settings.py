@@ -321,6 +321,11 @@ GATEWAY_QUEUE_DEPTH = env_int("GATEWAY_QUEUE_DEPTH", 256)  # in-flight requests 
 GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)
 GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
 GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
+# How long the gateway holds a request for an endpoint scaled to zero while a replica starts, then 503 with
+# Retry-After. A vLLM-Ascend start (weights to the NPUs, graph compile) takes one to a few minutes for common
+# models; 300 s covers that and stays under the OpenAI client's default 600 s timeout.
+GATEWAY_WAKE_TIMEOUT_SECONDS = env_float("GATEWAY_WAKE_TIMEOUT_SECONDS", 300)
+GATEWAY_WAKE_POLL_SECONDS = 0.5  # the routing table's refresh while any request is held for a wake
 GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush of per-endpoint/per-key figures
 # Prefix-aware routing (endpoints/gateway/routing.py): leading characters hashed (a quarter as many
 # token ids), the bounded-load factor c = 1 + epsilon, and the requests a replica may run above that bound.

@@ -2,9 +2,13 @@
 the pure policy that turns recorded waiting requests into a wanted replica count. No database, no
 clock: the serving controller (endpoints/gateway/controller.py) reads the samples and applies.
 
-The signal is vLLM's queue (`ep.waiting`, scraped from each replica's /metrics and summed over the
-endpoint's replicas per telemetry pass). The rules, in order:
+The signal is the endpoint's queue: vLLM's (`ep.waiting`, scraped from each replica's /metrics and
+summed over the endpoint's replicas per telemetry pass) plus the requests the gateway holds while it
+wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
 
+0. Wake: at 0 replicas (min_replicas 0), a sample of the last `max_gap_s` with requests waiting
+   scales to 1 at once, past the cooldown: a client waits on it. The gateway wakes the endpoint
+   itself (endpoints.services.endpoint_wake); this is the same step for a wake it could not write.
 1. Bounds first: the wanted count is clamped to [max(min_replicas, the schedule's floor now),
    max_replicas]. A count outside them (settings changed, a schedule window opened) moves at once,
    past windows and cooldown: it is the operator's standing intent, not a reading of load.
@@ -18,8 +22,12 @@ endpoint's replicas per telemetry pass). The rules, in order:
    time (each step then waits out the cooldown and a fresh window). Why not straight to the need:
    a queue that stays empty says the replicas keep up, not how many could go; at steady load the
    need reads 0, so going straight there would drop to the floor and flap back up.
+   To 0 (min_replicas 0) from 1: only an idle endpoint, not a short queue: every sample of the
+   whole scale-down window shows no work (nothing waiting, nothing running, no request served:
+   vLLM's ep.qps and the gateway's gw.qps 0), since a replica that keeps up reads need 0 too.
 5. Missing data holds: a window with no samples, or with a gap longer than `max_gap_s`, decides
-   nothing load-driven (a scrape outage is not an idle endpoint).
+   nothing load-driven (a scrape outage is not an idle endpoint). Only samples with vLLM's figures
+   (`scraped`) fill a window: a pass with the gateway's alone says nothing of the replicas.
 """
 from __future__ import annotations
 
@@ -135,10 +143,7 @@ def parse_settings(raw) -> AutoscaleSettings | None:
     raw = {**DEFAULTS, **raw}
     if raw.get("max_replicas") is None:
         raise _err("max_replicas", "Say how many replicas at most.")
-    if raw.get("min_replicas") == 0:
-        raise _err("min_replicas", "Scale to zero is not supported yet (it needs wake-on-request in the gateway): "
-                                   "at least 1.")
-    low = _int(raw, "min_replicas", low=1, high=MAX_REPLICAS_CAP)
+    low = _int(raw, "min_replicas", low=0, high=MAX_REPLICAS_CAP)  # 0: scaled to zero when idle
     high = _int(raw, "max_replicas", low=1, high=MAX_REPLICAS_CAP)
     if low > high:
         raise _err("min_replicas", f"min_replicas {low} is above max_replicas {high}.")
@@ -174,7 +179,14 @@ def parse_settings(raw) -> AutoscaleSettings | None:
 @dataclass(frozen=True)
 class Sample:
     ts: float  # Unix seconds
-    waiting: float  # queued requests summed over the endpoint's replicas
+    waiting: float  # queued requests summed over the endpoint's replicas, plus those the gateway holds
+    running: float | None = 0.0  # requests vLLM runs, summed; None where a replica did not say
+    served: float = 0.0  # requests per second served (vLLM's ep.qps plus the gateway's gw.qps)
+    scraped: bool = True  # vLLM's figures are in it (a pass with the gateway's alone is not)
+
+    @property
+    def idle(self) -> bool:
+        return self.scraped and self.waiting == 0 and self.running == 0 and self.served == 0
 
 
 @dataclass(frozen=True)
@@ -207,8 +219,9 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     low, high = min(floor, settings.max_replicas), settings.max_replicas
     ts = now.timestamp()
     up_from, down_from = ts - settings.scale_up_window_s, ts - settings.scale_down_window_s
-    up_win = [s for s in samples if up_from <= s.ts <= ts]
-    down_win = [s for s in samples if down_from <= s.ts <= ts]
+    scraped = [s for s in samples if s.scraped]
+    up_win = [s for s in scraped if up_from <= s.ts <= ts]
+    down_win = [s for s in scraped if down_from <= s.ts <= ts]
     need = [math.ceil(s.waiting / settings.target_waiting) for s in samples]
     figures = {"floor": floor, "min": settings.min_replicas, "max": high, "target_waiting": settings.target_waiting,
                "samples": len(samples),
@@ -219,6 +232,11 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     def out(action: str, wanted: int, reason: str, cooling: bool = False) -> Decision:
         return Decision(action=action, wanted=wanted, current=current, reason=reason, figures=figures, cooling=cooling)
 
+    if current == 0 and high >= 1:
+        woken = [s.waiting for s in samples if ts - max_gap_s <= s.ts <= ts and s.waiting > 0]
+        if woken:
+            figures["waiting_now"] = max(woken)
+            return out(UP, max(1, low), f"scaled to zero and {max(woken):g} request(s) waiting in the gateway: waking")
     if current < low:
         why = f"schedule floor {floor}" if floor > settings.min_replicas else f"min_replicas {settings.min_replicas}"
         return out(UP, low, f"below {why}")
@@ -227,17 +245,27 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     if last_change_at is not None and (ts - last_change_at.timestamp()) < settings.cooldown_s:
         return out(HOLD, current, f"cooldown: last change {ts - last_change_at.timestamp():.0f} s ago "
                                   f"(cooldown {settings.cooldown_s} s)", cooling=True)
+    up_covered, down_covered = _covered(up_win, up_from, ts, max_gap_s), _covered(down_win, down_from, ts, max_gap_s)
     up_need = [math.ceil(s.waiting / settings.target_waiting) for s in up_win]
-    if current < high and _covered(up_win, up_from, ts, max_gap_s) and min(up_need) > current:
+    if current < high and up_covered and min(up_need) > current:
         wanted = min(min(up_need), high)
         return out(UP, wanted, f"waiting requests averaged {figures['waiting_avg_up']} over {settings.scale_up_window_s} s "
                                f"(target {settings.target_waiting:g} per replica): every sample needs {min(up_need)}+")
     down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
-    if current > low and _covered(down_win, down_from, ts, max_gap_s) and max(down_need) < current:
-        return out(DOWN, max(current - 1, low), f"waiting requests averaged {figures['waiting_avg_down']} over "
-                                                f"{settings.scale_down_window_s} s: at most {max(down_need)} needed")
-    if not (_covered(up_win, up_from, ts, max_gap_s) or _covered(down_win, down_from, ts, max_gap_s)):
+    if current > low and down_covered and max(down_need) < current:
+        wanted = max(current - 1, low)
+        if wanted == 0:
+            if all(s.idle for s in down_win):
+                return out(DOWN, 0, f"idle for {settings.scale_down_window_s} s (no request waiting, running or "
+                                    "served): scaling to zero")
+            return out(HOLD, current, f"load within target (not idle for the whole {settings.scale_down_window_s} s "
+                                      "window: no scale to zero)")
+        return out(DOWN, wanted, f"waiting requests averaged {figures['waiting_avg_down']} over "
+                                 f"{settings.scale_down_window_s} s: at most {max(down_need)} needed")
+    if current == 0:
+        return out(HOLD, 0, "scaled to zero: no request waiting")
+    if not (up_covered or down_covered):
         return out(HOLD, current, "no complete window of waiting-request samples: holding")
-    if current > low and not _covered(down_win, down_from, ts, max_gap_s):
+    if current > low and not down_covered:
         return out(HOLD, current, "no complete scale-down window of waiting-request samples: holding")
     return out(HOLD, current, "load within target")

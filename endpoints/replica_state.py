@@ -127,6 +127,9 @@ def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | N
     return keep + spares[:need]
 
 
+# An autoscaled endpoint (min_replicas 0) with no replica wanted: nothing wrong, nothing stopped.
+SCALED_TO_ZERO = "scaled to zero: the next request through the gateway starts a replica"
+
 MEMBER_DOWN = (Endpoint.State.CRASHED, Endpoint.State.RESTARTING, Endpoint.State.FAILED)
 
 
@@ -147,6 +150,8 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         if all(s in (S.STOPPED, S.FAILED, S.PENDING) for s in [*states, *members]):
             return S.STOPPED, ""
         return S.STOPPING, ""
+    if endpoint.replicas == 0:
+        return S.PENDING, SCALED_TO_ZERO
     every_failed = bool(states) and all(s == S.FAILED for s in states)
     if every_failed:  # a start refused by a node's parser says more than a member it left down
         refused = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
@@ -171,7 +176,7 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
 
 def refresh_endpoint_state(endpoint: Endpoint) -> None:
     state, reason = aggregate_state(endpoint)
-    if state == Endpoint.State.PENDING and not endpoint.node.online:
+    if state == Endpoint.State.PENDING and reason != SCALED_TO_ZERO and not endpoint.node.online:
         reason = f"waiting for the agent of node {endpoint.node.name} (offline)"
     if not reason:  # say why a replica is held out of routing, on the endpoint and in lists
         reason = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
@@ -183,4 +188,7 @@ def refresh_endpoint_state(endpoint: Endpoint) -> None:
             reason = f"wants {wanted}, has {endpoint.replicas}: no free devices"
         elif draining:
             reason = f"draining {draining} replica(s) after a scale-down"
+    elif reason == SCALED_TO_ZERO:
+        draining = endpoint.replica_set.filter(state=Endpoint.State.STOPPING).count()
+        reason += f" (draining {draining} replica(s))" if draining else ""
     Endpoint.objects.filter(pk=endpoint.pk).update(state=state, state_reason=reason[:500])

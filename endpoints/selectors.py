@@ -43,14 +43,35 @@ def autoscaled_endpoints():
             .select_related("node"))
 
 
-def waiting_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
-    """The endpoint's queued requests (vLLM's num_requests_waiting, each replica's `ep.waiting` series)
-    in (since, until], summed over its replicas per telemetry pass: readings of one pass are bucketed
-    by TELEMETRY_INTERVAL_SECONDS (a replica's several readings in one bucket count once, the last)."""
-    series = list(Series.objects.filter(endpoint_id=endpoint_id, metric="ep.waiting").values_list("pk", flat=True))
+# Per metric: the Sample field it adds into. gw.waiting is the gateway's own queue: only the requests
+# it holds while an endpoint scaled to zero wakes. Those it has sent on are in vLLM's running/waiting
+# already, so counting its in-flight requests too would count them twice.
+_LOAD_METRICS = {"ep.waiting": "waiting", "gw.waiting": "waiting", "ep.running": "running", "ep.qps": "served",
+                 "gw.qps": "served"}
+
+
+def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
+    """The endpoint's load in (since, until] as the autoscaler reads it, one sample per telemetry pass:
+    queued requests (vLLM's num_requests_waiting, each replica's `ep.waiting`, plus the gateway's held
+    ones, `gw.waiting`), running ones (`ep.running`) and requests served (`ep.qps`, `gw.qps`), each summed
+    over the replicas (and gateways). Readings are bucketed by TELEMETRY_INTERVAL_SECONDS (a series'
+    several readings in one bucket count once, the last); a bucket without vLLM's `ep.waiting` is not
+    `scraped`."""
+    series = dict(Series.objects.filter(endpoint_id=endpoint_id, metric__in=list(_LOAD_METRICS))
+                  .values_list("pk", "metric"))
     step = max(1, int(settings.TELEMETRY_INTERVAL_SECONDS))
     buckets: dict[int, dict[int, float]] = {}
-    for series_id, ts, value in (Point.objects.filter(series_id__in=series, ts__gt=int(since), ts__lte=int(until))
+    for series_id, ts, value in (Point.objects.filter(series_id__in=list(series), ts__gt=int(since), ts__lte=int(until))
                                  .order_by("ts").values_list("series_id", "ts", "value")):
         buckets.setdefault(ts // step * step, {})[series_id] = value
-    return [Sample(ts=ts, waiting=sum(v.values())) for ts, v in sorted(buckets.items())]
+    out = []
+    for ts, values in sorted(buckets.items()):
+        sums = {"waiting": 0.0, "running": 0.0, "served": 0.0}
+        for pk, value in values.items():
+            sums[_LOAD_METRICS[series[pk]]] += value
+        metrics = {series[pk] for pk in values}
+        # vLLM not saying how many it runs is not "none running".
+        running = sums["running"] if "ep.running" in metrics or "ep.waiting" not in metrics else None
+        out.append(Sample(ts=ts, waiting=sums["waiting"], running=running, served=sums["served"],
+                          scraped="ep.waiting" in metrics))
+    return out

@@ -24,6 +24,7 @@ from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, PROFILE
                                 CommandSpecError, env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
                                 validate_extra_args)
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
+from endpoints.replica_state import refresh_endpoint_state
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
 from models_registry.models import Artifact
@@ -610,6 +611,22 @@ def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None
         transaction.on_commit(lambda: nudge(node))
     endpoint.refresh_from_db()
     return endpoint, True
+
+
+def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -> tuple[Endpoint, bool]:
+    """Start one replica of an autoscaled endpoint scaled to zero, for requests that arrived for it
+    (the gateway holds them meanwhile). Through endpoint_scale, so the claim on the count makes one
+    wake of several gateways (or of the controller) win; the others find it done: (endpoint, False).
+    Its event and audit row (the system user, `via`) carry the figures."""
+    endpoint = Endpoint.objects.select_related("node").get(pk=endpoint_id)
+    if endpoint.replicas != 0 or endpoint.desired_state != Endpoint.Desired.RUNNING or not endpoint.autoscale:
+        return endpoint, False
+    figures = {"waiting": waiting, "min": parse_settings(endpoint.autoscale).min_replicas}
+    endpoint, woken = endpoint_scale(endpoint=endpoint, replicas=1, via=via, figures=figures,
+                                     reason=f"woken by a request through the {via}")
+    if woken:
+        refresh_endpoint_state(endpoint)
+    return endpoint, woken
 
 
 def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:

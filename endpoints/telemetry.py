@@ -143,6 +143,7 @@ def collect_replicas(node: Node) -> Contribution:
 
 
 def served_facts() -> list[ServedFact]:
-    """Every endpoint meant to be running, and whether it is ready (the registered facts)."""
+    """Every endpoint meant to be running, and whether it is ready (the registered facts). One scaled
+    to zero is left out: no replica is meant to serve until a request wakes it (not an alert)."""
     return [ServedFact(id=ep.pk, name=ep.name, state=ep.state, node_id=ep.node_id, ready=ep.state == Endpoint.State.READY)
-            for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)]
+            for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, replicas__gt=0)]

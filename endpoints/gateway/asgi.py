@@ -8,7 +8,9 @@ prefix-aware, by a consistent hash of the prompt's start with a bound on load
 (aiohttp, pooled keep-alive connections),
 streaming the answer (SSE included) through as it comes. The replicas come from the console's
 database (refreshed every GATEWAY_ROUTES_REFRESH_SECONDS); a replica that refuses the
-connection is skipped for a while and the request goes to another one.
+connection is skipped for a while and the request goes to another one. A request for an endpoint
+scaled to zero wakes it (endpoints.services.endpoint_wake) and is held until a replica is ready,
+or GATEWAY_WAKE_TIMEOUT_SECONDS.
 
 Why not vLLM's Rust router (vllm-router 0.1.17) behind this layer as the data plane? It installs
 cleanly, but it does not fit here:
@@ -31,6 +33,7 @@ client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -47,6 +50,7 @@ from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
+from endpoints.services import endpoint_wake
 
 log = logging.getLogger("console.gateway")
 
@@ -58,6 +62,7 @@ RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aioh
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
+GONE = object()  # what hold() returns when the client left while its request was held
 
 
 def _db(fn, *args):
@@ -79,6 +84,10 @@ class Gateway:
         self.outstanding: dict[str, int] = defaultdict(int)  # replica url -> in flight
         self.ep_outstanding: dict[int, int] = defaultdict(int)  # endpoint id -> in flight
         self.down_until: dict[str, float] = {}
+        self.held: dict[int, int] = defaultdict(int)  # endpoint id -> requests held while it wakes
+        self.waking: dict[int, asyncio.Task] = {}  # endpoint id -> its wake in flight (one, shared)
+        self.poller: asyncio.Task | None = None  # refreshes the routes often while anything is held
+        self.routes_changed = asyncio.Event()  # set (and replaced) at each routing table refresh
         self.key_cache: dict[str, tuple[float, object]] = {}
         self.rpm: dict[int, deque] = defaultdict(deque)  # key id -> request times
         self.tpm: dict[int, deque] = defaultdict(deque)  # key id -> [time, tokens] (reserved, then settled)
@@ -105,7 +114,7 @@ class Gateway:
                       asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS))]
 
     async def shutdown(self):
-        for t in self.tasks:
+        for t in [*self.tasks, *([self.poller] if self.poller else [])]:
             t.cancel()
         await self.flush()
         if self.consul is not None:
@@ -124,10 +133,7 @@ class Gateway:
                 log.exception("gateway: %s failed", fn.__name__)
 
     async def refresh(self):
-        try:
-            self.table = await _db(routing_table)
-        except Exception:
-            log.exception("gateway: reading the routing table failed (keeping the last one)")
+        if not await self.refresh_table():
             return
         now = time.monotonic()
         self.key_cache = {h: v for h, v in self.key_cache.items() if v[0] > now}
@@ -136,10 +142,21 @@ class Gateway:
 
         await _db(finish_drains)
 
+    async def refresh_table(self) -> bool:
+        try:
+            self.table = await _db(routing_table)
+        except Exception:
+            log.exception("gateway: reading the routing table failed (keeping the last one)")
+            return False
+        changed, self.routes_changed = self.routes_changed, asyncio.Event()
+        changed.set()  # wakes the held requests to look again
+        return True
+
     async def flush(self):
         stats, self.stats = self.stats, Stats()
-        if stats.ep or stats.key:
-            await _db(store_gateway_stats, stats, settings.GATEWAY_TELEMETRY_SECONDS, dict(self.ep_outstanding))
+        held = {ep_id: n for ep_id, n in self.held.items() if n}
+        if stats.ep or stats.key or held:
+            await _db(store_gateway_stats, stats, settings.GATEWAY_TELEMETRY_SECONDS, dict(self.ep_outstanding), held)
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -258,7 +275,9 @@ class Gateway:
             return await self.finish(send, key, None, start, await _error(
                 send, 403, f"This key may not use the model {model!r}.", "permission_denied"))
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
-        if not backends:
+        # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
+        asleep = [] if backends else [w for w in self.table.wakeable.get(model, ()) if key.allows_backend(w, model)]
+        if not backends and not asleep:
             return await self.finish(send, key, None, start, await _error(
                 send, 503, f"No replica of {model!r} is ready; try again shortly.", "unavailable",
                 retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
@@ -280,8 +299,75 @@ class Gateway:
             body = json.dumps(payload).encode()
         else:
             upstream_path = path
+        if not backends:
+            target = asleep[0]
+            if self.held[target.endpoint_id] >= self.table.max_queue.get(target.endpoint_id, settings.GATEWAY_QUEUE_DEPTH):
+                return await self.finish(send, key, target.endpoint_id, start, await _error(
+                    send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
+                    reservation=reservation)
+            backends = await self.hold(receive, key, model, target.endpoint_id)
+            if backends is GONE:  # the client left: nothing to answer, nothing used
+                if reservation is not None:
+                    reservation[1] = 0
+                return None
+            if backends is None:
+                timeout = settings.GATEWAY_WAKE_TIMEOUT_SECONDS
+                return await self.finish(send, key, target.endpoint_id, start, await _error(
+                    send, 503, f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
+                               "try again shortly.", "unavailable", retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS),
+                    reservation=reservation)
         return await self.proxy(send, key, model, backends, upstream_path, headers, body, start, generate,
                                 reservation, payload)
+
+    async def hold(self, receive, key, model: str, endpoint_id: int):
+        """Hold a request for `model` while its endpoint `endpoint_id`, scaled to zero, wakes: ask for a
+        replica once (one wake in flight per endpoint, shared by the requests held for it), look again at
+        each routing table refresh (every GATEWAY_WAKE_POLL_SECONDS while anything is held) until a replica
+        the key may use is ready. The backends; None after GATEWAY_WAKE_TIMEOUT_SECONDS; GONE if the
+        client disconnected. Counted in self.held meanwhile (flushed as gw.waiting)."""
+        self.held[endpoint_id] += 1
+        if self.poller is None or self.poller.done():
+            self.poller = asyncio.create_task(self._poll_while_held())
+        gone = asyncio.ensure_future(_disconnected(receive))
+        deadline = time.monotonic() + settings.GATEWAY_WAKE_TIMEOUT_SECONDS
+        try:
+            while True:
+                backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
+                if backends:
+                    return backends
+                asleep = any(w.endpoint_id == endpoint_id and w.replicas == 0 for w in self.table.wakeable.get(model, ()))
+                if asleep and endpoint_id not in self.waking:
+                    self.waking[endpoint_id] = asyncio.create_task(self.wake(endpoint_id))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                changed = asyncio.ensure_future(self.routes_changed.wait())
+                done, _ = await asyncio.wait({changed, gone}, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                changed.cancel()
+                if gone in done:
+                    return GONE
+        finally:
+            gone.cancel()
+            self.held[endpoint_id] -= 1
+
+    async def wake(self, endpoint_id: int):
+        """Scale the endpoint from 0 to 1 (a no-op if another gateway or the controller did), then read the
+        routes at once so the held requests see the endpoint waking."""
+        try:
+            _, woken = await _db(functools.partial(endpoint_wake, endpoint_id=endpoint_id, via="gateway",
+                                                   waiting=self.held[endpoint_id]))
+            if woken:
+                log.info("gateway: woke endpoint %s for %s held request(s)", endpoint_id, self.held[endpoint_id])
+        except Exception:
+            log.exception("gateway: waking endpoint %s failed", endpoint_id)
+        finally:
+            self.waking.pop(endpoint_id, None)
+        await self.refresh_table()
+
+    async def _poll_while_held(self):
+        while any(self.held.values()):
+            await asyncio.sleep(settings.GATEWAY_WAKE_POLL_SECONDS)
+            await self.refresh_table()
 
     def may_use(self, key, model: str) -> bool:
         return key.allows_model(model) and not (key.endpoints and model not in key.models
@@ -295,6 +381,7 @@ class Gateway:
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if token and hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
             payload["replicas"] = {m: len(b) for m, b in self.table.backends.items()}
+            payload["held"] = sum(self.held.values())  # requests waiting for an endpoint to wake
         return await _json(send, 200, payload)
 
     def default_model(self, key):
@@ -460,6 +547,12 @@ async def _read_body(receive) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body"):
             return b"".join(chunks)
+
+
+async def _disconnected(receive) -> None:
+    """Returns when the client disconnects (its request body already read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _raw(send, status: int, body: bytes, content_type: str = "application/json", extra=()):

@@ -25,7 +25,7 @@ from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision, Thresho
 from endpoints.gateway.selectors import auto_rollouts, gateway_samples
 from endpoints.models import Endpoint, EndpointEvent
 from endpoints.replica_state import event, refresh_endpoint_state
-from endpoints.selectors import autoscaled_endpoints, waiting_samples
+from endpoints.selectors import autoscaled_endpoints, load_samples
 from endpoints.services import endpoint_scale
 
 log = logging.getLogger("console.controller")
@@ -99,12 +99,12 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
 
 
 def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
-    """The pure policy's decision for one endpoint, from its stored queue samples."""
+    """The pure policy's decision for one endpoint, from its stored load samples."""
     scaling = autoscale.parse_settings(endpoint.autoscale)
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
     return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
-                            last_change_at=endpoint.scaled_at, samples=waiting_samples(endpoint.pk, since=since, until=now),
+                            last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
                             tz=settings.TIME_ZONE, max_gap_s=gap)
 
 

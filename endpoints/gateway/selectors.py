@@ -32,6 +32,17 @@ class Backend:
     canary_percent: int = 0  # that share (on the staged side's backends)
 
 
+@dataclass(frozen=True)
+class Wakeable:
+    """An endpoint scaled to zero (autoscaled, min_replicas 0) with no ready replica: a request for its
+    model wakes it (replicas 0) or waits for the replica it is starting."""
+
+    endpoint_id: int
+    endpoint_name: str
+    replicas: int  # 0: asleep, the request wakes it; more: waking already
+    scope_names: frozenset = field(default_factory=frozenset)  # as Backend's, for a key's scope
+
+
 @dataclass
 class RoutingTable:
     backends: dict[str, list[Backend]]  # served model name -> ready replicas taking traffic
@@ -39,6 +50,7 @@ class RoutingTable:
     max_queue: dict[int, int]  # endpoint id -> queue depth
     canary: dict[str, int] = field(default_factory=dict)  # served model name -> the staged side's share (%)
     prefix: set[str] = field(default_factory=set)  # served model names with a prefix-routed endpoint
+    wakeable: dict[str, list[Wakeable]] = field(default_factory=dict)  # model -> its endpoints scaled to zero
 
 
 def model_name(endpoint) -> str:
@@ -60,8 +72,11 @@ def routing_table() -> RoutingTable:
     names = dict(Endpoint.objects.values_list("id", "name"))
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
+    asleep = []
     for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
         known.setdefault(model_name(ep), set()).add(ep.name)
+        if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
+            asleep.append(ep)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
         max_queue[ep.pk] = (g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH)
     backends: dict[str, list[Backend]] = {}
@@ -86,7 +101,14 @@ def routing_table() -> RoutingTable:
             queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
             node_name=r.node.name, api_key=r.api_key, prefix=ep.routing == Endpoint.Routing.PREFIX,
             staged=ep.pk in canary, canary_percent=canary.get(ep.pk, 0)))
-    return RoutingTable(backends=backends, known=known, max_queue=max_queue,
+    ready = {b.endpoint_id for bs in backends.values() for b in bs}
+    wakeable: dict[str, list[Wakeable]] = {}
+    for ep in asleep:
+        if ep.pk not in ready:
+            scope = {ep.name, names.get(public_of.get(ep.pk), "")} - {""}
+            wakeable.setdefault(model_name(ep), []).append(Wakeable(
+                endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope)))
+    return RoutingTable(backends=backends, known=known, max_queue=max_queue, wakeable=wakeable,
                         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
                         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)})
 

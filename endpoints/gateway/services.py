@@ -96,19 +96,23 @@ def set_queue_depth(*, endpoint: Endpoint, queue_depth: int | None, actor=None, 
 
 # --- telemetry of the gateway (called by the gateway process) ----------------------------
 
-def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None) -> int:
+def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None, held: dict | None = None) -> int:
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
-    P50/P99 and error rate (series e<id>.gw.*); per key requests, tokens and errors per minute,
-    latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals."""
+    P50/P99, error rate and the requests held for a wake now (series e<id>.gw.*; an endpoint with
+    requests held but none finished gets gw.waiting alone); per key requests, tokens and errors per
+    minute, latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals."""
     readings = []
-    existing = set(Endpoint.objects.filter(pk__in=list(stats.ep)).values_list("pk", flat=True))
-    for ep_id, e in stats.ep.items():
-        if ep_id not in existing:
-            continue
-        values = {"gw.qps": e["n"] / interval_s, "gw.p50_s": percentile(e["lat"], 0.5), "gw.p99_s": percentile(e["lat"], 0.99),
-                  "gw.ttft_p50_s": percentile(e["ttft"], 0.5), "gw.ttft_p99_s": percentile(e["ttft"], 0.99),
-                  "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
-                  "gw.inflight": (outstanding or {}).get(ep_id, 0)}
+    held = {ep_id: n for ep_id, n in (held or {}).items() if n}
+    existing = set(Endpoint.objects.filter(pk__in=list(stats.ep) + list(held)).values_list("pk", flat=True))
+    for ep_id in existing:
+        e = stats.ep.get(ep_id)
+        values = {"gw.waiting": held.get(ep_id, 0)}
+        if e is not None:
+            values |= {"gw.qps": e["n"] / interval_s, "gw.p50_s": percentile(e["lat"], 0.5),
+                       "gw.p99_s": percentile(e["lat"], 0.99), "gw.ttft_p50_s": percentile(e["ttft"], 0.5),
+                       "gw.ttft_p99_s": percentile(e["ttft"], 0.99),
+                       "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
+                       "gw.inflight": (outstanding or {}).get(ep_id, 0)}
         for metric, value in values.items():
             readings.append(Reading(key=f"e{ep_id}.{metric}", metric=metric, value=value, endpoint_id=ep_id,
                                     unit="s" if metric.endswith("_s") else "", label="gateway"))

@@ -32,11 +32,15 @@ def settings_of(**over):
                            "scale_down_window_s": 300, "cooldown_s": 120, **over})
 
 
-def series(now, seconds, waiting, every=10):
-    """Samples every `every` s over the last `seconds` up to `now`, each `waiting` (or waiting(i))."""
+def series(now, seconds, waiting, every=10, running=0, served=0):
+    """Samples every `every` s over the last `seconds` up to `now`, each `waiting` (or waiting(i)), and
+    likewise `running` and `served`."""
     end = now.timestamp()
     count = seconds // every
-    return [Sample(ts=end - seconds + every * i, waiting=waiting(i) if callable(waiting) else waiting)
+
+    def at(value, i):
+        return value(i) if callable(value) else value
+    return [Sample(ts=end - seconds + every * i, waiting=at(waiting, i), running=at(running, i), served=at(served, i))
             for i in range(count + 1)]
 
 
@@ -48,8 +52,9 @@ def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", **over):
 
 @pytest.mark.parametrize("raw, field, message", [
     ({"min_replicas": 5, "max_replicas": 4}, "autoscale.min_replicas", "above max_replicas 4"),
-    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 1 to 64"),
-    ({"min_replicas": 0, "max_replicas": 4}, "autoscale.min_replicas", "Scale to zero is not supported yet"),
+    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 0 to 64, not -1"),
+    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 0}]},
+     "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
     ({"max_replicas": 65}, "autoscale.max_replicas", "from 1 to 64"),
     ({"min_replicas": 1}, "autoscale.max_replicas", "at most"),
     ({"max_replicas": 2, "target_waiting": 0}, "autoscale.target_waiting", "above 0"),
@@ -77,6 +82,7 @@ def test_settings_round_trip_with_defaults_and_off():
     assert (parsed.min_replicas, parsed.target_waiting, parsed.scale_up_window_s, parsed.cooldown_s) == (1, 4.0, 60, 300)
     assert parse_settings(parsed.as_json()) == parsed
     assert parse_settings(None) is None and parse_settings({}) is None
+    assert parse_settings({"min_replicas": 0, "max_replicas": 2}).min_replicas == 0  # scale to zero
 
 
 # --- the pure policy -------------------------------------------------------------------------------
@@ -132,6 +138,46 @@ def test_missing_data_holds():
     assert d.action == HOLD and "no complete scale-down window" in d.reason
     stale = series(MONDAY_NOON - timedelta(seconds=60), 300, 20)  # nothing in the last minute
     assert run(stale, current=1).action == HOLD
+
+
+def test_scale_to_zero_needs_a_whole_idle_window_and_the_cooldown():
+    zero = {"min_replicas": 0}
+    d = run(series(MONDAY_NOON, 300, 0), **zero)
+    assert (d.action, d.wanted) == (DOWN, 0) and "idle for 300 s" in d.reason
+    # One request served (vLLM's or the gateway's qps) or running in the window: hold at 1.
+    one = run(series(MONDAY_NOON, 300, 0, served=lambda i: 0.1 if i == 20 else 0), **zero)
+    assert (one.action, one.wanted) == (HOLD, 1) and "not idle" in one.reason
+    assert run(series(MONDAY_NOON, 300, 0, running=lambda i: 1 if i == 5 else 0), **zero).action == HOLD
+    # Steady load with an empty queue: need reads 0 throughout, yet no drop to zero.
+    steady = run(series(MONDAY_NOON, 300, 0, running=3, served=2.5), **zero)
+    assert steady.action == HOLD and steady.wanted == 1
+    # vLLM not saying what it runs is not idle; a scrape gap decides nothing.
+    assert run(series(MONDAY_NOON, 300, 0, running=None), **zero).action == HOLD
+    gap = [s for s in series(MONDAY_NOON, 300, 0) if not 100 < MONDAY_NOON.timestamp() - s.ts < 200]
+    assert run(gap, **zero).action == HOLD
+    # The gateway's figures alone (no vLLM scrape) fill no window.
+    gateway_only = [Sample(ts=s.ts, waiting=0, scraped=False) for s in series(MONDAY_NOON, 300, 0)]
+    assert run(gateway_only, **zero).action == HOLD
+    # Woken 60 s ago (cooldown 120 s): idle since, still held at 1; from 2 it goes to 1 first.
+    cooling = run(series(MONDAY_NOON, 300, 0), last=MONDAY_NOON - timedelta(seconds=60), **zero)
+    assert cooling.action == HOLD and cooling.cooling
+    assert run(series(MONDAY_NOON, 300, 0), current=2, **zero).wanted == 1
+
+
+def test_from_zero_requests_held_in_the_gateway_wake_one_replica_at_once():
+    zero = {"min_replicas": 0}
+    held = [Sample(ts=MONDAY_NOON.timestamp() - 5, waiting=3, scraped=False)]  # the gateway's gw.waiting
+    # Past the cooldown (scaled to zero 10 s ago): a client waits.
+    d = run(held, current=0, last=MONDAY_NOON - timedelta(seconds=10), **zero)
+    assert (d.action, d.wanted) == (UP, 1) and "waking" in d.reason and d.figures["waiting_now"] == 3
+    # Nothing waiting, or only long ago: stays at zero.
+    assert run([], current=0, **zero).action == HOLD
+    old = [Sample(ts=MONDAY_NOON.timestamp() - 120, waiting=3, scraped=False)]
+    assert (run(old, current=0, **zero).action, run(old, current=0, **zero).wanted) == (HOLD, 0)
+    # The floors still apply at zero: a schedule window lifts it to its floor.
+    office = [{"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]
+    assert run([], current=0, schedule=office, **zero).wanted == 2
+    assert run(held, current=0, schedule=office, **zero).wanted == 2
 
 
 def test_schedule_floors_by_weekday_time_zone_and_across_midnight():
@@ -231,15 +277,17 @@ def test_multi_node_endpoints_cannot_autoscale_and_cpu_ones_share_the_cores(asce
 @pytest.mark.django_db
 def test_launch_form_shows_autoscale_errors_under_the_box(as_operator, ascend_node, tiny_artifact):
     page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
-                                                "autoscale": '{"min_replicas": 0, "max_replicas": 1}'})
+                                                "autoscale": '{"min_replicas": -1, "max_replicas": 1}'})
     assert page.status_code == 400
-    assert "autoscale.min_replicas: Scale to zero is not supported yet" in page.content.decode()
+    assert "autoscale.min_replicas: A whole number from 0 to 64, not -1." in page.content.decode()
     page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
                                                 "autoscale": "[1]"})
     assert page.status_code == 400 and "Autoscaling: a JSON object" in page.content.decode()
     made = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0,1",
-                                                "autoscale": '{"max_replicas": 2}'})
-    assert made.status_code == 302 and Endpoint.objects.get().autoscale["max_replicas"] == 2
+                                                "autoscale": '{"min_replicas": 0, "max_replicas": 2}'})
+    assert made.status_code == 302
+    made = Endpoint.objects.get()  # scale to zero accepted; it starts with one replica
+    assert (made.autoscale["min_replicas"], made.autoscale["max_replicas"], made.replicas) == (0, 2, 1)
 
 
 # --- the controller --------------------------------------------------------------------------------
@@ -254,10 +302,12 @@ def autoscaled(node, tiny_artifact, *, replicas=1, devices=(0, 1, 2, 3), **over)
     return endpoint
 
 
-def store_waiting(endpoint, *, replica, start, seconds, value, every=10):
-    """`ep.waiting` points for one replica as the agent stores them (series e<id>.r<i>.ep.waiting)."""
-    s, _ = Series.objects.get_or_create(key=f"e{endpoint.pk}.r{replica}.ep.waiting", defaults={
-        "metric": "ep.waiting", "endpoint": endpoint, "replica": replica, "node": endpoint.node})
+def store_waiting(endpoint, *, replica, start, seconds, value, every=10, metric="ep.waiting"):
+    """`ep.waiting` (or `metric`) points for one replica as the agent stores them (series e<id>.r<i>.<metric>);
+    replica None: the gateway's series (e<id>.<metric>)."""
+    key = f"e{endpoint.pk}.{metric}" if replica is None else f"e{endpoint.pk}.r{replica}.{metric}"
+    s, _ = Series.objects.get_or_create(key=key, defaults={
+        "metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node})
     Point.objects.bulk_create([Point(series=s, ts=int(start) + every * i, value=value)
                                for i in range(seconds // every + 1)])
 
@@ -283,6 +333,35 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
     # The next pass is in cooldown: nothing more, even on the same queue.
     [(_, again, applied)] = run_once(now + 10)["evaluate_autoscaling"]
     assert again.cooling and not applied and Endpoint.objects.get().replicas == 3
+
+
+@pytest.mark.django_db
+def test_controller_scales_an_idle_endpoint_to_zero_and_wakes_it_on_held_requests(ascend_node, tiny_artifact,
+                                                                                   settings):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1, min_replicas=0)
+    now = 1_800_000_000
+    for metric in ("ep.waiting", "ep.running", "ep.qps"):
+        store_waiting(endpoint, replica=0, start=now - 60, seconds=60, value=0, metric=metric)
+    # One request the gateway served in the window: not idle.
+    store_waiting(endpoint, replica=None, start=now - 30, seconds=0, value=0.1, metric="gw.qps")
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (HOLD, 1, False) and "not idle" in decision.reason
+    Point.objects.filter(series__metric="gw.qps").update(value=0)
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (DOWN, 0, True)
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 0 and (endpoint.state, endpoint.state_reason) == (
+        S.PENDING, "scaled to zero: the next request through the gateway starts a replica")
+    assert "scaled down 1 → 0: idle for 60 s" in EndpointEvent.objects.get(endpoint=endpoint, kind="autoscale").message
+    assert not routing_table().backends and [w.endpoint_id for w in routing_table().wakeable["auto"]] == [endpoint.pk]
+    # Requests held in a gateway (its wake write lost): the next pass wakes it, cooldown or not.
+    store_waiting(endpoint, replica=None, start=now + 5, seconds=0, value=2, metric="gw.waiting")
+    [(_, decision, applied)] = evaluate_autoscaling(now + 10)
+    assert (decision.action, decision.wanted, applied) == (UP, 1, True) and "waking" in decision.reason
+    assert Endpoint.objects.get().replicas == 1
+    audit = AuditEvent.objects.filter(action="endpoint.scale").order_by("pk").last()
+    assert audit.actor is None and audit.via == "controller" and audit.changes["replicas"] == [0, 1]
 
 
 @pytest.mark.django_db
@@ -443,3 +522,21 @@ def test_a_scaled_down_replica_still_starting_stops_at_once(ascend_node, tiny_ar
     Endpoint.objects.filter(pk=endpoint.pk).update(replicas=1)
     workload.reconcile(node=ascend_node, supervisor=supervisor)
     assert supervisor.terminated == [3_000_001] and Replica.objects.get(endpoint=endpoint, index=1).state == S.STOPPED
+
+
+@pytest.mark.django_db
+def test_the_agent_at_zero_replicas_stops_the_last_one_and_starts_nothing(ascend_node, tiny_artifact, as_operator):
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1, min_replicas=0)
+    Replica.objects.filter(endpoint=endpoint).update(state=S.STARTING)  # never ready: stops at once
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    supervisor.adopt(3_000_000)
+    Endpoint.objects.filter(pk=endpoint.pk).update(replicas=0)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    workload.reconcile(node=ascend_node, supervisor=supervisor)
+    assert supervisor.terminated == [3_000_000] and Replica.objects.get(endpoint=endpoint).state == S.STOPPED
+    assert supervisor.started == []
+    endpoint.refresh_from_db()
+    assert (endpoint.desired_state, endpoint.state) == (Endpoint.Desired.RUNNING, S.PENDING)
+    assert endpoint.state_reason == "scaled to zero: the next request through the gateway starts a replica"
+    page = as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert "scaled to zero: the next request through the gateway starts a replica" in page and "0 replica(s)" in page
