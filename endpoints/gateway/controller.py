@@ -27,6 +27,7 @@ from endpoints.models import Endpoint, EndpointEvent
 from endpoints.replica_state import event, refresh_endpoint_state
 from endpoints.selectors import autoscaled_endpoints, load_samples
 from endpoints.services import endpoint_scale
+from workers.telemetry.services import Reading, store
 
 log = logging.getLogger("console.controller")
 VIA = "controller"
@@ -132,8 +133,19 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
                                                reason=decision.reason, figures=figures,
                                                at=datetime.fromtimestamp(now, UTC))
             refresh_endpoint_state(endpoint)
+        record_scaling(endpoint, decision, now)
         out.append((endpoint, decision, applied))
     return out
+
+
+def record_scaling(endpoint: Endpoint, decision: autoscale.Decision, now: float) -> None:
+    """The figures the endpoint page charts against each other, one point per pass: replicas wanted (what
+    the policy asks, past what fits), the count applied, those ready, and the queue it decided on."""
+    ready = endpoint.replica_set.filter(state=Endpoint.State.READY, index__lt=endpoint.replicas).count()
+    values = {"as.wanted": endpoint.autoscale_wanted or endpoint.replicas, "as.replicas": endpoint.replicas,
+              "as.ready": ready, "as.waiting": decision.figures.get("waiting_avg_up")}
+    store([Reading(key=f"e{endpoint.pk}.{metric}", metric=metric, value=value, endpoint_id=endpoint.pk,
+                   label="autoscaling") for metric, value in values.items() if value is not None], ts=now)
 
 
 # The controller's loop body: each evaluator makes and applies its own decisions, one pass per call.

@@ -254,6 +254,7 @@ def test_patch_autoscale_checks_the_pinned_devices_and_is_audited(operator, api_
     page.force_login(operator)
     shown = page.get(f"/endpoints/{made.json()['id']}/").content.decode()
     assert "between 1 and 2, another one per 4.0 queued requests" in shown and "cooldown 60 s" in shown
+    assert 'data-metric="as.wanted,as.ready,as.waiting"' in shown  # replicas wanted and running against the load
     off = api.patch(url, {"autoscale": None})
     assert off.status_code == 200 and off.json()["autoscale"] is None and off.json()["replica_count"] == 2
 
@@ -333,6 +334,11 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
     # The next pass is in cooldown: nothing more, even on the same queue.
     [(_, again, applied)] = run_once(now + 10)["evaluate_autoscaling"]
     assert again.cooling and not applied and Endpoint.objects.get().replicas == 3
+    # Each pass stored what the endpoint page charts: wanted, ready (two of three), the queue decided on.
+    charted = {m: list(Point.objects.filter(series__key=f"e{endpoint.pk}.{m}").order_by("ts").values_list("ts", "value"))
+               for m in ("as.wanted", "as.replicas", "as.ready", "as.waiting")}
+    assert charted == {"as.wanted": [(now, 3.0), (now + 10, 3.0)], "as.replicas": [(now, 3.0), (now + 10, 3.0)],
+                       "as.ready": [(now, 2.0), (now + 10, 2.0)], "as.waiting": [(now, 6.0), (now + 10, 6.0)]}, charted
 
 
 @pytest.mark.django_db
