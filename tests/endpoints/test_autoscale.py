@@ -87,14 +87,18 @@ def test_settings_round_trip_with_defaults_and_off():
 
 # --- the pure policy -------------------------------------------------------------------------------
 
-def test_need_held_over_the_whole_up_window_scales_up_to_the_least_need_of_the_window():
-    # 10 to 17 queued, target 4 per replica: every sample needs 3 or more; the least held throughout is 3.
+def test_up_to_the_median_need_of_a_whole_up_window():
+    # 10 to 16 queued, target 4 per replica: 10-12 need 3, 13-16 need 4; the median sample needs 4.
     d = run(series(MONDAY_NOON, 60, lambda i: 10 + i))
-    assert (d.action, d.wanted) == (UP, 3) and "every sample needs 3+" in d.reason
+    assert (d.action, d.wanted) == (UP, 4) and "half the samples or more need 4+" in d.reason
     assert d.figures["waiting_avg_up"] == 13.0 and d.figures["samples"] == 7
-    # One sample of the window below the need: not held, no change.
+    # A snapshot that caught the queue empty (the clients' next requests on their way) changes nothing.
     dip = series(MONDAY_NOON, 60, lambda i: 0 if i == 3 else 12)
-    assert run(dip).action == HOLD
+    assert (run(dip).action, run(dip).wanted) == (UP, 3)
+    # Half the window queued (4 of 7 samples): up; fewer than half: a burst, hold.
+    assert run(series(MONDAY_NOON, 60, lambda i: 12 if i % 2 == 0 else 0)).wanted == 3
+    assert run(series(MONDAY_NOON, 60, lambda i: 12 if i % 2 == 1 else 0)).action == HOLD
+    assert run(series(MONDAY_NOON, 60, lambda i: 400 if i == 3 else 0)).action == HOLD
     # The need over a window that started only 20 s ago (telemetry just began; 30 s is the gap allowed): hold.
     assert run(series(MONDAY_NOON, 20, 12)).action == HOLD
 
