@@ -13,7 +13,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
@@ -24,7 +23,15 @@ from endpoints.gateway import services
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
-from tests.support.gateway import HEALTH_TOKEN, FakeReplica, GatewayProc, chat, free_port, make_endpoint  # noqa: F401
+from tests.support.gateway import (  # noqa: F401
+    HEALTH_TOKEN,
+    FakeReplica,
+    GatewayProc,
+    chat,
+    free_port,
+    make_endpoint,
+    served_requests,
+)
 from workers.models import Node
 
 # --- keys -------------------------------------------------------------------------------
@@ -358,7 +365,13 @@ def test_old_side_stops_after_the_drain(admin):
 @pytest.mark.django_db(transaction=True)
 def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, api_for, model_root, worker_env,
                                                               redis_conn, tmp_path, gateway):
-    from tests.support.agents import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
+    from tests.support.agents import (
+        engine_available,
+        kill_leftovers,
+        start_agent,
+        stop_agent,
+        wait_for,
+    )
     from tests.support.tiny_models import build_tiny_llama_hf
 
     if not engine_available():
@@ -403,11 +416,7 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         for r in Replica.objects.select_related("endpoint"):
             counts[r.endpoint.name] = r.port
         # Both replicas served: each one's vLLM counted requests (its own /metrics).
-        served = {}
-        for name, port in counts.items():
-            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-            served[name] = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                               if line.startswith("vllm:request_success_total"))
+        served = {name: served_requests(port) for name, port in counts.items()}
         assert all(v >= 5 for v in served.values()), served
 
         # Kill one replica's server mid-run: the requests go to the other one, none fails.

@@ -154,5 +154,11 @@ class GatewayProc:
         print("gateway output:\n" + self.proc.stdout.read().decode(errors="replace")[-5000:])
 
 
+def served_requests(port: int) -> float:
+    """Requests a real vLLM replica finished (vllm:request_success_total on its own /metrics)."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+
+
 def chat(model="tiny", stream=False):
     return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": stream}
