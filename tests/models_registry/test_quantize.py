@@ -630,6 +630,10 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert server.argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len"):][:2]
     assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs"):][:2]
+    # compiled by default (as the quantization benchmark measures throughput); eager where the job asks
+    assert "--enforce-eager" not in server.argv
+    assert "--enforce-eager" in EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python",
+                                             enforce_eager=True).argv
     # the environment an endpoint's CPU replica gets from the same builder (the KV cache size), nothing else
     assert server.env_added == {"VLLM_CPU_KVCACHE_SPACE": str(settings.VLLM_CPU_KVCACHE_GIB)}
     monkeypatch.setenv("SECRET_KEY", "s3cret")
