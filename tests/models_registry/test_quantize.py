@@ -573,8 +573,12 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     # One attempt (no fallback: each attempt would be served again, minutes on a CI machine); a 5 % gate,
     # which the checkpoint itself passes (+2.75 % in bf16 at 2 threads), so the served figure decides.
     gate = 5.0
+    # 16 of the default set's 32 calibration paragraphs (~1,000 tokens): every sample goes through the activation
+    # statistics and, in llm-compressor's sequential pipeline, through each of the 30 layers again (SmoothQuant,
+    # GPTQ, propagation). Still the default set, SmoothQuant and GPTQ; the figures barely move (seed 0, this host:
+    # +2.27 % with 32, +2.36 % with 16; served +3.04 %), well inside the 5 % gate.
     job = _quantize(api, aid, target="compressed-tensors", scheme="w8a8_dynamic", smoothing=0.8, serve_check=True,
-                    fallback=False, gate_pct=gate)
+                    fallback=False, gate_pct=gate, num_samples=16)
     art = Artifact.objects.get(producing_job=job)
     acc = art.accuracy
     serving = acc["serving"]
