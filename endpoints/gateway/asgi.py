@@ -35,12 +35,15 @@ import hmac
 import json
 import logging
 import math
+import re
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import connection
 
 from endpoints.gateway import routing
 from endpoints.gateway.consul import ConsulSync
@@ -60,17 +63,27 @@ MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
 
 
+# The ORM runs on one thread of its own, never on the event loop, and keeps its connection between
+# calls: connecting anew for each refresh (once a second) cost more CPU than the queries did, taken
+# from the replicas on a shared host (benchmarks/gateway.py).
+_DB_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+
+
 def _db(fn, *args):
-    """Run an ORM call in a worker thread (never on the event loop), on a healthy connection."""
+    """Run an ORM call on the gateway's database thread; a connection that failed and is no longer
+    usable is dropped, so the next call connects again."""
 
     def call():
-        close_old_connections()
         try:
             return fn(*args)
         finally:
-            close_old_connections()
+            if connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
 
-    return asyncio.to_thread(call)
+    return asyncio.get_running_loop().run_in_executor(_DB_THREAD, call)
 
 
 class Gateway:
@@ -97,7 +110,10 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None, connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
                                           sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
-            auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+            auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            # No cookie jar: a replica's Set-Cookie must not ride along on other clients' requests,
+            # and filtering cookies per request is CPU for nothing.
+            cookie_jar=aiohttp.DummyCookieJar())
         if settings.CONSUL_HTTP_ADDR:
             self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
         await self.refresh()
@@ -108,6 +124,7 @@ class Gateway:
         for t in self.tasks:
             t.cancel()
         await self.flush()
+        await _db(connection.close)
         if self.consul is not None:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving
         if self.client:
@@ -161,11 +178,11 @@ class Gateway:
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)
         return info
 
-    def limited(self, key, reserve: int = 0) -> tuple[float | None, list | None]:
+    def limited(self, key, reserve: Callable[[], int] = lambda: 0) -> tuple[float | None, list | None]:
         """(seconds to wait if the key is over a per-minute limit, else None; the token reservation).
-        An admitted request counts at once, and reserves `reserve` tokens (its prompt estimate and
-        max_tokens) that finish() settles to the real usage: concurrent requests cannot all slip
-        under the limit before any of them is counted."""
+        An admitted request counts at once, and a key with a token limit reserves reserve() tokens
+        (its prompt estimate and max_tokens, worked out only then) that finish() settles to the real
+        usage: concurrent requests cannot all slip under the limit before any of them is counted."""
         now = time.monotonic()
         window = self.rpm[key.id]
         while window and window[0] <= now - 60:
@@ -180,7 +197,7 @@ class Gateway:
         window.append(now)
         reservation = None
         if key.tpm_limit:
-            reservation = [now, max(1, reserve)]
+            reservation = [now, max(1, reserve())]
             tokens.append(reservation)
         return None, reservation
 
@@ -262,7 +279,7 @@ class Gateway:
             return await self.finish(send, key, None, start, await _error(
                 send, 503, f"No replica of {model!r} is ready; try again shortly.", "unavailable",
                 retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
-        wait, reservation = self.limited(key, _token_estimate(payload, generate))
+        wait, reservation = self.limited(key, lambda: _token_estimate(payload, generate))
         if wait is not None:
             return await self.finish(send, key, None, start, await _error(
                 send, 429, "This key is over its per-minute limit.", "rate_limit_exceeded",
@@ -426,9 +443,25 @@ def _token_estimate(payload: dict, generate: bool) -> int:
     return len(text) // 4 + 1 + limit
 
 
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_JSON = json.JSONDecoder()
+
+
 def _usage_tokens(data: bytes) -> int:
-    if b'"usage"' not in data:
+    """The answer's usage.total_tokens. vLLM puts "usage" last: only that object is decoded, not the
+    whole answer (a long completion's text); anything else falls back to decoding it all."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
         return 0
+    found = _USAGE_KEY.match(data, at)
+    if found:
+        try:
+            tail = data[found.end():].decode()
+            usage, end = _JSON.raw_decode(tail)
+            if isinstance(usage, dict) and tail[end:].strip() == "}":  # the top-level object's last member
+                return int(usage.get("total_tokens") or 0)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            pass
     try:
         usage = json.loads(data).get("usage") or {}
         return int(usage.get("total_tokens") or 0)
