@@ -124,7 +124,7 @@ class Gateway:
         for t in self.tasks:
             t.cancel()
         await self.flush()
-        await _db(connection.close)
+        await _db(lambda: connection.close())  # looked up on the database thread: its own connection
         if self.consul is not None:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving
         if self.client:

@@ -60,7 +60,9 @@ def routing_table() -> RoutingTable:
     names = dict(Endpoint.objects.values_list("id", "name"))
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
-    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
+    # Only the columns used: the gateway reads this every second, and building whole rows was most of its
+    # idle CPU (benchmarks/gateway.py).
+    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only("name", "served_model_name"):
         known.setdefault(model_name(ep), set()).add(ep.name)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
         max_queue[ep.pk] = (g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH)
@@ -69,7 +71,9 @@ def routing_table() -> RoutingTable:
     replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
                                        endpoint__desired_state=Endpoint.Desired.RUNNING,
                                        index__lt=F("endpoint__replicas"))
-                .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
+                .exclude(endpoint_id__in=idle).select_related("endpoint", "node")
+                .only("index", "port", "devices", "node__name", "node__address", "endpoint__name",
+                      "endpoint__served_model_name", "endpoint__routing"))
     # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
     # from the moment the agent records it, before its own reconcile pass moves or holds the replica.
     replicas = list(replicas)
