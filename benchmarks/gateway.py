@@ -184,10 +184,10 @@ def start_fake(args, procs: list) -> str:
 def start_router(path: str, upstream: str, work: Path, procs: list) -> tuple[str, subprocess.Popen]:
     """vllm-router in front of one worker (round_robin: power_of_two refuses a single worker)."""
     port = free_port()
-    proc = subprocess.Popen([path, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-                             "--worker-urls", upstream, "--prometheus-port", str(free_port()),
-                             "--log-level", "warning"],
-                            stdout=open(work / f"router-{port}.log", "w"), stderr=subprocess.STDOUT)
+    with open(work / f"router-{port}.log", "w") as log:
+        proc = subprocess.Popen([path, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+                                 "--worker-urls", upstream, "--prometheus-port", str(free_port()),
+                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
     procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", timeout=120)
@@ -237,7 +237,12 @@ def main():
                                "bench-pair"))
             elif up == "vllm":
                 sys.path.insert(0, str(ROOT))
-                from benchmarks.profiling import SERVED_NAME, Replica, replica_command, wait_ready
+                from benchmarks.profiling import (
+                    SERVED_NAME,
+                    Replica,
+                    replica_command,
+                    wait_ready,
+                )
 
                 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
                 import django
@@ -284,9 +289,9 @@ def main():
         runs: dict[tuple, list] = {}
         cpu: dict[tuple, float] = {}
         for round_no in range(args.rounds):
-            for label in arms:
+            for label, suite_arms in arms.items():
                 for c in args.concurrency:
-                    order = list(arms[label])
+                    order = list(suite_arms)
                     rng.shuffle(order)
                     for arm, url, arm_key, model in order:
                         pid = proxy_pids.get((label, arm if arm != "gateway, 2 replicas" else "gateway"))
@@ -298,10 +303,9 @@ def main():
             print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
 
         results = {}
-        for label in arms:
+        for label, suite_arms in arms.items():
             for c in args.concurrency:
-                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm)))
-                         for arm, *_ in arms[label]}
+                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm))) for arm, *_ in suite_arms}
                 direct = entry["direct"]
                 for arm in list(entry):
                     if arm != "direct":

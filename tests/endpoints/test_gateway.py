@@ -429,3 +429,47 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         for agent in agents.values():
             stop_agent(agent)
         kill_leftovers(str(path))
+
+
+def test_a_responses_writes_in_one_turn_of_the_loop_leave_as_one():
+    """uvicorn writes a response's head and body apart; the gateway's transport sends them as one
+    write on the next turn, sends what is pending before closing, and passes the rest through."""
+    import asyncio
+
+    from endpoints.gateway.asgi import _CoalescedWrites
+
+    class Transport:
+        def __init__(self):
+            self.writes, self.closed = [], False
+
+        def write(self, data):
+            assert not self.closed
+            self.writes.append(data)
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def get_extra_info(self, name):
+            return ("127.0.0.1", 1234) if name == "peername" else None
+
+    async def scenario():
+        real = Transport()
+        t = _CoalescedWrites(real, asyncio.get_running_loop())
+        t.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        t.write(b"{}")
+        assert real.writes == []
+        await asyncio.sleep(0)
+        assert real.writes == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]
+        t.write(b"data: 1\n\n")  # a streamed chunk: its own write, on the next turn
+        await asyncio.sleep(0)
+        assert real.writes[-1] == b"data: 1\n\n"
+        t.write(b"last")
+        t.close()
+        assert real.writes[-1] == b"last" and real.closed and t.is_closing()
+        await asyncio.sleep(0)  # the flush scheduled for "last" finds nothing left and writes nothing
+        assert len(real.writes) == 3 and t.get_extra_info("peername") == ("127.0.0.1", 1234)
+
+    asyncio.run(scenario())
