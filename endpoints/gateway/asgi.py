@@ -44,7 +44,6 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from django.conf import settings
 from django.db import connection
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from endpoints.gateway import routing
 from endpoints.gateway.consul import ConsulSync
@@ -511,43 +510,6 @@ async def _json(send, status: int, data, extra=()):
 async def _error(send, status: int, message: str, code: str, retry_after: int | None = None):
     extra = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
     return await _json(send, status, {"error": {"message": message, "type": code, "code": status}}, extra)
-
-
-class _CoalescedWrites:
-    """A connection's transport whose writes within one turn of the event loop reach the socket as
-    one: uvicorn writes a response's head and its body separately, two syscalls and two segments
-    for the client to read, the costliest part of a small answer (benchmarks/gateway.py). Streamed
-    chunks still leave on the next turn; close() sends what is pending first."""
-
-    __slots__ = ("_loop", "_pending", "_transport")
-
-    def __init__(self, transport, loop):
-        self._transport, self._pending, self._loop = transport, [], loop
-
-    def write(self, data) -> None:
-        if not self._pending:
-            self._loop.call_soon(self._flush)
-        self._pending.append(data)
-
-    def _flush(self) -> None:
-        pending, self._pending = self._pending, []
-        if pending and not self._transport.is_closing():
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name):
-        return getattr(self._transport, name)
-
-
-class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, writing through _CoalescedWrites."""
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.transport = _CoalescedWrites(transport, self.loop)
 
 
 def get_application():

@@ -4,7 +4,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from endpoints.gateway.asgi import Gateway, HttpProtocol
+from endpoints.gateway.asgi import Gateway
 
 
 class Command(BaseCommand):
@@ -21,8 +21,8 @@ class Command(BaseCommand):
 
         self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/)")
         self.stdout.flush()
-        # httptools with a response's writes coalesced (HttpProtocol); no proxy-headers middleware (the
-        # gateway reads no client address) and no Server header: per-request work that serves nothing here.
-        uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http=HttpProtocol, lifespan="on",
+        # No proxy-headers middleware (the gateway reads no client address) and no Server header:
+        # per-request work that serves nothing here.
+        uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
                     access_log=False, log_level=log_level, timeout_keep_alive=30, backlog=4096,
                     proxy_headers=False, server_header=False)
