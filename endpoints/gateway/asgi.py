@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 from django.conf import settings
 from django.db import connection
+from django.utils import timezone
 
 from endpoints.gateway import routing
 from endpoints.gateway.consul import ConsulSync
@@ -151,7 +152,9 @@ class Gateway:
         if self.consul is not None:
             await self.consul.sync(self.table)
 
-        await _db(finish_drains)
+        # Only when a drain is due: most refreshes have none, and the query is a third of their CPU.
+        if self.table.drain_due_at is not None and self.table.drain_due_at <= timezone.now():
+            await _db(finish_drains)
 
     async def flush(self):
         stats, self.stats = self.stats, Stats()

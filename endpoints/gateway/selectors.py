@@ -3,6 +3,7 @@ console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECOND
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import F
@@ -39,6 +40,7 @@ class RoutingTable:
     max_queue: dict[int, int]  # endpoint id -> queue depth
     canary: dict[str, int] = field(default_factory=dict)  # served model name -> the staged side's share (%)
     prefix: set[str] = field(default_factory=set)  # served model names with a prefix-routed endpoint
+    drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
 
 
 def model_name(endpoint) -> str:
@@ -90,7 +92,8 @@ def routing_table() -> RoutingTable:
             queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
             node_name=r.node.name, api_key=r.api_key, prefix=ep.routing == Endpoint.Routing.PREFIX,
             staged=ep.pk in canary, canary_percent=canary.get(ep.pk, 0)))
-    return RoutingTable(backends=backends, known=known, max_queue=max_queue,
+    drains = [g.stop_idle_at for g in pairs.values() if g.stop_idle_at]
+    return RoutingTable(backends=backends, known=known, max_queue=max_queue, drain_due_at=min(drains, default=None),
                         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
                         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)})
 
