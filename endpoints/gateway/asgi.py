@@ -14,8 +14,11 @@ Why not vLLM's Rust router (vllm-router 0.1.17) behind this layer as the data pl
 cleanly, but it does not fit here:
 - this layer must count each endpoint's outstanding requests anyway (queue depth -> 429, the
   blue-green drain, per-key accounting), so it already holds everything least-outstanding
-  routing needs, and a second hop would add its ~0.6-0.7 ms median to ours (measured), a third
-  of the 2 ms budget;
+  routing needs, and a second hop would add its cost to ours: the router's process takes
+  0.2-0.5 ms of CPU per request (benchmarks/gateway.py, README), and a layer in front of it
+  would still pay what most of this one's CPU is (the HTTP server, the HTTP client and their
+  socket writes; the layer's own checks and accounting are under a tenth of it, profiled).
+  This process takes 2-2.5x the router's CPU per request: the cost of a Python hop;
 - one router pool serves one model: one router process per endpoint to start, give ports to,
   watch and restart (its multi-model IGW mode is unproven here), plus a loopback admin API
   with no auth to keep in sync by POST /add_worker, which blocks up to
