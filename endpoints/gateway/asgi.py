@@ -16,8 +16,11 @@ Why not vLLM's Rust router (vllm-router 0.1.17) behind this layer as the data pl
 cleanly, but it does not fit here:
 - this layer must count each endpoint's outstanding requests anyway (queue depth -> 429, the
   blue-green drain, per-key accounting), so it already holds everything least-outstanding
-  routing needs, and a second hop would add its ~0.6-0.7 ms median to ours (measured), a third
-  of the 2 ms budget;
+  routing needs, and a second hop would add its cost to ours: the router's process takes
+  0.2-0.5 ms of CPU per request (benchmarks/gateway.py, README), and a layer in front of it
+  would still pay what most of this one's CPU is (the HTTP server, the HTTP client and their
+  socket writes; the layer's own checks and accounting are under a tenth of it, profiled).
+  This process takes 2-2.5x the router's CPU per request: the cost of a Python hop;
 - one router pool serves one model: one router process per endpoint to start, give ports to,
   watch and restart (its multi-model IGW mode is unproven here), plus a loopback admin API
   with no auth to keep in sync by POST /add_worker, which blocks up to
@@ -38,12 +41,16 @@ import hmac
 import json
 import logging
 import math
+import re
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import connection
+from django.utils import timezone
 
 from endpoints.gateway import routing
 from endpoints.gateway.consul import ConsulSync
@@ -65,17 +72,27 @@ DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this l
 GONE = object()  # what hold() returns when the client left while its request was held
 
 
+# The ORM runs on one thread of its own, never on the event loop, and keeps its connection between
+# calls: connecting anew for each refresh (once a second) cost more CPU than the queries did, taken
+# from the replicas on a shared host (benchmarks/gateway.py).
+_DB_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-db")
+
+
 def _db(fn, *args):
-    """Run an ORM call in a worker thread (never on the event loop), on a healthy connection."""
+    """Run an ORM call on the gateway's database thread; a connection that failed and is no longer
+    usable is dropped, so the next call connects again."""
 
     def call():
-        close_old_connections()
         try:
             return fn(*args)
         finally:
-            close_old_connections()
+            if connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
 
-    return asyncio.to_thread(call)
+    return asyncio.get_running_loop().run_in_executor(_DB_THREAD, call)
 
 
 class Gateway:
@@ -106,7 +123,10 @@ class Gateway:
             connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None, connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
                                           sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
-            auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+            auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            # No cookie jar: a replica's Set-Cookie must not ride along on other clients' requests,
+            # and filtering cookies per request is CPU for nothing.
+            cookie_jar=aiohttp.DummyCookieJar())
         if settings.CONSUL_HTTP_ADDR:
             self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
         await self.refresh()
@@ -117,6 +137,7 @@ class Gateway:
         for t in [*self.tasks, *([self.poller] if self.poller else [])]:
             t.cancel()
         await self.flush()
+        await _db(lambda: connection.close())  # looked up on the database thread: its own connection
         if self.consul is not None:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving
         if self.client:
@@ -140,7 +161,9 @@ class Gateway:
         if self.consul is not None:
             await self.consul.sync(self.table)
 
-        await _db(finish_drains)
+        # Only when a drain is due: most refreshes have none, and the query is a third of their CPU.
+        if self.table.drain_due_at is not None and self.table.drain_due_at <= timezone.now():
+            await _db(finish_drains)
 
     async def refresh_table(self) -> bool:
         try:
@@ -178,11 +201,11 @@ class Gateway:
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)
         return info
 
-    def limited(self, key, reserve: int = 0) -> tuple[float | None, list | None]:
+    def limited(self, key, reserve: Callable[[], int] = lambda: 0) -> tuple[float | None, list | None]:
         """(seconds to wait if the key is over a per-minute limit, else None; the token reservation).
-        An admitted request counts at once, and reserves `reserve` tokens (its prompt estimate and
-        max_tokens) that finish() settles to the real usage: concurrent requests cannot all slip
-        under the limit before any of them is counted."""
+        An admitted request counts at once, and a key with a token limit reserves reserve() tokens
+        (its prompt estimate and max_tokens, worked out only then) that finish() settles to the real
+        usage: concurrent requests cannot all slip under the limit before any of them is counted."""
         now = time.monotonic()
         window = self.rpm[key.id]
         while window and window[0] <= now - 60:
@@ -197,7 +220,7 @@ class Gateway:
         window.append(now)
         reservation = None
         if key.tpm_limit:
-            reservation = [now, max(1, reserve)]
+            reservation = [now, max(1, reserve())]
             tokens.append(reservation)
         return None, reservation
 
@@ -281,7 +304,7 @@ class Gateway:
             return await self.finish(send, key, None, start, await _error(
                 send, 503, f"No replica of {model!r} is ready; try again shortly.", "unavailable",
                 retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
-        wait, reservation = self.limited(key, _token_estimate(payload, generate))
+        wait, reservation = self.limited(key, lambda: _token_estimate(payload, generate))
         if wait is not None:
             return await self.finish(send, key, None, start, await _error(
                 send, 429, "This key is over its per-minute limit.", "rate_limit_exceeded",
@@ -513,9 +536,25 @@ def _token_estimate(payload: dict, generate: bool) -> int:
     return len(text) // 4 + 1 + limit
 
 
+_USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
+_JSON = json.JSONDecoder()
+
+
 def _usage_tokens(data: bytes) -> int:
-    if b'"usage"' not in data:
+    """The answer's usage.total_tokens. vLLM puts "usage" last: only that object is decoded, not the
+    whole answer (a long completion's text); anything else falls back to decoding it all."""
+    at = data.rfind(b'"usage"')
+    if at < 0:
         return 0
+    found = _USAGE_KEY.match(data, at)
+    if found:
+        try:
+            tail = data[found.end():].decode()
+            usage, end = _JSON.raw_decode(tail)
+            if isinstance(usage, dict) and tail[end:].strip() == "}":  # the top-level object's last member
+                return int(usage.get("total_tokens") or 0)
+        except (ValueError, TypeError, UnicodeDecodeError):
+            pass
     try:
         usage = json.loads(data).get("usage") or {}
         return int(usage.get("total_tokens") or 0)

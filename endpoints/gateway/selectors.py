@@ -3,6 +3,7 @@ console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECOND
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import F
@@ -51,6 +52,7 @@ class RoutingTable:
     canary: dict[str, int] = field(default_factory=dict)  # served model name -> the staged side's share (%)
     prefix: set[str] = field(default_factory=set)  # served model names with a prefix-routed endpoint
     wakeable: dict[str, list[Wakeable]] = field(default_factory=dict)  # model -> its endpoints scaled to zero
+    drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
 
 
 def model_name(endpoint) -> str:
@@ -73,7 +75,10 @@ def routing_table() -> RoutingTable:
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
     asleep = []
-    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING):
+    # Only the columns used: the gateway reads this every second, and building whole rows was most of its
+    # idle CPU (benchmarks/gateway.py).
+    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only(
+            "name", "served_model_name", "autoscale", "distributed", "replicas"):
         known.setdefault(model_name(ep), set()).add(ep.name)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
@@ -84,7 +89,9 @@ def routing_table() -> RoutingTable:
     replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
                                        endpoint__desired_state=Endpoint.Desired.RUNNING,
                                        index__lt=F("endpoint__replicas"))
-                .exclude(endpoint_id__in=idle).select_related("endpoint", "node"))
+                .exclude(endpoint_id__in=idle).select_related("endpoint", "node")
+                .only("index", "port", "devices", "node__name", "node__address", "endpoint__name",
+                      "endpoint__served_model_name", "endpoint__routing"))
     # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
     # from the moment the agent records it, before its own reconcile pass moves or holds the replica.
     replicas = list(replicas)
@@ -108,7 +115,9 @@ def routing_table() -> RoutingTable:
             scope = {ep.name, names.get(public_of.get(ep.pk), "")} - {""}
             wakeable.setdefault(model_name(ep), []).append(Wakeable(
                 endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope)))
+    drains = [g.stop_idle_at for g in pairs.values() if g.stop_idle_at]
     return RoutingTable(backends=backends, known=known, max_queue=max_queue, wakeable=wakeable,
+                        drain_due_at=min(drains, default=None),
                         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
                         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)})
 

@@ -336,7 +336,8 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
 
 
 @pytest.mark.django_db(transaction=True)
-def test_old_side_stops_after_the_drain(admin):
+def test_old_side_stops_after_the_drain(admin, gateway):
+    from endpoints.gateway.selectors import routing_table
     from endpoints.gateway.services import finish_drains
 
     node = Node.objects.create(name="n", address="127.0.0.1")
@@ -349,8 +350,14 @@ def test_old_side_stops_after_the_drain(admin):
     assert services.rollback(endpoint=blue, actor=admin).serving == GatewayEndpoint.Serving.LIVE
     services.switch(endpoint=blue, actor=admin)
     assert finish_drains() == 0
+    pending = GatewayEndpoint.objects.get(endpoint=blue).stop_idle_at
+    assert pending and routing_table().drain_due_at == pending  # the gateway finishes it once due, not before
     GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now())
-    assert finish_drains() == 1
+    gateway()  # its refresh finds the drain due and stops the old side
+    deadline = time.monotonic() + 15
+    while Endpoint.objects.get(pk=blue.pk).desired_state != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert routing_table().drain_due_at is None and finish_drains() == 0
     blue.refresh_from_db()
     green.refresh_from_db()
     assert blue.desired_state == "stopped" and green.desired_state == "running"

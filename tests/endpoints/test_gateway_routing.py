@@ -309,6 +309,30 @@ def test_canary_api_refuses_bad_input_and_switch_rollback_reset_it(operator, vie
 
 
 @pytest.mark.django_db
+def test_routing_table_reads_a_fixed_number_of_queries_however_many_replicas(django_assert_num_queries):
+    """The gateway reads it every second and its rows carry only the columns it uses: a field it reads
+    but left out would cost a query per replica (and this count would grow)."""
+    from workers.models import Device
+
+    blue, green = pair()
+    Endpoint.objects.filter(pk=green.pk).update(routing=Endpoint.Routing.PREFIX, served_model_name="other")
+    for i in (1, 2):
+        Replica.objects.create(endpoint=blue, index=i, node=blue.node, state=Endpoint.State.READY, port=9200 + i,
+                               port_host=f"fake-{9200 + i}", devices=[i])
+    Endpoint.objects.filter(pk=blue.pk).update(replicas=3)
+    Device.objects.create(node=blue.node, index=2, kind="npu", health="Alarm")  # replica 2's device: not routed
+    with django_assert_num_queries(6):  # pairs, names, endpoints, replicas, unhealthy devices, members
+        table = routing_table()
+    assert {(b.endpoint_name, b.replica_index, b.url, b.node_name, b.prefix) for bs in table.backends.values()
+            for b in bs} == {("c-blue", 0, "http://127.0.0.1:9100", "gw-node", False),
+                             ("c-blue", 1, "http://127.0.0.1:9201", "gw-node", False),
+                             ("c-green", 0, "http://127.0.0.1:9101", "gw-node", True)}
+    assert table.known == {"tiny": {"c-blue"}, "other": {"c-green"}} and table.prefix == {"other"}
+    first = table.backends["tiny"][0]
+    assert first.api_key == Replica(pk=Replica.objects.get(endpoint=blue, index=first.replica_index).pk).api_key
+
+
+@pytest.mark.django_db
 def test_canary_from_the_endpoint_page(as_operator, admin):
     blue, green = pair()
     page = as_operator.get(f"/endpoints/{blue.pk}/").content.decode()

@@ -21,5 +21,8 @@ class Command(BaseCommand):
 
         self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/)")
         self.stdout.flush()
+        # No proxy-headers middleware (the gateway reads no client address) and no Server header:
+        # per-request work that serves nothing here.
         uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
-                    access_log=False, log_level=log_level, timeout_keep_alive=30, backlog=4096)
+                    access_log=False, log_level=log_level, timeout_keep_alive=30, backlog=4096,
+                    proxy_headers=False, server_header=False)
