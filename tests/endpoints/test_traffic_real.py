@@ -111,13 +111,13 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
                                               "max_num_seqs": 1, "autoscale": AUTOSCALE, "env": CPU_BIND})
         assert made.status_code == 201, made.content
         live = made.json()["id"]
-        wait_for(lambda: ready(live) == 1, timeout=300, interval=1, what="the live replica ready")
+        wait_for(lambda: ready(live) == 1, timeout=600, interval=1, what="the live replica ready")
         gw.wait_routes(MODEL, 1, timeout=30)
 
         # --- 1 → 2 under a bounded load (4 clients: 3 waiting on one replica, target 1 per replica) -----------
         load = Load(gw, key, threads=4, max_tokens=64)
         wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 2, timeout=90, interval=1, what="scaled up to 2")
-        wait_for(lambda: ready(live) == 2, timeout=300, interval=1, what="the second replica ready")
+        wait_for(lambda: ready(live) == 2, timeout=600, interval=1, what="the second replica ready")
         gw.wait_routes(MODEL, 2, timeout=30)
         second = Replica.objects.get(endpoint_id=live, index=1)
         wait_for(lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests")
@@ -168,7 +168,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         assert api.patch(f"/api/v1/endpoints/{live}", {"autoscale": None}).status_code == 200
 
         # --- the staged deployment takes a 25 % canary ------------------------------------------------------------
-        wait_for(lambda: ready(green) == 1, timeout=300, interval=1, what="the staged replica ready")
+        wait_for(lambda: ready(green) == 1, timeout=600, interval=1, what="the staged replica ready")
         assert api.post(f"/api/v1/gateway/endpoints/{live}/canary", {"percent": 25}).status_code == 200
         gw.wait_routes(MODEL, 2, timeout=30)
         ports = {"live": Replica.objects.get(endpoint_id=live, index=0).port,
