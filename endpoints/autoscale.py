@@ -29,6 +29,9 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
    To 0 (min_replicas 0) from 1: only an idle endpoint, not a short queue: every sample of the
    whole scale-down window shows no work (nothing waiting, nothing running, no request served:
    vLLM's ep.qps and the gateway's gw.qps 0), since a replica that keeps up reads need 0 too.
+   Not while a replica of the current count is still starting: its queue is still the others' to
+   carry, and taking it back before it ever served would flap (a start takes minutes; the cooldown
+   need not outlast it).
 5. Missing data holds: a window with no samples, or with a gap longer than `max_gap_s`, decides
    nothing load-driven (a scrape outage is not an idle endpoint). Only samples with vLLM's figures
    (`scraped`) fill a window: a pass with the gateway's alone says nothing of the replicas.
@@ -217,7 +220,7 @@ def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) 
 
 def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
            last_change_at: datetime.datetime | None, samples: list[Sample], tz: str = "UTC",
-           max_gap_s: float = 30.0) -> Decision:
+           max_gap_s: float = 30.0, starting: int = 0) -> Decision:
     """The wanted replica count for an endpoint now (see the module's rules)."""
     floor = settings.floor(now, tz)
     low, high = min(floor, settings.max_replicas), settings.max_replicas
@@ -258,6 +261,8 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
                                f"(target {settings.target_waiting:g} per replica): half the samples or more need "
                                f"{median_need}+")
     down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
+    if current > low and down_covered and max(down_need) < current and starting:
+        return out(HOLD, current, f"{starting} replica(s) still starting: no scale-down before they serve")
     if current > low and down_covered and max(down_need) < current:
         wanted = max(current - 1, low)
         if wanted == 0:

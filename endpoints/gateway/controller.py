@@ -106,7 +106,9 @@ def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
     return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
                             last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
-                            tz=settings.TIME_ZONE, max_gap_s=gap)
+                            tz=settings.TIME_ZONE, max_gap_s=gap,
+                            starting=endpoint.replica_set.filter(index__lt=endpoint.replicas, state__in=(
+                                Endpoint.State.PENDING, Endpoint.State.STARTING)).count())
 
 
 def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autoscale.Decision, bool]]:

@@ -44,8 +44,9 @@ def series(now, seconds, waiting, every=10, running=0, served=0):
             for i in range(count + 1)]
 
 
-def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", **over):
-    return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz)
+def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, **over):
+    return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz,
+                  starting=starting)
 
 
 # --- the settings ----------------------------------------------------------------------------------
@@ -133,6 +134,9 @@ def test_scale_down_after_a_whole_low_window_one_replica_at_a_time():
     assert run(series(MONDAY_NOON, 60, 0), current=3).action == HOLD
     # At min already: hold.
     assert run(series(MONDAY_NOON, 300, 0), current=1).action == HOLD
+    # A replica of the count still starting (its queue carried by the others meanwhile): no scale-down yet.
+    d = run(series(MONDAY_NOON, 300, 0), current=3, starting=1)
+    assert d.action == HOLD and "1 replica(s) still starting" in d.reason
 
 
 def test_missing_data_holds():

@@ -36,20 +36,21 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 MODEL = "traffic"
-# The agent scrapes every second (the controller tolerates a gap of 3 intervals); short windows. The cooldown
-# outlasts a replica's start, as in production: a queue that swings while the new replica loads (a closed-loop
-# client's requests spend part of their time outside vLLM's queue) must not take it back before it serves.
+# The agent scrapes every second (the controller tolerates a gap of 3 intervals); short windows and cooldown
+# (no scale-down while a replica is still starting, whatever the cooldown).
 FAST = {"TELEMETRY_INTERVAL_SECONDS": "1", "GATEWAY_ROLLOUT_MIN_REQUESTS": "5"}
 AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": 10,
-             "scale_down_window_s": 20, "cooldown_s": 60}
+             "scale_down_window_s": 20, "cooldown_s": 20}
 CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0"}
 
 
 class Load:
-    """`threads` clients sending completions through the gateway in a loop until stopped; every status kept."""
+    """`threads` clients sending completions through the gateway in a loop until stopped, `think` seconds
+    apart; every status kept."""
 
     def __init__(self, gw, key: str, *, threads: int, max_tokens: int):
         self.statuses: list[int] = []
+        self.think = 0.0
         self.stopping = [threading.Event() for _ in range(threads)]
         body = {"model": MODEL, "prompt": "Count: one two three", "max_tokens": max_tokens, "ignore_eos": True}
 
@@ -57,6 +58,7 @@ class Load:
             with httpx.Client(base_url=gw.url, timeout=300, headers={"Authorization": f"Bearer {key}"}) as c:
                 while not stop.is_set():
                     self.statuses.append(c.post("/v1/completions", json=body).status_code)
+                    time.sleep(self.think)
 
         self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in self.stopping]
         for t in self.threads:
@@ -115,17 +117,23 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         gw.wait_routes(MODEL, 1, timeout=30)
 
         # --- 1 → 2 under a bounded load (4 clients: 3 waiting on one replica, target 1 per replica) -----------
-        load = Load(gw, key, threads=4, max_tokens=64)
-        wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 2, timeout=90, interval=1, what="scaled up to 2")
+        # Long answers (200 tokens): a client spends its time in vLLM's queue, not on its way there.
+        load = Load(gw, key, threads=4, max_tokens=200)
+        wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 2, timeout=120, interval=1, what="scaled up to 2")
+        up = scale_events(live)
+        assert up[0].startswith("scaled up 1 → 2: waiting requests averaged"), up
+        # The load drops to one client with pauses while the replica starts: a saturated replica and its
+        # clients would take this machine's two cores from the start. The queue empties; no scale-down
+        # while the new replica is still starting (the controller's rule), so it comes up and takes requests.
+        load.think = 0.3
+        load.keep(1)
         wait_for(lambda: ready(live) == 2, timeout=600, interval=1, what="the second replica ready")
+        assert Endpoint.objects.get(pk=live).replicas == 2, scale_events(live)
         gw.wait_routes(MODEL, 2, timeout=30)
         second = Replica.objects.get(endpoint_id=live, index=1)
         wait_for(lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests")
-        up = scale_events(live)
-        assert up[0].startswith("scaled up 1 → 2: waiting requests averaged"), up
 
-        # --- the load drops to one client: after a whole quiet window, back to 1, the extra replica drained ----
-        load.keep(1)
+        # --- after a whole quiet window with the client still there, back to 1, the extra replica drained ------
         wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 1, timeout=90, interval=1, what="scaled down to 1")
         wait_for(lambda: Replica.objects.get(pk=second.pk).state == "stopped", timeout=120, interval=1,
                  what="the extra replica drained and stopped")
