@@ -594,7 +594,9 @@ def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None
         for index in range(current, new):
             replica, made = Replica.objects.get_or_create(endpoint=endpoint, index=index, defaults={
                 "node": endpoint.node, "devices": endpoint.devices[index * per:(index + 1) * per]})
-            if not made and replica.state == Endpoint.State.FAILED:  # a fresh start, like endpoint_start's
+            # A fresh start, like endpoint_start's; a stopped row (scaled down before) reads as starting at
+            # once, so the controller's next pass does not take it back before its agent starts it.
+            if not made and replica.state in (Endpoint.State.FAILED, Endpoint.State.STOPPED):
                 Replica.objects.filter(pk=replica.pk).update(state=Endpoint.State.PENDING, crashes_in_a_row=0,
                                                              next_start_at=None, state_reason="")
         if new < current:
