@@ -191,7 +191,7 @@ def main():
         for policy in args.router_policies if args.router else ():
             router_port = free_port()
             router_argv = [args.router, "--host", "127.0.0.1", "--port", str(router_port), "--policy", policy,
-                           "--worker-urls", *urls]
+                           "--prometheus-port", str(free_port()), "--worker-urls", *urls]
             router_env = dict(os.environ)
             if policy == "kv_aware":
                 for url, port in zip(urls, events, strict=True):
