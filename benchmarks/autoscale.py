@@ -37,7 +37,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -55,7 +54,6 @@ import django  # noqa: E402
 
 django.setup()
 
-import httpx  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
@@ -64,40 +62,13 @@ from endpoints.models import Endpoint, EndpointEvent, Replica  # noqa: E402
 from endpoints.services import endpoint_create, endpoint_stop  # noqa: E402
 from models_registry.services import model_register  # noqa: E402
 from tests.support.agents import ENGINE_PYTHON, kill_leftovers, start_agent, stop_agent, wait_for  # noqa: E402
-from tests.support.gateway import GatewayProc, served_requests  # noqa: E402
+from tests.support.gateway import CompletionLoad, GatewayProc, served_requests  # noqa: E402
 from workers.models import Node  # noqa: E402
 
 MODEL = "bench-autoscale"
 NODE = "bench-autoscale-node"
 # vLLM's threads unpinned: pinned, the starting replica would share the running one's cores only.
 CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-
-
-class Load:
-    """`clients` threads sending completions through the gateway in a loop until stopped; every status kept."""
-
-    def __init__(self, url: str, key: str, *, clients: int, max_tokens: int):
-        self.statuses: list[int] = []
-        self.stopping = threading.Event()
-        body = {"model": MODEL, "prompt": "Count: one two three", "max_tokens": max_tokens, "ignore_eos": True}
-
-        def run():
-            with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {key}"}) as client:
-                while not self.stopping.is_set():
-                    try:
-                        self.statuses.append(client.post("/v1/completions", json=body).status_code)
-                    except httpx.HTTPError:
-                        self.statuses.append(0)
-
-        self.threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
-        for thread in self.threads:
-            thread.start()
-
-    def stop(self) -> list[int]:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=600)
-        return self.statuses
 
 
 def ready_count(endpoint_id: int) -> int:
@@ -126,7 +97,7 @@ def run_arm(arm: str, *, artifact: int, user, gateway: GatewayProc, key: str, ar
             empty(Path(os.environ["DATA_DIR"]) / "engine-cache")
         time.sleep(2 * args.interval)  # an idle sample or two before the step
 
-        load = Load(gateway.url, key, clients=args.clients, max_tokens=args.max_tokens)
+        load = CompletionLoad(gateway.url, key, model=MODEL, threads=args.clients, max_tokens=args.max_tokens)
         step = time.monotonic()
         try:
             wait_for(lambda: Endpoint.objects.get(pk=endpoint.pk).replicas == 2, timeout=args.start_timeout,

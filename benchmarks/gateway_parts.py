@@ -23,15 +23,16 @@ import argparse
 import asyncio
 import json
 import resource
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.gateway import free_port, wait_http  # noqa: E402
 BODY = json.dumps({"model": "bench", "prompt": "x", "max_tokens": 1}).encode()
 ANSWER = json.dumps({"id": "x", "object": "text_completion", "model": "bench", "choices": [
     {"index": 0, "text": "hello", "finish_reason": "length"}],
@@ -126,14 +127,12 @@ def start_server(kind: str, port: int) -> subprocess.Popen:
              "0", "--fake-slots", "4"] if kind == "uvicorn" else [sys.executable, "-c", BARE_SERVER, str(port),
                                                                   ANSWER.decode()])
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return proc
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"the {kind} server did not start")
+    try:
+        wait_http(f"http://127.0.0.1:{port}/", timeout=30)  # both answer any request
+    except SystemExit:
+        proc.kill()
+        raise
+    return proc
 
 
 def main():
@@ -143,8 +142,6 @@ def main():
     args = parser.parse_args()
     import uvloop
 
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.gateway import free_port
 
     client: dict[str, list[float]] = {"aiohttp": [], "bare": []}
     server: dict[str, list[float]] = {"uvicorn": [], "bare": []}

@@ -9,7 +9,6 @@ that deployment made slow under an SLO-gated rollout and rolled back on its own.
 phase must succeed (the issue's goal: zero failed requests during every scale and canary event)."""
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 
@@ -29,52 +28,21 @@ from tests.support.agents import (
     stop_agent,
     wait_for,
 )
-from tests.support.gateway import served_requests
+from tests.support.gateway import CompletionLoad, served_requests
 from workers.models import Node
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 MODEL = "traffic"
-# The agent scrapes every 3 s (the controller tolerates a gap of 3 intervals: a busy engine delays a scrape); short windows and cooldown
-# (no scale-down while a replica is still starting, whatever the cooldown).
+# The agent scrapes every 3 s (the controller tolerates a gap of 3 intervals: a busy engine delays a scrape);
+# short windows and cooldown (no scale-down while a replica is still starting, whatever the cooldown).
 FAST = {"TELEMETRY_INTERVAL_SECONDS": "3", "GATEWAY_ROLLOUT_MIN_REQUESTS": "5"}
 AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": 10,
              "scale_down_window_s": 20, "cooldown_s": 20}
 # vLLM's threads unpinned: an idle-but-polled engine's worker spins on a core (vLLM's shm queue busy-loops for
 # a second after each message), and pinning every replica to the same cores would starve a starting one.
 CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-
-
-class Load:
-    """`threads` clients sending completions through the gateway in a loop until stopped, `think` seconds
-    apart; every status kept."""
-
-    def __init__(self, gw, key: str, *, threads: int, max_tokens: int):
-        self.statuses: list[int] = []
-        self.think = 0.0
-        self.stopping = [threading.Event() for _ in range(threads)]
-        body = {"model": MODEL, "prompt": "Count: one two three", "max_tokens": max_tokens, "ignore_eos": True}
-
-        def run(stop):
-            with httpx.Client(base_url=gw.url, timeout=300, headers={"Authorization": f"Bearer {key}"}) as c:
-                while not stop.is_set():
-                    self.statuses.append(c.post("/v1/completions", json=body).status_code)
-                    time.sleep(self.think)
-
-        self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in self.stopping]
-        for t in self.threads:
-            t.start()
-
-    def keep(self, n: int):
-        """Stop all but n clients (each finishes its request in flight)."""
-        for stop, thread in list(zip(self.stopping, self.threads))[n:]:
-            stop.set()
-            thread.join(timeout=300)
-
-    def stop(self) -> list[int]:
-        self.keep(0)
-        return self.statuses
 
 
 def ready(endpoint_id: int) -> int:
@@ -119,7 +87,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
 
         # --- 1 → 2 on the queue under a bounded load (three clients, one request at a time per replica); back to 1
         # after a whole quiet window once the load drops to one paced client ----------------------------------------
-        load = Load(gw, key, threads=3, max_tokens=32)
+        load = CompletionLoad(gw.url, key, model=MODEL, threads=3, max_tokens=32)
         wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 2, timeout=120, interval=1, what="scaled up to 2")
         up = scale_events(live)
         assert up[0].startswith("scaled up 1 → 2: waiting requests averaged"), up
@@ -195,7 +163,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         rollout = api.post(f"/api/v1/gateway/endpoints/{live}/rollout", {"p99_ms": threshold_ms, "window_seconds": 10,
                                                                         "steps": [25, 50, 100], "auto": True})
         assert rollout.status_code == 200, rollout.content
-        load = Load(gw, key, threads=2, max_tokens=32)
+        load = CompletionLoad(gw.url, key, model=MODEL, threads=2, max_tokens=32)
         wait_for(lambda: GatewayEndpoint.objects.get(endpoint_id=live).canary_percent == 0, timeout=120, interval=1,
                  what="the automatic rollback")
         time.sleep(2)  # requests after the rollback, on the live side only

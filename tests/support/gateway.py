@@ -154,6 +154,40 @@ class GatewayProc:
         print("gateway output:\n" + self.proc.stdout.read().decode(errors="replace")[-5000:])
 
 
+class CompletionLoad:
+    """`threads` clients sending completions for `model` to `url` (a gateway) in a loop until stopped,
+    `think` seconds apart; every status kept, 0 for a request that got no answer (a transport error)."""
+
+    def __init__(self, url: str, key: str, *, model: str, threads: int, max_tokens: int):
+        self.statuses: list[int] = []
+        self.think = 0.0
+        self.stopping = [threading.Event() for _ in range(threads)]
+        body = {"model": model, "prompt": "Count: one two three", "max_tokens": max_tokens, "ignore_eos": True}
+
+        def run(stop):
+            with httpx.Client(base_url=url, timeout=600, headers={"Authorization": f"Bearer {key}"}) as client:
+                while not stop.is_set():
+                    try:
+                        self.statuses.append(client.post("/v1/completions", json=body).status_code)
+                    except httpx.HTTPError:
+                        self.statuses.append(0)
+                    time.sleep(self.think)
+
+        self.threads = [threading.Thread(target=run, args=(s,), daemon=True) for s in self.stopping]
+        for thread in self.threads:
+            thread.start()
+
+    def keep(self, n: int):
+        """Stop all but n clients (each finishes its request in flight)."""
+        for stop, thread in list(zip(self.stopping, self.threads))[n:]:
+            stop.set()
+            thread.join(timeout=600)
+
+    def stop(self) -> list[int]:
+        self.keep(0)
+        return self.statuses
+
+
 def served_requests(port: int) -> float:
     """Requests a real vLLM replica finished (vllm:request_success_total on its own /metrics)."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
