@@ -112,11 +112,17 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         assert [c for c in calls(state) if c[0] == "run"] == runs
         assert len([p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]) == 1
 
-        # Stop: `stop` with the grace, then `rm -f`; nothing of it is left.
+        # Stop: `stop` with the grace, the exit code, then `rm -f`; nothing of it is left, and the
+        # agent's later passes leave the CLI alone (the replica keeps its name, not its id).
+        before_stop = len(calls(state))
         assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
         wait_for(lambda: _state(endpoint_id) == "stopped", timeout=90, interval=0.5, what="stopped")
-        tail = calls(state)[-3:]
-        assert tail[0][:2] == ["stop", "--time"] and tail[0][-1] == NAME and tail[-1] == ["rm", "-f", NAME]
+        time.sleep(2)  # more passes
+        stopping = [c for c in calls(state)[before_stop:] if c[0] != "logs"]
+        while stopping and stopping[0][0] == "inspect":  # passes before the one that stops it
+            stopping.pop(0)
+        assert [c[:2] for c in stopping] == [["stop", "--time"], ["inspect", "--type"], ["rm", "-f"]], stopping
+        assert all(c[-1] == NAME for c in stopping)
         stopped = Replica.objects.get(endpoint_id=endpoint_id)
         assert stopped.pid is None and stopped.container_id == "" and stopped.last_exit_code is not None
         assert "killed" not in Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True)

@@ -93,6 +93,18 @@ def test_a_leftover_under_the_replica_name_is_removed_and_another_id_is_not_adop
     runtime.reap(second)
 
 
+def test_a_stopped_replica_name_without_an_id_costs_no_cli_call(docker, tmp_path):
+    runtime = ContainerRuntime("docker", owner="node-a")
+    handle = runtime.start(spec(tmp_path, "stopped-r0", SERVE))
+    runtime.reap(handle)
+    made = len(calls(docker))
+    # What the agent has after a stop: the name is kept, the id cleared; it looks at it on every pass.
+    after_stop = ProcessHandle(pid=0, create_time=0.0, runtime="docker", container_name="stopped-r0",
+                               container_id="")
+    assert runtime.find(after_stop) is None
+    assert [c for c in calls(docker)[made:] if c[0] != "logs"] == []
+
+
 def test_an_unreachable_cli_is_neither_a_crash_nor_a_stop(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker at all
     handle = ProcessHandle(pid=0, create_time=0.0, runtime="docker", container_name="x-r0", container_id="ab" * 32)

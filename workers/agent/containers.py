@@ -167,11 +167,12 @@ class ContainerRuntime:
 
     def find(self, handle: ProcessHandle) -> dict | None:
         """The container's facts while it runs under the handle's name and id; None when it has gone,
-        ended, or is another container by that name."""
-        if not handle.container_name:
+        ended, or is another container by that name. Without an id nothing was launched (or its stop was
+        recorded): no CLI call, as a stopped replica is looked at on every pass."""
+        if not handle.container_name or not handle.container_id:
             return None
         info = self.inspect(handle.container_name)
-        if info is None or (handle.container_id and info.get("Id") != handle.container_id):
+        if info is None or info.get("Id") != handle.container_id:
             return None
         if not (info.get("State") or {}).get("Running"):
             return None
