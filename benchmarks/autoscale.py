@@ -67,8 +67,6 @@ from workers.models import Node  # noqa: E402
 
 MODEL = "bench-autoscale"
 NODE = "bench-autoscale-node"
-# vLLM's threads unpinned: pinned, the starting replica would share the running one's cores only.
-CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def ready_count(endpoint_id: int) -> int:
@@ -84,7 +82,7 @@ def run_arm(arm: str, *, artifact: int, user, gateway: GatewayProc, key: str, ar
     eager = arm == "eager"
     endpoint = endpoint_create(
         name=f"bench-{arm}", artifact=artifact, node=NODE, served_model_name=MODEL, enforce_eager=eager,
-        dtype="float32", max_model_len=1024, max_num_seqs=1, env=CPU_BIND, user=user,
+        dtype="float32", max_model_len=1024, max_num_seqs=1, user=user,
         autoscale={"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": args.window,
                    "scale_down_window_s": 3600, "cooldown_s": 0})
     t0 = time.monotonic()

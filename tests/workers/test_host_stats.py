@@ -104,3 +104,20 @@ def test_exited_pid_is_none():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert sample_process_tree(proc.pid) is None
+
+
+def test_cpu_core_ids_takes_one_hyperthread_per_core(tmp_path, monkeypatch):
+    from workers.host_stats import cpu_core_ids
+
+    # Linux numbers hyperthreads apart: cpu0/cpu2 are one core, cpu1/cpu3 another (sysfs layout).
+    for cpu, core in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert cpu_core_ids(str(tmp_path)) == [0, 1]
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {2, 3})  # a cpuset: only the sibling threads
+    assert cpu_core_ids(str(tmp_path)) == [2, 3]
+    assert cpu_core_ids(str(tmp_path / "missing")) == [2, 3]  # no topology: every allowed CPU
+    assert cpu_core_ids() == sorted(set(cpu_core_ids()))  # this host's, sorted

@@ -26,6 +26,7 @@ from workers.engine_info import (
     engine_fingerprint,
     probe_engine,
 )
+from workers.host_stats import cpu_core_ids
 from workers.models import Node
 from workers.telemetry.collect import collect_node
 
@@ -71,7 +72,8 @@ class NodeAgent:
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
             "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
             "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
-            "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total},
+            "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
+                     "cpu_cores": cpu_core_ids()},
         })
         self.node = node
         return node
