@@ -66,39 +66,42 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
         max_num_seqs=endpoint.max_num_seqs, max_model_len=endpoint.max_model_len,
         gpu_memory_utilization=endpoint.gpu_memory_utilization, dtype=endpoint.dtype or None,
         quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
-        extra_args=dict(endpoint.extra_args), env=dict(endpoint.env), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
-        cpu_threads_bind=cpu_core_share(endpoint=endpoint, replica=replica, node=node),
+        extra_args=dict(endpoint.extra_args), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
+        env={**cpu_threads_env(endpoint=endpoint, replica=replica, node=node), **endpoint.env},
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
         engine_cache_dir=str(engine_cache_dir()),
     )
 
 
-def cpu_core_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> str | None:
-    """The cores of one replica on a CPU node, as VLLM_CPU_OMP_THREADS_BIND, when the endpoint may run
-    several there; None leaves vLLM's own choice ("auto"). vllm-cpu's auto binding takes the same cores for
-    every process (NUMA node 0's, one logical CPU per physical core, less one it reserves for the engine's
+def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict[str, str]:
+    """The threads of one replica on a CPU node, as environment variables, when the endpoint may run several
+    there; {} leaves vLLM's own choice ("auto"). vllm-cpu's auto binding takes the same cores for every
+    process (NUMA node 0's, one logical CPU per physical core, less one it reserves for the engine's
     busy-polling scheduler process: vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`,
     `_get_autobind_cpu_ids`), so two replicas would share one set and the second would add no compute.
     Each of the endpoint's replica slots (its count, or its autoscale maximum: the cores are held for its
     largest size, as devices are) gets its own contiguous share of the cores the node's agent found
     (Node.host["cpu_cores"]), less the share's last core, left to that replica's scheduler and API server
-    as vLLM's auto binding leaves one. A node with fewer than two cores per slot cannot do that: there the
-    replicas run unpinned ("nobind") and the OS spreads them (measured on 2 cores: pinned to one core each,
-    a starting replica took 320 s to be ready beside a busy one, whose scheduler and the other processes
-    were left the starting one's core; unpinned, about 45 s). An operator's VLLM_CPU_OMP_THREADS_BIND in
-    the endpoint's env wins, and multi-rank replicas (TP or PP above 1, one core set per rank) keep auto."""
+    as vLLM's auto binding leaves one: VLLM_CPU_OMP_THREADS_BIND. A node with fewer than two cores per slot
+    cannot do that. Pinned to one core each, a starting replica took 320 s to be ready beside a busy one
+    (its core was left all the floating processes, the busy engine's spinning scheduler included; 2 cores);
+    unpinned with vLLM's default threads (one per core each), one replica's answers slowed to 0.2 tokens/s
+    beside a busy one (most likely their OpenMP threads spinning against each other). There the replicas run
+    unpinned ("nobind") with a thread each per slot's worth of cores (OMP_NUM_THREADS), and the OS spreads
+    them. The endpoint's own env wins (it is laid over this), and multi-rank replicas (TP or PP above 1, one
+    core set per rank) keep auto."""
     if node.platform != Node.Platform.CPU or "VLLM_CPU_OMP_THREADS_BIND" in endpoint.env:
-        return None
+        return {}
     if endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size != 1 or endpoint.distributed:
-        return None
+        return {}
     slots = max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, replica.index + 1)
     if slots < 2:
-        return None
+        return {}
     cores = list((node.host or {}).get("cpu_cores") or range((node.host or {}).get("cpus") or 0))
     if len(cores) < 2 * slots:
-        return "nobind"
-    return _id_list(core_split(cores, slots=slots, index=replica.index)[:-1])
+        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cores) // slots))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(core_split(cores, slots=slots, index=replica.index)[:-1])}
 
 
 def core_split(cores: list[int], *, slots: int, index: int) -> list[int]:

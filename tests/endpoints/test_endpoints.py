@@ -434,23 +434,25 @@ def test_replicas_of_one_endpoint_on_a_cpu_node_get_their_own_cores(cpu_node, ti
                                        replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
     replicas = [Replica.objects.create(endpoint=endpoint, index=i, node=cpu_node) for i in range(3)]
 
-    def bind(replica):
-        return build_command(launch_spec(endpoint=endpoint, replica=replica, node=cpu_node, port=8201))[1].get(
-            "VLLM_CPU_OMP_THREADS_BIND")
+    def threads(replica):
+        env = build_command(launch_spec(endpoint=endpoint, replica=replica, node=cpu_node, port=8201))[1]
+        return env.get("VLLM_CPU_OMP_THREADS_BIND"), env.get("OMP_NUM_THREADS")
 
     # An autoscaled endpoint holds its share for its largest size, even while one replica runs.
-    assert [bind(r) for r in replicas[:2]] == ["0-2", "4-6"]
+    assert [threads(r) for r in replicas[:2]] == [("0-2", None), ("4-6", None)]
     endpoint.autoscale = None
-    assert bind(replicas[0]) is None  # one replica: vLLM's auto binding
+    assert threads(replicas[0]) == (None, None)  # one replica: vLLM's auto binding
     endpoint.replicas = 3
-    assert [bind(r) for r in replicas] == ["0", "2", "4"]  # 2 cores each, one of them left to the scheduler
-    endpoint.replicas = 5  # under two cores per slot: unpinned, the OS spreads them
-    assert [bind(r) for r in replicas] == ["nobind"] * 3
+    assert [threads(r) for r in replicas] == [("0", None), ("2", None), ("4", None)]  # 1 of each 2 to the scheduler
+    endpoint.replicas = 5  # under two cores per slot: unpinned, a thread each per slot's worth of cores
+    assert [threads(r) for r in replicas] == [("nobind", "1")] * 3
+    endpoint.env = {"OMP_NUM_THREADS": "2"}  # the endpoint's own env wins
+    assert threads(replicas[0]) == ("nobind", "2")
     endpoint.replicas = 2
-    endpoint.env = {"VLLM_CPU_OMP_THREADS_BIND": "3"}  # the operator's choice wins, for every replica
-    assert [bind(r) for r in replicas[:2]] == ["3", "3"]
+    endpoint.env = {"VLLM_CPU_OMP_THREADS_BIND": "3"}  # the operator's binding wins, for every replica
+    assert [threads(r) for r in replicas[:2]] == [("3", None), ("3", None)]
     endpoint.env, endpoint.tensor_parallel_size = {}, 2  # one core set per rank: vLLM's auto binding
-    assert [bind(r) for r in replicas[:2]] == [None, None]
+    assert [threads(r) for r in replicas[:2]] == [(None, None), (None, None)]
     endpoint.tensor_parallel_size = 1
     cpu_node.host = {"cpus": 4}  # an agent from before cpu_cores: its CPU count
-    assert [bind(r) for r in replicas[:2]] == ["0", "2"]
+    assert [threads(r) for r in replicas[:2]] == [("0", None), ("2", None)]

@@ -18,7 +18,7 @@ import pytest
 from console.models import AuditEvent
 from endpoints.gateway import services as gateway_services
 from endpoints.gateway.models import GatewayEndpoint
-from endpoints.launch import cpu_core_share
+from endpoints.launch import cpu_threads_env
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from tests.support import ROOT
 from tests.support.agents import (
@@ -41,11 +41,12 @@ MODEL = "traffic"
 FAST = {"TELEMETRY_INTERVAL_SECONDS": "3", "GATEWAY_ROLLOUT_MIN_REQUESTS": "5"}
 AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": 10,
              "scale_down_window_s": 20, "cooldown_s": 20}
-# The autoscaled endpoint's replicas get the launch's core share (endpoints.launch.cpu_core_share: unpinned on a
-# host this small). The staged endpoint beside it, of one replica, would get vLLM's auto binding: run it
-# unpinned too, as an idle-but-polled engine's worker spins on its core (vLLM's shm queue busy-loops for a
-# second after each message) and would starve a replica pinned beside it.
-CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# The autoscaled endpoint's replicas get the launch's threads (endpoints.launch.cpu_threads_env: unpinned, one
+# thread each, on a host this small). The staged endpoint beside it, of one replica, would get vLLM's auto
+# binding: run it the same way, as an idle-but-polled engine's worker spins on its core (vLLM's shm queue
+# busy-loops for a second after each message) and would starve a replica pinned beside it, and two threads
+# of its own would spin against the live side's (its answers slowed to 0.2 tokens/s while the live side ran).
+CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 
 
 def ready(endpoint_id: int) -> int:
@@ -97,11 +98,11 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         wait_for(lambda: ready(live) == 2, timeout=600, interval=1, what="the second replica ready")
         gw.wait_routes(MODEL, 2, timeout=30)
         second = Replica.objects.get(endpoint_id=live, index=1)
-        # The launch's core share (unpinned on a host of under 4 cores), as vLLM itself reports its binding.
+        # The launch's core share (unpinned, one thread each, on a host of under 4 cores), as vLLM reports it.
         for replica in Replica.objects.filter(endpoint_id=live):
-            share = cpu_core_share(endpoint=replica.endpoint, replica=replica, node=replica.node)
-            assert share is not None and replica.env.get("VLLM_CPU_OMP_THREADS_BIND") == share, replica.env
-            assert f"VLLM_CPU_OMP_THREADS_BIND={share!r}" in open(replica.log_path).read()
+            threads = cpu_threads_env(endpoint=replica.endpoint, replica=replica, node=replica.node)
+            assert threads and {k: replica.env.get(k) for k in threads} == threads, replica.env
+            assert f"VLLM_CPU_OMP_THREADS_BIND={threads['VLLM_CPU_OMP_THREADS_BIND']!r}" in open(replica.log_path).read()
         wait_for(lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests")
         load.think = 1.2  # past vLLM's 1 s of busy polling after a request: the replica idles between them
         load.keep(1)  # the load drops: the queue stays empty, so after a whole quiet window, 1
