@@ -22,6 +22,7 @@ from console.roles import OPERATOR
 from endpoints.gateway.models import GatewayKey
 from tests.support import ROOT
 from tests.support.accounts import PASSWORD
+from tests.support.pages import offsite_urls
 
 # --- 3. Brute force and the password policy --------------------------------------------------
 
@@ -194,3 +195,12 @@ def test_anonymous_api_post_is_401_in_json():
         assert response.status_code == 401, (path, response.content)
         assert "Authentication required" in response.json()["detail"]
     assert client.get("/api/v1/models").status_code == 401
+
+
+def test_offsite_asset_check_reads_the_markup_not_the_text():
+    """The pages' air-gap checks use offsite_urls: a CSRF token that spells "cdn" failed one once."""
+    page = ('<input type="hidden" name="csrfmiddlewaretoken" value="x9cdnq"><a href="https://docs.example/">docs</a>'
+            '<script src="/static/plotly/plotly.min.js"></script><link rel="stylesheet" href="/static/app.css">')
+    assert offsite_urls(page) == []
+    assert offsite_urls(page + '<script src="https://cdn.plot.ly/plotly.min.js"></script>'
+                        '<img src="//img.example/a.png">') == ["https://cdn.plot.ly/plotly.min.js", "//img.example/a.png"]
