@@ -115,6 +115,7 @@ class Gateway:
         self.prefix_chars = settings.GATEWAY_PREFIX_KEY_CHARS
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
         self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
+        self.prefix_homes = routing.PrefixHomes()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -173,6 +174,7 @@ class Gateway:
             return False
         changed, self.routes_changed = self.routes_changed, asyncio.Event()
         changed.set()  # wakes the held requests to look again
+        self.prefix_homes.keep_only(frozenset(b.url for backends in self.table.backends.values() for b in backends))
         return True
 
     async def flush(self):
@@ -236,8 +238,7 @@ class Gateway:
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
-            return routing.bounded_load_pick(key, ok, self.outstanding, factor=self.load_factor,
-                                             slack=self.load_slack)
+            return self.prefix_homes.pick(key, ok, self.outstanding, factor=self.load_factor, slack=self.load_slack)
         return routing.least_outstanding(ok, self.outstanding)
 
     # --- ASGI --------------------------------------------------------------------------
