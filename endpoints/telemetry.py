@@ -47,9 +47,11 @@ def _parse(text: str, served_name: str) -> Snapshot:
     return snap
 
 
-def endpoint_readings(replica: Replica, text: str | None, error: str | None, now_mono: float) -> list[tuple[str, str, float | None]]:
+def endpoint_readings(replica: Replica, text: str | None, now_mono: float, *,
+                      errors: list[str]) -> list[tuple[str, str, float | None]]:
     """(metric, unit, value) for one replica's scrape; keeps its snapshot for the next window.
-    A failed scrape and each failed health check since the previous pass count as errors."""
+    A failed scrape and each failed health check since the previous pass count as errors; a
+    /metrics that does not parse is one, and its reason goes to `errors` (the node's telemetry error)."""
     out: list[tuple[str, str, float | None]] = []
     with _lock:
         seen = _health_seen.get(replica.pk)
@@ -62,7 +64,7 @@ def endpoint_readings(replica: Replica, text: str | None, error: str | None, now
         try:
             snap = _parse(text, replica.endpoint.served_model_name)
         except ValueError as exc:
-            error = f"unparsable /metrics: {exc}"
+            errors.append(f"scrape {replica.endpoint.name}#{replica.index}: unparsable /metrics: {exc}")
     out.append(("ep.scrape_ok", "", 0.0 if snap is None else 1.0))
     failed = (1 if snap is None else 0) + health_errors
     if snap is None:
@@ -132,7 +134,7 @@ def collect_replicas(node: Node) -> Contribution:
             part.errors.append(f"scrape {replica.endpoint.name}#{replica.index}: {error}")
         base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index,
                     label=f"{replica.endpoint.name}#{replica.index}")
-        for metric, unit, value in endpoint_readings(replica, text, error, scraped_at):
+        for metric, unit, value in endpoint_readings(replica, text, scraped_at, errors=part.errors):
             part.readings.append(Reading(f"e{replica.endpoint_id}.r{replica.index}.{metric}", metric, value, unit, **base))
     with _lock:  # forget replicas that stopped being scraped (their next window starts afresh)
         for replica in replicas:

@@ -206,8 +206,16 @@ def test_scrape_turns_vllm_metrics_into_qps_latency_and_errors(cpu_node, http_se
     cpu_node.refresh_from_db()
     assert "scrape tiny#0" in cpu_node.telemetry_error
 
-    # Back up, idle: the window after a failure starts afresh, then error rate 0 again.
+    # Answering, but not Prometheus text: an error too, and the node says why.
     http_server.status = 200
+    http_server.body = "vllm:num_requests_running{ 3\n"
+    collect.collect_node(cpu_node)
+    assert _latest(f"{prefix}.ep.scrape_ok") == 0 and _latest(f"{prefix}.ep.errors") == 1
+    cpu_node.refresh_from_db()
+    assert "scrape tiny#0: unparsable /metrics" in cpu_node.telemetry_error, cpu_node.telemetry_error
+
+    # Back up, idle: the window after a failure starts afresh, then error rate 0 again.
+    http_server.body = IDLE
     Replica.objects.filter(pk=replica.pk).update(health_failures=0, state=Endpoint.State.READY)
     collect.collect_node(cpu_node)
     collect.collect_node(cpu_node)
