@@ -47,11 +47,11 @@ def _parse(text: str, served_name: str) -> Snapshot:
     return snap
 
 
-def endpoint_readings(replica: Replica, text: str | None, now_mono: float, *,
-                      errors: list[str]) -> list[tuple[str, str, float | None]]:
-    """(metric, unit, value) for one replica's scrape; keeps its snapshot for the next window.
-    A failed scrape and each failed health check since the previous pass count as errors; a
-    /metrics that does not parse is one, and its reason goes to `errors` (the node's telemetry error)."""
+def endpoint_readings(replica: Replica, text: str | None,
+                      now_mono: float) -> tuple[list[tuple[str, str, float | None]], str | None]:
+    """(metric, unit, value) for one replica's scrape, and why its /metrics did not parse (else None);
+    keeps its snapshot for the next window. A failed scrape, a /metrics that does not parse and each
+    failed health check since the previous pass count as errors."""
     out: list[tuple[str, str, float | None]] = []
     with _lock:
         seen = _health_seen.get(replica.pk)
@@ -59,25 +59,25 @@ def endpoint_readings(replica: Replica, text: str | None, now_mono: float, *,
         _health_seen[replica.pk] = failures
         health_errors = 0 if seen is None else (failures - seen if failures >= seen else failures)
         previous = _snapshots.get(replica.pk)
-    snap = None
+    snap, unparsable = None, None
     if text is not None:
         try:
             snap = _parse(text, replica.endpoint.served_model_name)
         except ValueError as exc:
-            errors.append(f"scrape {replica.endpoint.name}#{replica.index}: unparsable /metrics: {exc}")
+            unparsable = f"unparsable /metrics: {exc}"
     out.append(("ep.scrape_ok", "", 0.0 if snap is None else 1.0))
     failed = (1 if snap is None else 0) + health_errors
     if snap is None:
         with _lock:
             _snapshots.pop(replica.pk, None)
         out += [("ep.errors", "", float(failed)), ("ep.error_rate", "ratio", 1.0)]
-        return out
+        return out, unparsable
     with _lock:
         _snapshots[replica.pk] = (replica.pid, now_mono, snap)
     out += [("ep.running", "", snap.running), ("ep.waiting", "", snap.waiting),
             ("ep.kv_cache_pct", "%", None if snap.kv_cache_usage is None else round(snap.kv_cache_usage * 100, 3))]
     if previous is None or previous[0] != replica.pid or now_mono - previous[1] <= 0:
-        return out  # the first scrape of this process: no window yet
+        return out, None  # the first scrape of this process: no window yet
     stats = window_stats(previous[2], snap, now_mono - previous[1])
     e2e, ttft, itl = stats.get("e2e_latency") or {}, stats.get("ttft") or {}, stats.get("itl") or {}
     requests = stats.get("requests") or 0
@@ -96,7 +96,7 @@ def endpoint_readings(replica: Replica, text: str | None, now_mono: float, *,
         ("ep.errors", "", float(errors)),
         ("ep.error_rate", "ratio", errors / total if total else 0.0),
     ]
-    return out
+    return out, None
 
 
 def collect_replicas(node: Node) -> Contribution:
@@ -130,11 +130,12 @@ def collect_replicas(node: Node) -> Contribution:
 
     for replica in to_scrape:
         text, error = scraped[replica.pk]
-        if error:
-            part.errors.append(f"scrape {replica.endpoint.name}#{replica.index}: {error}")
-        base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index,
-                    label=f"{replica.endpoint.name}#{replica.index}")
-        for metric, unit, value in endpoint_readings(replica, text, scraped_at, errors=part.errors):
+        readings, unparsable = endpoint_readings(replica, text, scraped_at)
+        label = f"{replica.endpoint.name}#{replica.index}"
+        if error or unparsable:
+            part.errors.append(f"scrape {label}: {error or unparsable}")
+        base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=label)
+        for metric, unit, value in readings:
             part.readings.append(Reading(f"e{replica.endpoint_id}.r{replica.index}.{metric}", metric, value, unit, **base))
     with _lock:  # forget replicas that stopped being scraped (their next window starts afresh)
         for replica in replicas:

@@ -197,19 +197,21 @@ class PrefixHomes:
             return None
         now = self.clock()
         self._expire(now)
-        bound = load_bound(candidates, load, factor=factor, slack=slack)
         home = self._homes.get(key_digest)
         if home is not None:
             self._homes[key_digest] = (home[0], now)
             self._homes.move_to_end(key_digest)
+            bound = load_bound(candidates, load, factor=factor, slack=slack)
             for b in candidates:
                 if b.url == home[0]:
                     if load.get(b.url, 0) + 1 <= bound:
                         return b
                     break
             return overflow_pick(key_digest, [b for b in candidates if b.url != home[0]] or candidates, load, bound)
+        # The least loaded is always within the bound (factor >= 1); min() keeps the first of equals, so
+        # walking the rendezvous order makes that order the last tie-break.
         keys_of = self.keys_of
-        choice = min(candidates, key=lambda b: (load.get(b.url, 0), keys_of[b.url], _inverse_score(key_digest, b.url)))
+        choice = min(rendezvous_order(key_digest, candidates), key=lambda b: (load.get(b.url, 0), keys_of[b.url]))
         self._homes[key_digest] = (choice.url, now)
         keys_of[choice.url] += 1
         if len(self._homes) > self.max_keys:
@@ -238,11 +240,6 @@ class PrefixHomes:
         self.keys_of[url] -= 1
         if not self.keys_of[url]:
             del self.keys_of[url]
-
-
-def _inverse_score(key_digest: bytes, url: str) -> bytes:
-    """Sorts ascending in the key's rendezvous order (highest score first)."""
-    return bytes(255 - c for c in _score(key_digest, url))
 
 
 def staged_takes_it(canary_percent: int, rnd: Callable[[], float] = random.random) -> bool:
