@@ -32,7 +32,7 @@ def demo_gguf() -> Path:
 
 
 def _fetch_gguf(target: Path) -> Path:
-    from models_registry.management.commands.import_demo_model import fetch_demo_gguf
+    from models_registry.demo import fetch_demo_gguf
 
     if target.exists():
         return target
