@@ -11,6 +11,7 @@ from django.conf import settings
 
 from console.env import child_environment
 from endpoints.commands import (
+    GUARD_DIR,
     PROFILER_FLAG,
     CommandSpecError,
     ContainerSpec,
@@ -20,6 +21,7 @@ from endpoints.commands import (
     container_name,
     env_unknown_to,
     flags_unknown_to,
+    guarded_argv,
     ray_head_command,
     ray_worker_command,
     validate_extra_args,
@@ -196,11 +198,13 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
     launch = launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port)
     argv, env_added = build_command(launch)
+    # vLLM's --api-key guards /v1 only; the console's middleware wants the same key on every other path.
+    argv = guarded_argv(argv)
     check_node_parser(node=node, argv=argv, env_keys=replica.endpoint.env)
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
-        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}),
+        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}), cwd=GUARD_DIR,
                            log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP)
         return spec, env_added
     _refuse_multi_node_container(replica.endpoint, node)
@@ -209,7 +213,7 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
                                f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
     container = ContainerSpec(runtime=node.engine_runtime, image=node.engine_image(launch.chip_name),
                               name=container_name(replica.endpoint.name, replica.index), devices=list(replica.devices),
-                              secret_env=tuple(secret))
+                              secret_env=tuple(secret), guard_dir=GUARD_DIR)
     # The engine variables travel as `-e` flags in the argv (shown there); the key by name only, its value
     # from the CLI's own environment.
     spec = ProcessSpec(argv=build_container_command(container, argv, env_added), env=child_environment(secret),

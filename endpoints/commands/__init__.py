@@ -8,7 +8,8 @@ pair for people to read.
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
 (:class:`LaunchSpec`, :func:`build_command`), ``profiler`` (``--profiler-config``: vLLM's profiler,
-and what each platform writes), ``container`` (the ``docker run``/``podman run`` of
+and what each platform writes), ``guard`` (the replica key guard's ``--middleware`` for every path vLLM's ``--api-key`` leaves
+open), ``container`` (the ``docker run``/``podman run`` of
 vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
 import from the package.
 
@@ -77,6 +78,7 @@ from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
+from endpoints.commands.guard import GUARD_DIR, guarded_argv
 from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
                                           QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
@@ -118,4 +120,6 @@ __all__ = [
     "container_name",
     "PROFILER_FLAG",
     "profiler_config",
+    "GUARD_DIR",
+    "guarded_argv",
 ]

@@ -31,6 +31,8 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
 - the node's engine cache (endpoints.commands.cache), when the environment names one, bind-mounted
   read-write at the same path, so compile caches outlive the container (``--rm`` or not, each start is a
   new container) and a restart loads them; the variables pointing there travel as ``-e`` flags.
+- the console's replica key guard (endpoints.commands.guard) mounted read-only and made the working
+  directory (``-w``), where ``python3 -m`` finds the module that ``--middleware`` names.
 - ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
   many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
 - the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
@@ -49,6 +51,7 @@ from typing import Iterable, Mapping
 
 from endpoints.commands.cache import engine_cache_dir_in
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.guard import CONTAINER_GUARD_DIR
 from endpoints.commands.platforms import DEVICE_ENV
 from endpoints.commands.profiler import profiler_dir_in
 
@@ -80,6 +83,7 @@ class ContainerSpec:
     name: str                    # deterministic per replica: container_name()
     devices: list[int] = field(default_factory=list)  # the replica's NPUs (host ids)
     secret_env: tuple[str, ...] = ("VLLM_API_KEY",)  # passed by name only: values from the CLI's environment
+    guard_dir: str | None = None  # the host's endpoints/replica_guard, for an argv with the guard's --middleware
 
 
 def container_name(endpoint_name: str, replica_index: int) -> str:
@@ -129,6 +133,11 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
         run += ["-v", f"{profiles}:{profiles}:rw"]
     if cache := engine_cache_dir_in(env):
         run += ["-v", f"{cache}:{cache}:rw"]
+    if container.guard_dir is not None:
+        if not container.guard_dir.startswith("/") or any(c in container.guard_dir for c in ":,"):
+            raise CommandSpecError(f"guard_dir must be an absolute path without ':' or ',' to mount into the "
+                                   f"container, got {container.guard_dir!r}")
+        run += ["-v", f"{container.guard_dir}:{CONTAINER_GUARD_DIR}:ro", "-w", CONTAINER_GUARD_DIR]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
 

@@ -15,6 +15,7 @@ from endpoints.models import Endpoint, Replica
 from tests.support import FAKE_NPU_SMI, FIXTURES
 from tests.support.agents import (
     ENGINE_PYTHON,
+    assert_replica_wants_its_key,
     engine_available,
     kill_leftovers,
     register_demo_copy,
@@ -95,6 +96,7 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
         assert chat.status_code == 200, chat.content
         assert "Paris" in chat.json()["text"]
+        assert_replica_wants_its_key(replica)  # the guard, from its read-only mount as the working directory
         body = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
         assert body["replicas"][0]["container"] == {"runtime": "docker", "name": NAME, "id": replica.container_id}
 

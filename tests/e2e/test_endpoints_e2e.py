@@ -11,6 +11,7 @@ import pytest
 from endpoints.models import Endpoint, Replica
 from tests.support.agents import (
     AGENT_ENV,
+    assert_replica_wants_its_key,
     engine_available,
     kill_leftovers,
     register_demo_copy,
@@ -62,6 +63,7 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
         assert chat.status_code == 200, chat.content
         assert "Paris" in chat.json()["text"] and chat.json()["latency_ms"] > 0
+        assert_replica_wants_its_key(Replica.objects.get(endpoint_id=endpoint_id))
 
         # The agent restarts (upgrade, crash): the replica is re-adopted, not duplicated.
         first_pid = replica["pid"]

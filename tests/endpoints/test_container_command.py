@@ -7,9 +7,18 @@ import shlex
 import pytest
 import yaml
 
-from endpoints.commands import (CommandSpecError, ContainerSpec, LaunchSpec, build_command, build_container_command,
-                                container_name)
+from endpoints.commands import (
+    GUARD_DIR,
+    CommandSpecError,
+    ContainerSpec,
+    LaunchSpec,
+    build_command,
+    build_container_command,
+    container_name,
+    guarded_argv,
+)
 from endpoints.commands.container import SHELL_WRAPPER
+from endpoints.commands.guard import CONTAINER_GUARD_DIR, GUARD_MIDDLEWARE
 from endpoints.launch import replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
@@ -36,6 +45,8 @@ ADDED = {
     "--pull=never": "a missing image fails at once, no multi-GB pull inside the agent's loop",
     "--net=host": "installation.md's A2/A3 command (checked below)",
 }
+# The replica key guard (endpoints/commands/guard.py): its module mounted read-only as the working directory.
+GUARD_FLAGS = {("-v", f"{GUARD_DIR}:{CONTAINER_GUARD_DIR}:ro"), ("-w", CONTAINER_GUARD_DIR)}
 
 
 def upstream_command(path) -> tuple[list[tuple[str, str | None]], str, list[str]]:
@@ -49,7 +60,7 @@ def upstream_command(path) -> tuple[list[tuple[str, str | None]], str, list[str]
 
 
 def parse_run(words: list[str]) -> tuple[list[tuple[str, str | None]], str, list[str]]:
-    takes_value = {"--name", "--device", "-v", "-p", "-e"}
+    takes_value = {"--name", "--device", "-v", "-p", "-e", "-w"}
     options, i = [], 0
     while words[i].startswith("-"):
         if words[i] in takes_value:
@@ -69,8 +80,9 @@ def vllm_spec(**changes) -> LaunchSpec:
 
 def ours(devices=(0,), **changes) -> tuple[list[str], list[str], dict]:
     argv, env = build_command(vllm_spec(devices=list(devices), **changes))
+    argv = guarded_argv(argv)  # as endpoints.launch.replica_process runs it
     container = ContainerSpec(runtime="docker", image=f"quay.io/ascend/vllm-ascend:{DOCS_VERSION}",
-                              name=container_name("qwen3", 0), devices=list(devices))
+                              name=container_name("qwen3", 0), devices=list(devices), guard_dir=GUARD_DIR)
     return build_container_command(container, argv, env), argv, env
 
 
@@ -95,14 +107,15 @@ def test_the_argv_is_upstreams_quick_start_flag_by_flag():
         if flag[0] == "-e":
             key = flag[1].split("=", 1)[0]
             assert key in env or key == "VLLM_API_KEY", flag
-        elif flag == ("-v", f"{model}:{model}:ro"):
+        elif flag == ("-v", f"{model}:{model}:ro") or flag in GUARD_FLAGS:
             pass
         else:
             assert flag[1] is None and flag[0] in ADDED, f"{flag} is neither upstream's nor a stated addition"
     # Upstream opens `bash` in the image; ours is that bash, interactive so that it reads the image's ~/.bashrc,
     # exec-ing the same vLLM argv the process runtime runs, with the image's python.
     assert upstream_cmd == ["bash"] and command[:4] == SHELL_WRAPPER == ["bash", "-ic", 'exec "$@"', "bash"]
-    assert command[4:] == ["python3", *vllm_argv[1:]]
+    assert command[4:] == ["python3", *vllm_argv[1:]] and vllm_argv[-2:] == ["--middleware", GUARD_MIDDLEWARE]
+    assert GUARD_FLAGS <= set(options)
 
 
 def test_host_networking_is_what_the_installation_page_runs():
@@ -200,8 +213,11 @@ def test_a_docker_node_launches_the_replica_in_the_image(endpoint, ascend_node):
     assert "VLLM_LOGGING_LEVEL=INFO" in spec.argv and shown_env == {}
     process, env = replica_process(replica=replica, node=ascend_node.__class__.objects.get(pk=ascend_node.pk), port=8612)
     assert process.runtime == "process" and process.argv[0] == "/opt/engine/bin/python" and env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
-    # Everything after the image's python is the process runtime's argv.
+    # Everything after the image's python is the process runtime's argv, the replica key guard included: the
+    # process runs in the guard's directory, the container in its read-only mount of it.
     assert spec.argv[spec.argv.index("python3") + 1:] == process.argv[1:]
+    assert process.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE] and process.cwd == GUARD_DIR
+    assert ["-w", CONTAINER_GUARD_DIR] == spec.argv[spec.argv.index("-w"):spec.argv.index("-w") + 2]
 
 
 def test_a_container_runtime_on_a_cpu_node_is_refused_at_launch(cpu_node, tiny_artifact):

@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 from tests.support import ROOT
@@ -111,3 +112,20 @@ def register_demo_copy(api, tmp_path, settings, name: str = "smollm2", *, float3
     assert response.status_code == 201, response.content
     return response.json()["artifacts"][0]["id"], root / f"{name}-hf"
 
+
+def assert_replica_wants_its_key(replica) -> None:
+    """vLLM's --api-key leaves /invocations (the same completions: vLLM issue #58144) and more open; the
+    console's guard (endpoints/replica_guard) closes them in the real server, and leaves /health and /metrics
+    to the agent and Prometheus, /tokenize to vLLM's benchmark client."""
+    completion = {"model": replica.endpoint.served_model_name, "prompt": "The capital of France is", "max_tokens": 1}
+    keyed = {"Authorization": f"Bearer {replica.api_key}"}
+    with httpx.Client(base_url=replica.url, timeout=60) as client:
+        for path, body in (("/invocations", completion), ("/v1/completions", completion),
+                           ("/generative_scoring", {}), ("/scale_elastic_ep", {"new_data_parallel_size": 2})):
+            refused = client.post(path, json=body)
+            assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}, (path, refused.text)
+        served = client.post("/invocations", json=completion, headers=keyed)
+        assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 1, served.text
+        assert client.post("/tokenize", json={"prompt": "hi"}).json()["count"] >= 1
+        assert client.get("/health").status_code == 200
+        assert "vllm:num_requests_waiting" in client.get("/metrics").text

