@@ -8,8 +8,8 @@ pair for people to read.
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
 (:class:`LaunchSpec`, :func:`build_command`), ``profiler`` (``--profiler-config``: vLLM's profiler,
-and what each platform writes), ``guard`` (the replica key guard's ``--middleware`` for every path vLLM's ``--api-key`` leaves
-open), ``container`` (the ``docker run``/``podman run`` of
+and what each platform writes), ``guard`` (the replica key guard's ``--middleware``, for every
+path vLLM's ``--api-key`` leaves open), ``container`` (the ``docker run``/``podman run`` of
 vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
 import from the package.
 

@@ -237,3 +237,12 @@ def test_an_unreachable_container_runtime_leaves_the_replica_waiting(endpoint, a
     replica = endpoint.replica_set.get()
     assert replica.state == Endpoint.State.PENDING and not replica.launched and replica.crashes_in_a_row == 0
     assert replica.state_reason.startswith("docker is not on this node's PATH")
+
+
+@pytest.mark.parametrize("guard_dir", ["relative/replica_guard", "/srv/a:b/replica_guard", "/srv/a,b/replica_guard"])
+def test_a_guard_directory_a_bind_mount_cannot_take_is_refused(guard_dir):
+    argv, env = build_command(vllm_spec())
+    container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0",
+                              name=container_name("qwen3", 0), devices=[0], guard_dir=guard_dir)
+    with pytest.raises(CommandSpecError, match="guard_dir must be an absolute path"):
+        build_container_command(container, guarded_argv(argv), env)

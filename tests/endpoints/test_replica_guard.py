@@ -121,6 +121,7 @@ def test_the_module_is_alone_in_its_directory_and_needs_only_the_standard_librar
 
 
 def test_only_the_console_names_a_middleware():
-    assert guarded_argv(["python", "-m", "vllm.entrypoints.openai.api_server"])[-2:] == ["--middleware", GUARD_MIDDLEWARE]
+    server = ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert guarded_argv(server) == [*server, "--middleware", GUARD_MIDDLEWARE]
     with pytest.raises(CommandSpecError, match="--middleware already"):
         guarded_argv(["python", "-m", "vllm.entrypoints.openai.api_server", "--middleware", "evil.Thing"])
