@@ -97,10 +97,15 @@ def _model_path(argv: list[str]) -> str:
         path = argv[argv.index("--model") + 1]
     except (ValueError, IndexError):
         raise CommandSpecError("the vLLM argv has no --model to mount into the container") from None
+    return _mountable("model_path", path)
+
+
+def _mountable(field: str, path: str) -> str:
+    """A host path a bind mount can take: absolute, without the ':' and ',' that separate mount fields."""
     if not path.startswith("/"):
-        raise CommandSpecError(f"model_path must be an absolute path to mount into the container, got {path!r}")
+        raise CommandSpecError(f"{field} must be an absolute path to mount into the container, got {path!r}")
     if ":" in path or "," in path:
-        raise CommandSpecError(f"model_path {path!r} cannot be bind-mounted: ':' and ',' separate mount fields")
+        raise CommandSpecError(f"{field} {path!r} cannot be bind-mounted: ':' and ',' separate mount fields")
     return path
 
 
@@ -134,10 +139,8 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     if cache := engine_cache_dir_in(env):
         run += ["-v", f"{cache}:{cache}:rw"]
     if container.guard_dir is not None:
-        if not container.guard_dir.startswith("/") or any(c in container.guard_dir for c in ":,"):
-            raise CommandSpecError(f"guard_dir must be an absolute path without ':' or ',' to mount into the "
-                                   f"container, got {container.guard_dir!r}")
-        run += ["-v", f"{container.guard_dir}:{CONTAINER_GUARD_DIR}:ro", "-w", CONTAINER_GUARD_DIR]
+        guard = _mountable("guard_dir", container.guard_dir)
+        run += ["-v", f"{guard}:{CONTAINER_GUARD_DIR}:ro", "-w", CONTAINER_GUARD_DIR]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
 

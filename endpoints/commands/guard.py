@@ -1,6 +1,7 @@
 """The replica key guard (endpoints/replica_guard/llm_console_replica_guard.py): vLLM's ``--api-key``
 covers ``/v1``-like paths only, so every replica's server also loads the console's middleware, which
-wants the key on every path but ``/health`` and ``/metrics`` (that module says why)."""
+wants the key on every path but reads of ``/health`` and ``/metrics`` and the tokenizer's ``/tokenize`` and
+``/detokenize`` (that module says why)."""
 from __future__ import annotations
 
 from pathlib import Path

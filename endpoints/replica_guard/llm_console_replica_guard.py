@@ -25,8 +25,8 @@ Written by hand: vLLM offers no option to guard every path, and a plain ASGI cla
 import hmac
 import os
 
-OPEN = {"GET": frozenset({"/health", "/metrics"}), "HEAD": frozenset({"/health", "/metrics"}),
-        "POST": frozenset({"/tokenize", "/detokenize"})}
+_READS = frozenset({"/health", "/metrics"})
+OPEN = {"GET": _READS, "HEAD": _READS, "POST": frozenset({"/tokenize", "/detokenize"})}
 _REFUSAL = b'{"error": "Unauthorized"}'
 
 

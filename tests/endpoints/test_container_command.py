@@ -239,10 +239,14 @@ def test_an_unreachable_container_runtime_leaves_the_replica_waiting(endpoint, a
     assert replica.state_reason.startswith("docker is not on this node's PATH")
 
 
-@pytest.mark.parametrize("guard_dir", ["relative/replica_guard", "/srv/a:b/replica_guard", "/srv/a,b/replica_guard"])
-def test_a_guard_directory_a_bind_mount_cannot_take_is_refused(guard_dir):
+@pytest.mark.parametrize("guard_dir, message", [
+    ("relative/replica_guard", "guard_dir must be an absolute path to mount into the container"),
+    ("/srv/a:b/replica_guard", "guard_dir '/srv/a:b/replica_guard' cannot be bind-mounted: ':' and ','"),
+    ("/srv/a,b/replica_guard", "guard_dir '/srv/a,b/replica_guard' cannot be bind-mounted: ':' and ','"),
+])
+def test_a_guard_directory_a_bind_mount_cannot_take_is_refused(guard_dir, message):
     argv, env = build_command(vllm_spec())
     container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0",
                               name=container_name("qwen3", 0), devices=[0], guard_dir=guard_dir)
-    with pytest.raises(CommandSpecError, match="guard_dir must be an absolute path"):
+    with pytest.raises(CommandSpecError, match=re.escape(message)):
         build_container_command(container, guarded_argv(argv), env)
