@@ -91,7 +91,9 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         assert replica.api_key not in " ".join(run) and replica.api_key not in (state / "calls.jsonl").read_text()
         server = psutil.Process(replica.pid)  # the container's main process: vLLM's API server
         assert "vllm.entrypoints.openai.api_server" in " ".join(server.cmdline())
-        assert "Application startup complete" in open(replica.log_path).read()  # copied by `logs --follow`
+        # Copied by `logs --follow`, which trails the server: ready (health answered) can come before the copy.
+        wait_for(lambda: "Application startup complete" in open(replica.log_path).read(), timeout=30, interval=0.2,
+                 what="the startup line copied into the replica's log")
 
         chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
         assert chat.status_code == 200, chat.content
