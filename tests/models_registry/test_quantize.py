@@ -624,6 +624,7 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     """The quantize job's vLLM is launched by what endpoints registered: build_command's argv, and an
     environment built from an allow-list (no console secrets); with nothing registered it says so."""
     from console.env import child_environment
+    from endpoints.commands.guard import GUARD_MIDDLEWARE
     from endpoints.quantize_check import EngineServer
     from models_registry.quantize import serving_check
     from models_registry.quantize.calibrate import QuantizeError
@@ -634,6 +635,10 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert server.argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len"):][:2]
     assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs"):][:2]
+    # keyed and guarded as a replica is: its own key, in the environment only; the guard's middleware
+    assert server.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE]
+    assert len(server.api_key) >= 40 and server.api_key not in " ".join(server.argv)
+    assert server.api_key != EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python").api_key
     # compiled by default (as the quantization benchmark measures throughput); eager where the job asks
     assert "--enforce-eager" not in server.argv
     assert "--enforce-eager" in EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python",

@@ -114,12 +114,16 @@ def register_demo_copy(api, tmp_path, settings, name: str = "smollm2", *, float3
 
 
 def assert_replica_wants_its_key(replica) -> None:
+    assert_server_wants_its_key(url=replica.url, api_key=replica.api_key, model=replica.endpoint.served_model_name)
+
+
+def assert_server_wants_its_key(*, url: str, api_key: str, model: str) -> None:
     """vLLM's --api-key leaves /invocations (the same completions: vLLM issue #58144) and more open; the
     console's guard (endpoints/replica_guard) closes them in the real server, and leaves /health and /metrics
     to the agent and Prometheus, /tokenize to vLLM's benchmark client."""
-    completion = {"model": replica.endpoint.served_model_name, "prompt": "The capital of France is", "max_tokens": 1}
-    keyed = {"Authorization": f"Bearer {replica.api_key}"}
-    with httpx.Client(base_url=replica.url, timeout=60) as client:
+    completion = {"model": model, "prompt": "The capital of France is", "max_tokens": 1}
+    keyed = {"Authorization": f"Bearer {api_key}"}
+    with httpx.Client(base_url=url, timeout=60) as client:
         for path, body in (("/invocations", completion), ("/v1/completions", completion),
                            ("/generative_scoring", {}), ("/scale_elastic_ep", {"new_data_parallel_size": 2})):
             refused = client.post(path, json=body)
