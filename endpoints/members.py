@@ -123,14 +123,21 @@ class MemberReconciler:
 
     def reconcile_member(self, member: ReplicaMember, *, supervisor: Supervisor) -> None:
         replica, endpoint = member.replica, member.replica.endpoint
-        wanted = endpoint.desired_state == Endpoint.Desired.RUNNING and replica.index < endpoint.replicas
+        # A replica held failed (a refused start, here or on another node, or given up) runs no server that
+        # needs its members: a Ray head and its workers would hold their ports, memory and devices' processes
+        # until an operator's Start or Restart.
+        wanted = (endpoint.desired_state == Endpoint.Desired.RUNNING and replica.index < endpoint.replicas
+                  and not replica.held_failed)
         proc = supervisor.find(member_handle(member))
         now = timezone.now()
         if not wanted:
             if proc is not None:
                 self.terminate(member, proc, supervisor=supervisor)
-                event(endpoint.pk, "member-stopped", f"{member.role} on {member.node.name} stopped on request",
+                why = f": its replica failed: {replica.state_reason}" if replica.held_failed else " on request"
+                event(endpoint.pk, "member-stopped", f"{member.role} on {member.node.name} stopped{why}",
                       replica=replica.index)
+            if replica.held_failed and member.state == S.FAILED and not member.pid:
+                return  # its own refusal or give-up stays on the page
             if member.state != S.STOPPED or member.pid:
                 ReplicaMember.objects.filter(pk=member.pk).update(state=S.STOPPED, pid=None, state_reason="",
                                                                   crashes_in_a_row=0, next_start_at=None)

@@ -144,6 +144,12 @@ class Replica(models.Model):
         return bool(self.pid or self.container_id)
 
     @property
+    def held_failed(self) -> bool:
+        """Given up after crashes, or refused a start: not running, and left so (with its members on other
+        nodes) until an operator's Start or Restart."""
+        return self.state == Endpoint.State.FAILED and not self.restart_requested and not self.launched
+
+    @property
     def url(self) -> str | None:
         if not self.port:
             return None
@@ -151,10 +157,10 @@ class Replica(models.Model):
 
     @property
     def api_key(self) -> str:
-        """The key this replica's vLLM demands on /v1 (its --api-key, given as VLLM_API_KEY so that
-        it shows in no argv): derived from SECRET_KEY and the replica's id, so only the console,
-        its agents and its gateway hold it, and nothing is stored. vLLM leaves /health and
-        /metrics open."""
+        """The key this replica's vLLM demands (given as VLLM_API_KEY so that it shows in no argv; vLLM's
+        own check covers /v1, the console's guard every other path but /health, /metrics and the
+        tokenizer): derived from SECRET_KEY and the replica's id, so only the console, its agents and its
+        gateway hold it, and nothing is stored."""
         digest = hmac.new(settings.SECRET_KEY.encode(), f"replica-api-key:{self.pk}".encode(), hashlib.sha256)
         return "rk_" + digest.hexdigest()
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from endpoints.engine_log import root_cause
 from endpoints.launch import EngineRefused, make_engine_cache_dir, make_profile_dir, replica_process
-from endpoints.members import MemberReconciler, cluster_wait, member_refused, release_cluster_port
+from endpoints.members import MemberReconciler, cluster_wait, member_refused, nudge_members, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
 from endpoints.replica_state import (
@@ -108,6 +108,8 @@ class ReplicaWorkload:
                                                      restart_requested=False, next_start_at=None, **NO_HANDLE)
         if replica.state != S.FAILED or replica.state_reason != reason[:500]:
             event(replica.endpoint_id, "start-refused", reason, replica=replica.index, level="error")
+        if replica.endpoint.distributed:
+            nudge_members(replica)  # its members stop: nothing will run on them
 
     def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
         grace = settings.ENDPOINT_STOP_GRACE_SECONDS
@@ -142,8 +144,9 @@ class ReplicaWorkload:
             return
 
         if proc is None:
-            if replica.state == S.FAILED and not replica.restart_requested:
-                return  # given up: an operator's Start or Restart clears it
+            if replica.held_failed:
+                release_cluster_port(replica)  # once its members have stopped (MemberReconciler)
+                return  # given up or refused: an operator's Start or Restart clears it
             if replica.next_start_at and replica.next_start_at > now:
                 return
 
@@ -257,6 +260,8 @@ class ReplicaWorkload:
                 state_reason=f"gave up after {crashes} crashes in a row; last: {reason}")
             event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",
                   replica=replica.index, level="error")
+            if endpoint.distributed:
+                nudge_members(replica)  # its members stop: nothing will run on them
             return
         delay = backoff_seconds(crashes)
         Replica.objects.filter(pk=replica.pk).update(

