@@ -450,10 +450,13 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
     if endpoint.desired_state != Endpoint.Desired.RUNNING:
         return endpoint_start(endpoint=endpoint, user=user, request=request)
     with transaction.atomic():
-        endpoint.replica_set.update(restart_requested=True)
+        # An operator's Restart starts now: a replica or member backing off after a crash does not wait out
+        # its backoff (up to ENDPOINT_BACKOFF_MAX_SECONDS); its crash count stands.
+        endpoint.replica_set.update(restart_requested=True, next_start_at=None)
         endpoint.replica_set.filter(state=Endpoint.State.FAILED).update(state=Endpoint.State.PENDING, crashes_in_a_row=0)
+        ReplicaMember.objects.filter(replica__endpoint=endpoint).update(next_start_at=None)
         ReplicaMember.objects.filter(replica__endpoint=endpoint, state=Endpoint.State.FAILED).update(
-            state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None)
+            state=Endpoint.State.PENDING, crashes_in_a_row=0)
         EndpointEvent.objects.create(endpoint=endpoint, kind="restart", message=f"restart requested by {getattr(user, 'username', 'system')}")
         audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
         nodes = _nodes_of(endpoint)

@@ -203,6 +203,35 @@ def test_start_stop_restart_change_desired_state_and_are_audited(as_operator, op
 
 
 @pytest.mark.django_db
+def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_node, tiny_artifact, settings,
+                                                                monkeypatch, tmp_path):
+    """A replica backing off after a crash (up to five minutes) starts on the next pass once an operator
+    presses Restart; its crash count stands."""
+    from endpoints import reconcile as reconcile_module
+    from endpoints.reconcile import ReplicaWorkload
+    from endpoints.services import endpoint_restart
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    supervisor.running.clear()  # it dies
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert replica.state == "restarting" and replica.next_start_at > timezone.now()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 1  # backing off
+
+    endpoint_restart(endpoint=endpoint, user=operator)
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert len(supervisor.started) == 2 and replica.state == "starting" and replica.crashes_in_a_row == 1
+
+
+@pytest.mark.django_db
 def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for, cpu_node, tiny_artifact):
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting")
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="starting")
