@@ -7,12 +7,15 @@ class EndpointsConfig(AppConfig):
 
     def ready(self):
         # The node agent and telemetry sit below endpoints: serving registers itself with them.
+        from endpoints.commands.container import probe_container_command
         from endpoints.reconcile import ReplicaWorkload
         from endpoints.telemetry import collect_replicas, served_facts
         from workers.agent.workloads import register_workload
+        from workers.engine_info import register_image_runner
         from workers.telemetry.sources import register_collector, register_served_facts
 
         register_workload("endpoints", ReplicaWorkload())
+        register_image_runner(probe_container_command)  # a containerised node's engine is probed in its image
         register_collector("endpoints", collect_replicas)
         register_served_facts(served_facts)
         # Defining the job kind registers it with the job runtime (workers.jobs).

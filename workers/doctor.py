@@ -29,7 +29,14 @@ from django.utils import timezone
 
 from console.env import child_environment
 from workers import cann
-from workers.engine_info import compat_findings, detect_platform, matrix_row, probe_engine, probe_torch_npu
+from workers.engine_info import (
+    EngineSite,
+    compat_findings,
+    detect_platform,
+    matrix_row,
+    probe_engine,
+    probe_torch_npu,
+)
 from workers.jobs.context import free_bytes
 from workers.jobs.queues import redis_connection
 from workers.npu_smi import NpuSmiError, parse_info, parse_key_values, run_npu_smi
@@ -142,14 +149,19 @@ def check_python(engine: dict) -> Check:
     return Check("Python", OK, found)
 
 
-def check_engine(engine: dict, *, platform: str, engine_python: str, cann_version: str | None) -> Check:
-    name = "vLLM and vllm-ascend" if platform == "ascend" else "vLLM"
+def check_engine(engine: dict, *, platform: str, engine_python: str, cann_version: str | None,
+                 image: str = "") -> Check:
+    """The engine's versions against the compatibility matrix; with ``image``, the engine is that image's
+    (its CANN is built in: no host CANN to match)."""
+    name = ("vLLM and vllm-ascend" if platform == "ascend" else "vLLM") + (" (in the image)" if image else "")
     if engine.get("error"):
-        return Check(name, FAILED, engine["error"], f"run `make engine` on this node (ENGINE_PYTHON={engine_python})")
+        fix = (f"pull an image with vLLM (replicas run {image}) or set the node's engine image on its page" if image
+               else f"run `make engine` on this node (ENGINE_PYTHON={engine_python})")
+        return Check(name, FAILED, engine["error"], fix)
     found = ", ".join(f"{key.replace('_', '-')} {engine[key]}" for key in ("vllm", "vllm_ascend", "torch", "torch_npu")
                       if engine.get(key))
-    if platform != "ascend":
-        return Check(name, OK, found)
+    if platform != "ascend" or image:
+        return Check(name, OK, found + (f" in {image}" if image else ""))
     findings = compat_findings(engine, cann=cann_version)
     if not findings:
         return Check(name, OK, f"{found}, CANN {cann_version}: the compatibility matrix's row")
@@ -286,8 +298,10 @@ def host_platform(engine: dict) -> str:
 def run_checks(*, engine_python: str, clock: Callable[[], float] = time.time, runtime: str | None = None,
                image: str = "") -> tuple[str, list[Check]]:
     """(this host's platform, its checks in the order of the preparation guide). runtime/image: the node's
-    engine runtime and the image its replicas run in, when the node runs them in containers."""
-    engine = probe_engine(engine_python)
+    engine runtime and the image its replicas run in, when the node runs them in containers: then the engine
+    checked is the image's (probed in a container of it), not the host's venv, which such a host may lack."""
+    in_image = image if runtime in CONTAINER_RUNTIMES and image else ""
+    engine = probe_engine(EngineSite(runtime=runtime, image=image) if in_image else engine_python)
     platform = host_platform(engine)
     checks: list[Check] = []
     cann_version = None
@@ -300,8 +314,9 @@ def run_checks(*, engine_python: str, clock: Callable[[], float] = time.time, ru
         cann_check, cann_version = check_cann()
         checks.append(cann_check)
     checks.append(check_python(engine))
-    checks.append(check_engine(engine, platform=platform, engine_python=engine_python, cann_version=cann_version))
-    if platform == "ascend":
+    checks.append(check_engine(engine, platform=platform, engine_python=engine_python, cann_version=cann_version,
+                               image=in_image))
+    if platform == "ascend" and not in_image:  # in a container, torch-npu sees the chips a replica is given
         checks.append(check_torch_npu(engine_python))
     container = check_container_runtime(runtime, image=image)
     if container:

@@ -8,6 +8,8 @@ import os
 import re
 import shutil
 import subprocess
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,19 +74,100 @@ def detect_platform() -> str:
     return "cpu"
 
 
-def probe_engine(engine_python: str, *, timeout: float = 60) -> dict:
-    if not engine_python or not Path(engine_python).exists():
-        return {"error": f"engine python {engine_python or '(unset)'} not found: run `make engine` on this node"}
+@dataclass(frozen=True)
+class EngineSite:
+    """Where a node's engine is: its engine python (replicas as processes), or the image its replicas run in
+    under a container runtime (Docker/Podman), whose vLLM is the one that serves there, not the host's."""
+    python: str = ""
+    runtime: str = ""
+    image: str = ""
+
+    @property
+    def containerised(self) -> bool:
+        return bool(self.runtime)
+
+    def __str__(self) -> str:
+        return f"{self.image} under {self.runtime}" if self.containerised else self.python
+
+
+# (runtime=, image=, name=, python_args=, env=) -> the argv that runs the image's python: registered by
+# serving (endpoints.commands.container.probe_container_command), which owns how its image is run.
+ImageRunner = Callable[..., list[str]]
+_image_runner: ImageRunner | None = None
+
+
+def register_image_runner(runner: ImageRunner) -> None:
+    global _image_runner
+    _image_runner = runner
+
+
+def _site(site: "EngineSite | str") -> EngineSite:
+    return site if isinstance(site, EngineSite) else EngineSite(python=site)
+
+
+def _missing(site: EngineSite) -> str:
+    """Why nothing can run at the site, or ""."""
+    if site.containerised:
+        return "" if _image_runner else "no image runner is registered (the endpoints app is not installed)"
+    if not site.python or not Path(site.python).exists():
+        return f"engine python {site.python or '(unset)'} not found"
+    return ""
+
+
+def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str]) -> tuple[subprocess.Popen, list[str]]:
+    """The site's python with args, started (stdout and stderr piped), and what removes it if it must be
+    killed: a container outlives its killed CLI client, so `rm -f` by its name."""
+    if not site.containerised:
+        proc = subprocess.Popen([site.python, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=child_environment(dict(env)))
+        return proc, []
+    name = f"llm-console-probe-{uuid.uuid4().hex[:12]}"
+    argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_environment({}))
+    return proc, [site.runtime, "rm", "-f", name]
+
+
+def _run_python(site: EngineSite, args: list[str], *, env: Mapping[str, str], timeout: float,
+                nice: int = 0) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr); raises subprocess.TimeoutExpired (the process or container gone) or OSError."""
+    proc, remove = _popen_python(site, args, env)
+    with proc:
+        if nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+            except OSError:
+                pass
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            if remove:  # before reading on: the container's processes hold the pipes open
+                subprocess.run(remove, capture_output=True, timeout=60, check=False, env=child_environment({}))
+            proc.communicate()
+            raise
+    return proc.returncode, out, err
+
+
+def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
+    """The engine's package versions (Node.engine), or {"error": why}."""
+    site = _site(site)
+    if why := _missing(site):
+        return {"error": f"{why}: run `make engine` on this node" if not site.containerised else why}
     try:
-        result = subprocess.run([engine_python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                                env=child_environment({}))
+        code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"engine probe failed: {exc}"}
-    if result.returncode != 0:
-        return {"error": f"engine probe failed: {result.stderr.strip()[-500:]}"}
-    info = json.loads(result.stdout)
+    if code != 0:
+        where = f" ({site})" if site.containerised else ""
+        return {"error": f"engine probe failed{where}: {err.strip()[-500:]}"}
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": f"engine probe printed no report ({site}): {out[-300:]!r}"}
     if "vllm" not in info:
-        info["error"] = "vLLM is not installed in the engine environment"
+        info["error"] = ("vLLM is not installed in the engine environment" if not site.containerised
+                         else f"vLLM is not installed in the image {site.image}")
     return info
 
 
@@ -117,38 +200,36 @@ print(json.dumps({"vllm": vllm.__version__,
 """
 
 
-def engine_fingerprint(engine_python: str, engine: dict) -> str:
-    """What the parser depends on: the engine python's real path and the vLLM (and vllm-ascend)
-    release in it. A rebuilt venv or a repointed link to the venv changes it. (Only the folder is
-    resolved: a venv's bin/python links to the base interpreter, which every venv shares.)"""
-    path = os.path.abspath(engine_python or "")
-    parts = [os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path)), engine.get("vllm_dist", ""), engine.get("vllm", ""),
-             engine.get("vllm_ascend", "")]
+def engine_fingerprint(site: "EngineSite | str", engine: dict) -> str:
+    """What the parser depends on: where the engine is (the engine python's real path, or the runtime and
+    image) and the vLLM (and vllm-ascend) release in it. A rebuilt venv, a repointed link to the venv or
+    another image changes it. (Only the folder is resolved: a venv's bin/python links to the base
+    interpreter, which every venv shares.)"""
+    site = _site(site)
+    if site.containerised:
+        where = f"{site.runtime}:{site.image}"
+    else:
+        path = os.path.abspath(site.python or "")
+        where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+    parts = [where, engine.get("vllm_dist", ""), engine.get("vllm", ""), engine.get("vllm_ascend", "")]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def probe_engine_cli(engine_python: str, *, timeout: float = 300) -> dict:
+def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
     """{"vllm": version, "options": [...], "env": [...]} from the engine's own parser, or
     {"error": why}. Imports vLLM (and torch) in a child process, seconds of CPU: the agent runs it
     off its loop, at a lower priority than the replicas, and keeps the answer per fingerprint."""
-    if not engine_python or not Path(engine_python).exists():
-        return {"error": f"engine python {engine_python or '(unset)'} not found"}
+    site = _site(site)
+    if why := _missing(site):
+        return {"error": why}
     try:
-        with subprocess.Popen([engine_python, "-c", _CLI_PROBE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=child_environment({"VLLM_LOGGING_LEVEL": "ERROR"})) as proc:
-            try:
-                os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
-            except OSError:
-                pass
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                return {"error": f"vLLM parser probe took longer than {timeout:.0f} s"}
+        code, out, err = _run_python(site, ["-c", _CLI_PROBE], env={"VLLM_LOGGING_LEVEL": "ERROR"},
+                                     timeout=timeout, nice=10)
+    except subprocess.TimeoutExpired:
+        return {"error": f"vLLM parser probe took longer than {timeout:.0f} s"}
     except OSError as exc:
         return {"error": f"vLLM parser probe failed: {exc}"}
-    if proc.returncode != 0:
+    if code != 0:
         last = (err.strip().splitlines() or ["no output"])[-1]
         return {"error": f"vLLM parser probe failed: {last[-500:]}"}
     try:
@@ -170,16 +251,19 @@ def cached_engine_cli(fingerprint: str) -> dict | None:
         return None
 
 
-def engine_cli(engine_python: str, engine: dict) -> dict:
+def engine_cli(site: "EngineSite | str", engine: dict) -> dict:
     """The parser report of this engine (what Node.engine_cli keeps): kept from an earlier probe of
     the same fingerprint (an agent restart, another agent on this host), else probed now. A failed
     probe is returned but not kept, so the next try probes again."""
-    fingerprint = engine_fingerprint(engine_python, engine)
+    site = _site(site)
+    fingerprint = engine_fingerprint(site, engine)
     cached = cached_engine_cli(fingerprint)
     if cached is not None:
         return cached
-    found = probe_engine_cli(engine_python)
-    found.update(fingerprint=fingerprint, engine_python=engine_python, probed_at=timezone.now().isoformat())
+    found = probe_engine_cli(site)
+    found.update(fingerprint=fingerprint, engine_python=site.python, probed_at=timezone.now().isoformat())
+    if site.containerised:
+        found.update(image=site.image, runtime=site.runtime)
     if "error" not in found:
         cache = _cli_cache_path(fingerprint)
         cache.parent.mkdir(parents=True, exist_ok=True)

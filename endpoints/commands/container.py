@@ -113,14 +113,7 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     """``[runtime, "run", …, image, "bash", "-ic", 'exec "$@"', "bash", "python3", "-m", …]`` for the
     vLLM ``argv``/``env`` that :func:`build_command` returned (argv[0], the host's engine python, becomes
     the image's ``python3``). Raises :class:`CommandSpecError` naming the bad field."""
-    if container.runtime not in CONTAINER_RUNTIMES:
-        raise CommandSpecError(f"runtime must be one of {', '.join(CONTAINER_RUNTIMES)}, got {container.runtime!r}")
-    if not isinstance(container.name, str) or not _NAME_RE.fullmatch(container.name):
-        raise CommandSpecError(f"container name must be 2-128 letters, digits and _ . - (starting with a letter "
-                               f"or digit), got {container.name!r}")
-    if not isinstance(container.image, str) or not _IMAGE_RE.fullmatch(container.image):
-        raise CommandSpecError(
-            f"image must be a reference like quay.io/ascend/vllm-ascend:v0.23.0, got {container.image!r}")
+    _check_container(runtime=container.runtime, image=container.image, name=container.name)
     if not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1024 for d in container.devices):
         raise CommandSpecError(f"devices must be NPU ids (0..1023), got {container.devices!r}")
     model = _model_path(argv)
@@ -143,6 +136,31 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
         run += ["-v", f"{guard}:{CONTAINER_GUARD_DIR}:ro", "-w", CONTAINER_GUARD_DIR]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
+
+
+def probe_container_command(*, runtime: str, image: str, name: str, python_args: list[str],
+                            env: Mapping[str, str]) -> list[str]:
+    """The agent's engine probes (versions, vLLM's parser: workers.engine_info) of a containerised node, run
+    in the image its replicas run in, as they run: the same driver mounts and interactive-bash wrapper (the
+    image's ``~/.bashrc`` sets the CANN/driver library paths that importing torch-npu needs), the image's
+    ``python3`` with ``python_args``. No NPU, no network (``--net=none``), removed on exit (``--rm``);
+    attached, so the probe reads its output. vllm-ascend's plugin names its platform without looking for a
+    device (``vllm_ascend/__init__.py`` ``register``), so its parser builds without one."""
+    _check_container(runtime=runtime, image=image, name=name)
+    run = [runtime, "run", "--rm", "--pull=never", "--name", name, "--net=none"]
+    for mount in ASCEND_DRIVER_MOUNTS:
+        run += ["-v", mount]
+    return [*run, *env_flags(env), image, *SHELL_WRAPPER, CONTAINER_PYTHON, *python_args]
+
+
+def _check_container(*, runtime: str, image: str, name: str) -> None:
+    if runtime not in CONTAINER_RUNTIMES:
+        raise CommandSpecError(f"runtime must be one of {', '.join(CONTAINER_RUNTIMES)}, got {runtime!r}")
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
+        raise CommandSpecError(f"container name must be 2-128 letters, digits and _ . - (starting with a letter "
+                               f"or digit), got {name!r}")
+    if not isinstance(image, str) or not _IMAGE_RE.fullmatch(image):
+        raise CommandSpecError(f"image must be a reference like quay.io/ascend/vllm-ascend:v0.23.0, got {image!r}")
 
 
 def env_flags(env: Mapping[str, str], *, secret: Iterable[str] = ()) -> list[str]:

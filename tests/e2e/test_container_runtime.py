@@ -3,8 +3,9 @@ replaying a real 8 × 910B4 sample) whose Admin chose Docker on its page, a stan
 agent's PATH (tests/support/fake_docker.py: no container daemon runs here) that records every call and
 plays vllm-ascend's image with the engine venv's python. The agent launches the replica with the argv
 built against upstream's quick start → ready → Try-it answers through the replica's key (passed as
-`-e VLLM_API_KEY`) → the agent restarts and re-adopts the container (no second `run`) → Stop: `stop`
-and `rm -f` recorded, no vLLM process left."""
+`-e VLLM_API_KEY`) → the agent restarts, without an engine venv of its own, and re-adopts the container (no
+second `run`) → Stop: `stop` and `rm -f` recorded, no vLLM process left; meanwhile the restarted agent read
+the node's engine (versions and vLLM's parser) in the image, with `run --rm`."""
 import os
 import time
 
@@ -32,6 +33,13 @@ pytestmark = [pytest.mark.slow,
 
 NODE = "ctr-node"
 NAME = "llm-console-demo-r0"
+IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
+WRAPPER = ["bash", "-ic", 'exec "$@"', "bash"]
+
+
+def _probe(call: list[str]) -> bool:
+    """An engine probe of the agent's in the image (a `run --rm` named llm-console-probe-…)."""
+    return call[0] == "run" and "--name" in call and call[call.index("--name") + 1].startswith("llm-console-probe-")
 
 
 def _state(endpoint_id):
@@ -82,7 +90,7 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
 
         replica = Replica.objects.get(endpoint_id=endpoint_id)
         assert (replica.runtime, replica.container_name) == ("docker", NAME) and len(replica.container_id) == 64
-        runs = [c for c in calls(state) if c[0] == "run"]
+        runs = [c for c in calls(state) if c[0] == "run" and "-d" in c]  # the replica's; the engine probes run --rm
         assert runs == [replica.argv[1:]]
         run = replica.argv
         assert run[run.index("--name") + 1] == NAME and "--net=host" in run and "/dev/davinci0" in run
@@ -102,18 +110,19 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         body = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
         assert body["replicas"][0]["container"] == {"runtime": "docker", "name": NAME, "id": replica.container_id}
 
-        # The agent restarts: the container is found again by name and id, not started twice.
+        # The agent restarts: the container is found again by name and id, not started twice. This host has
+        # no engine venv of its own now: the node's engine is the image's, probed in a container of it.
         stop_agent(agent)
         assert server.is_running()
         looked = len(calls(state))
-        agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
+        agent = start_agent(env, NODE, log_path=tmp_path / "agent.log", extra={"ENGINE_PYTHON": str(tmp_path / "none")})
         wait_for(lambda: Node.objects.get(name=NODE).agent_pid == agent.pid, timeout=60, what="the new agent")
         wait_for(lambda: len([c for c in calls(state)[looked:] if c[0] == "inspect"]) >= 3, timeout=30,
                  what="the new agent's passes")
         time.sleep(3)  # a few more passes, with health checks
         again = Replica.objects.get(endpoint_id=endpoint_id)
         assert (again.container_id, again.state, again.restarts) == (replica.container_id, "ready", 0)
-        assert [c for c in calls(state) if c[0] == "run"] == runs
+        assert [c for c in calls(state) if c[0] == "run" and "-d" in c] == runs
         assert len([p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]) == 1
 
         # Stop: `stop` with the grace, the exit code, then `rm -f`; nothing of it is left, and the
@@ -122,7 +131,7 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
         wait_for(lambda: _state(endpoint_id) == "stopped", timeout=90, interval=0.5, what="stopped")
         time.sleep(2)  # more passes
-        stopping = [c for c in calls(state)[before_stop:] if c[0] != "logs"]
+        stopping = [c for c in calls(state)[before_stop:] if c[0] != "logs" and not _probe(c)]
         while stopping and stopping[0][0] == "inspect":  # passes before the one that stops it
             stopping.pop(0)
         assert [c[:2] for c in stopping] == [["stop", "--time"], ["inspect", "--type"], ["rm", "-f"]], stopping
@@ -133,6 +142,17 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         wait_for(lambda: vllm_processes(marker) == [] and not _stand_in_processes(state), timeout=15,
                  what="no vLLM or stand-in process left")
         assert not (state / "containers" / f"{NAME}.json").exists()
+
+        # The restarted agent read the node's engine in the image (the engine venv plays it), vLLM's parser too.
+        wait_for(lambda: Node.objects.get(name=NODE).engine_cli.get("image") == IMAGE, timeout=240, interval=1,
+                 what="the image's vLLM parser probed")
+        node = Node.objects.get(name=NODE)
+        assert node.engine_python == str(tmp_path / "none") and node.engine["vllm"] == "0.32.0"
+        assert node.engine_cli["vllm"] == "0.32.0" and "--max-model-len" in node.engine_cli["options"]
+        probes = [c for c in calls(state) if _probe(c)]
+        assert len(probes) >= 2 and all(c[:3] == ["run", "--rm", "--pull=never"] and "--net=none" in c and
+                                        c[c.index(IMAGE) + 1:c.index(IMAGE) + 7] == [*WRAPPER, "python3", "-c"]
+                                        for c in probes)
         print(f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all")
     finally:
         stop_agent(agent)

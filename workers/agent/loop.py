@@ -18,6 +18,7 @@ from workers.agent.supervisor import Supervisor
 from workers.agent.workloads import registered_workloads
 from workers.doctor import host_report
 from workers.engine_info import (
+    EngineSite,
     cached_engine_cli,
     cann_version,
     compat_warnings,
@@ -47,21 +48,38 @@ class NodeAgent:
         self.last_doctor: float | None = None  # None: not yet, run at start (monotonic time may be small)
         self._doctor_thread: threading.Thread | None = None
         self.engine_cli_fingerprint: str | None = None  # the engine whose parser Node.engine_cli holds
+        self.engine_site_seen: EngineSite | None = None  # where Node.engine was read
         self.busy = False
 
     # --- registration and heartbeat -----------------------------------------------------
-    def register(self) -> Node:
-        platform = detect_platform()
-        engine = probe_engine(self.engine_python)
-        cann = cann_version() if platform == "ascend" else None
+    def engine_site(self) -> EngineSite:
+        """Where this node's replicas' engine is: the image they run in when the node's engine runtime (set
+        on its page) is Docker or Podman, else the agent's engine python."""
+        node = Node.objects.filter(name=self.node_name).first()
+        if node is not None and node.containerised:
+            return EngineSite(runtime=node.engine_runtime, image=node.engine_image())
+        return EngineSite(python=self.engine_python)
+
+    def engine_facts(self, site: EngineSite, platform: str) -> tuple[dict, list[str]]:
+        """(Node.engine, Node.compat_warnings) of the engine at the site."""
+        engine = probe_engine(site)
+        # A container's CANN is its image's, built to match its vllm-ascend: the host's says nothing of it.
+        cann = cann_version() if platform == "ascend" and not site.containerised else None
         if cann:
             engine["cann"] = cann
         warnings = compat_warnings(engine, cann=cann) if platform == "ascend" else []
         if engine.get("error"):
             warnings.insert(0, engine["error"])
+        return engine, warnings
+
+    def register(self) -> Node:
+        platform = detect_platform()
+        site = self.engine_site()
+        engine, warnings = self.engine_facts(site, platform)
+        self.engine_site_seen = site
         # The parser of this very engine when it was probed before, else {} (the console then holds the
         # node to its fixed allow-list) until check_engine_cli has probed it, off the loop.
-        cli = {} if engine.get("error") else cached_engine_cli(engine_fingerprint(self.engine_python, engine)) or {}
+        cli = {} if engine.get("error") else cached_engine_cli(engine_fingerprint(site, engine)) or {}
         self.engine_cli_fingerprint = cli.get("fingerprint")
         now = timezone.now()
         existing = Node.objects.filter(name=self.node_name).values_list("settings", flat=True).first() or {}
@@ -115,17 +133,24 @@ class NodeAgent:
         """Report the flags and VLLM_* variables the engine's vLLM knows (Node.engine_cli): at start, and
         again whenever the engine changes under the agent (the venv's link repointed, vLLM reinstalled at
         another release); the doctor's interval sets how soon that is seen. Gathers only: which flags a
-        launch may use on this node is endpoints' decision."""
-        engine = probe_engine(self.engine_python)  # package metadata: a fraction of a second
+        launch may use on this node is endpoints' decision. A containerised node's engine is its image's
+        (probed in a container of it), and changes with the node's runtime or image too."""
+        site = self.engine_site()
+        if site.containerised or site != self.engine_site_seen:  # an image's tag may point elsewhere now
+            engine, warnings = self.engine_facts(site, self.node.platform)
+            Node.objects.filter(pk=self.node.pk).update(engine=engine, compat_warnings=warnings)
+            self.engine_site_seen = site
+        else:
+            engine = probe_engine(site)  # package metadata: a fraction of a second
         if engine.get("error"):  # no vLLM there any more: nothing to check launches against
             if self.engine_cli_fingerprint is not None:
                 Node.objects.filter(pk=self.node.pk).update(engine_cli={})
                 self.engine_cli_fingerprint = None
             return
-        fingerprint = engine_fingerprint(self.engine_python, engine)
+        fingerprint = engine_fingerprint(site, engine)
         if fingerprint == self.engine_cli_fingerprint:
             return
-        cli = engine_cli(self.engine_python, engine)
+        cli = engine_cli(site, engine)
         Node.objects.filter(pk=self.node.pk).update(engine_cli=cli)
         self.engine_cli_fingerprint = fingerprint  # a failed probe too: tried again when the engine changes
         if cli.get("error"):

@@ -1,0 +1,105 @@
+"""A containerised node's engine is its image's: the agent probes the versions and vLLM's parser in a
+container of the image its replicas run in (endpoints.commands.container.probe_container_command), not in the
+host's engine venv, which such a host may not even have. The stand-in `docker` (tests/support/fake_docker.py)
+plays the image with a python of the test's choosing; the run with the real engine venv in the image (and
+its parser) is tests/e2e/test_container_runtime.py."""
+import os
+import sys
+import time
+
+import psutil
+import pytest
+
+from endpoints.commands import CommandSpecError
+from endpoints.commands.container import ASCEND_DRIVER_MOUNTS, probe_container_command
+from tests.support.fake_docker import calls, install
+from workers.agent import NodeAgent
+from workers.engine_info import EngineSite, engine_fingerprint, probe_engine
+from workers.models import Node
+
+IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
+
+
+def test_the_probe_runs_the_images_python_as_a_replica_would_without_devices_or_network():
+    argv = probe_container_command(runtime="podman", image=IMAGE, name="llm-console-probe-0a1b", env={"A": "1"},
+                                   python_args=["-c", "print(1)"])
+    assert argv[:7] == ["podman", "run", "--rm", "--pull=never", "--name", "llm-console-probe-0a1b", "--net=none"]
+    mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
+    assert mounts == list(ASCEND_DRIVER_MOUNTS) and "--device" not in argv and "-d" not in argv
+    assert argv[argv.index(IMAGE) - 2:] == ["-e", "A=1", IMAGE, "bash", "-ic", 'exec "$@"', "bash", "python3", "-c",
+                                            "print(1)"]
+    with pytest.raises(CommandSpecError, match="image must be a reference"):
+        probe_container_command(runtime="docker", image="x;rm -rf /", name="llm-console-probe-0a1b", env={},
+                                python_args=[])
+
+
+@pytest.fixture
+def docker(tmp_path, monkeypatch):
+    """The stand-in docker first on PATH; its image's python is this test run's (no vLLM in it)."""
+    state = tmp_path / "docker-state"
+    install(tmp_path / "bin", state=state, image_python=sys.executable)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    return state
+
+
+def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
+    site = EngineSite(runtime="docker", image=IMAGE)
+    engine = probe_engine(site)
+    # This run's python plays the image: its versions, and no vLLM in it.
+    assert engine["python"] == sys.version.split()[0] and engine["error"] == f"vLLM is not installed in the image {IMAGE}"
+    [run] = calls(docker)
+    assert run[:3] == ["run", "--rm", "--pull=never"] and run[run.index("--name") + 1].startswith("llm-console-probe-")
+    assert not list((docker / "containers").glob("*.json"))  # --rm: gone
+    assert engine_fingerprint(site, {"vllm": "0.11.0"}) != engine_fingerprint(EngineSite(python=sys.executable),
+                                                                              {"vllm": "0.11.0"})
+
+    (docker / "images").write_text("quay.io/ascend/vllm-ascend:v0.11.0\n")  # only another tag was pulled
+    assert probe_engine(site)["error"].startswith(f"engine probe failed ({IMAGE} under docker): ")
+
+
+def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path):
+    hanging = tmp_path / "hanging-python"
+    hanging.write_text("#!/bin/sh\nexec sleep 60\n")
+    hanging.chmod(0o755)
+    install(tmp_path / "bin", state=docker, image_python=str(hanging))
+    started = time.monotonic()
+    engine = probe_engine(EngineSite(runtime="docker", image=IMAGE), timeout=2)
+    assert engine["error"].startswith("engine probe failed: ") and "timed out" in engine["error"]
+    assert time.monotonic() - started < 30
+    run, rm = calls(docker)
+    assert rm == ["rm", "-f", run[run.index("--name") + 1]]
+    assert not list((docker / "containers").glob("*.json"))
+    assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
+
+
+@pytest.mark.django_db
+def test_a_docker_node_records_its_images_engine_not_the_hosts(docker, ascend_node, settings, tmp_path):
+    """The node's page shows the image's versions; back to the process runtime, the host's again."""
+    settings.DATA_DIR = tmp_path
+    Node.objects.filter(pk=ascend_node.pk).update(engine_runtime="docker")
+    agent = NodeAgent(ascend_node.name, engine_python="/opt/no-engine/bin/python")  # a host without a venv
+    node = agent.register()
+    assert node.engine["python"] == sys.version.split()[0]
+    assert node.compat_warnings[0] == f"vLLM is not installed in the image {IMAGE}"
+    agent.check_engine_cli()
+    assert Node.objects.get(pk=node.pk).engine_cli == {}  # no vLLM in this image: nothing to check against
+
+    Node.objects.filter(pk=node.pk).update(engine_runtime="process")
+    agent.check_engine_cli()
+    node.refresh_from_db()
+    assert node.engine["error"].startswith("engine python /opt/no-engine/bin/python not found")
+    assert node.compat_warnings[0] == node.engine["error"] and len(calls(docker)) == 2
+
+
+@pytest.mark.django_db
+def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatch):
+    from workers.doctor import FAILED, host_report
+
+    monkeypatch.setenv("NODE_PLATFORM", "ascend")
+    report = host_report(engine_python="/opt/no-engine/bin/python", runtime="docker", image=IMAGE)
+    checks = {c["name"]: c for c in report["checks"]}
+    engine = checks["vLLM and vllm-ascend (in the image)"]
+    assert engine["status"] == FAILED and engine["detail"] == f"vLLM is not installed in the image {IMAGE}"
+    assert engine["fix"].startswith(f"pull an image with vLLM (replicas run {IMAGE})")
+    assert not [name for name in checks if "torch" in name.lower()]  # torch-npu sees chips only in a replica
+    assert checks["container runtime"]["status"] == "ok"
