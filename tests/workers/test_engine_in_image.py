@@ -3,7 +3,6 @@ container of the image its replicas run in (endpoints.commands.container.probe_c
 host's engine venv, which such a host may not even have. The stand-in `docker` (tests/support/fake_docker.py)
 plays the image with a python of the test's choosing; the run with the real engine venv in the image (and
 its parser) is tests/e2e/test_container_runtime.py."""
-import os
 import sys
 import time
 
@@ -31,15 +30,6 @@ def test_the_probe_runs_the_images_python_as_a_replica_would_without_devices_or_
     with pytest.raises(CommandSpecError, match="image must be a reference"):
         probe_container_command(runtime="docker", image="x;rm -rf /", name="llm-console-probe-0a1b", env={},
                                 python_args=[])
-
-
-@pytest.fixture
-def docker(tmp_path, monkeypatch):
-    """The stand-in docker first on PATH; its image's python is this test run's (no vLLM in it)."""
-    state = tmp_path / "docker-state"
-    install(tmp_path / "bin", state=state, image_python=sys.executable)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
-    return state
 
 
 def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
