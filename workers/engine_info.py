@@ -156,7 +156,7 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
         return {"error": f"{why}: run `make engine` on this node" if not site.containerised else why}
     try:
         code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:  # ValueError: the runner refused the image
         return {"error": f"engine probe failed: {exc}"}
     if code != 0:
         where = f" ({site})" if site.containerised else ""
@@ -227,7 +227,7 @@ def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
                                      timeout=timeout, nice=10)
     except subprocess.TimeoutExpired:
         return {"error": f"vLLM parser probe took longer than {timeout:.0f} s"}
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         return {"error": f"vLLM parser probe failed: {exc}"}
     if code != 0:
         last = (err.strip().splitlines() or ["no output"])[-1]

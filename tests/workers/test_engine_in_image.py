@@ -93,3 +93,8 @@ def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatc
     assert engine["fix"].startswith(f"pull an image with vLLM (replicas run {IMAGE})")
     assert not [name for name in checks if "torch" in name.lower()]  # torch-npu sees chips only in a replica
     assert checks["container runtime"]["status"] == "ok"
+
+
+def test_an_image_the_runner_refuses_is_an_error_not_a_crash(docker):
+    engine = probe_engine(EngineSite(runtime="docker", image="Not An Image"))
+    assert engine["error"].startswith("engine probe failed: image must be a reference") and calls(docker) == []
