@@ -3,7 +3,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from console.audit import audit_log
-from workers import engine_images
+from workers import engine_images, nudges
 from workers.models import Node
 
 
@@ -35,4 +35,5 @@ def node_set_engine_runtime(*, node: Node, engine_runtime: str, engine_image_var
         node.engine_runtime, node.engine_image_variant = engine_runtime, engine_image_variant
         changes["image"] = node.engine_image() if node.containerised else ""
         audit_log(actor=user, action="node.engine_runtime", obj=node, changes=changes, request=request)
+        transaction.on_commit(lambda: nudges.publish(node.name))  # its agent reads the engine where it now is
     return node

@@ -98,3 +98,25 @@ def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatc
 def test_an_image_the_runner_refuses_is_an_error_not_a_crash(docker):
     engine = probe_engine(EngineSite(runtime="docker", image="Not An Image"))
     assert engine["error"].startswith("engine probe failed: image must be a reference") and calls(docker) == []
+
+
+@pytest.mark.django_db
+def test_a_runtime_change_on_the_page_nudges_the_agent_to_read_the_engine_again(ascend_node, admin, monkeypatch,
+                                                                                django_capture_on_commit_callbacks):
+    """The engine probes run at the doctor's interval (10 min), and at once when the node's runtime or image
+    changed: launches are not checked against the engine the node had."""
+    from workers import nudges
+    from workers.services import node_set_engine_runtime
+
+    monkeypatch.setenv("NODE_PLATFORM", "ascend")
+    agent = NodeAgent(ascend_node.name, engine_python="/opt/no-engine/bin/python")
+    agent.register()
+    agent.last_doctor = time.monotonic()
+    assert not agent.doctor_due()
+    woken = []
+    monkeypatch.setattr(nudges, "publish", woken.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        node_set_engine_runtime(node=Node.objects.get(pk=ascend_node.pk), engine_runtime="docker",
+                                engine_image_variant="a3", user=admin)
+    assert woken == [ascend_node.name] and agent.doctor_due()
+    assert agent.engine_site() == EngineSite(runtime="docker", image=IMAGE + "-a3")

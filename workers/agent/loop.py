@@ -164,6 +164,16 @@ class NodeAgent:
         self.busy = any(busy)
 
     # --- the loop ----------------------------------------------------------------------
+    def doctor_due(self) -> bool:
+        """The doctor's checks and the engine probes (check_host) are due: at start, every
+        DOCTOR_INTERVAL_SECONDS, and as soon as the node's engine moved (its runtime or image changed on its
+        page), so that launches are not checked against the engine it had."""
+        if self._doctor_thread is not None and self._doctor_thread.is_alive():
+            return False
+        if self.last_doctor is None or time.monotonic() - self.last_doctor >= settings.DOCTOR_INTERVAL_SECONDS:
+            return True
+        return self.engine_site() != self.engine_site_seen
+
     def run(self, *, once: bool = False) -> None:
         self.register()
         log.info("agent %s up: platform %s, engine %s", self.node_name, self.node.platform, self.node.engine.get("vllm"))
@@ -179,9 +189,7 @@ class NodeAgent:
                     self.last_devices = time.monotonic()
                     self._device_thread = threading.Thread(target=self.collect_telemetry, daemon=True)
                     self._device_thread.start()
-                if ((self.last_doctor is None
-                     or time.monotonic() - self.last_doctor >= settings.DOCTOR_INTERVAL_SECONDS)
-                        and (self._doctor_thread is None or not self._doctor_thread.is_alive())):
+                if self.doctor_due():
                     self.last_doctor = time.monotonic()
                     self._doctor_thread = threading.Thread(target=self.check_host, daemon=True)
                     self._doctor_thread.start()
