@@ -352,7 +352,7 @@ def _wait_exited(store: Store, name: str, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         data = store.load(name)
-        if data is None or not data["State"].get("Running"):
+        if data is None or not store.running(data):  # an attached run's client, killed, records no exit
             return True
         time.sleep(0.1)
     return False
