@@ -41,11 +41,14 @@ def _alive_ray_nodes(address: str) -> list[list[str]]:
     killed worker raylet, which the GCS lists as alive until its health checks fail."""
     probe = (f"import json, ray; ray.init(address={address!r}, _node_ip_address={HEAD_IP!r}, logging_level='ERROR', "
              "log_to_driver=False); "
-             "print(json.dumps(sorted([n['NodeManagerAddress'], n['NodeID']] for n in ray.nodes() if n['Alive'])))")
+             "print('ALIVE=' + json.dumps(sorted([n['NodeManagerAddress'], n['NodeID']] for n in ray.nodes() if n['Alive'])))")
     out = subprocess.run([ENGINE_PYTHON, "-c", probe], capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # Ray's driver prints its own lines to stdout too (a node marked dead while it runs: "(2) raylet has
+    # lagging heartbeats …"), before or after the report.
+    [report] = [line for line in out.stdout.splitlines() if line.startswith("ALIVE=")]
+    return json.loads(report.removeprefix("ALIVE="))
 
 
 def _group(pid: int) -> set[int]:
