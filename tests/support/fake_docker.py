@@ -98,6 +98,12 @@ class Store:
             tmp.replace(self.path(name))
             return data
 
+    def forget(self, name: str) -> None:
+        """A removed container: its state, log and home gone."""
+        for ext in ("json", "log"):
+            self.path(name, ext).unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(self.path(name, "home"))], check=False)
+
     def names(self) -> list[str]:
         return sorted(p.stem for p in self.dir.glob("*.json"))
 
@@ -238,9 +244,7 @@ def _run_attached(store: Store, name: str, command: list[str], *, env: dict, cwd
         store.update(name, State={"Status": "running", "Running": True, "Pid": child.pid})
         code = child.wait()
         _signal_group(child.pid, signal.SIGKILL)  # the container's other processes end with its PID 1
-    for ext in ("json", "log"):
-        store.path(name, ext).unlink(missing_ok=True)
-    subprocess.run(["rm", "-rf", str(store.path(name, "home"))], check=False)
+    store.forget(name)
     return 128 - code if code < 0 else code
 
 
@@ -403,9 +407,7 @@ def cmd_rm(store: Store, args: list[str]) -> int:
                 continue
             _signal_group(data["State"]["Pid"], signal.SIGKILL)
             _wait_exited(store, name, 10)
-        for ext in ("json", "log"):
-            store.path(name, ext).unlink(missing_ok=True)
-        subprocess.run(["rm", "-rf", str(store.path(name, "home"))], check=False)
+        store.forget(name)
         print(ref)
     return code
 
