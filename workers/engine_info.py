@@ -90,7 +90,7 @@ class EngineSite:
         return f"{self.image} under {self.runtime}" if self.containerised else self.python
 
 
-# (runtime=, image=, name=, python_args=, env=) -> the argv that runs the image's python: registered by
+# (runtime=, image=, name=, python_args=, env=, nice=) -> the argv that runs the image's python: registered by
 # serving (endpoints.commands.container.probe_container_command), which owns how its image is run.
 ImageRunner = Callable[..., list[str]]
 _image_runner: ImageRunner | None = None
@@ -114,15 +114,23 @@ def _missing(site: EngineSite) -> str:
     return ""
 
 
-def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str]) -> tuple[subprocess.Popen, list[str]]:
-    """The site's python with args, started (stdout and stderr piped), and what removes it if it must be
+def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str],
+                  nice: int) -> tuple[subprocess.Popen, list[str]]:
+    """The site's python with args, started (stdout and stderr piped) at `nice` (a container's python is
+    not the CLI client's child: the runner's argv lowers it inside), and what removes it if it must be
     killed: a container outlives its killed CLI client, so `rm -f` by its name."""
     if not site.containerised:
         proc = subprocess.Popen([site.python, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env=child_environment(dict(env)))
+        if nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+            except OSError:
+                pass
         return proc, []
     name = f"llm-console-probe-{uuid.uuid4().hex[:12]}"
-    argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env))
+    argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env),
+                         nice=nice)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_environment({}))
     return proc, [site.runtime, "rm", "-f", name]
@@ -131,13 +139,8 @@ def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str]) -> 
 def _run_python(site: EngineSite, args: list[str], *, env: Mapping[str, str], timeout: float,
                 nice: int = 0) -> tuple[int, str, str]:
     """(exit code, stdout, stderr); raises subprocess.TimeoutExpired (the process or container gone) or OSError."""
-    proc, remove = _popen_python(site, args, env)
+    proc, remove = _popen_python(site, args, env, nice)
     with proc:
-        if nice:
-            try:
-                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
-            except OSError:
-                pass
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

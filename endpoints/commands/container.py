@@ -139,18 +139,21 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
 
 
 def probe_container_command(*, runtime: str, image: str, name: str, python_args: list[str],
-                            env: Mapping[str, str]) -> list[str]:
+                            env: Mapping[str, str], nice: int = 0) -> list[str]:
     """The agent's engine probes (versions, vLLM's parser: workers.engine_info) of a containerised node, run
     in the image its replicas run in, as they run: the same driver mounts and interactive-bash wrapper (the
     image's ``~/.bashrc`` sets the CANN/driver library paths that importing torch-npu needs), the image's
-    ``python3`` with ``python_args``. No NPU, no network (``--net=none``), removed on exit (``--rm``);
+    ``python3`` with ``python_args``, under ``nice -n NICE`` when ``nice`` is given (the container's
+    processes are the daemon's, not the CLI client's children, so lowering the client would not lower them;
+    coreutils' ``nice`` is in the image). No NPU, no network (``--net=none``), removed on exit (``--rm``);
     attached, so the probe reads its output. vllm-ascend's plugin names its platform without looking for a
     device (``vllm_ascend/__init__.py`` ``register``), so its parser builds without one."""
     _check_container(runtime=runtime, image=image, name=name)
     run = [runtime, "run", "--rm", "--pull=never", "--name", name, "--net=none"]
     for mount in ASCEND_DRIVER_MOUNTS:
         run += ["-v", mount]
-    return [*run, *env_flags(env), image, *SHELL_WRAPPER, CONTAINER_PYTHON, *python_args]
+    lowered = ["nice", "-n", str(int(nice))] if nice else []
+    return [*run, *env_flags(env), image, *SHELL_WRAPPER, *lowered, CONTAINER_PYTHON, *python_args]
 
 
 def _check_container(*, runtime: str, image: str, name: str) -> None:

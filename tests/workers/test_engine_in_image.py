@@ -3,6 +3,7 @@ container of the image its replicas run in (endpoints.commands.container.probe_c
 host's engine venv, which such a host may not even have. The stand-in `docker` (tests/support/fake_docker.py)
 plays the image with a python of the test's choosing; the run with the real engine venv in the image (and
 its parser) is tests/e2e/test_container_runtime.py."""
+import os
 import sys
 import time
 
@@ -13,7 +14,7 @@ from endpoints.commands import CommandSpecError
 from endpoints.commands.container import ASCEND_DRIVER_MOUNTS, probe_container_command
 from tests.support.fake_docker import calls, install
 from workers.agent import NodeAgent
-from workers.engine_info import EngineSite, engine_fingerprint, probe_engine
+from workers.engine_info import EngineSite, engine_fingerprint, probe_engine, probe_engine_cli
 from workers.models import Node
 
 IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
@@ -30,6 +31,23 @@ def test_the_probe_runs_the_images_python_as_a_replica_would_without_devices_or_
     with pytest.raises(CommandSpecError, match="image must be a reference"):
         probe_container_command(runtime="docker", image="x;rm -rf /", name="llm-console-probe-0a1b", env={},
                                 python_args=[])
+    lowered = probe_container_command(runtime="docker", image=IMAGE, name="llm-console-probe-0a1b", env={},
+                                      python_args=["-c", "print(1)"], nice=10)
+    assert lowered[lowered.index(IMAGE) + 1:] == ["bash", "-ic", 'exec "$@"', "bash", "nice", "-n", "10", "python3",
+                                                  "-c", "print(1)"]
+
+
+def test_the_parser_probe_runs_lowered_inside_the_container(docker, tmp_path):
+    """vLLM's parser probe imports vLLM and torch (seconds of CPU) beside serving replicas, at nice 10: inside
+    the container, whose processes are the daemon's children, not the CLI client's."""
+    image_python = tmp_path / "image-python"
+    image_python.write_text(f"#!/bin/sh\nnice > {tmp_path / 'niceness'}\nexec {sys.executable} \"$@\"\n")
+    image_python.chmod(0o755)
+    install(tmp_path / "bin", state=docker, image_python=str(image_python))
+    probe_engine_cli(EngineSite(runtime="docker", image=IMAGE))
+    [run] = calls(docker)
+    assert run[run.index(IMAGE) + 5:run.index(IMAGE) + 9] == ["nice", "-n", "10", "python3"]
+    assert int((tmp_path / "niceness").read_text()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
 
 
 def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
