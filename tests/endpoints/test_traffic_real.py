@@ -18,7 +18,6 @@ import pytest
 from console.models import AuditEvent
 from endpoints.gateway import services as gateway_services
 from endpoints.gateway.models import GatewayEndpoint
-from endpoints.launch import cpu_threads_env
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from tests.support import ROOT
 from tests.support.agents import (
@@ -41,12 +40,20 @@ MODEL = "traffic"
 FAST = {"TELEMETRY_INTERVAL_SECONDS": "3", "GATEWAY_ROLLOUT_MIN_REQUESTS": "5"}
 AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": 10,
              "scale_down_window_s": 20, "cooldown_s": 20}
-# The autoscaled endpoint's replicas get the launch's threads (endpoints.launch.cpu_threads_env: unpinned, one
-# thread each, on a host this small). The staged endpoint beside it, of one replica, would get vLLM's auto
-# binding: run it the same way, as an idle-but-polled engine's worker spins on its core (vLLM's shm queue
-# busy-loops for a second after each message) and would starve a replica pinned beside it, and two threads
-# of its own would spin against the live side's (its answers slowed to 0.2 tokens/s while the live side ran).
-CPU_BIND = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+
+
+def assert_threads_as_launched(replica: Replica) -> None:
+    """The replica runs with the cores the launch gave it (endpoints.launch.cpu_threads_env), as vLLM reports
+    them: on a host of under 4 cores, unpinned with one thread, whether it shares the node with its own
+    endpoint's other slot (the autoscaled side) or with another endpoint (the staged side, which vLLM's auto
+    binding would put on the live side's cores: an idle-but-polled engine's worker spins on its core, as
+    vLLM's shm queue busy-loops for a second after each message, and two threads of its own would spin
+    against the live side's; its answers slowed to 0.2 tokens/s while the live side ran)."""
+    bound = replica.env.get("VLLM_CPU_OMP_THREADS_BIND")
+    assert bound, replica.env
+    if len(replica.node.host["cpu_cores"]) < 4:
+        assert (bound, replica.env.get("OMP_NUM_THREADS")) == ("nobind", "1"), replica.env
+    assert f"VLLM_CPU_OMP_THREADS_BIND={bound!r}" in open(replica.log_path).read()
 
 
 def ready(endpoint_id: int) -> int:
@@ -98,11 +105,8 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         wait_for(lambda: ready(live) == 2, timeout=600, interval=1, what="the second replica ready")
         gw.wait_routes(MODEL, 2, timeout=30)
         second = Replica.objects.get(endpoint_id=live, index=1)
-        # The launch's core share (unpinned, one thread each, on a host of under 4 cores), as vLLM reports it.
-        for replica in Replica.objects.filter(endpoint_id=live):
-            threads = cpu_threads_env(endpoint=replica.endpoint, replica=replica, node=replica.node)
-            assert threads and {k: replica.env.get(k) for k in threads} == threads, replica.env
-            assert f"VLLM_CPU_OMP_THREADS_BIND={threads['VLLM_CPU_OMP_THREADS_BIND']!r}" in open(replica.log_path).read()
+        for replica in Replica.objects.filter(endpoint_id=live).select_related("node"):
+            assert_threads_as_launched(replica)
         wait_for(lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests")
         load.think = 1.2  # past vLLM's 1 s of busy polling after a request: the replica idles between them
         load.keep(1)  # the load drops: the queue stays empty, so after a whole quiet window, 1
@@ -120,8 +124,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         # A staged deployment for the canary below (the demo model: slower per token), launched now so that it
         # loads meanwhile; staged at once, it takes no traffic until the canary.
         made = api.post("/api/v1/endpoints", {"name": "green", "artifact": demo_id, "served_model_name": MODEL,
-                                              "enforce_eager": True, "max_model_len": 256, "dtype": "float32",
-                                              "env": CPU_BIND})
+                                              "enforce_eager": True, "max_model_len": 256, "dtype": "float32"})
         assert made.status_code == 201, made.content
         green = made.json()["id"]
         assert api.post(f"/api/v1/gateway/endpoints/{live}/stage", {"staged": green}).status_code == 200
@@ -149,6 +152,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
 
         # --- the staged deployment takes a 25 % canary ------------------------------------------------------------
         wait_for(lambda: ready(green) == 1, timeout=600, interval=1, what="the staged replica ready")
+        assert_threads_as_launched(Replica.objects.select_related("node").get(endpoint_id=green))
         assert api.post(f"/api/v1/gateway/endpoints/{live}/canary", {"percent": 25}).status_code == 200
         gw.wait_routes(MODEL, 2, timeout=30)
         ports = {"live": Replica.objects.get(endpoint_id=live, index=0).port,
