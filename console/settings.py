@@ -299,6 +299,8 @@ PROFILE_DEFAULT_SECONDS = env_int("PROFILE_DEFAULT_SECONDS", 10)
 PROFILE_MAX_SECONDS = env_int("PROFILE_MAX_SECONDS", 120)
 PROFILE_MAX_BYTES = env_int("PROFILE_MAX_BYTES", 512 * 1024**2)  # one profile's trace files
 PROFILE_TOTAL_MAX_BYTES = env_int("PROFILE_TOTAL_MAX_BYTES", 8 * 1024**3)  # every profile kept
+# torch_npu's raw data (FRAMEWORK/, PROF_*/) beside its analysed output: dropped unless kept for a re-analysis
+PROFILE_KEEP_NPU_RAW_DATA = env_bool("PROFILE_KEEP_NPU_RAW_DATA", False)
 
 # --- Quantization (models_registry/quantize) ----------------------------------------------
 QUANTIZE_GATE_PCT = env_float("QUANTIZE_GATE_PCT", 2.0)  # max relative perplexity increase

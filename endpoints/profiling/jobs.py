@@ -270,6 +270,9 @@ def _collect(profile: Profile, endpoint: Endpoint, replica: Replica, source: Pat
             shutil.move(str(entry), staging / entry.name)
     finally:
         _clear(source)
+    if dropped := storage.drop_npu_raw_data(staging):
+        ctx.log.info("dropped torch_npu's raw data beside its analysed output: %.1f MiB (PROFILE_KEEP_NPU_RAW_DATA "
+                     "keeps it)", dropped / 2**20)
     files = [{"name": str(p.relative_to(staging)), "bytes": p.stat().st_size}
              for p in sorted(staging.rglob("*")) if p.is_file() and not p.is_symlink()]
     total = sum(f["bytes"] for f in files)

@@ -28,5 +28,30 @@ def used_bytes() -> int:
     return tree_bytes(profiles_root())
 
 
+def drop_npu_raw_data(root: Path) -> int:
+    """Remove torch_npu's raw data from every ``*_ascend_pt`` result under root whose analysis output
+    (``ASCEND_PROFILER_OUTPUT``) is there, unless PROFILE_KEEP_NPU_RAW_DATA; returns the bytes removed.
+
+    vllm-ascend (v0.23.0 vllm_ascend/profiler/torch_npu_profiler.py) records with
+    ``data_simplification=True`` and torch_npu analyses at stop (``tensorboard_trace_handler``'s
+    ``analyse_flag`` defaults to True), but since torch_npu v7.0.RC1 simplification keeps ``FRAMEWORK/``
+    and ``PROF_*/{device_*,host}/data`` beside the output (torch_npu/profiler/analysis/_profiling_parser.py
+    ``simplify_data``). The console's analysis reads ``ASCEND_PROFILER_OUTPUT/trace_view.json`` and
+    MindStudio Insight the output's files; only a re-analysis with torch_npu needs the raw data, which is
+    often the larger part and would count against PROFILE_MAX_BYTES. A result without the output keeps
+    everything (nothing else can be read from it). Links are neither followed nor removed."""
+    if settings.PROFILE_KEEP_NPU_RAW_DATA:
+        return 0
+    removed = 0
+    for result in sorted(root.rglob("*_ascend_pt")):
+        if result.is_symlink() or not result.is_dir() or not (result / "ASCEND_PROFILER_OUTPUT").is_dir():
+            continue
+        for raw in [result / "FRAMEWORK", *sorted(result.glob("PROF_*"))]:
+            if raw.is_dir() and not raw.is_symlink():
+                removed += tree_bytes(raw)
+                shutil.rmtree(raw)
+    return removed
+
+
 def remove_profile_files(profile_id: int) -> None:
     shutil.rmtree(profile_dir(profile_id), ignore_errors=True)

@@ -171,3 +171,54 @@ def test_profile_and_compare_pages_show_the_analysis(served, as_viewer):
     assert "bf16" in compared and "w8a8" in compared and compared.count("80 %") >= 2
     endpoint_page = as_viewer.get(f"/endpoints/{served.pk}/").content.decode()
     assert f"/profiles/{one.pk}/" in endpoint_page and 'id="profile-form"' not in endpoint_page  # viewers: no form
+
+
+@pytest.mark.django_db
+def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(served, settings, tmp_path):
+    """vllm-ascend's recording, analysed by torch_npu at stop: its raw data (FRAMEWORK/, PROF_*/) stays beside
+    ASCEND_PROFILER_OUTPUT and would count against PROFILE_MAX_BYTES; the collection drops it where the output is
+    there (the analysis and MindStudio Insight read that), keeps a result that has no output, and keeps it all
+    with PROFILE_KEEP_NPU_RAW_DATA (then the cap refuses this one)."""
+    import shutil
+
+    from endpoints.profiling.jobs import _collect
+    from tests.support import FIXTURES
+    from workers.jobs.context import JobContext, JobFailed
+
+    recorded = FIXTURES / "profiles" / "ascend_pytorch_level1"
+    output_bytes = storage.tree_bytes(recorded)
+    settings.PROFILE_MAX_BYTES = output_bytes + 10_000
+    replica = served.replica_set.get()
+
+    def record(into):
+        shutil.copytree(recorded, into, ignore=shutil.ignore_patterns("License"))
+        for rank in ("rank0_ascend_pt", "rank1_ascend_pt"):
+            for raw in ("FRAMEWORK/torch.op_range", "PROF_000001_20251205_rank/device_0/data/aicore.data.0.slice_0",
+                        "PROF_000001_20251205_rank/host/data/api_event.data.0.slice_0"):
+                (into / rank / raw).parent.mkdir(parents=True, exist_ok=True)
+                (into / rank / raw).write_bytes(b"r" * 4000)
+        unanalysed = into / "rank2_ascend_pt" / "FRAMEWORK" / "torch.op_range"  # torch_npu's analysis failed here
+        unanalysed.parent.mkdir(parents=True)
+        unanalysed.write_bytes(b"u" * 100)
+
+    def collect(source):
+        profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
+                                         status="recording")
+        ctx = JobContext(Job.objects.create(kind="profile", queue="node-cpu-host", rq_id=f"p{profile.pk}"))
+        return profile, _collect(profile, served, replica, source, {"seconds": 5}, timezone.now(), ctx)
+
+    record(tmp_path / "kept")
+    profile, result = collect(tmp_path / "kept")
+    profile.refresh_from_db()
+    names = [f["name"] for f in profile.files]
+    assert profile.status == "succeeded" and profile.breakdown and result["bytes"] == profile.total_bytes
+    assert "rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json" in names
+    assert not [n for n in names if "/FRAMEWORK/" in n and not n.startswith("rank2")]
+    assert not [n for n in names if "/PROF_" in n]
+    assert "rank2_ascend_pt/FRAMEWORK/torch.op_range" in names  # no output beside it: kept
+    assert profile.total_bytes == output_bytes - (recorded / "License").stat().st_size + 100
+
+    settings.PROFILE_KEEP_NPU_RAW_DATA = True
+    record(tmp_path / "raw")
+    with pytest.raises(JobFailed, match="over PROFILE_MAX_BYTES"):
+        collect(tmp_path / "raw")
