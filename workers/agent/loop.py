@@ -136,12 +136,12 @@ class NodeAgent:
         launch may use on this node is endpoints' decision. A containerised node's engine is its image's
         (probed in a container of it), and changes with the node's runtime or image too."""
         site = self.engine_site()
-        if site.containerised or site != self.engine_site_seen:  # an image's tag may point elsewhere now
-            engine, warnings = self.engine_facts(site, self.node.platform)
-            Node.objects.filter(pk=self.node.pk).update(engine=engine, compat_warnings=warnings)
-            self.engine_site_seen = site
-        else:
-            engine = probe_engine(site)  # package metadata: a fraction of a second
+        # Read again each time (package metadata, a fraction of a second on the host): a venv upgraded in place
+        # (`make engine` at another release) keeps its path, an image's tag may point elsewhere now, and the
+        # node's page, the quantize form's schemes and benchmark records read these versions.
+        engine, warnings = self.engine_facts(site, self.node.platform)
+        Node.objects.filter(pk=self.node.pk).update(engine=engine, compat_warnings=warnings)
+        self.engine_site_seen = site
         if engine.get("error"):  # no vLLM there any more: nothing to check launches against
             if self.engine_cli_fingerprint is not None:
                 Node.objects.filter(pk=self.node.pk).update(engine_cli={})
