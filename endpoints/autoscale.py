@@ -50,6 +50,10 @@ from django.core.exceptions import ValidationError
 MAX_REPLICAS_CAP = 64  # as many as a launch may ask for (endpoint_create's replicas range)
 MAX_WINDOW_S = 24 * 3600
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+#: A day's short or full name -> its weekday number (Monday 0).
+DAY_NAMES = {**{d: i for i, d in enumerate(DAYS)},
+             **{d: i for i, d in enumerate(("monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
+                                            "sunday"))}}
 DEFAULTS = {"min_replicas": 1, "target_waiting": 4, "scale_up_window_s": 60, "scale_down_window_s": 600,
             "cooldown_s": 300}
 KNOWN = {"min_replicas", "max_replicas", "target_waiting", "scale_up_window_s", "scale_down_window_s",
@@ -120,10 +124,11 @@ def _days(text, where: str) -> frozenset[int]:
         return frozenset(range(7))
     out = set()
     for part in re.split(r"\s*,\s*", text.strip().lower()):
-        ends = part.split("-")
-        if len(ends) > 2 or any(e.strip()[:3] not in DAYS or len(e.strip()) < 3 for e in ends):
+        ends = [e.strip() for e in part.split("-")]
+        # Whole names only: a prefix rule read "monkey", "mon fri" or "mon–fri" (an en dash) as Monday alone.
+        if len(ends) > 2 or any(e not in DAY_NAMES for e in ends):
             raise _err(f"{where}.days", f"{part!r} is not a day or a range of days like mon-fri.")
-        a, b = (DAYS.index(e.strip()[:3]) for e in (ends if len(ends) == 2 else ends * 2))
+        a, b = (DAY_NAMES[e] for e in (ends if len(ends) == 2 else ends * 2))
         out.update((a + i) % 7 for i in range((b - a) % 7 + 1))
     return frozenset(out)
 
@@ -160,7 +165,7 @@ def parse_settings(raw) -> AutoscaleSettings | None:
     up = _int(raw, "scale_up_window_s", low=10, high=MAX_WINDOW_S)
     down = _int(raw, "scale_down_window_s", low=10, high=MAX_WINDOW_S)
     cooldown = _int(raw, "cooldown_s", low=0, high=MAX_WINDOW_S)
-    entries = raw.get("schedule") or []
+    entries = [] if raw.get("schedule") is None else raw["schedule"]
     if not isinstance(entries, list):
         raise _err("schedule", "A list of {\"days\": \"mon-fri\", \"from\": \"08:00\", \"to\": \"20:00\", \"min_replicas\": 2}.")
     schedule = []
@@ -254,7 +259,7 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
                                   f"(cooldown {settings.cooldown_s} s)", cooling=True)
     up_covered, down_covered = _covered(up_win, up_from, ts, max_gap_s), _covered(down_win, down_from, ts, max_gap_s)
     up_need = sorted(math.ceil(s.waiting / settings.target_waiting) for s in up_win)
-    median_need = up_need[(len(up_need) - 1) // 2] if up_need else 0  # the lower median: half need at least it
+    median_need = up_need[len(up_need) // 2] if up_need else 0  # the upper median: half or more need at least it
     if current < high and up_covered and median_need > current:
         wanted = min(median_need, high)
         return out(UP, wanted, f"waiting requests averaged {figures['waiting_avg_up']} over {settings.scale_up_window_s} s "

@@ -534,7 +534,7 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
         checked["routing"] = _checked_routing(changes["routing"])
     with transaction.atomic():
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
-        if "autoscale" in changes:  # null turns it off; the replica count stays where it is
+        if "autoscale" in changes:  # null turns it off; the replica count stays where it is (0 becomes 1)
             scaling = _checked_autoscale(changes["autoscale"], node=endpoint.node, devices=endpoint.devices,
                                          tp_pp=endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size,
                                          distributed=endpoint.distributed)
@@ -547,6 +547,13 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
             EndpointEvent.objects.create(endpoint=endpoint, kind="updated", message="; ".join(
                 f"{f}: {was} → {now}" for f, (was, now) in diff.items()) + f" (by {getattr(user, 'username', 'system')})")
             audit_log(actor=user, action="endpoint.update", obj=endpoint, request=request, changes=diff)
+        if "autoscale" in checked and checked["autoscale"] is None and endpoint.replicas == 0 \
+                and endpoint.desired_state == Endpoint.Desired.RUNNING:
+            # Scaled to zero, nothing would ever wake it again (the gateway wakes autoscaled endpoints only):
+            # a fixed count is at least one, as at launch.
+            endpoint.refresh_from_db()
+            endpoint_scale(endpoint=endpoint, replicas=1, user=user, request=request,
+                           reason="autoscaling turned off while scaled to zero")
     endpoint.refresh_from_db()
     return endpoint
 

@@ -70,11 +70,26 @@ def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0,
     ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 3}]},
      "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
     ({"max_replicas": 2, "schedule": {"days": "mon"}}, "autoscale.schedule", "A list"),
+    ({"max_replicas": 2, "schedule": {}}, "autoscale.schedule", "A list"),
+    ({"max_replicas": 2, "schedule": ""}, "autoscale.schedule", "A list"),
+    # Whole day names only: a prefix rule read these as Monday alone.
+    *[({"max_replicas": 2, "schedule": [{"days": days, "from": "08:00", "to": "20:00", "min_replicas": 2}]},
+       "autoscale.schedule[0].days", "is not a day") for days in ("monkey", "mon fri", "mon\u2013fri", "mo-fr")],
 ])
 def test_bad_settings_are_refused_naming_the_field(raw, field, message):
     with pytest.raises(ValidationError) as exc:
         parse_settings(raw)
     assert field in exc.value.message_dict and message in " ".join(exc.value.message_dict[field])
+
+
+def test_days_are_short_or_full_names_and_ranges_wrap():
+    def days(text):
+        entry = {"days": text, "from": "08:00", "to": "20:00", "min_replicas": 1}
+        return parse_settings({"max_replicas": 2, "schedule": [entry]}).schedule[0].days
+
+    assert days("mon-fri") == days("Monday - Friday") == days("monday-fri") == frozenset(range(5))
+    assert days("sat,sun") == days("saturday, sunday") == frozenset({5, 6})
+    assert days("fri-mon") == frozenset({4, 5, 6, 0}) and days("daily") == frozenset(range(7))
 
 
 def test_settings_round_trip_with_defaults_and_off():
@@ -100,6 +115,11 @@ def test_up_to_the_median_need_of_a_whole_up_window():
     assert run(series(MONDAY_NOON, 60, lambda i: 12 if i % 2 == 0 else 0)).wanted == 3
     assert run(series(MONDAY_NOON, 60, lambda i: 12 if i % 2 == 1 else 0)).action == HOLD
     assert run(series(MONDAY_NOON, 60, lambda i: 400 if i == 3 else 0)).action == HOLD
+    # An even count (the controller's pass falls between samples: 6 in the window): exactly half is enough.
+    between = MONDAY_NOON - timedelta(seconds=5)
+    assert run(series(between, 50, lambda i: 12 if i >= 3 else 0)).figures["samples"] == 6
+    assert run(series(between, 50, lambda i: 12 if i >= 3 else 0)).wanted == 3
+    assert run(series(between, 50, lambda i: 12 if i >= 4 else 0)).action == HOLD
     # The need over a window that started only 20 s ago (telemetry just began; 30 s is the gap allowed): hold.
     assert run(series(MONDAY_NOON, 20, 12)).action == HOLD
 
@@ -265,6 +285,29 @@ def test_patch_autoscale_checks_the_pinned_devices_and_is_audited(operator, api_
     assert 'data-metric="as.wanted,as.ready,as.waiting"' in shown  # replicas wanted and running against the load
     off = api.patch(url, {"autoscale": None})
     assert off.status_code == 200 and off.json()["autoscale"] is None and off.json()["replica_count"] == 2
+
+
+@pytest.mark.django_db
+def test_autoscaling_turned_off_while_scaled_to_zero_leaves_one_replica(operator, api_for, ascend_node,
+                                                                       tiny_artifact, redis_conn):
+    """At zero replicas only a wake brings an endpoint back, and the gateway wakes autoscaled ones only: turned
+    off there, it would serve nothing for good. Its fixed count becomes one (an event and an audit row say
+    why); turned off above zero, the count stays."""
+    from endpoints.services import endpoint_scale
+
+    api = api_for(operator)
+    made = api.post("/api/v1/endpoints", {"name": "idle", "artifact": tiny_artifact.pk, "devices": [0, 1],
+                                          "autoscale": {"min_replicas": 0, "max_replicas": 2}})
+    assert made.status_code == 201, made.content
+    endpoint = Endpoint.objects.get(pk=made.json()["id"])
+    endpoint, scaled = endpoint_scale(endpoint=endpoint, replicas=0, via="controller", reason="idle")
+    assert scaled and endpoint.replicas == 0
+    off = api.patch(f"/api/v1/endpoints/{endpoint.pk}", {"autoscale": None})
+    assert off.status_code == 200 and off.json()["autoscale"] is None and off.json()["replica_count"] == 1
+    scale = AuditEvent.objects.filter(action="endpoint.scale").latest("pk")
+    assert scale.actor == operator and scale.changes["replicas"] == [0, 1]
+    assert scale.changes["reason"] == "autoscaling turned off while scaled to zero"
+    assert endpoint.events.filter(kind="autoscale", message__startswith="scaled up 0 → 1").exists()
 
 
 @pytest.mark.django_db
