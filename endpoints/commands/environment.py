@@ -38,7 +38,17 @@ _flag = _one_of("0", "1", "true", "false", "True", "False")
 _device_list = _pattern(r"\d{1,3}(,\d{1,3})*", "a list of device numbers like 0,1")
 # An allocator or affinity setting: options separated by , : = and |, no paths or shell.
 _options = _pattern(r"[A-Za-z0-9_.,:=|\- ]{1,256}", "a list of options like expandable_segments:True")
-_cpu_ranges = _pattern(r"(auto|nobind|all|\d{1,4}(-\d{1,4})?([,|]\d{1,4}(-\d{1,4})?)*)", "CPU ranges like 0-7 or auto")
+_cpu_range_text = _pattern(r"(auto|nobind|all|\d{1,4}(-\d{1,4})?([,|]\d{1,4}(-\d{1,4})?)*)", "CPU ranges like 0-7 or auto")
+
+
+def _cpu_ranges(value: str, key: str) -> str:
+    """vLLM's CPU lists (vllm/utils/cpu_resource_utils.py parse_id_list reads "a-b" as range(a, b + 1)): a
+    range that runs backwards names no CPU, so it is refused rather than bound to nothing."""
+    _cpu_range_text(value, key)
+    for low, high in re.findall(r"(\d+)-(\d+)", value):
+        if int(low) > int(high):
+            raise CommandSpecError(f"{key} has the range {low}-{high}, which runs backwards; got {value!r}")
+    return value
 _log_level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: Every variable an operator may set, each with its validator (value text -> accepted text).

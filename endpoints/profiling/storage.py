@@ -30,7 +30,7 @@ def used_bytes() -> int:
 
 def drop_npu_raw_data(root: Path) -> int:
     """Remove torch_npu's raw data from every ``*_ascend_pt`` result under root whose analysis output
-    (``ASCEND_PROFILER_OUTPUT``) is there, unless PROFILE_KEEP_NPU_RAW_DATA; returns the bytes removed.
+    (``ASCEND_PROFILER_OUTPUT/trace_view.json``) is there, unless PROFILE_KEEP_NPU_RAW_DATA; returns the bytes removed.
 
     vllm-ascend (v0.23.0 vllm_ascend/profiler/torch_npu_profiler.py) records with
     ``data_simplification=True`` and torch_npu analyses at stop (``tensorboard_trace_handler``'s
@@ -44,12 +44,15 @@ def drop_npu_raw_data(root: Path) -> int:
         return 0
     removed = 0
     for result in sorted(root.rglob("*_ascend_pt")):
-        if result.is_symlink() or not result.is_dir() or not (result / "ASCEND_PROFILER_OUTPUT").is_dir():
+        output = result / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
+        if result.is_symlink() or not result.is_dir() or not output.is_file():
             continue
         for raw in [result / "FRAMEWORK", *sorted(result.glob("PROF_*"))]:
             if raw.is_dir() and not raw.is_symlink():
-                removed += tree_bytes(raw)
-                shutil.rmtree(raw)
+                before = tree_bytes(raw)
+                # What cannot be removed (a root-owned file from a container) stays, and counts.
+                shutil.rmtree(raw, ignore_errors=True)
+                removed += before - tree_bytes(raw)
     return removed
 
 

@@ -151,7 +151,8 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         assert node.engine_cli["vllm"] == "0.32.0" and "--max-model-len" in node.engine_cli["options"]
         probes = [c for c in calls(state) if _probe(c)]
         assert len(probes) >= 2 and all(c[:3] == ["run", "--rm", "--pull=never"] and "--net=none" in c and
-                                        c[c.index(IMAGE) + 1:c.index(IMAGE) + 7] == [*WRAPPER, "python3", "-c"]
+                                        c[c.index(IMAGE) + 1:c.index(IMAGE) + 10] == [*WRAPPER, "nice", "-n", "10",
+                                                                                       "python3", "-c"]
                                         for c in probes)
         print(f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all")
     finally:

@@ -395,6 +395,9 @@ def test_validate_env_refuses_keys(key):
     ({"1BAD": "x"}, "not a valid environment variable name"),
     ({"A=B": "x"}, "not a valid environment variable name"),
     ({"": "x"}, "not a valid environment variable name"),
+    # vLLM reads "3-1" as range(3, 2): no CPU at all (vllm/utils/cpu_resource_utils.py parse_id_list).
+    ({"VLLM_CPU_OMP_THREADS_BIND": "0,3-1"}, "has the range 3-1, which runs backwards"),
+    ({"VLLM_CPU_OMP_THREADS_BIND": "0-3|7-4"}, "has the range 7-4, which runs backwards"),
 ])
 def test_validate_env_refuses_values(env, message):
     with pytest.raises(CommandSpecError, match=message):

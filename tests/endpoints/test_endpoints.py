@@ -500,8 +500,9 @@ def test_replicas_of_one_endpoint_on_a_cpu_node_get_their_own_cores(cpu_node, ti
 
 @pytest.mark.django_db
 def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
-    """Two endpoints on one CPU node: the second's replica does not take the cores the first's run on (vLLM's
-    auto binding would give both NUMA node 0's), and a share handed out is held until its replica stops."""
+    """Two endpoints on one CPU node: each replica gets its own run of the node's cores (vLLM's auto binding
+    would give both NUMA node 0's), whichever starts first; a share handed out is held until its replica
+    stops."""
     cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
     cpu_node.save()
 
@@ -512,23 +513,36 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
 
     scaled = endpoint("scaled", replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
     lone = endpoint("lone", replicas=1)
-    assert _run(scaled[0]) == ("0-4", None)  # its own two slots: half the node each
-    # The lone endpoint makes three slots on the node: 4 cores each, from the cores nobody holds.
-    assert _run(lone[0]) == ("6-8", None)
-    assert _run(scaled[1]) == ("10", None)  # the cores left: 10 and 11 (its scheduler's)
-    _stop(scaled[1])
+    # Three slots on the node (two of the autoscaled endpoint's, the other's one): 4 cores each, in a row.
+    assert _run(scaled[0]) == ("0-2", None)
+    assert _run(lone[0]) == ("4-6", None)
+    assert _run(scaled[1]) == ("8-10", None)
     _stop(scaled[0])
-    assert _run(scaled[0]) == ("0-2", None)  # restarted beside the lone one: a third of the node
+    assert _run(scaled[0]) == ("0-2", None)  # restarted: the run nobody holds
     _stop(*scaled, *lone)
 
-    # A neighbour on vLLM's auto binding holds cores nobody can name: unpinned, its share's worth of threads.
-    assert _run(lone[0]) == (None, None)  # alone on the node, of one replica
+    # Started while the other endpoint is stopped, the lone one is alone: vLLM's auto binding. The other,
+    # beside a neighbour whose cores cannot be named, runs unpinned with its share's worth of threads.
+    Endpoint.objects.filter(name="scaled").update(desired_state="stopped")
+    assert _run(lone[0]) == (None, None)
+    Endpoint.objects.filter(name="scaled").update(desired_state="running")
     assert _run(scaled[0]) == ("nobind", "4")
     _stop(lone[0])
     assert _run(lone[0]) == ("0-2", None)  # its restart: the other is unpinned, so every core is free
     _stop(*scaled, *lone)
 
-    # A host of two cores (this machine's and CI's): a second endpoint beside the first runs unpinned.
+    # A share is a run of cores: with an operator's binding in the middle of the node, the longest free run
+    # when none is long enough, and the core after it is that share's, not the next replica's.
+    Endpoint.objects.filter(name="scaled").update(desired_state="stopped")
+    pinned = endpoint("pinned", replicas=1, env={"VLLM_CPU_OMP_THREADS_BIND": "5"})
+    assert _run(pinned[0]) == ("5", None)  # holds 5 and 6 (the core after its set)
+    assert _run(lone[0]) == ("0-3", None)  # 6 wanted; 0-4 and 7-11 free: the first longest, 4 its scheduler's
+    Endpoint.objects.filter(name="scaled").update(desired_state="running")
+    assert _run(scaled[0]) == ("7-8", None)  # 4 slots now: 3 cores, from 7-11
+    _stop(*scaled, *lone, *pinned)
+    Endpoint.objects.filter(name="pinned").delete()
+
+    # A host of two cores (this machine's and CI's): two endpoints run unpinned, a thread each.
     cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1]}
     cpu_node.save()
     assert _run(scaled[0]) == ("nobind", "1")
@@ -545,4 +559,5 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
     ReplicaMember.objects.create(replica=head_replica, node=cpu_node, rank=1, role="dp-headless", pid=4242)
     cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
     cpu_node.save()
+    Endpoint.objects.filter(name="scaled").update(desired_state="stopped")
     assert _threads(lone[0]) == ("nobind", "6")

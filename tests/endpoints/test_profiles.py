@@ -200,6 +200,11 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
         unanalysed = into / "rank2_ascend_pt" / "FRAMEWORK" / "torch.op_range"  # torch_npu's analysis failed here
         unanalysed.parent.mkdir(parents=True)
         unanalysed.write_bytes(b"u" * 100)
+        partial = into / "rank3_ascend_pt"  # stopped part way: an output folder without its timeline
+        (partial / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+        (partial / "ASCEND_PROFILER_OUTPUT" / "op_statistic.csv").write_bytes(b"o" * 10)
+        (partial / "FRAMEWORK").mkdir()
+        (partial / "FRAMEWORK" / "torch.op_range").write_bytes(b"p" * 20)
 
     def collect(source):
         profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
@@ -213,10 +218,11 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
     names = [f["name"] for f in profile.files]
     assert profile.status == "succeeded" and profile.breakdown and result["bytes"] == profile.total_bytes
     assert "rank0_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json" in names
-    assert not [n for n in names if "/FRAMEWORK/" in n and not n.startswith("rank2")]
+    assert not [n for n in names if "/FRAMEWORK/" in n and not n.startswith(("rank2", "rank3"))]
     assert not [n for n in names if "/PROF_" in n]
-    assert "rank2_ascend_pt/FRAMEWORK/torch.op_range" in names  # no output beside it: kept
-    assert profile.total_bytes == output_bytes - (recorded / "License").stat().st_size + 100
+    # No timeline beside them (the analysis failed or stopped part way): kept.
+    assert {"rank2_ascend_pt/FRAMEWORK/torch.op_range", "rank3_ascend_pt/FRAMEWORK/torch.op_range"} <= set(names)
+    assert profile.total_bytes == output_bytes - (recorded / "License").stat().st_size + 100 + 30
 
     settings.PROFILE_KEEP_NPU_RAW_DATA = True
     record(tmp_path / "raw")
