@@ -31,7 +31,10 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
    vLLM's ep.qps and the gateway's gw.qps 0), since a replica that keeps up reads need 0 too.
    Not while a replica of the current count is still starting: its queue is still the others' to
    carry, and taking it back before it ever served would flap (a start takes minutes; the cooldown
-   need not outlast it).
+   need not outlast it). Nor before the current replicas have served together for a whole
+   scale-down window (`serving_since`, the last one's ready time): samples from while one was
+   starting describe fewer replicas, and a starting one takes CPU from those that serve (a queue
+   read low beside a start took a replica back 2 s after it became ready).
 5. Missing data holds: a window with no samples, or with a gap longer than `max_gap_s`, decides
    nothing load-driven (a scrape outage is not an idle endpoint). Only samples with vLLM's figures
    (`scraped`) fill a window: a pass with the gateway's alone says nothing of the replicas.
@@ -225,7 +228,8 @@ def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) 
 
 def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
            last_change_at: datetime.datetime | None, samples: list[Sample], tz: str = "UTC",
-           max_gap_s: float = 30.0, starting: int = 0) -> Decision:
+           max_gap_s: float = 30.0, starting: int = 0,
+           serving_since: datetime.datetime | None = None) -> Decision:
     """The wanted replica count for an endpoint now (see the module's rules)."""
     floor = settings.floor(now, tz)
     low, high = min(floor, settings.max_replicas), settings.max_replicas
@@ -268,6 +272,11 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
     if current > low and down_covered and max(down_need) < current and starting:
         return out(HOLD, current, f"{starting} replica(s) still starting: no scale-down before they serve")
+    if current > low and down_covered and max(down_need) < current and serving_since is not None \
+            and serving_since.timestamp() > down_from:
+        return out(HOLD, current, f"the {current} replicas have served together for "
+                                  f"{max(0.0, ts - serving_since.timestamp()):.0f} s: no scale-down before a whole "
+                                  f"{settings.scale_down_window_s} s window of them")
     if current > low and down_covered and max(down_need) < current:
         wanted = max(current - 1, low)
         if wanted == 0:

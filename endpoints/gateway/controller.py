@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Max
 
 from console.validation import error_text
 from endpoints import autoscale
@@ -108,7 +109,9 @@ def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
                             last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
                             tz=settings.TIME_ZONE, max_gap_s=gap,
                             starting=endpoint.replica_set.filter(index__lt=endpoint.replicas, state__in=(
-                                Endpoint.State.PENDING, Endpoint.State.STARTING)).count())
+                                Endpoint.State.PENDING, Endpoint.State.STARTING)).count(),
+                            serving_since=endpoint.replica_set.filter(index__lt=endpoint.replicas)
+                            .aggregate(last=Max("ready_at"))["last"])
 
 
 def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autoscale.Decision, bool]]:

@@ -44,9 +44,9 @@ def series(now, seconds, waiting, every=10, running=0, served=0):
             for i in range(count + 1)]
 
 
-def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, **over):
+def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, serving_since=None, **over):
     return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz,
-                  starting=starting)
+                  starting=starting, serving_since=serving_since)
 
 
 # --- the settings ----------------------------------------------------------------------------------
@@ -157,6 +157,12 @@ def test_scale_down_after_a_whole_low_window_one_replica_at_a_time():
     # A replica of the count still starting (its queue carried by the others meanwhile): no scale-down yet.
     d = run(series(MONDAY_NOON, 300, 0), current=3, starting=1)
     assert d.action == HOLD and "1 replica(s) still starting" in d.reason
+    # Nor before the three have served together for a whole window: the samples from before the last one
+    # was ready describe two replicas (and a start's CPU taken from them).
+    d = run(series(MONDAY_NOON, 300, 0), current=3, serving_since=MONDAY_NOON - timedelta(seconds=2))
+    assert d.action == HOLD and "served together for 2 s" in d.reason
+    long_ago = MONDAY_NOON - timedelta(seconds=300)
+    assert run(series(MONDAY_NOON, 300, 0), current=3, serving_since=long_ago).action == DOWN
 
 
 def test_missing_data_holds():
