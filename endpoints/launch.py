@@ -112,8 +112,8 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
     members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
     # Every other endpoint that runs a replica here or wants one to (started together, or after a reboot,
     # the first to start is not alone: it takes its share, not the node).
-    others = {r.endpoint_id: r.endpoint for r in placed if r.endpoint_id != endpoint.pk and (r.launched or (
-        r.endpoint.desired_state == Endpoint.Desired.RUNNING and r.index < r.endpoint.replicas and not r.held_failed))}
+    others = {r.endpoint_id: r.endpoint for r in placed
+              if r.endpoint_id != endpoint.pk and (r.launched or (r.wanted and not r.held_failed))}
     demand = _replica_slots(endpoint, replica.index) + sum(_replica_slots(e) for e in others.values()) + members
     if demand < 2 and not running and not members:
         return {}

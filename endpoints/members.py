@@ -126,8 +126,7 @@ class MemberReconciler:
         # A replica held failed (a refused start, here or on another node, or given up) runs no server that
         # needs its members: a Ray head and its workers would hold their ports, memory and devices' processes
         # until an operator's Start or Restart.
-        wanted = (endpoint.desired_state == Endpoint.Desired.RUNNING and replica.index < endpoint.replicas
-                  and not replica.held_failed)
+        wanted = replica.wanted and not replica.held_failed
         proc = supervisor.find(member_handle(member))
         now = timezone.now()
         if not wanted:

@@ -144,6 +144,11 @@ class Replica(models.Model):
         return bool(self.pid or self.container_id)
 
     @property
+    def wanted(self) -> bool:
+        """Its endpoint should be running and counts it: desired running, and within the replica count."""
+        return self.endpoint.desired_state == Endpoint.Desired.RUNNING and self.index < self.endpoint.replicas
+
+    @property
     def held_failed(self) -> bool:
         """Given up after crashes, or refused a start: not running, and left so (with its members on other
         nodes) until an operator's Start or Restart."""

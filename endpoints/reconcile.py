@@ -121,7 +121,7 @@ class ReplicaWorkload:
 
     def reconcile_replica(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
         endpoint = replica.endpoint
-        wanted = endpoint.desired_state == Endpoint.Desired.RUNNING and replica.index < endpoint.replicas
+        wanted = replica.wanted
         proc = supervisor.find(handle_of(replica))
         now = timezone.now()
 

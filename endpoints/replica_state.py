@@ -30,6 +30,14 @@ def http_get_json(url: str, timeout: float = 3.0, headers: dict[str, str] | None
         return response.status, (json.loads(body) if body else None)
 
 
+def model_unlisted(base: str, *, served_model_name: str, headers: dict[str, str]) -> str:
+    """Why the server at base does not serve the model under that name (its keyed /v1/models), or "".
+    Raises urllib.error.URLError, OSError or ValueError when it does not answer in JSON."""
+    _, models = http_get_json(base + "/v1/models", headers=headers)
+    names = {m.get("id") for m in (models or {}).get("data", [])}
+    return "" if served_model_name in names else f"/v1/models lists {sorted(names)}, not {served_model_name}"
+
+
 def check_ready(replica: Replica) -> tuple[bool, str]:
     """Ready = /health answers 200 and /v1/models lists the served name."""
     base = f"http://{settings.ENDPOINT_BIND_HOST}:{replica.port}"
@@ -37,11 +45,9 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         status, _ = http_get_json(base + "/health")
         if status != 200:
             return False, f"/health answered {status}"
-        status, models = http_get_json(base + "/v1/models", headers=replica.auth_header)
-        names = {m.get("id") for m in (models or {}).get("data", [])}
-        if replica.endpoint.served_model_name not in names:
-            return False, f"/v1/models lists {sorted(names)}, not {replica.endpoint.served_model_name}"
-        return True, "ok"
+        why = model_unlisted(base, served_model_name=replica.endpoint.served_model_name,
+                             headers=replica.auth_header)
+        return (False, why) if why else (True, "ok")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
