@@ -89,11 +89,13 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
     one, keeps vLLM's auto binding; otherwise the node's demand is this endpoint's replica slots (its count,
     or its autoscale maximum: held for its largest size, as devices are) plus those of every other endpoint
     that runs a replica there or wants one to run, and the replica gets a run of len(cores) // demand cores
-    that no running replica holds (:func:`held_cores`, read from what each was started with, Replica.env;
+    that no running replica holds (:func:`held_cores`, read from what each was started with, Replica.env,
+    and for one on vLLM's auto binding the NUMA node's cores the agent recorded, Node.host["numa_cores"];
     the longest free run when none is that long), pinned less the run's last core, left to its scheduler
     and API server as vLLM's auto binding leaves one:
-    VLLM_CPU_OMP_THREADS_BIND. Under two cores a share, or with nothing free (a neighbour on vLLM's auto
-    binding, or shares handed out before the demand grew, until they restart), a share cannot be pinned:
+    VLLM_CPU_OMP_THREADS_BIND. Under two cores a share, or with nothing free (shares handed out before the
+    demand grew, or a neighbour on vLLM's auto binding over the whole node, until they restart:
+    :func:`cpu_share_note` says so on the endpoint page), a share cannot be pinned:
     pinned to one core each, a starting replica took 320 s to be ready beside a busy one (its core was
     left all the floating processes, the busy engine's spinning scheduler included; 2 cores); unpinned with
     vLLM's default threads (one per core each), one replica's answers slowed to 0.2 tokens/s beside a busy
@@ -102,11 +104,31 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
     endpoint's own env wins (it is laid over this), and multi-rank replicas (TP or PP above 1, one core set
     per rank) keep auto. One agent starts its node's replicas one after another, each start recording its
     env before the next share is chosen, so two starts never take the same share."""
+    return _cpu_share(endpoint=endpoint, replica=replica, node=node)[0]
+
+
+def cpu_share_note(*, replica: Replica, node: Node) -> str:
+    """For the endpoint page, when the replica runs unpinned although the node has a share of two cores or
+    more for it: which running replicas hold the cores, and the restarts that share them out; else ""."""
+    holders = _cpu_share(endpoint=replica.endpoint, replica=replica, node=node)[1]
+    if not holders:
+        return ""
+    one = len(holders) == 1
+    names = ", ".join(sorted(f"{r.endpoint.name} (replica {r.index})" for r in holders))
+    return (f"runs unpinned: the cores a share of its own needs on {node.name} are held by {names}, started "
+            f"before this replica was wanted there; restart {'it' if one else 'them'}, then this endpoint, to "
+            "give each its own cores")
+
+
+def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dict[str, str], list[Replica]]:
+    """(cpu_threads_env's variables, the running replicas that hold the cores a pinned share would need:
+    non-empty only when the replica is left unpinned for want of free cores)."""
     if node.platform != Node.Platform.CPU or "VLLM_CPU_OMP_THREADS_BIND" in endpoint.env:
-        return {}
+        return {}, []
     if endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size != 1 or endpoint.distributed:
-        return {}
-    cores = list((node.host or {}).get("cpu_cores") or range((node.host or {}).get("cpus") or 0))
+        return {}, []
+    host = node.host or {}
+    cores = list(host.get("cpu_cores") or range(host.get("cpus") or 0))
     placed = list(Replica.objects.filter(node=node).exclude(pk=replica.pk).select_related("endpoint"))
     running = [r for r in placed if r.launched]
     members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
@@ -116,12 +138,14 @@ def cpu_threads_env(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict
               if r.endpoint_id != endpoint.pk and (r.launched or (r.wanted and not r.held_failed))}
     demand = _replica_slots(endpoint, replica.index) + sum(_replica_slots(e) for e in others.values()) + members
     if demand < 2 and not running and not members:
-        return {}
-    held = held_cores(running, cores)
-    share = _free_share(cores, held, size=len(cores) // demand) if held is not None and not members else []
-    if len(share) < 2:
-        return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, len(cores) // demand))}
-    return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(share[:-1])}
+        return {}, []
+    size = len(cores) // demand
+    held = held_cores(running, cores, numa_cores=host.get("numa_cores"))
+    share = _free_share(cores, held, size=size) if held is not None and not members else []
+    if len(share) >= 2:
+        return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(share[:-1])}, []
+    holders = [r for r in running if _binding(r) != "nobind"] if size >= 2 and not members else []
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, holders
 
 
 def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
@@ -129,14 +153,27 @@ def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
     return max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, index + 1)
 
 
-def held_cores(running: list[Replica], cores: list[int]) -> set[int] | None:
+def _binding(replica: Replica) -> str:
+    return (replica.env or {}).get("VLLM_CPU_OMP_THREADS_BIND") or "auto"
+
+
+def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[list[int]] | None = None
+               ) -> set[int] | None:
     """The cores the running replicas were pinned to, each with the core after its set (its share's last,
-    left to its scheduler); None when one of them holds cores that cannot be known (vLLM's auto binding,
-    an operator's several sets per rank)."""
+    left to its scheduler); a replica on vLLM's auto binding holds the cores of the first NUMA nodes it may
+    take memory from, one per rank (``numa_cores``, as the agent recorded them: Node.host["numa_cores"]).
+    None when one of them holds cores that cannot be known (auto binding without that record, or steered
+    by CPU_VISIBLE_MEMORY_NODES; an operator's several sets per rank)."""
     held: set[int] = set()
     for other in running:
-        binding = (other.env or {}).get("VLLM_CPU_OMP_THREADS_BIND") or "auto"
+        binding = _binding(other)
         if binding == "nobind":
+            continue
+        if binding == "auto":
+            ranks = other.endpoint.tensor_parallel_size * other.endpoint.pipeline_parallel_size
+            if not numa_cores or len(numa_cores) < ranks or "CPU_VISIBLE_MEMORY_NODES" in (other.env or {}):
+                return None
+            held.update(core for node_cores in numa_cores[:ranks] for core in node_cores)
             continue
         pinned = _parse_id_list(binding)
         if not pinned:  # None: cores that cannot be named; empty: nothing a start of ours records

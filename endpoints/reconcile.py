@@ -12,7 +12,13 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import EngineRefused, make_engine_cache_dir, make_profile_dir, replica_process
+from endpoints.launch import (
+    EngineRefused,
+    cpu_share_note,
+    make_engine_cache_dir,
+    make_profile_dir,
+    replica_process,
+)
 from endpoints.members import MemberReconciler, cluster_wait, member_refused, nudge_members, release_cluster_port
 from endpoints.models import Endpoint, Replica
 from endpoints.ports import claim_port
@@ -100,6 +106,8 @@ class ReplicaWorkload:
             last_exit_code=None,
         )
         event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
+        if note := cpu_share_note(replica=replica, node=node):
+            event(replica.endpoint_id, "cpu-share", note, replica=replica.index, level="warning")
 
     def refuse_start(self, replica: Replica, reason: str) -> None:
         """Failed (an operator's Start or Restart tries again), the port given back, the reason on the

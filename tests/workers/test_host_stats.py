@@ -121,3 +121,21 @@ def test_cpu_core_ids_takes_one_hyperthread_per_core(tmp_path, monkeypatch):
     assert cpu_core_ids(str(tmp_path)) == [2, 3]
     assert cpu_core_ids(str(tmp_path / "missing")) == [2, 3]  # no topology: every allowed CPU
     assert cpu_core_ids() == sorted(set(cpu_core_ids()))  # this host's, sorted
+
+
+def test_numa_core_sets_follow_the_memory_nodes_this_process_may_use(tmp_path):
+    """The cores vLLM's auto binding gives rank N: the N-th allowed memory node's (Mems_allowed_list)."""
+    from workers.host_stats import numa_core_sets
+
+    sys_cpu = tmp_path / "cpu"
+    for cpu, node in ((0, 0), (1, 0), (2, 1), (3, 1)):
+        (sys_cpu / f"cpu{cpu}" / f"node{node}").mkdir(parents=True)  # sysfs links each CPU to its node
+    (sys_cpu / "cpu4").mkdir()  # no node link (a kernel without NUMA): node 0, as vLLM reads lscpu's "-"
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nMems_allowed:\t00000003\nMems_allowed_list:\t0-1\n")
+    assert numa_core_sets([0, 1, 2, 3, 4], str(sys_cpu), str(status)) == [[0, 1, 4], [2, 3]]
+    status.write_text("Mems_allowed_list:\t1\n")  # a cpuset of NUMA node 1's memory only
+    assert numa_core_sets([0, 1, 2, 3, 4], str(sys_cpu), str(status)) == [[2, 3]]
+    assert numa_core_sets([0, 1], str(sys_cpu), str(tmp_path / "missing")) == []
+    from workers.host_stats import cpu_core_ids
+    assert sum(numa_core_sets(cpu_core_ids()), []) == cpu_core_ids()  # this host: one node, every core

@@ -27,7 +27,7 @@ from workers.engine_info import (
     engine_fingerprint,
     probe_engine,
 )
-from workers.host_stats import cpu_core_ids
+from workers.host_stats import cpu_core_ids, numa_core_sets
 from workers.models import Node
 from workers.telemetry.collect import collect_node
 
@@ -85,13 +85,14 @@ class NodeAgent:
         existing = Node.objects.filter(name=self.node_name).values_list("settings", flat=True).first() or {}
         # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
         node_settings = {**existing, "interfaces": dict(settings.NODE_INTERFACES)}
+        cores = cpu_core_ids()
         node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
             "settings": node_settings,
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
             "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
             "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
             "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
-                     "cpu_cores": cpu_core_ids()},
+                     "cpu_cores": cores, "numa_cores": numa_core_sets(cores)},
         })
         self.node = node
         return node
