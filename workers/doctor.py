@@ -27,8 +27,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from console.env import child_environment
 from workers import cann
+from workers.container_cli import client_environment, image_id
 from workers.engine_info import (
     EngineSite,
     compat_findings,
@@ -191,7 +191,7 @@ def check_container_runtime(runtime: str | None = None, *, image: str = "", time
     binary = Path(found).name
     try:
         result = subprocess.run([found, "info"], capture_output=True, text=True, timeout=timeout,
-                                env=child_environment({}))
+                                env=client_environment())
     except (OSError, subprocess.TimeoutExpired) as exc:
         result, said = None, str(exc)
     if result is None or result.returncode != 0:
@@ -199,15 +199,11 @@ def check_container_runtime(runtime: str | None = None, *, image: str = "", time
         return Check(name, FAILED, f"`{binary} info` failed: {said}",
                      f"start the {binary} daemon/service and let this user use it")
     if image:
-        try:
-            present = subprocess.run([found, "image", "inspect", image], capture_output=True, timeout=timeout,
-                                     env=child_environment({})).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            present = False
-        if not present:
+        found_id = image_id(found, image, timeout=timeout)
+        if not found_id:
             return Check(name, WARNING, f"{binary} answers ({found}), but the image {image} is not on this node",
                          f"{binary} pull {image} (replicas start with --pull=never)")
-        return Check(name, OK, f"{binary} answers ({found}); {image} is here")
+        return Check(name, OK, f"{binary} answers ({found}); {image} is here ({found_id[:19]})")
     return Check(name, OK, f"{binary} answers ({found})")
 
 

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.env import child_environment
+from workers.container_cli import client_environment, image_id
 
 MATRIX_FILE = Path(__file__).parent / "data" / "vllm_ascend_compatibility_matrix.md"
 CANN_INFO_GLOBS = (
@@ -56,6 +57,9 @@ def engine_labels(engine: dict) -> list[str]:
     for key in keys:
         version = engine[key]
         if key.endswith("_dist") or key == "error":
+            continue
+        if key == "image_id":  # a containerised node's image, as `docker images` shortens ids
+            labels.append(f"image {version.removeprefix('sha256:')[:12]}" if version else "image id unknown")
             continue
         name, usual = ENGINE_NAMES.get(key, (key, ""))
         dist = engine.get(f"{key}_dist") or ""
@@ -132,7 +136,7 @@ def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str],
     argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env),
                          nice=nice)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=child_environment({}))
+                            env=client_environment())
     return proc, [site.runtime, "rm", "-f", name]
 
 
@@ -168,6 +172,8 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
         info = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"error": f"engine probe printed no report ({site}): {out[-300:]!r}"}
+    if site.containerised:  # the image's own id: a tag pulled again may hold another build of the same versions
+        info["image_id"] = image_id(site.runtime, site.image)
     if "vllm" not in info:
         info["error"] = ("vLLM is not installed in the engine environment" if not site.containerised
                          else f"vLLM is not installed in the image {site.image}")
@@ -204,13 +210,13 @@ print(json.dumps({"vllm": vllm.__version__,
 
 
 def engine_fingerprint(site: "EngineSite | str", engine: dict) -> str:
-    """What the parser depends on: where the engine is (the engine python's real path, or the runtime and
-    image) and the vLLM (and vllm-ascend) release in it. A rebuilt venv, a repointed link to the venv or
-    another image changes it. (Only the folder is resolved: a venv's bin/python links to the base
-    interpreter, which every venv shares.)"""
+    """What the parser depends on: where the engine is (the engine python's real path, or the runtime, the
+    image and its id) and the vLLM (and vllm-ascend) release in it. A rebuilt venv, a repointed link to the
+    venv, another image or the same tag pulled again changes it. (Only the folder is resolved: a venv's
+    bin/python links to the base interpreter, which every venv shares.)"""
     site = _site(site)
     if site.containerised:
-        where = f"{site.runtime}:{site.image}"
+        where = f"{site.runtime}:{site.image}@{engine.get('image_id', '')}"
     else:
         path = os.path.abspath(site.python or "")
         where = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))

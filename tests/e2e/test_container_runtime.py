@@ -26,6 +26,7 @@ from tests.support.agents import (
     wait_for,
 )
 from tests.support.fake_docker import calls, install
+from workers.engine_info import EngineSite, engine_fingerprint
 from workers.models import Device, Node
 
 pytestmark = [pytest.mark.slow,
@@ -131,7 +132,7 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
         wait_for(lambda: _state(endpoint_id) == "stopped", timeout=90, interval=0.5, what="stopped")
         time.sleep(2)  # more passes
-        stopping = [c for c in calls(state)[before_stop:] if c[0] != "logs" and not _probe(c)]
+        stopping = [c for c in calls(state)[before_stop:] if c[0] not in ("logs", "image") and not _probe(c)]
         while stopping and stopping[0][0] == "inspect":  # passes before the one that stops it
             stopping.pop(0)
         assert [c[:2] for c in stopping] == [["stop", "--time"], ["inspect", "--type"], ["rm", "-f"]], stopping
@@ -148,6 +149,8 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
                  what="the image's vLLM parser probed")
         node = Node.objects.get(name=NODE)
         assert node.engine_python == str(tmp_path / "none") and node.engine["vllm"] == "0.32.0"
+        assert node.engine["image_id"].startswith("sha256:") and node.engine_cli["fingerprint"] == engine_fingerprint(
+            EngineSite(runtime="docker", image=IMAGE), node.engine)  # the image's id is in the parser's key
         assert node.engine_cli["vllm"] == "0.32.0" and "--max-model-len" in node.engine_cli["options"]
         probes = [c for c in calls(state) if _probe(c)]
         assert len(probes) >= 2 and all(c[:3] == ["run", "--rm", "--pull=never"] and "--net=none" in c and

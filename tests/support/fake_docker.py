@@ -18,7 +18,9 @@ agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME
   Prints the container id.
 - `inspect [--type container] NAME`, `ps [-a] [-q] [--filter name=X]`, `logs [--follow] [--tail N] NAME`,
   `stop [--time N] NAME` (SIGTERM, SIGKILL after N s), `rm [-f] NAME` (SIGKILL, then forgotten),
-  `info`, `image inspect IMAGE` (any image is here, unless STATE/images lists those that are), `version`.
+  `info`, `image inspect [--format {{.Id}}] IMAGE` (any image is here, unless STATE/images lists those that
+  are; its id derived from the reference, or set_image_id's), `version`. Each call's argv is recorded with
+  the CLI settings it was given (DOCKER_HOST, ...: client_settings).
 When the container's main process exits, what is left of its process group is killed, as a container's
 processes end with its PID 1."""
 import fcntl
@@ -61,6 +63,35 @@ def calls(state: Path) -> list[list[str]]:
     return [json.loads(line)["argv"] for line in path.read_text().splitlines() if line.strip()]
 
 
+def image_id(store: "Store", ref: str) -> str:
+    """The image's id: STATE/image-ids.json's for the reference (a tag pulled again: set_image_id), else
+    one derived from the reference."""
+    try:
+        ids = json.loads((store.root / "image-ids.json").read_text())
+    except (OSError, ValueError):
+        ids = {}
+    return ids.get(ref) or "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+
+
+def set_image_id(state: Path, ref: str, new_id: str) -> None:
+    """The tag now names another image (pulled again after a rebuild)."""
+    path = Path(state) / "image-ids.json"
+    ids = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**ids, ref: new_id}))
+
+
+def client_settings(state: Path) -> list[dict[str, str]]:
+    """The container CLI settings (DOCKER_HOST, ...) each recorded call was given, in order."""
+    path = Path(state) / "calls.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line).get("client", {}) for line in path.read_text().splitlines() if line.strip()]
+
+
+# What the real CLI reads to find its daemon (workers.container_cli.CLIENT_ENV): recorded with each call.
+CLIENT_SETTINGS = ("DOCKER_HOST", "DOCKER_CONTEXT", "CONTAINER_HOST", "XDG_RUNTIME_DIR")
+
+
 class Store:
     def __init__(self, root: str, prog: str, exe: str, image_python: str):
         self.root = Path(root)
@@ -71,7 +102,8 @@ class Store:
     def record(self, argv: list[str]) -> None:
         with open(self.root / "calls.jsonl", "a") as out:
             fcntl.flock(out, fcntl.LOCK_EX)
-            out.write(json.dumps({"argv": argv, "time": time.time()}) + "\n")
+            client = {k: os.environ[k] for k in CLIENT_SETTINGS if k in os.environ}
+            out.write(json.dumps({"argv": argv, "time": time.time(), "client": client}) + "\n")
 
     def path(self, name: str, ext: str = "json") -> Path:
         return self.dir / f"{name}.{ext}"
@@ -426,11 +458,20 @@ def main(argv: list[str], *, state: str, image_python: str, prog: str = "docker"
         print(f"stand-in {prog} (tests/support/fake_docker.py): state in {state}")
         return 0
     if command == "image" and args[:1] == ["inspect"]:
+        fmt = args[args.index("--format") + 1] if "--format" in args else None
+        refs = [a for i, a in enumerate(args[1:], 1) if a != "--format" and args[i - 1] != "--format"]
         pulled = store.root / "images"  # when written: the images "pulled" here, one a line; else any
-        if pulled.exists() and not set(args[1:]) <= set(pulled.read_text().split()):
-            print(f"Error response from daemon: No such image: {args[1]}", file=sys.stderr)
+        if pulled.exists() and not set(refs) <= set(pulled.read_text().split()):
+            print(f"Error response from daemon: No such image: {refs[0]}", file=sys.stderr)
             return 1
-        print(json.dumps([{"Id": "sha256:" + "0" * 64, "RepoTags": args[1:]}]))
+        found = [{"Id": image_id(store, ref), "RepoTags": [ref]} for ref in refs]
+        if fmt is not None:
+            if fmt != "{{.Id}}":
+                print(f"{prog}: the stand-in knows --format {{{{.Id}}}} only, not {fmt!r}", file=sys.stderr)
+                return 1
+            print("\n".join(image["Id"] for image in found))
+        else:
+            print(json.dumps(found))
         return 0
     if command == "version":
         print(f"stand-in {prog} 0 (tests/support/fake_docker.py)")

@@ -6,13 +6,14 @@ its parser) is tests/e2e/test_container_runtime.py."""
 import os
 import sys
 import time
+from hashlib import sha256
 
 import psutil
 import pytest
 
 from endpoints.commands import CommandSpecError
 from endpoints.commands.container import ASCEND_DRIVER_MOUNTS, probe_container_command
-from tests.support.fake_docker import calls, install
+from tests.support.fake_docker import calls, client_settings, install, set_image_id
 from workers.agent import NodeAgent
 from workers.engine_info import EngineSite, engine_fingerprint, probe_engine, probe_engine_cli
 from workers.models import Node
@@ -55,7 +56,8 @@ def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
     engine = probe_engine(site)
     # This run's python plays the image: its versions, and no vLLM in it.
     assert engine["python"] == sys.version.split()[0] and engine["error"] == f"vLLM is not installed in the image {IMAGE}"
-    [run] = calls(docker)
+    run, inspect = calls(docker)
+    assert inspect == ["image", "inspect", "--format", "{{.Id}}", IMAGE]
     assert run[:3] == ["run", "--rm", "--pull=never"] and run[run.index("--name") + 1].startswith("llm-console-probe-")
     assert not list((docker / "containers").glob("*.json"))  # --rm: gone
     assert engine_fingerprint(site, {"vllm": "0.11.0"}) != engine_fingerprint(EngineSite(python=sys.executable),
@@ -63,6 +65,23 @@ def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
 
     (docker / "images").write_text("quay.io/ascend/vllm-ascend:v0.11.0\n")  # only another tag was pulled
     assert probe_engine(site)["error"].startswith(f"engine probe failed ({IMAGE} under docker): ")
+
+
+def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker, monkeypatch):
+    """The parser report is kept per fingerprint (workers.engine_info.engine_cli): the image's id is in it, so a
+    tag pulled again after a rebuild (the same vLLM and vllm-ascend versions, perhaps patched) is probed again.
+    Every call reaches the daemon the node's CLI is set to (DOCKER_HOST), as the replicas' runs do."""
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
+    site = EngineSite(runtime="docker", image=IMAGE)
+    first = probe_engine(site)
+    assert first["image_id"].startswith("sha256:") and len(first["image_id"]) == 71
+    set_image_id(docker, IMAGE, "sha256:" + "1" * 64)
+    again = probe_engine(site)
+    assert again["image_id"] == "sha256:" + "1" * 64
+    versions = {"vllm": "0.11.0", "vllm_ascend": "0.11.0"}
+    assert engine_fingerprint(site, {**again, **versions}) != engine_fingerprint(site, {**first, **versions})
+    assert [c[:2] for c in calls(docker)] == [["run", "--rm"], ["image", "inspect"]] * 2
+    assert client_settings(docker) == [{"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}] * 4
 
 
 def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path):
@@ -96,7 +115,7 @@ def test_a_docker_node_records_its_images_engine_not_the_hosts(docker, ascend_no
     agent.check_engine_cli()
     node.refresh_from_db()
     assert node.engine["error"].startswith("engine python /opt/no-engine/bin/python not found")
-    assert node.compat_warnings[0] == node.engine["error"] and len(calls(docker)) == 2
+    assert node.compat_warnings[0] == node.engine["error"] and len(calls(docker)) == 4  # two probes, each an inspect
 
 
 @pytest.mark.django_db
@@ -104,6 +123,7 @@ def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatc
     from workers.doctor import FAILED, host_report
 
     monkeypatch.setenv("NODE_PLATFORM", "ascend")
+    monkeypatch.setenv("DOCKER_CONTEXT", "npu-daemon")  # the node's CLI is set to another daemon
     report = host_report(engine_python="/opt/no-engine/bin/python", runtime="docker", image=IMAGE)
     checks = {c["name"]: c for c in report["checks"]}
     engine = checks["vLLM and vllm-ascend (in the image)"]
@@ -111,6 +131,8 @@ def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatc
     assert engine["fix"].startswith(f"pull an image with vLLM (replicas run {IMAGE})")
     assert not [name for name in checks if "torch" in name.lower()]  # torch-npu sees chips only in a replica
     assert checks["container runtime"]["status"] == "ok"
+    assert checks["container runtime"]["detail"].endswith(f"{IMAGE} is here (sha256:{sha256(IMAGE.encode()).hexdigest()[:12]})")
+    assert {tuple(c.items()) for c in client_settings(docker)} == {(("DOCKER_CONTEXT", "npu-daemon"),)}
 
 
 def test_an_image_the_runner_refuses_is_an_error_not_a_crash(docker):

@@ -78,6 +78,8 @@ def test_engine_labels_of_an_ascend_node():
               "torch_npu": "2.7.1", "torch_npu_dist": "torch_npu", "cann": "8.3.RC1", "error": "ignored here"}
     assert engine_labels(engine) == ["vLLM 0.11.0", "vllm-ascend 0.11.0rc1", "torch-npu 2.7.1", "CANN 8.3.RC1"]
     assert engine_labels({}) == []
+    in_image = {"vllm": "0.23.0", "image_id": "sha256:" + "ab12" * 16}  # a containerised node's: the image's id
+    assert engine_labels(in_image) == ["vLLM 0.23.0", "image ab12ab12ab12"]
 
 
 @pytest.mark.django_db

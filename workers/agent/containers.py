@@ -22,18 +22,15 @@ import time
 import psutil
 from django.utils import timezone
 
-from console.env import child_environment
 from workers.agent.handles import ProcessHandle, ProcessSpec, RuntimeUnavailable, Stopped
 from workers.agent.logfiles import rotate_log, tail_lines
+from workers.container_cli import client_environment
 
 log = logging.getLogger("console.agent")
 
 
 class ContainerRuntime:
     BINARIES = ("docker", "podman")
-    # The CLI's own settings (which daemon or context, rootless Podman's socket directory), passed to it.
-    CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
-                  "XDG_RUNTIME_DIR", "CONTAINER_HOST", "CONTAINER_CONNECTION", "CONTAINERS_CONF")
     CLI_TIMEOUT = 60.0
     RUN_TIMEOUT = 180.0  # `run` creates the container (the image is never pulled here: --pull=never)
 
@@ -44,8 +41,7 @@ class ContainerRuntime:
 
     # --- the CLI -------------------------------------------------------------------------
     def _env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        client = {k: os.environ[k] for k in self.CLIENT_ENV if k in os.environ}
-        return {**(base if base is not None else child_environment({})), **client}
+        return client_environment(base)
 
     def _cli(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
              ) -> subprocess.CompletedProcess:
