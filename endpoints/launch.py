@@ -12,6 +12,7 @@ from django.conf import settings
 from console.env import child_environment
 from endpoints.commands import (
     GUARD_DIR,
+    GUARD_MODULE_FILE,
     PROFILER_FLAG,
     CommandSpecError,
     ContainerSpec,
@@ -250,6 +251,39 @@ def replica_log_path(replica: Replica) -> Path:
     return Path(settings.DATA_DIR) / "logs" / "endpoints" / replica.endpoint.name / f"replica-{replica.index}.log"
 
 
+def replica_work_dir(replica: Replica) -> Path:
+    """The replica server's working directory (the same on every start), under DATA_DIR: see make_work_dir."""
+    return Path(settings.DATA_DIR) / "work" / "endpoints" / replica.endpoint.name / f"replica-{replica.index}"
+
+
+def member_work_dir(member: ReplicaMember) -> Path:
+    return replica_work_dir(member.replica).with_name(
+        f"replica-{member.replica.index}-{member.role}-{member.rank}")
+
+
+def make_work_dir(path: Path) -> Path:
+    """An engine process's working directory, made (0700) before its start on the node that runs it, with
+    the replica key guard's module in it, where ``python -m`` finds what ``--middleware`` names (a copy,
+    replaced whole when the console's differs). Writable and the process's own: CANN writes files into
+    the working directory unless told otherwise (the fusion engine's fusion_result.json,
+    FusionStatisticWriter::GetFusionResultFilePath, and GE's dumps: "./" when ASCEND_WORK_PATH is unset), which in the console's code directory would litter the source tree, or
+    fail where it is read-only (ProtectSystem=strict: deploy/systemd), and in one directory shared by
+    every replica would mix their files."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    source = Path(GUARD_DIR) / GUARD_MODULE_FILE
+    target = path / GUARD_MODULE_FILE
+    code = source.read_bytes()
+    try:
+        same = target.read_bytes() == code
+    except OSError:
+        same = False
+    if not same:
+        spare = path / f".{GUARD_MODULE_FILE}.{os.getpid()}"
+        spare.write_bytes(code)
+        spare.replace(target)
+    return path
+
+
 def _refuse_multi_node_container(endpoint: Endpoint, node: Node) -> None:
     """A multi-node replica's members run as processes of each node's engine venv (`ray start`, headless
     `vllm serve`): a server in vllm-ascend's image would bring another Ray and vLLM than the ones it joins."""
@@ -298,7 +332,7 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
-        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}), cwd=GUARD_DIR,
+        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}), cwd=str(replica_work_dir(replica)),
                            log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP)
         return spec, env_added
     _refuse_multi_node_container(replica.endpoint, node)
@@ -307,7 +341,7 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
                                f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
     container = ContainerSpec(runtime=node.engine_runtime, image=node.engine_image(launch.chip_name),
                               name=container_name(replica.endpoint.name, replica.index), devices=list(replica.devices),
-                              secret_env=tuple(secret), guard_dir=GUARD_DIR)
+                              secret_env=tuple(secret), work_dir=str(replica_work_dir(replica)))
     # The engine variables travel as `-e` flags in the argv (shown there); the key by name only, its value
     # from the CLI's own environment.
     spec = ProcessSpec(argv=build_container_command(container, argv, env_added), env=child_environment(secret),
@@ -344,4 +378,4 @@ def member_process(member: ReplicaMember) -> tuple[ProcessSpec, dict[str, str]]:
     argv, env_added = member_command(member)
     # runtime "process" (ProcessSpec's default): `ray start` and headless ranks run on the host's engine venv.
     return ProcessSpec(argv=argv, env=child_environment(env_added), log_path=member_log_path(member),
-                       log_keep=settings.ENDPOINT_LOG_KEEP), env_added
+                       log_keep=settings.ENDPOINT_LOG_KEEP, cwd=str(member_work_dir(member))), env_added

@@ -13,7 +13,14 @@ from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from endpoints.engine_log import root_cause
-from endpoints.launch import EngineRefused, make_engine_cache_dir, make_profile_dir, member_process
+from endpoints.launch import (
+    EngineRefused,
+    make_engine_cache_dir,
+    make_profile_dir,
+    make_work_dir,
+    member_process,
+    member_work_dir,
+)
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
 from endpoints.replica_state import ENGINE_REFUSED, backoff_seconds, event
@@ -181,6 +188,7 @@ class MemberReconciler:
         if member.role == ReplicaMember.Role.DP_HEADLESS:  # a vLLM of the replica: its workers profile here
             make_profile_dir(member.replica)
             make_engine_cache_dir()
+        make_work_dir(member_work_dir(member))
         handle = supervisor.start(spec)
         restarts = member.restarts + (1 if member.state == S.RESTARTING else 0)
         ReplicaMember.objects.filter(pk=member.pk).update(

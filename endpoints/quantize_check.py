@@ -4,6 +4,7 @@ models_registry.quantize.serving_check's launcher)."""
 import dataclasses
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,8 +15,9 @@ from pathlib import Path
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.commands import GUARD_DIR, CommandSpecError, LaunchSpec, build_command, guarded_argv
+from endpoints.commands import CommandSpecError, LaunchSpec, build_command, guarded_argv
 from endpoints.engine_log import root_cause
+from endpoints.launch import make_work_dir
 from endpoints.replica_state import model_unlisted
 from models_registry.quantize.calibrate import QuantizeError
 
@@ -77,6 +79,7 @@ class EngineServer:
         self.timeout = timeout
         self.proc = None
         self._log = None
+        self.work_dir: Path | None = None
         self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
         self.api_key = secrets.token_urlsafe(32)  # this server's alone, in its environment, never in the argv
         self._spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python),
@@ -102,11 +105,13 @@ class EngineServer:
 
     def __enter__(self):
         deadline = time.monotonic() + self.timeout
+        # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir).
+        self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
         for attempt in range(1, self.PORT_TRIES + 1):
             self._log = open(self.log_path, "wb")
             self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                                         cwd=GUARD_DIR,
+                                         cwd=self.work_dir,
                                          env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -148,4 +153,7 @@ class EngineServer:
             self._log.close()
             self._log = None
         self.log_path.unlink(missing_ok=True)
+        if self.work_dir is not None:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+            self.work_dir = None
         return False

@@ -17,7 +17,9 @@ from endpoints.launch import (
     cpu_share_note,
     make_engine_cache_dir,
     make_profile_dir,
+    make_work_dir,
     replica_process,
+    replica_work_dir,
 )
 from endpoints.members import MemberReconciler, cluster_wait, member_refused, nudge_members, release_cluster_port
 from endpoints.models import Endpoint, Replica
@@ -97,6 +99,7 @@ class ReplicaWorkload:
             return
         make_profile_dir(replica)
         make_engine_cache_dir()
+        make_work_dir(replica_work_dir(replica))
         handle = supervisor.start(spec)
         Replica.objects.filter(pk=replica.pk).update(
             pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,

@@ -78,7 +78,7 @@ from endpoints.commands.environment import (
     ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
 )
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
-from endpoints.commands.guard import GUARD_DIR, guarded_argv
+from endpoints.commands.guard import GUARD_DIR, GUARD_MODULE_FILE, guarded_argv
 from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
                                           QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
 from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
@@ -121,5 +121,6 @@ __all__ = [
     "PROFILER_FLAG",
     "profiler_config",
     "GUARD_DIR",
+    "GUARD_MODULE_FILE",
     "guarded_argv",
 ]

@@ -31,8 +31,11 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
 - the node's engine cache (endpoints.commands.cache), when the environment names one, bind-mounted
   read-write at the same path, so compile caches outlive the container (``--rm`` or not, each start is a
   new container) and a restart loads them; the variables pointing there travel as ``-e`` flags.
-- the console's replica key guard (endpoints.commands.guard) mounted read-only and made the working
-  directory (``-w``), where ``python3 -m`` finds the module that ``--middleware`` names.
+- the replica's working directory (endpoints.launch.make_work_dir: on the host, under DATA_DIR, holding
+  the console's replica key guard, endpoints.commands.guard) bind-mounted read-write at the same path and
+  made the working directory (``-w``, for the image's ``WORKDIR /workspace``): ``python3 -m`` finds the
+  module that ``--middleware`` names there, and what CANN writes into the working directory
+  (fusion_result.json, dumps) lands in the replica's own directory, not the image's layer.
 - ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
   many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
 - the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
@@ -51,7 +54,6 @@ from typing import Iterable, Mapping
 
 from endpoints.commands.cache import engine_cache_dir_in
 from endpoints.commands.checks import CommandSpecError
-from endpoints.commands.guard import CONTAINER_GUARD_DIR
 from endpoints.commands.platforms import DEVICE_ENV
 from endpoints.commands.profiler import profiler_dir_in
 
@@ -83,7 +85,7 @@ class ContainerSpec:
     name: str                    # deterministic per replica: container_name()
     devices: list[int] = field(default_factory=list)  # the replica's NPUs (host ids)
     secret_env: tuple[str, ...] = ("VLLM_API_KEY",)  # passed by name only: values from the CLI's environment
-    guard_dir: str | None = None  # the host's endpoints/replica_guard, for an argv with the guard's --middleware
+    work_dir: str | None = None  # the replica's working directory on the host, with the guard's module in it
 
 
 def container_name(endpoint_name: str, replica_index: int) -> str:
@@ -131,9 +133,9 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
         run += ["-v", f"{profiles}:{profiles}:rw"]
     if cache := engine_cache_dir_in(env):
         run += ["-v", f"{cache}:{cache}:rw"]
-    if container.guard_dir is not None:
-        guard = _mountable("guard_dir", container.guard_dir)
-        run += ["-v", f"{guard}:{CONTAINER_GUARD_DIR}:ro", "-w", CONTAINER_GUARD_DIR]
+    if container.work_dir is not None:
+        work = _mountable("work_dir", container.work_dir)
+        run += ["-v", f"{work}:{work}:rw", "-w", work]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from endpoints.commands.checks import CommandSpecError
 
-#: What ``--middleware`` names: importable from the directory below, the server's working directory.
+#: What ``--middleware`` names: importable from the server's working directory, which holds a copy of it.
 GUARD_MIDDLEWARE = "llm_console_replica_guard.ReplicaKeyGuard"
 #: The host directory holding that module alone (nothing else of the console becomes importable there).
 GUARD_DIR = str(Path(__file__).resolve().parent.parent / "replica_guard")
-#: Where a container sees it, mounted read-only and made the working directory.
-CONTAINER_GUARD_DIR = "/opt/llm-console/replica-guard"
+#: The module's file, which each server finds in its own working directory (endpoints.launch.make_work_dir).
+GUARD_MODULE_FILE = GUARD_MIDDLEWARE.partition(".")[0] + ".py"
 
 
 def guarded_argv(argv: list[str]) -> list[str]:

@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from endpoints.commands import (
-    GUARD_DIR,
     CommandSpecError,
     ContainerSpec,
     LaunchSpec,
@@ -18,8 +17,8 @@ from endpoints.commands import (
     guarded_argv,
 )
 from endpoints.commands.container import SHELL_WRAPPER
-from endpoints.commands.guard import CONTAINER_GUARD_DIR, GUARD_MIDDLEWARE
-from endpoints.launch import replica_process
+from endpoints.commands.guard import GUARD_MIDDLEWARE
+from endpoints.launch import replica_process, replica_work_dir
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
 from tests.support import FIXTURES, ROOT
@@ -45,8 +44,10 @@ ADDED = {
     "--pull=never": "a missing image fails at once, no multi-GB pull inside the agent's loop",
     "--net=host": "installation.md's A2/A3 command (checked below)",
 }
-# The replica key guard (endpoints/commands/guard.py): its module mounted read-only as the working directory.
-GUARD_FLAGS = {("-v", f"{GUARD_DIR}:{CONTAINER_GUARD_DIR}:ro"), ("-w", CONTAINER_GUARD_DIR)}
+# The replica's working directory (endpoints.launch.make_work_dir: the replica key guard's module in it, and
+# what CANN writes into the working directory), mounted read-write at its host path, for the image's WORKDIR.
+WORK_DIR = "/var/lib/llm-console/work/endpoints/qwen3/replica-0"
+WORK_FLAGS = {("-v", f"{WORK_DIR}:{WORK_DIR}:rw"), ("-w", WORK_DIR)}
 
 
 def upstream_command(path) -> tuple[list[tuple[str, str | None]], str, list[str]]:
@@ -82,7 +83,7 @@ def ours(devices=(0,), **changes) -> tuple[list[str], list[str], dict]:
     argv, env = build_command(vllm_spec(devices=list(devices), **changes))
     argv = guarded_argv(argv)  # as endpoints.launch.replica_process runs it
     container = ContainerSpec(runtime="docker", image=f"quay.io/ascend/vllm-ascend:{DOCS_VERSION}",
-                              name=container_name("qwen3", 0), devices=list(devices), guard_dir=GUARD_DIR)
+                              name=container_name("qwen3", 0), devices=list(devices), work_dir=WORK_DIR)
     return build_container_command(container, argv, env), argv, env
 
 
@@ -107,7 +108,7 @@ def test_the_argv_is_upstreams_quick_start_flag_by_flag():
         if flag[0] == "-e":
             key = flag[1].split("=", 1)[0]
             assert key in env or key == "VLLM_API_KEY", flag
-        elif flag == ("-v", f"{model}:{model}:ro") or flag in GUARD_FLAGS:
+        elif flag == ("-v", f"{model}:{model}:ro") or flag in WORK_FLAGS:
             pass
         else:
             assert flag[1] is None and flag[0] in ADDED, f"{flag} is neither upstream's nor a stated addition"
@@ -115,7 +116,7 @@ def test_the_argv_is_upstreams_quick_start_flag_by_flag():
     # exec-ing the same vLLM argv the process runtime runs, with the image's python.
     assert upstream_cmd == ["bash"] and command[:4] == SHELL_WRAPPER == ["bash", "-ic", 'exec "$@"', "bash"]
     assert command[4:] == ["python3", *vllm_argv[1:]] and vllm_argv[-2:] == ["--middleware", GUARD_MIDDLEWARE]
-    assert GUARD_FLAGS <= set(options)
+    assert WORK_FLAGS <= set(options)
 
 
 def test_host_networking_is_what_the_installation_page_runs():
@@ -214,10 +215,11 @@ def test_a_docker_node_launches_the_replica_in_the_image(endpoint, ascend_node):
     process, env = replica_process(replica=replica, node=ascend_node.__class__.objects.get(pk=ascend_node.pk), port=8612)
     assert process.runtime == "process" and process.argv[0] == "/opt/engine/bin/python" and env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
     # Everything after the image's python is the process runtime's argv, the replica key guard included: the
-    # process runs in the guard's directory, the container in its read-only mount of it.
+    # process runs in the replica's working directory (the guard's module in it), the container in its mount.
     assert spec.argv[spec.argv.index("python3") + 1:] == process.argv[1:]
-    assert process.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE] and process.cwd == GUARD_DIR
-    assert ["-w", CONTAINER_GUARD_DIR] == spec.argv[spec.argv.index("-w"):spec.argv.index("-w") + 2]
+    work = str(replica_work_dir(replica))
+    assert process.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE] and process.cwd == work
+    assert ["-v", f"{work}:{work}:rw", "-w", work] == spec.argv[spec.argv.index("-w") - 2:spec.argv.index("-w") + 2]
 
 
 def test_a_container_runtime_on_a_cpu_node_is_refused_at_launch(cpu_node, tiny_artifact):
@@ -239,14 +241,14 @@ def test_an_unreachable_container_runtime_leaves_the_replica_waiting(endpoint, a
     assert replica.state_reason.startswith("docker is not on this node's PATH")
 
 
-@pytest.mark.parametrize("guard_dir, message", [
-    ("relative/replica_guard", "guard_dir must be an absolute path to mount into the container"),
-    ("/srv/a:b/replica_guard", "guard_dir '/srv/a:b/replica_guard' cannot be bind-mounted: ':' and ','"),
-    ("/srv/a,b/replica_guard", "guard_dir '/srv/a,b/replica_guard' cannot be bind-mounted: ':' and ','"),
+@pytest.mark.parametrize("work_dir, message", [
+    ("relative/replica-0", "work_dir must be an absolute path to mount into the container"),
+    ("/srv/a:b/replica-0", "work_dir '/srv/a:b/replica-0' cannot be bind-mounted: ':' and ','"),
+    ("/srv/a,b/replica-0", "work_dir '/srv/a,b/replica-0' cannot be bind-mounted: ':' and ','"),
 ])
-def test_a_guard_directory_a_bind_mount_cannot_take_is_refused(guard_dir, message):
+def test_a_work_directory_a_bind_mount_cannot_take_is_refused(work_dir, message):
     argv, env = build_command(vllm_spec())
     container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0",
-                              name=container_name("qwen3", 0), devices=[0], guard_dir=guard_dir)
+                              name=container_name("qwen3", 0), devices=[0], work_dir=work_dir)
     with pytest.raises(CommandSpecError, match=re.escape(message)):
         build_container_command(container, guarded_argv(argv), env)

@@ -110,8 +110,9 @@ def test_a_server_without_its_key_does_not_start(monkeypatch):
 
 
 def test_the_module_is_alone_in_its_directory_and_needs_only_the_standard_library():
-    # It runs in the engine's interpreter, whose sys.path starts at this directory: nothing else of the
-    # console may become importable there, and it can rely on nothing but the standard library.
+    # It runs in the engine's interpreter, whose sys.path starts at the server's working directory, which holds
+    # a copy of it (endpoints.launch.make_work_dir): nothing else of the console may become importable there,
+    # and it can rely on nothing but the standard library.
     assert sorted(p.name for p in Path(GUARD_DIR).iterdir() if p.name != "__pycache__") == [SOURCE.name]
     tree = ast.parse(SOURCE.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
@@ -125,3 +126,19 @@ def test_only_the_console_names_a_middleware():
     assert guarded_argv(server) == [*server, "--middleware", GUARD_MIDDLEWARE]
     with pytest.raises(CommandSpecError, match="--middleware already"):
         guarded_argv(["python", "-m", "vllm.entrypoints.openai.api_server", "--middleware", "evil.Thing"])
+
+
+def test_each_server_runs_in_a_writable_directory_of_its_own_holding_the_module(tmp_path):
+    """Not the console's code directory (read-only under deploy/systemd, and CANN writes fusion_result.json
+    and its dumps into the working directory): made 0700, the module copied in, and copied again whole when
+    the console's differs (an upgrade); what the engine wrote there is left."""
+    from endpoints.launch import make_work_dir
+
+    work = make_work_dir(tmp_path / "work" / "endpoints" / "qwen" / "replica-0")
+    assert (work.stat().st_mode & 0o777) == 0o700 and [p.name for p in work.iterdir()] == [SOURCE.name]
+    assert (work / SOURCE.name).read_bytes() == SOURCE.read_bytes()
+    (work / SOURCE.name).write_text("# an older console's guard\n")
+    (work / "fusion_result.json").write_text("{}")  # CANN's
+    assert make_work_dir(work) == work
+    assert (work / SOURCE.name).read_bytes() == SOURCE.read_bytes()
+    assert sorted(p.name for p in work.iterdir()) == ["fusion_result.json", SOURCE.name]
