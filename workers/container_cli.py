@@ -27,3 +27,8 @@ def image_id(runtime: str, image: str, *, timeout: float = 30) -> str:
         return ""
     lines = result.stdout.strip().splitlines()
     return lines[0].strip() if result.returncode == 0 and lines else ""
+
+
+def short_image_id(found: str) -> str:
+    """12 hex digits, as `docker images` shows ids (docker's id has a "sha256:" prefix, podman's none)."""
+    return found.removeprefix("sha256:")[:12]

@@ -28,7 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from workers import cann
-from workers.container_cli import client_environment, image_id
+from workers.container_cli import client_environment, image_id, short_image_id
 from workers.engine_info import (
     EngineSite,
     compat_findings,
@@ -203,7 +203,7 @@ def check_container_runtime(runtime: str | None = None, *, image: str = "", time
         if not found_id:
             return Check(name, WARNING, f"{binary} answers ({found}), but the image {image} is not on this node",
                          f"{binary} pull {image} (replicas start with --pull=never)")
-        return Check(name, OK, f"{binary} answers ({found}); {image} is here ({found_id[:19]})")
+        return Check(name, OK, f"{binary} answers ({found}); {image} is here ({short_image_id(found_id)})")
     return Check(name, OK, f"{binary} answers ({found})")
 
 

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.env import child_environment
-from workers.container_cli import client_environment, image_id
+from workers.container_cli import client_environment, image_id, short_image_id
 
 MATRIX_FILE = Path(__file__).parent / "data" / "vllm_ascend_compatibility_matrix.md"
 CANN_INFO_GLOBS = (
@@ -59,7 +59,7 @@ def engine_labels(engine: dict) -> list[str]:
         if key.endswith("_dist") or key == "error":
             continue
         if key == "image_id":  # a containerised node's image, as `docker images` shortens ids
-            labels.append(f"image {version.removeprefix('sha256:')[:12]}" if version else "image id unknown")
+            labels.append(f"image {short_image_id(version)}" if version else "image id unknown")
             continue
         name, usual = ENGINE_NAMES.get(key, (key, ""))
         dist = engine.get(f"{key}_dist") or ""
