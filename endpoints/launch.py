@@ -124,12 +124,10 @@ def cpu_share_note(*, replica: Replica, node: Node) -> str:
 def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dict[str, str], list[Replica]]:
     """(cpu_threads_env's variables, the running replicas that hold the cores a pinned share would need:
     non-empty only when the replica is left unpinned for want of free cores)."""
-    if node.platform != Node.Platform.CPU or "VLLM_CPU_OMP_THREADS_BIND" in endpoint.env:
+    if node.platform != Node.Platform.CPU or not _shares_cores(endpoint):
         return {}, []
-    if endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size != 1 or endpoint.distributed:
-        return {}, []
-    host = node.host or {}
-    cores = list(host.get("cpu_cores") or range(host.get("cpus") or 0))
+    groups = _core_groups(node.host or {})
+    cores = [core for group in groups for core in group]
     placed = list(Replica.objects.filter(node=node).exclude(pk=replica.pk).select_related("endpoint"))
     running = [r for r in placed if r.launched]
     members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
@@ -141,12 +139,30 @@ def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dic
     if demand < 2 and not running and not members:
         return {}, []
     size = len(cores) // demand
-    held = held_cores(running, cores, numa_cores=host.get("numa_cores"))
-    share = _free_share(cores, held, size=size) if held is not None and not members else []
+    held = held_cores(running, cores, numa_cores=(node.host or {}).get("numa_cores"))
+    share = _free_share(groups, held, size=size) if held is not None and not members else []
     if len(share) >= 2:
         return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(share[:-1])}, []
-    holders = [r for r in running if _binding(r) != "nobind"] if size >= 2 and not members else []
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, holders
+    # Named only where a restart changes something: a replica this rule pins when it starts again.
+    holders = [r for r in running if _binding(r) != "nobind" and _shares_cores(r.endpoint)]
+    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, \
+        holders if size >= 2 and not members else []
+
+
+def _shares_cores(endpoint: Endpoint) -> bool:
+    """The rule applies to the endpoint's replicas: no binding of the operator's, one rank, one node."""
+    return ("VLLM_CPU_OMP_THREADS_BIND" not in endpoint.env and not endpoint.distributed
+            and endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size == 1)
+
+
+def _core_groups(host: dict) -> list[list[int]]:
+    """The node's cores (Node.host["cpu_cores"], else as many as its CPUs), one list per NUMA node where the
+    agent recorded them (Node.host["numa_cores"]; the rest in one more), in the agent's order within each:
+    a share is a run within one, never across NUMA nodes (whose ids may interleave: node 0 the even ones)."""
+    cores = list(host.get("cpu_cores") or range(host.get("cpus") or 0))
+    numa = [[core for core in group if core in cores] for group in host.get("numa_cores") or []]
+    grouped = {core for group in numa for core in group}
+    return [group for group in [*numa, [core for core in cores if core not in grouped]] if group]
 
 
 def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
@@ -162,9 +178,9 @@ def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[lis
                ) -> set[int] | None:
     """The cores the running replicas were pinned to, each with the core after its set (its share's last,
     left to its scheduler); a replica on vLLM's auto binding holds the cores of the first NUMA nodes it may
-    take memory from, one per rank (``numa_cores``, as the agent recorded them: Node.host["numa_cores"]).
-    None when one of them holds cores that cannot be known (auto binding without that record, or steered
-    by CPU_VISIBLE_MEMORY_NODES; an operator's several sets per rank)."""
+    take memory from, one per rank (``numa_cores``, as the agent recorded them: Node.host["numa_cores"];
+    ``cores`` is in the order of :func:`_core_groups`). None when one of them holds cores that cannot be
+    known (auto binding without that record, an operator's several sets per rank)."""
     held: set[int] = set()
     for other in running:
         binding = _binding(other)
@@ -172,7 +188,7 @@ def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[lis
             continue
         if binding == "auto":
             ranks = other.endpoint.tensor_parallel_size * other.endpoint.pipeline_parallel_size
-            if not numa_cores or len(numa_cores) < ranks or "CPU_VISIBLE_MEMORY_NODES" in (other.env or {}):
+            if not numa_cores or len(numa_cores) < ranks:
                 return None
             held.update(core for node_cores in numa_cores[:ranks] for core in node_cores)
             continue
@@ -180,24 +196,27 @@ def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[lis
         if not pinned:  # None: cores that cannot be named; empty: nothing a start of ours records
             return None
         held |= pinned
-        if max(pinned) in cores[:-1]:  # its share's last core, in the agent's order
+        if max(pinned) in cores[:-1]:  # its share's last core, in the order shares are cut
             held.add(cores[cores.index(max(pinned)) + 1])
     return held
 
 
-def _free_share(cores: list[int], held: set[int], *, size: int) -> list[int]:
-    """`size` cores in a row (in the agent's order) none of which is held: the first such run, else the
-    longest run of free cores there is (a share is a run, so :func:`held_cores` finds its last core again)."""
+def _free_share(groups: list[list[int]], held: set[int], *, size: int) -> list[int]:
+    """`size` cores in a row of one group (:func:`_core_groups`) none of which is held: the first such run,
+    else the longest run of free cores there is (a share is a run, so :func:`held_cores` finds its last
+    core again)."""
     if size < 1:
         return []
-    runs: list[list[int]] = [[]]
-    for core in cores:
-        if core in held:
-            runs.append([])
-        else:
-            runs[-1].append(core)
+    runs: list[list[int]] = []
+    for group in groups:
+        runs.append([])
+        for core in group:
+            if core in held:
+                runs.append([])
+            else:
+                runs[-1].append(core)
     fitting = [run for run in runs if len(run) >= size]
-    return fitting[0][:size] if fitting else max(runs, key=len)
+    return fitting[0][:size] if fitting else max(runs, key=len, default=[])
 
 
 def _parse_id_list(text: str) -> set[int] | None:

@@ -105,9 +105,10 @@ class EngineServer:
 
     def __enter__(self):
         deadline = time.monotonic() + self.timeout
-        # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir).
-        self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
         for attempt in range(1, self.PORT_TRIES + 1):
+            # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir);
+            # each try's, as __exit__ removes it.
+            self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
             self._log = open(self.log_path, "wb")
             self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,

@@ -150,7 +150,7 @@ def _run_python(site: EngineSite, args: list[str], *, env: Mapping[str, str], ti
         except subprocess.TimeoutExpired:
             proc.kill()
             if remove:  # before reading on: the container's processes hold the pipes open
-                subprocess.run(remove, capture_output=True, timeout=60, check=False, env=child_environment({}))
+                subprocess.run(remove, capture_output=True, timeout=60, check=False, env=client_environment())
             proc.communicate()
             raise
     return proc.returncode, out, err

@@ -6,7 +6,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from endpoints.launch import launch_spec
+from endpoints.launch import held_cores, launch_spec
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from endpoints.replica_state import aggregate_state, backoff_seconds
 from models_registry.models import Artifact, Model
@@ -587,14 +587,22 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     assert _threads(beside) == ("6-10", None)  # NUMA node 1's run, 11 left to its scheduler
     assert cpu_share_note(replica=beside, node=cpu_node) == ""
 
+    # NUMA nodes whose CPU ids interleave (node 0 the even ones): a share is cut from one node's cores.
+    cpu_node.host = {**two_nodes, "numa_cores": [list(range(0, 12, 2)), list(range(1, 12, 2))]}
+    cpu_node.save()
+    assert _threads(beside) == ("1,3,5,7,9", None)
+    Replica.objects.filter(pk=beside.pk).update(pid=40000 + beside.pk, env={"VLLM_CPU_OMP_THREADS_BIND": "1,3,5,7,9"})
+    # ... and held again from the same order: the core after its set (11) is its scheduler's.
+    assert held_cores([Replica.objects.get(pk=beside.pk)], [*range(0, 12, 2), *range(1, 12, 2)]) == {1, 3, 5, 7, 9, 11}
+    _stop(beside)
+    cpu_node.host = two_nodes
+    cpu_node.save()
     # The first rank of a two-rank endpoint on auto binding takes NUMA node 0, the second NUMA node 1.
     Endpoint.objects.filter(pk=first.pk).update(tensor_parallel_size=2)
     assert _threads(beside) == ("nobind", "6")
+    # Its restart would not change that (vLLM's binding, one set per rank), so the page suggests none.
+    assert cpu_share_note(replica=beside, node=cpu_node) == ""
     Endpoint.objects.filter(pk=first.pk).update(tensor_parallel_size=1)
-    # Steered to other NUMA nodes by the operator's CPU_VISIBLE_MEMORY_NODES: its cores cannot be named.
-    Replica.objects.filter(pk=alone.pk).update(env={"CPU_VISIBLE_MEMORY_NODES": "1"})
-    assert _threads(beside) == ("nobind", "6")
-    Replica.objects.filter(pk=alone.pk).update(env={})
 
     for host in ({**two_nodes, "numa_cores": [list(range(12))]},  # one NUMA node: auto took every core
                  {"cpus": 12, "cpu_cores": list(range(12))}):  # an agent from before numa_cores
@@ -607,6 +615,14 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1], "numa_cores": [[0, 1]]}  # a core a share: nothing to split
     cpu_node.save()
     assert _threads(beside) == ("nobind", "1") and cpu_share_note(replica=beside, node=cpu_node) == ""
+    # A neighbour on the operator's own binding keeps it when restarted: no restart to suggest either.
+    cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
+    cpu_node.save()
+    Endpoint.objects.filter(pk=first.pk).update(env={"VLLM_CPU_OMP_THREADS_BIND": "0-11"})
+    Replica.objects.filter(pk=alone.pk).update(env={"VLLM_CPU_OMP_THREADS_BIND": "0-11"})
+    assert _threads(beside) == ("nobind", "6") and cpu_share_note(replica=beside, node=cpu_node) == ""
+    Endpoint.objects.filter(pk=first.pk).update(env={})
+    Replica.objects.filter(pk=alone.pk).update(env={})
 
     # The agent's start says it on the endpoint's page; the restarts it names pin each to its own cores.
     cpu_node.host = {**two_nodes, "numa_cores": [list(range(12))]}

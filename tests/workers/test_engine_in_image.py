@@ -84,7 +84,8 @@ def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker,
     assert client_settings(docker) == [{"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}] * 4
 
 
-def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path):
+def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path, monkeypatch):
+    monkeypatch.setenv("CONTAINER_HOST", "unix:///run/podman/podman.sock")  # removed on the daemon it ran on
     hanging = tmp_path / "hanging-python"
     hanging.write_text("#!/bin/sh\nexec sleep 60\n")
     hanging.chmod(0o755)
@@ -95,6 +96,7 @@ def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path
     assert time.monotonic() - started < 30
     run, rm = calls(docker)
     assert rm == ["rm", "-f", run[run.index("--name") + 1]]
+    assert client_settings(docker) == [{"CONTAINER_HOST": "unix:///run/podman/podman.sock"}] * 2
     assert not list((docker / "containers").glob("*.json"))
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
 
