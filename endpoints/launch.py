@@ -31,6 +31,7 @@ from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
 from endpoints.replica_state import ENGINE_REFUSED
 from workers.agent.supervisor import ProcessSpec
+from workers.host_stats import cpu_list_text
 from workers.models import Node
 
 
@@ -142,7 +143,7 @@ def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dic
     held = held_cores(running, cores, numa_cores=(node.host or {}).get("numa_cores"))
     share = _free_share(groups, held, size=size) if held is not None and not members else []
     if len(share) >= 2:
-        return {"VLLM_CPU_OMP_THREADS_BIND": _id_list(share[:-1])}, []
+        return {"VLLM_CPU_OMP_THREADS_BIND": cpu_list_text(share[:-1])}, []
     # Named only where a restart changes something: a replica this rule pins when it starts again.
     holders = [r for r in running if _binding(r) != "nobind" and _shares_cores(r.endpoint)]
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, \
@@ -228,17 +229,6 @@ def _parse_id_list(text: str) -> set[int] | None:
             return None
         ids.update(range(int(low), int(high or low) + 1))
     return ids
-
-
-def _id_list(ids: list[int]) -> str:
-    """Sorted CPU ids in vLLM's list format, runs as ranges: [0, 1, 2, 5] -> "0-2,5"."""
-    runs: list[list[int]] = []
-    for i in sorted(ids):
-        if runs and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i])
-    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
 
 
 def engine_cache_dir() -> Path:

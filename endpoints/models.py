@@ -139,6 +139,19 @@ class Replica(models.Model):
         return f"{self.endpoint.name}#{self.index}"
 
     @property
+    def cpu_threads(self) -> str:
+        """How a running replica's engine threads were placed on a CPU node, from what it was started with."""
+        if not self.launched:
+            return ""
+        env = self.env or {}
+        binding = env.get("VLLM_CPU_OMP_THREADS_BIND")
+        if binding is None:
+            return "vLLM's auto binding"
+        if binding == "nobind":
+            return f"unpinned, {env.get('OMP_NUM_THREADS', 'default')} threads"
+        return f"cores {binding}"
+
+    @property
     def launched(self) -> bool:
         """An agent started it and has not seen it end: a PID or a container id is recorded."""
         return bool(self.pid or self.container_id)

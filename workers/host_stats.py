@@ -201,3 +201,14 @@ def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
             node = 0
         by_node.setdefault(node, []).append(cpu)
     return [by_node.get(node, []) for node in allowed]
+
+
+def cpu_list_text(ids: list[int]) -> str:
+    """Sorted CPU ids in the kernel's (and vLLM's) list format, runs as ranges: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for i in sorted(ids):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)

@@ -6,6 +6,7 @@ from django.utils.dateparse import parse_datetime
 
 from workers import engine_images
 from workers.engine_info import engine_labels
+from workers.host_stats import cpu_list_text
 
 
 class Node(models.Model):
@@ -67,6 +68,19 @@ class Node(models.Model):
     def interfaces(self) -> dict[str, str]:
         """The interface variables for multi-node collectives its agent recorded from NODE_INTERFACES."""
         return dict((self.settings or {}).get("interfaces") or {})
+
+    @property
+    def cpu_layout(self) -> str:
+        """Its cores as its agent found them (one per physical core) and, where recorded, by NUMA node."""
+        host = self.host or {}
+        cores = host.get("cpu_cores")
+        if not cores:
+            return ""
+        text = f"{len(cores)} cores ({cpu_list_text(cores)})"
+        numa = host.get("numa_cores") or []
+        if len(numa) > 1:
+            text += " · by NUMA node: " + " | ".join(cpu_list_text(group) for group in numa)
+        return text
 
     @property
     def containerised(self) -> bool:

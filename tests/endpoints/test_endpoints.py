@@ -579,6 +579,7 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     two_nodes = {"cpus": 24, "cpu_cores": list(range(12)), "numa_cores": [list(range(6)), list(range(6, 12))]}
     cpu_node.host = two_nodes
     cpu_node.save()
+    assert cpu_node.cpu_layout == "12 cores (0-11) · by NUMA node: 0-5 | 6-11"
     first = Endpoint.objects.create(name="first", artifact=tiny_artifact, node=cpu_node, served_model_name="first")
     [alone] = [Replica.objects.create(endpoint=first, index=0, node=cpu_node)]
     assert _run(alone) == (None, None)  # alone on the node: vLLM's auto binding, NUMA node 0's cores
@@ -635,6 +636,11 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     assert "restart it, then this endpoint" in as_viewer.get(f"/endpoints/{second.pk}/").content.decode()
     beside.refresh_from_db()
     assert beside.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    # The node's page shows its cores, and each replica's place on them.
+    from django.urls import reverse
+    assert "12 cores (0-11)</dd>" in as_viewer.get(f"/nodes/{cpu_node.pk}/").content.decode()
+    listed = as_viewer.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
+    assert "vLLM&#x27;s auto binding" in listed and "unpinned, 6 threads" in listed
     _stop(alone)
     assert _run(alone) == ("0-4", None)  # restarted beside an unpinned neighbour: every core is free
     _stop(beside)
