@@ -275,9 +275,10 @@ def make_work_dir(path: Path) -> Path:
     the replica key guard's module in it, where ``python -m`` finds what ``--middleware`` names (a copy,
     replaced whole when the console's differs). Writable and the process's own: CANN writes files into
     the working directory unless told otherwise (the fusion engine's fusion_result.json,
-    FusionStatisticWriter::GetFusionResultFilePath, and GE's dumps: "./" when ASCEND_WORK_PATH is unset), which in the console's code directory would litter the source tree, or
-    fail where it is read-only (ProtectSystem=strict: deploy/systemd), and in one directory shared by
-    every replica would mix their files."""
+    FusionStatisticWriter::GetFusionResultFilePath, and GE's dumps: "./" when ASCEND_WORK_PATH is unset),
+    which in the console's code directory would litter the source tree, or fail where it is read-only
+    (ProtectSystem=strict: deploy/systemd), and in one directory shared by every replica would mix their
+    files."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     source = Path(GUARD_DIR) / GUARD_MODULE_FILE
     target = path / GUARD_MODULE_FILE
@@ -341,8 +342,9 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
-        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}), cwd=str(replica_work_dir(replica)),
-                           log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP)
+        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}),
+                           cwd=str(replica_work_dir(replica)), log_path=replica_log_path(replica),
+                           log_keep=settings.ENDPOINT_LOG_KEEP)
         return spec, env_added
     _refuse_multi_node_container(replica.endpoint, node)
     if node.platform != Node.Platform.ASCEND:

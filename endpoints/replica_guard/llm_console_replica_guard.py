@@ -11,12 +11,13 @@ gateway's keys, limits and accounting.
 The console starts each replica's server with ``--middleware llm_console_replica_guard.ReplicaKeyGuard``
 (vLLM's own extension point: vllm/entrypoints/serve/middleware/register.py imports the class and
 adds it with ``app.add_middleware``, so it is the outermost layer) in a working directory holding a copy
-of this module (endpoints.launch.make_work_dir), which ``python -m`` puts first on ``sys.path``. The class then wants the replica's
-key (``VLLM_API_KEY``, the same one vLLM checks on ``/v1``) on every request except ``GET``/``HEAD`` of
-``/health`` and ``/metrics``, which the agent's checks and Prometheus read without one, and ``POST`` of
-``/tokenize`` and ``/detokenize``, which run the tokenizer only: vLLM's benchmark client calls them without
-a key to align its random prompts to the server's token counts (vllm/benchmarks/serve.py
-``_align_prompts_to_server_tokenizer``), and refused it would send prompts of other lengths.
+of this module (endpoints.launch.make_work_dir), which ``python -m`` puts first on ``sys.path``. The class
+then wants the replica's key (``VLLM_API_KEY``, the same one vLLM checks on ``/v1``) on every request
+except ``GET``/``HEAD`` of ``/health`` and ``/metrics``, which the agent's checks and Prometheus read
+without one, and ``POST`` of ``/tokenize`` and ``/detokenize``, which run the tokenizer only: vLLM's
+benchmark client calls them without a key to align its random prompts to the server's token counts
+(vllm/benchmarks/serve.py ``_align_prompts_to_server_tokenizer``), and refused it would send prompts of
+other lengths.
 
 Runs inside the engine's interpreter: standard library only, no console code, no vLLM import.
 Written by hand: vLLM offers no option to guard every path, and a plain ASGI class is all
