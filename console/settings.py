@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from console.env import (
     env_bool,
@@ -150,6 +151,8 @@ AXES_COOLOFF_TIME = env_float("LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False  # no banner from every process at start
+# The lockout's address is the audit log's (console.audit.client_ip): behind a reverse proxy, the client's.
+AXES_CLIENT_IP_CALLABLE = "console.audit.client_ip"
 
 # Content-Security-Policy by django-csp (Django 5.2 has none of its own). Scripts: this site's
 # files only (no inline script, no eval: htmx filters and handlers live in static/*.js). Styles
@@ -179,6 +182,11 @@ SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
 SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_PROXY", False) else None
+# How many reverse proxies stand in front of the console (nginx, an ingress): the client's address is then the
+# one the outermost of them saw, read from X-Forwarded-For's right end; 0 reads REMOTE_ADDR only.
+TRUSTED_PROXIES = env_int("TRUSTED_PROXIES", 1 if env_bool("BEHIND_PROXY", False) else 0)
+if TRUSTED_PROXIES < 0:
+    raise ImproperlyConfigured(f"TRUSTED_PROXIES={TRUSTED_PROXIES} must be 0 or more")
 SESSION_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
@@ -276,8 +284,6 @@ BENCH_PROMPT_FILE_MAX_BYTES = env_int("BENCH_PROMPT_FILE_MAX_BYTES", 50 * 1024 *
 
 
 def _cost_map(raw: list[str]) -> dict[str, float]:
-    from django.core.exceptions import ImproperlyConfigured
-
     costs = {}
     for item in raw:
         key, _, value = item.partition("=")

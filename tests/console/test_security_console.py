@@ -41,6 +41,34 @@ def test_thirty_wrong_passwords_lock_that_user_from_that_address(viewer):
 
 
 @pytest.mark.django_db
+def test_behind_a_reverse_proxy_the_lockout_and_the_audit_log_see_the_clients_address(viewer, settings):
+    """Every request comes from the proxy's address (REMOTE_ADDR): the client's is the one the proxy appends to
+    X-Forwarded-For. Read from the header's right end, so an attacker's own entries (left of it) neither
+    escape the lockout nor lock the owner out; the audit log records the same address."""
+    from console.audit import client_ip
+    from console.models import AuditEvent
+
+    settings.TRUSTED_PROXIES = 1  # nginx in front (BEHIND_PROXY=true's default)
+    proxy = "10.0.0.2"
+    attacker = Client(REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="203.0.113.7")
+    for i in range(30):  # each try claims another address of its own, left of what the proxy appended
+        attacker.post("/login/", {"username": viewer.username, "password": "wrong guess"},
+                      HTTP_X_FORWARDED_FOR=f"198.51.100.{i}, 203.0.113.7")
+    refused = attacker.post("/login/", {"username": viewer.username, "password": PASSWORD})
+    assert refused.status_code == 429
+    owner = Client(REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="192.0.2.44")  # through the same proxy
+    assert owner.post("/login/", {"username": viewer.username, "password": PASSWORD}).status_code == 302
+    login = AuditEvent.objects.filter(action="auth.login").latest("pk")
+    assert login.source_ip == "192.0.2.44"
+    # Two proxies (a load balancer, then nginx): the entry the outer one appended.
+    settings.TRUSTED_PROXIES = 2
+    request = type("Request", (), {"META": {"REMOTE_ADDR": proxy, "HTTP_X_FORWARDED_FOR": "6.6.6.6, 192.0.2.44, 10.0.0.9"}})
+    assert client_ip(request) == "192.0.2.44"
+    settings.TRUSTED_PROXIES = 0  # none: the header is anybody's, REMOTE_ADDR only
+    assert client_ip(request) == proxy
+
+
+@pytest.mark.django_db
 def test_password_123_is_refused_with_a_message_everywhere(as_admin, admin, api_for, monkeypatch):
     page = as_admin.post("/users/create", {"username": "weak", "role": OPERATOR, "password": "123"}, follow=True)
     assert b"This password is too short" in page.content
