@@ -3,7 +3,6 @@ from datetime import date
 
 from django.contrib import messages
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection

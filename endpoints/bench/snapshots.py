@@ -3,7 +3,6 @@ node's telemetry before, during and after the run."""
 import logging
 
 from django.conf import settings
-from django.db.models import Q
 from django.utils import timezone
 
 from endpoints.bench.models import BenchmarkRun

@@ -10,7 +10,7 @@ from console.roles import ADMIN, OPERATOR, require_role
 from console.validation import error_text
 from endpoints.gateway import services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
-from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.models import GatewayKey
 from endpoints.models import Endpoint
 
 
