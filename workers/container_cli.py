@@ -19,7 +19,10 @@ def client_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def image_id(runtime: str, image: str, *, timeout: float = 30) -> str:
     """The id of the image the reference names on this node (``image inspect``: a tag pulled again names
-    another), or "" when the runtime cannot say."""
+    another), or "" when the runtime cannot say. A reference that could read as a flag, or is no single
+    word, is not asked about (the serving side's runner refuses it with the reason)."""
+    if not image or image.startswith("-") or any(c.isspace() for c in image):
+        return ""
     try:
         result = subprocess.run([runtime, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
                                 text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=client_environment())

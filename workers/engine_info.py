@@ -157,10 +157,16 @@ def _run_python(site: EngineSite, args: list[str], *, env: Mapping[str, str], ti
 
 
 def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
-    """The engine's package versions (Node.engine), or {"error": why}."""
+    """The engine's package versions (Node.engine), or {"error": why}. An image's are read in a container of
+    it once per image id (a container start with the driver mounts, every doctor pass otherwise) and kept
+    under DATA_DIR: they are the image's package metadata, which no start changes."""
     site = _site(site)
     if why := _missing(site):
         return {"error": f"{why}: run `make engine` on this node" if not site.containerised else why}
+    found_id = image_id(site.runtime, site.image) if site.containerised else ""
+    kept_at = _kept_path("engine-versions", f"{site.runtime}:{site.image}@{found_id}") if found_id else None
+    if kept_at is not None and (kept := _read_kept(kept_at)) is not None:
+        return kept
     try:
         code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout, nice=10)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:  # ValueError: the runner refused the image
@@ -173,11 +179,32 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
     except (ValueError, IndexError):
         return {"error": f"engine probe printed no report ({site}): {out[-300:]!r}"}
     if site.containerised:  # the image's own id: a tag pulled again may hold another build of the same versions
-        info["image_id"] = image_id(site.runtime, site.image)
+        info["image_id"] = found_id
     if "vllm" not in info:
         info["error"] = ("vLLM is not installed in the engine environment" if not site.containerised
                          else f"vLLM is not installed in the image {site.image}")
+    elif kept_at is not None:
+        _keep(kept_at, info)
     return info
+
+
+def _kept_path(kind: str, key: str) -> Path:
+    return Path(settings.DATA_DIR) / kind / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def _read_kept(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _keep(path: Path, report: dict) -> None:
+    """Written whole or not at all: two agents of one host may probe at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spare = path.with_name(f".{path.name}.{os.getpid()}")
+    spare.write_text(json.dumps(report))
+    spare.replace(path)
 
 
 # Builds the OpenAI server's own argument parser, as `python -m vllm.entrypoints.openai.api_server` does,
@@ -254,10 +281,7 @@ def _cli_cache_path(fingerprint: str) -> Path:
 
 def cached_engine_cli(fingerprint: str) -> dict | None:
     """The report kept for this fingerprint under DATA_DIR, or None (never probed here)."""
-    try:
-        return json.loads(_cli_cache_path(fingerprint).read_text())
-    except (OSError, ValueError):
-        return None
+    return _read_kept(_cli_cache_path(fingerprint))
 
 
 def engine_cli(site: "EngineSite | str", engine: dict) -> dict:
@@ -274,11 +298,7 @@ def engine_cli(site: "EngineSite | str", engine: dict) -> dict:
     if site.containerised:
         found.update(image=site.image, runtime=site.runtime)
     if "error" not in found:
-        cache = _cli_cache_path(fingerprint)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        spare = cache.with_name(f".{cache.name}.{os.getpid()}")
-        spare.write_text(json.dumps(found))
-        spare.replace(cache)  # whole or not at all: two agents of one host may probe at once
+        _keep(_cli_cache_path(fingerprint), found)
     return found
 
 

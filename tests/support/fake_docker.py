@@ -19,7 +19,7 @@ agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME
 - `inspect [--type container] NAME`, `ps [-a] [-q] [--filter name=X]`, `logs [--follow] [--tail N] NAME`,
   `stop [--time N] NAME` (SIGTERM, SIGKILL after N s), `rm [-f] NAME` (SIGKILL, then forgotten),
   `info`, `image inspect [--format {{.Id}}] IMAGE` (any image is here, unless STATE/images lists those that
-  are; its id derived from the reference, or set_image_id's), `version`. Each call's argv is recorded with
+  are; its id derived from the reference and STATE, or set_image_id's), `version`. Each call's argv is recorded with
   the CLI settings it was given (DOCKER_HOST, ...: client_settings).
 When the container's main process exits, what is left of its process group is killed, as a container's
 processes end with its PID 1."""
@@ -63,14 +63,15 @@ def calls(state: Path) -> list[list[str]]:
     return [json.loads(line)["argv"] for line in path.read_text().splitlines() if line.strip()]
 
 
-def image_id(store: "Store", ref: str) -> str:
+def image_id(state: Path, ref: str) -> str:
     """The image's id: STATE/image-ids.json's for the reference (a tag pulled again: set_image_id), else
-    one derived from the reference."""
+    one derived from the reference and the state directory (each test's daemon its own build, so what an
+    agent keeps per image id under a shared DATA_DIR is not another test's)."""
     try:
-        ids = json.loads((store.root / "image-ids.json").read_text())
+        ids = json.loads((Path(state) / "image-ids.json").read_text())
     except (OSError, ValueError):
         ids = {}
-    return ids.get(ref) or "sha256:" + hashlib.sha256(ref.encode()).hexdigest()
+    return ids.get(ref) or "sha256:" + hashlib.sha256(f"{Path(state).resolve()}\0{ref}".encode()).hexdigest()
 
 
 def set_image_id(state: Path, ref: str, new_id: str) -> None:
@@ -464,7 +465,7 @@ def main(argv: list[str], *, state: str, image_python: str, prog: str = "docker"
         if pulled.exists() and not set(refs) <= set(pulled.read_text().split()):
             print(f"Error response from daemon: No such image: {refs[0]}", file=sys.stderr)
             return 1
-        found = [{"Id": image_id(store, ref), "RepoTags": [ref]} for ref in refs]
+        found = [{"Id": image_id(store.root, ref), "RepoTags": [ref]} for ref in refs]
         if fmt is not None:
             if fmt != "{{.Id}}":
                 print(f"{prog}: the stand-in knows --format {{{{.Id}}}} only, not {fmt!r}", file=sys.stderr)

@@ -6,14 +6,13 @@ its parser) is tests/e2e/test_container_runtime.py."""
 import os
 import sys
 import time
-from hashlib import sha256
 
 import psutil
 import pytest
 
 from endpoints.commands import CommandSpecError
 from endpoints.commands.container import ASCEND_DRIVER_MOUNTS, probe_container_command
-from tests.support.fake_docker import calls, client_settings, install, set_image_id
+from tests.support.fake_docker import calls, client_settings, image_id, install, set_image_id
 from workers.agent import NodeAgent
 from workers.engine_info import EngineSite, engine_fingerprint, probe_engine, probe_engine_cli
 from workers.models import Node
@@ -56,7 +55,7 @@ def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
     engine = probe_engine(site)
     # This run's python plays the image: its versions, and no vLLM in it.
     assert engine["python"] == sys.version.split()[0] and engine["error"] == f"vLLM is not installed in the image {IMAGE}"
-    run, inspect = calls(docker)
+    inspect, run = calls(docker)
     assert inspect == ["image", "inspect", "--format", "{{.Id}}", IMAGE]
     assert run[:3] == ["run", "--rm", "--pull=never"] and run[run.index("--name") + 1].startswith("llm-console-probe-")
     assert not list((docker / "containers").glob("*.json"))  # --rm: gone
@@ -80,8 +79,26 @@ def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker,
     assert again["image_id"] == "sha256:" + "1" * 64
     versions = {"vllm": "0.11.0", "vllm_ascend": "0.11.0"}
     assert engine_fingerprint(site, {**again, **versions}) != engine_fingerprint(site, {**first, **versions})
-    assert [c[:2] for c in calls(docker)] == [["run", "--rm"], ["image", "inspect"]] * 2
+    assert [c[:2] for c in calls(docker)] == [["image", "inspect"], ["run", "--rm"]] * 2
     assert client_settings(docker) == [{"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}] * 4
+
+
+def test_an_images_versions_are_read_once_per_image_id(docker, tmp_path, settings):
+    """Its package metadata cannot change under one id: the container start with the driver mounts (every
+    doctor pass) is spent once per id, and again when the tag names another image."""
+    settings.DATA_DIR = tmp_path / "data"
+    image_python = tmp_path / "image-python"  # the image's python3: what the version probe reads there
+    image_python.write_text('#!/bin/sh\necho \'{"vllm": "0.23.0", "vllm_ascend": "0.23.0", "python": "3.11.13"}\'\n')
+    image_python.chmod(0o755)
+    install(tmp_path / "bin", state=docker, image_python=str(image_python))
+    site = EngineSite(runtime="docker", image=IMAGE)
+    first = probe_engine(site)
+    assert first["vllm_ascend"] == "0.23.0" and first["image_id"] == image_id(docker, IMAGE) and "error" not in first
+    assert probe_engine(site) == first
+    assert [c[0] for c in calls(docker)] == ["image", "run", "image"]  # the second: its id only
+    set_image_id(docker, IMAGE, "sha256:" + "2" * 64)  # pulled again
+    assert probe_engine(site)["image_id"] == "sha256:" + "2" * 64
+    assert [c[0] for c in calls(docker)] == ["image", "run", "image", "image", "run"]
 
 
 def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path, monkeypatch):
@@ -94,9 +111,9 @@ def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path
     engine = probe_engine(EngineSite(runtime="docker", image=IMAGE), timeout=2)
     assert engine["error"].startswith("engine probe failed: ") and "timed out" in engine["error"]
     assert time.monotonic() - started < 30
-    run, rm = calls(docker)
+    inspect, run, rm = calls(docker)
     assert rm == ["rm", "-f", run[run.index("--name") + 1]]
-    assert client_settings(docker) == [{"CONTAINER_HOST": "unix:///run/podman/podman.sock"}] * 2
+    assert client_settings(docker) == [{"CONTAINER_HOST": "unix:///run/podman/podman.sock"}] * 3
     assert not list((docker / "containers").glob("*.json"))
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", "60"]]
 
@@ -133,7 +150,7 @@ def test_the_doctor_of_a_docker_node_checks_the_images_engine(docker, monkeypatc
     assert engine["fix"].startswith(f"pull an image with vLLM (replicas run {IMAGE})")
     assert not [name for name in checks if "torch" in name.lower()]  # torch-npu sees chips only in a replica
     assert checks["container runtime"]["status"] == "ok"
-    short_id = sha256(IMAGE.encode()).hexdigest()[:12]  # the stand-in's id for the reference
+    short_id = image_id(docker, IMAGE).removeprefix("sha256:")[:12]  # the stand-in's id for the reference
     assert checks["container runtime"]["detail"].endswith(f"{IMAGE} is here ({short_id})")
     assert {tuple(c.items()) for c in client_settings(docker)} == {(("DOCKER_CONTEXT", "npu-daemon"),)}
 
