@@ -1,6 +1,7 @@
 """The one way to write the audit log. Every state change calls `audit_log`."""
+import ipaddress
+
 from django.conf import settings
-from ipware import get_client_ip
 
 from console.models import AuditEvent
 
@@ -8,18 +9,38 @@ from console.models import AuditEvent
 def client_ip(request) -> str | None:
     """The client's address, for the audit log and the login lockout (AXES_CLIENT_IP_CALLABLE). Without a
     reverse proxy, REMOTE_ADDR. Behind TRUSTED_PROXIES of them, REMOTE_ADDR is the nearest proxy's, shared by
-    every user: the client's is the address the outermost proxy saw, which each proxy appends to
-    X-Forwarded-For, so it is the TRUSTED_PROXIES-th entry from the right (django-ipware's proxy count, which
-    counts the proxies listed in the header: all but the nearest). What a client writes into the header
-    itself lies to the left of it and is never taken."""
+    every user: each proxy appends the address it was reached from to X-Forwarded-For, so the client's is
+    the TRUSTED_PROXIES-th entry from the right. Whatever the client wrote into the header itself lies to
+    the left of it and is never taken; a header with fewer entries, or no address there, gives REMOTE_ADDR.
+
+    Written by hand: django-ipware 8.0.0 (python-ipware 4.1.1 ``split_unquoted``) reads a double quote as
+    opening a quoted string, so a client's unclosed quote swallowed the entries the proxies appended and the
+    forged entry before it was taken; and its ranking of addresses (public first) took the proxy's public
+    address over an intranet client's."""
     if request is None:
         return None
+    remote = request.META.get("REMOTE_ADDR") or None
     proxies = settings.TRUSTED_PROXIES
     if not proxies:
-        return request.META.get("REMOTE_ADDR") or None
-    found, _ = get_client_ip(request, proxy_count=proxies - 1, strict=False,
-                             request_header_order=("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"))
-    return found
+        return remote
+    hops = request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")
+    if len(hops) < proxies:
+        return remote
+    return _address(hops[-proxies]) or remote
+
+
+def _address(hop: str) -> str | None:
+    """An X-Forwarded-For entry as an address ("203.0.113.7", "2001:db8::1", "[2001:db8::1]:443",
+    "203.0.113.7:51000"), or None."""
+    text = hop.strip()
+    if text.startswith("[") and "]" in text:  # a bracketed IPv6 address, perhaps with a port
+        text = text[1:text.index("]")]
+    elif text.count(":") == 1:  # IPv4 with a port
+        text = text.partition(":")[0]
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
 
 
 def audit_log(*, actor=None, action: str, obj=None, changes: dict | None = None, request=None, via: str = "") -> AuditEvent:

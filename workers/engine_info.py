@@ -2,6 +2,7 @@
 match the vllm-ascend compatibility matrix (read from package metadata, no vLLM import); and the
 flags and environment variables that engine's vLLM knows (its own argument parser, built in the
 engine python). The agent only gathers and reports these; endpoints decides what they allow."""
+import contextlib
 import hashlib
 import json
 import os
@@ -164,7 +165,8 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
     if why := _missing(site):
         return {"error": f"{why}: run `make engine` on this node" if not site.containerised else why}
     found_id = image_id(site.runtime, site.image) if site.containerised else ""
-    kept_at = _kept_path("engine-versions", f"{site.runtime}:{site.image}@{found_id}") if found_id else None
+    # Keyed by what is read too: another console release's probe may read more.
+    kept_at = _kept_path("engine-versions", f"{site.runtime}:{site.image}@{found_id}\0{_PROBE}") if found_id else None
     if kept_at is not None and (kept := _read_kept(kept_at)) is not None:
         return kept
     try:
@@ -200,11 +202,16 @@ def _read_kept(path: Path) -> dict | None:
 
 
 def _keep(path: Path, report: dict) -> None:
-    """Written whole or not at all: two agents of one host may probe at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Written whole or not at all: two agents of one host may probe at once. A report that cannot be kept
+    (a full disk) is read again next time."""
     spare = path.with_name(f".{path.name}.{os.getpid()}")
-    spare.write_text(json.dumps(report))
-    spare.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        spare.write_text(json.dumps(report))
+        spare.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            spare.unlink()
 
 
 # Builds the OpenAI server's own argument parser, as `python -m vllm.entrypoints.openai.api_server` does,

@@ -88,3 +88,9 @@ class Profile(models.Model):
     @property
     def setup(self) -> str:
         return self.label or self.config.get("setup") or f"{self.endpoint_name}#{self.replica_index}"
+
+    @property
+    def title(self) -> str:
+        """For a comparison, where profiles of several endpoints meet: its number, setup and endpoint."""
+        where = "" if self.endpoint_name in self.setup else f" ({self.endpoint_name})"
+        return f"#{self.pk} {self.setup}{where}"

@@ -66,7 +66,7 @@ def profile_detail(request, profile_id: int):
 
 
 def _chart_data(profile: Profile) -> dict:
-    return {"id": profile.pk, "setup": f"#{profile.pk} {profile.setup}", "breakdown": profile.breakdown or [],
+    return {"id": profile.pk, "setup": profile.title, "breakdown": profile.breakdown or [],
             "telemetry": profile.telemetry or {}}
 
 

@@ -60,12 +60,26 @@ def test_behind_a_reverse_proxy_the_lockout_and_the_audit_log_see_the_clients_ad
     assert owner.post("/login/", {"username": viewer.username, "password": PASSWORD}).status_code == 302
     login = AuditEvent.objects.filter(action="auth.login").latest("pk")
     assert login.source_ip == "192.0.2.44"
-    # Two proxies (a load balancer, then nginx): the entry the outer one appended.
-    settings.TRUSTED_PROXIES = 2
-    request = type("Request", (), {"META": {"REMOTE_ADDR": proxy, "HTTP_X_FORWARDED_FOR": "6.6.6.6, 192.0.2.44, 10.0.0.9"}})
-    assert client_ip(request) == "192.0.2.44"
+
+
+def test_the_client_address_is_the_entry_the_outermost_proxy_appended_whatever_the_client_wrote(settings):
+    from console.audit import client_ip
+
+    def seen(forwarded: str | None, remote: str = "10.0.0.2") -> str | None:
+        meta = {"REMOTE_ADDR": remote} | ({"HTTP_X_FORWARDED_FOR": forwarded} if forwarded is not None else {})
+        return client_ip(type("Request", (), {"META": meta}))
+
+    settings.TRUSTED_PROXIES = 1
+    assert seen("192.0.2.44") == "192.0.2.44"
+    assert seen('9.9.9.9, ", 192.0.2.44') == "192.0.2.44"  # an unclosed quote of the client's swallows nothing
+    assert seen("9.9.9.9, 10.1.2.3", remote="34.1.2.3") == "10.1.2.3"  # an intranet client behind a public proxy
+    assert seen("[2001:db8::7]:51000") == "2001:db8::7" and seen("192.0.2.44:51000") == "192.0.2.44"
+    assert seen(None) == "10.0.0.2" and seen("not an address") == "10.0.0.2"  # straight to the port; garbage
+    settings.TRUSTED_PROXIES = 2  # a load balancer, then nginx: the entry the outer one appended
+    assert seen("6.6.6.6, 192.0.2.44, 10.0.0.9") == "192.0.2.44"
+    assert seen("10.0.0.9") == "10.0.0.2"  # fewer entries than proxies: not through them all
     settings.TRUSTED_PROXIES = 0  # none: the header is anybody's, REMOTE_ADDR only
-    assert client_ip(request) == proxy
+    assert seen("6.6.6.6, 192.0.2.44, 10.0.0.9") == "10.0.0.2"
 
 
 @pytest.mark.django_db

@@ -175,6 +175,8 @@ def test_profile_and_compare_pages_show_the_analysis(served, as_viewer):
     assert offered == [str(two.pk), str(other.pk)]  # this endpoint's first, then the others; finished ones only
     assert page.index(f'<optgroup label="{served.name}">') < page.index('<optgroup label="other endpoints">')
     assert f"#{other.pk} qwen-w8a8: quantized" in page
+    across = as_viewer.get(f"/profiles/compare?ids={one.pk},{other.pk}").content.decode()
+    assert f"#{one.pk} bf16 ({served.name})" in across and f"#{other.pk} quantized (qwen-w8a8)" in across
     compared = as_viewer.get(f"/profiles/compare?ids={one.pk},{two.pk}").content.decode()
     assert "bf16" in compared and "w8a8" in compared and compared.count("80 %") >= 2
     endpoint_page = as_viewer.get(f"/endpoints/{served.pk}/").content.decode()

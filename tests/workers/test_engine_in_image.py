@@ -99,6 +99,11 @@ def test_an_images_versions_are_read_once_per_image_id(docker, tmp_path, setting
     set_image_id(docker, IMAGE, "sha256:" + "2" * 64)  # pulled again
     assert probe_engine(site)["image_id"] == "sha256:" + "2" * 64
     assert [c[0] for c in calls(docker)] == ["image", "run", "image", "image", "run"]
+    # A report that cannot be kept (DATA_DIR unwritable, a full disk) is returned, and read again next time.
+    settings.DATA_DIR = tmp_path / "not-a-dir"
+    (tmp_path / "not-a-dir").write_text("a file")
+    assert probe_engine(site)["vllm"] == "0.23.0" and probe_engine(site)["vllm"] == "0.23.0"
+    assert [c[0] for c in calls(docker)][5:] == ["image", "run", "image", "run"]
 
 
 def test_a_probe_that_hangs_is_killed_and_its_container_removed(docker, tmp_path, monkeypatch):
