@@ -45,7 +45,6 @@ def test_behind_a_reverse_proxy_the_lockout_and_the_audit_log_see_the_clients_ad
     """Every request comes from the proxy's address (REMOTE_ADDR): the client's is the one the proxy appends to
     X-Forwarded-For. Read from the header's right end, so an attacker's own entries (left of it) neither
     escape the lockout nor lock the owner out; the audit log records the same address."""
-    from console.audit import client_ip
     from console.models import AuditEvent
 
     settings.TRUSTED_PROXIES = 1  # nginx in front (BEHIND_PROXY=true's default)
