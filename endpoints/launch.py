@@ -31,7 +31,7 @@ from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
 from endpoints.replica_state import ENGINE_REFUSED
 from workers.agent.supervisor import ProcessSpec
-from workers.host_stats import cpu_list_text
+from workers.host_stats import cpu_list_text, parse_cpu_list
 from workers.models import Node
 
 
@@ -145,7 +145,7 @@ def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dic
     if len(share) >= 2:
         return {"VLLM_CPU_OMP_THREADS_BIND": cpu_list_text(share[:-1])}, []
     # Named only where a restart changes something: a replica this rule pins when it starts again.
-    holders = [r for r in running if _binding(r) != "nobind" and _shares_cores(r.endpoint)]
+    holders = [r for r in running if r.cpu_binding != "nobind" and _shares_cores(r.endpoint)]
     return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, \
         holders if size >= 2 and not members else []
 
@@ -171,10 +171,6 @@ def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
     return max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, index + 1)
 
 
-def _binding(replica: Replica) -> str:
-    return (replica.env or {}).get("VLLM_CPU_OMP_THREADS_BIND") or "auto"
-
-
 def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[list[int]] | None = None
                ) -> set[int] | None:
     """The cores the running replicas were pinned to, each with the core after its set (its share's last,
@@ -184,7 +180,7 @@ def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[lis
     known (auto binding without that record, an operator's several sets per rank)."""
     held: set[int] = set()
     for other in running:
-        binding = _binding(other)
+        binding = other.cpu_binding
         if binding == "nobind":
             continue
         if binding == "auto":
@@ -193,7 +189,7 @@ def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[lis
                 return None
             held.update(core for node_cores in numa_cores[:ranks] for core in node_cores)
             continue
-        pinned = _parse_id_list(binding)
+        pinned = parse_cpu_list(binding)
         if not pinned:  # None: cores that cannot be named; empty: nothing a start of ours records
             return None
         held |= pinned
@@ -218,17 +214,6 @@ def _free_share(groups: list[list[int]], held: set[int], *, size: int) -> list[i
                 runs[-1].append(core)
     fitting = [run for run in runs if len(run) >= size]
     return fitting[0][:size] if fitting else max(runs, key=len, default=[])
-
-
-def _parse_id_list(text: str) -> set[int] | None:
-    """vLLM's CPU list ("0-2,5") as ids; None for anything else (auto, all, sets per rank split by |)."""
-    ids: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            return None
-        ids.update(range(int(low), int(high or low) + 1))
-    return ids
 
 
 def engine_cache_dir() -> Path:

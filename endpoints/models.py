@@ -139,17 +139,21 @@ class Replica(models.Model):
         return f"{self.endpoint.name}#{self.index}"
 
     @property
+    def cpu_binding(self) -> str:
+        """The VLLM_CPU_OMP_THREADS_BIND it was started with: "auto" (vLLM's own, also when unset), "nobind" or
+        a CPU list."""
+        return (self.env or {}).get("VLLM_CPU_OMP_THREADS_BIND") or "auto"
+
+    @property
     def cpu_threads(self) -> str:
         """How a running replica's engine threads were placed on a CPU node, from what it was started with."""
         if not self.launched:
             return ""
-        env = self.env or {}
-        binding = env.get("VLLM_CPU_OMP_THREADS_BIND")
-        if binding is None:
+        if self.cpu_binding == "auto":
             return "vLLM's auto binding"
-        if binding == "nobind":
-            return f"unpinned, {env.get('OMP_NUM_THREADS', 'default')} threads"
-        return f"cores {binding}"
+        if self.cpu_binding == "nobind":
+            return f"unpinned, {(self.env or {}).get('OMP_NUM_THREADS', 'default')} threads"
+        return f"cores {self.cpu_binding}"
 
     @property
     def launched(self) -> bool:

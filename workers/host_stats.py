@@ -182,15 +182,15 @@ def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
     `get_visible_memory_node()`, the Mems_allowed_list of /proc/self/status, vllm/utils/cpu_resource_utils.py
     `get_memory_affinity`). A CPU that sysfs puts on no node counts as node 0, as vLLM reads lscpu's "-"
     (cpu_resource_utils.py `_get_cpu_list`). [] when the allowed nodes cannot be read."""
-    allowed: list[int] = []
+    allowed: set[int] | None = set()
     try:
         with open(proc_status) as f:
             for line in f:
                 if line.startswith("Mems_allowed_list:"):
-                    for part in line.split(":", 1)[1].strip().split(","):
-                        low, _, high = part.partition("-")
-                        allowed.extend(range(int(low), int(high or low) + 1))
-    except (OSError, ValueError):
+                    allowed = parse_cpu_list(line.split(":", 1)[1].strip())
+    except OSError:
+        return []
+    if not allowed:
         return []
     by_node: dict[int, list[int]] = {}
     for cpu in cores:
@@ -200,7 +200,19 @@ def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
         except OSError:
             node = 0
         by_node.setdefault(node, []).append(cpu)
-    return [by_node.get(node, []) for node in allowed]
+    return [by_node.get(node, []) for node in sorted(allowed)]
+
+
+def parse_cpu_list(text: str) -> set[int] | None:
+    """The kernel's (and vLLM's) list format ("0-2,5") as ids; None for anything else ("auto", "nobind",
+    vLLM's sets per rank split by |, an empty text)."""
+    ids: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        ids.update(range(int(low), int(high or low) + 1))
+    return ids
 
 
 def cpu_list_text(ids: list[int]) -> str:
