@@ -81,6 +81,16 @@ def test_the_client_address_is_the_entry_the_outermost_proxy_appended_whatever_t
     assert seen("6.6.6.6, 192.0.2.44, 10.0.0.9") == "10.0.0.2"
 
 
+@pytest.mark.parametrize("value, said", [("-1", "TRUSTED_PROXIES=-1 must be 0 or more"),
+                                         ("one", "TRUSTED_PROXIES='one' is not an integer")])
+def test_a_bad_trusted_proxies_count_stops_the_console_naming_it(tmp_path, value, said):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TRUSTED_PROXIES"))}
+    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**clean, "DJANGO_SETTINGS_MODULE": "console.settings",
+                                                       "DATA_DIR": str(tmp_path), "TRUSTED_PROXIES": value})
+    assert done.returncode != 0 and said in done.stderr
+
+
 @pytest.mark.django_db
 def test_password_123_is_refused_with_a_message_everywhere(as_admin, admin, api_for, monkeypatch):
     page = as_admin.post("/users/create", {"username": "weak", "role": OPERATOR, "password": "123"}, follow=True)
