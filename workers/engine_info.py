@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from django.conf import settings
@@ -169,8 +169,10 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
     kept_at = _kept_path("engine-versions", f"{site.runtime}:{site.image}@{found_id}\0{_PROBE}") if found_id else None
     if kept_at is not None and (kept := _read_kept(kept_at)) is not None:
         return kept
+    # Run by the id just read, not the tag: a tag pulled again meanwhile would be read, and kept under this id.
+    run_at = replace(site, image=found_id) if found_id else site
     try:
-        code, out, err = _run_python(site, ["-c", _PROBE], env={}, timeout=timeout, nice=10)
+        code, out, err = _run_python(run_at, ["-c", _PROBE], env={}, timeout=timeout, nice=10)
     except (OSError, ValueError, subprocess.TimeoutExpired) as exc:  # ValueError: the runner refused the image
         return {"error": f"engine probe failed: {exc}"}
     if code != 0:
@@ -300,7 +302,9 @@ def engine_cli(site: "EngineSite | str", engine: dict) -> dict:
     cached = cached_engine_cli(fingerprint)
     if cached is not None:
         return cached
-    found = probe_engine_cli(site)
+    # A container of the image the fingerprint names (its id), not of whatever the tag names by now.
+    found = probe_engine_cli(replace(site, image=engine["image_id"]) if site.containerised and engine.get("image_id")
+                             else site)
     found.update(fingerprint=fingerprint, engine_python=site.python, probed_at=timezone.now().isoformat())
     if site.containerised:
         found.update(image=site.image, runtime=site.runtime)

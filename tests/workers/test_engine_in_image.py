@@ -14,7 +14,7 @@ from endpoints.commands import CommandSpecError
 from endpoints.commands.container import ASCEND_DRIVER_MOUNTS, probe_container_command
 from tests.support.fake_docker import calls, client_settings, image_id, install, set_image_id
 from workers.agent import NodeAgent
-from workers.engine_info import EngineSite, engine_fingerprint, probe_engine, probe_engine_cli
+from workers.engine_info import EngineSite, engine_cli, engine_fingerprint, probe_engine, probe_engine_cli
 from workers.models import Node
 
 IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
@@ -66,7 +66,7 @@ def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
     assert probe_engine(site)["error"].startswith(f"engine probe failed ({IMAGE} under docker): ")
 
 
-def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker, monkeypatch):
+def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker, monkeypatch, settings, tmp_path):
     """The parser report is kept per fingerprint (workers.engine_info.engine_cli): the image's id is in it, so a
     tag pulled again after a rebuild (the same vLLM and vllm-ascend versions, perhaps patched) is probed again.
     Every call reaches the daemon the node's CLI is set to (DOCKER_HOST), as the replicas' runs do."""
@@ -81,6 +81,13 @@ def test_the_same_tag_pulled_again_is_another_engine_to_the_parser_check(docker,
     assert engine_fingerprint(site, {**again, **versions}) != engine_fingerprint(site, {**first, **versions})
     assert [c[:2] for c in calls(docker)] == [["image", "inspect"], ["run", "--rm"]] * 2
     assert client_settings(docker) == [{"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}] * 4
+    # The parser is read in a container of the image the fingerprint names, by its id: not of whatever the
+    # tag names by the time the probe starts.
+    settings.DATA_DIR = tmp_path / "data"
+    set_image_id(docker, IMAGE, "sha256:" + "3" * 64)
+    engine_cli(site, {**again, **versions})
+    run = calls(docker)[-1]
+    assert run[:2] == ["run", "--rm"] and "sha256:" + "1" * 64 in run and IMAGE not in run
 
 
 def test_an_images_versions_are_read_once_per_image_id(docker, tmp_path, settings):
@@ -96,6 +103,8 @@ def test_an_images_versions_are_read_once_per_image_id(docker, tmp_path, setting
     assert first["vllm_ascend"] == "0.23.0" and first["image_id"] == image_id(docker, IMAGE) and "error" not in first
     assert probe_engine(site) == first
     assert [c[0] for c in calls(docker)] == ["image", "run", "image"]  # the second: its id only
+    run = calls(docker)[1]  # by the id just read: a tag pulled again meanwhile is not read under this id
+    assert image_id(docker, IMAGE) in run and IMAGE not in run
     set_image_id(docker, IMAGE, "sha256:" + "2" * 64)  # pulled again
     assert probe_engine(site)["image_id"] == "sha256:" + "2" * 64
     assert [c[0] for c in calls(docker)] == ["image", "run", "image", "image", "run"]
