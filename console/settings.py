@@ -244,6 +244,10 @@ ENDPOINT_MAX_CRASHES = env_int("ENDPOINT_MAX_CRASHES", 5)  # in a row -> failed
 ENDPOINT_STOP_GRACE_SECONDS = env_float("ENDPOINT_STOP_GRACE_SECONDS", 20)
 ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
 ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
+# A deleted endpoint's replica logs stay on its nodes this long after their last write (endpoints.node_files).
+ENDPOINT_LOG_RETENTION_DAYS = env_int("ENDPOINT_LOG_RETENTION_DAYS", 14)
+if ENDPOINT_LOG_RETENTION_DAYS < 0:
+    raise ImproperlyConfigured(f"ENDPOINT_LOG_RETENTION_DAYS={ENDPOINT_LOG_RETENTION_DAYS} must be 0 or more")
 # Replicas launched with profiling write vLLM's traces under <root>/replicas/<endpoint>-<index>
 # (endpoints.profiling.paths); on a node, the same path there.
 ENDPOINT_PROFILE_ROOT = env_path("ENDPOINT_PROFILE_ROOT", DATA_DIR / "profiles")

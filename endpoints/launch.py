@@ -29,6 +29,7 @@ from endpoints.commands import (
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
+from models_registry.paths import PathRefused, check_tree
 from endpoints.replica_state import ENGINE_REFUSED
 from workers.agent.supervisor import ProcessSpec
 from workers.host_stats import cpu_list_text, parse_cpu_list
@@ -241,13 +242,23 @@ def make_profile_dir(replica: Replica) -> None:
         replica_profile_dir(replica).mkdir(parents=True, exist_ok=True)
 
 
+def endpoint_log_root() -> Path:
+    """A directory per endpoint (its name) holds its replicas' logs on each node (endpoints.node_files)."""
+    return Path(settings.DATA_DIR) / "logs" / "endpoints"
+
+
+def endpoint_work_root() -> Path:
+    """A directory per endpoint (its name) holds its engine processes' working directories on each node."""
+    return Path(settings.DATA_DIR) / "work" / "endpoints"
+
+
 def replica_log_path(replica: Replica) -> Path:
-    return Path(settings.DATA_DIR) / "logs" / "endpoints" / replica.endpoint.name / f"replica-{replica.index}.log"
+    return endpoint_log_root() / replica.endpoint.name / f"replica-{replica.index}.log"
 
 
 def replica_work_dir(replica: Replica) -> Path:
     """The replica server's working directory (the same on every start), under DATA_DIR: see make_work_dir."""
-    return Path(settings.DATA_DIR) / "work" / "endpoints" / replica.endpoint.name / f"replica-{replica.index}"
+    return endpoint_work_root() / replica.endpoint.name / f"replica-{replica.index}"
 
 
 def member_work_dir(member: ReplicaMember) -> Path:
@@ -297,6 +308,23 @@ class EngineRefused(CommandSpecError):
     node's agent last probed it (Node.engine_cli), does not know: its engine changed since the launch."""
 
 
+class ModelFilesRefused(EngineRefused):
+    """The model's files on the node that would serve it lead out of that node's model roots: refused as a
+    start its parser refuses (state FAILED, "not started", until an operator's Start)."""
+
+
+def check_model_files(*, endpoint: Endpoint, node: Node) -> None:
+    """vLLM reads the model's files itself (weights, tokenizer, chat template): on this node the model lies
+    inside the configured roots (MODEL_ROOTS, ARTIFACT_STORE) and no link below it leads out, checked on
+    every start, as the registry checks before transformers reads a model (models_registry.paths.check_tree).
+    A link planted after registration would otherwise have the engine read any file the agent's user can."""
+    try:
+        check_tree(endpoint.artifact.path)
+    except PathRefused as exc:
+        raise ModelFilesRefused(f"{ENGINE_REFUSED}: the model's files on node {node.name}: {exc} Remove the link, "
+                                "or register the model from inside the roots, then start it again") from exc
+
+
 def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
     """The launch's rule (services.checked_engine_options) again at each start, against the node's parser
     now: the agent re-probes when the engine under it changes. No parser reported: the allow-list holds."""
@@ -319,6 +347,7 @@ def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
 
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
+    check_model_files(endpoint=replica.endpoint, node=node)
     launch = launch_spec(endpoint=replica.endpoint, replica=replica, node=node, port=port)
     argv, env_added = build_command(launch)
     # vLLM's --api-key guards /v1 only; the console's middleware wants the same key on every other path.
@@ -371,6 +400,7 @@ def member_command(member: ReplicaMember) -> tuple[list[str], dict[str, str]]:
 def member_process(member: ReplicaMember) -> tuple[ProcessSpec, dict[str, str]]:
     if member.node.containerised:
         _refuse_multi_node_container(member.replica.endpoint, member.node)
+    check_model_files(endpoint=member.replica.endpoint, node=member.node)  # its engine reads them on this node
     argv, env_added = member_command(member)
     # runtime "process" (ProcessSpec's default): `ray start` and headless ranks run on the host's engine venv.
     return ProcessSpec(argv=argv, env=child_environment(env_added), log_path=member_log_path(member),

@@ -23,6 +23,7 @@ from endpoints.launch import (
 )
 from endpoints.members import MemberReconciler, cluster_wait, member_refused, nudge_members, release_cluster_port
 from endpoints.models import Endpoint, Replica
+from endpoints.node_files import SWEEP_EVERY_S, sweep_deleted_endpoints
 from endpoints.ports import claim_port
 from endpoints.replica_state import (
     DEVICE_FAULT,
@@ -66,6 +67,7 @@ class ReplicaWorkload:
     def __init__(self):
         self.last_health: dict[int, float] = {}
         self.members = MemberReconciler()  # this node's parts of multi-node replicas
+        self.next_sweep = 0.0  # monotonic time of the next sweep of deleted endpoints' files (the first pass)
 
     def reconcile(self, *, node: Node, supervisor: Supervisor) -> bool:
         replicas = list(Replica.objects.filter(node=node).select_related("endpoint", "endpoint__artifact", "node"))
@@ -88,6 +90,9 @@ class ReplicaWorkload:
         member_endpoints, members_starting = self.members.reconcile(node=node, supervisor=supervisor)
         for endpoint in Endpoint.objects.filter(pk__in=touched | member_endpoints).select_related("node"):
             refresh_endpoint_state(endpoint)
+        if time.monotonic() >= self.next_sweep:
+            self.next_sweep = time.monotonic() + SWEEP_EVERY_S
+            sweep_deleted_endpoints()
         return members_starting or any(r.state in (S.STARTING, S.RESTARTING) for r in replicas)
 
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:
@@ -255,8 +260,9 @@ class ReplicaWorkload:
         if replica.state_reason != reason:
             event(endpoint.pk, "device-fault", reason, replica=replica.index, level="error")
 
-    def crashed(self, replica: Replica, *, supervisor: Supervisor, now) -> None:
-        """It was running and is gone: a crash (or a kill from outside). Back off, or give up."""
+    def crashed(self, replica: Replica, *, supervisor: Supervisor, now, why: str = "") -> None:
+        """It was running and is gone: a crash (or a kill from outside), or stopped for `why` (a start that
+        never became ready). Back off, or give up."""
         endpoint = replica.endpoint
         handle = handle_of(replica)
         code = supervisor.exit_code(handle)
@@ -265,6 +271,8 @@ class ReplicaWorkload:
         crashes = replica.crashes_in_a_row + 1
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
                                            "no output"))[:300]
+        if why:
+            reason = f"{why}; its last output: {reason}"[:400]
         if crashes >= settings.ENDPOINT_MAX_CRASHES:
             Replica.objects.filter(pk=replica.pk).update(
                 state=S.FAILED, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
@@ -278,8 +286,13 @@ class ReplicaWorkload:
         Replica.objects.filter(pk=replica.pk).update(
             state=S.RESTARTING, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
             next_start_at=now + timedelta(seconds=delay),
-            state_reason=f"crashed (exit code {code}); restarting in {delay:.0f} s")
+            state_reason=(f"{why}; restarting in {delay:.0f} s" if why
+                          else f"crashed (exit code {code}); restarting in {delay:.0f} s")[:500])
         what = f"process {replica.pid}" if not handle.container_id else f"container {handle.container_name}"
+        if why:
+            event(endpoint.pk, "start-timeout", f"{what} stopped; restart in {delay:.0f} s: {reason}",
+                  replica=replica.index, level="error")
+            return
         event(endpoint.pk, "crashed", f"{what} exited (code {code}); restart in {delay:.0f} s: {reason}",
               replica=replica.index, level="error")
 
@@ -297,8 +310,11 @@ class ReplicaWorkload:
                 took = (now - replica.started_at).total_seconds() if replica.started_at else 0
                 event(endpoint.pk, "ready", f"ready after {took:.1f} s", replica=replica.index)
             elif replica.started_at and (now - replica.started_at).total_seconds() > settings.ENDPOINT_START_TIMEOUT_SECONDS:
+                # A start that hangs (an HCCL rendezvous, a stuck compile) counts as a crash: backed off, and
+                # given up after ENDPOINT_MAX_CRASHES, not started again at once for ever.
                 self.terminate(replica, proc, supervisor=supervisor, reason="start timeout")
-                Replica.objects.filter(pk=replica.pk).update(**NO_HANDLE)  # next pass counts it as a crash
+                self.crashed(replica, supervisor=supervisor, now=now,
+                             why=f"not ready within {settings.ENDPOINT_START_TIMEOUT_SECONDS} s ({detail})")
             return
         if ok:
             updates = {"last_health_at": now, "health_failures": 0}

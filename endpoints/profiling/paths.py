@@ -8,7 +8,11 @@ from django.conf import settings
 from endpoints.models import Replica
 
 
+def replica_profile_root() -> Path:
+    return Path(settings.ENDPOINT_PROFILE_ROOT) / "replicas"
+
+
 def replica_profile_dir(replica: Replica) -> Path:
     """``<ENDPOINT_PROFILE_ROOT>/replicas/<endpoint>-<index>``: the endpoint's name is URL-safe
     (ENDPOINT_NAME), so the path passes the command builder's check."""
-    return Path(settings.ENDPOINT_PROFILE_ROOT) / "replicas" / f"{replica.endpoint.name}-{replica.index}"
+    return replica_profile_root() / f"{replica.endpoint.name}-{replica.index}"

@@ -232,6 +232,47 @@ def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_no
 
 
 @pytest.mark.django_db
+def test_a_start_that_never_becomes_ready_counts_as_a_crash(cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
+    """Past ENDPOINT_START_TIMEOUT_SECONDS a starting replica is stopped, backed off and, after
+    ENDPOINT_MAX_CRASHES such starts, given up: before, it was started again at once, for ever, uncounted."""
+    from datetime import timedelta
+
+    from endpoints import reconcile as reconcile_module
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    settings.DATA_DIR = tmp_path
+    settings.ENDPOINT_START_TIMEOUT_SECONDS, settings.ENDPOINT_MAX_CRASHES = 60, 2
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (False, "connection refused"))
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+
+    def hang_past_the_timeout():
+        workload.reconcile(node=cpu_node, supervisor=supervisor)
+        Replica.objects.update(started_at=timezone.now() - timedelta(seconds=61))
+        workload.last_health.clear()
+        workload.reconcile(node=cpu_node, supervisor=supervisor)
+        return Replica.objects.get()
+
+    replica = hang_past_the_timeout()
+    assert len(supervisor.started) == 1 and len(supervisor.terminated) == 1
+    assert replica.state == "restarting" and replica.crashes_in_a_row == 1 and replica.pid is None
+    assert replica.next_start_at > timezone.now()
+    assert replica.state_reason.startswith("not ready within 60 s (connection refused); restarting in ")
+    assert EndpointEvent.objects.get(endpoint=endpoint, kind="start-timeout").level == "error"
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 1  # backing off, not started again at once
+
+    Replica.objects.update(next_start_at=timezone.now())
+    replica = hang_past_the_timeout()
+    assert len(supervisor.started) == 2 and replica.state == "failed" and replica.crashes_in_a_row == 2
+    assert replica.state_reason.startswith("gave up after 2 crashes in a row; last: not ready within 60 s")
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 2
+
+
+@pytest.mark.django_db
 def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for, cpu_node, tiny_artifact):
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting")
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="starting")

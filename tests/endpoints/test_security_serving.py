@@ -362,3 +362,43 @@ def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(o
     finally:
         stop_agent(agent)
         kill_leftovers(str(model_dir))
+
+
+# ------------------------------------------------ the model's files are checked again on every start
+
+@pytest.mark.django_db
+def test_a_link_planted_in_a_served_model_after_registration_stops_its_start(cpu_node, tiny_artifact, operator,
+                                                                              settings, tmp_path, monkeypatch):
+    """vLLM reads the model's files itself on the node: a link out of the model roots added after registration
+    (a tokenizer file pointing at a secret) refuses the start, as a start the node's parser refuses ("not
+    started", until an operator's Start); removed, the next Start runs."""
+    from endpoints import reconcile as reconcile_module
+    from endpoints.models import Endpoint, EndpointEvent, Replica
+    from endpoints.reconcile import ReplicaWorkload
+    from endpoints.services import endpoint_start
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    settings.DATA_DIR = tmp_path / "data"
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"not": "a tokenizer"}')
+    link = Path(tiny_artifact.path) / "tokenizer_config.json"
+    link.unlink(missing_ok=True)
+    link.symlink_to(secret)
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica, endpoint = Replica.objects.get(), Endpoint.objects.get()
+    assert supervisor.started == [] and replica.state == Endpoint.State.FAILED and replica.port is None
+    assert replica.state_reason.startswith("not started: the model's files on node cpu-host: ")
+    assert str(link) in replica.state_reason and "leads outside the allowed model roots" in replica.state_reason
+    assert endpoint.state == Endpoint.State.FAILED and endpoint.state_reason == replica.state_reason
+    assert EndpointEvent.objects.filter(endpoint=endpoint, kind="start-refused").count() == 1
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert supervisor.started == []  # not retried on its own
+
+    link.unlink()
+    endpoint_start(endpoint=endpoint, user=operator)
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 1 and Replica.objects.get().state == Endpoint.State.STARTING
