@@ -35,6 +35,9 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
    scale-down window (`serving_since`, the last one's ready time): samples from while one was
    starting describe fewer replicas, and a starting one takes CPU from those that serve (a queue
    read low beside a start took a replica back 2 s after it became ready).
+   Nor while the replica a scale-down would stop (the last of the count: Replica.wanted) serves and one
+   that would stay does not (crashed and backing off, given up, held off a faulty device): the step
+   would stop the endpoint's only working capacity and keep the broken one (`stays_unserving`).
 5. Missing data holds: a window with no samples, or with a gap longer than `max_gap_s`, decides
    nothing load-driven (a scrape outage is not an idle endpoint). Only samples with vLLM's figures
    (`scraped`) fill a window: a pass with the gateway's alone says nothing of the replicas.
@@ -229,7 +232,7 @@ def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) 
 def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
            last_change_at: datetime.datetime | None, samples: list[Sample], tz: str = "UTC",
            max_gap_s: float = 30.0, starting: int = 0,
-           serving_since: datetime.datetime | None = None) -> Decision:
+           serving_since: datetime.datetime | None = None, stays_unserving: int = 0) -> Decision:
     """The wanted replica count for an endpoint now (see the module's rules)."""
     floor = settings.floor(now, tz)
     low, high = min(floor, settings.max_replicas), settings.max_replicas
@@ -272,6 +275,10 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
     if current > low and down_covered and max(down_need) < current and starting:
         return out(HOLD, current, f"{starting} replica(s) still starting: no scale-down before they serve")
+    if current > low and down_covered and max(down_need) < current and stays_unserving:
+        return out(HOLD, current, f"{stays_unserving} replica(s) that would stay are not serving (crashed, failed "
+                                  f"or held off a faulty device): no scale-down that stops replica {current - 1}, "
+                                  "which serves")
     if current > low and down_covered and max(down_need) < current and serving_since is not None \
             and serving_since.timestamp() > down_from:
         return out(HOLD, current, f"the {current} replicas have served together for "

@@ -284,7 +284,7 @@ class Gateway:
             payload = json.loads(body or b"{}")
             if not isinstance(payload, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested past the parser's depth
             return await _error(send, 400, "The body must be a JSON object.", "invalid_request_error")
         generate = path == "/generate"
         model = payload.get("model")
@@ -340,8 +340,19 @@ class Gateway:
                     send, 503, f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
                                "try again shortly.", "unavailable", retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS),
                     reservation=reservation)
-        return await self.proxy(send, key, model, backends, upstream_path, headers, body, start, generate,
-                                reservation, payload)
+        watch = _ClientWatch(receive, send)
+        try:
+            return await self.proxy(watch.send, key, model, backends, upstream_path, headers, body, start, generate,
+                                    reservation, payload)
+        except asyncio.CancelledError:
+            if not watch.left:
+                raise
+            asyncio.current_task().uncancel()  # ours, not the server's: the request ends here
+            log.info("gateway: the client of a %s request for %r left before its answer: dropped", path, model)
+            # nginx's "client closed request"; no endpoint figures (a cut-short latency), the estimate stays used.
+            return await self.finish(None, key, None, start, 499)
+        finally:
+            watch.close()
 
     async def hold(self, receive, key, model: str, endpoint_id: int):
         """Hold a request for `model` while its endpoint `endpoint_id`, scaled to zero, wakes: ask for a
@@ -428,7 +439,11 @@ class Gateway:
 
     async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None,
                     payload=None):
-        fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items() if k not in HOP_BY_HOP]
+        # The body was read as a JSON object: say so, whatever the client sent (none, or a form type, which
+        # vLLM's FastAPI would not read as JSON).
+        fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()
+               if k not in HOP_BY_HOP and k != b"content-type"]
+        fwd.append(("Content-Type", "application/json"))
         tried: set = set()
         last_endpoint = None
         # Decided once per request (a retry stays on the same side and key order).
@@ -468,6 +483,9 @@ class Gateway:
                         reservation=reservation)
                 try:
                     return await self.relay(send, key, backend, response, start, generate, reservation)
+                except asyncio.CancelledError:
+                    response.close()  # the connection drops, and vLLM aborts the request
+                    raise
                 finally:
                     response.release()
             finally:
@@ -485,7 +503,7 @@ class Gateway:
                 return await self.finish(send, key, backend.endpoint_id, start, await _error(
                     send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
                         reservation=reservation)
-            ttft = time.perf_counter() - start
+            ttft = None  # one answer at the end: no first token to time (its latency is the whole)
             tokens = _usage_tokens(data)
             if generate:
                 if status == 200:
@@ -593,6 +611,38 @@ async def _disconnected(receive) -> None:
     """Returns when the client disconnects (its request body already read)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class _ClientWatch:
+    """Cancels a proxied request when its client disconnects before the answer ends. uvicorn's send returns
+    silently once the client is gone (uvicorn 0.54 httptools_impl ``send``: ``if self.disconnected: return``),
+    so the relay would otherwise read the replica's whole answer, minutes of generation for nobody, with the
+    replica counted busy meanwhile. Cancelled, the request's connection to the replica is closed (aiohttp
+    drops a connection whose request or answer is cut short), and vLLM aborts the request.
+
+    After the answer's last body message uvicorn's receive reads "http.disconnect" too; ``send`` notes that
+    message first, so the end of an answer is not taken for a client leaving."""
+    __slots__ = ("_send", "answered", "left", "handler", "watcher")
+
+    def __init__(self, receive, send):
+        self._send, self.answered, self.left = send, False, False
+        self.handler = asyncio.current_task()
+        self.watcher = asyncio.ensure_future(_disconnected(receive))
+        self.watcher.add_done_callback(self._on_disconnect)
+
+    async def send(self, message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            self.answered = True
+        await self._send(message)
+
+    def _on_disconnect(self, watcher) -> None:
+        if not watcher.cancelled() and not self.answered:
+            self.left = True
+            self.handler.cancel()
+
+    def close(self) -> None:
+        self.watcher.remove_done_callback(self._on_disconnect)
+        self.watcher.cancel()
 
 
 async def _raw(send, status: int, body: bytes, content_type: str = "application/json", extra=()):

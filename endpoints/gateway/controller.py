@@ -25,7 +25,7 @@ from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision, Thresholds, decide
 from endpoints.gateway.selectors import auto_rollouts, gateway_samples
 from endpoints.models import Endpoint, EndpointEvent
-from endpoints.replica_state import event, refresh_endpoint_state
+from endpoints.replica_state import DEVICE_FAULT, event, refresh_endpoint_state
 from endpoints.selectors import autoscaled_endpoints, load_samples
 from endpoints.services import endpoint_scale
 from workers.telemetry.services import Reading, store
@@ -101,17 +101,25 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
 
 
 def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
-    """The pure policy's decision for one endpoint, from its stored load samples."""
+    """The pure policy's decision for one endpoint, from its stored load samples and its replicas' states."""
     scaling = autoscale.parse_settings(endpoint.autoscale)
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
+    S = Endpoint.State
+    counted = list(endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list("index", "state",
+                                                                                        "state_reason"))
+    # Held off a faulty device (PENDING with the fault as its reason) is not starting: it waits on the chip.
+    starting = [i for i, state, why in counted
+                if state == S.STARTING or (state == S.PENDING and not why.startswith(DEVICE_FAULT))]
+    last_serves = any(i == endpoint.replicas - 1 and state == S.READY for i, state, _ in counted)
+    stays_unserving = sum(1 for i, state, _ in counted
+                          if i < endpoint.replicas - 1 and state != S.READY and i not in starting)
     return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
                             last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
-                            tz=settings.TIME_ZONE, max_gap_s=gap,
-                            starting=endpoint.replica_set.filter(index__lt=endpoint.replicas, state__in=(
-                                Endpoint.State.PENDING, Endpoint.State.STARTING)).count(),
+                            tz=settings.TIME_ZONE, max_gap_s=gap, starting=len(starting),
                             serving_since=endpoint.replica_set.filter(index__lt=endpoint.replicas)
-                            .aggregate(last=Max("ready_at"))["last"])
+                            .aggregate(last=Max("ready_at"))["last"],
+                            stays_unserving=stays_unserving if last_serves else 0)
 
 
 def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autoscale.Decision, bool]]:

