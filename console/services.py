@@ -66,7 +66,7 @@ def user_create(*, username: str, role: str, password: str = "", actor=None, req
     return user, generated
 
 
-def user_update(*, target, role: str | None = None, active=None, actor, request=None):
+def user_update(*, target, role: str | None = None, active: bool | None = None, actor, request=None):
     changes = {}
     if role is not None:
         if role not in ROLES:
@@ -78,7 +78,6 @@ def user_update(*, target, role: str | None = None, active=None, actor, request=
             set_role(target, role)
             changes["role"] = [old, role]
     if active is not None:
-        active = str(active).lower() in {"1", "true", "on", "yes"}
         if target.pk == actor.pk and not active:
             raise ValidationError("You cannot deactivate yourself.")
         if target.is_active != active:

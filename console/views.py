@@ -161,9 +161,14 @@ def user_create(request):
 @require_POST
 def user_update(request, user_id: int):
     target = get_object_or_404(User, pk=user_id)
+    # The page's select sends "true" or "false"; anything else is refused, never read as "inactive".
+    raw_active = request.POST.get("active") or ""
     try:
+        if raw_active not in ("", "true", "false"):
+            raise ValidationError(f"active must be true or false, not {raw_active[:40]!r}.")
+        active = None if not raw_active else raw_active == "true"
         services.user_update(target=target, role=request.POST.get("role") or None,
-                             active=request.POST.get("active"), actor=request.user, request=request)
+                             active=active, actor=request.user, request=request)
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:

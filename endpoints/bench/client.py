@@ -22,7 +22,8 @@ from endpoints.bench.snapshots import TELEMETRY_SAMPLES_MAX, config_snapshot, te
 from endpoints.bench.workload import VIA_GATEWAY, bench_dir, gateway_available
 from endpoints.gateway.services import key_create, key_revoke
 from endpoints.models import Endpoint, Replica
-from models_registry.paths import PathRefused, tree_files
+from models_registry.paths import PathRefused, check_tree
+from workers.jobs.children import start_job_child, stop_job_child
 from workers.jobs.context import JobFailed
 
 log = logging.getLogger("console.job")
@@ -113,8 +114,8 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     if not Path(tokenizer).exists():
         raise JobFailed(f"The tokenizer files ({tokenizer}) are not on this worker's host: run the bench worker "
                         f"on {replica.node.name} or where the artifact is mounted.")
-    try:  # `vllm bench` reads the tokenizer files itself: no link below them may lead out of the model roots
-        tree_files(tokenizer)
+    try:  # `vllm bench` reads the tokenizer files itself: inside the model roots, and no link below leads out
+        check_tree(tokenizer)
     except PathRefused as exc:
         raise JobFailed(str(exc)) from exc
     prompt_file = run.params.get("prompt_file")
@@ -189,8 +190,7 @@ def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts:
     # The allow-list keeps the console's secrets (and any OPENAI_API_KEY) out: only a gateway
     # run sends a key, its own, through extra_env.
     env = client_environment(extra_env or {})
-    # Same process group as the worker's horse: RQ's stop-job (cancel) and timeout kill it too.
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = start_job_child(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     state = {"done": 0, "main": False}
     tail: deque[str] = deque(maxlen=40)
 
@@ -249,9 +249,7 @@ def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts:
             ctx.progress(pct, stage if stage != last_stage else None)
             last_stage = stage or last_stage
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        stop_job_child(proc, grace=0)  # ended early (cancel, timeout): its request workers with it
         thread.join(timeout=10)
     if proc.returncode != 0:
         lines = [t for t in tail if t.strip()][-8:]

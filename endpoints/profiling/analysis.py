@@ -131,12 +131,15 @@ def _match(name: str) -> str:
 
 
 def find_traces(paths: list[Path]) -> list[Path]:
-    """The trace files among ``paths`` (files taken as given, directories searched recursively)."""
+    """The trace files among ``paths`` (files taken as given, directories searched recursively). A link
+    found in a directory is not a trace: the engine wrote the directory (root in a container), and a link
+    there could point the analysis at any file the worker can read (rglob yields linked files)."""
     found: list[Path] = []
     for path in paths:
         path = Path(path)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p.name))
+            found += sorted(p for p in path.rglob("*")
+                            if not p.is_symlink() and p.is_file() and _is_trace_name(p.name))
         elif path.is_file():
             found.append(path)
         else:

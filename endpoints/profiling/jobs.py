@@ -7,7 +7,6 @@ POST /start_profile, wait, POST /stop_profile (it returns once the workers have 
 traces), then the files move into the profile's directory through a staging directory, so a
 failed job leaves no half-written profile."""
 import logging
-import os
 import shutil
 import subprocess
 import tempfile
@@ -28,11 +27,14 @@ from endpoints.profiling.paths import replica_profile_dir
 from endpoints.profiling.services import profile_resubmit, replica_records_profiles
 from endpoints.telemetry import scrape
 from endpoints.vllm_metrics import parse_metrics, window_stats
+from models_registry.paths import PathRefused, check_tree
+from workers.jobs.children import start_job_child, stop_job_child
 from workers.jobs.context import JobCancelled, JobFailed
 from workers.jobs.runner import JobRunner
 
 log = logging.getLogger("console.job")
 STOP_TIMEOUT_S = 600  # /stop_profile returns after the workers wrote their traces (large ones take a while)
+ABANDON_TIMEOUT_S = 10  # a dead job's profiler, stopped from the reaper or a Cancel: the answer is not awaited
 LOAD_WARMUP_S = 180   # the load client's start (tokenizer, first requests) before the recording begins
 
 
@@ -67,8 +69,8 @@ class ProfileRun(JobRunner):
             if profile.status == ProfileStatus.RECORDING:  # the worker died mid-recording: stop the profiler
                 replica = Replica.objects.select_related("node").filter(
                     endpoint_id=profile.endpoint_id, index=profile.replica_index, port__isnull=False).first()
-                if replica is not None:
-                    _abandon(replica, replica.auth_header, replica_profile_dir(replica))
+                if replica is not None:  # in the reaper's pass or a Cancel's request: not 10 minutes of it
+                    _abandon(replica, replica.auth_header, replica_profile_dir(replica), timeout=ABANDON_TIMEOUT_S)
             _end(profile, ProfileStatus.FAILED, job.error or f"The job ended {job.status}.")
             storage.remove_profile_files(profile.pk)
 
@@ -133,6 +135,10 @@ class _Load:
     benchmark form's settings); stopped once the recording ends."""
 
     def __init__(self, *, endpoint: Endpoint, replica: Replica, workload: dict):
+        try:  # the client reads the tokenizer files itself, as a benchmark's does (endpoints.bench.client)
+            check_tree(endpoint.artifact.path)
+        except PathRefused as exc:
+            raise JobFailed(f"No load for the recording: {exc}") from exc
         self.dir = tempfile.TemporaryDirectory(prefix="profile-load-")
         argv = client_argv(python=engine_python_for(replica.node), base_url=replica.url,
                            model=endpoint.served_model_name, tokenizer=endpoint.artifact.path,
@@ -140,8 +146,7 @@ class _Load:
         env = client_environment({"OPENAI_API_KEY": replica.api_key})
         self.log_path = Path(self.dir.name) / "client.log"
         self.out = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
-        self.proc = subprocess.Popen(argv, cwd=self.dir.name, env=env, stdout=self.out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = start_job_child(argv, cwd=self.dir.name, env=env, stdout=self.out, stderr=subprocess.STDOUT)
 
     def died(self) -> str:
         if self.proc.poll() is None:
@@ -150,12 +155,7 @@ class _Load:
         return f"the load client exited with {self.proc.returncode}: " + " | ".join(tail)[-800:]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, 9)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
+        stop_job_child(self.proc, grace=5)
         self.out.close()
         self.dir.cleanup()
 
@@ -248,11 +248,13 @@ def _record_window(profile: Profile, replica: Replica, served: str, headers: dic
     return window, started_at
 
 
-def _abandon(replica: Replica, headers: dict, source: Path) -> None:
+def _abandon(replica: Replica, headers: dict, source: Path, *, timeout: float = STOP_TIMEOUT_S) -> None:
     """The recording failed or was cancelled: stop the profiler if the replica still answers, and
-    remove whatever it wrote, so no half-written trace stays behind."""
+    remove whatever it wrote, so no half-written trace stays behind. Past `timeout` the request is left
+    (vLLM's route runs on to the stop all the same); what it writes after is cleared by the replica's
+    next profile, which empties the directory first."""
     try:
-        _post(f"{replica.url}/stop_profile", headers, timeout=STOP_TIMEOUT_S)
+        _post(f"{replica.url}/stop_profile", headers, timeout=timeout)
     except (urllib.error.URLError, OSError):
         pass
     if source.is_dir():

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 from console.env import child_environment
 from models_registry.convert.common import ConversionError, first_line
+from workers.jobs.children import start_job_child, stop_job_child
 
 
 class AtcNotFound(ConversionError):
@@ -124,22 +123,19 @@ def run_atc(onnx_path: Path, out_prefix: Path, *, soc_version: str, precision_mo
         argv.append(f"--input_shape={input_shape}")
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True, env=child_environment({}))
+        proc = start_job_child(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               text=True, errors="replace", env=child_environment({}))
     except OSError as exc:
         raise ConversionError(f"Cannot start ATC ({atc}): {first_line(exc)}") from exc
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_job_child(proc, grace=5)
         output, _ = proc.communicate()
         raise ConversionError(f"ATC timed out after {timeout:.0f} s and was stopped. Last output:\n"
                               f"{_tail(output or '')}") from None
     except BaseException:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        stop_job_child(proc, grace=0)
         raise
     seconds = time.monotonic() - started
     om_path = out_prefix.with_name(out_prefix.name + ".om")

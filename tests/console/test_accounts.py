@@ -79,6 +79,11 @@ def test_admin_manages_users_and_roles(as_admin, admin):
     # Guard rails: no self-demotion, no bad role, no duplicate.
     demote = as_admin.post(f"/users/{admin.pk}/update", {"role": VIEWER, "active": "true"}, follow=True)
     assert b"cannot remove your own Admin role" in demote.content and user_role(admin) == ADMIN
+    # An active flag that is neither true nor false is refused naming the field; the user stays as they were.
+    maybe = as_admin.post(f"/users/{user.pk}/update", {"role": OPERATOR, "active": "maybe"}, follow=True)
+    assert b"active must be true or false" in maybe.content
+    user.refresh_from_db()
+    assert user_role(user) is None and not user.is_active and list(user.groups.values_list("name", flat=True)) == [VIEWER]
     bad = as_admin.post("/users/create", {"username": "x", "role": "Root"}, follow=True)
     assert b"Choose a role" in bad.content
     dup = as_admin.post("/users/create", {"username": "NEWOP", "role": VIEWER}, follow=True)

@@ -55,6 +55,21 @@ def test_the_agent_runs_on_ascend_device_plugin_nodes(tmp_path):
             assert obj["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True, obj["metadata"]
 
 
+def test_only_the_ingress_controller_reaches_the_web_port(tmp_path):
+    """The console trusts the last X-Forwarded-For entry (BEHIND_PROXY): a pod reaching the port directly
+    could choose its own address for the login lockout and the audit log."""
+    _, objects = rendered(OVERLAYS[0], tmp_path)
+    [policy] = [obj for obj in objects if obj["kind"] == "NetworkPolicy"]
+    web = next(obj for obj in objects if obj["kind"] == "Deployment" and obj["metadata"]["name"] == "llm-console-web")
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "ingress-nginx"}}}], "ports": [{"port": "http"}]}]
+    config = next(obj for obj in objects if obj["kind"] == "ConfigMap")["data"]
+    assert config["BEHIND_PROXY"] == "true"
+
+
 def test_kustomize_refuses_a_missing_resource(tmp_path):
     base = tmp_path / "base"
     shutil.copytree(KUBERNETES / "base", base)

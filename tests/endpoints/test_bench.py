@@ -86,7 +86,7 @@ def bench_dirs(tmp_path, settings):
 
 
 @pytest.fixture
-def ready_endpoint(db, tmp_path, fake_engine, bench_dirs):
+def ready_endpoint(db, tmp_path, fake_engine, bench_dirs, settings):
     node = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
                                engine_python=str(fake_engine), last_heartbeat=timezone.now(),
                                engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1", "torch": "2.9.0"},
@@ -96,6 +96,7 @@ def ready_endpoint(db, tmp_path, fake_engine, bench_dirs):
                               health="OK", latest={"aicore_pct": 10 * index, "hbm_used_mb": 1000, "power_w": 90.5})
     weights = tmp_path / "models" / "qwen-w8a8"
     weights.mkdir(parents=True)
+    settings.MODEL_ROOTS = [(tmp_path / "models").resolve()]  # the client reads the tokenizer there
     model = Model.objects.create(name="qwen")
     artifact = Artifact.objects.create(model=model, format="ascend-modelslim", dtype="W8A8", path=str(weights))
     endpoint = Endpoint.objects.create(name="qwen-w8a8", artifact=artifact, node=node, devices=[2, 3],

@@ -390,3 +390,16 @@ def test_trace_without_operators_or_traces_at_all(tmp_path):
     with pytest.raises(ValueError, match="no trace file"):
         analyse([nothing])
     assert analysis.find_traces([FIXTURE]) == sorted(FIXTURE.glob("*.pt.trace.json.gz"))
+
+
+def test_a_linked_trace_in_a_profile_directory_is_not_read(tmp_path):
+    """The engine writes the profile directory: a trace name linking elsewhere is skipped, not followed."""
+    from endpoints.profiling.analysis import find_traces
+
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"traceEvents": []}')
+    traces = tmp_path / "profile"
+    traces.mkdir()
+    (traces / "rank0.pt.trace.json").symlink_to(outside)
+    (traces / "rank1.pt.trace.json").write_text('{"traceEvents": []}')
+    assert find_traces([traces]) == [traces / "rank1.pt.trace.json"]

@@ -219,7 +219,8 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
     def collect(source):
         profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
                                          status="recording")
-        ctx = JobContext(Job.objects.create(kind="profile", queue="node-cpu-host", rq_id=f"p{profile.pk}"))
+        ctx = JobContext(Job.objects.create(kind="profile", queue="node-cpu-host", rq_id=f"p{profile.pk}",
+                                            status=Job.Status.RUNNING))
         return profile, _collect(profile, served, replica, source, {"seconds": 5}, timezone.now(), ctx)
 
     record(tmp_path / "kept")
@@ -238,3 +239,59 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
     record(tmp_path / "raw")
     with pytest.raises(JobFailed, match="over PROFILE_MAX_BYTES"):
         collect(tmp_path / "raw")
+
+
+@pytest.mark.django_db
+def test_a_dead_jobs_profiler_is_stopped_without_waiting_on_a_hung_replica(served, monkeypatch):
+    """A profile job that died mid-recording is cleaned up in the reaper's pass (or a Cancel's request): its
+    /stop_profile is sent, but a replica that does not answer holds it ABANDON_TIMEOUT_S, not the 10 minutes
+    a recording's own stop may take, and the profile ends failed."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from endpoints.profiling import jobs as profiling_jobs
+
+    asked = threading.Event()
+
+    class Hung(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            asked.set()
+            time.sleep(30)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hung)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        Replica.objects.filter(endpoint=served).update(port=server.server_address[1])
+        job = Job.objects.create(kind="profile", queue="node-cpu-host", rq_id="p", status=Job.Status.FAILED,
+                                 error="worker stopped (no heartbeat for 30 s)")
+        profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, job=job,
+                                         duration_s=10, status="recording")
+        monkeypatch.setattr(profiling_jobs, "ABANDON_TIMEOUT_S", 0.5)
+        started = time.monotonic()
+        profiling_jobs.ProfileRun().on_failure(job)
+        assert asked.is_set() and time.monotonic() - started < 5
+        profile.refresh_from_db()
+        assert profile.status == "failed" and "no heartbeat" in profile.error
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.django_db
+def test_a_profiles_load_client_is_not_started_on_a_model_with_a_link_out_of_the_roots(served, settings, tmp_path):
+    """The load client reads the tokenizer files itself, as a benchmark's client does: the same check first."""
+    from endpoints.profiling.jobs import _Load
+    from workers.jobs.context import JobFailed
+
+    settings.MODEL_ROOTS = [(tmp_path / "models").resolve()]
+    secret = tmp_path / "secret.json"
+    secret.write_text("{}")
+    (tmp_path / "models" / "demo" / "tokenizer.json").symlink_to(secret)
+    replica = Replica.objects.select_related("node").get(endpoint=served)
+    with pytest.raises(JobFailed, match="No load for the recording: .*tokenizer.json leads outside the allowed model"):
+        _Load(endpoint=served, replica=replica, workload={"dataset": "random", "num_prompts": 4})

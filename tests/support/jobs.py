@@ -24,3 +24,22 @@ def start_worker(env, *queues, extra_env=None):
         [sys.executable, "manage.py", "rqworker", "--worker-class", "rq.Worker", *queues],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )
+
+
+def job_with_children(pid_file: str) -> None:
+    """A job (run by a real RQ worker) whose child has a child of its own, all running until stopped: writes
+    the work horse's, the child's and the grandchild's pids to pid_file."""
+    import os
+    import time
+    from pathlib import Path
+
+    from workers.jobs.children import start_job_child
+
+    code = ("import subprocess, sys, time\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(300)\n")
+    child = start_job_child([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    grandchild = int(child.stdout.readline())
+    Path(pid_file).write_text(f"{os.getpid()} {child.pid} {grandchild}")
+    time.sleep(300)

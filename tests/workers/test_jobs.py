@@ -328,3 +328,132 @@ def test_migration_moves_job_links_to_the_generic_target_and_back():
     # Back to the newest state (not just `after`): later migrations are the tests' schema too.
     latest = MigrationExecutor(connection)
     latest.migrate(latest.loader.graph.leaf_nodes())
+
+
+def _job_with_children_running(tmp_path, queue):
+    """Enqueues tests.support.jobs.job_with_children on `queue`; (rq job, [horse, child, grandchild] pids) once
+    they all run."""
+    import django_rq
+    from rq import Queue
+
+    from tests.support.jobs import job_with_children
+
+    pid_file = tmp_path / "pids"
+    rq_job = Queue(queue, connection=django_rq.get_connection("default")).enqueue(
+        job_with_children, str(pid_file), job_timeout=600)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not pid_file.exists():
+        time.sleep(0.1)
+    assert pid_file.exists(), "the job never started"
+    time.sleep(0.2)
+    return rq_job, [int(p) for p in pid_file.read_text().split()]
+
+
+def _job_worker(env, queue):
+    """`manage.py jobs_worker QUEUE` in a session of its own."""
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    return subprocess.Popen([sys.executable, "manage.py", "jobs_worker", queue], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _all_gone(pids, within=20.0) -> bool:
+    import psutil
+
+    def running(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(running(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    for pid in pids:  # leave nothing behind
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+    return False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_jobs_children_end_with_it(redis_conn, worker_env, tmp_path):
+    """RQ stops a job (Cancel, its timeout) by SIGKILL to the work horse's process group: a job's children
+    (a vLLM server for a serving check, ATC, a load client) are started in that group
+    (workers.jobs.children), so they go with it; in sessions of their own they ran on, unseen."""
+    from rq.command import send_stop_job_command
+
+    worker = _job_worker(worker_env, "children-test")
+    try:
+        rq_job, pids = _job_with_children_running(tmp_path, "children-test")
+        send_stop_job_command(redis_conn, rq_job.id)
+        assert _all_gone(pids), pids
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stopping_the_job_worker_stops_its_job_and_the_jobs_children(redis_conn, worker_env, tmp_path):
+    """`manage.py jobs_worker` (what `make run`, systemd and Kubernetes run) on SIGTERM takes its running job
+    down with it (RQ's cold shutdown): a supervisor kills the worker alone seconds later, and the job's
+    work horse, in a process group of its own, ran on after the console stopped."""
+    worker = _job_worker(worker_env, "children-test")
+    try:
+        _, pids = _job_with_children_running(tmp_path, "children-test")
+        worker.send_signal(signal.SIGTERM)  # the worker only, as supervisord's stopasgroup reaches
+        worker.wait(timeout=30)
+        assert _all_gone(pids), (pids, worker.stdout.read().decode()[-2000:])
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_outlives_a_database_error_and_a_reaped_job_commits_nothing(settings, tmp_path, monkeypatch):
+    """One failed heartbeat write (a PostgreSQL restart, SQLite's lock timeout) ended the heartbeat thread, so
+    the reaper failed a healthy job 30 s later while it ran on, and the job then moved its output into place
+    anyway. Now the beat goes on; and a job whose row no longer says running stops before committing."""
+    import threading
+
+    from django.db import OperationalError
+
+    from workers.jobs import runner
+    from workers.jobs.context import JobCancelled, JobContext
+
+    job = Job.objects.create(kind="convert", queue="convert", rq_id="r", status=Job.Status.RUNNING,
+                             heartbeat_at=timezone.now() - timezone.timedelta(minutes=5))
+    writes = []
+
+    class FlakyRows:
+        @staticmethod
+        def filter(**lookups):
+            writes.append(lookups)
+            if len(writes) == 1:
+                raise OperationalError("server closed the connection unexpectedly")
+            return Job.objects.filter(**lookups)
+
+    monkeypatch.setattr(runner, "Job", type("Job", (), {"objects": FlakyRows, "Status": Job.Status}))
+    settings.JOB_HEARTBEAT_SECONDS = 0.05
+    stop = threading.Event()
+    beat = threading.Thread(target=runner._heartbeat, args=(job.pk, stop))
+    beat.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and len(writes) < 3:
+        time.sleep(0.02)
+    stop.set()
+    beat.join(timeout=5)
+    assert len(writes) >= 3 and not beat.is_alive()
+    assert (timezone.now() - Job.objects.get(pk=job.pk).heartbeat_at).total_seconds() < 5
+
+    ctx = JobContext(job)
+    staging = ctx.staging_dir(tmp_path / "out" / "model")
+    (staging / "weights").write_text("w")
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.FAILED, error="worker stopped (no heartbeat)")
+    with pytest.raises(JobCancelled):
+        ctx.commit_staging(staging, tmp_path / "out" / "model")
+    assert not (tmp_path / "out" / "model").exists()

@@ -34,8 +34,11 @@ class JobContext:
         self.check_cancelled()
 
     def check_cancelled(self) -> None:
+        """Stops the job here once its row no longer says running: cancelled, or ended by the reaper (no
+        heartbeat for JOB_STALE_SECONDS), which has already removed its staging and failed its outputs, so
+        nothing may be committed after it."""
         status = Job.objects.filter(pk=self.job.pk).values_list("status", flat=True).first()
-        if status == Job.Status.CANCELLED:
+        if status != Job.Status.RUNNING:
             raise JobCancelled()
 
     def staging_dir(self, destination: Path) -> Path:

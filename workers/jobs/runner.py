@@ -11,7 +11,7 @@ import time
 import traceback
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from workers.jobs.context import JobCancelled, JobContext, JobFailed, remove_staging
@@ -80,9 +80,16 @@ class _RowLogHandler(logging.Handler):
 
 
 def _heartbeat(job_id: int, stop: threading.Event) -> None:
+    """Beats until the job ends. A database error (a PostgreSQL restart, SQLite's lock timeout) skips one
+    beat, not the rest: a thread that died on it left a running job to be reaped as stopped, its staging
+    removed under it."""
     try:
         while not stop.wait(settings.JOB_HEARTBEAT_SECONDS):
-            Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(heartbeat_at=timezone.now())
+            try:
+                Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(heartbeat_at=timezone.now())
+            except DatabaseError as exc:
+                log.warning("job %s: heartbeat not written (%s); trying again", job_id, exc)
+                connection.close()  # the next beat connects afresh
     finally:
         connection.close()
 
@@ -125,7 +132,8 @@ def run_job(job_id: int, worker_name: str = "") -> str:
         _finish(job, Job.Status.SUCCEEDED, progress=100, stage="done", result=result)
         outcome = Job.Status.SUCCEEDED
     except JobCancelled:
-        log.warning("Cancelled.")
+        ended = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
+        log.warning("Cancelled." if ended == Job.Status.CANCELLED else f"Stopped: the job was ended meanwhile ({ended}).")
         outcome = Job.Status.CANCELLED
     except JobFailed as exc:
         log.error("%s", exc)
