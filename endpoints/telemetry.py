@@ -27,11 +27,11 @@ _snapshots: dict[int, tuple[int | None, float, Snapshot]] = {}  # replica id -> 
 _health_seen: dict[int, int] = {}  # replica id -> health_failures at the previous pass
 
 
-def scrape(port: int, timeout: float) -> tuple[str | None, str | None]:
+def scrape(port: int, timeout: float, *, host: str | None = None) -> tuple[str | None, str | None]:
     """(text, None) or (None, error) for GET /metrics of the replica on `port` (where replicas bind, as
-    check_ready asks)."""
+    check_ready asks, or at `host`: the replica's node address, from another host)."""
     try:
-        url = f"http://{settings.ENDPOINT_BIND_HOST}:{port}/metrics"
+        url = f"http://{host or settings.ENDPOINT_BIND_HOST}:{port}/metrics"
         with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (our own replica URL)
             if response.status != 200:
                 return None, f"/metrics answered {response.status}"

@@ -452,7 +452,7 @@ class Gateway:
         prefix = None
         if model in self.table.prefix and payload is not None:
             leading = routing.prefix_key(payload, chars=self.prefix_chars, tokens=max(1, self.prefix_chars // 4))
-            prefix = routing.digest(leading) if leading else None
+            prefix = routing.home_key(model=model, staged=bool(staged), leading=leading) if leading else None
         while True:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:

@@ -137,6 +137,13 @@ def digest(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=16).digest()
 
 
+def home_key(*, model: str, staged: bool, leading: bytes) -> bytes:
+    """The digest a request's prefix home is kept under: per model and per side of a canary. The live and
+    staged sides share the model's prompts; one key for both would home a conversation on one side and route
+    it on the other by rendezvous order alone, with the other side's home counts (the tie-break) wrong."""
+    return digest((b"staged\0" if staged else b"live\0") + model.encode() + b"\0" + leading)
+
+
 def _score(key_digest: bytes, url: str) -> bytes:
     return hashlib.blake2b(key_digest + url.encode(), digest_size=8).digest()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
@@ -18,6 +19,7 @@ from endpoints.gateway.models import GatewayEndpoint, GatewayKey, default_rollou
 from endpoints.gateway.selectors import model_name
 from endpoints.gateway.stats import percentile
 from endpoints.models import Endpoint
+from endpoints.replica_state import in_flight
 from endpoints.services import endpoint_stop
 from workers.telemetry.services import Reading, store
 
@@ -140,16 +142,30 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
 
 def finish_drains() -> int:
     """Stop the idle side of each blue-green pair whose drain period is over (the gateway calls
-    this every refresh). Returns how many were stopped."""
-    stopped = 0
-    for gw in GatewayEndpoint.objects.filter(stop_idle_at__lte=timezone.now()).select_related("endpoint", "staged"):
+    this every refresh), once its replicas have answered what they were sent before the switch (their
+    vLLM's own gauges: every gateway's requests), or GATEWAY_DRAIN_SECONDS after the period whatever they
+    run, as a scaled-down replica drains. A stream longer than the period was cut before. Returns how
+    many were stopped."""
+    stopped, now = 0, timezone.now()
+    for gw in GatewayEndpoint.objects.filter(stop_idle_at__lte=now).select_related("endpoint", "staged"):
         idle = gw.staged if gw.serving == GatewayEndpoint.Serving.LIVE else gw.endpoint
-        if idle is not None:
-            _stop_endpoint(idle, reason="blue-green drain over")
-            stopped += 1
-        gw.stop_idle_at = None
-        gw.save(update_fields=["stop_idle_at"])
+        bound_over = now >= gw.stop_idle_at + timedelta(seconds=settings.GATEWAY_DRAIN_SECONDS)
+        if idle is not None and not bound_over and _still_answering(idle):
+            continue  # looked at again at the next refresh
+        with transaction.atomic():  # a Switch or Rollback meanwhile moved or cleared the drain: leave it
+            if not GatewayEndpoint.objects.filter(pk=gw.pk, serving=gw.serving,
+                                                  stop_idle_at=gw.stop_idle_at).update(stop_idle_at=None):
+                continue
+            if idle is not None:
+                _stop_endpoint(idle, reason="blue-green drain over")
+                stopped += 1
     return stopped
+
+
+def _still_answering(endpoint: Endpoint) -> bool:
+    """A replica of the endpoint runs or queues a request, or cannot say (unknown counts as busy)."""
+    return any(in_flight(replica, from_elsewhere=True) != 0 for replica in endpoint.replica_set.filter(
+        state=Endpoint.State.READY, port__isnull=False).select_related("node"))
 
 
 def _stop_endpoint(endpoint: Endpoint, *, reason: str, actor=None, request=None):

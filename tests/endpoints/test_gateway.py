@@ -28,6 +28,7 @@ from tests.support.gateway import (  # noqa: F401
     HEALTH_TOKEN,
     FakeReplica,
     GatewayProc,
+    ServerThread,
     chat,
     free_port,
     make_endpoint,
@@ -354,7 +355,9 @@ def test_old_side_stops_after_the_drain(admin, gateway):
     pending = GatewayEndpoint.objects.get(endpoint=blue).stop_idle_at
     assert pending and routing_table().drain_due_at == pending  # the gateway finishes it once due, not before
     GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now())
-    gateway()  # its refresh finds the drain due and stops the old side
+    # Its refresh finds the drain due and stops the old side: at once past GATEWAY_DRAIN_SECONDS, as here, where
+    # no /metrics answers on the made-up ports (test_the_old_side_answers_what_it_was_sent_before_it_stops).
+    gateway(GATEWAY_DRAIN_SECONDS="0")
     deadline = time.monotonic() + 15
     while Endpoint.objects.get(pk=blue.pk).desired_state != "stopped" and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -448,7 +451,7 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         kill_leftovers(str(path))
 
 
-class _LongAnswers:
+class _LongAnswers(ServerThread):
     """An upstream whose answers take 10 s (a long generation), streamed or whole; it notes when the gateway
     drops the connection before the end, as vLLM aborts a request whose client left."""
 
@@ -492,14 +495,7 @@ class _LongAnswers:
                         return
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -536,3 +532,53 @@ def test_a_client_that_leaves_ends_its_request_on_the_replica(gateway, admin):
         assert deep.status_code == 400 and "JSON object" in deep.json()["error"]["message"]
     finally:
         upstream.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_old_side_answers_what_it_was_sent_before_it_stops(admin, settings):
+    """Past the drain period the old side of a blue-green switch stops once its replicas' vLLM runs and
+    queues nothing (a stream longer than the period was cut before), or GATEWAY_DRAIN_SECONDS later whatever
+    it runs; a Rollback meanwhile keeps it."""
+    from endpoints.gateway.services import finish_drains
+
+    running = {"now": 2}
+
+    class Metrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (f'vllm:num_requests_running{{model_name="tiny"}} {running["now"]}\n'
+                    'vllm:num_requests_waiting{model_name="tiny"} 0\n').encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings.GATEWAY_DRAIN_SECONDS = 60
+        node = Node.objects.create(name="n", address="127.0.0.1")
+        blue, green = make_endpoint("b1", [], node=node), make_endpoint("g1", [], node=node)
+        Replica.objects.create(endpoint=blue, index=0, node=node, state=Endpoint.State.READY,
+                               port=server.server_address[1])
+        Replica.objects.create(endpoint=green, index=0, node=node, state=Endpoint.State.READY, port=9)
+        services.stage(endpoint=blue, staged=green, drain_seconds=1, actor=admin)
+        services.switch(endpoint=blue, actor=admin)
+        GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now())
+        assert finish_drains() == 0 and Endpoint.objects.get(pk=blue.pk).desired_state == "running"  # 2 running
+        running["now"] = 0
+        assert finish_drains() == 1 and Endpoint.objects.get(pk=blue.pk).desired_state == "stopped"
+        assert GatewayEndpoint.objects.get(endpoint=blue).stop_idle_at is None
+
+        # Still busy past the bound: stopped all the same.
+        Endpoint.objects.filter(pk=blue.pk).update(desired_state="running")
+        services.rollback(endpoint=blue, actor=admin)
+        services.switch(endpoint=blue, actor=admin)
+        running["now"] = 3
+        GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now() - timedelta(seconds=61))
+        assert finish_drains() == 1 and Endpoint.objects.get(pk=blue.pk).desired_state == "stopped"
+    finally:
+        server.shutdown()
+        server.server_close()

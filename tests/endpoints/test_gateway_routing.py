@@ -89,6 +89,24 @@ def test_a_key_stays_on_its_first_replica_and_new_keys_balance():
     assert [homes.pick(k, rs, idle) for k in keys] == [other.pick(k, list(reversed(rs)), idle) for k in keys]
 
 
+def test_a_canarys_two_sides_keep_their_own_prefix_homes():
+    """A conversation homed on the live side, its request sent to the staged side: under one key for both,
+    the staged side routed it by rendezvous order alone (here to its busy replica) and counted no home there;
+    keyed per side (routing.home_key), it is a new key there and goes to the least loaded replica."""
+    live, staged = replicas(2), [R("http://10.0.1.1:8000"), R("http://10.0.1.2:8000")]
+    busy = {staged[0].url: 3}
+    homes = routing.PrefixHomes()
+    leading = next(lead for lead in (f"conversation {i}".encode() for i in range(200))
+                   if routing.rendezvous_order(routing.home_key(model="m", staged=False, leading=lead),
+                                               staged)[0] == staged[0])
+    as_live = routing.home_key(model="m", staged=False, leading=leading)
+    homes.pick(as_live, live, {}, slack=8)
+    assert homes.pick(as_live, staged, busy, slack=8) == staged[0]  # one key for both sides: the busy one
+    as_staged = routing.home_key(model="m", staged=True, leading=leading)
+    assert homes.pick(as_staged, staged, busy, slack=8) == staged[1] and homes.keys_of[staged[1].url] == 1
+    assert routing.home_key(model="other", staged=False, leading=leading) != as_live  # per model too
+
+
 def test_a_new_key_goes_to_the_least_loaded_replica():
     rs = replicas(3)
     homes = routing.PrefixHomes()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
+from tests.support.gateway import ServerThread
 
 SECRETS = {"METRICS_TOKEN": "m-secret", "REDIS_URL": "redis://secret/9", "SECRET_KEY": "s-secret",
            "DATABASE_URL": "postgres://u:p@h/db", "CONSOLE_ADMIN_PASSWORD": "admin-secret",
@@ -234,12 +235,11 @@ def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(as_
 
 # ---------------------------------------------------------------- finding 9: replicas demand their own key
 
-class KeyedReplica:
+class KeyedReplica(ServerThread):
     """A replica that, like vLLM started with --api-key, answers /v1 only with its key."""
 
     def __init__(self, key: str):
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
 
         outer = self
         self.key, self.seen = key, []
@@ -262,14 +262,7 @@ class KeyedReplica:
                 self.end_headers()
                 self.wfile.write(raw)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 @pytest.mark.django_db

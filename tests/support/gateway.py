@@ -26,7 +26,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class FakeReplica:
+class ServerThread:
+    """An in-test HTTP server: `handler` (a BaseHTTPRequestHandler class) on a free port of 127.0.0.1, served
+    from a daemon thread until stop()."""
+
+    def serve(self, handler) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeReplica(ServerThread):
     """Answers /v1/chat/completions and /v1/completions (plain and SSE) like vLLM, and counts."""
 
     def __init__(self, name: str, delay: float = 0.0):
@@ -78,15 +94,7 @@ class FakeReplica:
                 self.end_headers()
                 self.wfile.write(raw)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
 
 
 def make_endpoint(name, replicas, *, model="tiny", node=None):

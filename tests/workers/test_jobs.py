@@ -457,3 +457,23 @@ def test_the_heartbeat_outlives_a_database_error_and_a_reaped_job_commits_nothin
     with pytest.raises(JobCancelled):
         ctx.commit_staging(staging, tmp_path / "out" / "model")
     assert not (tmp_path / "out" / "model").exists()
+
+
+@pytest.mark.django_db
+def test_queued_jobs_whose_rq_job_is_gone_or_ended_unclaimed_are_failed(redis_conn):
+    """A queued row whose RQ job Redis lost, or whose RQ job ended without the job ever claiming the row (its
+    work horse died first: RQ keeps it in the failed registry 7 days), is failed with the reason, so its
+    Retry is offered and its dedupe key stops blocking the same work. One still waiting in RQ stays queued."""
+    old = timezone.now() - timezone.timedelta(minutes=5)
+    lost, unclaimed, waiting = (Job.objects.create(kind="hash_artifact", queue="default", rq_id=f"reaper-{name}",
+                                                   created_at=old) for name in ("lost", "unclaimed", "waiting"))
+    redis_conn.hset("rq:job:reaper-unclaimed", mapping={"status": "failed"})
+    redis_conn.hset("rq:job:reaper-waiting", mapping={"status": "queued"})
+    try:
+        assert sorted(reap_jobs()) == sorted([lost.pk, unclaimed.pk])
+    finally:
+        redis_conn.delete("rq:job:reaper-unclaimed", "rq:job:reaper-waiting")
+    lost, unclaimed, waiting = (Job.objects.get(pk=j.pk) for j in (lost, unclaimed, waiting))
+    assert lost.status == "failed" and "lost from the queue" in lost.error
+    assert unclaimed.status == "failed" and "never started (RQ: failed" in unclaimed.error
+    assert waiting.status == "queued"

@@ -129,6 +129,10 @@ def job_retry(*, job: Job, user, request=None) -> Job:
     return new
 
 
+# RQ's statuses of a job that will not run again (rq 2.12 rq/job.py JobStatus).
+RQ_ENDED = frozenset({"finished", "failed", "stopped", "canceled"})
+
+
 def reap_jobs(*, now=None) -> list[int]:
     """Mark jobs whose worker died as failed, fail queued jobs Redis lost, and remove
     staging directories of ended jobs. Safe to run from several processes."""
@@ -149,18 +153,25 @@ def reap_jobs(*, now=None) -> list[int]:
             remove_staging(job)
             cleanup_after_failure(job)
             log.warning("Reaped %s: %s", job, message)
-    # Queued rows whose RQ job is gone (Redis restarted without persistence).
+    # Queued rows whose RQ job is gone (Redis restarted without persistence), or ended without ever claiming
+    # the row (its work horse died first: RQ moved it to the failed registry, kept there 7 days).
     try:
         conn = queues.redis_connection()
         grace = now - timedelta(seconds=60)
         for job in Job.objects.filter(status=Job.Status.QUEUED, created_at__lt=grace):
-            if not conn.exists(f"rq:job:{job.rq_id}"):
-                if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-                    status=Job.Status.FAILED, finished_at=now,
-                    error="The job was lost from the queue (Redis restarted or was flushed). Retry it.",
-                ):
-                    reaped.append(job.pk)
-                    cleanup_after_failure(Job.objects.get(pk=job.pk))
+            rq_status = conn.hget(f"rq:job:{job.rq_id}", "status")
+            rq_status = rq_status.decode(errors="replace") if isinstance(rq_status, bytes) else rq_status
+            if rq_status is None:
+                error = "The job was lost from the queue (Redis restarted or was flushed). Retry it."
+            elif rq_status in RQ_ENDED:
+                error = f"The worker took the job but it never started (RQ: {rq_status}; its process died first). Retry it."
+            else:
+                continue
+            if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+                status=Job.Status.FAILED, finished_at=now, error=error,
+            ):
+                reaped.append(job.pk)
+                cleanup_after_failure(Job.objects.get(pk=job.pk))
     except RedisError as exc:
         log.warning("Reaper: Redis unreachable (%s); queued jobs not checked", exc)
     for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):
