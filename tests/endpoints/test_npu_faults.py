@@ -187,6 +187,7 @@ def test_a_faulty_chip_takes_its_replica_out_until_it_is_ok_again(npu_smi, node,
 def test_a_replica_moves_to_a_healthy_spare_of_the_endpoints_devices(npu_smi, node, always_ready, settings):
     """Scaled from 2 replicas to 1: NPU 2 of the endpoint's devices is free. Replica 0's NPU 3
     goes Critical: it is stopped and started again on NPU 2 (its devices follow)."""
+    settings.MODEL_ROOTS = ["/models"]  # where the endpoint's artifact says it is (a start checks it is inside)
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
     pass_of(node, workload, supervisor)
     endpoint = serving(node, supervisor, devices=[2, 3], replicas=1, placed=[[3], [2]])
