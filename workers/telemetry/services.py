@@ -283,6 +283,23 @@ def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt",
     return rule
 
 
+def alert_rule_update(*, rule: AlertRule, threshold, duration_s, op: str, enabled: bool, actor=None, request=None,
+                      via: str = "") -> AlertRule:
+    """A rule's threshold, duration, operator and switch; a ValidationError keyed by the first bad field
+    changes nothing."""
+    threshold = float_in_range(threshold, "threshold", low=-1e18, high=1e18, default=rule.threshold)
+    duration_s = int_in_range(duration_s, "duration_s", low=0, high=7 * 86400, default=rule.duration_s)
+    op = op or rule.op
+    if op not in AlertRule.Op.values:
+        raise ValidationError({"op": f"Choose one of: {', '.join(AlertRule.Op.values)}."})
+    before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
+    rule.threshold, rule.duration_s, rule.op, rule.enabled = threshold, duration_s, op, bool(enabled)
+    rule.save(update_fields=["threshold", "duration_s", "op", "enabled"])
+    audit_log(actor=actor, action="alert_rule.update", obj=rule, request=request, via=via, changes={
+        "before": before, "after": {"threshold": threshold, "duration_s": duration_s, "op": op, "enabled": rule.enabled}})
+    return rule
+
+
 def ensure_default_rules() -> int:
     """Create the default rules that do not exist yet (by name). The migration seeds the same."""
     created = 0

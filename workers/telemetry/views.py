@@ -8,9 +8,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.api_auth import _token_user
-from console.audit import audit_log
 from console.roles import OPERATOR, VIEWER, check_role, require_role
-from console.validation import NumberError, field_errors, parse_float, parse_int
+from console.validation import error_text, field_errors
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -76,22 +75,14 @@ def alert_rule_create(request):
 @require_POST
 def alert_rule_update(request, rule_id: int):
     rule = get_object_or_404(AlertRule, pk=rule_id)
-    before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
+    post = request.POST
     try:
-        threshold = parse_float(request.POST.get("threshold", rule.threshold), "threshold", low=-1e18, high=1e18)
-        duration = parse_int(request.POST.get("duration_s", rule.duration_s), "duration_s", low=0, high=7 * 86400)
-        op = request.POST.get("op", rule.op)
-        if op not in AlertRule.Op.values:
-            raise ValidationError("bad operator")
-    except (NumberError, ValidationError):
-        messages.error(request, "Give a number as threshold, a duration of 0 to 604800 s and an operator.")
+        services.alert_rule_update(rule=rule, threshold=post.get("threshold"), duration_s=post.get("duration_s"),
+                                   op=post.get("op", ""), enabled=post.get("enabled") == "on", actor=request.user,
+                                   request=request, via="web")
+    except ValidationError as exc:
+        messages.error(request, f"Rule “{rule.name}” not saved: {error_text(exc)}")
         return redirect("alert_list")
-    rule.threshold, rule.duration_s, rule.op = threshold, duration, op
-    rule.enabled = request.POST.get("enabled") == "on"
-    rule.save(update_fields=["threshold", "duration_s", "op", "enabled"])
-    audit_log(actor=request.user, action="alert_rule.update", obj=rule, request=request, via="web",
-              changes={"before": before, "after": {"threshold": threshold, "duration_s": duration, "op": op,
-                                                   "enabled": rule.enabled}})
     messages.success(request, f"Rule “{rule.name}” saved.")
     return redirect("alert_list")
 
