@@ -322,7 +322,11 @@ def check_model_files(*, endpoint: Endpoint, node: Node) -> None:
         check_tree(endpoint.artifact.path)
     except PathRefused as exc:
         raise ModelFilesRefused(f"{ENGINE_REFUSED}: the model's files on node {node.name}: {exc} Remove the link, "
-                                "or register the model from inside the roots, then start it again") from exc
+                                "or register the model from inside the roots (this node's MODEL_ROOTS and "
+                                "ARTIFACT_STORE), then start it again") from exc
+    except OSError as exc:  # a folder below it made unreadable after registration
+        raise ModelFilesRefused(f"{ENGINE_REFUSED}: the model's files on node {node.name} cannot be read: "
+                                f"{exc.strerror or exc}: {exc.filename or endpoint.artifact.path}") from exc
 
 
 def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:

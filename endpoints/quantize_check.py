@@ -103,11 +103,17 @@ class EngineServer:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
+        try:
+            return self._start()
+        except BaseException:  # the job's timeout (RQ's alarm), a cancel: a `with` never calls __exit__ then
+            self.__exit__(None, None, None)
+            raise
+
+    def _start(self):
         deadline = time.monotonic() + self.timeout
         for attempt in range(1, self.PORT_TRIES + 1):
-            # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir);
-            # each try's, as __exit__ removes it.
-            # Its log there too (a private directory, not a guessable name in /tmp), gone with it.
+            # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir),
+            # each try's, as __exit__ removes it; its log there too (private, not a guessable name in /tmp).
             self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
             self.log_path = self.work_dir / "server.log"
             self._log = open(self.log_path, "wb")

@@ -92,7 +92,12 @@ class ReplicaWorkload:
             refresh_endpoint_state(endpoint)
         if time.monotonic() >= self.next_sweep:
             self.next_sweep = time.monotonic() + SWEEP_EVERY_S
-            sweep_deleted_endpoints()
+            try:
+                sweep_deleted_endpoints()
+            except DatabaseError:
+                raise  # the agent's loop waits for the database
+            except Exception:  # a root it cannot read (permissions, a stale NFS handle): housekeeping only
+                log.exception("sweep of deleted endpoints' files failed; trying again in %d s", SWEEP_EVERY_S)
         return members_starting or any(r.state in (S.STARTING, S.RESTARTING) for r in replicas)
 
     def start(self, replica: Replica, *, node: Node, supervisor: Supervisor) -> None:

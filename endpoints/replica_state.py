@@ -52,10 +52,10 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 
-def in_flight(replica: Replica, *, from_elsewhere: bool = False) -> float | None:
+def in_flight(replica: Replica, *, from_elsewhere: bool = False, timeout: float = 3.0) -> float | None:
     """Requests the replica's vLLM is running or queueing (its /metrics gauges), None if unknown. Read where
     replicas bind (its agent, on its host), or `from_elsewhere` at its node's address (a gateway)."""
-    text, _ = scrape(replica.port, timeout=3.0, host=(replica.node.address or None) if from_elsewhere else None)
+    text, _ = scrape(replica.port, timeout=timeout, host=(replica.node.address or None) if from_elsewhere else None)
     if text is None:
         return None
     try:

@@ -69,6 +69,7 @@ RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aioh
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
+DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
 
 
@@ -116,6 +117,7 @@ class Gateway:
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
         self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
         self.prefix_homes = routing.PrefixHomes()
+        self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -162,8 +164,11 @@ class Gateway:
         if self.consul is not None:
             await self.consul.sync(self.table)
 
-        # Only when a drain is due: most refreshes have none, and the query is a third of their CPU.
-        if self.table.drain_due_at is not None and self.table.drain_due_at <= timezone.now():
+        # Only when a drain is due: most refreshes have none, and the query is a third of their CPU. Then every
+        # DRAIN_CHECK_SECONDS: it reads each old-side replica's /metrics on the thread key lookups wait for.
+        if self.table.drain_due_at is not None and self.table.drain_due_at <= timezone.now() \
+                and now >= self.next_drain_check:
+            self.next_drain_check = now + DRAIN_CHECK_SECONDS
             await _db(finish_drains)
 
     async def refresh_table(self) -> bool:

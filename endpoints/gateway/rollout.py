@@ -120,7 +120,9 @@ def decide(*, thresholds: Thresholds, window_s: float, steps: list[int], current
         return out(ROLLBACK, "breach: " + "; ".join(breaches), share=0)
     unchecked = [label for name, label, _ in _CHECKS if getattr(thresholds, name) is not None and fig[name] is None]
     if unchecked:
-        return out(HOLD, f"no {', '.join(unchecked)} figures in the window: cannot check the threshold")
+        why = " (TTFT comes from streamed answers only: /generate and non-streamed requests give none)" \
+            if thresholds.ttft_p99_ms is not None and fig["ttft_p99_ms"] is None else ""
+        return out(HOLD, f"no {', '.join(unchecked)} figures in the window: cannot check the threshold{why}")
     if last_step_at is not None and now - last_step_at < window_s:
         return out(HOLD, f"within thresholds; {window_s - (now - last_step_at):.0f} s of the window left")
     target = next_share(steps, current)

@@ -164,7 +164,7 @@ def finish_drains() -> int:
 
 def _still_answering(endpoint: Endpoint) -> bool:
     """A replica of the endpoint runs or queues a request, or cannot say (unknown counts as busy)."""
-    return any(in_flight(replica, from_elsewhere=True) != 0 for replica in endpoint.replica_set.filter(
+    return any(in_flight(replica, from_elsewhere=True, timeout=1.0) != 0 for replica in endpoint.replica_set.filter(
         state=Endpoint.State.READY, port__isnull=False).select_related("node"))
 
 

@@ -153,9 +153,11 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
             EngineSite(runtime="docker", image=IMAGE), node.engine)  # the image's id is in the parser's key
         assert node.engine_cli["vllm"] == "0.32.0" and "--max-model-len" in node.engine_cli["options"]
         probes = [c for c in calls(state) if _probe(c)]
+        image_id = node.engine["image_id"]  # run by the id just read, not by the tag (pulled again meanwhile)
         assert len(probes) >= 2 and all(c[:3] == ["run", "--rm", "--pull=never"] and "--net=none" in c and
-                                        c[c.index(IMAGE) + 1:c.index(IMAGE) + 10] == [*WRAPPER, "nice", "-n", "10",
-                                                                                       "python3", "-c"]
+                                        IMAGE not in c and
+                                        c[c.index(image_id) + 1:c.index(image_id) + 10] == [
+                                            *WRAPPER, "nice", "-n", "10", "python3", "-c"]
                                         for c in probes)
         print(f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all")
     finally:

@@ -71,3 +71,16 @@ def test_a_deleted_endpoints_directories_are_swept_from_its_node(admin, cpu_node
     _age(logs / "chat" / "replica-0.log", 30)
     assert sweep_deleted_endpoints() == []  # its endpoint exists: logs stay whatever their age
     assert Replica.objects.get().state == Endpoint.State.READY  # the one left was never touched
+
+
+@pytest.mark.django_db
+def test_a_sweep_that_fails_leaves_the_agents_pass_alone(cpu_node, monkeypatch, caplog):
+    """Housekeeping: a root the sweep cannot read (permissions, a stale NFS handle) is logged, and the agent's
+    pass goes on; an exception out of the pass ended the agent, and its restart swept again at once."""
+    def unreadable():
+        raise PermissionError(13, "Permission denied", "/var/lib/llm-console/work/endpoints")
+
+    monkeypatch.setattr(reconcile_module, "sweep_deleted_endpoints", unreadable)
+    workload = ReplicaWorkload()
+    assert workload.reconcile(node=cpu_node, supervisor=StandInSupervisor()) is False
+    assert "sweep of deleted endpoints' files failed" in caplog.text and workload.next_sweep > time.monotonic()

@@ -89,3 +89,27 @@ def test_the_serving_check_wants_its_own_key_on_every_path(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as refused:
             perplexity_vllm(server.base_url, "q", windows, api_key="not-the-key")
     assert scored > 1 and refused.value.code == 401
+
+
+def test_a_start_interrupted_by_the_jobs_timeout_leaves_no_server(tmp_path, monkeypatch):
+    """RQ ends a job at its timeout by raising in it (JobTimeoutException, from an alarm): raised while the
+    server loads, a `with` never calls __exit__, and the server kept its memory and port after the job."""
+    import psutil
+
+    engine = tmp_path / "engine-python"  # an engine that never becomes ready
+    engine.write_text("#!/bin/sh\nexec sleep 300\n")
+    engine.chmod(0o755)
+    server = EngineServer(tmp_path, engine_python=str(engine), timeout=60)
+    calls = []
+
+    def alarm():
+        calls.append(server.work_dir)
+        if len(calls) == 2:
+            raise TimeoutError("Task exceeded maximum timeout value (60 seconds)")
+        return False
+
+    monkeypatch.setattr(server, "_ready", alarm)
+    with pytest.raises(TimeoutError), server:
+        pass
+    assert not psutil.pid_exists(server.proc.pid) or psutil.Process(server.proc.pid).status() == psutil.STATUS_ZOMBIE
+    assert server.work_dir is None and calls[0].name.startswith("console-serving-check-") and not calls[0].exists()

@@ -349,14 +349,16 @@ def _job_with_children_running(tmp_path, queue):
     return rq_job, [int(p) for p in pid_file.read_text().split()]
 
 
-def _job_worker(env, queue):
-    """`manage.py jobs_worker QUEUE` in a session of its own."""
+def _job_worker(env, queue, command="jobs_worker"):
+    """`manage.py jobs_worker QUEUE`, or the convert and quantize workers' `rqworker QUEUE --worker-class
+    workers.jobs.worker.JobWorker` (deploy/), in a session of its own."""
     import subprocess
     import sys
 
     from tests.support import ROOT
 
-    return subprocess.Popen([sys.executable, "manage.py", "jobs_worker", queue], cwd=ROOT, env=env,
+    argv = [queue] if command == "jobs_worker" else [queue, "--worker-class", "workers.jobs.worker.JobWorker"]
+    return subprocess.Popen([sys.executable, "manage.py", command, *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -397,13 +399,16 @@ def test_a_cancelled_jobs_children_end_with_it(redis_conn, worker_env, tmp_path)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_stopping_the_job_worker_stops_its_job_and_the_jobs_children(redis_conn, worker_env, tmp_path):
-    """`manage.py jobs_worker` (what `make run`, systemd and Kubernetes run) on SIGTERM takes its running job
-    down with it (RQ's cold shutdown): a supervisor kills the worker alone seconds later, and the job's
-    work horse, in a process group of its own, ran on after the console stopped."""
-    worker = _job_worker(worker_env, "children-test")
+@pytest.mark.parametrize("command, queue", [("jobs_worker", "children-test"), ("rqworker", "convert")])
+def test_stopping_the_job_worker_stops_its_job_and_the_jobs_children(redis_conn, worker_env, tmp_path, command,
+                                                                      queue):
+    """The console's workers (`jobs_worker`; the convert and quantize workers' `rqworker --worker-class
+    workers.jobs.worker.JobWorker`) on SIGTERM take their running job down with them (RQ's cold shutdown): a
+    supervisor kills the worker alone seconds later, and the job's work horse, in a process group of its own,
+    ran on after the console stopped."""
+    worker = _job_worker(worker_env, queue, command)
     try:
-        _, pids = _job_with_children_running(tmp_path, "children-test")
+        _, pids = _job_with_children_running(tmp_path, queue)
         worker.send_signal(signal.SIGTERM)  # the worker only, as supervisord's stopasgroup reaches
         worker.wait(timeout=30)
         assert _all_gone(pids), (pids, worker.stdout.read().decode()[-2000:])
