@@ -368,6 +368,7 @@ def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_
         pytest.skip("no .venv-engine: run `make engine`")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-of-the-worker")  # must not be what the client sends
     weights = build_tiny_llama_hf(tmp_path / "models" / "tiny")  # the client's tokenizer
+    settings.MODEL_ROOTS = [(tmp_path / "models").resolve()]  # checked before the client reads it
     node = Node.objects.create(name="bench-gw", address="127.0.0.1", last_heartbeat=timezone.now())
     artifact = Artifact.objects.create(model=Model.objects.create(name="tiny"), format="hf", path=str(weights))
     endpoint = Endpoint.objects.create(name="tiny-ep", artifact=artifact, node=node, served_model_name="tiny",
