@@ -18,7 +18,7 @@ from workers.agent.handles import PROCESS, ProcessHandle, ProcessSpec, Running, 
 from workers.agent.logfiles import rotate_if_large, rotate_log, tail_lines
 
 __all__ = ["ProcessHandle", "ProcessRuntime", "ProcessSpec", "Running", "RuntimeUnavailable", "Stopped", "Supervisor",
-           "port_is_free", "reap_process_group", "rotate_if_large", "rotate_log", "tail_lines"]
+           "port_is_free", "reap_process_group", "rotate_if_large", "rotate_log", "stop_strays", "tail_lines"]
 
 log = logging.getLogger("console.agent")
 
@@ -43,6 +43,31 @@ def reap_process_group(pgid: int) -> None:
         pass
 
 
+def stop_strays(spec: ProcessSpec) -> list[int]:
+    """Kill (with their process groups) the processes an earlier start of this spec left unrecorded: an agent
+    killed between starting a process and writing its PID (or a database write that failed then) leaves one
+    running that the next start would run beside, on the same devices and port, never reaped. Known by what
+    only such a start makes: the leader of its own session (start_new_session), in this spec's working
+    directory (one per replica, or per member: endpoints.launch.make_work_dir), running this spec's
+    executable. Returns their PIDs."""
+    strays = []
+    for proc in psutil.process_iter(["pid", "cwd", "cmdline"]):
+        info = proc.info
+        if info["cwd"] != spec.cwd or (info["cmdline"] or [])[:1] != spec.argv[:1]:
+            continue
+        try:
+            if os.getsid(info["pid"]) != info["pid"]:
+                continue
+            os.killpg(info["pid"], signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        strays.append(proc)
+        log.warning("killed pid %s, an engine process left running in %s by an earlier start that was never "
+                    "recorded (the agent stopped in between)", info["pid"], spec.cwd)
+    psutil.wait_procs(strays, timeout=10)
+    return [p.pid for p in strays]
+
+
 class ProcessRuntime:
     """Replicas as processes of the engine venv, each in a session of its own."""
 
@@ -51,6 +76,8 @@ class ProcessRuntime:
         self.children: dict[int, subprocess.Popen] = {}  # pid -> a process this agent started
 
     def start(self, spec: ProcessSpec) -> ProcessHandle:
+        if spec.cwd:
+            stop_strays(spec)
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(spec.log_path, spec.log_keep)
         with open(spec.log_path, "ab") as log_file:

@@ -1,0 +1,48 @@
+"""The agent's process runtime: a start finds what an earlier, unrecorded start of the same process left running."""
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+from workers.agent.supervisor import ProcessRuntime, ProcessSpec
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_start_stops_the_engine_an_unrecorded_earlier_start_left_in_its_work_dir(tmp_path):
+    """The agent killed between starting a replica and writing its PID: the next pass starts it again, and the
+    first ran on beside it (same devices, same port), never reaped. The stray is known by its own session, the
+    replica's working directory and the engine's executable; an operator's shell there, or another replica's
+    engine elsewhere, is left alone."""
+    work, elsewhere = tmp_path / "replica-0", tmp_path / "replica-1"
+    work.mkdir()
+    elsewhere.mkdir()
+    engine = [sys.executable, "-c", "import subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"]
+    stray = subprocess.Popen(engine, cwd=work, start_new_session=True)
+    neighbour = subprocess.Popen(engine, cwd=elsewhere, start_new_session=True)
+    shell = subprocess.Popen(["sleep", "300"], cwd=work, start_new_session=True)  # not the engine's executable
+    time.sleep(0.5)
+    stray_child = psutil.Process(stray.pid).children()[0].pid
+    runtime = ProcessRuntime("test-node")
+    try:
+        handle = runtime.start(ProcessSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={},
+                                           log_path=tmp_path / "replica-0.log", cwd=str(work)))
+        stray.wait(timeout=10)
+        assert not _running(stray.pid) and not _running(stray_child)  # its whole process group
+        assert _running(handle.pid) and _running(neighbour.pid) and _running(shell.pid)
+    finally:
+        for pgid in (neighbour.pid, shell.pid, stray.pid, *runtime.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        for proc in (neighbour, shell, stray, *runtime.children.values()):
+            proc.wait()
