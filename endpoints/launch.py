@@ -29,8 +29,8 @@ from endpoints.commands import (
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
-from models_registry.paths import PathRefused, check_tree
 from endpoints.replica_state import ENGINE_REFUSED
+from models_registry.paths import PathRefused, check_tree
 from workers.agent.supervisor import ProcessSpec
 from workers.host_stats import cpu_list_text, parse_cpu_list
 from workers.models import Node

@@ -7,7 +7,9 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
-ENDPOINT_NAME = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Use lower-case letters, digits and '-' (URL-safe, up to 63).")
+ENDPOINT_NAME_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"  # also an endpoint's directories on its nodes (node_files)
+ENDPOINT_NAME = RegexValidator(rf"^{ENDPOINT_NAME_PATTERN}$",
+                               "Use lower-case letters, digits and '-' (URL-safe, up to 63).")
 
 
 class Endpoint(models.Model):

@@ -27,7 +27,7 @@ from pathlib import Path
 from django.conf import settings
 
 from endpoints.launch import endpoint_log_root, endpoint_work_root
-from endpoints.models import Endpoint
+from endpoints.models import ENDPOINT_NAME_PATTERN, Endpoint
 from endpoints.profiling.paths import replica_profile_root
 
 log = logging.getLogger("console.agent")
@@ -36,8 +36,8 @@ log = logging.getLogger("console.agent")
 #: directories and reads one query.
 SWEEP_EVERY_S = 600
 
-_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_PROFILE_DIR_RE = re.compile(r"([a-z0-9][a-z0-9-]{0,62})-(\d+)")
+_NAME_RE = re.compile(ENDPOINT_NAME_PATTERN)
+_PROFILE_DIR_RE = re.compile(rf"({ENDPOINT_NAME_PATTERN})-(\d+)")
 
 
 def _dirs(root: Path) -> list[os.DirEntry]:

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Max
 
 from console.validation import error_text
 from endpoints import autoscale
@@ -106,19 +105,18 @@ def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
     S = Endpoint.State
-    counted = list(endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list("index", "state",
-                                                                                        "state_reason"))
+    counted = list(endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list(
+        "index", "state", "state_reason", "ready_at"))
     # Held off a faulty device (PENDING with the fault as its reason) is not starting: it waits on the chip.
-    starting = [i for i, state, why in counted
-                if state == S.STARTING or (state == S.PENDING and not why.startswith(DEVICE_FAULT))]
-    last_serves = any(i == endpoint.replicas - 1 and state == S.READY for i, state, _ in counted)
-    stays_unserving = sum(1 for i, state, _ in counted
+    starting = {i for i, state, why, _ in counted
+                if state == S.STARTING or (state == S.PENDING and not why.startswith(DEVICE_FAULT))}
+    last_serves = any(i == endpoint.replicas - 1 and state == S.READY for i, state, _, _ in counted)
+    stays_unserving = sum(1 for i, state, _, _ in counted
                           if i < endpoint.replicas - 1 and state != S.READY and i not in starting)
     return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
                             last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
                             tz=settings.TIME_ZONE, max_gap_s=gap, starting=len(starting),
-                            serving_since=endpoint.replica_set.filter(index__lt=endpoint.replicas)
-                            .aggregate(last=Max("ready_at"))["last"],
+                            serving_since=max((ready for *_, ready in counted if ready), default=None),
                             stays_unserving=stays_unserving if last_serves else 0)
 
 

@@ -58,9 +58,9 @@ def stop_strays(spec: ProcessSpec) -> list[int]:
         try:
             if os.getsid(info["pid"]) != info["pid"]:
                 continue
-            os.killpg(info["pid"], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+        except ProcessLookupError:
             continue
+        reap_process_group(info["pid"])
         strays.append(proc)
         log.warning("killed pid %s, an engine process left running in %s by an earlier start that was never "
                     "recorded (the agent stopped in between)", info["pid"], spec.cwd)

@@ -254,6 +254,17 @@ def send_webhook(alert: Alert, url: str | None = None) -> bool:
 ALERT_SEVERITIES = ("warning", "critical")
 
 
+def _checked_limits(*, op, threshold, duration_s, defaults: tuple) -> tuple[str, float, int]:
+    """A rule's operator, threshold and duration (a blank one is its default), as creating and updating a
+    rule take them; a ValidationError keyed by the first bad field."""
+    op = op or defaults[0]
+    if op not in AlertRule.Op.values:
+        raise ValidationError({"op": f"Choose one of: {', '.join(AlertRule.Op.values)}."})
+    threshold = float_in_range(threshold, "threshold", low=-1e18, high=1e18, default=defaults[1])
+    duration_s = int_in_range(duration_s, "duration_s", low=0, high=7 * 86400, default=defaults[2])
+    return op, threshold, duration_s
+
+
 def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt", threshold=None, duration_s=None,
                       severity: str = "warning", enabled: bool = True, actor=None, request=None,
                       via: str = "") -> AlertRule:
@@ -268,11 +279,9 @@ def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt",
     metric = (metric or "").strip() if kind == AlertRule.Kind.METRIC else ""
     if kind == AlertRule.Kind.METRIC and metric not in METRIC_UNITS:
         raise ValidationError({"metric": "Choose a metric the console records (e.g. dev.temp_c, ep.p99_s)."})
-    op = op or AlertRule.Op.GT  # rules of the other kinds have no operator to give
-    if op not in AlertRule.Op.values:
-        raise ValidationError({"op": f"Choose one of: {', '.join(AlertRule.Op.values)}."})
-    threshold = float_in_range(threshold, "threshold", low=-1e18, high=1e18, default=0.0)
-    duration_s = int_in_range(duration_s, "duration_s", low=0, high=7 * 86400, default=60)
+    # Rules of the other kinds have no operator to give.
+    op, threshold, duration_s = _checked_limits(op=op, threshold=threshold, duration_s=duration_s,
+                                                defaults=(AlertRule.Op.GT, 0.0, 60))
     if severity not in ALERT_SEVERITIES:
         raise ValidationError({"severity": f"Choose one of: {', '.join(ALERT_SEVERITIES)}."})
     rule = AlertRule.objects.create(name=name, kind=kind, metric=metric, op=op, threshold=threshold,
@@ -287,11 +296,8 @@ def alert_rule_update(*, rule: AlertRule, threshold, duration_s, op: str, enable
                       via: str = "") -> AlertRule:
     """A rule's threshold, duration, operator and switch; a ValidationError keyed by the first bad field
     changes nothing."""
-    threshold = float_in_range(threshold, "threshold", low=-1e18, high=1e18, default=rule.threshold)
-    duration_s = int_in_range(duration_s, "duration_s", low=0, high=7 * 86400, default=rule.duration_s)
-    op = op or rule.op
-    if op not in AlertRule.Op.values:
-        raise ValidationError({"op": f"Choose one of: {', '.join(AlertRule.Op.values)}."})
+    op, threshold, duration_s = _checked_limits(op=op, threshold=threshold, duration_s=duration_s,
+                                                defaults=(rule.op, rule.threshold, rule.duration_s))
     before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
     rule.threshold, rule.duration_s, rule.op, rule.enabled = threshold, duration_s, op, bool(enabled)
     rule.save(update_fields=["threshold", "duration_s", "op", "enabled"])
