@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -28,12 +28,12 @@ from tests.support.gateway import (  # noqa: F401
     HEALTH_TOKEN,
     FakeReplica,
     GatewayProc,
-    ServerThread,
     chat,
     free_port,
     make_endpoint,
     served_requests,
 )
+from tests.support.http import QuietHandler, ServerThread
 from workers.models import Node
 
 # --- keys -------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
 
 # --- Consul -----------------------------------------------------------------------------------
 
-class ConsulRecorder:
+class ConsulRecorder(ServerThread):
     """A stand-in for the Consul agent's HTTP API (no Consul agent can be installed here): records calls."""
 
     def __init__(self):
@@ -263,13 +263,8 @@ class ConsulRecorder:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(Handler)
+        self.url = f"http://127.0.0.1:{self.port}"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -459,12 +454,7 @@ class _LongAnswers(ServerThread):
         self.aborted, self.requests = [], []
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 outer.requests.append((body, self.headers.get("Content-Type")))
@@ -555,14 +545,12 @@ def test_the_old_side_answers_what_it_was_sent_before_it_stops(admin, settings):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = ServerThread().serve(Metrics)
     try:
         settings.GATEWAY_DRAIN_SECONDS = 60
         node = Node.objects.create(name="n", address="127.0.0.1")
         blue, green = make_endpoint("b1", [], node=node), make_endpoint("g1", [], node=node)
-        Replica.objects.create(endpoint=blue, index=0, node=node, state=Endpoint.State.READY,
-                               port=server.server_address[1])
+        Replica.objects.create(endpoint=blue, index=0, node=node, state=Endpoint.State.READY, port=server.port)
         Replica.objects.create(endpoint=green, index=0, node=node, state=Endpoint.State.READY, port=9)
         services.stage(endpoint=blue, staged=green, drain_seconds=1, actor=admin)
         services.switch(endpoint=blue, actor=admin)
@@ -580,5 +568,4 @@ def test_the_old_side_answers_what_it_was_sent_before_it_stops(admin, settings):
         GatewayEndpoint.objects.filter(endpoint=blue).update(stop_idle_at=timezone.now() - timedelta(seconds=61))
         assert finish_drains() == 1 and Endpoint.objects.get(pk=blue.pk).desired_state == "stopped"
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()

@@ -248,9 +248,10 @@ def test_a_dead_jobs_profiler_is_stopped_without_waiting_on_a_hung_replica(serve
     a recording's own stop may take, and the profile ends failed."""
     import threading
     import time
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     from endpoints.profiling import jobs as profiling_jobs
+    from tests.support.http import ServerThread
 
     asked = threading.Event()
 
@@ -262,11 +263,9 @@ def test_a_dead_jobs_profiler_is_stopped_without_waiting_on_a_hung_replica(serve
             asked.set()
             time.sleep(30)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hung)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = ServerThread().serve(Hung)
     try:
-        Replica.objects.filter(endpoint=served).update(port=server.server_address[1])
+        Replica.objects.filter(endpoint=served).update(port=server.port)
         job = Job.objects.create(kind="profile", queue="node-cpu-host", rq_id="p", status=Job.Status.FAILED,
                                  error="worker stopped (no heartbeat for 30 s)")
         profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, job=job,
@@ -278,8 +277,7 @@ def test_a_dead_jobs_profiler_is_stopped_without_waiting_on_a_hung_replica(serve
         profile.refresh_from_db()
         assert profile.status == "failed" and "no heartbeat" in profile.error
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 @pytest.mark.django_db

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tests.support.gateway import ServerThread
+from tests.support.http import QuietHandler, ServerThread
 
 SECRETS = {"METRICS_TOKEN": "m-secret", "REDIS_URL": "redis://secret/9", "SECRET_KEY": "s-secret",
            "DATABASE_URL": "postgres://u:p@h/db", "CONSOLE_ADMIN_PASSWORD": "admin-secret",
@@ -239,17 +239,10 @@ class KeyedReplica(ServerThread):
     """A replica that, like vLLM started with --api-key, answers /v1 only with its key."""
 
     def __init__(self, key: str):
-        from http.server import BaseHTTPRequestHandler
-
         outer = self
         self.key, self.seen = key, []
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.seen.append(self.headers.get("Authorization"))

@@ -8,13 +8,13 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.support import ROOT
+from tests.support.http import QuietHandler, ServerThread  # noqa: F401 (ServerThread: for the tests)
 from workers.models import Node
 
 HEALTH_TOKEN = "gateway-monitoring-token"
@@ -26,22 +26,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerThread:
-    """An in-test HTTP server: `handler` (a BaseHTTPRequestHandler class) on a free port of 127.0.0.1, served
-    from a daemon thread until stop()."""
-
-    def serve(self, handler) -> None:
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 class FakeReplica(ServerThread):
     """Answers /v1/chat/completions and /v1/completions (plain and SSE) like vLLM, and counts."""
 
@@ -50,12 +34,7 @@ class FakeReplica(ServerThread):
         self.lock = threading.Lock()
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):
                 self._send(200, {"status": "ok"})
 

