@@ -14,7 +14,8 @@ from console.roles import ADMIN, OPERATOR, VIEWER
 from console.services import api_token_create
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
-from tests.support import FAKE_NPU_SMI, FIXTURES
+from tests.support import FIXTURES
+from tests.support.npu_smi import FakeNpuSmi
 from tests.support.accounts import PASSWORD, make_user  # noqa: F401 (PASSWORD: the personas' password)
 from tests.support.jobs import run_queued_jobs, start_worker  # noqa: F401
 from tests.support.tiny_models import build_tiny_llama_hf
@@ -168,13 +169,10 @@ def tiny_artifact(model_root, operator):
 
 
 @pytest.fixture
-def fake_npu_smi(monkeypatch):
-    """tests/fake_npu_smi first on PATH, replaying the real 8 x 910B4 sample; returns the monkeypatch
-    to set its variables (FAKE_NPU_SMI_DEFAULT, _MAP, _HANG)."""
-    monkeypatch.setenv("PATH", f"{FAKE_NPU_SMI}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(FIXTURES / "npu-smi"))
-    monkeypatch.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_8npu_v25.0.rc1.1_idle.txt")
-    monkeypatch.delenv("FAKE_NPU_SMI_HANG", raising=False)
-    monkeypatch.delenv("FAKE_NPU_SMI_MAP", raising=False)
+def fake_npu_smi(monkeypatch, tmp_path):
+    """The fake npu-smi first on PATH, replaying the real 8 x 910B4 sample; `.set(default=, map=, hang=)`
+    changes its answers (tests/support/npu_smi.FakeNpuSmi)."""
+    fake = FakeNpuSmi(tmp_path / "fake-npu-smi-bin", dir=FIXTURES / "npu-smi")
+    monkeypatch.setenv("PATH", fake.path_first())
     monkeypatch.setattr(npu_smi_runner, "FALLBACK_PATHS", ())
-    return monkeypatch
+    return fake

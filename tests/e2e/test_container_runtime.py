@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from endpoints.models import Endpoint, Replica
-from tests.support import FAKE_NPU_SMI, FIXTURES
+from tests.support import FAKE_NPU_SMI
 from tests.support.agents import (
     ENGINE_PYTHON,
     assert_replica_wants_its_key,
@@ -67,8 +67,8 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
     state = tmp_path / "docker-state"
     install(tmp_path / "bin", state=state, image_python=ENGINE_PYTHON)
     env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent),
-           "PATH": os.pathsep.join([str(tmp_path / "bin"), str(FAKE_NPU_SMI), os.environ["PATH"]]),
-           "FAKE_NPU_SMI_DIR": str(FIXTURES / "npu-smi"), "FAKE_NPU_SMI_DEFAULT": "info_910B4_8npu_v25.0.rc1.1_idle.txt"}
+           # the fake npu-smi's default answer: the 8 x 910B4 sample
+           "PATH": os.pathsep.join([str(tmp_path / "bin"), str(FAKE_NPU_SMI), os.environ["PATH"]])}
     env.pop("NODE_PLATFORM", None)
     agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
     try:

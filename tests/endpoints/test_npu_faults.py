@@ -2,7 +2,6 @@
 same sample with one chip's health changed (or the chip gone), written in the test's tmp dir. The
 agent's telemetry pass (workers: Device.health) and its reconcile pass (endpoints: what happens to
 the replicas) are driven directly; the processes are a stand-in supervisor's, so no vLLM starts."""
-import os
 import re
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from endpoints.gateway.selectors import routing_table
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
 from models_registry.models import Artifact, Model
-from tests.support.npu_smi import FAKE_DIR, FIXTURES, fixture, with_health
+from tests.support.npu_smi import fixture, with_health
 from workers.agent.supervisor import ProcessHandle, Stopped
 from workers.models import Device, Node
 from workers.telemetry import collect, services
@@ -67,20 +66,18 @@ class StandInSupervisor:
 
 
 @pytest.fixture
-def npu_smi(monkeypatch, tmp_path):
-    """replay(text): what the fake npu-smi prints for `npu-smi info` from now on."""
-    monkeypatch.setenv("PATH", f"{FAKE_DIR}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(FIXTURES))
-    monkeypatch.setenv("FAKE_NPU_SMI_MAP", "info_-m_910B4_8npu.txt")
-    monkeypatch.delenv("FAKE_NPU_SMI_HANG", raising=False)
+def npu_smi(fake_npu_smi, monkeypatch, tmp_path):
+    """replay(text): what the fake npu-smi prints for `npu-smi info` from now on (`replay.fake`: the stand-in)."""
+    fake_npu_smi.set(map="info_-m_910B4_8npu.txt")
     monkeypatch.setattr(collect, "_net_seen", {})
 
     def replay(text: str) -> None:
         path = Path(tmp_path) / "npu-smi-info-910B4.txt"
         path.write_text(text, encoding="utf-8")
-        monkeypatch.setenv("FAKE_NPU_SMI_DEFAULT", str(path))
+        fake_npu_smi.set(default=path)
 
     replay(fixture(HEALTHY))
+    replay.fake = fake_npu_smi
     return replay
 
 
@@ -222,7 +219,7 @@ def test_a_replica_moves_to_a_healthy_spare_of_the_endpoints_devices(npu_smi, no
 def test_a_broken_npu_smi_does_not_mark_chips_missing(npu_smi, node, monkeypatch, settings):
     """Only a complete `npu-smi info` answer says a chip is gone; a hung one says nothing."""
     collect.collect_node(node)
-    monkeypatch.setenv("FAKE_NPU_SMI_HANG", "30")
+    npu_smi.fake.set(hang=30)
     settings.TELEMETRY_NPU_SMI_TIMEOUT_SECONDS = 1.0
     collect.collect_node(node)
     assert not Device.objects.filter(node=node).unhealthy().exists()
@@ -230,7 +227,7 @@ def test_a_broken_npu_smi_does_not_mark_chips_missing(npu_smi, node, monkeypatch
 
 def test_a_failing_chip_map_does_not_mark_chips_missing(npu_smi, node, monkeypatch):
     """Without `-m` a 310P duo's chips would be numbered by NPU id: that is no proof a chip is gone."""
-    monkeypatch.setenv("FAKE_NPU_SMI_MAP", "does-not-exist.txt")
+    npu_smi.fake.set(map="does-not-exist.txt")
     Device.objects.create(node=node, index=9, kind="npu", name="910B4", health="OK")
     collect.collect_node(node)
     assert Device.objects.get(node=node, index=9).health == "OK"

@@ -114,15 +114,16 @@ def ready_engine(tmp_path_factory):
 
 
 @pytest.fixture
-def ascend_host(fake_npu_smi, tmp_path, db, redis_conn):
-    """The fake npu-smi first on PATH, CANN 9.1.0 installed and its set_env.sh "sourced" (the variables set)."""
+def ascend_host(fake_npu_smi, monkeypatch, tmp_path, db, redis_conn):
+    """The fake npu-smi first on PATH, CANN 9.1.0 installed and its set_env.sh "sourced" (the variables set);
+    the monkeypatch, with the toolkit's `home`, the tools' `bin` and the fake `npu_smi`."""
     home, bin_dir = cann_tree(tmp_path), tools_dir(tmp_path)
     for name, value in sourced_env(home, bin_dir).items():
         if name != "PATH":
-            fake_npu_smi.setenv(name, value)
-    fake_npu_smi.delenv("NODE_PLATFORM", raising=False)
-    fake_npu_smi.home, fake_npu_smi.bin = home, bin_dir
-    return fake_npu_smi
+            monkeypatch.setenv(name, value)
+    monkeypatch.delenv("NODE_PLATFORM", raising=False)
+    monkeypatch.home, monkeypatch.bin, monkeypatch.npu_smi = home, bin_dir, fake_npu_smi
+    return monkeypatch
 
 
 def test_a_ready_ascend_host_passes(ascend_host, ready_engine):
@@ -144,7 +145,7 @@ def test_a_ready_ascend_host_passes(ascend_host, ready_engine):
 def test_an_unhealthy_chip(ascend_host, ready_engine, tmp_path):
     table = tmp_path / "npu-smi-info.txt"
     table.write_text(with_health(fixture(HEALTHY), 3, "Critical"))
-    ascend_host.setenv("FAKE_NPU_SMI_DEFAULT", str(table))
+    ascend_host.npu_smi.set(default=str(table))
     report, error = doctor(ready_engine)
     chips = check(report, "npu-smi and chip health")
     assert chips["status"] == FAILED and chips["detail"] == "NPU 3 chip 0 health is Critical"

@@ -2,11 +2,10 @@
 five-column map, and a 950 host collected end to end through the fake npu-smi. The 950 sample is written
 from the documented layout (tests/fixtures/npu-smi/SOURCES.md says where from): no real capture exists yet."""
 
-import os
 
 import pytest
 
-from tests.support.npu_smi import FAKE_DIR, FIXTURES, fixture
+from tests.support.npu_smi import fixture
 from workers.npu_smi import NpuSmiParseError, collect, parse_chip_map
 
 SAMPLE_950 = "info_-m_950PR_8npu_from_documented_layout.txt"
@@ -56,12 +55,8 @@ def test_chip_map_without_any_id_column_is_refused(garbage):
         parse_chip_map(garbage)
 
 
-def test_collect_on_a_950_host(monkeypatch):
-    monkeypatch.setenv("PATH", f"{FAKE_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("FAKE_NPU_SMI_DIR", str(FIXTURES))
-    monkeypatch.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_8npu_v25.0.rc1.1_idle.txt")
-    monkeypatch.setenv("FAKE_NPU_SMI_MAP", SAMPLE_950)
-    monkeypatch.delenv("FAKE_NPU_SMI_HANG", raising=False)
+def test_collect_on_a_950_host(fake_npu_smi):
+    fake_npu_smi.set(map=SAMPLE_950)
     result = collect(timeout=15)
     assert not [e for e in result["errors"] if e["command"] == "npu-smi info -m"]
     assert [c["logic_id"] for c in result["chips"]] == list(range(8))

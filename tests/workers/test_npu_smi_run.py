@@ -238,11 +238,26 @@ def test_run_npu_smi_rejects_shell_string(fake_npu_smi):
 
 
 def test_run_npu_smi_timeout_kills(fake_npu_smi):
-    fake_npu_smi.setenv("FAKE_NPU_SMI_HANG", "30")
+    fake_npu_smi.set(hang="30")
     start = time.monotonic()
     with pytest.raises(NpuSmiUnavailable, match="timed out"):
         run_npu_smi(["info"], timeout=0.5)
     assert time.monotonic() - start < 5
+
+
+def test_npu_smi_gets_the_allow_listed_environment_not_the_consoles(tmp_path, monkeypatch):
+    """npu-smi runs with the host's paths and the driver's variables, like every child process, and none of
+    the console's settings or secrets (it got the agent's whole environment before)."""
+    printenv = tmp_path / "npu-smi"
+    printenv.write_text("#!/bin/sh\nenv\n")
+    printenv.chmod(0o755)
+    monkeypatch.setenv("DATABASE_URL", "postgres://console:db-secret@db/console")
+    monkeypatch.setenv("SECRET_KEY", "django-secret")
+    monkeypatch.setenv("ASCEND_HOME_PATH", "/usr/local/Ascend/ascend-toolkit/latest")
+    seen = dict(line.split("=", 1) for line in run_npu_smi(["info"], timeout=10, binary=str(printenv)).splitlines()
+                if "=" in line)
+    assert "DATABASE_URL" not in seen and "SECRET_KEY" not in seen and "REDIS_URL" not in seen
+    assert seen["ASCEND_HOME_PATH"] == "/usr/local/Ascend/ascend-toolkit/latest" and seen["PATH"] == os.environ["PATH"]
 
 
 def test_run_npu_smi_missing(tmp_path, monkeypatch):
@@ -266,7 +281,7 @@ def test_collect_enriches_chips(fake_npu_smi):
 
 
 def test_collect_310P(fake_npu_smi):
-    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_310P3_v25.3.rc1.txt")
+    fake_npu_smi.set(default="info_310P3_v25.3.rc1.txt")
     result = collect(timeout=20)
     assert result["errors"] == []
     (chip,) = result["chips"]
@@ -277,7 +292,7 @@ def test_collect_310P(fake_npu_smi):
 
 def test_collect_runs_concurrently(fake_npu_smi):
     # 1 (info) + 1 (-m) + 8 (-t usages) calls of 0.5 s each: ~5 s one after another.
-    fake_npu_smi.setenv("FAKE_NPU_SMI_HANG", "0.5")
+    fake_npu_smi.set(hang="0.5")
     start = time.monotonic()
     result = collect(timeout=20)
     elapsed = time.monotonic() - start
@@ -287,7 +302,7 @@ def test_collect_runs_concurrently(fake_npu_smi):
 
 
 def test_collect_hung_npu_smi_returns_within_timeout(fake_npu_smi):
-    fake_npu_smi.setenv("FAKE_NPU_SMI_HANG", "60")
+    fake_npu_smi.set(hang="60")
     start = time.monotonic()
     result = collect(timeout=1.0)
     elapsed = time.monotonic() - start
@@ -309,7 +324,7 @@ def test_collect_missing_npu_smi(tmp_path, monkeypatch):
 
 
 def test_collect_reports_unparseable_output(fake_npu_smi):
-    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_-m_910B_8npu.txt")
+    fake_npu_smi.set(default="info_-m_910B_8npu.txt")
     result = collect(timeout=20)
     assert result["chips"] == []
     assert [e["command"] for e in result["errors"]] == ["npu-smi info"]

