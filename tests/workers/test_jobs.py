@@ -310,11 +310,12 @@ def test_migration_moves_job_links_to_the_generic_target_and_back():
 
     executor = MigrationExecutor(connection)
     executor.migrate(after)
-    jobs = {j.rq_id: j for j in Job.objects.all()}
-    assert jobs["a"].target == Artifact.objects.get(pk=artifact.pk)
+    # The models as of `after` (today's Job has columns later migrations add).
+    jobs = {j.rq_id: j for j in executor.loader.project_state(after).apps.get_model("workers", "Job").objects.all()}
+    assert (jobs["a"].target_type.model, jobs["a"].target_id) == ("artifact", artifact.pk)
     assert jobs["a"].result["artifact_id"] == artifact.pk
     assert (jobs["b"].target_type.model, jobs["b"].target_id) == ("model", model.pk)
-    assert jobs["c"].target is None
+    assert (jobs["c"].target_type, jobs["c"].target_id) == (None, None)
 
     executor = MigrationExecutor(connection)
     executor.migrate(before)
@@ -482,3 +483,54 @@ def test_queued_jobs_whose_rq_job_is_gone_or_ended_unclaimed_are_failed(redis_co
     assert lost.status == "failed" and "lost from the queue" in lost.error
     assert unclaimed.status == "failed" and "never started (RQ: failed" in unclaimed.error
     assert waiting.status == "queued"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_process_dies_between_failing_and_cleaning_up_is_cleaned_up_by_the_reaper(
+        tiny_artifact, monkeypatch, settings):
+    """Failing a job and its kind's cleanup (its 'building' artifact marked failed) were two steps: a process that
+    died between them left the artifact 'building' for ever. The failure now sets cleanup_pending in the same
+    UPDATE, and the reaper runs the cleanup once the worker has had its grace."""
+    import logging
+
+    from models_registry.jobs import ArtifactJobRunner
+    from workers.jobs import registry, runner
+    from workers.jobs.context import JobFailed
+    from workers.jobs.services import job_enqueue
+
+    monkeypatch.setattr(registry, "_runners", dict(registry._runners))
+
+    class BuildsThenFails(ArtifactJobRunner):
+        name = "test_builds_then_fails"
+        queue = "default"
+
+        def work(self, job, ctx):
+            Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="hf",
+                                    dtype="float32", path=str(tiny_artifact.path) + "-copy",
+                                    status=Artifact.Status.BUILDING)
+            raise JobFailed("the conversion's output failed its check")
+
+    class ProcessDied(BaseException):
+        """Stands in for SIGKILL after the job's row was written failed: nothing after it runs."""
+
+    def dies(job):
+        raise ProcessDied
+
+    job = job_enqueue(kind="test_builds_then_fails", params={}, target=tiny_artifact)
+    with monkeypatch.context() as dying, pytest.raises(ProcessDied):
+        dying.setattr(runner, "cleanup_after_failure", dies)
+        runner.run_job(job.pk)
+    job_log = logging.getLogger("console.job")  # the dead run never detached its log handler
+    for handler in [h for h in job_log.handlers if isinstance(h, runner._RowLogHandler)]:
+        job_log.removeHandler(handler)
+    job.refresh_from_db()
+    built = Artifact.objects.get(producing_job=job)
+    assert job.status == "failed" and job.cleanup_pending and built.status == "building"
+
+    reap_jobs()  # within the grace: the worker may still be cleaning up itself
+    assert Artifact.objects.get(pk=built.pk).status == "building"
+    later = job.finished_at + timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1)
+    reap_jobs(now=later)
+    built.refresh_from_db()
+    assert built.status == "failed" and built.note == "the conversion's output failed its check"
+    assert not Job.objects.get(pk=job.pk).cleanup_pending

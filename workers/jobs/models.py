@@ -58,6 +58,9 @@ class Job(models.Model):
     pid = models.IntegerField(null=True, blank=True)
     # The temporary directory the job writes into; removed on failure or cancel.
     staging_path = models.CharField(max_length=1024, blank=True)
+    # Set in the same UPDATE that fails or cancels the job, cleared once its kind's on_failure has run: a
+    # process that dies between the two leaves it set, and the reaper runs the cleanup (services.reap_jobs).
+    cleanup_pending = models.BooleanField(default=False)
 
     objects = JobQuerySet.as_manager()
 

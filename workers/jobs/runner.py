@@ -97,6 +97,8 @@ def _heartbeat(job_id: int, stop: threading.Event) -> None:
 def _finish(job: Job, status: str, **fields) -> bool:
     """Write the outcome unless someone else (cancel, reaper) already ended the job."""
     now = timezone.now()
+    if status != Job.Status.SUCCEEDED:
+        fields["cleanup_pending"] = True
     updated = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
         status=status, finished_at=now, **fields
     )

@@ -6,7 +6,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.command import send_stop_job_command
@@ -34,17 +34,19 @@ def _enqueue_now(job_id: int) -> None:
         )
     except RedisError as exc:
         Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-            status=Job.Status.FAILED, finished_at=timezone.now(),
+            status=Job.Status.FAILED, finished_at=timezone.now(), cleanup_pending=True,
             error=f"Could not queue the job: Redis is unreachable ({exc}).",
         )
         cleanup_after_failure(Job.objects.get(pk=job.pk))
 
 
 def cleanup_after_failure(job: Job) -> None:
-    """Let the kind clean up after a job that failed, was cancelled or was reaped."""
+    """Let the kind clean up after a job that failed, was cancelled or was reaped (its on_failure is
+    idempotent: the worker's own end, a Cancel and the reaper may each run it)."""
     runner = runner_class(job.kind)
     if runner is not None:
         runner().on_failure(job)
+    Job.objects.filter(pk=job.pk).update(cleanup_pending=False)
 
 
 def _fit_dedupe_key(key: str) -> str:
@@ -94,7 +96,7 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
     now = timezone.now()
     was = job.status
     Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(
-        status=Job.Status.CANCELLED, finished_at=now, error=f"Cancelled by {user.username}."
+        status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
     )
     try:
         conn = queues.redis_connection()
@@ -146,7 +148,7 @@ def reap_jobs(*, now=None) -> list[int]:
             f"{job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC."
         )
         if Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, heartbeat_at__lt=stale_before).update(
-            status=Job.Status.FAILED, finished_at=now, error=message
+            status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=message
         ):
             reaped.append(job.pk)
             job.refresh_from_db()
@@ -168,7 +170,7 @@ def reap_jobs(*, now=None) -> list[int]:
             else:
                 continue
             if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-                status=Job.Status.FAILED, finished_at=now, error=error,
+                status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=error,
             ):
                 reaped.append(job.pk)
                 cleanup_after_failure(Job.objects.get(pk=job.pk))
@@ -176,4 +178,14 @@ def reap_jobs(*, now=None) -> list[int]:
         log.warning("Reaper: Redis unreachable (%s); queued jobs not checked", exc)
     for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):
         remove_staging(job)
+    # A job failed or cancelled whose process died before its kind's cleanup ran (a 'building' artifact, a
+    # profile left recording): run it now. The grace leaves a live worker time to finish its own.
+    for job in Job.objects.filter(cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before):
+        try:
+            cleanup_after_failure(job)
+            log.warning("Cleaned up after %s (%s): its process ended before it did", job, job.status)
+        except DatabaseError:
+            raise
+        except Exception:
+            log.exception("Cleanup after %s failed; the reaper tries again at its next pass", job)
     return reaped
