@@ -31,6 +31,7 @@ class BenchmarkIn(Schema):
     num_warmups: int = 0
     timeout_s: int | None = None
     ignore_eos: bool = True
+    seed: int | None = None  # default 0
     prompt_file: str | None = None  # JSONL content: {"prompt": ..., "output_tokens"?: ...} per line
 
 
@@ -46,7 +47,7 @@ def run_json(run: BenchmarkRun, *, detail: bool = False) -> dict:
         "workload": {"dataset": run.dataset, "prompt_file": run.prompt_file_name or None,
                      "num_prompts": run.num_prompts, "input_len": run.input_len, "output_len": run.output_len,
                      "max_concurrency": run.max_concurrency, "request_rate": run.request_rate,
-                     "num_warmups": run.num_warmups, "timeout_s": run.timeout_s,
+                     "num_warmups": run.num_warmups, "timeout_s": run.timeout_s, "seed": run.params.get("seed", 0),
                      "replica": run.params.get("replica"), "via": run.params.get("via", "replica")},
         "target": {"via": run.params.get("via", "replica"), "replica": run.replica_index, "url": run.target_url or None},
         "result": run.result,

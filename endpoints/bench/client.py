@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -85,7 +86,7 @@ def client_argv(*, python: str, base_url: str, model: str, tokenizer: str, workl
     else:
         argv += ["--dataset-name", "random", "--random-input-len", str(workload["input_len"]),
                  "--random-output-len", str(workload["output_len"])]
-    argv += ["--num-prompts", str(workload["num_prompts"])]
+    argv += ["--num-prompts", str(workload["num_prompts"]), "--seed", str(workload.get("seed", 0))]
     if workload.get("max_concurrency"):
         argv += ["--max-concurrency", str(workload["max_concurrency"])]
     if workload.get("request_rate"):
@@ -121,14 +122,15 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     prompt_file = run.params.get("prompt_file")
     if run.dataset == "file" and not (prompt_file and Path(prompt_file).exists()):
         raise JobFailed("The prompt file is gone; upload it again.")
-    out_dir = bench_dir() / "runs" / str(run.pk)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = bench_dir() / "runs" / str(run.pk)
+    # The client writes into a staging directory beside run_dir, moved into place once its result is read: a run
+    # that fails or dies leaves nothing half-written (the job runtime and the reaper remove the staging).
+    out_dir = ctx.staging_dir(run_dir)
     result_file = out_dir / "result.json"
-    result_file.unlink(missing_ok=True)
     workload = {"dataset": run.dataset, "input_len": run.input_len, "output_len": run.output_len,
                 "num_prompts": run.num_prompts, "max_concurrency": run.max_concurrency,
                 "request_rate": run.request_rate, "num_warmups": run.num_warmups,
-                "ignore_eos": run.params.get("ignore_eos", True)}
+                "ignore_eos": run.params.get("ignore_eos", True), "seed": run.params.get("seed", 0)}
     base_url = settings.GATEWAY_URL.rstrip("/") if via_gateway else replica.url
     # Through the gateway every ready replica takes load: readings and cost cover them all.
     measured = None if via_gateway else replica
@@ -162,7 +164,10 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     except (OSError, json.JSONDecodeError) as exc:
         raise JobFailed(f"vLLM's saved result could not be read: {exc}") from exc
     result, detail = parse_saved_result(saved)
-    run.result, run.detail, run.result_path = result, detail, str(result_file)
+    if run_dir.exists():  # an earlier attempt's files (runs/<pk> is this run's alone)
+        shutil.rmtree(run_dir)
+    ctx.commit_staging(out_dir, run_dir)
+    run.result, run.detail, run.result_path = result, detail, str(run_dir / result_file.name)
     run.telemetry = {**run.telemetry, "samples": samples,
                      "end": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint),
                      **telemetry_window(endpoint, measured, run.started_at, timezone.now())}

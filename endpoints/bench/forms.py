@@ -22,6 +22,7 @@ class BenchmarkForm(forms.Form):
     request_rate = forms.FloatField(required=False, error_messages={"invalid": "Enter a number above 0 and up to 100000."})
     num_warmups = _whole(0, 1000)
     timeout_s = _whole(10, 7 * 24 * 3600)
+    seed = _whole(0, 2**31 - 1)
     concurrencies = forms.CharField(required=False)
 
     def clean_concurrencies(self):

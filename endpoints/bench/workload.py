@@ -111,6 +111,7 @@ class WorkloadRequest:
     num_warmups: int | None = None
     timeout_s: int | None = None
     ignore_eos: bool = True
+    seed: int | None = None  # the client's sampling of prompts and arrival times (`vllm bench serve --seed`)
     concurrencies: list[int] | None = None  # a sweep's levels (default: 1, 2, 4, … max_concurrency)
 
     @classmethod
@@ -168,6 +169,8 @@ def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: 
         "timeout_s": int_in_range(wanted.timeout_s, "timeout_s", low=10, high=7 * 24 * 3600,
                                   default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)),
         "ignore_eos": bool(wanted.ignore_eos),
+        # Named in the command even at vLLM's default, so the saved command repeats the same prompts and arrivals.
+        "seed": int_in_range(wanted.seed, "seed", low=0, high=2**31 - 1, default=0),
         "replica": replica,
         "via": via,
         "label": label,

@@ -139,6 +139,8 @@ def test_refuses_endpoints_that_are_not_ready_and_bad_workloads(ready_endpoint, 
     assert too_long.status_code == 400 and "max_model_len" in too_long.json()["detail"]
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "max_concurrency": 0}).status_code == 400
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "request_rate": -1}).status_code == 400
+    bad_seed = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "seed": -3})
+    assert bad_seed.status_code == 400 and bad_seed.json()["errors"] == {"seed": ["Enter a whole number between 0 and 2147483647."]}
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": "not json"}).status_code == 400
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"text": "x"}'}).status_code == 400
     Replica.objects.filter(endpoint=ready_endpoint).update(state="starting")
@@ -249,9 +251,12 @@ def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_fo
     # Device readings of the replica's devices (2 and 3) at start and end.
     assert [d["index"] for d in run.telemetry["start"]["devices"]] == [2, 3]
     assert run.telemetry["end"]["devices"][1]["latest"]["aicore_pct"] == 30
+    assert Path(run.result_path) == workload.bench_dir() / "runs" / str(run.pk) / "result.json"
+    assert [p.name for p in (workload.bench_dir() / "runs").iterdir()] == [str(run.pk)]  # moved out of staging
     argv = json.loads((Path(run.result_path).parent / "argv.json").read_text())["argv"]
     assert argv[argv.index("--base-url") + 1] == "http://10.0.0.5:8201" and argv[argv.index("--model") + 1] == "qwen"
     assert argv[argv.index("--tokenizer") + 1] == ready_endpoint.artifact.path
+    assert argv[argv.index("--seed") + 1] == "0" and body["workload"]["seed"] == 0  # named, not left to vLLM's default
     job = Job.objects.get(pk=created["job"])
     assert job.status == "succeeded" and job.result["benchmark_runs"] == [run.pk] and job.progress == 100
     page = as_viewer.get(f"/benchmarks/{run.pk}/")
@@ -385,8 +390,7 @@ def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_
         created = api.post("/api/v1/benchmarks", {"endpoint": endpoint.pk, **SMALL, "via": "gateway"}).json()
         run_queued_jobs()
         body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
-        assert body["status"] == "succeeded", (body["error"], (bench_dirs / "runs" / str(created["id"]) /
-                                                                "client.log").read_text()[-3000:])
+        assert body["status"] == "succeeded", (body["error"], Job.objects.get(pk=created["job"]).log[-3000:])
         assert body["result"]["completed"] == SMALL["num_prompts"] and body["result"]["failed"] == 0
         run = BenchmarkRun.objects.get(pk=created["id"])
         assert run.command[run.command.index("--base-url") + 1] == gateway.url
@@ -415,6 +419,7 @@ def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_con
     body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
     assert body["status"] == "failed" and "exited with 1" in body["error"] and "Initial test run failed" in body["error"]
     assert Job.objects.get(pk=created["job"]).status == "failed"
+    assert not list((workload.bench_dir() / "runs").iterdir())  # nothing half-written: the staging went with it
 
 
 @pytest.mark.django_db(transaction=True)
@@ -438,7 +443,7 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
     fake_mode(ready_endpoint, "sleep")
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
-    pid_file = workload.bench_dir() / "runs" / str(created["id"]) / "argv.json"
+    runs = workload.bench_dir() / "runs"
     seen = {}
 
     def cancel_when_running():
@@ -446,8 +451,9 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
 
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not pid_file.exists():
+            while time.monotonic() < deadline and not list(runs.glob(f".staging-job*-{created['id']}/argv.json")):
                 time.sleep(0.2)
+            (pid_file,) = runs.glob(f".staging-job*-{created['id']}/argv.json")  # the client writes into staging
             seen["pid"] = json.loads(pid_file.read_text())["pid"]
             response = api.post(f"/api/v1/benchmarks/{created['id']}/cancel")
             seen["status"] = response.status_code
@@ -463,6 +469,7 @@ def test_cancel_stops_the_client(ready_endpoint, operator, api_for, redis_conn, 
     assert not psutil.pid_exists(seen["pid"]) or psutil.Process(seen["pid"]).status() == psutil.STATUS_ZOMBIE
     run = BenchmarkRun.objects.get(pk=created["id"])
     assert run.state == "cancelled" and Job.objects.get(pk=created["job"]).status == "cancelled"
+    assert not list(runs.iterdir())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -480,8 +487,11 @@ def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn,
 @pytest.mark.django_db(transaction=True)
 def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_conn):
     api = api_for(operator)
-    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2}).json()
+    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2,
+                                               "seed": 42}).json()
     run_queued_jobs()
+    first = BenchmarkRun.objects.get(pk=created["id"])
+    assert first.command[first.command.index("--seed") + 1] == "42"
     retried = api.post(f"/api/v1/jobs/{created['job']}/retry")
     assert retried.status_code == 202, retried.content
     new_job = Job.objects.get(pk=retried.json()["job"])
@@ -489,6 +499,7 @@ def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_con
     assert new_job.kind == "bench" and new_job.retry_of_id == created["job"]
     assert (new_run.num_prompts, new_run.input_len, new_run.output_len, new_run.max_concurrency, new_run.num_warmups) == \
         (8, 32, 4, 4, 2)
+    assert new_run.params["seed"] == 42  # the same prompts and arrival times again
 
 
 # --------------------------------------------------------------------------- real: vLLM's client on the demo model
