@@ -134,12 +134,17 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     base_url = settings.GATEWAY_URL.rstrip("/") if via_gateway else replica.url
     # Through the gateway every ready replica takes load: readings and cost cover them all.
     measured = None if via_gateway else replica
-    argv = client_argv(python=engine_python_for(endpoint.node), base_url=base_url, model=endpoint.served_model_name,
-                       tokenizer=tokenizer, workload=workload, result_dir=out_dir, prompt_file=prompt_file)
+    def argv_into(result_dir: Path) -> list[str]:
+        return client_argv(python=engine_python_for(endpoint.node), base_url=base_url,
+                           model=endpoint.served_model_name, tokenizer=tokenizer, workload=workload,
+                           result_dir=result_dir, prompt_file=prompt_file)
+
+    argv = argv_into(out_dir)
     config = config_snapshot(endpoint, replica, run, via_gateway=via_gateway)
     run.status, run.started_at, run.error = BenchStatus.RUNNING, timezone.now(), ""
     run.replica_index = None if via_gateway else replica.index
-    run.target_url, run.command, run.config = base_url, argv, config
+    # The command as recorded names the run's directory, where its files are kept, not the staging it ran in.
+    run.target_url, run.command, run.config = base_url, argv_into(run_dir), config
     run.telemetry = {"start": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint), "samples": []}
     run.save(update_fields=["status", "started_at", "error", "replica_index", "target_url", "command", "config",
                             "telemetry"])

@@ -1,5 +1,6 @@
 """Writes for benchmarks: validate and queue runs and sweeps (one `bench` job each), retry and cancel them.
 The job itself is endpoints.bench.jobs; what it runs, endpoints.bench.client."""
+from contextlib import contextmanager
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -8,8 +9,8 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from endpoints.bench.models import BENCH_ENDED, BenchmarkRun, BenchmarkSweep, BenchStatus
-from endpoints.bench.workload import (DEDUPE, WorkloadRequest, clean_workload, read_prompt_file, resolve_endpoint,
-                                      store_prompt_file)
+from endpoints.bench.workload import (DEDUPE, WorkloadRequest, clean_workload, prompt_file_path, read_prompt_file,
+                                      resolve_endpoint, store_prompt_file)
 from endpoints.models import Endpoint
 from workers.jobs.models import Job
 from workers.jobs.queues import node_queue
@@ -48,8 +49,9 @@ def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeo
 
 
 def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_file_name: str):
+    """(endpoint, prompt rows, the prompt file's path, its name, an upload's content still to store)."""
     endpoint = resolve_endpoint(endpoint_ref)
-    rows, path, file_name = None, None, ""
+    rows, path, file_name, upload = None, None, "", None
     if stored_prompt_path:  # a retry: the file the first run stored
         path = Path(stored_prompt_path)
         if not path.exists():
@@ -58,10 +60,28 @@ def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_f
         file_name = str(prompt_file_name or path.name)
     elif prompt_file is not None:
         content = prompt_file.read() if hasattr(prompt_file, "read") else prompt_file
-        rows, normalised = read_prompt_file(content)
-        path = store_prompt_file(normalised)
+        rows, upload = read_prompt_file(content)
+        path = prompt_file_path(upload)
         file_name = getattr(prompt_file, "name", "") or "prompts.jsonl"
-    return endpoint, rows, path, file_name
+    return endpoint, rows, path, file_name, upload
+
+
+@contextmanager
+def _upload_stored(upload: bytes | None):
+    """Writes an uploaded prompt file once the request has passed every check; removed again when queueing
+    fails (a refused request leaves no file behind). Content-addressed: a file already there is kept."""
+    if upload is None:
+        yield
+        return
+    path = prompt_file_path(upload)
+    made = not path.exists()
+    store_prompt_file(upload)
+    try:
+        yield
+    except BaseException:
+        if made:
+            path.unlink(missing_ok=True)
+        raise
 
 
 def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
@@ -69,12 +89,12 @@ def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, pr
                      prompt_file_name: str = "") -> BenchmarkRun:
     """Validate one benchmark of an endpoint (its id or name) and queue it on the endpoint's node.
     `prompt_file`: uploaded JSONL (a file or its content); a retry passes the stored file instead."""
-    endpoint, rows, path, file_name = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows)
     _check_ready(endpoint, cleaned["replica"])
     params = {"mode": "run", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
-    with transaction.atomic():
+    with _upload_stored(upload), transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
                        timeout_s=cleaned["timeout_s"] + 300)
         run = BenchmarkRun.objects.create(job=job, params=params, **_run_fields(
@@ -89,7 +109,7 @@ def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt
                  retry_of: Job | None = None, stored_prompt_path: str | None = None,
                  prompt_file_name: str = "") -> BenchmarkSweep:
     """A concurrency sweep (1, 2, 4, … N) in one job: one run per level, in order."""
-    endpoint, rows, path, file_name = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows, sweep=True)
     if cleaned["request_rate"] is not None:
         raise ValidationError({"request_rate": "A sweep varies the concurrency; leave the request rate empty."})
@@ -97,7 +117,7 @@ def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt
     levels = cleaned["concurrencies"]
     params = {"mode": "sweep", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
-    with transaction.atomic():
+    with _upload_stored(upload), transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
                        timeout_s=len(levels) * (cleaned["timeout_s"] + 300))
         sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, job=job,

@@ -83,11 +83,15 @@ def read_prompt_file(content) -> tuple[list[dict], bytes]:
     return rows, normalised
 
 
-def store_prompt_file(normalised: bytes) -> Path:
+def prompt_file_path(normalised: bytes) -> Path:
+    """Where a prompt file's content is kept (named by its digest: the same prompts, one file)."""
     digest = hashlib.sha256(normalised).hexdigest()[:24]
-    folder = bench_dir() / "prompts"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.jsonl"  # vLLM's custom dataset wants the .jsonl suffix
+    return bench_dir() / "prompts" / f"{digest}.jsonl"  # vLLM's custom dataset wants the .jsonl suffix
+
+
+def store_prompt_file(normalised: bytes) -> Path:
+    path = prompt_file_path(normalised)
+    path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         tmp = path.with_suffix(".tmp")
         tmp.write_bytes(normalised)

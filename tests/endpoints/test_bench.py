@@ -146,7 +146,10 @@ def test_refuses_endpoints_that_are_not_ready_and_bad_workloads(ready_endpoint, 
     Replica.objects.filter(endpoint=ready_endpoint).update(state="starting")
     response = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
     assert response.status_code == 400 and "no ready replica" in response.json()["detail"]
+    with_file = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"prompt": "x"}\n'})
+    assert with_file.status_code == 400 and list(with_file.json()["errors"]) == ["endpoint"]
     assert not BenchmarkRun.objects.exists()
+    assert not list(workload.bench_dir().rglob("*.jsonl"))  # a refused request stores no prompt file
 
 
 @pytest.mark.django_db
@@ -255,6 +258,9 @@ def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_fo
     assert [p.name for p in (workload.bench_dir() / "runs").iterdir()] == [str(run.pk)]  # moved out of staging
     argv = json.loads((Path(run.result_path).parent / "argv.json").read_text())["argv"]
     assert argv[argv.index("--base-url") + 1] == "http://10.0.0.5:8201" and argv[argv.index("--model") + 1] == "qwen"
+    # The client wrote into staging; the command recorded for a rerun by hand names the run's own directory.
+    assert ".staging-job" in argv[argv.index("--result-dir") + 1]
+    assert run.command[run.command.index("--result-dir") + 1] == str(Path(run.result_path).parent)
     assert argv[argv.index("--tokenizer") + 1] == ready_endpoint.artifact.path
     assert argv[argv.index("--seed") + 1] == "0" and body["workload"]["seed"] == 0  # named, not left to vLLM's default
     job = Job.objects.get(pk=created["job"])
@@ -435,7 +441,8 @@ def test_tokenizer_files_linked_out_of_the_roots_are_refused(ready_endpoint, ope
     run_queued_jobs()
     body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
     assert body["status"] == "failed" and "tokenizer.json leads outside the allowed model roots" in body["error"]
-    assert not list((tmp_path / "bench").rglob("argv.json"))
+    run = BenchmarkRun.objects.get(pk=created["id"])
+    assert run.started_at is None and run.command == []  # refused before the client was started
 
 
 @pytest.mark.django_db(transaction=True)

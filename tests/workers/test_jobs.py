@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from console.exceptions import Conflict
 from models_registry.models import Artifact
 from tests.support.jobs import run_queued_jobs, start_worker
 from tests.support.tiny_models import build_slow_to_convert_hf, build_tiny_llama_gguf, build_tiny_llama_hf
@@ -534,3 +535,54 @@ def test_a_job_whose_process_dies_between_failing_and_cleaning_up_is_cleaned_up_
     built.refresh_from_db()
     assert built.status == "failed" and built.note == "the conversion's output failed its check"
     assert not Job.objects.get(pk=job.pk).cleanup_pending
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancelled_jobs_late_writes_are_cleaned_up_once_its_process_has_gone(tiny_artifact, operator, settings,
+                                                                                redis_conn):
+    """A Cancel cleans up at once, but the running job may write once more before RQ kills it (an OM conversion
+    past its last cancel check makes its next artifact 'building'). The cleanup stays pending, and the reaper
+    runs it again once the job's heartbeat, written whatever the row says, has stopped."""
+    from workers.jobs.services import job_cancel
+
+    started = timezone.now()
+    job = Job.objects.create(kind="convert", queue="convert", rq_id="cancel-race", status=Job.Status.RUNNING,
+                             started_at=started, heartbeat_at=started)
+    job_cancel(job=job, user=operator)
+    job.refresh_from_db()
+    assert job.status == "cancelled" and job.cleanup_pending
+    late = Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="om",
+                                   path=str(tiny_artifact.path) + "-om", status=Artifact.Status.BUILDING)
+    stale = timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1)
+    Job.objects.filter(pk=job.pk).update(heartbeat_at=started + stale)  # its process still beats
+    reap_jobs(now=started + stale + timezone.timedelta(seconds=2))
+    assert Artifact.objects.get(pk=late.pk).status == "building"
+    reap_jobs(now=started + 3 * stale)  # the heartbeat stopped: the process has gone
+    assert Artifact.objects.get(pk=late.pk).status == "failed" and not Job.objects.get(pk=job.pk).cleanup_pending
+    with pytest.raises(Conflict):
+        job_cancel(job=Job.objects.get(pk=job.pk), user=operator)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settings, tmp_path, redis_conn):
+    """A benchmark's staging lies on its endpoint's node; the reaper, on the console's host, found no such path
+    there and forgot it, and the directory stayed on the node with nothing pointing at it. Now the reaper keeps
+    the record, and each host's job worker removes its own ended jobs' staging (at start, then every 10 min)."""
+    from rq import Queue
+
+    from workers.jobs.worker import JobWorker
+
+    ended = dict(status=Job.Status.FAILED, finished_at=timezone.now())
+    elsewhere = Job.objects.create(kind="bench", queue="node-npu-2", rq_id="on-npu-2", node="npu-2",
+                                   staging_path=str(tmp_path / "on-npu-2" / ".staging-job1-7"), **ended)
+    reap_jobs()
+    assert Job.objects.get(pk=elsewhere.pk).staging_path == elsewhere.staging_path
+
+    staging = tmp_path / "runs" / ".staging-job2-8"
+    (staging / "client.log").parent.mkdir(parents=True)
+    (staging / "client.log").write_text("half a run")
+    here = Job.objects.create(kind="bench", queue="default", rq_id="here", node=settings.NODE_NAME,
+                              staging_path=str(staging), **ended)
+    JobWorker([Queue("default", connection=redis_conn)], connection=redis_conn).run_maintenance_tasks()
+    assert not staging.exists() and Job.objects.get(pk=here.pk).staging_path == ""
+    assert Job.objects.get(pk=elsewhere.pk).staging_path == elsewhere.staging_path

@@ -4,6 +4,8 @@ import os
 import shutil
 from pathlib import Path
 
+from django.conf import settings
+
 from workers.jobs.models import Job
 
 log = logging.getLogger("console.job")
@@ -70,16 +72,26 @@ def free_bytes(path: Path) -> int:
 
 
 def remove_staging(job: Job) -> bool:
-    """Remove what a job left half-written. Idempotent; True if something was removed."""
+    """Remove what a job left half-written. Idempotent; True if something was removed. A path missing here
+    that belongs to another host's job (a benchmark on its endpoint's node) stays recorded: that host's
+    worker removes it (JobWorker.run_maintenance_tasks)."""
     path = job.staging_path
     if not path:
         return False
     removed = False
     staging = Path(path)
-    if staging.exists():
+    existed = staging.exists()
+    if existed:
         shutil.rmtree(staging, ignore_errors=True)
         removed = not staging.exists()
-    if not staging.exists():
+    if not staging.exists() and (existed or not job.node or job.node == settings.NODE_NAME):
         Job.objects.filter(pk=job.pk).update(staging_path="")
         job.staging_path = ""
     return removed
+
+
+def remove_this_hosts_staging() -> int:
+    """The staging directories of this host's ended jobs (their worker was killed: a Cancel, a timeout, a
+    crash); the reaper runs on the console's host and cannot reach them. Returns how many were removed."""
+    ended = Job.objects.filter(status__in=Job.FINISHED, node=settings.NODE_NAME).exclude(staging_path="")
+    return sum(remove_staging(job) for job in ended)

@@ -86,7 +86,9 @@ def _heartbeat(job_id: int, stop: threading.Event) -> None:
     try:
         while not stop.wait(settings.JOB_HEARTBEAT_SECONDS):
             try:
-                Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).update(heartbeat_at=timezone.now())
+                # Whatever the row's status: after a Cancel or a reap it still says this process lives, so the
+                # reaper leaves the job's cleanup to it until it has gone (services.reap_jobs).
+                Job.objects.filter(pk=job_id).update(heartbeat_at=timezone.now())
             except DatabaseError as exc:
                 log.warning("job %s: heartbeat not written (%s); trying again", job_id, exc)
                 connection.close()  # the next beat connects afresh

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.command import send_stop_job_command
@@ -40,13 +41,16 @@ def _enqueue_now(job_id: int) -> None:
         cleanup_after_failure(Job.objects.get(pk=job.pk))
 
 
-def cleanup_after_failure(job: Job) -> None:
+def cleanup_after_failure(job: Job, *, settled: bool = True) -> None:
     """Let the kind clean up after a job that failed, was cancelled or was reaped (its on_failure is
-    idempotent: the worker's own end, a Cancel and the reaper may each run it)."""
+    idempotent: the worker's own end, a Cancel and the reaper may each run it). `settled`: no process of the
+    job can write any more, so cleanup_pending is cleared; a Cancel of a running job is not (its process may
+    write once more before RQ kills it), and the reaper cleans up again once its heartbeat has stopped."""
     runner = runner_class(job.kind)
     if runner is not None:
         runner().on_failure(job)
-    Job.objects.filter(pk=job.pk).update(cleanup_pending=False)
+    if settled:
+        Job.objects.filter(pk=job.pk).update(cleanup_pending=False)
 
 
 def _fit_dedupe_key(key: str) -> str:
@@ -85,19 +89,26 @@ def job_enqueue(*, kind: str, params: dict, user=None, target=None, dedupe_key: 
         timeout_s=timeout_s or runner.timeout, rq_id=f"job-{uuid.uuid4().hex}", retry_of=retry_of,
     )
     transaction.on_commit(lambda: _enqueue_now(job.pk))
-    if user is not None:
-        audit_log(actor=user, action=f"job.enqueue.{kind}", obj=job, changes={"params": params}, request=request)
+    # Audited whoever queued it: a job the console queues itself (a checksum after a conversion) as the system.
+    audit_log(actor=user, action=f"job.enqueue.{kind}", obj=job, changes={"params": params}, request=request,
+              via="" if user is not None or request is not None else "system")
     return job
 
 
 def job_cancel(*, job: Job, user, request=None) -> Job:
-    if not job.is_active:
-        raise Conflict(f"Job #{job.pk} has already ended ({job.status}).", link=job.get_absolute_url())
     now = timezone.now()
-    was = job.status
-    Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(
-        status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
-    )
+    for _ in range(2):  # conditional on the status read: a queued job that started meanwhile is cancelled running
+        if not job.is_active:
+            raise Conflict(f"Job #{job.pk} has already ended ({job.status}).", link=job.get_absolute_url())
+        was = job.status
+        if Job.objects.filter(pk=job.pk, status=was).update(
+            status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
+        ):
+            break
+        job.refresh_from_db()
+    else:
+        raise Conflict(f"Job #{job.pk} changed while it was being cancelled ({job.status}): try again.",
+                       link=job.get_absolute_url())
     try:
         conn = queues.redis_connection()
         if was == Job.Status.QUEUED:
@@ -115,7 +126,7 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
     except RedisError as exc:
         log.warning("Cancel of %s: Redis unreachable (%s); the job stops at its next progress report", job, exc)
     job.refresh_from_db()
-    cleanup_after_failure(job)
+    cleanup_after_failure(job, settled=was == Job.Status.QUEUED)
     audit_log(actor=user, action="job.cancel", obj=job, changes={"status": [was, job.status]}, request=request)
     return job
 
@@ -153,7 +164,7 @@ def reap_jobs(*, now=None) -> list[int]:
             reaped.append(job.pk)
             job.refresh_from_db()
             remove_staging(job)
-            cleanup_after_failure(job)
+            cleanup_after_failure(job, settled=False)  # a worker that is only slow writes on: again once it has gone
             log.warning("Reaped %s: %s", job, message)
     # Queued rows whose RQ job is gone (Redis restarted without persistence), or ended without ever claiming
     # the row (its work horse died first: RQ moved it to the failed registry, kept there 7 days).
@@ -179,8 +190,10 @@ def reap_jobs(*, now=None) -> list[int]:
     for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):
         remove_staging(job)
     # A job failed or cancelled whose process died before its kind's cleanup ran (a 'building' artifact, a
-    # profile left recording): run it now. The grace leaves a live worker time to finish its own.
-    for job in Job.objects.filter(cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before):
+    # profile left recording), or ran on after a Cancel: run it now, once the process's heartbeat (written
+    # whatever the row says) has stopped.
+    for job in Job.objects.filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale_before),
+                                  cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before):
         try:
             cleanup_after_failure(job)
             log.warning("Cleaned up after %s (%s): its process ended before it did", job, job.status)

@@ -1,9 +1,15 @@
 """The console's RQ worker class: `manage.py jobs_worker` runs it, and the convert and quantize workers name it
 (`rqworker convert quantize --worker-class workers.jobs.worker.JobWorker`: deploy/)."""
+import logging
 from datetime import timedelta
 
+from django.db import DatabaseError, close_old_connections
 from rq import Worker
 from rq.utils import now
+
+from workers.jobs.context import remove_this_hosts_staging
+
+log = logging.getLogger(__name__)
 
 
 class JobWorker(Worker):
@@ -17,3 +23,16 @@ class JobWorker(Worker):
     def request_stop(self, signum, frame):
         self._shutdown_requested_date = now() - timedelta(seconds=2)  # not "a second signal within 1 s"
         self.request_force_stop(signum, frame)
+
+    def run_maintenance_tasks(self):
+        """RQ's own (at start, then every 10 minutes), then the staging directories this host's killed jobs left."""
+        super().run_maintenance_tasks()
+        close_old_connections()
+        try:
+            removed = remove_this_hosts_staging()
+        except (DatabaseError, OSError) as exc:  # maintenance must not end the worker: next time
+            log.warning("staging directories of this host's ended jobs not removed: %s", exc)
+        else:
+            if removed:
+                log.warning("removed %d staging director%s of this host's ended jobs", removed,
+                            "y" if removed == 1 else "ies")
