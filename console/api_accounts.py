@@ -2,6 +2,7 @@
 from django.contrib.auth import get_user_model
 from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Schema
+from pydantic import ConfigDict
 
 from console import services
 from console.api_auth import api_route
@@ -13,17 +14,23 @@ User = get_user_model()
 
 
 class UserIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     username: str
     role: str
     password: str = ""
 
 
 class UserUpdate(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     role: str | None = None
     active: bool | None = None
 
 
 class TokenIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     name: str
     expires_days: int | None = None
 

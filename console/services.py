@@ -2,6 +2,7 @@
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
@@ -22,13 +23,14 @@ def api_token_create(*, user, name: str, expires_days=None, request=None, via: s
         raise ValidationError("Give the token a name (what will use it).")
     if len(name) > 100:
         raise ValidationError("The name is too long (100 characters at most).")
-    days = int_in_range(expires_days, "expires_days", low=1, high=3650,
+    # Blank is the default lifetime, as for `manage.py create_api_token`: a token that never expires is not offered.
+    days = int_in_range(expires_days, "expires_days", low=1, high=3650, default=settings.API_TOKEN_DEFAULT_DAYS,
                         message="Expiry must be a whole number of days, between 1 and 3650.")
-    expires_at = timezone.now() + timedelta(days=days) if days is not None else None
+    expires_at = timezone.now() + timedelta(days=days)
     raw = ApiToken.generate_raw()
     token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw), expires_at=expires_at)
     audit_log(actor=user, action="api_token.create", obj=token, request=request, via=via,
-              changes={"name": name, "expires_at": expires_at.isoformat() if expires_at else None})
+              changes={"name": name, "expires_at": expires_at.isoformat()})
     return token, raw
 
 
@@ -67,25 +69,26 @@ def user_create(*, username: str, role: str, password: str = "", actor=None, req
 
 
 def user_update(*, target, role: str | None = None, active: bool | None = None, actor, request=None):
-    changes = {}
+    """Every value is checked before anything is written: a refused part changes nothing."""
     if role is not None:
         if role not in ROLES:
-            raise ValidationError(f"Choose a role: {', '.join(ROLES)}.")
-        old = user_role(target)
+            raise ValidationError({"role": f"Choose a role: {', '.join(ROLES)}."})
         if target.pk == actor.pk and role != ADMIN:
-            raise ValidationError("You cannot remove your own Admin role.")
-        if old != role:
+            raise ValidationError({"role": "You cannot remove your own Admin role."})
+    if active is not None and target.pk == actor.pk and not active:
+        raise ValidationError({"active": "You cannot deactivate yourself."})
+    changes = {}
+    with transaction.atomic():
+        old = user_role(target)
+        if role is not None and old != role:
             set_role(target, role)
             changes["role"] = [old, role]
-    if active is not None:
-        if target.pk == actor.pk and not active:
-            raise ValidationError("You cannot deactivate yourself.")
-        if target.is_active != active:
+        if active is not None and target.is_active != active:
             changes["is_active"] = [target.is_active, active]
             target.is_active = active
             target.save(update_fields=["is_active"])
             if not active:
                 target.api_tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-    if changes:
-        audit_log(actor=actor, action="user.update", obj=target, request=request, changes=changes)
+        if changes:
+            audit_log(actor=actor, action="user.update", obj=target, request=request, changes=changes)
     return target

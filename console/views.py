@@ -1,6 +1,7 @@
 import logging
 from datetime import date
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
@@ -96,10 +97,16 @@ def _date_or_none(value: str, field: str) -> date | None:
 
 # --- API tokens (each user manages their own) ---------------------------------------
 
+def _tokens_page(request, *, status: int = 200, **shown):
+    return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all(),
+                                                   "default_token_days": settings.API_TOKEN_DEFAULT_DAYS, **shown},
+                  status=status)
+
+
 @require_role(VIEWER)
 @require_GET
 def token_list(request):
-    return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all()})
+    return _tokens_page(request)
 
 
 @require_role(VIEWER)
@@ -111,9 +118,9 @@ def token_create(request):
                                                request=request)
     except ValidationError as exc:  # the list again, with the message, as a 400
         messages.error(request, " ".join(exc.messages))
-        return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all()}, status=400)
+        return _tokens_page(request, status=400)
     # Shown once: only the hash is kept.
-    return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all(), "new_token": raw, "new_token_obj": token})
+    return _tokens_page(request, new_token=raw, new_token_obj=token)
 
 
 @require_role(VIEWER)

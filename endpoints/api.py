@@ -13,6 +13,8 @@ router = Router(tags=["endpoints"])
 
 
 class EndpointIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     name: str
     artifact: int
     node: str | int | None = None
@@ -61,6 +63,8 @@ class ProfilingIn(Schema):
 
 
 class ChatIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     message: str
     max_tokens: int = 64
 

@@ -101,8 +101,9 @@ def platform_refusal(artifact: Artifact, platform: str) -> str:
     return f"{artifact.get_format_display()} artifacts are served on {names} nodes only."
 
 
-def _launch_node(node_ref: str | int | None) -> Node:
-    """The node by id or name; none given is fine while only one node is registered."""
+def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
+    """The node by id or name; none given is fine while only one node is registered. `field`: the input it came
+    from, named in a refusal."""
     nodes = Node.objects.all()
     if node_ref in (None, ""):
         if nodes.count() != 1:
@@ -110,7 +111,7 @@ def _launch_node(node_ref: str | int | None) -> Node:
         return nodes.get()
     node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
     if node is None:
-        raise ValidationError({"node": f"No node {node_ref!r}."})
+        raise ValidationError({field: f"No node {node_ref!r}."})
     return node
 
 
@@ -244,7 +245,7 @@ def _multi_node_layout(*, distributed: str, node: Node, worker_nodes: Sequence[s
             raise ValidationError({"data_parallel_size": "Data parallelism spans nodes (distributed dp with worker "
                                                          "nodes); on one node, use replicas."})
         return _Layout()
-    nodes = [_launch_node(ref) for ref in worker_nodes if ref not in (None, "")]
+    nodes = [_launch_node(ref, "worker_nodes") for ref in worker_nodes if ref not in (None, "")]
     if not nodes:
         raise ValidationError({"worker_nodes": "Name the other node(s) the replica spans besides its head node."})
     names = [node.name, *(n.name for n in nodes)]
@@ -657,6 +658,8 @@ def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int = 6
         raise ValidationError({"message": "Type a message."})
     if len(message) > 4000:
         raise ValidationError({"message": "Keep it under 4000 characters."})
+    max_tokens = int_in_range(max_tokens, "max_tokens", low=1, high=min(4096, endpoint.max_model_len or 4096),
+                              default=64)
     replica = endpoint.replica_set.filter(state=Endpoint.State.READY).select_related("node").order_by("?").first()
     if replica is None:
         raise ServiceUnavailable(f"{endpoint.name} has no ready replica (state: {endpoint.state}).")

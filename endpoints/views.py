@@ -122,7 +122,11 @@ def endpoint_restart(request, endpoint_id: int):
 def endpoint_profiling(request, endpoint_id: int):
     """The endpoint page's Enable / Disable profiling button (its form posts enabled=1 or 0)."""
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
-    enabled = request.POST.get("enabled") == "1"
+    raw = request.POST.get("enabled", "")
+    if raw not in ("0", "1"):  # never read as "disable": that restarts every replica
+        messages.error(request, f"enabled must be 1 or 0, not {raw[:40]!r}: profiling is unchanged.")
+        return redirect(endpoint)
+    enabled = raw == "1"
     try:
         services.endpoint_set_profiling(endpoint=endpoint, enabled=enabled, user=request.user, request=request)
     except ValidationError as exc:

@@ -13,6 +13,8 @@ router = Router(tags=["models"])
 
 
 class ModelIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     name: str
     path: str
     description: str = ""

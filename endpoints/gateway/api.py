@@ -14,6 +14,8 @@ router = Router(tags=["gateway"])
 
 
 class KeyIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     name: str
     models: list[str] = []
     endpoints: list[str] = []
@@ -23,11 +25,16 @@ class KeyIn(Schema):
 
 
 class LimitsIn(Schema):
+    """A limit left out is kept; null removes it."""
+    model_config = ConfigDict(extra="forbid")
+
     rpm_limit: int | None = None
     tpm_limit: int | None = None
 
 
 class StageIn(Schema):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     staged: int
     drain_seconds: int | None = None
 
@@ -98,14 +105,16 @@ def revoke_key(request, key_id: int):
 
 @api_route(router, "POST", "/gateway/keys/{key_id}/limits", role=ADMIN)
 def key_limits(request, key_id: int, data: LimitsIn):
-    return key_json(services.key_update_limits(key=get_object_or_404(GatewayKey, pk=key_id), rpm_limit=data.rpm_limit,
-                                               tpm_limit=data.tpm_limit, actor=request.user, request=request))
+    key = get_object_or_404(GatewayKey, pk=key_id)
+    given = {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit, **data.model_dump(exclude_unset=True)}
+    return key_json(services.key_update_limits(key=key, rpm_limit=given["rpm_limit"], tpm_limit=given["tpm_limit"],
+                                               actor=request.user, request=request))
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/stage", role=OPERATOR)
 def stage(request, endpoint_id: int, data: StageIn):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
-    staged = get_object_or_404(Endpoint, pk=data.staged)
+    staged = services.staged_endpoint(data.staged)
     return pair_json(services.stage(endpoint=endpoint, staged=staged, drain_seconds=data.drain_seconds,
                                     actor=request.user, request=request))
 

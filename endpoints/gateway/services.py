@@ -181,24 +181,42 @@ def _ready(endpoint) -> bool:
         state=Endpoint.State.READY, port__isnull=False).exists()
 
 
+def staged_endpoint(staged_id) -> Endpoint:
+    """The endpoint named as a staged side, or a refusal on `staged`."""
+    found = Endpoint.objects.filter(pk=staged_id).first() if str(staged_id or "").isdigit() else None
+    if found is None:
+        raise ValidationError({"staged": f"No endpoint #{staged_id}: give the id of an endpoint serving the same model."})
+    return found
+
+
 def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
     """Make `staged` (another endpoint serving the same model) the standby of `endpoint`: it
     gets no traffic until a switch."""
     if staged.pk == endpoint.pk:
-        raise ValidationError("An endpoint cannot be staged beside itself.")
+        raise ValidationError({"staged": "An endpoint cannot be staged beside itself."})
     if model_name(staged) != model_name(endpoint):
-        raise ValidationError(f"{staged.name} serves {model_name(staged)!r}, not {model_name(endpoint)!r}: "
-                              "launch it with the same served model name.")
-    if GatewayEndpoint.objects.filter(staged=endpoint).exists() or GatewayEndpoint.objects.filter(
-            endpoint=staged, staged__isnull=False).exists():
-        raise ValidationError("One of the two already belongs to another blue-green pair.")
+        raise ValidationError({"staged": f"{staged.name} serves {model_name(staged)!r}, not {model_name(endpoint)!r}: "
+                                         "launch it with the same served model name."})
+    drain = None if drain_seconds is None else _limit(drain_seconds, "drain_seconds", "Drain seconds")
     with transaction.atomic():
+        # Both endpoints locked, in one order: two stagings naming the same endpoint run one after the other.
+        list(Endpoint.objects.select_for_update().filter(pk__in=(endpoint.pk, staged.pk)).order_by("pk"))
+        if GatewayEndpoint.objects.filter(staged=endpoint).exists():
+            raise ValidationError({"staged": f"{endpoint.name} is itself the staged side of another blue-green pair."})
+        if GatewayEndpoint.objects.filter(endpoint=staged, staged__isnull=False).exists():
+            raise ValidationError({"staged": f"{staged.name} has a staged side of its own."})
+        # One endpoint is the standby of one pair: else a rollback of one pair stops the other's live side.
+        if GatewayEndpoint.objects.filter(staged=staged).exclude(endpoint=endpoint).exists():
+            raise ValidationError({"staged": f"{staged.name} is already the staged side of another endpoint."})
         gw = _pair(endpoint)
         if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
-            raise ValidationError("The staged side is serving: roll back or wait for the drain first.")
+            raise ValidationError({"staged": "The staged side is serving: roll back or wait for the drain first."})
+        if gw.stop_idle_at and gw.staged_id != staged.pk:
+            raise ValidationError({"staged": f"{gw.staged.name if gw.staged else 'The previous staged side'} is "
+                                             "draining after a rollback: stage another once it has stopped."})
         gw.staged, gw.serving, gw.stop_idle_at, gw.canary_percent = staged, GatewayEndpoint.Serving.LIVE, None, 0
-        if drain_seconds is not None:
-            gw.drain_seconds = _limit(drain_seconds, "drain_seconds", "Drain seconds")
+        if drain is not None:
+            gw.drain_seconds = drain
         gw.save()
         audit_log(actor=actor, action="gateway.stage", obj=endpoint, request=request, via=via,
                   changes={"staged": staged.name})

@@ -88,7 +88,7 @@ def endpoint_bluegreen(request, endpoint_id: int):
     action = form.cleaned_data["action"]
     try:
         if action == "stage":
-            staged = get_object_or_404(Endpoint, pk=form.cleaned_data["staged"] or 0)
+            staged = services.staged_endpoint(form.cleaned_data["staged"])
             services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
         elif action == "canary":
             services.set_canary(endpoint=endpoint, percent=form.cleaned_data["percent"], actor=request.user,

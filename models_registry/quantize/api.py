@@ -1,3 +1,5 @@
+from typing import Literal
+
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
@@ -36,7 +38,7 @@ class DatasetIn(Schema):
 
     name: str
     content: str
-    format: str = "jsonl"  # "jsonl" or "text"
+    format: Literal["jsonl", "text"] = "jsonl"
     purpose: str = "calibration"
     description: str = ""
     source: str = ""

@@ -66,6 +66,10 @@ def dataset_create(*, name: str, content: str, user, filename: str = "", purpose
         raise ValidationError({"name": exc.messages}) from exc
     if purpose not in CalibrationDataset.Purpose.values:
         raise ValidationError({"purpose": "Choose calibration or evaluation."})
+    for field, text in (("source", source), ("description", description)):
+        limit = CalibrationDataset._meta.get_field(field).max_length
+        if limit and len(text or "") > limit:
+            raise ValidationError({field: f"Keep the {field} under {limit} characters."})
     if len(content) > settings.QUANTIZE_MAX_DATASET_CHARS:
         raise ValidationError({"file": f"The text is larger than {settings.QUANTIZE_MAX_DATASET_CHARS} characters."})
     samples = parse_samples(content, filename=filename)

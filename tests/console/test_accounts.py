@@ -1,11 +1,13 @@
 """Accounts, roles, API tokens and the audit log."""
 import io
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
+from django.utils import timezone
 
 from console.models import ApiToken, AuditEvent, hash_token
 from console.roles import ADMIN, OPERATOR, VIEWER, user_role
@@ -170,6 +172,9 @@ def test_accounts_over_the_api(admin, viewer, api_for):
     assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 200
     assert mine.post(f"/api/v1/tokens/{token.json()['id']}/revoke").json()["active"] is False
     assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 401
+    lasting = mine.post("/api/v1/tokens", {"name": "no expiry given"})  # the default lifetime, not for ever
+    expires = ApiToken.objects.get(pk=lasting.json()["id"]).expires_at
+    assert lasting.status_code == 201 and abs((expires - timezone.now()) - timedelta(days=90)) < timedelta(minutes=1)
     bad = api.post("/api/v1/users", {"username": "x", "role": "Root"})
     assert bad.status_code == 400 and "Choose a role" in bad.json()["detail"]
     audit = api.get("/api/v1/audit?action=user.").json()

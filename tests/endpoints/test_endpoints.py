@@ -73,6 +73,15 @@ def test_bad_launch_requests_are_refused_clearly(payload, field, message, operat
 
 
 @pytest.mark.django_db
+def test_a_misspelt_launch_field_is_refused_not_dropped(operator, api_for, ascend_node, tiny_artifact):
+    """It launched with the default gpu_memory_utilization before: the schema drops what it does not know."""
+    response = api_for(operator).post("/api/v1/endpoints", {"name": "ep", "artifact": tiny_artifact.pk, "devices": [0],
+                                                            "gpu_memory_util": 0.5})
+    assert response.status_code == 422 and [e["loc"][-1] for e in response.json()["detail"]] == ["gpu_memory_util"]
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("fmt,message", [("om", "OM models are for ACL/MindIE"), ("onnx", "cannot serve"),
                                          ("gguf", "Convert it to Hugging Face format first")])
 def test_artifacts_vllm_cannot_serve_are_refused(fmt, message, operator, api_for, cpu_node):
@@ -280,6 +289,9 @@ def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for,
     assert response.status_code == 503 and "no ready replica" in response.json()["detail"]
     page = as_operator.post(f"/endpoints/{endpoint.pk}/try", {"message": "hi"})
     assert page.status_code == 200 and b"no ready replica" in page.content
+    for bad in (0, -5, 10**9):  # refused on the field before any replica is asked
+        refused = api_for(operator).post(f"/api/v1/endpoints/{endpoint.pk}/chat", {"message": "hi", "max_tokens": bad})
+        assert refused.status_code == 400 and list(refused.json()["errors"]) == ["max_tokens"], refused.content
 
 
 @pytest.mark.django_db

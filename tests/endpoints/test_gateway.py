@@ -128,6 +128,13 @@ def test_api_creates_and_revokes_keys(admin, operator, api_for):
     assert one.json()["name"] == "api-app" and one.json()["requests_total"] == 0
     usage = api.get(one.json()["usage_series"])
     assert usage.status_code == 200, usage.content
+    limits = f"/api/v1/gateway/keys/{key_id}/limits"
+    assert api.post(limits, {"tpm_limit": 5000}).status_code == 200  # rpm_limit left out: kept
+    assert (GatewayKey.objects.get(pk=key_id).rpm_limit, GatewayKey.objects.get(pk=key_id).tpm_limit) == (10, 5000)
+    assert api.post(limits, {"rpm_limit": None}).status_code == 200  # null: no limit
+    assert (GatewayKey.objects.get(pk=key_id).rpm_limit, GatewayKey.objects.get(pk=key_id).tpm_limit) == (None, 5000)
+    misspelt = api.post(limits, {"rpm": 3})
+    assert misspelt.status_code in (400, 422) and "rpm" in misspelt.content.decode()
     assert api.post(f"/api/v1/gateway/keys/{key_id}/revoke").json()["active"] is False
     assert api_for(operator).get("/api/v1/gateway/keys").status_code == 403
 
@@ -330,6 +337,27 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
     texts = [t for _, _, t in results]
     assert "hello from green" in texts and texts[-1] == "hello from blue"
     assert AuditEvent.objects.filter(action__in=["gateway.switch", "gateway.rollback"]).count() == 2
+
+
+@pytest.mark.django_db
+def test_an_endpoint_is_the_staged_side_of_one_pair_only(operator, api_for):
+    """Staged beside two live endpoints, S would be stopped by a rollback of one pair while it served the other's
+    traffic; a bad staged id, or another staging while a rolled-back side drains, is refused on `staged` too."""
+    node = Node.objects.create(name="n", address="127.0.0.1")
+    a, b, s, t = (make_endpoint(name, [], node=node, model="tiny") for name in ("ep-a", "ep-b", "ep-s", "ep-t"))
+    api = api_for(operator)
+    assert api.post(f"/api/v1/gateway/endpoints/{a.pk}/stage", {"staged": s.pk}).status_code == 200
+    twice = api.post(f"/api/v1/gateway/endpoints/{b.pk}/stage", {"staged": s.pk})
+    assert twice.status_code == 400 and twice.json()["errors"] == {
+        "staged": ["ep-s is already the staged side of another endpoint."]}
+    ghost = api.post(f"/api/v1/gateway/endpoints/{b.pk}/stage", {"staged": 99999})
+    assert ghost.status_code == 400 and list(ghost.json()["errors"]) == ["staged"]
+    assert not GatewayEndpoint.objects.filter(endpoint=b, staged__isnull=False).exists()
+    GatewayEndpoint.objects.filter(endpoint=a).update(stop_idle_at=timezone.now())  # s drains after a rollback
+    draining = api.post(f"/api/v1/gateway/endpoints/{a.pk}/stage", {"staged": t.pk})
+    assert draining.status_code == 400 and "draining" in draining.json()["errors"]["staged"][0]
+    assert GatewayEndpoint.objects.get(endpoint=a).staged == s
+    assert AuditEvent.objects.filter(action="gateway.stage").count() == 1
 
 
 @pytest.mark.django_db(transaction=True)

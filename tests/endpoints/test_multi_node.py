@@ -46,7 +46,7 @@ def test_launch_request_checks(operator, api_for, cpu_pair, tiny_artifact):
             "pipeline_parallel_size": 2}
     for values, field, message in [
         ({"worker_nodes": []}, "worker_nodes", "Name the other node"),
-        ({"worker_nodes": ["nowhere"]}, "node", "No node 'nowhere'"),
+        ({"worker_nodes": ["nowhere"]}, "worker_nodes", "No node 'nowhere'"),
         ({"worker_nodes": ["worker", "head"]}, "worker_nodes", "listed twice, or is the head node"),
         ({"replicas": 2}, "replicas", "one replica across its nodes"),
         ({"pipeline_parallel_size": 1}, "pipeline_parallel_size", "must split evenly over the 2 nodes"),
@@ -60,6 +60,7 @@ def test_launch_request_checks(operator, api_for, cpu_pair, tiny_artifact):
         response = _create(api, **{**base, **values})
         assert response.status_code == 400, values
         assert field in response.json()["detail"] and message in response.json()["detail"], response.json()
+        assert list(response.json()["errors"]) == [field], response.json()
     assert not Endpoint.objects.exists()
 
     Node.objects.filter(name="worker").update(platform="ascend")

@@ -316,6 +316,9 @@ def test_the_endpoint_page_button(two_ready, as_operator, as_viewer):
     assert Endpoint.objects.get().profiling is False
     response = as_operator.post(f"/endpoints/{two_ready.pk}/profiling", {"enabled": "1"})
     assert response.status_code == 302 and Endpoint.objects.get().profiling is True
+    for garbled in ({"enabled": "true"}, {}):  # refused, not read as "disable" (which restarts every replica)
+        refused = as_operator.post(f"/endpoints/{two_ready.pk}/profiling", garbled, follow=True)
+        assert "enabled must be 1 or 0" in refused.content.decode() and Endpoint.objects.get().profiling is True
     html = as_operator.get(page).content.decode()
     assert "Disable profiling" in html and "profiling enabled" in html
     as_operator.post(f"/endpoints/{two_ready.pk}/profiling", {"enabled": "0"})

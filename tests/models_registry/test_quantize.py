@@ -112,6 +112,11 @@ def test_dataset_upload_preview_and_bad_input(db, operator, viewer, api_for):
     assert empty.status_code == 400
     bad = api.post("/api/v1/calibration-datasets", {"name": "bad", "content": '{"text": 1}\n'})
     assert bad.status_code == 400 and "Line 1" in bad.content.decode()
+    long_source = api.post("/api/v1/calibration-datasets", {"name": "long", "content": lines, "source": "s" * 301})
+    assert long_source.status_code == 400 and long_source.json()["errors"] == {
+        "source": ["Keep the source under 300 characters."]}
+    csv = api.post("/api/v1/calibration-datasets", {"name": "csv", "content": lines, "format": "csv"})
+    assert csv.status_code == 422 and [e["loc"][-1] for e in csv.json()["detail"]] == ["format"]
     listed = api_for(viewer).get("/api/v1/calibration-datasets").json()
     assert {"default-calibration", "default-evaluation", "ops-logs", "plain"} <= {d["name"] for d in listed}
     assert api_for(viewer).post("/api/v1/calibration-datasets", {"name": "x", "content": lines}).status_code == 403

@@ -44,6 +44,8 @@ def test_register_gguf_and_checksum_runs_in_the_background(operator, api_for, ti
     body = api.post("/api/v1/models", {"name": "tiny-gguf", "path": str(tiny_gguf)}).json()
     artifact = Artifact.objects.get(pk=body["artifacts"][0]["id"])
     assert artifact.format == "gguf" and artifact.sha256 == ""
+    queued = AuditEvent.objects.get(action="job.enqueue.hash_artifact")  # the console's own job is audited too
+    assert (queued.actor, queued.via) == (None, "system")
     run_queued_jobs("default")
     artifact.refresh_from_db()
     import hashlib
