@@ -21,7 +21,7 @@ class AuditEvent(models.Model):
     object_repr = models.CharField(max_length=255, blank=True)
     changes = models.JSONField(default=dict, blank=True)
     source_ip = models.GenericIPAddressField(null=True, blank=True)
-    via = models.CharField(max_length=16, blank=True)  # web | api | cli | agent | job
+    via = models.CharField(max_length=16, blank=True)  # web | api | cli | agent | job | gateway | controller | system
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -66,7 +66,7 @@ class ChatIn(Schema):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
 
     message: str
-    max_tokens: int = 64
+    max_tokens: int | None = None  # default: 64, or half of a smaller max_model_len
 
 
 def member_json(member) -> dict:

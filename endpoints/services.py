@@ -651,15 +651,15 @@ def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
     endpoint.delete()
 
 
-def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int = 64, request=None) -> dict:
+def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int | None = None, request=None) -> dict:
     """Try-it: one chat completion through the console to a ready replica, timed."""
     message = (message or "").strip()
     if not message:
         raise ValidationError({"message": "Type a message."})
     if len(message) > 4000:
         raise ValidationError({"message": "Keep it under 4000 characters."})
-    max_tokens = int_in_range(max_tokens, "max_tokens", low=1, high=min(4096, endpoint.max_model_len or 4096),
-                              default=64)
+    room = min(4096, endpoint.max_model_len or 4096)
+    max_tokens = int_in_range(max_tokens, "max_tokens", low=1, high=room, default=min(64, max(1, room // 2)))
     replica = endpoint.replica_set.filter(state=Endpoint.State.READY).select_related("node").order_by("?").first()
     if replica is None:
         raise ServiceUnavailable(f"{endpoint.name} has no ready replica (state: {endpoint.state}).")

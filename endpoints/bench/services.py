@@ -1,6 +1,5 @@
 """Writes for benchmarks: validate and queue runs and sweeps (one `bench` job each), retry and cancel them.
 The job itself is endpoints.bench.jobs; what it runs, endpoints.bench.client."""
-from contextlib import contextmanager
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -66,22 +65,11 @@ def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_f
     return endpoint, rows, path, file_name, upload
 
 
-@contextmanager
-def _upload_stored(upload: bytes | None):
-    """Writes an uploaded prompt file once the request has passed every check; removed again when queueing
-    fails (a refused request leaves no file behind). Content-addressed: a file already there is kept."""
-    if upload is None:
-        yield
-        return
-    path = prompt_file_path(upload)
-    made = not path.exists()
-    store_prompt_file(upload)
-    try:
-        yield
-    except BaseException:
-        if made:
-            path.unlink(missing_ok=True)
-        raise
+def _store_upload(upload: bytes | None) -> None:
+    """An uploaded prompt file is written once the request has passed every check and its job is queued (a
+    refused request leaves no file). Named by its content: never removed, as another run may read the same."""
+    if upload is not None:
+        store_prompt_file(upload)
 
 
 def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
@@ -94,9 +82,10 @@ def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, pr
     _check_ready(endpoint, cleaned["replica"])
     params = {"mode": "run", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
-    with _upload_stored(upload), transaction.atomic():
+    with transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
                        timeout_s=cleaned["timeout_s"] + 300)
+        _store_upload(upload)
         run = BenchmarkRun.objects.create(job=job, params=params, **_run_fields(
             endpoint, cleaned, max_concurrency=cleaned["max_concurrency"], num_prompts=cleaned["num_prompts"],
             file_name=file_name, user=user))
@@ -117,9 +106,10 @@ def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt
     levels = cleaned["concurrencies"]
     params = {"mode": "sweep", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
               "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
-    with _upload_stored(upload), transaction.atomic():
+    with transaction.atomic():
         job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
                        timeout_s=len(levels) * (cleaned["timeout_s"] + 300))
+        _store_upload(upload)
         sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, job=job,
                                               label=cleaned["label"], concurrencies=levels, params=params,
                                               created_by=user if user is not None and user.pk else None)

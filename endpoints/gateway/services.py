@@ -159,6 +159,8 @@ def finish_drains() -> int:
             if idle is not None:
                 _stop_endpoint(idle, reason="blue-green drain over")
                 stopped += 1
+            if idle is not None and idle == gw.staged:  # rolled back and stopped: free to stand by elsewhere
+                GatewayEndpoint.objects.filter(pk=gw.pk, staged=idle).update(staged=None)
     return stopped
 
 
@@ -199,7 +201,9 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
                                          "launch it with the same served model name."})
     drain = None if drain_seconds is None else _limit(drain_seconds, "drain_seconds", "Drain seconds")
     with transaction.atomic():
-        # Both endpoints locked, in one order: two stagings naming the same endpoint run one after the other.
+        # The pair's row, then both endpoints (the drain's order: pair row, then the endpoint it stops): two
+        # stagings naming the same endpoint run one after the other.
+        gw = _pair(endpoint)
         list(Endpoint.objects.select_for_update().filter(pk__in=(endpoint.pk, staged.pk)).order_by("pk"))
         if GatewayEndpoint.objects.filter(staged=endpoint).exists():
             raise ValidationError({"staged": f"{endpoint.name} is itself the staged side of another blue-green pair."})
@@ -208,7 +212,6 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
         # One endpoint is the standby of one pair: else a rollback of one pair stops the other's live side.
         if GatewayEndpoint.objects.filter(staged=staged).exclude(endpoint=endpoint).exists():
             raise ValidationError({"staged": f"{staged.name} is already the staged side of another endpoint."})
-        gw = _pair(endpoint)
         if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
             raise ValidationError({"staged": "The staged side is serving: roll back or wait for the drain first."})
         if gw.stop_idle_at and gw.staged_id != staged.pk:

@@ -182,6 +182,8 @@ def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for,
     second = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
     assert second.status_code == 409 and second.json()["id"] == job.pk
     assert api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk}).status_code == 409
+    with_file = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"prompt": "x"}\n'})
+    assert with_file.status_code == 409 and not list(workload.bench_dir().rglob("*.jsonl"))  # refused: no file kept
     cancelled = api.post(f"/api/v1/benchmarks/{body['id']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).status_code == 202

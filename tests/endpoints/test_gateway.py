@@ -358,6 +358,10 @@ def test_an_endpoint_is_the_staged_side_of_one_pair_only(operator, api_for):
     assert draining.status_code == 400 and "draining" in draining.json()["errors"]["staged"][0]
     assert GatewayEndpoint.objects.get(endpoint=a).staged == s
     assert AuditEvent.objects.filter(action="gateway.stage").count() == 1
+    services.finish_drains()  # the rolled-back side stops and stands by for a's pair no more
+    assert Endpoint.objects.get(pk=s.pk).desired_state == Endpoint.Desired.STOPPED
+    assert GatewayEndpoint.objects.get(endpoint=a).staged is None
+    assert api.post(f"/api/v1/gateway/endpoints/{b.pk}/stage", {"staged": s.pk}).status_code == 200
 
 
 @pytest.mark.django_db(transaction=True)

@@ -551,6 +551,7 @@ def test_a_cancelled_jobs_late_writes_are_cleaned_up_once_its_process_has_gone(t
     job_cancel(job=job, user=operator)
     job.refresh_from_db()
     assert job.status == "cancelled" and job.cleanup_pending
+    Job.objects.filter(pk=job.pk).update(finished_at=started)  # the reaper's passes below are timed from here
     late = Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="om",
                                    path=str(tiny_artifact.path) + "-om", status=Artifact.Status.BUILDING)
     stale = timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1)
@@ -568,6 +569,7 @@ def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settin
     """A benchmark's staging lies on its endpoint's node; the reaper, on the console's host, found no such path
     there and forgot it, and the directory stayed on the node with nothing pointing at it. Now the reaper keeps
     the record, and each host's job worker removes its own ended jobs' staging (at start, then every 10 min)."""
+    from django.db import connection
     from rq import Queue
 
     from workers.jobs.worker import JobWorker
@@ -584,5 +586,37 @@ def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settin
     here = Job.objects.create(kind="bench", queue="default", rq_id="here", node=settings.NODE_NAME,
                               staging_path=str(staging), **ended)
     JobWorker([Queue("default", connection=redis_conn)], connection=redis_conn).run_maintenance_tasks()
+    assert connection.connection is None  # RQ forks each job from the worker: it must hold no connection
     assert not staging.exists() and Job.objects.get(pk=here.pk).staging_path == ""
     assert Job.objects.get(pk=elsewhere.pk).staging_path == elsewhere.staging_path
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_started_meanwhile(operator, settings,
+                                                                                             redis_conn):
+    """The heartbeat says the process lives whatever the row says (the reaper's cleanup waits for it to stop);
+    a Cancel of a job read as queued that a worker claimed meanwhile cancels it running."""
+    import threading
+
+    from workers.jobs import runner
+    from workers.jobs.services import job_cancel
+
+    old = timezone.now() - timezone.timedelta(minutes=5)
+    cancelled = Job.objects.create(kind="convert", queue="convert", rq_id="beats", status=Job.Status.CANCELLED,
+                                   finished_at=old, heartbeat_at=old)
+    settings.JOB_HEARTBEAT_SECONDS = 0.05
+    stop = threading.Event()
+    beat = threading.Thread(target=runner._heartbeat, args=(cancelled.pk, stop))
+    beat.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Job.objects.get(pk=cancelled.pk).heartbeat_at == old:
+        time.sleep(0.05)
+    stop.set()
+    beat.join(timeout=5)
+    assert Job.objects.get(pk=cancelled.pk).heartbeat_at > old
+
+    read_queued = Job.objects.create(kind="convert", queue="convert", rq_id="claimed-meanwhile")
+    Job.objects.filter(pk=read_queued.pk).update(status=Job.Status.RUNNING, started_at=timezone.now(),
+                                                 heartbeat_at=timezone.now())
+    job = job_cancel(job=read_queued, user=operator)  # the object still says queued
+    assert job.status == "cancelled" and Job.objects.get(pk=job.pk).cleanup_pending  # cancelled running: kept

@@ -4,7 +4,11 @@ import os
 import shutil
 from pathlib import Path
 
+from datetime import timedelta
+
 from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
 
 from workers.jobs.models import Job
 
@@ -90,8 +94,15 @@ def remove_staging(job: Job) -> bool:
     return removed
 
 
+def gone(jobs, *, stale_before):
+    """The jobs among `jobs` whose process has stopped beating (it beats whatever the row says: a cancelled job
+    may still be writing into its staging)."""
+    return jobs.filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale_before))
+
+
 def remove_this_hosts_staging() -> int:
     """The staging directories of this host's ended jobs (their worker was killed: a Cancel, a timeout, a
     crash); the reaper runs on the console's host and cannot reach them. Returns how many were removed."""
+    stale_before = timezone.now() - timedelta(seconds=settings.JOB_STALE_SECONDS)
     ended = Job.objects.filter(status__in=Job.FINISHED, node=settings.NODE_NAME).exclude(staging_path="")
-    return sum(remove_staging(job) for job in ended)
+    return sum(remove_staging(job) for job in gone(ended, stale_before=stale_before))

@@ -7,7 +7,6 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.db.models import Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.command import send_stop_job_command
@@ -18,7 +17,7 @@ from rq.job import Job as RqJob
 from console.audit import audit_log
 from console.exceptions import Conflict
 from workers.jobs import queues
-from workers.jobs.context import remove_staging
+from workers.jobs.context import gone, remove_staging
 from workers.jobs.models import Job
 from workers.jobs.registry import runner_class
 
@@ -163,8 +162,8 @@ def reap_jobs(*, now=None) -> list[int]:
         ):
             reaped.append(job.pk)
             job.refresh_from_db()
-            remove_staging(job)
-            cleanup_after_failure(job, settled=False)  # a worker that is only slow writes on: again once it has gone
+            # A worker that is only slow writes on: its staging goes, and its cleanup runs again, once it has gone.
+            cleanup_after_failure(job, settled=False)
             log.warning("Reaped %s: %s", job, message)
     # Queued rows whose RQ job is gone (Redis restarted without persistence), or ended without ever claiming
     # the row (its work horse died first: RQ moved it to the failed registry, kept there 7 days).
@@ -187,13 +186,13 @@ def reap_jobs(*, now=None) -> list[int]:
                 cleanup_after_failure(Job.objects.get(pk=job.pk))
     except RedisError as exc:
         log.warning("Reaper: Redis unreachable (%s); queued jobs not checked", exc)
-    for job in Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""):
+    for job in gone(Job.objects.filter(status__in=Job.FINISHED).exclude(staging_path=""), stale_before=stale_before):
         remove_staging(job)
     # A job failed or cancelled whose process died before its kind's cleanup ran (a 'building' artifact, a
     # profile left recording), or ran on after a Cancel: run it now, once the process's heartbeat (written
     # whatever the row says) has stopped.
-    for job in Job.objects.filter(Q(heartbeat_at__isnull=True) | Q(heartbeat_at__lt=stale_before),
-                                  cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before):
+    for job in gone(Job.objects.filter(cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before),
+                    stale_before=stale_before):
         try:
             cleanup_after_failure(job)
             log.warning("Cleaned up after %s (%s): its process ended before it did", job, job.status)

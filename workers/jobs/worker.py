@@ -3,7 +3,7 @@
 import logging
 from datetime import timedelta
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, connections
 from rq import Worker
 from rq.utils import now
 
@@ -27,7 +27,6 @@ class JobWorker(Worker):
     def run_maintenance_tasks(self):
         """RQ's own (at start, then every 10 minutes), then the staging directories this host's killed jobs left."""
         super().run_maintenance_tasks()
-        close_old_connections()
         try:
             removed = remove_this_hosts_staging()
         except (DatabaseError, OSError) as exc:  # maintenance must not end the worker: next time
@@ -36,3 +35,5 @@ class JobWorker(Worker):
             if removed:
                 log.warning("removed %d staging director%s of this host's ended jobs", removed,
                             "y" if removed == 1 else "ies")
+        finally:
+            connections.close_all()  # RQ forks each job from this process: it must not inherit a connection
