@@ -6,7 +6,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.audit import audit_log
@@ -46,25 +46,31 @@ def user_create(*, username: str, role: str, password: str = "", actor=None, req
     """Create a user with a role; a blank password is generated and returned once."""
     username = (username or "").strip()
     if not username:
-        raise ValidationError("Enter a username.")
+        raise ValidationError({"username": "Enter a username."})
     if role not in ROLES:
-        raise ValidationError(f"Choose a role: {', '.join(ROLES)}.")
+        raise ValidationError({"role": f"Choose a role: {', '.join(ROLES)}."})
     if User.objects.filter(username__iexact=username).exists():
-        raise ValidationError(f"A user named {username!r} already exists.")
+        raise ValidationError({"username": f"A user named {username!r} already exists."})
     user = User(username=username)
     try:
         User._meta.get_field("username").run_validators(username)
     except ValidationError as exc:
-        raise ValidationError(f"Invalid username: {' '.join(exc.messages)}") from exc
+        raise ValidationError({"username": f"Invalid username: {' '.join(exc.messages)}"}) from exc
     generated = ""
     if not password:
         generated = password = secrets.token_urlsafe(12)
-    validate_password(password, user)
-    with transaction.atomic():
-        user.set_password(password)
-        user.save()
-        set_role(user, role)
-        audit_log(actor=actor, action="user.create", obj=user, request=request, via=via, changes={"role": role})
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        raise ValidationError({"password": exc.messages}) from exc
+    try:
+        with transaction.atomic():
+            user.set_password(password)
+            user.save()
+            set_role(user, role)
+            audit_log(actor=actor, action="user.create", obj=user, request=request, via=via, changes={"role": role})
+    except IntegrityError as exc:  # the same name created at the same moment: the unique index decides
+        raise ValidationError({"username": f"A user named {username!r} already exists."}) from exc
     return user, generated
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -380,34 +380,37 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     restart_hours = int_in_range(restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
     routing = _checked_routing(routing)
     per_replica = tp * pp
-    with transaction.atomic():
-        endpoint = Endpoint.objects.create(
-            name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
-            tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-            gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
-            enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
-            extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
-            distributed=distributed, data_parallel_size=layout.data_parallel_size,
-            restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing,
-            autoscale=scaling.as_json() if scaling is not None else None,
-            created_by=user if user is not None and user.pk else None,
-            state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
-        )
-        for index in range(replicas):
-            replica = Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=devices[
-                index * per_replica:(index + 1) * per_replica] if devices and not distributed else devices)
-            for rank, (member_node, role) in enumerate(layout.members(node)):
-                if role:
-                    ReplicaMember.objects.create(replica=replica, rank=rank, node=member_node, role=role, devices=devices)
-        EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
-        audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
-            "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
-            "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling, "routing": routing,
-            **({"autoscale": scaling.as_json()} if scaling is not None else {}),
-            **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
-                "data_parallel_size": layout.data_parallel_size} if distributed else {}),
-            **({"capacity_override": capacity_override} if capacity_override else {})})
-        transaction.on_commit(lambda: [nudge(n) for n in [node, *layout.nodes]])
+    try:
+        with transaction.atomic():
+            endpoint = Endpoint.objects.create(
+                name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
+                tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
+                enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
+                extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
+                distributed=distributed, data_parallel_size=layout.data_parallel_size,
+                restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing,
+                autoscale=scaling.as_json() if scaling is not None else None,
+                created_by=user if user is not None and user.pk else None,
+                state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
+            )
+            for index in range(replicas):
+                replica = Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=devices[
+                    index * per_replica:(index + 1) * per_replica] if devices and not distributed else devices)
+                for rank, (member_node, role) in enumerate(layout.members(node)):
+                    if role:
+                        ReplicaMember.objects.create(replica=replica, rank=rank, node=member_node, role=role, devices=devices)
+            EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
+            audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
+                "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
+                "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling, "routing": routing,
+                **({"autoscale": scaling.as_json()} if scaling is not None else {}),
+                **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
+                    "data_parallel_size": layout.data_parallel_size} if distributed else {}),
+                **({"capacity_override": capacity_override} if capacity_override else {})})
+            transaction.on_commit(lambda: [nudge(n) for n in [node, *layout.nodes]])
+    except IntegrityError as exc:  # the same name launched at the same moment: the unique index decides
+        raise ValidationError({"name": f"An endpoint named {name!r} exists already."}) from exc
     return endpoint
 
 

@@ -179,3 +179,19 @@ def test_accounts_over_the_api(admin, viewer, api_for):
     assert bad.status_code == 400 and "Choose a role" in bad.json()["detail"]
     audit = api.get("/api/v1/audit?action=user.").json()
     assert [e["action"] for e in audit] == ["user.update", "user.create"] and audit[0]["via"] == "api"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_created_twice_at_the_same_moment_is_a_field_error_not_a_500(admin, api_for, monkeypatch):
+    """The name check and the insert are two steps: another request can commit the same name between them.
+    The unique index then refuses the insert, and the refusal names the field."""
+    from console import services
+
+    def the_other_request_commits_meanwhile(password, user):  # runs between the name check and the insert
+        get_user_model().objects.create(username="twin")
+
+    monkeypatch.setattr(services, "validate_password", the_other_request_commits_meanwhile)
+    twice = api_for(admin).post("/api/v1/users", {"username": "twin", "role": VIEWER})
+    assert twice.status_code == 400 and twice.json()["errors"] == {"username": ["A user named 'twin' already exists."]}
+    assert get_user_model().objects.filter(username="twin").count() == 1
+    assert not AuditEvent.objects.filter(action="user.create").exists()

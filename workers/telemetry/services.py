@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Avg, Count, F, Max, Min
 from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField
@@ -284,11 +284,15 @@ def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt",
                                                 defaults=(AlertRule.Op.GT, 0.0, 60))
     if severity not in ALERT_SEVERITIES:
         raise ValidationError({"severity": f"Choose one of: {', '.join(ALERT_SEVERITIES)}."})
-    rule = AlertRule.objects.create(name=name, kind=kind, metric=metric, op=op, threshold=threshold,
-                                    duration_s=duration_s, severity=severity, enabled=bool(enabled))
-    audit_log(actor=actor, action="alert_rule.create", obj=rule, request=request, via=via, changes={
-        "name": name, "kind": kind, "metric": metric, "op": op, "threshold": threshold, "duration_s": duration_s,
-        "severity": severity, "enabled": rule.enabled})
+    try:
+        with transaction.atomic():
+            rule = AlertRule.objects.create(name=name, kind=kind, metric=metric, op=op, threshold=threshold,
+                                            duration_s=duration_s, severity=severity, enabled=bool(enabled))
+            audit_log(actor=actor, action="alert_rule.create", obj=rule, request=request, via=via, changes={
+                "name": name, "kind": kind, "metric": metric, "op": op, "threshold": threshold,
+                "duration_s": duration_s, "severity": severity, "enabled": rule.enabled})
+    except IntegrityError as exc:  # the same name created at the same moment: the unique index decides
+        raise ValidationError({"name": f"A rule named “{name}” exists already."}) from exc
     return rule
 
 
