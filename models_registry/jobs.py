@@ -17,12 +17,14 @@ from models_registry.paths import (
     check_tree,
     confine,
     open_confined,
+    remove_unfinished_output,
     tree_files,
     tree_size,
 )
 from models_registry.selectors import model_jobs_q
 from models_registry.services import artifact_convert, artifact_hash_enqueue
-from workers.jobs.context import JobFailed
+from workers.jobs.context import JobCancelled, JobFailed
+from workers.jobs.models import Job
 from workers.jobs.registry import register_target_filter
 from workers.jobs.runner import JobRunner
 
@@ -45,10 +47,13 @@ class ArtifactJobRunner(JobRunner):
         raise NotImplementedError
 
     def on_failure(self, job) -> None:
-        """A job that did not succeed leaves its 'building' artifacts marked failed."""
-        Artifact.objects.filter(producing_job=job, status=Artifact.Status.BUILDING).update(
-            status=Artifact.Status.FAILED, note=job.error or f"job {job.status}"
-        )
+        """A job that did not succeed leaves its 'building' artifacts marked failed, and the output a killed job
+        committed before marking it ready removed (files first: a cleanup cut short is run again)."""
+        building = Artifact.objects.filter(producing_job=job, status=Artifact.Status.BUILDING)
+        for artifact in building:
+            if remove_unfinished_output(artifact.path):
+                log.warning("removed %s: artifact #%s never became ready", artifact.path, artifact.pk)
+        building.update(status=Artifact.Status.FAILED, note=job.error or f"job {job.status}")
 
     def result_object(self, job):
         artifact_id = job.result.get("artifact_id")
@@ -122,11 +127,17 @@ def _building(source: Artifact, job, *, fmt: str, dtype: str, dest: Path, params
 
 
 def _ready(artifact: Artifact, dest: Path, **extra) -> None:
+    """Mark a committed output ready, only while its job still runs and the row still says building: a Cancel,
+    a reap or a delete meanwhile wins (its cleanup removes the output), never the other way round."""
     inspection = inspect_path(dest) if fmt_inspectable(artifact.format) else {}
     size = inspection.get("size_bytes") or tree_size(dest)
-    Artifact.objects.filter(pk=artifact.pk).update(
-        status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra
-    )
+    with transaction.atomic():
+        running = Job.objects.select_for_update().filter(pk=artifact.producing_job_id, status=Job.Status.RUNNING)
+        if not running.exists():
+            raise JobCancelled(f"artifact #{artifact.pk}: the job ended before its output was ready")
+        if not Artifact.objects.filter(pk=artifact.pk, status=Artifact.Status.BUILDING).update(
+                status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra):
+            raise JobFailed(f"Artifact #{artifact.pk} was deleted while it was being built.")
     artifact.refresh_from_db()
     transaction.on_commit(lambda: artifact_hash_enqueue(artifact=artifact))
 

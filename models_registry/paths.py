@@ -76,21 +76,31 @@ def validate_model_path(raw: str) -> Path:
 
 # --- confinement at job and page time --------------------------------------------------------------
 
+def _configured() -> list:
+    if not settings.configured:
+        return []
+    return [r for r in (*getattr(settings, "MODEL_ROOTS", []), getattr(settings, "ARTIFACT_STORE", None)) if r]
+
+
 def configured_roots() -> list[Path]:
     """Where models may live: MODEL_ROOTS and the artifact store, as real paths (none without settings,
     e.g. a reader used outside Django)."""
-    if not settings.configured:
-        return []
-    found = [*getattr(settings, "MODEL_ROOTS", []), getattr(settings, "ARTIFACT_STORE", None)]
-    return [Path(os.path.realpath(r)) for r in found if r]
+    return [Path(os.path.realpath(r)) for r in _configured()]
 
 
 def _within(tree) -> list[Path]:
-    """The configured roots, plus the real location of the tree being read: a directory inspected outside
-    the roots (a CLI check, a test) may still link inside itself, never out of it."""
+    """The configured roots, plus the real location of the tree being read when that tree is named outside
+    them: a directory inspected outside the roots (a CLI check, a test) may still link inside itself, never out
+    of it. A tree named inside the roots (every registered model and artifact) gets the roots alone, so a
+    folder swapped for a link out after its check is refused, not let in as the tree's own location."""
     roots = configured_roots()
-    real = None if tree is None else Path(os.path.realpath(tree))
-    return roots if real is None or _inside(real, roots) else [*roots, real]
+    if tree is None:
+        return roots
+    named = Path(os.path.abspath(tree))
+    if _inside(named, [*roots, *(Path(os.path.abspath(r)) for r in _configured())]):
+        return roots
+    real = Path(os.path.realpath(tree))
+    return roots if _inside(real, roots) else [*roots, real]
 
 
 def _refuse_outside(path: Path, real: str, within: list[Path]) -> None:
@@ -115,8 +125,8 @@ def tree_files(root, *, hidden: bool = True) -> list[Path]:
     leaves out names starting with '.' and what is below them."""
     root = Path(root)
     within = _within(root)
+    _refuse_outside(root, os.path.realpath(root), within)  # the tree itself, or a folder above it, swapped for a link
     if not root.is_dir():
-        _refuse_outside(root, os.path.realpath(root), within)
         return [root] if root.is_file() else []
     files, seen, folders = [], set(), [root]
     while folders:
@@ -191,6 +201,17 @@ def copy_confined(src, dst, *, tree=None) -> None:
         with os.fdopen(fd, "wb") as target:
             shutil.copyfileobj(source, target, _COPY_CHUNK)
     os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def remove_unfinished_output(path) -> bool:
+    """Remove a job's output folder that never became ready (committed, then the job was cancelled or died):
+    only a real folder inside the artifact store, never through a link. True if it was removed."""
+    path = Path(path)
+    store = Path(os.path.realpath(settings.ARTIFACT_STORE))
+    if path.is_symlink() or not path.is_dir() or not _inside(Path(os.path.realpath(path)), [store]) or path == store:
+        return False
+    shutil.rmtree(path)
+    return True
 
 
 def artifact_store_dir(*parts: str) -> Path:

@@ -11,7 +11,8 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import int_in_range
-from models_registry.convert.atc import ATC_PRECISION_MODES
+from models_registry.convert.atc import ATC_PRECISION_MODES, normalize_soc
+from models_registry.convert.common import ConversionError
 from models_registry.convert.sizes import estimate_output_bytes
 from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
@@ -90,6 +91,9 @@ def artifact_delete(*, artifact: Artifact, user, request=None) -> Artifact:
     users = artifact_in_use(artifact)
     if users:
         raise Conflict(f"Artifact #{artifact.pk} is used by endpoint(s) {', '.join(users)}: stop them first.")
+    if artifact.status == Artifact.Status.BUILDING:  # its job would mark it ready under the delete
+        raise Conflict(f"Artifact #{artifact.pk} is being built by job #{artifact.producing_job_id}: cancel the job "
+                       "first (that removes its output).")
     # A pending checksum doesn't block a delete; a conversion reading the files does.
     if jobs_on(artifact).filter(status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
         raise Conflict(f"Artifact #{artifact.pk} has running jobs: cancel them first.")
@@ -165,12 +169,10 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     soc = str(options.get("soc_version") or "").strip()
     if not soc:
         raise ValidationError({"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."})
-    if not soc.startswith("Ascend"):
-        soc = "Ascend" + soc
-    import re
-
-    if not re.fullmatch(r"Ascend[0-9A-Za-z_]{2,20}", soc):
-        raise ValidationError({"soc_version": "A chip name is letters, digits and '_' (e.g. Ascend910B4)."})
+    try:  # ATC's own list, checked here and not first in the job after the ONNX export
+        soc = normalize_soc(soc)
+    except ConversionError as exc:
+        raise ValidationError({"soc_version": str(exc)}) from exc
     precision_mode = options.get("precision_mode") or "force_fp16"
     if precision_mode not in ATC_PRECISION_MODES:
         raise ValidationError({"precision_mode": f"Choose one of: {', '.join(ATC_PRECISION_MODES)}."})
@@ -199,7 +201,11 @@ def _store_free_bytes() -> int:
 def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, request=None,
                      retry_of: Job | None = None) -> Job:
     clean = convert_options_clean(artifact=artifact, options=options)
-    existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY).first()
+    # The target's own format: an OM conversion's ONNX intermediate carries the same options, and must not
+    # block a second try at the OM after ATC failed.
+    made = {"hf": Artifact.Format.HF, "fp16": Artifact.Format.HF, "bf16": Artifact.Format.HF, "om": Artifact.Format.OM}
+    existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY,
+                                               format=made[clean["to"]]).first()
     if existing is not None:
         raise Conflict(f"This conversion already exists as artifact #{existing.pk}.",
                        link=existing.get_absolute_url(), object_id=existing.pk)

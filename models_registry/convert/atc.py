@@ -61,7 +61,7 @@ def find_atc() -> str | None:
     return None
 
 
-def _normalize_soc(soc_version: str) -> str:
+def normalize_soc(soc_version: str) -> str:
     text = re.sub(r"\s+", "", str(soc_version or ""))
     if not text.lower().startswith("ascend"):
         text = "Ascend" + text
@@ -87,7 +87,7 @@ def run_atc(onnx_path: Path, out_prefix: Path, *, soc_version: str, precision_mo
     ATC writes ``PREFIX.om``.  Raises :class:`AtcNotFound` when the CANN toolkit is not installed,
     :class:`ConversionError` on invalid options, a timeout, or ATC failing (with its last lines).
     """
-    soc = _normalize_soc(soc_version)
+    soc = normalize_soc(soc_version)
     if precision_mode not in ATC_PRECISION_MODES:
         raise ConversionError(f"Invalid precision mode {precision_mode!r}: choose one of "
                               f"{', '.join(ATC_PRECISION_MODES)}.")

@@ -142,6 +142,28 @@ def test_a_file_swapped_between_the_walk_and_the_open_is_refused(tmp_path, outsi
         open_confined(target, tree=root)
 
 
+@pytest.mark.django_db
+def test_a_registered_folder_swapped_for_a_link_out_is_refused_not_taken_as_its_own_tree(tmp_path, outside, settings):
+    """A tree read outside the roots (a CLI check) may link inside itself; a registered one, named inside the
+    roots, may not become its own allowance: swapped for a link out after its check, every read through it
+    (the conversion's copy of the non-weight files, the hash job's walk) is refused."""
+    from models_registry.convert.common import copy_non_weight_files
+
+    settings.MODEL_ROOTS = [tmp_path / "models"]
+    outside_dir, marker = outside
+    root = build_tiny_llama_hf(tmp_path / "models" / "tiny")
+    assert root in [f.parent for f in tree_files(root)]
+    shutil.rmtree(root)
+    root.symlink_to(outside_dir, target_is_directory=True)  # after the job's check
+    with pytest.raises(PathRefused, match="outside the allowed model roots"):
+        tree_files(root)
+    with pytest.raises(PathRefused):
+        copy_non_weight_files(root, tmp_path / "out")
+    with pytest.raises(PathRefused):
+        open_confined(root / "secret.txt", tree=root)
+    assert not (tmp_path / "out" / "secret.txt").exists()
+
+
 # --- conversions ---------------------------------------------------------------------------------------
 
 @pytest.mark.django_db(transaction=True)

@@ -78,6 +78,9 @@ def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(operator, api_
     om = Artifact.objects.get(producing_job_id=job_id, format="om")
     assert onnx.status == "ready" and not onnx.servable and (Path(onnx.path) / "model.onnx").exists()
     assert om.status == "failed" and not Path(om.path).exists()
+    # Once ATC is installed the OM can be tried again: the ready ONNX intermediate is not "this conversion".
+    retried = api.post(f"/api/v1/jobs/{job_id}/retry")
+    assert retried.status_code == 202, retried.content
 
 
 def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
@@ -105,7 +108,8 @@ def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
     ({"to": "hf"}, "to", "needs a GGUF artifact"),
     ({"to": "fp32"}, "to", "Choose one of"),
     ({"to": "om"}, "soc_version", "Name the target chip"),
-    ({"to": "om", "soc_version": "Ascend910B4; rm -rf /"}, "soc_version", "letters, digits"),
+    ({"to": "om", "soc_version": "Ascend910B4; rm -rf /"}, "soc_version", "Invalid SoC version"),
+    ({"to": "om", "soc_version": "Ascend999"}, "soc_version", "Invalid SoC version"),  # not ATC's: refused here
     ({"to": "om", "soc_version": "Ascend910B4", "batch_size": 0}, "batch_size", "between 1 and 64"),
     ({"to": "om", "soc_version": "Ascend910B4", "precision_mode": "yolo"}, "precision_mode", "Choose one of"),
     ({"to": "fp16", "dtype": "int3"}, "dtype", "applies to GGUF"),
@@ -620,3 +624,32 @@ def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_star
                                                  heartbeat_at=timezone.now())
     job = job_cancel(job=read_queued, user=operator)  # the object still says queued
     assert job.status == "cancelled" and Job.objects.get(pk=job.pk).cleanup_pending  # cancelled running: kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(operator, api_for, model_root, admin,
+                                                                            redis_conn, settings, monkeypatch):
+    """The output was moved into the store, then a Cancel landed before the artifact was marked ready: the job
+    marked it ready anyway (cancelled job, ready artifact), and a job killed there left a complete folder no row
+    pointed at. Now ready is conditional on the job still running, and the cleanup removes the folder. An
+    artifact still being built cannot be deleted under its job either."""
+    from models_registry import jobs as registry_jobs
+
+    source = _register(api_for(operator), "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    job_id = api_for(operator).post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    real_inspect = registry_jobs.inspect_path
+    seen = {}
+
+    def cancelled_meanwhile(path):  # _ready inspects the committed output first: the Cancel lands now
+        built = Artifact.objects.get(producing_job_id=job_id)
+        seen["deletable"] = api_for(admin).delete(f"/api/v1/artifacts/{built.pk}").status_code
+        seen["path"] = Path(path)
+        assert api_for(operator).post(f"/api/v1/jobs/{job_id}/cancel").status_code == 200
+        return real_inspect(path)
+
+    monkeypatch.setattr(registry_jobs, "inspect_path", cancelled_meanwhile)
+    run_queued_jobs("convert")
+    built = Artifact.objects.get(producing_job_id=job_id)
+    assert seen["deletable"] == 409 and Job.objects.get(pk=job_id).status == "cancelled"
+    assert built.status == "failed" and built.deleted_at is None
+    assert seen["path"] == Path(built.path) and not seen["path"].exists()  # the committed output is gone
