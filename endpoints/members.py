@@ -23,7 +23,7 @@ from endpoints.launch import (
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
-from endpoints.replica_state import ENGINE_REFUSED, backoff_seconds, event
+from endpoints.replica_state import DB_AWAY, ENGINE_REFUSED, backoff_seconds, event
 from workers import nudges
 from workers.agent.handles import PROCESS
 from workers.agent.supervisor import ProcessHandle, Supervisor, tail_lines
@@ -117,8 +117,10 @@ class MemberReconciler:
         for member in members:
             try:
                 self.reconcile_member(member, supervisor=supervisor)
-            except DatabaseError:
+            except DB_AWAY:
                 raise  # the agent's loop waits for the database; the processes keep running
+            except DatabaseError:  # one row's write refused: the other members go on
+                log.exception("reconcile %s: a database write failed", member)
             except Exception as exc:  # one bad member must not stop the others
                 log.exception("reconcile %s", member)
                 ReplicaMember.objects.filter(pk=member.pk).update(state=S.FAILED, state_reason=str(exc)[:500])

@@ -26,6 +26,7 @@ from endpoints.models import Endpoint, Replica
 from endpoints.node_files import SWEEP_EVERY_S, sweep_deleted_endpoints
 from endpoints.ports import claim_port
 from endpoints.replica_state import (
+    DB_AWAY,
     DEVICE_FAULT,
     backoff_seconds,
     check_ready,
@@ -77,8 +78,11 @@ class ReplicaWorkload:
                 self.reconcile_replica(replica, node=node, supervisor=supervisor)
             except IntegrityError:
                 continue  # the endpoint was deleted while we worked on it
-            except DatabaseError:
-                raise
+            except DB_AWAY:
+                raise  # the agent's loop waits for the database; the processes keep running
+            except DatabaseError:  # a write this row's data cannot make (e.g. a value PostgreSQL refuses): the others go on
+                log.exception("reconcile %s: a database write failed", replica)
+                continue
             except RuntimeUnavailable as exc:  # nothing known of it: neither crashed nor stopped, retried next pass
                 log.warning("reconcile %s: %s", replica, exc)
                 Replica.objects.filter(pk=replica.pk).update(state_reason=str(exc)[:500])
@@ -107,20 +111,46 @@ class ReplicaWorkload:
         except EngineRefused as exc:  # the node's vLLM changed since the launch: not started, until an operator's Start
             self.refuse_start(replica, str(exc))
             return
-        make_profile_dir(replica)
-        make_engine_cache_dir()
-        make_work_dir(replica_work_dir(replica))
-        handle = supervisor.start(spec)
+        try:
+            make_profile_dir(replica)
+            make_engine_cache_dir()
+            make_work_dir(replica_work_dir(replica))
+            handle = supervisor.start(spec)
+        except (DatabaseError, RuntimeUnavailable):
+            raise  # the database's, or no container runtime to ask: the replica waits (reconcile)
+        except Exception as exc:  # the engine's venv not mounted yet, a container runtime's hiccup, a full disk
+            self.start_failed(replica, f"{type(exc).__name__}: {exc}")
+            return
         Replica.objects.filter(pk=replica.pk).update(
             pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
             runtime=handle.runtime, container_name=handle.container_name, container_id=handle.container_id,
             state=S.STARTING, state_reason="", started_at=timezone.now(), ready_at=None, next_start_at=None,
-            stop_requested_at=None, restart_requested=False, health_failures=0, log_path=str(spec.log_path),
+            stop_requested_at=None, health_failures=0, log_path=str(spec.log_path),
             last_exit_code=None,
         )
         event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
         if note := cpu_share_note(replica=replica, node=node):
             event(replica.endpoint_id, "cpu-share", note, replica=replica.index, level="warning")
+
+    def start_failed(self, replica: Replica, error: str) -> None:
+        """A start that raised before a process ran: counted like a crash (backoff, then give up), the port given
+        back; a transient cause (a mount not there yet) clears on a later try without an operator."""
+        crashes = replica.crashes_in_a_row + 1
+        reason = f"could not start: {error}"[:400]
+        if crashes >= settings.ENDPOINT_MAX_CRASHES:
+            Replica.objects.filter(pk=replica.pk).update(
+                state=S.FAILED, crashes_in_a_row=crashes, port=None, next_start_at=None, **NO_HANDLE,
+                state_reason=f"gave up after {crashes} failed starts in a row; last: {reason}"[:500])
+            event(replica.endpoint_id, "failed", f"gave up after {crashes} failed starts in a row: {reason}",
+                  replica=replica.index, level="error")
+            return
+        delay = backoff_seconds(crashes)
+        Replica.objects.filter(pk=replica.pk).update(
+            state=S.RESTARTING, crashes_in_a_row=crashes, port=None, **NO_HANDLE,
+            next_start_at=timezone.now() + timedelta(seconds=delay),
+            state_reason=f"{reason}; trying again in {delay:.0f} s"[:500])
+        event(replica.endpoint_id, "start-failed", f"{reason}; trying again in {delay:.0f} s", replica=replica.index,
+              level="error")
 
     def refuse_start(self, replica: Replica, reason: str) -> None:
         """Failed (an operator's Start or Restart tries again), the port given back, the reason on the
@@ -135,6 +165,9 @@ class ReplicaWorkload:
     def terminate(self, replica: Replica, proc, *, supervisor: Supervisor, reason: str) -> None:
         grace = settings.ENDPOINT_STOP_GRACE_SECONDS
         stopped = supervisor.terminate(proc, grace=grace)
+        handle = handle_of(replica)
+        if not handle.container_id:  # what of its group outlived the tree terminate waited on (a reparented worker)
+            supervisor.reap(handle)
         if stopped.killed:
             event(replica.endpoint_id, "killed", f"did not stop within {grace:.0f} s: killed", replica=replica.index, level="warning")
         Replica.objects.filter(pk=replica.pk).update(last_exit_code=stopped.exit_code)
@@ -189,6 +222,9 @@ class ReplicaWorkload:
                 return
             if replica.state == S.RESTARTING or replica.restart_requested:
                 Replica.objects.filter(pk=replica.pk).update(restarts=replica.restarts + 1)
+            # The Restart is taken before the fresh read, not cleared by the start's write: one asked for while
+            # this start runs (an edit, then Restart) stays asked for, and restarts it with the new settings.
+            Replica.objects.filter(pk=replica.pk, restart_requested=True).update(restart_requested=False)
             fresh = Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk)
             # The node as the database has it now: its engine runtime may have changed on its page.
             self.start(fresh, node=fresh.node, supervisor=supervisor)

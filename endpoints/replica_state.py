@@ -1,6 +1,7 @@
 """The rules of a replica's life that the reconcile loop applies: readiness, backoff after a
 crash, scheduled restarts, device faults and where to go instead, the endpoint's overall state,
 and the event log."""
+import http.client
 import json
 import logging
 import urllib.error
@@ -8,6 +9,7 @@ import urllib.request
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.utils import InterfaceError, OperationalError
 
 from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
@@ -16,6 +18,10 @@ from endpoints.vllm_metrics import parse_metrics
 from workers.models import Device
 
 log = logging.getLogger("console.agent")
+
+#: The database is away (a restart, a dropped connection): the agent's pass ends and its loop waits for it. Any
+#: other DatabaseError is one row's (a value PostgreSQL refuses), and the pass goes on with the next.
+DB_AWAY = (OperationalError, InterfaceError)
 
 
 def event(endpoint_id: int, kind: str, message: str, *, replica: int | None = None, level: str = "info") -> None:
@@ -48,7 +54,7 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         why = model_unlisted(base, served_model_name=replica.endpoint.served_model_name,
                              headers=replica.auth_header)
         return (False, why) if why else (True, "ok")
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # a cut answer too
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 

@@ -5,6 +5,7 @@ this process to turn counters and histograms into per-window rates and percentil
 facts (endpoint ready or not) that alerts, the fleet summary and /metrics report."""
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 import urllib.error
@@ -36,7 +37,7 @@ def scrape(port: int, timeout: float, *, host: str | None = None) -> tuple[str |
             if response.status != 200:
                 return None, f"/metrics answered {response.status}"
             return response.read().decode("utf-8", errors="replace"), None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # a cut answer too
         return None, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
 
 

@@ -282,6 +282,89 @@ def test_a_start_that_never_becomes_ready_counts_as_a_crash(cpu_node, tiny_artif
 
 
 @pytest.mark.django_db
+def test_a_start_that_raises_is_tried_again_after_a_backoff_not_held_failed(cpu_node, tiny_artifact, settings,
+                                                                             tmp_path):
+    """A start that raised before any process ran (the engine's venv on a mount not there yet after a reboot,
+    a container runtime's hiccup) left the replica failed, holding its port, until an operator's Start."""
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class MountNotThereYet(StandInSupervisor):
+        def start(self, spec):
+            if not self.started and not getattr(self, "refused", False):
+                self.refused = True
+                raise FileNotFoundError(2, "No such file or directory", spec.argv[0])
+            return super().start(spec)
+
+    settings.DATA_DIR = tmp_path
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = MountNotThereYet(), ReplicaWorkload()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert replica.state == "restarting" and replica.port is None and replica.crashes_in_a_row == 1
+    assert replica.state_reason.startswith("could not start: FileNotFoundError") and replica.next_start_at
+    assert EndpointEvent.objects.get(endpoint=endpoint, kind="start-failed").level == "error"
+    Replica.objects.update(next_start_at=timezone.now())
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert len(supervisor.started) == 1 and replica.state == "starting" and replica.port is not None
+
+
+@pytest.mark.django_db
+def test_a_restart_asked_for_while_the_agent_starts_the_replica_is_kept(cpu_node, tiny_artifact, settings, tmp_path):
+    """The start's write cleared restart_requested: a Restart clicked after an edit, while the agent was inside
+    the start (a container start takes minutes), was lost, and the replica ran the settings read before it."""
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class RestartClickedMeanwhile(StandInSupervisor):
+        def start(self, spec):
+            Replica.objects.update(restart_requested=True)  # the web's Restart, during the start
+            return super().start(spec)
+
+    settings.DATA_DIR = tmp_path
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    ReplicaWorkload().reconcile(node=cpu_node, supervisor=RestartClickedMeanwhile())
+    replica = Replica.objects.get()
+    assert replica.state == "starting" and replica.restart_requested  # the next pass restarts it
+
+
+def test_a_replica_that_cuts_its_answer_short_is_not_ready_and_raises_nothing(cpu_node):
+    """A vLLM dying mid-answer (IncompleteRead, a bad status line) raised out of the health check, and the catch-all
+    marked a running replica failed."""
+    from endpoints.replica_state import check_ready
+    from tests.support.http import QuietHandler, ServerThread
+
+    class CutShort(QuietHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            self.close_connection = True
+
+    server = ServerThread().serve(CutShort)
+    try:
+        replica = Replica(endpoint=Endpoint(name="e", served_model_name="e"), index=0, port=server.port)
+        ok, detail = check_ready(replica)
+    finally:
+        server.stop()
+    assert not ok and detail.startswith("IncompleteRead")
+
+
+def test_a_log_tail_has_no_nul_bytes(tmp_path):
+    """A log's tail after a power loss is NUL-filled; PostgreSQL's text columns refuse NUL, and the write of the
+    crash (last_log) failed the agent's whole pass, again at every pass."""
+    from workers.agent.logfiles import tail_lines
+
+    log_file = tmp_path / "replica.log"
+    log_file.write_bytes(b"INFO started\n" + b"\x00" * 4096 + b"\nERROR killed\n")
+    assert "\x00" not in tail_lines(str(log_file)) and tail_lines(str(log_file)).endswith("ERROR killed")
+
+
+@pytest.mark.django_db
 def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for, cpu_node, tiny_artifact):
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting")
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="starting")

@@ -1,5 +1,6 @@
 """The agent's process runtime: a start finds what an earlier, unrecorded start of the same process left running."""
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -45,4 +46,34 @@ def test_a_start_stops_the_engine_an_unrecorded_earlier_start_left_in_its_work_d
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
         for proc in (neighbour, shell, stray, *runtime.children.values()):
+            proc.wait()
+
+
+def test_a_stepped_wall_clock_leaves_a_running_replica_found_and_a_reused_pids_group_alone(tmp_path, monkeypatch):
+    """psutil's create_time() moves with the wall clock (it adds /proc/stat's btime): after an NTP step the
+    agent took every healthy replica for a crash and killed it. The start is now read from boot in clock ticks.
+    A handle whose PID is another process now (after a reboot) no longer gets that process's group killed;
+    an older agent's epoch start times are still matched."""
+    runtime = ProcessRuntime("test-node")
+    unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        handle = runtime.start(ProcessSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={},
+                                           log_path=tmp_path / "replica-0.log"))
+        assert runtime.find(handle) is not None
+        real_boot = psutil.boot_time()
+        older_agents = dataclasses.replace(handle, create_time=psutil.Process(handle.pid).create_time())
+        monkeypatch.setattr(psutil, "boot_time", lambda: real_boot + 1.0)  # `date -s` one second ahead
+        monkeypatch.setattr(psutil.Process, "create_time", lambda self: 0.0)  # not read any more
+        assert runtime.find(handle) is not None and runtime.find(older_agents) is not None
+
+        stale = dataclasses.replace(handle, pid=unrelated.pid)  # a row from before a reboot: the PID is reused
+        assert runtime.find(stale) is None
+        runtime.reap(stale)
+        time.sleep(0.2)
+        assert _running(unrelated.pid)
+    finally:
+        for pgid in (unrelated.pid, *runtime.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        for proc in (unrelated, *runtime.children.values()):
             proc.wait()

@@ -24,7 +24,9 @@ class ProcessSpec:
 @dataclass(frozen=True)
 class ProcessHandle:
     """A started replica. A process: PID, start time and command line (a PID alone may be reused). A
-    container: its name and id (pid is the container's main process on this host, for telemetry)."""
+    container: its name and id (pid is the container's main process on this host, for telemetry).
+    ``create_time``: seconds from the host's boot to the process's start (supervisor.started_since_boot); an
+    epoch time in rows written by an agent before that; 0: not checked (a container)."""
     pid: int
     create_time: float
     argv: list[str] = field(default_factory=list)

@@ -13,7 +13,8 @@ def tail_lines(path: str, count: int = 200) -> str:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - 256 * 1024))
-            return b"\n".join(handle.read().splitlines()[-count:]).decode(errors="replace")
+            # NUL bytes (a log's tail after a power loss) go: PostgreSQL's text columns refuse them.
+            return b"\n".join(handle.read().replace(b"\x00", b"").splitlines()[-count:]).decode(errors="replace")
     except OSError:
         return ""
 

@@ -10,7 +10,7 @@ import time
 import psutil
 from django.conf import settings
 from django.db import close_old_connections
-from django.db.utils import DatabaseError
+from django.db.utils import DatabaseError, InterfaceError
 from django.utils import timezone
 
 from workers import nudges
@@ -195,7 +195,7 @@ class NodeAgent:
                     self._doctor_thread = threading.Thread(target=self.check_host, daemon=True)
                     self._doctor_thread.start()
                 self.reconcile()
-            except DatabaseError as exc:
+            except (DatabaseError, InterfaceError) as exc:  # InterfaceError: a connection closed under it
                 # The database is down for a while: keep the processes running, retry.
                 log.warning("database unavailable (%s); endpoints keep running, retrying", exc)
                 close_old_connections()

@@ -68,6 +68,25 @@ def stop_strays(spec: ProcessSpec) -> list[int]:
     return [p.pid for p in strays]
 
 
+#: A recorded start time above this is an epoch time (an agent before started_since_boot), not seconds from boot.
+_EPOCH_RECORDED = 1e9
+
+
+def started_since_boot(pid: int) -> float:
+    """Seconds from the host's boot to the process's start (/proc/<pid>/stat field 22, in clock ticks). psutil's
+    create_time() adds /proc/stat's btime, which moves whenever the wall clock is stepped (NTP at boot, a VM
+    migration, `date -s`): a process compared by it looks replaced, and was taken for a crash and killed."""
+    with open(f"/proc/{pid}/stat", "rb") as stat_file:
+        fields = stat_file.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold spaces
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # fields[0] is field 3 (state): field 22 is fields[19]
+
+
+def _same_start(pid: int, recorded: float) -> bool:
+    if recorded > _EPOCH_RECORDED:  # an older agent's row: through today's boot time, with a clock step's slack
+        return abs((recorded - psutil.boot_time()) - started_since_boot(pid)) <= 2.0
+    return abs(recorded - started_since_boot(pid)) <= 0.05  # ticks are 10 ms
+
+
 class ProcessRuntime:
     """Replicas as processes of the engine venv, each in a session of its own."""
 
@@ -86,7 +105,7 @@ class ProcessRuntime:
             child = subprocess.Popen(spec.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True)
         self.children[child.pid] = child
-        return ProcessHandle(pid=child.pid, create_time=psutil.Process(child.pid).create_time(), argv=list(spec.argv))
+        return ProcessHandle(pid=child.pid, create_time=started_since_boot(child.pid), argv=list(spec.argv))
 
     def find(self, handle: ProcessHandle) -> psutil.Process | None:
         """The process, if it is still alive (same PID, start time and argv): re-adoption."""
@@ -94,22 +113,29 @@ class ProcessRuntime:
             return None
         try:
             proc = psutil.Process(handle.pid)
-            if handle.create_time and abs(proc.create_time() - handle.create_time) > 0.05:
+            if handle.create_time and not _same_start(handle.pid, handle.create_time):
                 return None  # the PID was reused by another process
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return None
             if handle.argv and proc.cmdline() != handle.argv:
                 return None
             return proc
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
             return None
 
     def exit_code(self, handle: ProcessHandle) -> int | None:
         return self._exit_code(handle.pid)
 
     def reap(self, handle: ProcessHandle) -> None:
-        if handle.pid:
-            reap_process_group(handle.pid)
+        """Kill what is left of the handle's process group (vLLM's engine core outlives its API server). A PID
+        alive as another process (reused: after a reboot, or long after) leads a group that is not ours:
+        Linux gives no process a PID while a group of that id lives, so ours is gone then."""
+        if not handle.pid:
+            return
+        if psutil.pid_exists(handle.pid) and handle.pid not in self.children and self.find(handle) is None:
+            log.warning("pid %s is another process now: its process group is left alone", handle.pid)
+            return
+        reap_process_group(handle.pid)
 
     def log_tail(self, handle: ProcessHandle, log_path: str, count: int = 200) -> str:
         return tail_lines(log_path, count)
