@@ -26,7 +26,7 @@ from endpoints.ports import claim_port
 from endpoints.replica_state import DB_AWAY, ENGINE_REFUSED, backoff_seconds, event
 from workers import nudges
 from workers.agent.handles import PROCESS
-from workers.agent.supervisor import ProcessHandle, Supervisor, tail_lines
+from workers.agent.supervisor import ProcessHandle, Supervisor, rotate_if_large, tail_lines
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
@@ -163,6 +163,8 @@ class MemberReconciler:
             event(endpoint.pk, "member-restarting", f"{member.role} on {member.node.name}: the Ray head restarted",
                   replica=replica.index)
             return
+        # A member runs as long as its replica (`ray start --block`, a headless rank): its log is rotated as it runs.
+        rotate_if_large(member.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
         if member.state != S.READY and _is_ready(member):
             ReplicaMember.objects.filter(pk=member.pk).update(state=S.READY, ready_at=now, state_reason="",
                                                               crashes_in_a_row=0)

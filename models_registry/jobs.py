@@ -86,8 +86,19 @@ class Convert(ArtifactJobRunner):
 register_target_filter("model", jobs_q=model_jobs_q, choices=lambda: Model.objects.alive())
 
 
+def live_source(pk: int) -> Artifact:
+    """The artifact a job reads, as it is when the job starts: a delete (of it or its model) between the request
+    and the job, unseen by either, fails the job instead of converting files nobody sees."""
+    source = Artifact.objects.select_related("model").get(pk=pk)
+    if source.deleted_at is not None or source.model.deleted_at is not None:
+        raise JobFailed(f"Artifact #{pk} was deleted after this job was queued: nothing was read.")
+    if source.status != Artifact.Status.READY:
+        raise JobFailed(f"Artifact #{pk} is {source.status}, not ready: nothing was read.")
+    return source
+
+
 def hash_artifact(job, ctx) -> dict:
-    artifact = Artifact.objects.get(pk=job.params["artifact"])
+    artifact = live_source(job.params["artifact"])
     root = Path(artifact.path)
     confine(root)
     files = tree_files(root)
@@ -147,7 +158,7 @@ def fmt_inspectable(fmt: str) -> bool:
 
 
 def convert_artifact(job, ctx) -> dict:
-    source = Artifact.objects.select_related("model").get(pk=job.target_id)
+    source = live_source(job.target_id)
     check_tree(source.path)  # transformers and safetensors read the source themselves: nothing may lead out
     opts = job.params
     to = opts["to"]

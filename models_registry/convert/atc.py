@@ -123,8 +123,10 @@ def run_atc(onnx_path: Path, out_prefix: Path, *, soc_version: str, precision_mo
         argv.append(f"--input_shape={input_shape}")
     started = time.monotonic()
     try:
+        # ATC writes fusion_result.json and kernel_meta/ into its working directory: the output's staging
+        # folder, so they go with it and never land in the worker's own directory.
         proc = start_job_child(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               text=True, errors="replace", env=child_environment({}))
+                               text=True, errors="replace", env=child_environment({}), cwd=out_prefix.parent)
     except OSError as exc:
         raise ConversionError(f"Cannot start ATC ({atc}): {first_line(exc)}") from exc
     try:

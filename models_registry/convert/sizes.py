@@ -15,7 +15,9 @@ _BYTES_PER_PARAM = {
     "hf": 2, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
     "fp32": 4, "float32": 4,
     "onnx": 4,  # export_onnx writes float32
-    "om": 4,    # conservative: must_keep_origin_dtype keeps float32 (force_fp16 needs about half)
+    # The float32 ONNX intermediate (kept as an artifact) and the OM beside it, which must_keep_origin_dtype keeps
+    # in float32 too (force_fp16 needs about half): both stay, so both are reserved.
+    "om": 4 + 4,
 }
 
 

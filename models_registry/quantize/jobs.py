@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from models_registry.inspection import inspect_path
-from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled
+from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled, live_source
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.paths import check_tree, tree_size
@@ -69,7 +69,7 @@ def _fallback_steps(groups: list[list[str]], budget: int) -> list[list[str]]:
 def quantize_artifact(job, ctx) -> dict:
     import torch
 
-    source = Artifact.objects.select_related("model").get(pk=job.target_id)
+    source = live_source(job.target_id)
     opts = job.params
     target, scheme = opts["target"], opts["scheme"]
     calib_set = CalibrationDataset.objects.get(pk=opts["calibration"])

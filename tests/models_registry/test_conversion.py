@@ -542,7 +542,7 @@ def test_estimate_output_bytes():
     assert estimate_output_bytes(param_count=1000, to="bf16") == 2000 + margin
     assert estimate_output_bytes(param_count=1000, to="fp16") == 2000 + margin
     assert estimate_output_bytes(param_count=1000, to="onnx") == 4000 + margin
-    assert estimate_output_bytes(param_count=1000, to="om") == 4000 + margin
+    assert estimate_output_bytes(param_count=1000, to="om") == 8000 + margin  # the ONNX and the OM, both kept
     assert 0 < margin <= 256 * 1024**2
     with pytest.raises(ConversionError):
         estimate_output_bytes(param_count=-1, to="hf")

@@ -33,6 +33,8 @@ FAKE_ATC = textwrap.dedent("""\
         json.dump(sys.argv, fh)
     with open(os.path.join(here, "env.json"), "w") as fh:
         json.dump(sorted(os.environ), fh)
+    with open("fusion_result.json", "w") as fh:  # as the real one does, in its working directory
+        fh.write("{{}}")
     mode_file = os.path.join(here, "mode")
     mode = open(mode_file).read().strip() if os.path.exists(mode_file) else "ok"
     if mode == "sleep":
@@ -122,6 +124,7 @@ def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path, monkeypatch):
     assert result["argv"] == expected
     assert result["om_path"] == str(prefix) + ".om"
     assert Path(result["om_path"]).read_bytes() == b"fake om"
+    assert (prefix.parent / "fusion_result.json").exists()  # ATC's own files go beside its output (the staging)
     assert result["soc_version"] == "Ascend910B4" and result["precision_mode"] == "allow_mix_precision"
     assert "ATC run success" in result["log_tail"]
 

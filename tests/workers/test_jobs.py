@@ -653,3 +653,18 @@ def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(opera
     assert seen["deletable"] == 409 and Job.objects.get(pk=job_id).status == "cancelled"
     assert built.status == "failed" and built.deleted_at is None
     assert seen["path"] == Path(built.path) and not seen["path"].exists()  # the committed output is gone
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_source_deleted_after_its_conversion_was_queued_is_not_converted(operator, api_for, model_root, redis_conn,
+                                                                            settings):
+    """The delete's check (no active job) and the conversion's (a ready source) ran at the same moment, both
+    passed, and the job converted a deleted artifact into a ready child nobody could see."""
+    source = _register(api_for(operator), "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    job_id = api_for(operator).post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    Artifact.objects.filter(pk=source).update(status="deleted", deleted_at=timezone.now())  # the delete won
+    run_queued_jobs("convert")
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "failed" and job.error == f"Artifact #{source} was deleted after this job was queued: nothing was read."
+    assert not Artifact.objects.filter(producing_job_id=job_id).exists()
+    assert not _leftovers(Path(settings.ARTIFACT_STORE))

@@ -87,6 +87,13 @@ def _same_start(pid: int, recorded: float) -> bool:
     return abs(recorded - started_since_boot(pid)) <= 0.05  # ticks are 10 ms
 
 
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone between the two questions
+        return False
+
+
 class ProcessRuntime:
     """Replicas as processes of the engine venv, each in a session of its own."""
 
@@ -171,7 +178,7 @@ class ProcessRuntime:
         while time.monotonic() < deadline:
             if child is not None:
                 child.poll()  # reap, or the zombie counts as alive
-            alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = [p for p in tree if _alive(p)]
             if not alive:
                 break
             time.sleep(0.1)
