@@ -9,7 +9,8 @@ import time
 
 import psutil
 
-from workers.agent.supervisor import ProcessRuntime, ProcessSpec
+from workers.agent.handles import ProcessHandle
+from workers.agent.supervisor import ProcessRuntime, ProcessSpec, started_since_boot
 
 
 def _running(pid: int) -> bool:
@@ -56,6 +57,7 @@ def test_a_stepped_wall_clock_leaves_a_running_replica_found_and_a_reused_pids_g
     an older agent's epoch start times are still matched."""
     runtime = ProcessRuntime("test-node")
     unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    time.sleep(0.3)  # another start time: what a PID reused after a reboot has
     try:
         handle = runtime.start(ProcessSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={},
                                            log_path=tmp_path / "replica-0.log"))
@@ -77,3 +79,25 @@ def test_a_stepped_wall_clock_leaves_a_running_replica_found_and_a_reused_pids_g
                 os.killpg(pgid, signal.SIGKILL)
         for proc in (unrelated, *runtime.children.values()):
             proc.wait()
+
+
+def test_a_crashed_leader_left_a_zombie_still_has_its_group_reaped(tmp_path):
+    """Where init does not reap an orphan (a container's PID 1), a killed vLLM leader stays a zombie holding its
+    PID: its engine core, in its group, must still go. (An earlier version of the reused-PID guard left it.)"""
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                               "time.sleep(300)"], start_new_session=True)
+    time.sleep(0.5)
+    engine_core = psutil.Process(parent.pid).children()[0].pid
+    os.kill(parent.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    try:
+        assert psutil.Process(parent.pid).status() == psutil.STATUS_ZOMBIE  # not reaped: a handle of another agent
+        recorded = ProcessHandle(pid=parent.pid, create_time=started_since_boot(parent.pid), argv=[])
+        ProcessRuntime("test-node").reap(recorded)  # an agent that did not start it (re-adopted, then it crashed)
+        time.sleep(0.3)
+        assert not _running(engine_core)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()

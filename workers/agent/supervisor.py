@@ -135,13 +135,19 @@ class ProcessRuntime:
 
     def reap(self, handle: ProcessHandle) -> None:
         """Kill what is left of the handle's process group (vLLM's engine core outlives its API server). A PID
-        alive as another process (reused: after a reboot, or long after) leads a group that is not ours:
-        Linux gives no process a PID while a group of that id lives, so ours is gone then."""
+        held by a process of another start time (reused: after a reboot, or long after) leads a group that is
+        not ours: Linux gives no process a PID while a group of that id lives, so ours is gone then. Our own
+        leader may still hold it as a zombie (a host whose init does not reap it): same start, so ours."""
         if not handle.pid:
             return
-        if psutil.pid_exists(handle.pid) and handle.pid not in self.children and self.find(handle) is None:
-            log.warning("pid %s is another process now: its process group is left alone", handle.pid)
-            return
+        if handle.create_time and handle.pid not in self.children and psutil.pid_exists(handle.pid):
+            try:
+                ours = _same_start(handle.pid, handle.create_time)
+            except (FileNotFoundError, ProcessLookupError):
+                ours = True  # gone meanwhile: no other process holds the id
+            if not ours:
+                log.warning("pid %s is another process now: its process group is left alone", handle.pid)
+                return
         reap_process_group(handle.pid)
 
     def log_tail(self, handle: ProcessHandle, log_path: str, count: int = 200) -> str:
