@@ -127,12 +127,16 @@ INHERITED_ENV = frozenset({
     "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
 })
 INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
+#: What the console adds to these keeps the host's entries (CANN's Python packages on PYTHONPATH).
+SEARCH_PATHS = frozenset({"PYTHONPATH"})
 
 
 def child_environment(added: Mapping[str, str], *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a child process: the allow-listed part of `base` (this process's
-    environment by default) with `added` laid over it."""
+    environment by default) with `added` laid over it, except a search path (:data:`SEARCH_PATHS`), which
+    goes before the inherited one instead of replacing it."""
     base = os.environ if base is None else base
     env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
-    env.update(added)
+    for key, value in added.items():
+        env[key] = f"{value}{os.pathsep}{env[key]}" if key in SEARCH_PATHS and env.get(key) else value
     return env

