@@ -1,3 +1,7 @@
+import os
+import uuid
+from typing import Callable
+
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
@@ -39,6 +43,10 @@ class Node(models.Model):
     settings = models.JSONField(default=dict, blank=True)  # e.g. HCCL/GLOO interface names for multi-node
     agent_pid = models.IntegerField(null=True, blank=True)
     agent_started_at = models.DateTimeField(null=True, blank=True)
+    # The running agent's lease (workers.agent.loop.NodeAgent.claim): one agent per node. Its instance, and
+    # the boot of the host it runs on (/proc/sys/kernel/random/boot_id); cleared when it exits.
+    agent_instance = models.UUIDField(null=True, blank=True)
+    agent_boot_id = models.CharField(max_length=64, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     telemetry_error = models.TextField(blank=True)
     doctor = models.JSONField(default=dict, blank=True)  # the agent's last workers.doctor.host_report()
@@ -97,6 +105,17 @@ class Node(models.Model):
         if self.last_heartbeat is None:
             return False
         return (timezone.now() - self.last_heartbeat).total_seconds() <= settings.NODE_OFFLINE_SECONDS
+
+    def held_by_another_agent(self, *, instance: uuid.UUID, boot_id: str, pid_alive: Callable[[int], bool]) -> bool:
+        """Another agent runs this node: a lease not `instance`'s, with a heartbeat fresh enough for the node
+        to be online, unless it was taken on this very boot of this host by a process that is gone (an agent
+        restarted after a crash takes over at once, as does a new agent of the same process; elsewhere the lease
+        runs out first)."""
+        if self.agent_instance is None or self.agent_instance == instance or not self.online:
+            return False
+        same_boot = bool(boot_id) and self.agent_boot_id == boot_id
+        gone = self.agent_pid is None or self.agent_pid == os.getpid() or not pid_alive(self.agent_pid)
+        return not (same_boot and gone)
 
 
 class DeviceQuerySet(models.QuerySet):

@@ -6,10 +6,12 @@ import os
 import socket
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import psutil
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 from django.db.utils import DatabaseError, InterfaceError
 from django.utils import timezone
 
@@ -33,6 +35,22 @@ from workers.telemetry.collect import collect_node
 
 log = logging.getLogger("console.agent")
 
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class NodeHeld(Exception):
+    """Another agent runs this node (Node.held_by_another_agent): a second service, a hand-run agent beside
+    it, or a cloned host with the same name. Two agents would fight over the same replicas."""
+
+
+def host_boot_id() -> str:
+    """This boot of this host ('' where the kernel does not say): tells a crashed agent of this host, whose
+    PID can be checked here, from an agent elsewhere."""
+    try:
+        return BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
 
 class NodeAgent:
     def __init__(self, node_name: str, *, engine_python: str | None = None, address: str | None = None):
@@ -50,6 +68,9 @@ class NodeAgent:
         self.engine_cli_fingerprint: str | None = None  # the engine whose parser Node.engine_cli holds
         self.engine_site_seen: EngineSite | None = None  # where Node.engine was read
         self.busy = False
+        self.instance = uuid.uuid4()  # this agent's lease on the node (Node.agent_instance)
+        self.boot_id = host_boot_id()
+        self.lease_lost = False
 
     # --- registration and heartbeat -----------------------------------------------------
     def engine_site(self) -> EngineSite:
@@ -73,6 +94,39 @@ class NodeAgent:
         return engine, warnings
 
     def register(self) -> Node:
+        """Take the node's lease and write what this host is. Waits while another agent holds it, for as long
+        as a silent one takes to go offline (NODE_OFFLINE_SECONDS), then refuses (NodeHeld)."""
+        facts = self.node_facts()
+        deadline = time.monotonic() + settings.NODE_OFFLINE_SECONDS + settings.AGENT_HEARTBEAT_SECONDS
+        while True:
+            try:
+                return self.claim(facts)
+            except NodeHeld as held:
+                if self.stopping or time.monotonic() >= deadline:
+                    raise
+                log.warning("%s; waiting for its lease to run out", held)
+                time.sleep(min(settings.AGENT_HEARTBEAT_SECONDS, max(deadline - time.monotonic(), 0.1)))
+
+    def claim(self, facts: dict) -> Node:
+        with transaction.atomic():
+            held = Node.objects.select_for_update().filter(name=self.node_name).first()
+            if held is not None and held.held_by_another_agent(instance=self.instance, boot_id=self.boot_id,
+                                                                pid_alive=psutil.pid_exists):
+                age = (timezone.now() - held.last_heartbeat).total_seconds()
+                raise NodeHeld(f"node {self.node_name} is run by another agent (pid {held.agent_pid} on "
+                               f"{held.hostname or 'an unnamed host'}, heartbeat {age:.0f} s ago): stop that agent, "
+                               "or give this one another --node")
+            now = timezone.now()
+            # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
+            node_settings = {**(held.settings if held is not None else {}), "interfaces": dict(settings.NODE_INTERFACES)}
+            node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
+                **facts, "settings": node_settings, "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
+                "agent_instance": self.instance, "agent_boot_id": self.boot_id})
+        self.node = node
+        return node
+
+    def node_facts(self) -> dict:
+        """What the node's row says of this host and its engine (probed once per start: seconds)."""
         platform = detect_platform()
         site = self.engine_site()
         engine, warnings = self.engine_facts(site, platform)
@@ -81,25 +135,29 @@ class NodeAgent:
         # node to its fixed allow-list) until check_engine_cli has probed it, off the loop.
         cli = {} if engine.get("error") else cached_engine_cli(engine_fingerprint(site, engine)) or {}
         self.engine_cli_fingerprint = cli.get("fingerprint")
-        now = timezone.now()
-        existing = Node.objects.filter(name=self.node_name).values_list("settings", flat=True).first() or {}
-        # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
-        node_settings = {**existing, "interfaces": dict(settings.NODE_INTERFACES)}
         cores = cpu_core_ids()
-        node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
-            "settings": node_settings,
+        return {
             "hostname": socket.gethostname(), "address": self.address, "platform": platform,
             "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
-            "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
             "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
                      "cpu_cores": cores, "numa_cores": numa_core_sets(cores)},
-        })
-        self.node = node
-        return node
+        }
 
     def heartbeat(self) -> None:
-        Node.objects.filter(pk=self.node.pk).update(last_heartbeat=timezone.now(), agent_pid=os.getpid())
-        self.node.last_heartbeat = timezone.now()
+        """Only while the lease is this agent's: one that went silent past NODE_OFFLINE_SECONDS may have been
+        replaced meanwhile, and then stops (the replicas are the new agent's to run)."""
+        now = timezone.now()
+        if not Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(
+                last_heartbeat=now, agent_pid=os.getpid()):
+            self.lease_lost = self.stopping = True
+            log.error("another agent took node %s over while this one was silent; this agent stops and leaves the "
+                      "replicas to it", self.node_name)
+            return
+        self.node.last_heartbeat = now
+
+    def release(self) -> None:
+        """On a clean exit: the next agent (a restart, an upgrade) need not wait for the lease to run out."""
+        Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None)
 
     def collect_telemetry(self) -> None:
         """Devices, host and workload readings. Runs off the main loop: a hung npu-smi or a
@@ -202,6 +260,11 @@ class NodeAgent:
             if once:
                 return
             pubsub = self.wait_for_nudge(pubsub)
+        if not self.lease_lost:
+            try:
+                self.release()
+            except (DatabaseError, InterfaceError) as exc:  # the lease runs out on its own
+                log.warning("could not release node %s's lease: %s", self.node_name, exc)
 
     def wait_for_nudge(self, pubsub):
         """Sleep until the reconcile interval passes or someone publishes a nudge."""

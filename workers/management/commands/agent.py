@@ -3,9 +3,10 @@ import signal
 import socket
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from workers.agent import NodeAgent
+from workers.agent.loop import NodeHeld
 
 
 class Command(BaseCommand):
@@ -26,5 +27,10 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, _stop)
         signal.signal(signal.SIGINT, _stop)
-        agent.run()
+        try:
+            agent.run()
+        except NodeHeld as held:
+            raise CommandError(str(held)) from held
+        if agent.lease_lost:
+            raise CommandError(f"node {node} was taken over by another agent; its endpoints keep running under it")
         self.stdout.write(f"agent {node} stopped; its endpoints keep running")

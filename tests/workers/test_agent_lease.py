@@ -1,0 +1,114 @@
+"""One agent per node: the agent's lease on its Node row (workers.agent.loop.NodeAgent.claim). A second agent
+for a node whose agent beats (a second service, a hand-run agent beside it, a cloned host with the same
+name) waits for the lease to run out and then refuses; one restarted after a crash on the same host takes
+over at once; one that went silent and was replaced stops; a clean exit hands the node on at once."""
+import subprocess
+import sys
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.support.agents import start_agent, stop_agent, wait_for
+from workers.agent import NodeAgent
+from workers.agent.loop import NodeHeld, host_boot_id
+from workers.models import Node
+
+
+def agent(tmp_path, name="lease-node") -> NodeAgent:
+    return NodeAgent(name, engine_python=str(tmp_path / "no-engine" / "python"))  # no engine to probe: fast
+
+
+def held_elsewhere(name="lease-node", *, boot_id="another-boot", pid=4242, age_s=0.0) -> Node:
+    return Node.objects.create(name=name, hostname="clone-of-this-host", agent_instance=uuid.uuid4(),
+                               agent_boot_id=boot_id, agent_pid=pid,
+                               last_heartbeat=timezone.now() - timedelta(seconds=age_s))
+
+
+@pytest.mark.django_db
+def test_a_node_whose_agent_beats_elsewhere_is_refused_by_name(tmp_path):
+    holder = held_elsewhere()
+    second = agent(tmp_path)
+    with pytest.raises(NodeHeld, match=r"node lease-node is run by another agent \(pid 4242 on clone-of-this-host, "
+                                       r"heartbeat 0 s ago\): stop that agent, or give this one another --node"):
+        second.claim(second.node_facts())
+    node = Node.objects.get(pk=holder.pk)
+    assert node.agent_instance == holder.agent_instance and node.hostname == "clone-of-this-host"  # nothing written
+
+
+@pytest.mark.django_db
+def test_a_silent_agents_node_is_taken_once_it_is_offline_and_the_silent_one_then_stops(tmp_path, settings):
+    settings.NODE_OFFLINE_SECONDS, settings.AGENT_HEARTBEAT_SECONDS = 1, 0.2
+    first = agent(tmp_path)
+    first.register()
+    Node.objects.filter(name="lease-node").update(agent_boot_id="another-boot")  # as if on another host
+    second = agent(tmp_path)
+    with pytest.raises(NodeHeld):
+        second.claim(second.node_facts())
+    node = second.register()  # waits for the first's heartbeat to age past NODE_OFFLINE_SECONDS
+    assert node.agent_instance == second.instance and node.agent_boot_id == host_boot_id()
+
+    first.heartbeat()  # back from its silence: the node is the other's now
+    assert first.lease_lost and first.stopping
+    assert Node.objects.get(pk=node.pk).agent_instance == second.instance
+    first.release()  # its clean exit does not free the other's lease
+    assert Node.objects.get(pk=node.pk).agent_instance == second.instance
+    second.heartbeat()
+    assert not second.lease_lost
+
+
+@pytest.mark.django_db
+def test_an_agent_restarted_on_the_same_boot_takes_over_from_its_dead_predecessor_at_once(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held_elsewhere(boot_id=host_boot_id(), pid=dead.pid)
+    restarted = agent(tmp_path)
+    assert restarted.claim(restarted.node_facts()).agent_instance == restarted.instance
+
+    # ...but not from a live one on the same boot (a hand-run agent beside the service).
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        Node.objects.filter(name="lease-node").update(agent_instance=uuid.uuid4(), agent_pid=alive.pid)
+        with pytest.raises(NodeHeld, match=f"pid {alive.pid}"):
+            agent(tmp_path).claim(restarted.node_facts())
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.django_db
+def test_a_released_or_offline_lease_is_free(tmp_path, settings):
+    holder = held_elsewhere(age_s=settings.NODE_OFFLINE_SECONDS + 1)  # offline: its agent is gone or stuck
+    taker = agent(tmp_path)
+    taker.claim(taker.node_facts())
+    taker.release()
+    assert Node.objects.get(pk=holder.pk).agent_instance is None
+    other = agent(tmp_path)
+    assert other.claim(other.node_facts()).agent_instance == other.instance
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_agent_process_for_a_running_node_exits_with_the_reason(worker_env, tmp_path):
+    """Real agent processes: the second waits NODE_OFFLINE_SECONDS (short here) for the first's lease, which
+    keeps beating, then exits non-zero naming it; the first's clean exit frees the node for the next."""
+    no_engine = {"ENGINE_PYTHON": str(tmp_path / "no-engine" / "python"), "NODE_OFFLINE_SECONDS": "3"}
+    first = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "first.log")
+    try:
+        node = wait_for(lambda: Node.objects.filter(name="lease-real", agent_pid=first.pid).first(), timeout=60,
+                        what="the first agent registered")
+        second = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "second.log")
+        assert second.wait(timeout=60) == 1
+        log = (tmp_path / "second.log").read_text()
+        assert f"node lease-real is run by another agent (pid {first.pid} on " in log, log
+        assert "waiting for its lease to run out" in log
+        assert Node.objects.get(pk=node.pk).agent_pid == first.pid and first.poll() is None
+    finally:
+        stop_agent(first)
+    assert first.returncode == 0 and Node.objects.get(pk=node.pk).agent_instance is None
+    third = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "third.log")
+    try:
+        wait_for(lambda: Node.objects.filter(name="lease-real", agent_pid=third.pid).exists(), timeout=30,
+                 what="the next agent registered at once")
+    finally:
+        stop_agent(third)
