@@ -74,7 +74,7 @@ def list_tokens(request):
 @api_route(router, "post", "/tokens", role=VIEWER, response={201: dict})
 def create_token(request, payload: TokenIn):
     token, raw = services.api_token_create(user=request.user, name=payload.name, expires_days=payload.expires_days,
-                                           request=request)
+                                           minted_with=getattr(request, "api_token", None), request=request)
     return 201, token_json(token) | {"token": raw}
 
 

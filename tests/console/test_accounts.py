@@ -195,3 +195,21 @@ def test_a_user_created_twice_at_the_same_moment_is_a_field_error_not_a_500(admi
     assert twice.status_code == 400 and twice.json()["errors"] == {"username": ["A user named 'twin' already exists."]}
     assert get_user_model().objects.filter(username="twin").count() == 1
     assert not AuditEvent.objects.filter(action="user.create").exists()
+
+
+@pytest.mark.django_db
+def test_a_token_made_with_a_token_cannot_outlive_it(viewer, as_viewer):
+    """A leaked short-lived token must not be turned into a long-lived one; a browser session is not capped."""
+    from console.services import api_token_create
+
+    short, raw = api_token_create(user=viewer, name="two days", expires_days=2)
+    bearer = Client(headers={"Authorization": f"Bearer {raw}"})
+    longer = bearer.post("/api/v1/tokens", {"name": "longer", "expires_days": 30}, content_type="application/json")
+    assert longer.status_code == 400 and list(longer.json()["errors"]) == ["expires_days"], longer.content
+    assert "cannot outlive it" in longer.json()["detail"] and not ApiToken.objects.filter(name="longer").exists()
+    default = bearer.post("/api/v1/tokens", {"name": "default"}, content_type="application/json")
+    assert default.status_code == 201 and ApiToken.objects.get(pk=default.json()["id"]).expires_at == short.expires_at
+    shorter = bearer.post("/api/v1/tokens", {"name": "one day", "expires_days": 1}, content_type="application/json")
+    assert shorter.status_code == 201
+    assert as_viewer.post("/tokens/create", {"name": "session", "expires_days": "30"}).status_code == 200
+    assert ApiToken.objects.get(name="session").expires_at - short.expires_at > timedelta(days=27)
