@@ -8,6 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError
+from django.db.models import Case, DateTimeField, Value, When
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -324,17 +325,23 @@ class ReplicaWorkload:
                 nudge_members(replica)  # its members stop: nothing will run on them
             return
         delay = backoff_seconds(crashes)
+        # An operator's Restart asked for since this pass read the row (restart_requested, next_start_at None:
+        # start now) is kept: the row decides in the same UPDATE, or the backoff would delay it by minutes.
         Replica.objects.filter(pk=replica.pk).update(
             state=S.RESTARTING, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
-            next_start_at=now + timedelta(seconds=delay),
+            next_start_at=Case(When(restart_requested=True, then=Value(None)),
+                               default=Value(now + timedelta(seconds=delay)), output_field=DateTimeField()),
             state_reason=(f"{why}; restarting in {delay:.0f} s" if why
                           else f"crashed (exit code {code}); restarting in {delay:.0f} s")[:500])
+        when = f"restart in {delay:.0f} s"
+        if Replica.objects.filter(pk=replica.pk, restart_requested=True).exists():
+            when = "restarting now on request"
         what = f"process {replica.pid}" if not handle.container_id else f"container {handle.container_name}"
         if why:
-            event(endpoint.pk, "start-timeout", f"{what} stopped; restart in {delay:.0f} s: {reason}",
+            event(endpoint.pk, "start-timeout", f"{what} stopped; {when}: {reason}",
                   replica=replica.index, level="error")
             return
-        event(endpoint.pk, "crashed", f"{what} exited (code {code}); restart in {delay:.0f} s: {reason}",
+        event(endpoint.pk, "crashed", f"{what} exited (code {code}); {when}: {reason}",
               replica=replica.index, level="error")
 
     def check_health(self, replica: Replica, proc, *, supervisor: Supervisor, now) -> None:

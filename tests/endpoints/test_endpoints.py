@@ -241,6 +241,37 @@ def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_no
 
 
 @pytest.mark.django_db
+def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, cpu_node, tiny_artifact, settings,
+                                                                     monkeypatch, tmp_path):
+    """The crash's write set the backoff over the Restart's next_start_at=None, clicked while the agent read the
+    dead replica's exit code and log: the replica then waited out the backoff (up to five minutes)."""
+    from endpoints import reconcile as reconcile_module
+    from endpoints.reconcile import ReplicaWorkload
+    from endpoints.services import endpoint_restart
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class RestartClickedMeanwhile(StandInSupervisor):
+        def log_tail(self, handle, log_path, count=200):
+            endpoint_restart(endpoint=endpoint, user=operator)  # the web's Restart, inside crashed()
+            return ""
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = RestartClickedMeanwhile(), ReplicaWorkload()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    supervisor.running.clear()  # it dies
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert replica.state == "restarting" and replica.restart_requested and replica.next_start_at is None
+    assert "restarting now on request" in EndpointEvent.objects.get(endpoint=endpoint, kind="crashed").message
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    replica = Replica.objects.get()
+    assert len(supervisor.started) == 2 and replica.state == "starting" and replica.crashes_in_a_row == 1
+
+
+@pytest.mark.django_db
 def test_a_start_that_never_becomes_ready_counts_as_a_crash(cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
     """Past ENDPOINT_START_TIMEOUT_SECONDS a starting replica is stopped, backed off and, after
     ENDPOINT_MAX_CRASHES such starts, given up: before, it was started again at once, for ever, uncounted."""
