@@ -23,7 +23,7 @@ from endpoints.launch import (
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
-from endpoints.replica_state import DB_AWAY, ENGINE_REFUSED, backoff_seconds, event
+from endpoints.replica_state import DB_AWAY, ENGINE_REFUSED, backoff_seconds, event, stop_unowned
 from workers import nudges
 from workers.agent.handles import PROCESS
 from workers.agent.supervisor import ProcessHandle, Supervisor, rotate_if_large, tail_lines
@@ -195,10 +195,13 @@ class MemberReconciler:
         make_work_dir(member_work_dir(member))
         handle = supervisor.start(spec)
         restarts = member.restarts + (1 if member.state == S.RESTARTING else 0)
-        ReplicaMember.objects.filter(pk=member.pk).update(
+        recorded = ReplicaMember.objects.filter(pk=member.pk).update(
             pid=handle.pid, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, log_path=str(spec.log_path),
             state=S.STARTING, state_reason="", started_at=now, ready_at=None, next_start_at=None, last_exit_code=None,
             restarts=restarts)
+        if not recorded:  # the endpoint was deleted during the start: nothing else would ever stop it
+            stop_unowned(handle, supervisor=supervisor, what=f"{member.role} of {member.replica} (pid {handle.pid})")
+            return
         event(member.replica.endpoint_id, "member-started", f"{member.role} on {member.node.name}: pid {handle.pid}",
               replica=member.replica.index)
 

@@ -39,6 +39,7 @@ from endpoints.replica_state import (
     profiling_restart_due,
     refresh_endpoint_state,
     scheduled_restart_due,
+    stop_unowned,
 )
 from workers.agent.supervisor import ProcessHandle, RuntimeUnavailable, Supervisor, rotate_if_large
 from workers.models import Node
@@ -122,13 +123,16 @@ class ReplicaWorkload:
         except Exception as exc:  # the engine's venv not mounted yet, a container runtime's hiccup, a full disk
             self.start_failed(replica, f"{type(exc).__name__}: {exc}")
             return
-        Replica.objects.filter(pk=replica.pk).update(
+        recorded = Replica.objects.filter(pk=replica.pk).update(
             pid=handle.pid or None, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, port=port,
             runtime=handle.runtime, container_name=handle.container_name, container_id=handle.container_id,
             state=S.STARTING, state_reason="", started_at=timezone.now(), ready_at=None, next_start_at=None,
             stop_requested_at=None, health_failures=0, log_path=str(spec.log_path),
             last_exit_code=None,
         )
+        if not recorded:  # the endpoint was deleted during the start: nothing else would ever stop it
+            stop_unowned(handle, supervisor=supervisor, what=f"replica {replica} ({started_as(handle)})")
+            return
         event(replica.endpoint_id, "started", f"{started_as(handle)} on port {port}", replica=replica.index)
         if note := cpu_share_note(replica=replica, node=node):
             event(replica.endpoint_id, "cpu-share", note, replica=replica.index, level="warning")

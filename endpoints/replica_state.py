@@ -15,6 +15,7 @@ from endpoints.commands import PROFILER_FLAG
 from endpoints.models import Endpoint, EndpointEvent, Replica, ReplicaMember
 from endpoints.telemetry import scrape
 from endpoints.vllm_metrics import parse_metrics
+from workers.agent.supervisor import ProcessHandle, Supervisor
 from workers.models import Device
 
 log = logging.getLogger("console.agent")
@@ -27,6 +28,16 @@ DB_AWAY = (OperationalError, InterfaceError)
 def event(endpoint_id: int, kind: str, message: str, *, replica: int | None = None, level: str = "info") -> None:
     EndpointEvent.objects.create(endpoint_id=endpoint_id, replica_index=replica, kind=kind, message=message[:4000], level=level)
     log.log(logging.WARNING if level != "info" else logging.INFO, "[endpoint %s#%s] %s: %s", endpoint_id, replica, kind, message)
+
+
+def stop_unowned(handle: ProcessHandle, *, supervisor: Supervisor, what: str) -> None:
+    """Stop a process (its whole group) or container just started for a row that was deleted meanwhile (its
+    endpoint deleted during the start): no row names it, so no pass would ever find, stop or reap it."""
+    running = supervisor.find(handle)
+    if running is not None:
+        supervisor.terminate(running, grace=settings.ENDPOINT_STOP_GRACE_SECONDS)
+    supervisor.reap(handle)  # what of its group outlived the tree, or a container that already ended
+    log.warning("stopped %s: its row was deleted while it started (its endpoint deleted)", what)
 
 
 def http_get_json(url: str, timeout: float = 3.0, headers: dict[str, str] | None = None):

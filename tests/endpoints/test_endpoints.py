@@ -362,6 +362,29 @@ def test_a_restart_asked_for_while_the_agent_starts_the_replica_is_kept(cpu_node
     assert replica.state == "starting" and replica.restart_requested  # the next pass restarts it
 
 
+@pytest.mark.django_db
+def test_a_replica_started_for_an_endpoint_deleted_meanwhile_is_stopped(cpu_node, tiny_artifact, settings, tmp_path,
+                                                                       caplog):
+    """The start's write matched no row and the process ran on, unowned: no pass would ever find, stop or reap it
+    (on the devices and port of whatever launched next)."""
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class DeletedMeanwhile(StandInSupervisor):
+        def start(self, spec):
+            Endpoint.objects.filter(pk=endpoint.pk).delete()  # the web's Delete, during the start
+            return super().start(spec)
+
+    settings.DATA_DIR = tmp_path
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor = DeletedMeanwhile()
+    ReplicaWorkload().reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 1 and supervisor.terminated == [supervisor.next_pid]
+    assert not supervisor.running and not Replica.objects.exists() and not EndpointEvent.objects.exists()
+    assert "its row was deleted while it started" in caplog.text
+
+
 def test_a_replica_that_cuts_its_answer_short_is_not_ready_and_raises_nothing(cpu_node):
     """A vLLM dying mid-answer (IncompleteRead, a bad status line) raised out of the health check, and the catch-all
     marked a running replica failed."""

@@ -258,3 +258,24 @@ def test_node_interfaces_setting(monkeypatch):
     monkeypatch.setenv("NODE_INTERFACES", "eth0")
     with pytest.raises(ImproperlyConfigured, match="'eth0' is not NAME=VALUE"):
         env_pairs("NODE_INTERFACES")
+
+
+@pytest.mark.django_db
+def test_a_member_started_for_an_endpoint_deleted_meanwhile_is_stopped(operator, api_for, cpu_pair, tiny_artifact,
+                                                                      settings, tmp_path, caplog):
+    """`ray start --head` ran on, unowned, when its endpoint was deleted during the start (its row gone)."""
+    settings.DATA_DIR = tmp_path
+    settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
+    head, _ = cpu_pair
+
+    class DeletedMeanwhile(StandInSupervisor):
+        def start(self, spec):
+            Endpoint.objects.all().delete()  # the web's Delete, during the start
+            return super().start(spec)
+
+    _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray", worker_nodes=["worker"],
+            pipeline_parallel_size=2)
+    supervisor = DeletedMeanwhile()
+    ReplicaWorkload().reconcile(node=head, supervisor=supervisor)
+    assert len(supervisor.started) == 1 and supervisor.terminated == [supervisor.next_pid] and not supervisor.running
+    assert not ReplicaMember.objects.exists() and "its row was deleted while it started" in caplog.text
