@@ -646,12 +646,23 @@ def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -
 
 
 def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
-    if endpoint.replica_set.exclude(state=Endpoint.State.STOPPED).exclude(state=Endpoint.State.FAILED, pid__isnull=True).exists():
-        raise Conflict(f"Stop {endpoint.name} first: replicas are still running.")
-    if ReplicaMember.objects.filter(replica__endpoint=endpoint, pid__isnull=False).exists():
-        raise Conflict(f"Stop {endpoint.name} first: its nodes' processes (Ray, data-parallel ranks) are still running.")
-    audit_log(actor=user, action="endpoint.delete", obj=endpoint, request=request)
-    endpoint.delete()
+    with transaction.atomic():
+        # The endpoint, then its replicas and members, locked before the checks: an agent recording a start
+        # (a pid) meanwhile waits for the delete and then finds no row (it stops what it started), instead of
+        # writing between the check and the delete and leaving its process running unowned.
+        endpoint = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        if endpoint is None:
+            return  # deleted by another request meanwhile (a second click)
+        replicas = list(Replica.objects.select_for_update().filter(endpoint=endpoint).order_by("pk"))
+        members = list(ReplicaMember.objects.select_for_update().filter(replica__endpoint=endpoint).order_by("pk"))
+        if any(r.state != Endpoint.State.STOPPED and not (r.state == Endpoint.State.FAILED and r.pid is None)
+               for r in replicas):
+            raise Conflict(f"Stop {endpoint.name} first: replicas are still running.")
+        if any(m.pid is not None for m in members):
+            raise Conflict(f"Stop {endpoint.name} first: its nodes' processes (Ray, data-parallel ranks) are still "
+                           "running.")
+        audit_log(actor=user, action="endpoint.delete", obj=endpoint, request=request)
+        endpoint.delete()
 
 
 def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int | None = None, request=None) -> dict:

@@ -443,6 +443,40 @@ def test_delete_needs_a_stopped_endpoint(admin, api_for, cpu_node, tiny_artifact
     assert not Endpoint.objects.filter(pk=endpoint.pk).exists() and not Replica.objects.exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_recording_a_start_during_a_delete_waits_for_it_and_finds_no_row(admin, cpu_node, tiny_artifact,
+                                                                                 monkeypatch):
+    """The delete checked that nothing ran, then deleted without a lock: an agent's write of a start's pid in
+    between landed (1 row) and the endpoint went with a process running that nothing would stop. Locked, the
+    write waits for the delete and matches no row, which the agent answers by stopping what it started."""
+    import threading
+
+    from django.db import connection
+
+    from endpoints import services
+
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    replica = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="stopped")
+    recorded = []
+
+    def agent_records_its_start():
+        try:
+            recorded.append(Replica.objects.filter(pk=replica.pk).update(pid=4_000_001, state="starting"))
+        finally:
+            connection.close()
+
+    def audit_log(**kwargs):  # between the checks and the delete: the agent writes now
+        agent = threading.Thread(target=agent_records_its_start)
+        agent.start()
+        agent.join(timeout=1)  # done at once without a lock; with one it waits for the delete's commit
+        audit_log.agent = agent
+
+    monkeypatch.setattr(services, "audit_log", audit_log)
+    services.endpoint_delete(endpoint=endpoint, user=admin)
+    audit_log.agent.join(timeout=30)
+    assert recorded == [0] and not Endpoint.objects.exists() and not Replica.objects.exists()
+
+
 @pytest.mark.django_db
 def test_artifact_in_use_cannot_be_deleted(admin, api_for, cpu_node, tiny_artifact):
     Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
