@@ -388,6 +388,9 @@ class ReplicaWorkload:
             return
         Replica.objects.filter(pk=replica.pk).update(state=S.DEGRADED, health_failures=failures,
                                                      state_reason=f"health check failed: {detail}"[:500])
+        if replica.state != S.DEGRADED:  # the transition only: a failing check repeats every interval
+            event(endpoint.pk, "degraded", f"health check failed ({detail}): out of routing; restarts after "
+                  f"{settings.ENDPOINT_HEALTH_FAILURES} failures in a row", replica=replica.index, level="warning")
 
     def maybe_scheduled_restart(self, replica: Replica, now) -> None:
         """Restart replicas every N hours or daily at a set time (memory fragmentation), or to follow a

@@ -272,6 +272,35 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
 
 
 @pytest.mark.django_db
+def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(cpu_node, tiny_artifact, settings,
+                                                                         monkeypatch, tmp_path):
+    """READY → DEGRADED wrote no event: the endpoint page showed a replica out of routing with nothing in its
+    events to say when or why. One event on the transition, not one per failed check; one when it recovers."""
+    from endpoints import reconcile as reconcile_module
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    settings.DATA_DIR = tmp_path
+    settings.ENDPOINT_HEALTH_FAILURES = 5
+    answers = iter([(True, "ok"), (False, "/health answered 503"), (False, "/health answered 503"), (True, "ok")])
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: next(answers))
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)  # started
+    states = []
+    for _ in range(4):
+        workload.last_health.clear()
+        workload.reconcile(node=cpu_node, supervisor=supervisor)
+        states.append(Replica.objects.get().state)
+    assert states == ["ready", "degraded", "degraded", "ready"]
+    events = list(EndpointEvent.objects.filter(endpoint=endpoint, kind__in=["degraded", "recovered"])
+                  .order_by("id").values_list("kind", "level", "message"))
+    assert [(kind, level) for kind, level, _ in events] == [("degraded", "warning"), ("recovered", "info")]
+    assert events[0][2].startswith("health check failed (/health answered 503): out of routing")
+
+
+@pytest.mark.django_db
 def test_a_start_that_never_becomes_ready_counts_as_a_crash(cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
     """Past ENDPOINT_START_TIMEOUT_SECONDS a starting replica is stopped, backed off and, after
     ENDPOINT_MAX_CRASHES such starts, given up: before, it was started again at once, for ever, uncounted."""
