@@ -370,7 +370,9 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
                                f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
     container = ContainerSpec(runtime=node.engine_runtime, image=node.engine_image(launch.chip_name),
                               name=container_name(replica.endpoint.name, replica.index), devices=list(replica.devices),
-                              secret_env=tuple(secret), work_dir=str(replica_work_dir(replica)))
+                              secret_env=tuple(secret), work_dir=str(replica_work_dir(replica)),
+                              # The runtime's own copy of the output, bounded like the agent's (ENDPOINT_LOG_*).
+                              log_max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, log_files=settings.ENDPOINT_LOG_KEEP)
     # The engine variables travel as `-e` flags in the argv (shown there); the key by name only, its value
     # from the CLI's own environment.
     spec = ProcessSpec(argv=build_container_command(container, argv, env_added), env=child_environment(secret),

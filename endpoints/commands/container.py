@@ -36,6 +36,13 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
   made the working directory (``-w``, for the image's ``WORKDIR /workspace``): ``python3 -m`` finds the
   module that ``--middleware`` names there, and what CANN writes into the working directory
   (fusion_result.json, dumps) lands in the replica's own directory, not the image's layer.
+- ``--log-driver`` (docker: ``json-file``; podman: ``k8s-file``, its own name for it) with ``--log-opt
+  max-size=…`` (and, docker only, ``max-file=…``): without them the runtime keeps a replica's whole output for as
+  long as its container lives (a long-running vLLM logs every request), on the runtime's disk, beside the copy
+  the agent keeps and rotates itself. The driver is named because the bound holds only for a file driver, and a
+  daemon defaulting to journald or syslog refuses ``max-size``; the agent reads the output with ``logs``, which
+  both file drivers answer. Podman has no ``max-file`` (conmon keeps one file and truncates it: containers/podman
+  issue 21361), so it gets ``max-size`` alone.
 - ``--pull=never``: a missing image fails at once with the runtime's message instead of a pull of
   many GB inside the agent's loop (the doctor names the ``docker pull`` to run).
 - the engine environment as ``-e KEY=VALUE`` (the allow-listed variables only); secrets as ``-e KEY``
@@ -86,6 +93,8 @@ class ContainerSpec:
     devices: list[int] = field(default_factory=list)  # the replica's NPUs (host ids)
     secret_env: tuple[str, ...] = ("VLLM_API_KEY",)  # passed by name only: values from the CLI's environment
     work_dir: str | None = None  # the replica's working directory on the host, with the guard's module in it
+    log_max_bytes: int | None = None  # the runtime's own log of it, per file (None: no limit, the runtime's driver)
+    log_files: int = 1  # how many such files docker keeps (podman keeps one)
 
 
 def container_name(endpoint_name: str, replica_index: int) -> str:
@@ -121,7 +130,7 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     model = _model_path(argv)
 
     run = [container.runtime, "run", "-d", "--pull=never", "--name", container.name, "--net=host",
-           f"--shm-size={SHM_SIZE}"]
+           f"--shm-size={SHM_SIZE}", *log_flags(container)]
     for device in container.devices:
         run += ["--device", f"/dev/davinci{device}"]
     for device in ASCEND_CONTROL_DEVICES:
@@ -138,6 +147,22 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
         run += ["-v", f"{work}:{work}:rw", "-w", work]
     run += env_flags(env, secret=container.secret_env)
     return run + [container.image, *SHELL_WRAPPER, CONTAINER_PYTHON, *argv[1:]]
+
+
+#: The file log driver of each runtime: the one both bound with max-size (podman's json-file is an alias of k8s-file).
+LOG_DRIVERS = {"docker": "json-file", "podman": "k8s-file"}
+
+
+def log_flags(container: ContainerSpec) -> list[str]:
+    """The runtime's own log of the container, bounded: a file driver with max-size (in KiB, a unit both
+    parse), and docker's max-file. A setting below 1 KiB or 1 file is taken as that: a bound, never a refused start."""
+    if container.log_max_bytes is None:
+        return []
+    flags = [f"--log-driver={LOG_DRIVERS[container.runtime]}",
+             f"--log-opt=max-size={max(1, container.log_max_bytes // 1024)}k"]
+    if container.runtime == "docker":
+        flags.append(f"--log-opt=max-file={max(1, container.log_files)}")
+    return flags
 
 
 def probe_container_command(*, runtime: str, image: str, name: str, python_args: list[str],

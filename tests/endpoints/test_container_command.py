@@ -43,6 +43,10 @@ ADDED = {
     "-d": "detached, for --rm/-it",
     "--pull=never": "a missing image fails at once, no multi-GB pull inside the agent's loop",
     "--net=host": "installation.md's A2/A3 command (checked below)",
+    # The runtime's own copy of the output, bounded (ENDPOINT_LOG_MAX_BYTES, ENDPOINT_LOG_KEEP, as the agent's).
+    "--log-driver=json-file": "the file driver, for which the bound holds (a journald daemon refuses max-size)",
+    "--log-opt=max-size=20480k": "the runtime's log of a long-running vLLM grew without limit",
+    "--log-opt=max-file=5": "docker's rotation, as many files as the agent keeps",
 }
 # The replica's working directory (endpoints.launch.make_work_dir: the replica key guard's module in it, and
 # what CANN writes into the working directory), mounted read-write at its host path, for the image's WORKDIR.
@@ -83,7 +87,8 @@ def ours(devices=(0,), **changes) -> tuple[list[str], list[str], dict]:
     argv, env = build_command(vllm_spec(devices=list(devices), **changes))
     argv = guarded_argv(argv)  # as endpoints.launch.replica_process runs it
     container = ContainerSpec(runtime="docker", image=f"quay.io/ascend/vllm-ascend:{DOCS_VERSION}",
-                              name=container_name("qwen3", 0), devices=list(devices), work_dir=WORK_DIR)
+                              name=container_name("qwen3", 0), devices=list(devices), work_dir=WORK_DIR,
+                              log_max_bytes=20 * 1024 * 1024, log_files=5)
     return build_container_command(container, argv, env), argv, env
 
 
@@ -171,12 +176,21 @@ def test_model_paths_a_bind_mount_cannot_take_are_refused(path, message):
         build_container_command(container, argv, env)
 
 
-def test_podman_gets_the_same_command():
+def test_podman_gets_the_same_command_but_its_own_log_driver_and_no_max_file():
+    """Podman names its file driver k8s-file (json-file is an alias) and has no max-file (containers/podman#21361):
+    conmon keeps one file and truncates it at max-size."""
     argv, env = build_command(vllm_spec())
-    fields = dict(image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-qwen3-r0", devices=[0])
+    fields = dict(image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-qwen3-r0", devices=[0],
+                  log_max_bytes=10 * 1024 * 1024, log_files=3)
     docker = build_container_command(ContainerSpec(runtime="docker", **fields), argv, env)
     podman = build_container_command(ContainerSpec(runtime="podman", **fields), argv, env)
-    assert podman == ["podman", *docker[1:]]
+    docker_logs = ["--log-driver=json-file", "--log-opt=max-size=10240k", "--log-opt=max-file=3"]
+    podman_logs = ["--log-driver=k8s-file", "--log-opt=max-size=10240k"]
+    at = docker.index(docker_logs[0])
+    assert docker[at:at + 3] == docker_logs and podman[at:at + 2] == podman_logs
+    assert podman == ["podman", *docker[1:at], *podman_logs, *docker[at + 3:]]
+    unbounded = build_container_command(ContainerSpec(runtime="docker", **{**fields, "log_max_bytes": None}), argv, env)
+    assert unbounded == [*docker[:at], *docker[at + 3:]]  # no limit asked: the runtime's own driver and settings
 
 
 def test_image_variants_are_the_ones_upstream_publishes_at_the_pinned_release(settings):
@@ -202,11 +216,15 @@ def endpoint(ascend_node, tiny_artifact):
     return endpoint
 
 
-def test_a_docker_node_launches_the_replica_in_the_image(endpoint, ascend_node):
+def test_a_docker_node_launches_the_replica_in_the_image(endpoint, ascend_node, settings):
     ascend_node.engine_runtime = "docker"
+    settings.ENDPOINT_LOG_MAX_BYTES, settings.ENDPOINT_LOG_KEEP = 8 * 1024 * 1024, 4
     replica = endpoint.replica_set.get()
     spec, shown_env = replica_process(replica=replica, node=ascend_node, port=8612)
     assert spec.runtime == "docker" and spec.container_name == "llm-console-qwen-r0"
+    # The runtime's own log of the replica is bounded like the agent's copy of it (ENDPOINT_LOG_*).
+    logs = ["--log-driver=json-file", "--log-opt=max-size=8192k", "--log-opt=max-file=4"]
+    assert spec.argv[spec.argv.index(logs[0]):spec.argv.index(logs[0]) + 3] == logs
     assert spec.argv[:2] == ["docker", "run"] and "quay.io/ascend/vllm-ascend:v0.23.0" in spec.argv
     assert ["--device", "/dev/davinci2"] == spec.argv[spec.argv.index("/dev/davinci2") - 1:spec.argv.index("/dev/davinci2") + 1]
     # The key is in the CLI's environment only (docker copies it in for `-e VLLM_API_KEY`).

@@ -36,7 +36,7 @@ from pathlib import Path
 # Options of `run` that take a value; the rest of those accepted are flags.
 RUN_VALUE_OPTIONS = {"--name", "--net", "--network", "--shm-size", "--device", "-v", "--volume", "-e", "--env",
                      "--pull", "-p", "--publish", "--entrypoint", "-u", "--user", "-w", "--workdir", "-l", "--label",
-                     "--ipc", "--group-add", "--cap-add", "--security-opt"}
+                     "--ipc", "--group-add", "--cap-add", "--security-opt", "--log-driver", "--log-opt"}
 RUN_FLAGS = {"-d", "--detach", "--rm", "-i", "-t", "-it", "--interactive", "--tty", "--privileged", "--init"}
 
 
