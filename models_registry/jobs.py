@@ -7,6 +7,7 @@ from pathlib import Path
 
 from django.db import transaction
 
+from console.audit import audit_log
 from models_registry import convert as conversion
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
@@ -49,11 +50,18 @@ class ArtifactJobRunner(JobRunner):
     def on_failure(self, job) -> None:
         """A job that did not succeed leaves its 'building' artifacts marked failed, and the output a killed job
         committed before marking it ready removed (files first: a cleanup cut short is run again)."""
-        building = Artifact.objects.filter(producing_job=job, status=Artifact.Status.BUILDING)
-        for artifact in building:
+        note = job.error or f"job {job.status}"
+        for artifact in Artifact.objects.filter(producing_job=job, status=Artifact.Status.BUILDING):
             if remove_unfinished_output(artifact.path):
                 log.warning("removed %s: artifact #%s never became ready", artifact.path, artifact.pk)
-        building.update(status=Artifact.Status.FAILED, note=job.error or f"job {job.status}")
+            # Conditional, one artifact at a time: this cleanup runs more than once (the worker, a Cancel, the
+            # reaper), and only the run that moves the row writes its audit entry.
+            with transaction.atomic():
+                if Artifact.objects.filter(pk=artifact.pk, status=Artifact.Status.BUILDING).update(
+                        status=Artifact.Status.FAILED, note=note):
+                    audit_log(action="artifact.failed", obj=artifact, via="system",
+                              changes={"status": [Artifact.Status.BUILDING, Artifact.Status.FAILED],
+                                       "job": job.pk, "note": note[:1000]})
 
     def result_object(self, job):
         artifact_id = job.result.get("artifact_id")
@@ -149,6 +157,9 @@ def _ready(artifact: Artifact, dest: Path, **extra) -> None:
         if not Artifact.objects.filter(pk=artifact.pk, status=Artifact.Status.BUILDING).update(
                 status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra):
             raise JobFailed(f"Artifact #{artifact.pk} was deleted while it was being built.")
+        audit_log(action="artifact.ready", obj=artifact, via="system",
+                  changes={"status": [Artifact.Status.BUILDING, Artifact.Status.READY],
+                           "job": artifact.producing_job_id, "size_bytes": size})
     artifact.refresh_from_db()
     transaction.on_commit(lambda: artifact_hash_enqueue(artifact=artifact))
 

@@ -668,3 +668,77 @@ def test_a_source_deleted_after_its_conversion_was_queued_is_not_converted(opera
     assert job.status == "failed" and job.error == f"Artifact #{source} was deleted after this job was queued: nothing was read."
     assert not Artifact.objects.filter(producing_job_id=job_id).exists()
     assert not _leftovers(Path(settings.ARTIFACT_STORE))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_jobs_outcome_and_its_artifacts_ends_are_audited_once_as_the_system(tiny_artifact, operator, redis_conn,
+                                                                            settings, monkeypatch):
+    """Job-made state changes were only in the job's log and on the rows: now a finished job and a failed job each
+    leave one audit entry as the system (kind, target, error), and so does a 'building' artifact marked failed,
+    however often the failure's cleanup runs (the worker, then the reaper); progress writes nothing."""
+    from console.models import AuditEvent
+    from models_registry.jobs import ArtifactJobRunner
+    from workers.jobs import registry
+    from workers.jobs.context import JobFailed
+    from workers.jobs.runner import JobRunner
+    from workers.jobs.services import cleanup_after_failure, job_enqueue
+
+    monkeypatch.setattr(registry, "_runners", dict(registry._runners))
+
+    class Counts(JobRunner):
+        name = "test_counts"
+
+        def run(self, job, ctx):
+            for pct in (10, 50, 90):
+                ctx.progress(pct, f"counting {pct}")
+            return {"counted": 3}
+
+    class BuildsThenFails(ArtifactJobRunner):
+        name = "test_audit_fails"
+
+        def work(self, job, ctx):
+            ctx.progress(20, "building")
+            Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="hf",
+                                    path=str(tiny_artifact.path) + "-copy", status=Artifact.Status.BUILDING)
+            raise JobFailed("the output failed its check")
+
+    done = job_enqueue(kind="test_counts", params={}, user=operator, target=tiny_artifact)
+    failed = job_enqueue(kind="test_audit_fails", params={}, user=operator, target=tiny_artifact)
+    run_queued_jobs("default")
+    failed.refresh_from_db()
+    assert Job.objects.get(pk=done.pk).status == "succeeded" and failed.status == "failed"
+    cleanup_after_failure(failed)  # the cleanup again (as the reaper runs it): no second entry
+    reap_jobs(now=timezone.now() + timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1))
+
+    def ends(job):
+        return list(AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))
+                    .exclude(action__startswith="job.enqueue"))
+
+    [succeeded] = ends(done)
+    assert (succeeded.action, succeeded.via, succeeded.actor_id, succeeded.actor_name) == (
+        "job.succeeded.test_counts", "system", None, "")
+    assert succeeded.changes == {"status": ["running", "succeeded"], "kind": "test_counts",
+                                 "target": {"type": "artifact", "id": tiny_artifact.pk}}
+    [failure] = ends(failed)
+    assert failure.action == "job.failed.test_audit_fails" and failure.via == "system"
+    assert failure.changes["status"] == ["running", "failed"] and failure.changes["error"] == "the output failed its check"
+    built = Artifact.objects.get(producing_job=failed)
+    [marked] = AuditEvent.objects.filter(object_type="artifact", object_id=str(built.pk))
+    assert (marked.action, marked.via, marked.changes["status"], marked.changes["job"]) == (
+        "artifact.failed", "system", ["building", "failed"], failed.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reaped_job_is_audited_once_and_its_late_end_is_not(tiny_artifact, settings):
+    """The reaper's failure is the job's one outcome entry: the worker's own end, written later, finds the row
+    ended and writes neither the row nor the audit log."""
+    from console.models import AuditEvent
+    from workers.jobs import runner
+
+    old = timezone.now() - timezone.timedelta(minutes=5)
+    job = Job.objects.create(kind="convert", queue="convert", rq_id="reaped-audit", status=Job.Status.RUNNING,
+                             started_at=old, heartbeat_at=old, target=tiny_artifact)
+    assert reap_jobs() == [job.pk]
+    assert not runner._finish(job, Job.Status.SUCCEEDED, progress=100)
+    [entry] = AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))
+    assert entry.action == "job.failed.convert" and entry.via == "system" and "no heartbeat" in entry.changes["error"]

@@ -11,13 +11,13 @@ import time
 import traceback
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection, transaction
 from django.utils import timezone
 
 from workers.jobs.context import JobCancelled, JobContext, JobFailed, remove_staging
 from workers.jobs.models import Job
 from workers.jobs.registry import register_runner, runner_class
-from workers.jobs.services import cleanup_after_failure, job_enqueue
+from workers.jobs.services import audit_job_end, cleanup_after_failure, job_enqueue
 
 log = logging.getLogger("console.job")
 LOG_LIMIT = 200_000  # characters of log kept on the row (the tail)
@@ -97,13 +97,17 @@ def _heartbeat(job_id: int, stop: threading.Event) -> None:
 
 
 def _finish(job: Job, status: str, **fields) -> bool:
-    """Write the outcome unless someone else (cancel, reaper) already ended the job."""
+    """Write the outcome, and audit it, unless someone else (cancel, reaper) already ended the job (and audited
+    that): the conditional update decides who writes the one entry."""
     now = timezone.now()
     if status != Job.Status.SUCCEEDED:
         fields["cleanup_pending"] = True
-    updated = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
-        status=status, finished_at=now, **fields
-    )
+    with transaction.atomic():  # the outcome and its audit entry commit together
+        updated = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING).update(
+            status=status, finished_at=now, **fields
+        )
+        if updated:
+            audit_job_end(job=job, was=Job.Status.RUNNING, status=status, error=fields.get("error", ""))
     return bool(updated)
 
 

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -33,11 +34,30 @@ def _enqueue_now(job_id: int) -> None:
             result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
         )
     except RedisError as exc:
-        Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-            status=Job.Status.FAILED, finished_at=timezone.now(), cleanup_pending=True,
-            error=f"Could not queue the job: Redis is unreachable ({exc}).",
-        )
+        error = f"Could not queue the job: Redis is unreachable ({exc})."
+        with transaction.atomic():
+            if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+                status=Job.Status.FAILED, finished_at=timezone.now(), cleanup_pending=True, error=error,
+            ):
+                audit_job_end(job=job, was=Job.Status.QUEUED, status=Job.Status.FAILED, error=error)
         cleanup_after_failure(Job.objects.get(pk=job.pk))
+
+
+def _target_of(job: Job) -> dict | None:
+    """The object a job works on, as the audit log names it (the row may be gone: type and id suffice)."""
+    if job.target_type_id is None:
+        return None
+    return {"type": ContentType.objects.get_for_id(job.target_type_id).model, "id": job.target_id}
+
+
+def audit_job_end(*, job: Job, was: str, status: str, error: str = "") -> None:
+    """A job's outcome in the audit log, as the system. Called by whoever ended the job (its worker, the reaper,
+    a failed enqueue) only when its conditional update took the row, so each job has one such entry; a Cancel is
+    the user's own entry (job_cancel). Progress and heartbeats are not state changes and are never audited."""
+    changes = {"status": [was, status], "kind": job.kind, "target": _target_of(job)}
+    if error:
+        changes["error"] = error[:1000]
+    audit_log(action=f"job.{status}.{job.kind}", obj=job, changes=changes, via="system")
 
 
 def cleanup_after_failure(job: Job, *, settled: bool = True) -> None:
@@ -126,7 +146,9 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
         log.warning("Cancel of %s: Redis unreachable (%s); the job stops at its next progress report", job, exc)
     job.refresh_from_db()
     cleanup_after_failure(job, settled=was == Job.Status.QUEUED)
-    audit_log(actor=user, action="job.cancel", obj=job, changes={"status": [was, job.status]}, request=request)
+    # The cancelled outcome's one entry: the same facts as the system's entry for a job that ended by itself.
+    audit_log(actor=user, action="job.cancel", obj=job, request=request,
+              changes={"status": [was, job.status], "kind": job.kind, "target": _target_of(job)})
     return job
 
 
@@ -157,9 +179,13 @@ def reap_jobs(*, now=None) -> list[int]:
             f"no heartbeat from {job.worker_name or 'it'} on {job.node or 'its node'} since "
             f"{job.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC."
         )
-        if Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, heartbeat_at__lt=stale_before).update(
-            status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=message
-        ):
+        with transaction.atomic():  # the outcome and its audit entry commit together
+            took = Job.objects.filter(pk=job.pk, status=Job.Status.RUNNING, heartbeat_at__lt=stale_before).update(
+                status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=message
+            )
+            if took:
+                audit_job_end(job=job, was=Job.Status.RUNNING, status=Job.Status.FAILED, error=message)
+        if took:
             reaped.append(job.pk)
             job.refresh_from_db()
             # A worker that is only slow writes on: its staging goes, and its cleanup runs again, once it has gone.
@@ -179,9 +205,13 @@ def reap_jobs(*, now=None) -> list[int]:
                 error = f"The worker took the job but it never started (RQ: {rq_status}; its process died first). Retry it."
             else:
                 continue
-            if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-                status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=error,
-            ):
+            with transaction.atomic():
+                took = Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
+                    status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=error,
+                )
+                if took:
+                    audit_job_end(job=job, was=Job.Status.QUEUED, status=Job.Status.FAILED, error=error)
+            if took:
                 reaped.append(job.pk)
                 cleanup_after_failure(Job.objects.get(pk=job.pk))
     except RedisError as exc:
