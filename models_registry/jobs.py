@@ -22,8 +22,8 @@ from models_registry.paths import (
     tree_files,
     tree_size,
 )
-from models_registry.selectors import model_jobs_q
-from models_registry.services import artifact_convert, artifact_hash_enqueue
+from models_registry.selectors import model_jobs_q, store_shortfall
+from models_registry.services import artifact_convert, artifact_hash_enqueue, convert_output_bytes
 from workers.jobs.context import JobCancelled, JobFailed
 from workers.jobs.models import Job
 from workers.jobs.registry import register_target_filter
@@ -105,6 +105,14 @@ def live_source(pk: int) -> Artifact:
     return source
 
 
+def check_room(*, needed: int, what: str) -> None:
+    """The request's free-space check again as the job starts: the disk may have filled while it was queued.
+    Fails the job before it writes anything."""
+    shortfall = store_shortfall(needed=needed, what=what)
+    if shortfall:
+        raise JobFailed(f"{shortfall} The disk filled after the job was queued: nothing was written.")
+
+
 def hash_artifact(job, ctx) -> dict:
     artifact = live_source(job.params["artifact"])
     root = Path(artifact.path)
@@ -173,6 +181,7 @@ def convert_artifact(job, ctx) -> dict:
     check_tree(source.path)  # transformers and safetensors read the source themselves: nothing may lead out
     opts = job.params
     to = opts["to"]
+    check_room(needed=convert_output_bytes(artifact=source, to=to), what="this conversion")
     try:
         if to == "hf":
             dest = _destination(source, job, f"hf-{opts['dtype']}")

@@ -1,9 +1,13 @@
 """Reads for the model registry."""
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Count, Q
 
 from models_registry import hooks
 from models_registry.models import Artifact, Model
+from workers.jobs.context import free_bytes
 from workers.jobs.selectors import jobs_on
 
 
@@ -40,3 +44,16 @@ def model_jobs_q(model_id: int) -> Q:
 def artifact_in_use(artifact: Artifact) -> list[str]:
     """Names of the endpoints that use the artifact (not stopped), as serving registered them."""
     return hooks.artifact_users(artifact)
+
+
+def store_shortfall(*, needed: int, what: str) -> str:
+    """Why the artifact store cannot take `needed` more bytes for `what` ("this conversion") while keeping
+    ARTIFACT_STORE_MIN_FREE_BYTES free, or "" when it can. Asked when the work is requested and again when its
+    job starts: the disk may fill while the job waits in its queue."""
+    keep = settings.ARTIFACT_STORE_MIN_FREE_BYTES
+    free = max(free_bytes(Path(settings.ARTIFACT_STORE)) - keep, 0)
+    if needed <= free:
+        return ""
+    return (f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): {what} needs about "
+            f"{needed / 1e9:.2f} GB ({needed:,} bytes) and {free / 1e9:.2f} GB ({free:,} bytes) is available "
+            f"(keeping {keep / 1e9:.1f} GB free).")

@@ -1,9 +1,7 @@
 """Writes for the model registry: register, delete, and queue hashing and conversions."""
 import json
 import logging
-from pathlib import Path
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -18,8 +16,7 @@ from models_registry.inspection import InspectionError, inspect_path
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.options import ConvertOptions
 from models_registry.paths import PathRefused, validate_model_path
-from models_registry.selectors import artifact_in_use, model_jobs_q
-from workers.jobs.context import free_bytes
+from models_registry.selectors import artifact_in_use, model_jobs_q, store_shortfall
 from workers.jobs.models import Job
 from workers.jobs.selectors import jobs_on
 from workers.jobs.services import job_enqueue
@@ -194,8 +191,9 @@ def convert_targets(*, artifact: Artifact) -> tuple[list[str], str]:
     return targets, ("" if targets else reasons[-1])
 
 
-def _store_free_bytes() -> int:
-    return free_bytes(Path(settings.ARTIFACT_STORE))
+def convert_output_bytes(*, artifact: Artifact, to: str) -> int:
+    """The room a conversion of `artifact` reserves in the store (checked on request and at its job's start)."""
+    return estimate_output_bytes(param_count=(artifact.inspection or {}).get("param_count") or 0, to=to)
 
 
 def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, request=None,
@@ -209,15 +207,9 @@ def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, reque
     if existing is not None:
         raise Conflict(f"This conversion already exists as artifact #{existing.pk}.",
                        link=existing.get_absolute_url(), object_id=existing.pk)
-    param_count = (artifact.inspection or {}).get("param_count") or 0
-    needed = estimate_output_bytes(param_count=param_count, to=clean["to"])
-    free = _store_free_bytes() - settings.ARTIFACT_STORE_MIN_FREE_BYTES
-    if needed > free:
-        raise ValidationError(
-            f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): this conversion needs about "
-            f"{needed / 1e9:.2f} GB and {max(free, 0) / 1e9:.2f} GB is available "
-            f"(keeping {settings.ARTIFACT_STORE_MIN_FREE_BYTES / 1e9:.1f} GB free)."
-        )
+    shortfall = store_shortfall(needed=convert_output_bytes(artifact=artifact, to=clean["to"]), what="this conversion")
+    if shortfall:
+        raise ValidationError(shortfall)
     dedupe = f"convert:{artifact.pk}:{json.dumps(clean, sort_keys=True)}"
     with transaction.atomic():
         job = job_enqueue(kind="convert", params=clean, user=user, target=artifact,

@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from models_registry.inspection import inspect_path
-from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled, live_source
+from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled, check_room, live_source
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.paths import check_tree, tree_size
@@ -21,7 +21,7 @@ from models_registry.quantize.compressed import VllmServer
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.modelslim import SCHEME_TYPE, act_params_for
 from models_registry.quantize.perplexity import encode_eval, perplexity_hf, perplexity_vllm, scored_tokens
-from models_registry.quantize.services import artifact_quantize
+from models_registry.quantize.services import artifact_quantize, quantize_output_bytes
 from workers.jobs.context import JobFailed
 
 log = logging.getLogger("console.job")
@@ -70,6 +70,7 @@ def quantize_artifact(job, ctx) -> dict:
     import torch
 
     source = live_source(job.target_id)
+    check_room(needed=quantize_output_bytes(artifact=source), what="this quantization")
     opts = job.params
     target, scheme = opts["target"], opts["scheme"]
     calib_set = CalibrationDataset.objects.get(pk=opts["calibration"])

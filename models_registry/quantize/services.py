@@ -18,7 +18,7 @@ from models_registry.quantize import selectors
 from models_registry.quantize.calibrate import SUPPORTED_ARCHITECTURES
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.msmodelslim_run import ANTI_OUTLIER
-from models_registry.services import _store_free_bytes
+from models_registry.selectors import store_shortfall
 from workers.jobs.models import Job
 from workers.jobs.services import job_enqueue
 
@@ -194,6 +194,12 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     return clean
 
 
+def quantize_output_bytes(*, artifact: Artifact) -> int:
+    """The room a quantization of `artifact` reserves in the store (checked on request and at its job's start):
+    int8 weights with their scales, and the float layers a fallback keeps."""
+    return int(((artifact.inspection or {}).get("param_count") or 0) * 1.2) + 64 * 1024**2
+
+
 def artifact_quantize(*, artifact: Artifact, user, options: QuantizeOptions, request=None,
                       retry_of: Job | None = None) -> Job:
     clean = quantize_options_clean(artifact=artifact, options=options)
@@ -203,13 +209,9 @@ def artifact_quantize(*, artifact: Artifact, user, options: QuantizeOptions, req
         if {k: v for k, v in (existing.params or {}).items() if k != "serve_check"} == same:
             raise Conflict(f"This quantization already exists as artifact #{existing.pk}.",
                            link=existing.get_absolute_url(), object_id=existing.pk)
-    param_count = (artifact.inspection or {}).get("param_count") or 0
-    needed = int(param_count * 1.2) + 64 * 1024**2
-    free = _store_free_bytes() - settings.ARTIFACT_STORE_MIN_FREE_BYTES
-    if needed > free:
-        raise ValidationError(
-            f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): this quantization needs about "
-            f"{needed / 1e9:.2f} GB and {max(free, 0) / 1e9:.2f} GB is available.")
+    shortfall = store_shortfall(needed=quantize_output_bytes(artifact=artifact), what="this quantization")
+    if shortfall:
+        raise ValidationError(shortfall)
     dedupe = f"quantize:{artifact.pk}:{json.dumps(same, sort_keys=True)}"
     with transaction.atomic():
         job = job_enqueue(kind="quantize", params=clean, user=user, target=artifact,

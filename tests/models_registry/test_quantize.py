@@ -18,6 +18,7 @@ from models_registry.quantize import kl
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.selectors import DATA, read_paragraphs
 from tests.support import FIXTURES
+from tests.support.jobs import run_queued_jobs
 from tests.support.quantize import _add_outliers, _quantize
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Job
@@ -140,6 +141,21 @@ def tiny(model_root, operator, api_for, redis_conn, settings):
         return api, r.json()["artifacts"][0]["id"], path
 
     return make
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_quantization_whose_disk_filled_while_it_was_queued_fails_at_its_start(tiny, settings):
+    """The request's free-space check runs again as the job starts (the disk may fill while it is queued): the
+    job fails first, naming the bytes needed and free, and builds nothing."""
+    api, aid, src = tiny()
+    r = api.post(f"/api/v1/artifacts/{aid}/quantize", {"target": "compressed-tensors", "scheme": "w8a16"})
+    assert r.status_code == 202, r.content
+    settings.ARTIFACT_STORE_MIN_FREE_BYTES = 10**18
+    run_queued_jobs("quantize")
+    job = Job.objects.get(pk=r.json()["job"])
+    assert job.status == "failed" and job.error.startswith("Not enough room in the artifact store"), job.error
+    assert "this quantization needs about" in job.error and "(0 bytes) is available" in job.error
+    assert not Artifact.objects.filter(producing_job=job).exists() and "loading" not in job.log
 
 
 @pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both

@@ -137,6 +137,28 @@ def test_same_dtype_and_disk_space_refusals(operator, api_for, model_root, redis
     assert not Job.objects.filter(kind="convert").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_conversion_whose_disk_filled_while_it_was_queued_fails_at_its_start(operator, api_for, model_root,
+                                                                               redis_conn, settings):
+    """Free space was checked when the conversion was asked for, not again when its job started: a disk filled
+    meanwhile failed the job half-way through its write. Now the same check runs first in the job."""
+    from models_registry.services import convert_output_bytes
+
+    api = api_for(operator)
+    settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
+    source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "bf16"}).json()["job"]
+    settings.ARTIFACT_STORE_MIN_FREE_BYTES = 10**18  # the disk filled while the job waited
+    run_queued_jobs("convert")
+    job = Job.objects.get(pk=job_id)
+    needed = convert_output_bytes(artifact=Artifact.objects.get(pk=source), to="bf16")
+    assert job.status == "failed" and job.error.startswith("Not enough room in the artifact store"), job.error
+    assert "this conversion needs about" in job.error and "(0 bytes) is available" in job.error
+    assert f"({needed:,} bytes)" in job.error and "filled after the job was queued" in job.error
+    assert not job.traceback and not Artifact.objects.filter(producing_job_id=job_id).exists()
+    assert not _leftovers(Path(settings.ARTIFACT_STORE))
+
+
 @pytest.mark.django_db
 def test_duplicate_while_queued_is_refused_with_a_link(operator, api_for, model_root, redis_conn):
     api = api_for(operator)
