@@ -74,8 +74,12 @@ class EngineServer:
     PORT_TRIES = 3
 
     def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
-                 max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600):
+                 max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600,
+                 work_root: Path | None = None):
         self.model_dir = Path(model_dir)
+        # Where its working directories go: the quantize job's staging (on the artifact store's disk, removed
+        # with the staging by a failed or killed job's cleanup); the system's temporary folder without one.
+        self.work_root = Path(work_root) if work_root is not None else None
         self.timeout = timeout
         self.proc = None
         self._log = None
@@ -113,8 +117,8 @@ class EngineServer:
         deadline = time.monotonic() + self.timeout
         for attempt in range(1, self.PORT_TRIES + 1):
             # Its own working directory with the guard's module, as a replica's (endpoints.launch.make_work_dir),
-            # each try's, as __exit__ removes it; its log there too (private, not a guessable name in /tmp).
-            self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-")))
+            # each try's, as __exit__ removes it; its log there too (private, not a guessable name).
+            self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-", dir=self.work_root)))
             self.log_path = self.work_dir / "server.log"
             self._log = open(self.log_path, "wb")
             self.proc = start_job_child(self.argv, stdout=self._log, stderr=subprocess.STDOUT,

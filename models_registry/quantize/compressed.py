@@ -76,12 +76,13 @@ class VllmServer:
     launcher serving registered (:mod:`models_registry.quantize.serving_check`)."""
 
     def __init__(self, model_dir: Path, *, engine_python: str, max_model_len: int = 1024, enforce_eager: bool = False,
-                 timeout: float = 600):
+                 timeout: float = 600, work_root: Path | None = None):
         launcher = serving_check.launcher()
         if launcher is None:
             raise cal.QuantizeError(serving_check.NOT_REGISTERED)
         self._server = launcher(Path(model_dir), engine_python=engine_python, served_model_name="q",
-                                max_model_len=max_model_len, enforce_eager=enforce_eager, timeout=timeout)
+                                max_model_len=max_model_len, enforce_eager=enforce_eager, timeout=timeout,
+                                work_root=work_root)
         self.base_url = None
         self.api_key = None
         self.kernel_note = None

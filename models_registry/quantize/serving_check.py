@@ -3,7 +3,8 @@ start one (the endpoint command builder) and registers a launcher here from its 
 the registry never imports serving.
 
 A launcher is called as ``launcher(model_dir, *, engine_python, served_model_name, max_model_len,
-enforce_eager, timeout)`` and returns a context manager whose ``__enter__`` gives an object with ``base_url``
+enforce_eager, timeout, work_root)`` (``work_root``: the folder to make the server's working directory in,
+the job's staging) and returns a context manager whose ``__enter__`` gives an object with ``base_url``
 and ``api_key`` (the bearer key the server wants) once the server answers its health check (raising
 :class:`~models_registry.quantize.calibrate.QuantizeError` when it cannot), and whose ``__exit__`` stops it.
 The entered object may carry ``kernel_note``: why the engine's kernels on this host may score the checkpoint

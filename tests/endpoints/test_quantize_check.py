@@ -113,3 +113,27 @@ def test_a_start_interrupted_by_the_jobs_timeout_leaves_no_server(tmp_path, monk
         pass
     assert not psutil.pid_exists(server.proc.pid) or psutil.Process(server.proc.pid).status() == psutil.STATUS_ZOMBIE
     assert server.work_dir is None and calls[0].name.startswith("console-serving-check-") and not calls[0].exists()
+
+
+def test_the_servers_working_folder_is_made_in_the_jobs_staging_and_removed(tmp_path, monkeypatch):
+    """The serving check's working folder (its log, the guard's module) was made in /tmp, outside the job's
+    staging: a killed job left it there, on the system disk. Given the staging as its root, it is made there
+    (so the job's cleanup removes it) and removed when the server stops."""
+    engine = tmp_path / "engine-python"  # an engine that never becomes ready
+    engine.write_text("#!/bin/sh\nexec sleep 300\n")
+    engine.chmod(0o755)
+    staging = tmp_path / "store" / ".staging-job7-7-compressed-tensors-w8a8_dynamic-job7"
+    staging.mkdir(parents=True)
+    server = EngineServer(staging, engine_python=str(engine), timeout=60, work_root=staging)
+    seen = []
+
+    def stop_at_first_look():
+        seen.append((server.work_dir, (server.work_dir / "server.log").exists()))
+        raise TimeoutError("Task exceeded maximum timeout value (60 seconds)")
+
+    monkeypatch.setattr(server, "_ready", stop_at_first_look)
+    with pytest.raises(TimeoutError), server:
+        pass
+    [(work_dir, logged)] = seen
+    assert work_dir.parent == staging and work_dir.name.startswith("console-serving-check-") and logged
+    assert not work_dir.exists() and list(staging.iterdir()) == []

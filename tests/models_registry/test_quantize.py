@@ -675,3 +675,67 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     monkeypatch.setattr(serving_check, "_launcher", None)
     with pytest.raises(QuantizeError, match="No vLLM launcher is registered"):
         VllmServer(tmp_path / "model", engine_python="/opt/engine/bin/python")
+
+
+def test_the_serving_checks_servers_work_in_the_jobs_staging(tmp_path, monkeypatch, settings):
+    """Both servers of the serving check (the source's and the checkpoint's) are handed the job's staging as the
+    root of their working folders, not /tmp: a failed or killed job's cleanup removes what they leave."""
+    from models_registry.quantize import jobs as quantize_jobs
+    from models_registry.quantize import serving_check
+
+    settings.ENGINE_PYTHON = str(tmp_path)  # exists: the check runs
+    launched = []
+
+    class Server:
+        def __init__(self, model_dir, **kw):
+            launched.append((model_dir, kw["work_root"]))
+            self.base_url, self.api_key = "http://127.0.0.1:9", "k"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Ctx:
+        def progress(self, pct, stage=None):
+            pass
+
+    monkeypatch.setattr(serving_check, "_launcher", Server)
+    monkeypatch.setattr(quantize_jobs, "perplexity_vllm", lambda *a, **kw: 10.0)
+    src, staging = tmp_path / "src", tmp_path / ".staging-job3-3-compressed-tensors-w8a16-job3"
+    figures = quantize_jobs._serving_perplexity(Ctx(), src, staging, [], served_source=None)
+    assert figures["ppl_change_pct"] == 0.0
+    assert launched == [(src, staging), (staging, staging)]
+
+
+def test_msmodelslims_working_folder_is_in_the_output_staging_and_removed(tmp_path, monkeypatch):
+    """msModelSlim's Calibrator ran in a TemporaryDirectory in /tmp, outside the job's staging; now in a hidden
+    folder inside the output's folder (the staging), removed once the Calibrator is made."""
+    import contextlib
+
+    from models_registry.quantize import calibrate as cal
+    from models_registry.quantize import msmodelslim_run
+
+    class Seen(Exception):
+        pass
+
+    seen = []
+
+    @contextlib.contextmanager
+    def chdir(path):  # stops there: the Calibrator itself is not what is tested
+        seen.append(Path(path))
+        assert Path(path).is_dir()
+        raise Seen
+        yield
+
+    model, _ = cal.load_model(build_tiny_llama_hf(tmp_path / "tiny"), torch.float32)
+    out = tmp_path / ".staging-job5-5-ascend-modelslim-w8a16-job5"
+    out.mkdir()
+    monkeypatch.setattr(msmodelslim_run, "_chdir", chdir)
+    with pytest.raises(Seen):
+        msmodelslim_run.quantize(model, [[1, 2, 3, 4]], out, scheme="w8a16", method="minmax", anti_outlier=None,
+                                 float_layers=[], minmax_layers=[], serve_dtype=torch.bfloat16)
+    [scratch] = seen
+    assert scratch.parent == out and scratch.name.startswith(".msmodelslim-")
+    assert not scratch.exists() and list(out.iterdir()) == []
