@@ -3,6 +3,7 @@ Run inside a worker by workers.jobs, which owns claiming, logging, heartbeat, ca
 Imported by ModelsRegistryConfig.ready(): defining a JobRunner subclass registers it."""
 import hashlib
 import logging
+from importlib import metadata
 from pathlib import Path
 
 from django.db import transaction
@@ -31,6 +32,8 @@ from workers.jobs.runner import JobRunner
 
 log = logging.getLogger("console.job")
 CHUNK = 8 * 1024 * 1024
+# The libraries a conversion's output depends on (the GGUF reader, the ONNX exporter's), named in its record.
+CONVERT_LIBRARIES = ("torch", "transformers", "safetensors", "gguf", "onnx")
 
 
 class ArtifactJobRunner(JobRunner):
@@ -103,6 +106,20 @@ def live_source(pk: int) -> Artifact:
     if source.status != Artifact.Status.READY:
         raise JobFailed(f"Artifact #{pk} is {source.status}, not ready: nothing was read.")
     return source
+
+
+def run_facts(*, libraries: tuple[str, ...]) -> dict:
+    """What a job's numbers depend on besides its inputs, recorded with them: torch's thread count (CPU
+    reductions round differently per count) and the versions of the libraries that ran (None: not installed)."""
+    import torch
+
+    versions = {}
+    for dist in libraries:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return {"threads": torch.get_num_threads(), "versions": versions}
 
 
 def check_room(*, needed: int, what: str) -> None:
@@ -182,6 +199,7 @@ def convert_artifact(job, ctx) -> dict:
     opts = job.params
     to = opts["to"]
     check_room(needed=convert_output_bytes(artifact=source, to=to), what="this conversion")
+    facts = run_facts(libraries=CONVERT_LIBRARIES)  # in the job's result, as a quantization records it
     try:
         if to == "hf":
             dest = _destination(source, job, f"hf-{opts['dtype']}")
@@ -191,7 +209,7 @@ def convert_artifact(job, ctx) -> dict:
             conversion.gguf_to_hf(Path(source.path), staging, dtype=opts["dtype"], progress=_scaled(ctx, 1, 95))
             ctx.commit_staging(staging, dest)
             _ready(out, dest)
-            return {"artifact_id": out.pk}
+            return {"artifact_id": out.pk, "reproducibility": facts}
         if to in ("fp16", "bf16"):
             dtype = {"fp16": "float16", "bf16": "bfloat16"}[to]
             dest = _destination(source, job, to)
@@ -202,8 +220,9 @@ def convert_artifact(job, ctx) -> dict:
             verification = conversion.compare_logits(Path(source.path), staging)
             log.info("verification: %s", verification)
             ctx.commit_staging(staging, dest)
-            _ready(out, dest, verification=verification)
-            return {"artifact_id": out.pk, "verification": verification}
+            # The logits figures are the thread count's too: kept with them on the artifact.
+            _ready(out, dest, verification={**verification, "reproducibility": facts})
+            return {"artifact_id": out.pk, "verification": verification, "reproducibility": facts}
         # to == "om": ONNX first (kept as an artifact), then ATC.
         shape = f"b{opts['batch_size']}-s{opts['seq_len']}"
         onnx_dest = _destination(source, job, f"onnx-{shape}")
@@ -221,6 +240,6 @@ def convert_artifact(job, ctx) -> dict:
                            precision_mode=opts["precision_mode"])
         ctx.commit_staging(staging, om_dest)
         _ready(om, om_dest, note="Offline model for ACL/MindIE; not servable by vLLM.")
-        return {"artifact_id": om.pk, "onnx_artifact_id": onnx.pk}
+        return {"artifact_id": om.pk, "onnx_artifact_id": onnx.pk, "reproducibility": facts}
     except conversion.ConversionError as exc:
         raise JobFailed(str(exc)) from exc

@@ -6,13 +6,21 @@ import logging
 import resource
 import shutil
 import time
-from importlib import metadata
 from pathlib import Path
 
 from django.conf import settings
 
 from models_registry.inspection import inspect_path
-from models_registry.jobs import ArtifactJobRunner, _building, _destination, _ready, _scaled, check_room, live_source
+from models_registry.jobs import (
+    ArtifactJobRunner,
+    _building,
+    _destination,
+    _ready,
+    _scaled,
+    check_room,
+    live_source,
+    run_facts,
+)
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.paths import check_tree, tree_size
@@ -160,13 +168,8 @@ def _reproducible() -> dict:
     torch.manual_seed(seed)
     if settings.QUANTIZE_THREADS:
         torch.set_num_threads(settings.QUANTIZE_THREADS)
-    versions = {}
-    for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors", "msmodelslim"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    return {"seed": seed, "threads": torch.get_num_threads(), "versions": versions}
+    return {"seed": seed, **run_facts(libraries=("torch", "transformers", "llmcompressor", "compressed-tensors",
+                                                 "msmodelslim"))}
 
 
 def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list[str], eval_texts: list[str]) -> dict:

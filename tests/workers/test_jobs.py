@@ -44,6 +44,7 @@ def test_gguf_to_hf_conversion_job(operator, api_for, model_root, redis_conn, se
     assert out["inspection"]["dtype"] == "bfloat16" and out["inspection"]["has_tokenizer"]
     assert Path(out["path"]).is_dir() and not _leftovers(Path(settings.ARTIFACT_STORE))
     assert "dequantising the GGUF" in Job.objects.get(pk=job_id).log  # the job's logging is captured
+    assert Job.objects.get(pk=job_id).result["reproducibility"]["threads"] >= 1  # recorded as a quantization's
     # The same conversion again: refused with a link to what exists.
     again = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "hf", "dtype": "bfloat16"})
     assert again.status_code == 409 and again.json()["link"] == f"/artifacts/{out['id']}/"
@@ -51,16 +52,34 @@ def test_gguf_to_hf_conversion_job(operator, api_for, model_root, redis_conn, se
 
 @pytest.mark.django_db(transaction=True)
 def test_precision_conversion_records_verification(operator, api_for, model_root, redis_conn):
+    """The logits check is stored on the artifact with torch's thread count and the libraries' versions (a
+    quantization records them; a conversion did not), and the artifact's building → ready is audited once."""
+    import torch
+
+    from console.models import AuditEvent
+
     api = api_for(operator)
     source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "fp16"}).json()["job"]
-    run_queued_jobs("convert", "default")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the job runs in this process: the count it ran with is the one recorded
+    try:
+        run_queued_jobs("convert", "default")
+    finally:
+        torch.set_num_threads(threads)
     job = Job.objects.get(pk=job_id)
     assert job.status == "succeeded", job.error + job.traceback
     out = Artifact.objects.get(pk=job.result['artifact_id'])
     assert out.dtype == "float16" and out.inspection["dtype"] == "float16"
     assert out.verification["cosine_similarity"] > 0.999 and out.verification["max_abs_diff"] < 0.05
     assert "verifying logits" in job.log
+    facts = out.verification["reproducibility"]
+    assert facts == job.result["reproducibility"] and facts["threads"] == 1
+    assert facts["versions"]["torch"] == torch.__version__ and facts["versions"]["transformers"]
+    [ready] = AuditEvent.objects.filter(object_type="artifact", object_id=str(out.pk))
+    assert (ready.action, ready.via, ready.actor_id, ready.changes["status"], ready.changes["job"]) == (
+        "artifact.ready", "system", None, ["building", "ready"], job_id)
+    assert AuditEvent.objects.filter(action="job.succeeded.convert", object_id=str(job_id)).count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
