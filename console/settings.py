@@ -224,6 +224,8 @@ CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 NODE_OFFLINE_SECONDS = env_int("NODE_OFFLINE_SECONDS", 30)
 AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5)
 AGENT_RECONCILE_SECONDS = env_float("AGENT_RECONCILE_SECONDS", 2)
+# A pass running longer than this is stuck: its heartbeat (workers.agent.loop) stops, so the node goes offline.
+AGENT_PASS_STUCK_SECONDS = env_float("AGENT_PASS_STUCK_SECONDS", 600)
 # The address other hosts use to reach this node's endpoints (defaults to loopback for one host).
 NODE_ADDRESS = env_str("NODE_ADDRESS", "127.0.0.1")
 ENDPOINT_BIND_HOST = env_str("ENDPOINT_BIND_HOST", "127.0.0.1")

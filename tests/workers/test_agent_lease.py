@@ -112,3 +112,46 @@ def test_a_second_agent_process_for_a_running_node_exits_with_the_reason(worker_
                  what="the next agent registered at once")
     finally:
         stop_agent(third)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_heartbeat_goes_on_through_a_long_pass_but_not_a_stuck_one(tmp_path, settings, monkeypatch):
+    """Serial stops (grace + 5 s each) made the node look offline mid-pass; a pass past AGENT_PASS_STUCK_SECONDS
+    is stuck, and its node should go offline."""
+    import threading
+    import time
+
+    from workers.agent import loop as loop_module
+
+    settings.AGENT_HEARTBEAT_SECONDS, settings.AGENT_PASS_STUCK_SECONDS = 0.2, 1.5
+    runner = agent(tmp_path)
+    node = runner.register()
+    beats = []
+
+    class LongPass:
+        def reconcile(self, *, node, supervisor):
+            beats.append(Node.objects.get(pk=node.pk).last_heartbeat)
+            time.sleep(3)  # the pass: half of it within the stuck limit, half past it
+            beats.append(Node.objects.get(pk=node.pk).last_heartbeat)
+            return False
+
+    monkeypatch.setattr(loop_module, "registered_workloads", lambda: [LongPass()])
+    thread = threading.Thread(target=runner.beat_during_long_passes, daemon=True)
+    thread.start()
+    try:
+        before = Node.objects.get(pk=node.pk).last_heartbeat
+        beat_at = []
+        watcher = threading.Thread(target=lambda: [beat_at.append(Node.objects.get(pk=node.pk).last_heartbeat)
+                                                    or time.sleep(0.25) for _ in range(12)], daemon=True)
+        watcher.start()
+        runner.reconcile()
+        watcher.join()
+    finally:
+        runner.stopping = True
+        thread.join(timeout=5)
+    during = sorted({b for b in beat_at if b > before})
+    assert during, "no heartbeat during the pass"
+    started = beats[0]
+    # Beats within the first 1.5 s of the pass only: none in its last 1.5 s.
+    assert max(during) - started < timedelta(seconds=1.8), (started, during)
+    assert beats[1] == max(during)

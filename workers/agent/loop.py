@@ -71,6 +71,7 @@ class NodeAgent:
         self.instance = uuid.uuid4()  # this agent's lease on the node (Node.agent_instance)
         self.boot_id = host_boot_id()
         self.lease_lost = False
+        self.pass_started: float | None = None  # monotonic start of the running reconcile pass
 
     # --- registration and heartbeat -----------------------------------------------------
     def engine_site(self) -> EngineSite:
@@ -219,8 +220,32 @@ class NodeAgent:
             log.info("engine parser: vLLM %s, %d options", cli["vllm"], len(cli["options"]))
 
     def reconcile(self) -> None:
-        busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]
+        self.pass_started = time.monotonic()
+        try:
+            busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]
+        finally:
+            self.pass_started = None
         self.busy = any(busy)
+
+    def beat_during_long_passes(self) -> None:
+        """The heartbeat while a pass runs long (serial stops of grace + 5 s each, a slow container CLI): the
+        node would otherwise look offline, paging NODE_OFFLINE alerts and letting another agent take its lease.
+        Only up to AGENT_PASS_STUCK_SECONDS into a pass: an agent stuck past that is not running its node, and
+        its node should go offline. Between passes the loop beats itself."""
+        while not self.stopping:
+            time.sleep(settings.AGENT_HEARTBEAT_SECONDS)
+            started = self.pass_started
+            if started is None:
+                continue
+            running = time.monotonic() - started
+            if not settings.AGENT_HEARTBEAT_SECONDS <= running <= settings.AGENT_PASS_STUCK_SECONDS:
+                continue
+            try:
+                self.heartbeat()
+            except (DatabaseError, InterfaceError) as exc:
+                log.warning("heartbeat during a long pass: %s", exc)
+            finally:
+                close_old_connections()
 
     # --- the loop ----------------------------------------------------------------------
     def doctor_due(self) -> bool:
@@ -236,6 +261,8 @@ class NodeAgent:
     def run(self, *, once: bool = False) -> None:
         self.register()
         log.info("agent %s up: platform %s, engine %s", self.node_name, self.node.platform, self.node.engine.get("vllm"))
+        if not once:
+            threading.Thread(target=self.beat_during_long_passes, name="heartbeat", daemon=True).start()
         pubsub = None
         while not self.stopping:
             try:
