@@ -44,7 +44,7 @@ class Node(models.Model):
     agent_pid = models.IntegerField(null=True, blank=True)
     agent_started_at = models.DateTimeField(null=True, blank=True)
     # The running agent's lease (workers.agent.loop.NodeAgent.claim): one agent per node. Its instance, and
-    # the boot of the host it runs on (/proc/sys/kernel/random/boot_id); cleared when it exits.
+    # the boot and PID namespace it runs in (workers.agent.loop.host_boot_id); cleared when it exits.
     agent_instance = models.UUIDField(null=True, blank=True)
     agent_boot_id = models.CharField(max_length=64, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)

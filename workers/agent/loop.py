@@ -44,10 +44,11 @@ class NodeHeld(Exception):
 
 
 def host_boot_id() -> str:
-    """This boot of this host ('' where the kernel does not say): tells a crashed agent of this host, whose
-    PID can be checked here, from an agent elsewhere."""
+    """This boot of this host and this PID namespace ('' where the kernel does not say): tells a crashed agent
+    whose PID can be checked from here from an agent elsewhere, including one in another container of this
+    host (the same boot, other PIDs: a DaemonSet's pods have their own PID namespace)."""
     try:
-        return BOOT_ID.read_text().strip()
+        return f"{BOOT_ID.read_text().strip()}/pidns:{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:
         return ""
 
