@@ -247,6 +247,19 @@ def endpoint_log_root() -> Path:
     return Path(settings.DATA_DIR) / "logs" / "endpoints"
 
 
+def recorded_log(path: str) -> str:
+    """A log path read back from a replica's or member's row, only inside this node's endpoint log folder (where
+    replica_log_path puts every one), else '' (read as no log). Rows are the agent's own writes, but an edited
+    row must not make the agent or the web read, rotate or append to any other file; a link out is refused too."""
+    if not path:
+        return ""
+    try:
+        inside = Path(path).resolve().is_relative_to(endpoint_log_root().resolve())
+    except (OSError, RuntimeError, ValueError):
+        return ""
+    return path if inside else ""
+
+
 def endpoint_work_root() -> Path:
     """A directory per endpoint (its name) holds its engine processes' working directories on each node."""
     return Path(settings.DATA_DIR) / "work" / "endpoints"

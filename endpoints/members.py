@@ -20,6 +20,7 @@ from endpoints.launch import (
     make_work_dir,
     member_process,
     member_work_dir,
+    recorded_log,
 )
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.ports import claim_port
@@ -42,7 +43,7 @@ RUNNING = (S.STARTING, S.READY, S.DEGRADED)
 def member_handle(member: ReplicaMember) -> ProcessHandle:
     """Members always run as processes of the node's engine venv (endpoints.launch.member_process)."""
     return ProcessHandle(pid=member.pid or 0, create_time=member.pid_create_time or 0.0, argv=list(member.argv or []),
-                         runtime=PROCESS, log_path=member.log_path)
+                         runtime=PROCESS, log_path=recorded_log(member.log_path))
 
 
 def cluster_wait(replica: Replica, node: Node) -> str:
@@ -95,7 +96,7 @@ def _is_ready(member: ReplicaMember) -> bool:
     if member.role == Role.DP_HEADLESS:
         # The head's API server answers only once every engine of the group has joined it.
         return Replica.objects.filter(pk=member.replica_id, state=S.READY).exists()
-    return RAY_STARTED in tail_lines(member.log_path)
+    return RAY_STARTED in tail_lines(recorded_log(member.log_path))
 
 
 def _joined_an_older_head(member: ReplicaMember) -> bool:
@@ -164,7 +165,7 @@ class MemberReconciler:
                   replica=replica.index)
             return
         # A member runs as long as its replica (`ray start --block`, a headless rank): its log is rotated as it runs.
-        rotate_if_large(member.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
+        rotate_if_large(recorded_log(member.log_path), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
         if member.state != S.READY and _is_ready(member):
             ReplicaMember.objects.filter(pk=member.pk).update(state=S.READY, ready_at=now, state_reason="",
                                                               crashes_in_a_row=0)
@@ -225,7 +226,7 @@ class MemberReconciler:
         replica, endpoint = member.replica, member.replica.endpoint
         handle = member_handle(member)
         code = supervisor.exit_code(handle)
-        last = supervisor.log_tail(handle, member.log_path)
+        last = supervisor.log_tail(handle, recorded_log(member.log_path))
         supervisor.reap(handle)
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
                                            "no output"))[:300]

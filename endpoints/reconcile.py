@@ -19,6 +19,7 @@ from endpoints.launch import (
     make_engine_cache_dir,
     make_profile_dir,
     make_work_dir,
+    recorded_log,
     replica_process,
     replica_work_dir,
 )
@@ -55,7 +56,7 @@ NO_HANDLE = {"pid": None, "container_id": ""}
 def handle_of(replica: Replica) -> ProcessHandle:
     return ProcessHandle(pid=replica.pid or 0, create_time=replica.pid_create_time or 0.0, argv=list(replica.argv or []),
                          runtime=replica.runtime or "process", container_name=replica.container_name,
-                         container_id=replica.container_id, log_path=replica.log_path)
+                         container_id=replica.container_id, log_path=recorded_log(replica.log_path))
 
 
 def started_as(handle: ProcessHandle) -> str:
@@ -243,7 +244,7 @@ class ReplicaWorkload:
             event(endpoint.pk, "restarting", "restart requested", replica=replica.index)
             return
 
-        rotate_if_large(replica.log_path, max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
+        rotate_if_large(recorded_log(replica.log_path), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
         self.check_health(replica, proc, supervisor=supervisor, now=now)
 
     def drained(self, replica: Replica, now) -> bool:
@@ -312,7 +313,7 @@ class ReplicaWorkload:
         endpoint = replica.endpoint
         handle = handle_of(replica)
         code = supervisor.exit_code(handle)
-        last = supervisor.log_tail(handle, replica.log_path)  # before reap: a container's logs go with it
+        last = supervisor.log_tail(handle, recorded_log(replica.log_path))  # before reap: a container's logs go with it
         supervisor.reap(handle)
         crashes = replica.crashes_in_a_row + 1
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),

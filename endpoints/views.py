@@ -10,6 +10,7 @@ from console.validation import error_text
 from endpoints import selectors, services
 from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
+from endpoints.launch import recorded_log
 from endpoints.models import Endpoint
 from models_registry.models import Artifact
 from models_registry.views import _errors
@@ -61,7 +62,7 @@ def _detail_context(endpoint):
 
     return {
         "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],
-        "log_tail": tail_lines(log_replica.log_path, 30) if log_replica else "",
+        "log_tail": tail_lines(recorded_log(log_replica.log_path), 30) if log_replica else "",
         "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv]
         + [(m, format_for_shell(m.argv, m.env)) for r in replicas for m in r.members.all() if m.argv],
         "failed_logs": [r for r in replicas if r.state == Endpoint.State.FAILED and r.last_log],

@@ -84,3 +84,32 @@ def test_a_sweep_that_fails_leaves_the_agents_pass_alone(cpu_node, monkeypatch, 
     workload = ReplicaWorkload()
     assert workload.reconcile(node=cpu_node, supervisor=StandInSupervisor()) is False
     assert "sweep of deleted endpoints' files failed" in caplog.text and workload.next_sweep > time.monotonic()
+
+
+@pytest.mark.django_db
+def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(settings, tmp_path, cpu_node,
+                                                                                 tiny_artifact, as_viewer):
+    """Rows are the agent's own writes; an edited one must not make the web show, or the agent tail, rotate or
+    append to, any other file (a link out of the folder included)."""
+    from endpoints.launch import endpoint_log_root, recorded_log
+    from endpoints.reconcile import handle_of
+
+    settings.DATA_DIR = tmp_path
+    secret = tmp_path / "secret.txt"
+    secret.write_text("top secret\n")
+    own = endpoint_log_root() / "e" / "replica-0.log"
+    own.parent.mkdir(parents=True)
+    own.write_text("vLLM says hello\n")
+    link = own.with_name("replica-1.log")
+    link.symlink_to(secret)
+    assert recorded_log(str(own)) == str(own)
+    assert recorded_log(str(secret)) == recorded_log(str(link)) == recorded_log(f"{own.parent}/../../../secret.txt") == ""
+    assert recorded_log("") == ""
+
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    replica = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, log_path=str(secret))
+    assert handle_of(replica).log_path == ""
+    page = as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert "top secret" not in page
+    Replica.objects.filter(pk=replica.pk).update(log_path=str(own))
+    assert "vLLM says hello" in as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
