@@ -69,7 +69,7 @@ from models_registry.hf_reader import (
     read_safetensors_header,
     weight_files,
 )
-from models_registry.paths import open_confined, read_confined, tree_files
+from models_registry.paths import gguf_files_in, open_confined, read_confined
 
 __all__ = [
     "InspectionError",
@@ -128,7 +128,7 @@ def inspect_path(path) -> dict:
     if path.is_dir():
         if (path / "config.json").is_file():
             return inspect_hf_dir(path)
-        ggufs = [p for p in tree_files(path) if p.parent == path and p.suffix.lower() == ".gguf"]
+        ggufs = gguf_files_in(path)
         if len(ggufs) == 1:
             return inspect_gguf(ggufs[0])
         if len(ggufs) > 1:

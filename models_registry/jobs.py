@@ -206,7 +206,10 @@ def convert_artifact(job, ctx) -> dict:
             out = _building(source, job, fmt=Artifact.Format.HF, dtype=opts["dtype"], dest=dest, params=opts)
             staging = ctx.staging_dir(dest)
             ctx.progress(1, "loading and dequantising the GGUF")
-            conversion.gguf_to_hf(Path(source.path), staging, dtype=opts["dtype"], progress=_scaled(ctx, 1, 95))
+            directory, gguf_name = conversion.resolve_model_source(Path(source.path))  # a folder holding one GGUF too
+            if gguf_name is None:
+                raise JobFailed(f"{source.path} holds no GGUF file to convert.")
+            conversion.gguf_to_hf(directory / gguf_name, staging, dtype=opts["dtype"], progress=_scaled(ctx, 1, 95))
             ctx.commit_staging(staging, dest)
             _ready(out, dest)
             return {"artifact_id": out.pk, "reproducibility": facts}

@@ -117,6 +117,13 @@ def confine(path) -> Path:
     return Path(real)
 
 
+def gguf_files_in(folder) -> list[Path]:
+    """The .gguf files directly in a folder without config.json, as the registry reads such a folder: one of them
+    is that GGUF (inspection.inspect_path, the conversions), more than one is ambiguous. Confined like every walk."""
+    folder = Path(folder)
+    return [p for p in tree_files(folder) if p.parent == folder and p.suffix.lower() == ".gguf"]
+
+
 def tree_files(root, *, hidden: bool = True) -> list[Path]:
     """Every regular file under root (root itself when it is a file), sorted, named as under root.
 

@@ -20,7 +20,7 @@ from models_registry.convert.from_gguf import gguf_to_hf
 from models_registry.convert.onnx_export import export_onnx
 from models_registry.convert.precision import convert_precision
 from models_registry.convert.sizes import estimate_output_bytes
-from models_registry.convert.verify import VERIFY_PROMPTS, compare_logits
+from models_registry.convert.verify import VERIFY_PROMPTS, compare_logits, resolve_model_source
 
 __all__ = [
     "ATC_PRECISION_MODES",
@@ -35,5 +35,6 @@ __all__ = [
     "export_onnx",
     "find_atc",
     "gguf_to_hf",
+    "resolve_model_source",
     "run_atc",
 ]

@@ -16,6 +16,7 @@ from models_registry.convert.common import (
 )
 from models_registry.convert.from_gguf import load_gguf_tokenizer, open_gguf
 from models_registry.convert.progress import silent_progress, transformers_progress
+from models_registry.paths import gguf_files_in
 
 
 # Fixed prompts for logits verification: short, plain English, stable across tokenizers.
@@ -37,7 +38,7 @@ def resolve_model_source(path: Path) -> tuple[Path, str | None]:
     if path.is_dir():
         if (path / "config.json").is_file():
             return path, None
-        ggufs = sorted(path.glob("*.gguf"))
+        ggufs = gguf_files_in(path)
         if len(ggufs) == 1:
             return path, ggufs[0].name
     if not path.exists():

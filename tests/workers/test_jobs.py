@@ -51,6 +51,22 @@ def test_gguf_to_hf_conversion_job(operator, api_for, model_root, redis_conn, se
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_folder_holding_one_gguf_converts_to_hf(operator, api_for, model_root, redis_conn):
+    """Registered as the GGUF it holds (inspection.inspect_path); its conversion opened the folder as the file."""
+    api = api_for(operator)
+    folder = model_root / "tiny-gguf"
+    folder.mkdir()
+    build_tiny_llama_gguf(folder / "tiny.gguf")
+    source = _register(api, "tiny-folder", folder)
+    assert api.get(f"/api/v1/artifacts/{source}").json()["format"] == "gguf"
+    job_id = api.post(f"/api/v1/artifacts/{source}/convert", {"to": "hf", "dtype": "bfloat16"}).json()["job"]
+    run_queued_jobs("convert", "default")
+    job = api.get(f"/api/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded", job
+    assert api.get(f"/api/v1/artifacts/{job['result_artifact']}").json()["format"] == "hf"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_precision_conversion_records_verification(operator, api_for, model_root, redis_conn):
     """The logits check is stored on the artifact with torch's thread count and the libraries' versions (a
     quantization records them; a conversion did not), and the artifact's building → ready is audited once."""
