@@ -4,9 +4,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from packaging.version import InvalidVersion, Version
 
+from console.audit import audit_log
 from models_registry import hooks
 from models_registry.quantize.models import CalibrationDataset
 
@@ -26,15 +27,20 @@ def read_paragraphs(path: Path) -> list[str]:
 
 
 def ensure_defaults() -> None:
+    """The built-in datasets, created on first use (a data migration's rows would not survive the transactional
+    tests' flush): the one write a read makes, audited as the system like every state change."""
     for name, (purpose, filename, description) in DEFAULTS.items():
         if CalibrationDataset.objects.filter(name=name).exists():
             continue
         samples = read_paragraphs(DATA / filename)
         try:
-            CalibrationDataset.objects.create(
-                name=name, purpose=purpose, description=description, source=SOURCE, samples=samples,
-                sample_count=len(samples), char_count=sum(map(len, samples)), builtin=True)
-        except IntegrityError:  # created concurrently
+            with transaction.atomic():
+                dataset = CalibrationDataset.objects.create(
+                    name=name, purpose=purpose, description=description, source=SOURCE, samples=samples,
+                    sample_count=len(samples), char_count=sum(map(len, samples)), builtin=True)
+                audit_log(action="calibration.create", obj=dataset, via="system",
+                          changes={"purpose": purpose, "builtin": True, "samples": len(samples)})
+        except IntegrityError:  # created concurrently (and audited there)
             pass
 
 

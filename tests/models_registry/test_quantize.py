@@ -120,6 +120,11 @@ def test_dataset_upload_preview_and_bad_input(db, operator, viewer, api_for):
     assert csv.status_code == 422 and [e["loc"][-1] for e in csv.json()["detail"]] == ["format"]
     listed = api_for(viewer).get("/api/v1/calibration-datasets").json()
     assert {"default-calibration", "default-evaluation", "ops-logs", "plain"} <= {d["name"] for d in listed}
+    # The built-ins, made on first use, are audited once each, as the system.
+    api_for(viewer).get("/api/v1/calibration-datasets")
+    from console.models import AuditEvent
+    made = AuditEvent.objects.filter(action="calibration.create", via="system")
+    assert sorted(made.values_list("object_repr", flat=True)) == ["default-calibration", "default-evaluation"]
     assert api_for(viewer).post("/api/v1/calibration-datasets", {"name": "x", "content": lines}).status_code == 403
 
 
