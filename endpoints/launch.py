@@ -5,6 +5,7 @@ Podman the same vLLM argv runs inside vllm-ascend's image (build_container_comma
 replica's members (Ray nodes, headless data-parallel ranks) are built here too, each for the node
 that runs it, as processes of that node's engine venv."""
 import os
+import re
 from pathlib import Path
 
 from django.conf import settings
@@ -75,7 +76,7 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
         env={**cpu_threads_env(endpoint=endpoint, replica=replica, node=node), **endpoint.env},
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
-        engine_cache_dir=str(engine_cache_dir()),
+        engine_cache_dir=str(engine_cache_dir(node)),
     )
 
 
@@ -217,20 +218,26 @@ def _free_share(groups: list[list[int]], held: set[int], *, size: int) -> list[i
     return fitting[0][:size] if fitting else max(runs, key=len, default=[])
 
 
-def engine_cache_dir() -> Path:
-    """The node's persistent engine cache (ENDPOINT_ENGINE_CACHE_ROOT), the same path on every start."""
-    return Path(settings.ENDPOINT_ENGINE_CACHE_ROOT)
+def engine_cache_dir(node: Node) -> Path:
+    """The node's persistent engine cache, the same path on every start: a folder of its own under
+    ENDPOINT_ENGINE_CACHE_ROOT. Of its own because the root may be shared storage (DATA_DIR is, on Kubernetes)
+    and what is compiled there is for that host's chips: vLLM's key has no CPU instruction set in it (an
+    AVX-512 kernel loaded on an AVX2 host dies of SIGILL) and torch checks only its own and Python's versions
+    on load (torch/_dynamo/package.py SystemInfo.check_compatibility)."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", node.name)
+    return Path(settings.ENDPOINT_ENGINE_CACHE_ROOT) / (name if name.strip(".") else f"node-{node.pk}")
 
 
-def make_engine_cache_dir() -> Path:
+def make_engine_cache_dir(node: Node) -> Path:
     """The engine cache, made 0700 before a start on the node that runs it (a container's bind mount needs
     it to exist). Engines load compiled code from it (pickled graphs, shared objects): a directory other
-    users could write would let them run code in every replica, so one left open is tightened."""
-    path = engine_cache_dir()
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid == os.getuid() and st.st_mode & 0o077:
-        path.chmod(0o700)
+    users could write would let them run code in every replica, so one left open is tightened (the root too)."""
+    path = engine_cache_dir(node)
+    for folder in (path.parent, path):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+        if st.st_uid == os.getuid() and st.st_mode & 0o077:
+            folder.chmod(0o700)
     return path
 
 

@@ -192,7 +192,7 @@ class MemberReconciler:
             return
         if member.role == ReplicaMember.Role.DP_HEADLESS:  # a vLLM of the replica: its workers profile here
             make_profile_dir(member.replica)
-            make_engine_cache_dir()
+            make_engine_cache_dir(member.node)
         make_work_dir(member_work_dir(member))
         handle = supervisor.start(spec)
         restarts = member.restarts + (1 if member.state == S.RESTARTING else 0)

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError
-from django.db.models import Case, DateTimeField, Value, When
+from django.db.models import Case, CharField, DateTimeField, Value, When
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -116,7 +116,7 @@ class ReplicaWorkload:
             return
         try:
             make_profile_dir(replica)
-            make_engine_cache_dir()
+            make_engine_cache_dir(node)
             make_work_dir(replica_work_dir(replica))
             handle = supervisor.start(spec)
         except (DatabaseError, RuntimeUnavailable):
@@ -330,14 +330,15 @@ class ReplicaWorkload:
                 nudge_members(replica)  # its members stop: nothing will run on them
             return
         delay = backoff_seconds(crashes)
+        cause = why or f"crashed (exit code {code})"
         # An operator's Restart asked for since this pass read the row (restart_requested, next_start_at None:
         # start now) is kept: the row decides in the same UPDATE, or the backoff would delay it by minutes.
         Replica.objects.filter(pk=replica.pk).update(
             state=S.RESTARTING, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
             next_start_at=Case(When(restart_requested=True, then=Value(None)),
                                default=Value(now + timedelta(seconds=delay)), output_field=DateTimeField()),
-            state_reason=(f"{why}; restarting in {delay:.0f} s" if why
-                          else f"crashed (exit code {code}); restarting in {delay:.0f} s")[:500])
+            state_reason=Case(When(restart_requested=True, then=Value(f"{cause}; restarting now on request"[:500])),
+                              default=Value(f"{cause}; restarting in {delay:.0f} s"[:500]), output_field=CharField()))
         when = f"restart in {delay:.0f} s"
         if Replica.objects.filter(pk=replica.pk, restart_requested=True).exists():
             when = "restarting now on request"

