@@ -265,6 +265,7 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
     workload.reconcile(node=cpu_node, supervisor=supervisor)
     replica = Replica.objects.get()
     assert replica.state == "restarting" and replica.restart_requested and replica.next_start_at is None
+    assert replica.state_reason == "crashed (exit code None); restarting now on request", replica.state_reason
     assert "restarting now on request" in EndpointEvent.objects.get(endpoint=endpoint, kind="crashed").message
     workload.reconcile(node=cpu_node, supervisor=supervisor)
     replica = Replica.objects.get()

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 from django.conf import settings
 from django.db import close_old_connections, transaction
-from django.db.utils import DatabaseError, InterfaceError
+from django.db.utils import DatabaseError, IntegrityError, InterfaceError
 from django.utils import timezone
 
 from workers import nudges
@@ -72,6 +72,8 @@ class NodeAgent:
         self.instance = uuid.uuid4()  # this agent's lease on the node (Node.agent_instance)
         self.boot_id = host_boot_id()
         self.lease_lost = False
+        self.released = False
+        self._lease_lock = threading.Lock()  # heartbeat() against release(): see heartbeat
         self.pass_started: float | None = None  # monotonic start of the running reconcile pass
 
     # --- registration and heartbeat -----------------------------------------------------
@@ -110,6 +112,12 @@ class NodeAgent:
                 time.sleep(min(settings.AGENT_HEARTBEAT_SECONDS, max(deadline - time.monotonic(), 0.1)))
 
     def claim(self, facts: dict) -> Node:
+        try:
+            return self._claim(facts)
+        except IntegrityError:  # another agent created the node's row meanwhile: its lease is checked now
+            return self._claim(facts)
+
+    def _claim(self, facts: dict) -> Node:
         with transaction.atomic():
             held = Node.objects.select_for_update().filter(name=self.node_name).first()
             if held is not None and held.held_by_another_agent(instance=self.instance, boot_id=self.boot_id,
@@ -121,10 +129,16 @@ class NodeAgent:
             now = timezone.now()
             # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
             node_settings = {**(held.settings if held is not None else {}), "interfaces": dict(settings.NODE_INTERFACES)}
-            node, _ = Node.objects.update_or_create(name=self.node_name, defaults={
-                **facts, "settings": node_settings, "agent_pid": os.getpid(), "agent_started_at": now, "last_heartbeat": now,
-                "agent_instance": self.instance, "agent_boot_id": self.boot_id})
+            fields = {**facts, "settings": node_settings, "agent_pid": os.getpid(), "agent_started_at": now,
+                      "last_heartbeat": now, "agent_instance": self.instance, "agent_boot_id": self.boot_id}
+            if held is None:  # a new node: the unique name refuses a second creator (claim then tries again)
+                with transaction.atomic():
+                    node = Node.objects.create(name=self.node_name, **fields)
+            else:  # the locked row: no other agent's claim can slip in between the check and this write
+                Node.objects.filter(pk=held.pk).update(**fields)
+                node = Node.objects.get(pk=held.pk)
         self.node = node
+        self.released = False
         return node
 
     def node_facts(self) -> dict:
@@ -147,19 +161,29 @@ class NodeAgent:
 
     def heartbeat(self) -> None:
         """Only while the lease is this agent's: one that went silent past NODE_OFFLINE_SECONDS may have been
-        replaced meanwhile, and then stops (the replicas are the new agent's to run)."""
-        now = timezone.now()
-        if not Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(
-                last_heartbeat=now, agent_pid=os.getpid()):
+        replaced meanwhile, and then stops (the replicas are the new agent's to run). Under the lock that
+        release() takes: the long-pass beat (another thread) must not find the lease released and stop."""
+        with self._lease_lock:
+            if self.released:
+                return
+            now = timezone.now()
+            if Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(
+                    last_heartbeat=now, agent_pid=os.getpid()):
+                self.node.last_heartbeat = now
+                return
             self.lease_lost = self.stopping = True
+        if Node.objects.filter(pk=self.node.pk).exists():
             log.error("another agent took node %s over while this one was silent; this agent stops and leaves the "
                       "replicas to it", self.node_name)
-            return
-        self.node.last_heartbeat = now
+        else:
+            log.error("node %s was deleted; this agent stops (started again, it registers the node anew)",
+                      self.node_name)
 
     def release(self) -> None:
         """On a clean exit: the next agent (a restart, an upgrade) need not wait for the lease to run out."""
-        Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None)
+        with self._lease_lock:
+            self.released = True
+            Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None)
 
     def collect_telemetry(self) -> None:
         """Devices, host and workload readings. Runs off the main loop: a hung npu-smi or a
@@ -271,6 +295,8 @@ class NodeAgent:
                 if time.monotonic() - self.last_heartbeat >= settings.AGENT_HEARTBEAT_SECONDS:
                     self.heartbeat()
                     self.last_heartbeat = time.monotonic()
+                    if self.lease_lost:  # not one more pass: the replicas are another agent's now
+                        break
                 if (time.monotonic() - self.last_devices >= settings.TELEMETRY_INTERVAL_SECONDS
                         and (self._device_thread is None or not self._device_thread.is_alive())):
                     self.last_devices = time.monotonic()
