@@ -226,7 +226,7 @@ class MemberReconciler:
         replica, endpoint = member.replica, member.replica.endpoint
         handle = member_handle(member)
         code = supervisor.exit_code(handle)
-        last = supervisor.log_tail(handle, recorded_log(member.log_path))
+        last = supervisor.log_tail(handle, handle.log_path)
         supervisor.reap(handle)
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
                                            "no output"))[:300]

@@ -313,7 +313,7 @@ class ReplicaWorkload:
         endpoint = replica.endpoint
         handle = handle_of(replica)
         code = supervisor.exit_code(handle)
-        last = supervisor.log_tail(handle, recorded_log(replica.log_path))  # before reap: a container's logs go with it
+        last = supervisor.log_tail(handle, handle.log_path)  # before reap: a container's logs go with it
         supervisor.reap(handle)
         crashes = replica.crashes_in_a_row + 1
         reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
