@@ -211,24 +211,34 @@ def test_start_stop_restart_change_desired_state_and_are_audited(as_operator, op
     assert "Try it" in page and 'id="endpoint-state"' in page
 
 
+def _a_replica_that_crashed(*, node, artifact, supervisor, settings, monkeypatch, tmp_path):
+    """An endpoint "e" of one replica, started under the stand-in supervisor and then dead: the agent's pass has
+    recorded the crash. Returns (endpoint, the workload that saw it)."""
+    from endpoints import reconcile as reconcile_module
+    from endpoints.reconcile import ReplicaWorkload
+
+    settings.DATA_DIR = tmp_path
+    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
+    endpoint = Endpoint.objects.create(name="e", artifact=artifact, node=node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=node)
+    workload = ReplicaWorkload()
+    workload.reconcile(node=node, supervisor=supervisor)
+    supervisor.running.clear()  # it dies
+    workload.reconcile(node=node, supervisor=supervisor)
+    return endpoint, workload
+
+
 @pytest.mark.django_db
 def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_node, tiny_artifact, settings,
                                                                 monkeypatch, tmp_path):
     """A replica backing off after a crash (up to five minutes) starts on the next pass once an operator
     presses Restart; its crash count stands."""
-    from endpoints import reconcile as reconcile_module
-    from endpoints.reconcile import ReplicaWorkload
     from endpoints.services import endpoint_restart
     from tests.endpoints.test_npu_faults import StandInSupervisor
 
-    settings.DATA_DIR = tmp_path
-    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
-    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
-    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
-    supervisor, workload = StandInSupervisor(), ReplicaWorkload()
-    workload.reconcile(node=cpu_node, supervisor=supervisor)
-    supervisor.running.clear()  # it dies
-    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    supervisor = StandInSupervisor()
+    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
+                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
     replica = Replica.objects.get()
     assert replica.state == "restarting" and replica.next_start_at > timezone.now()
     workload.reconcile(node=cpu_node, supervisor=supervisor)
@@ -245,24 +255,17 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
                                                                      monkeypatch, tmp_path):
     """The crash's write set the backoff over the Restart's next_start_at=None, clicked while the agent read the
     dead replica's exit code and log: the replica then waited out the backoff (up to five minutes)."""
-    from endpoints import reconcile as reconcile_module
-    from endpoints.reconcile import ReplicaWorkload
     from endpoints.services import endpoint_restart
     from tests.endpoints.test_npu_faults import StandInSupervisor
 
     class RestartClickedMeanwhile(StandInSupervisor):
         def log_tail(self, handle, log_path, count=200):
-            endpoint_restart(endpoint=endpoint, user=operator)  # the web's Restart, inside crashed()
+            endpoint_restart(endpoint=Endpoint.objects.get(name="e"), user=operator)  # the web's Restart, inside crashed()
             return ""
 
-    settings.DATA_DIR = tmp_path
-    monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
-    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
-    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
-    supervisor, workload = RestartClickedMeanwhile(), ReplicaWorkload()
-    workload.reconcile(node=cpu_node, supervisor=supervisor)
-    supervisor.running.clear()  # it dies
-    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    supervisor = RestartClickedMeanwhile()
+    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
+                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
     replica = Replica.objects.get()
     assert replica.state == "restarting" and replica.restart_requested and replica.next_start_at is None
     assert replica.state_reason == "crashed (exit code None); restarting now on request", replica.state_reason
