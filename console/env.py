@@ -129,14 +129,24 @@ INHERITED_ENV = frozenset({
 INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
 #: What the console adds to these keeps the host's entries (CANN's Python packages on PYTHONPATH).
 SEARCH_PATHS = frozenset({"PYTHONPATH"})
+#: Allow-lists a host may set, comma-separated: vLLM loads every plugin it finds while VLLM_PLUGINS is unset
+#: and only those named once it is set, an empty value naming none (vLLM 0.32: vllm/envs.py:1172-1176,
+#: vllm/plugins/__init__.py:40-65 ``load_plugins_by_group``). What the console adds joins a host's list, and is
+#: left out where the host has none, so that it never narrows what the host lets load.
+ALLOW_LISTS = frozenset({"VLLM_PLUGINS"})
 
 
 def child_environment(added: Mapping[str, str], *, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a child process: the allow-listed part of `base` (this process's
     environment by default) with `added` laid over it, except a search path (:data:`SEARCH_PATHS`), which
-    goes before the inherited one instead of replacing it."""
+    goes before the inherited one instead of replacing it, and an allow-list (:data:`ALLOW_LISTS`), which
+    joins the inherited one and is dropped where nothing is inherited."""
     base = os.environ if base is None else base
     env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
     for key, value in added.items():
-        env[key] = f"{value}{os.pathsep}{env[key]}" if key in SEARCH_PATHS and env.get(key) else value
+        if key in ALLOW_LISTS:
+            if key in env:
+                env[key] = f"{env[key]},{value}" if env[key] else value
+        else:
+            env[key] = f"{value}{os.pathsep}{env[key]}" if key in SEARCH_PATHS and env.get(key) else value
     return env

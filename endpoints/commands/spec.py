@@ -5,7 +5,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, check_cache_dir, engine_cache_env
+from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV, check_cache_dir, engine_cache_env
 from endpoints.commands.checks import (
     CommandSpecError, _as_float, _check_engine_python, _check_host, _check_port, _check_text, _is_int,
     _split_host_port, _strict_int,
@@ -264,7 +264,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     env = _platform_env(spec.platform, spec.devices)
     env.update(engine_cache_env(spec.engine_cache_dir))
     if spec.platform == "cpu":
-        env["PYTHONPATH"] = CPU_AOT_PLUGIN_DIR  # before the host's own (console.env.child_environment)
+        env.update(CPU_AOT_PLUGIN_ENV)  # before the host's own, in its list (console.env.child_environment)
         kv = spec.cpu_kvcache_gib if spec.cpu_kvcache_gib is not None else _CPU_DEFAULT_KVCACHE_GIB
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv)
         if spec.cpu_threads_bind is not None:

@@ -30,7 +30,7 @@ from endpoints.commands import (
     validate_env,
     validate_extra_args,
 )
-from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR
+from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV
 from tests.support.command_specs import DP, ASCEND_DEFAULTS, DIST, PY, flag_value, head, spec
 
 # ------------------------------------------------------------------ ascend
@@ -178,11 +178,11 @@ def test_cpu_command_and_env():
     assert argv == [PY, "-m", SERVER_MODULE, "--model", "/models/tiny", "--served-model-name", "tiny",
                     "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "1"]
     # no device variable, vLLM's default bind ("auto"); the console's vLLM plugin (endpoints/commands/cache.py)
-    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": CPU_AOT_PLUGIN_DIR}
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", **CPU_AOT_PLUGIN_ENV}
 
     argv, env = build_command(spec(platform="cpu", devices=[], cpu_kvcache_gib=8, cpu_threads_bind="0-15|16-31",
                                    tensor_parallel_size=2, dtype="bfloat16"))
-    assert env == {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-15|16-31", "PYTHONPATH": CPU_AOT_PLUGIN_DIR}
+    assert env == {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-15|16-31", **CPU_AOT_PLUGIN_ENV}
     assert "--gpu-memory-utilization" not in argv
     _, env = build_command(spec(platform="cpu", devices=[], cpu_threads_bind="nobind"))
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"

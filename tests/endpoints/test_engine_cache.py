@@ -14,7 +14,7 @@ import pytest
 
 from console.env import child_environment
 from endpoints.commands import CommandSpecError, ContainerSpec, build_command, build_container_command, validate_env
-from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, ENGINE_CACHE_ENV, engine_cache_dir_in
+from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, CPU_AOT_PLUGIN_NAME, ENGINE_CACHE_ENV, engine_cache_dir_in
 from endpoints.launch import engine_cache_dir, make_engine_cache_dir, replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
@@ -47,6 +47,12 @@ def test_vllm_cpu_replicas_get_the_consoles_vllm_plugin_before_the_hosts_python_
     child = child_environment(env, base={"PYTHONPATH": "/usr/local/Ascend/python/site-packages", "PATH": "/usr/bin"})
     assert child["PYTHONPATH"] == f"{CPU_AOT_PLUGIN_DIR}:/usr/local/Ascend/python/site-packages"
     assert child_environment(env, base={})["PYTHONPATH"] == CPU_AOT_PLUGIN_DIR
+    # With no list on the host vLLM loads every plugin it finds: the console sets none (one would shut the
+    # others out). A host's list gets the plugin added; an empty one (vLLM: no plugin at all) gets it alone.
+    assert "VLLM_PLUGINS" not in child
+    assert child_environment(env, base={"VLLM_PLUGINS": "lora_filesystem_resolver"})["VLLM_PLUGINS"] == (
+        f"lora_filesystem_resolver,{CPU_AOT_PLUGIN_NAME}")
+    assert child_environment(env, base={"VLLM_PLUGINS": ""})["VLLM_PLUGINS"] == CPU_AOT_PLUGIN_NAME
     for platform in ("ascend", "cuda"):
         _, env = build_command(spec(platform=platform, devices=[0], engine_cache_dir=CACHE))
         assert "PYTHONPATH" not in env and env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm"
@@ -62,13 +68,16 @@ def test_the_plugin_directory_holds_the_plugin_alone_and_it_imports_nothing_of_t
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"contextvars", "torch", "vllm"}  # the standard library and the engine's own, nothing else
+    entry_points = (plugin_dir / "llm_console_vllm_plugin-1.0.dist-info" / "entry_points.txt").read_text()
+    assert f"{CPU_AOT_PLUGIN_NAME} = llm_console_vllm_plugin:register" in entry_points  # the name a host list gets
 
 
 @pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")
 def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_load():
     """vLLM's loader (vllm/plugins/__init__.py load_plugins_by_group, the engine core's and worker's call)
     with the environment a cpu replica gets; the fix does nothing to a torch whose callable has the method; one
-    artifact serves every core binding. (benchmarks/warm_restart.py and the e2e test load real artifacts.)"""
+    artifact serves every core binding. The host names the plugins vLLM may load, without the console's: it
+    is loaded all the same. (benchmarks/warm_restart.py and the e2e test load real artifacts.)"""
     _, added = build_command(spec(platform="cpu", devices=[]))
     script = textwrap.dedent("""
         from vllm.plugins import load_plugins_by_group
@@ -79,7 +88,9 @@ def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_loa
                 return b""
 
         assert not hasattr(Bundled(Compiled()), "finalize_loading")  # vllm-cpu 0.32's torch: the defect
-        register = load_plugins_by_group("vllm.general_plugins")["llm_console_cpu_aot_loader"]
+        found = load_plugins_by_group("vllm.general_plugins")
+        assert list(found) == ["llm_console_cpu_aot_loader"], found  # the host's list, which names no other one here
+        register = found["llm_console_cpu_aot_loader"]
         register(); register()  # vLLM may load a plugin more than once per process
         assert Bundled(Compiled()).finalize_loading(vllm_config=None) is None
         own = lambda self, vllm_config: "torch's own"
@@ -103,7 +114,8 @@ def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_loa
         assert env_hash("0-3", False) != env_hash("4-7", False)
         print("ok")
     """)
-    done = subprocess.run([ENGINE_PYTHON, "-c", script], env=child_environment(added), capture_output=True,
+    host = {**os.environ, "VLLM_PLUGINS": "some_other_plugin"}
+    done = subprocess.run([ENGINE_PYTHON, "-c", script], env=child_environment(added, base=host), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 

@@ -141,18 +141,20 @@ def test_each_allowed_variable_has_a_validator(env, message):
 
 
 def test_every_variable_the_console_emits_is_on_the_list():
-    """...but the console's own search path: on cpu its vLLM plugin (endpoints/commands/cache.py), which an
-    endpoint's env may not name."""
+    """...but the console's own vLLM plugin on cpu (its search path and name, endpoints/commands/cache.py),
+    which an endpoint's env may not name."""
     from endpoints.commands import ENV_VARIABLES, CommandSpecError, LaunchSpec, build_command, validate_env
 
     for platform, devices in (("cpu", []), ("ascend", [0, 1]), ("cuda", [0])):
         _, env = build_command(LaunchSpec(platform=platform, engine_python="/x/python", model_path="/models/m", served_model_name="m", port=8000,
                                           devices=devices, tensor_parallel_size=max(1, len(devices))))
-        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONPATH", None), env.pop("VLLM_PLUGINS", None)
         assert set(env) <= set(ENV_VARIABLES), set(env) - set(ENV_VARIABLES)
         assert validate_env(env) == env
     with pytest.raises(CommandSpecError, match="PYTHONPATH is not an allowed environment variable"):
         validate_env({"PYTHONPATH": "/tmp/x"})
+    with pytest.raises(CommandSpecError, match="VLLM_PLUGINS is not an allowed environment variable"):
+        validate_env({"VLLM_PLUGINS": "llm_console_cpu_aot_loader"})
 
 
 # ---------------------------------------------------------------- finding 10: bad input is a 400 naming the field

@@ -651,7 +651,7 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     """The quantize job's vLLM is launched by what endpoints registered: build_command's argv, and an
     environment built from an allow-list (no console secrets); with nothing registered it says so."""
     from console.env import child_environment
-    from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR
+    from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV
     from endpoints.commands.guard import GUARD_MIDDLEWARE
     from endpoints.quantize_check import EngineServer
     from models_registry.quantize import serving_check
@@ -672,7 +672,7 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert "--enforce-eager" in EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python",
                                              enforce_eager=True).argv
     # the environment an endpoint's CPU replica gets from the same builder (the KV cache size), nothing else
-    assert server.env_added == {"VLLM_CPU_KVCACHE_SPACE": str(settings.VLLM_CPU_KVCACHE_GIB), "PYTHONPATH": CPU_AOT_PLUGIN_DIR}
+    assert server.env_added == {"VLLM_CPU_KVCACHE_SPACE": str(settings.VLLM_CPU_KVCACHE_GIB), **CPU_AOT_PLUGIN_ENV}
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     monkeypatch.setenv("DATABASE_URL", "postgres://x")
     env = child_environment(server.env_added)  # what EngineServer.start hands the child
