@@ -369,6 +369,12 @@ def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
                         "options or the node's engine, then start it again")
 
 
+def as_applied(env_added: dict[str, str], env: dict[str, str]) -> dict[str, str]:
+    """The console's variables as the child got them (shown on the endpoint page, as it ran): a search path
+    before the host's, an allow-list joined to the host's or left out (console.env.child_environment)."""
+    return {key: env[key] for key in env_added if key in env}
+
+
 def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[ProcessSpec, dict[str, str]]:
     """(what the supervisor runs, the variables the console set: shown on the endpoint page)."""
     check_model_files(endpoint=replica.endpoint, node=node)
@@ -380,10 +386,10 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
     # The replica's key goes in the child's environment only: env_added is shown on the endpoint page.
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
-        spec = ProcessSpec(argv=argv, env=child_environment({**env_added, **secret}),
-                           cwd=str(replica_work_dir(replica)), log_path=replica_log_path(replica),
+        env = child_environment({**env_added, **secret})
+        spec = ProcessSpec(argv=argv, env=env, cwd=str(replica_work_dir(replica)), log_path=replica_log_path(replica),
                            log_keep=settings.ENDPOINT_LOG_KEEP)
-        return spec, env_added
+        return spec, as_applied(env_added, env)
     _refuse_multi_node_container(replica.endpoint, node)
     if node.platform != Node.Platform.ASCEND:
         raise CommandSpecError(f"{node.name} runs replicas under {node.engine_runtime}, which serves vllm-ascend's "
@@ -428,6 +434,7 @@ def member_process(member: ReplicaMember) -> tuple[ProcessSpec, dict[str, str]]:
         _refuse_multi_node_container(member.replica.endpoint, member.node)
     check_model_files(endpoint=member.replica.endpoint, node=member.node)  # its engine reads them on this node
     argv, env_added = member_command(member)
+    env = child_environment(env_added)
     # runtime "process" (ProcessSpec's default): `ray start` and headless ranks run on the host's engine venv.
-    return ProcessSpec(argv=argv, env=child_environment(env_added), log_path=member_log_path(member),
-                       log_keep=settings.ENDPOINT_LOG_KEEP, cwd=str(member_work_dir(member))), env_added
+    return ProcessSpec(argv=argv, env=env, log_path=member_log_path(member), log_keep=settings.ENDPOINT_LOG_KEEP,
+                       cwd=str(member_work_dir(member))), as_applied(env_added, env)

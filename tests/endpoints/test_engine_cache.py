@@ -193,6 +193,25 @@ def test_every_replica_of_the_node_gets_the_nodes_cache(cpu_node, tiny_artifact,
 
 
 @pytest.mark.django_db
+def test_a_hosts_plugin_list_gets_the_consoles_plugin_and_the_page_shows_what_the_replica_got(
+        cpu_node, tiny_artifact, cache_root, monkeypatch):
+    """The endpoint page shows the console's variables as the replica got them: with no VLLM_PLUGINS on the host
+    none is set (a list naming only the console's plugin would shut the host's others out); with one, the joined
+    list; the plugin's folder before the host's PYTHONPATH."""
+    endpoint = Endpoint.objects.create(name="blue", artifact=tiny_artifact, node=cpu_node, served_model_name="m")
+    replica = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    monkeypatch.setenv("PYTHONPATH", "/opt/cann/python")
+    process, shown = replica_process(replica=replica, node=cpu_node, port=8814)
+    assert "VLLM_PLUGINS" not in process.env and "VLLM_PLUGINS" not in shown
+    assert process.env["PYTHONPATH"] == shown["PYTHONPATH"] == f"{CPU_AOT_PLUGIN_DIR}:/opt/cann/python"
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    process, shown = replica_process(replica=replica, node=cpu_node, port=8814)
+    assert process.env["VLLM_PLUGINS"] == shown["VLLM_PLUGINS"] == f"lora_filesystem_resolver,{CPU_AOT_PLUGIN_NAME}"
+    assert "VLLM_API_KEY" in process.env and "VLLM_API_KEY" not in shown
+
+
+@pytest.mark.django_db
 def test_a_container_replica_mounts_the_nodes_cache(ascend_node, tiny_artifact, cache_root):
     ascend_node.engine_runtime = "docker"
     endpoint = Endpoint.objects.create(name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen",
