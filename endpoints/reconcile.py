@@ -321,14 +321,17 @@ class ReplicaWorkload:
         if why:
             reason = f"{why}; its last output: {reason}"[:400]
         if crashes >= settings.ENDPOINT_MAX_CRASHES:
-            Replica.objects.filter(pk=replica.pk).update(
-                state=S.FAILED, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
-                state_reason=f"gave up after {crashes} crashes in a row; last: {reason}")
-            event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",
-                  replica=replica.index, level="error")
-            if endpoint.distributed:
-                nudge_members(replica)  # its members stop: nothing will run on them
-            return
+            # Not over an operator's Restart asked for since this pass read the row: that one reset only
+            # failed replicas' counts, so it would start this one with no crash left to spare.
+            if Replica.objects.filter(pk=replica.pk, restart_requested=False).update(
+                    state=S.FAILED, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
+                    state_reason=f"gave up after {crashes} crashes in a row; last: {reason}"):
+                event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",
+                      replica=replica.index, level="error")
+                if endpoint.distributed:
+                    nudge_members(replica)  # its members stop: nothing will run on them
+                return
+            crashes = 0  # as a Restart pressed once it had given up: a fresh count, started now (below)
         delay = backoff_seconds(crashes)
         cause = why or f"crashed (exit code {code})"
         # An operator's Restart asked for since this pass read the row (restart_requested, next_start_at None:

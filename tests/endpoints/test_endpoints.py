@@ -276,6 +276,30 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
 
 
 @pytest.mark.django_db
+def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afresh(
+        operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
+    """The give-up's write (failed, at the crash limit) went over a Restart clicked meanwhile: the replica started
+    with its count at the limit, so its next crash gave up at once (and a distributed one's members stopped)."""
+    from endpoints.services import endpoint_restart
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class RestartClickedMeanwhile(StandInSupervisor):
+        def log_tail(self, handle, log_path, count=200):
+            endpoint_restart(endpoint=Endpoint.objects.get(name="e"), user=operator)  # the web's Restart, inside crashed()
+            return ""
+
+    settings.ENDPOINT_MAX_CRASHES = 1  # the first crash is the last
+    supervisor = RestartClickedMeanwhile()
+    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
+                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
+    replica = Replica.objects.get()
+    assert (replica.state, replica.crashes_in_a_row, replica.next_start_at) == ("restarting", 0, None)
+    assert not EndpointEvent.objects.filter(endpoint=endpoint, kind="failed").exists()
+    workload.reconcile(node=cpu_node, supervisor=supervisor)
+    assert len(supervisor.started) == 2 and Replica.objects.get().state == "starting"
+
+
+@pytest.mark.django_db
 def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(cpu_node, tiny_artifact, settings,
                                                                          monkeypatch, tmp_path):
     """READY → DEGRADED wrote no event: the endpoint page showed a replica out of routing with nothing in its
