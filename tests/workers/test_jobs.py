@@ -684,6 +684,25 @@ def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_star
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_cancel_is_audited_with_its_status_even_when_the_cleanup_after_it_fails(operator, redis_conn, monkeypatch):
+    """The entry was written after the Redis call and the kind's cleanup (an rmtree of a large partial output):
+    one that raised left a cancelled job with no entry (every other end of a job audits in its own write)."""
+    from console.models import AuditEvent
+    from workers.jobs import services
+
+    def cleanup_fails(job, *, settled=True):
+        raise OSError("Device or resource busy: staging")
+
+    monkeypatch.setattr(services, "cleanup_after_failure", cleanup_fails)
+    job = Job.objects.create(kind="convert", queue="convert", rq_id="cancel-audit")
+    with pytest.raises(OSError):
+        services.job_cancel(job=job, user=operator)
+    assert Job.objects.get(pk=job.pk).status == "cancelled"
+    entry = AuditEvent.objects.get(action="job.cancel", object_id=str(job.pk))
+    assert entry.actor_name == operator.username and entry.changes["status"] == ["queued", "cancelled"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(operator, api_for, model_root, admin,
                                                                             redis_conn, settings, monkeypatch):
     """The output was moved into the store, then a Cancel landed before the artifact was marked ready: the job

@@ -120,10 +120,15 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
         if not job.is_active:
             raise Conflict(f"Job #{job.pk} has already ended ({job.status}).", link=job.get_absolute_url())
         was = job.status
-        if Job.objects.filter(pk=job.pk, status=was).update(
-            status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
-        ):
-            break
+        # The outcome's one entry commits with it (as a job that ended by itself has the system's): the Redis
+        # call and the cleanup below may fail or outlast the request.
+        with transaction.atomic():
+            if Job.objects.filter(pk=job.pk, status=was).update(
+                status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
+            ):
+                audit_log(actor=user, action="job.cancel", obj=job, request=request,
+                          changes={"status": [was, Job.Status.CANCELLED], "kind": job.kind, "target": _target_of(job)})
+                break
         job.refresh_from_db()
     else:
         raise Conflict(f"Job #{job.pk} changed while it was being cancelled ({job.status}): try again.",
@@ -146,9 +151,6 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
         log.warning("Cancel of %s: Redis unreachable (%s); the job stops at its next progress report", job, exc)
     job.refresh_from_db()
     cleanup_after_failure(job, settled=was == Job.Status.QUEUED)
-    # The cancelled outcome's one entry: the same facts as the system's entry for a job that ended by itself.
-    audit_log(actor=user, action="job.cancel", obj=job, request=request,
-              changes={"status": [was, job.status], "kind": job.kind, "target": _target_of(job)})
     return job
 
 
