@@ -4,6 +4,7 @@ supervisor gets the finished ProcessSpec and runs it. On a node whose engine run
 Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command). A multi-node
 replica's members (Ray nodes, headless data-parallel ranks) are built here too, each for the node
 that runs it, as processes of that node's engine venv."""
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -224,8 +225,11 @@ def engine_cache_dir(node: Node) -> Path:
     and what is compiled there is for that host's chips: vLLM's key has no CPU instruction set in it (an
     AVX-512 kernel loaded on an AVX2 host dies of SIGILL) and torch checks only its own and Python's versions
     on load (torch/_dynamo/package.py SystemInfo.check_compatibility)."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", node.name)
-    return Path(settings.ENDPOINT_ENGINE_CACHE_ROOT) / (name if name.strip(".") else f"node-{node.pk}")
+    root, name = Path(settings.ENDPOINT_ENGINE_CACHE_ROOT), re.sub(r"[^A-Za-z0-9._-]", "_", node.name)
+    if name == node.name and name.strip("."):
+        return root / name
+    # A name changed to fit ("rack 7" and "rack_7" would share a folder) or only dots: its digest keeps it apart.
+    return root / f"{name.strip('.') or 'node'}-{hashlib.sha256(node.name.encode()).hexdigest()[:12]}"
 
 
 def make_engine_cache_dir(node: Node) -> Path:

@@ -3,6 +3,7 @@ and Triton's caches in one directory per node, the same on every start of every 
 entries itself), made 0700 by the agent, refused in an endpoint's env, bind-mounted into a container.
 benchmarks/warm_restart.py measures what it saves with real engines."""
 import ast
+import hashlib
 import os
 import re
 import stat
@@ -240,9 +241,14 @@ def test_each_node_compiles_into_a_folder_of_its_own_under_a_shared_root(cpu_nod
 
     assert engine_cache_dir(cpu_node) != engine_cache_dir(ascend_node)
     assert {engine_cache_dir(cpu_node).parent, engine_cache_dir(ascend_node).parent} == {cache_root}
+    # A name that does not fit a folder as it is gets its digest: two that would come out the same stay apart.
     odd = Node.objects.create(name="rack 7/host:3", hostname="h")
+    plain = Node.objects.create(name="rack_7_host_3", hostname="h1")
     dots = Node.objects.create(name="..", hostname="h2")
-    assert engine_cache_dir(odd) == cache_root / "rack_7_host_3" and engine_cache_dir(dots) == cache_root / f"node-{dots.pk}"
+    digest = lambda name: hashlib.sha256(name.encode()).hexdigest()[:12]  # noqa: E731
+    assert engine_cache_dir(odd) == cache_root / f"rack_7_host_3-{digest('rack 7/host:3')}"
+    assert engine_cache_dir(plain) == cache_root / "rack_7_host_3"
+    assert engine_cache_dir(dots) == cache_root / f"node-{digest('..')}"
 
 
 @pytest.mark.django_db
