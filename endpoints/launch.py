@@ -77,7 +77,10 @@ def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int |
         env={**cpu_threads_env(endpoint=endpoint, replica=replica, node=node), **endpoint.env},
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
-        engine_cache_dir=str(engine_cache_dir(node)),
+        # Not for a Ray replica: vLLM copies the server's VLLM_* variables to its Ray workers on every node
+        # (vllm/v1/executor/ray_executor.py get_env_vars_to_copy), so they would all compile into the head
+        # node's folder; unset, each host keeps vLLM's own default cache (~/.cache/vllm), which is its own.
+        engine_cache_dir=None if endpoint.distributed == Endpoint.Distributed.RAY else str(engine_cache_dir(node)),
     )
 
 

@@ -56,6 +56,11 @@ console set ``VLLM_USE_AOT_COMPILE=0`` instead and let inductor's FX-graph and A
 restart, which still re-traced the model.) On cuda (and vllm-ascend, whose backend is vLLM's) the artifact is
 a ``VllmSerializableFunction`` and loads: nothing is added there.
 
+A Ray replica (one server across nodes) gets no directory: vLLM copies the server's ``VLLM_*`` variables to
+its Ray workers on every node (vllm/v1/executor/ray_executor.py, ``get_env_vars_to_copy``), so all of them
+would compile into the head node's folder; each host keeps vLLM's own default cache instead, and its Ray
+workers, started by the raylet, get the plugin from ``ray start``'s environment (endpoints/commands/ray.py).
+
 Directory rules: an absolute, normalised path of letters, digits and ``. _ - /`` (it is bind-mounted into
 a container at the same path, where ``:`` and ``,`` separate mount fields).
 """
