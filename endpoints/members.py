@@ -27,7 +27,7 @@ from endpoints.ports import claim_port
 from endpoints.replica_state import DB_AWAY, ENGINE_REFUSED, backoff_seconds, event, stop_unowned
 from workers import nudges
 from workers.agent.handles import PROCESS
-from workers.agent.supervisor import ProcessHandle, Supervisor, rotate_if_large, tail_lines
+from workers.agent.supervisor import LeaseLost, ProcessHandle, Supervisor, rotate_if_large, tail_lines
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
@@ -118,8 +118,8 @@ class MemberReconciler:
         for member in members:
             try:
                 self.reconcile_member(member, supervisor=supervisor)
-            except DB_AWAY:
-                raise  # the agent's loop waits for the database; the processes keep running
+            except (*DB_AWAY, LeaseLost):
+                raise  # the agent's loop waits for the database (the processes keep running), or ends
             except DatabaseError:  # one row's write refused: the other members go on
                 log.exception("reconcile %s: a database write failed", member)
             except Exception as exc:  # one bad member must not stop the others

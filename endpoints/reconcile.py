@@ -42,7 +42,7 @@ from endpoints.replica_state import (
     scheduled_restart_due,
     stop_unowned,
 )
-from workers.agent.supervisor import ProcessHandle, RuntimeUnavailable, Supervisor, rotate_if_large
+from workers.agent.supervisor import LeaseLost, ProcessHandle, RuntimeUnavailable, Supervisor, rotate_if_large
 from workers.models import Node
 
 log = logging.getLogger("console.agent")
@@ -81,8 +81,8 @@ class ReplicaWorkload:
                 self.reconcile_replica(replica, node=node, supervisor=supervisor)
             except IntegrityError:
                 continue  # the endpoint was deleted while we worked on it
-            except DB_AWAY:
-                raise  # the agent's loop waits for the database; the processes keep running
+            except (*DB_AWAY, LeaseLost):
+                raise  # the agent's loop waits for the database (the processes keep running), or ends
             except DatabaseError:  # a write this row's data cannot make (e.g. a value PostgreSQL refuses): the others go on
                 log.exception("reconcile %s: a database write failed", replica)
                 continue
@@ -119,8 +119,8 @@ class ReplicaWorkload:
             make_engine_cache_dir(node)
             make_work_dir(replica_work_dir(replica))
             handle = supervisor.start(spec)
-        except (DatabaseError, RuntimeUnavailable):
-            raise  # the database's, or no container runtime to ask: the replica waits (reconcile)
+        except (DatabaseError, RuntimeUnavailable, LeaseLost):
+            raise  # the database's, or no container runtime to ask: the replica waits (reconcile); or not ours now
         except Exception as exc:  # the engine's venv not mounted yet, a container runtime's hiccup, a full disk
             self.start_failed(replica, f"{type(exc).__name__}: {exc}")
             return

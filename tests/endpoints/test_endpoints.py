@@ -300,6 +300,27 @@ def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afr
 
 
 @pytest.mark.django_db
+def test_a_start_refused_for_a_lost_lease_ends_the_pass_and_writes_nothing_on_the_replica(cpu_node, tiny_artifact,
+                                                                                          settings, tmp_path):
+    """The agent's supervisor is fenced once another agent took the node over (workers.agent.supervisor.fence):
+    the refusal ends the pass, and the replica (the new agent's now) is not marked failed for it."""
+    from endpoints.reconcile import ReplicaWorkload
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+    from workers.agent.handles import LeaseLost
+
+    class Fenced(StandInSupervisor):
+        def start(self, spec):
+            raise LeaseLost("agent lease-node no longer holds its node's lease")
+
+    settings.DATA_DIR = tmp_path
+    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
+    Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
+    with pytest.raises(LeaseLost):
+        ReplicaWorkload().reconcile(node=cpu_node, supervisor=Fenced())
+    assert Replica.objects.get().state == "pending" and not EndpointEvent.objects.filter(kind="error").exists()
+
+
+@pytest.mark.django_db
 def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(cpu_node, tiny_artifact, settings,
                                                                          monkeypatch, tmp_path):
     """READY → DEGRADED wrote no event: the endpoint page showed a replica out of routing with nothing in its

@@ -177,6 +177,47 @@ def test_an_agent_that_finds_its_lease_gone_runs_no_further_pass(tmp_path, monke
     assert runner.lease_lost and passes == []
 
 
+@pytest.mark.parametrize("stuck_after_s", [30, 0.6], ids=["beating", "past-the-stuck-limit"])
+@pytest.mark.django_db(transaction=True)  # the heartbeat thread writes with its own connection
+def test_a_pass_under_way_when_the_lease_goes_starts_nothing_and_the_agent_stops(tmp_path, settings, monkeypatch,
+                                                                                stuck_after_s):
+    """The lease checked between passes only: a pass blocked (a hung container CLI) while another agent took the
+    node over went on when it came unstuck, starting replicas beside the new agent's and stopping what it ran.
+    Now the supervisor is fenced the moment the heartbeat thread finds the lease gone, beating or (past
+    AGENT_PASS_STUCK_SECONDS) only looking, and the pass and the agent end there."""
+    import time
+
+    from workers.agent import loop as loop_module
+    from workers.agent.handles import LeaseLost, ProcessSpec
+
+    settings.AGENT_HEARTBEAT_SECONDS, settings.AGENT_PASS_STUCK_SECONDS = 0.2, stuck_after_s
+    outcome = []
+
+    class TakenOverMidPass:
+        def reconcile(self, *, node, supervisor):
+            if outcome:
+                outcome.append("a second pass")
+                return False
+            Node.objects.filter(pk=node.pk).update(agent_instance=uuid.uuid4())  # the new agent's claim
+            deadline = time.monotonic() + 10
+            while not supervisor.fenced and time.monotonic() < deadline:
+                time.sleep(0.05)  # the pass, blocked
+            try:
+                supervisor.start(ProcessSpec(argv=["sleep", "60"], env={}, log_path=tmp_path / "replica.log"))
+                outcome.append("started")
+            except LeaseLost:
+                outcome.append("refused")
+                raise
+            return False
+
+    monkeypatch.setattr(loop_module, "registered_workloads", lambda: [TakenOverMidPass()])
+    runner = agent(tmp_path)
+    runner.register()
+    monkeypatch.setattr(runner, "register", lambda: runner.node)
+    runner.run()  # returns: the agent stops
+    assert outcome == ["refused"] and runner.lease_lost and not (tmp_path / "replica.log").exists()
+
+
 @pytest.mark.django_db
 def test_a_node_row_created_by_another_agent_meanwhile_is_checked_not_overwritten(tmp_path, monkeypatch):
     """Two agents registering a new node at once: the unique name refuses the second insert, and its claim then

@@ -52,6 +52,11 @@ class RuntimeUnavailable(RuntimeError):
     replica, so it is neither crashed nor stopped; the workload retries on its next pass."""
 
 
+class LeaseLost(RuntimeError):
+    """This agent's lease on its node is gone (another agent runs it now): it may start or stop nothing more,
+    even in the middle of a pass (Supervisor.fence); the pass ends and so does the agent."""
+
+
 @dataclass(frozen=True)
 class Stopped:
     exit_code: int | None  # None when an earlier agent started it (its exit code went to init)

@@ -16,7 +16,7 @@ from django.db.utils import DatabaseError, IntegrityError, InterfaceError
 from django.utils import timezone
 
 from workers import nudges
-from workers.agent.supervisor import Supervisor
+from workers.agent.supervisor import LeaseLost, Supervisor
 from workers.agent.workloads import registered_workloads
 from workers.doctor import host_report
 from workers.engine_info import (
@@ -171,7 +171,19 @@ class NodeAgent:
                     last_heartbeat=now, agent_pid=os.getpid()):
                 self.node.last_heartbeat = now
                 return
-            self.lease_lost = self.stopping = True
+            self.lose_lease()
+
+    def still_held(self) -> None:
+        """Past AGENT_PASS_STUCK_SECONDS the agent beats no more, but still looks: a pass that comes unstuck
+        after another agent took the node over must start and stop nothing (the supervisor's fence)."""
+        with self._lease_lock:
+            if self.released or Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).exists():
+                return
+            self.lose_lease()
+
+    def lose_lease(self) -> None:
+        self.supervisor.fence()
+        self.lease_lost = self.stopping = True
         if Node.objects.filter(pk=self.node.pk).exists():
             log.error("another agent took node %s over while this one was silent; this agent stops and leaves the "
                       "replicas to it", self.node_name)
@@ -263,10 +275,13 @@ class NodeAgent:
             if started is None:
                 continue
             running = time.monotonic() - started
-            if not settings.AGENT_HEARTBEAT_SECONDS <= running <= settings.AGENT_PASS_STUCK_SECONDS:
+            if running < settings.AGENT_HEARTBEAT_SECONDS:
                 continue
             try:
-                self.heartbeat()
+                if running <= settings.AGENT_PASS_STUCK_SECONDS:
+                    self.heartbeat()
+                else:
+                    self.still_held()
             except (DatabaseError, InterfaceError) as exc:
                 log.warning("heartbeat during a long pass: %s", exc)
             finally:
@@ -307,6 +322,8 @@ class NodeAgent:
                     self._doctor_thread = threading.Thread(target=self.check_host, daemon=True)
                     self._doctor_thread.start()
                 self.reconcile()
+            except LeaseLost:  # found in the middle of a pass (the heartbeat thread's look): it ends there
+                break
             except (DatabaseError, InterfaceError) as exc:  # InterfaceError: a connection closed under it
                 # The database is down for a while: keep the processes running, retry.
                 log.warning("database unavailable (%s); endpoints keep running, retrying", exc)

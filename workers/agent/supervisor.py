@@ -14,7 +14,9 @@ import psutil
 from django.utils import timezone
 
 from workers.agent.containers import ContainerRuntime
-from workers.agent.handles import PROCESS, ProcessHandle, ProcessSpec, Running, Runtime, RuntimeUnavailable, Stopped
+from workers.agent.handles import (
+    PROCESS, LeaseLost, ProcessHandle, ProcessSpec, Running, Runtime, RuntimeUnavailable, Stopped,
+)
 from workers.agent.logfiles import rotate_if_large, rotate_log, tail_lines
 
 __all__ = ["ProcessHandle", "ProcessRuntime", "ProcessSpec", "Running", "RuntimeUnavailable", "Stopped", "Supervisor",
@@ -206,6 +208,7 @@ class Supervisor:
 
     def __init__(self, owner: str):
         self.owner = owner
+        self.fenced = False
         self.runtimes: dict[str, Runtime] = {PROCESS: ProcessRuntime(owner)}
         for name in ContainerRuntime.BINARIES:
             self.runtimes[name] = ContainerRuntime(name, owner=owner)
@@ -216,7 +219,18 @@ class Supervisor:
         except KeyError:
             raise ValueError(f"unknown engine runtime {name!r}: one of {', '.join(self.runtimes)}") from None
 
+    def fence(self) -> None:
+        """The agent lost its lease: from now on every start and stop raises LeaseLost (a pass under way, or one
+        blocked past AGENT_PASS_STUCK_SECONDS, would otherwise start replicas beside the new agent's and stop
+        what it runs)."""
+        self.fenced = True
+
+    def _unfenced(self) -> None:
+        if self.fenced:
+            raise LeaseLost(f"agent {self.owner} no longer holds its node's lease: starting and stopping are the new agent's")
+
     def start(self, spec: ProcessSpec) -> ProcessHandle:
+        self._unfenced()
         return self.runtime(spec.runtime).start(spec)
 
     def find(self, handle: ProcessHandle) -> Running | None:
@@ -225,6 +239,7 @@ class Supervisor:
         return None if native is None else Running(handle, native)
 
     def terminate(self, running: Running, *, grace: float) -> Stopped:
+        self._unfenced()
         return self.runtime(running.handle.runtime).terminate(running.native, grace=grace)
 
     def exit_code(self, handle: ProcessHandle) -> int | None:
