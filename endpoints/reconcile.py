@@ -322,8 +322,9 @@ class ReplicaWorkload:
             reason = f"{why}; its last output: {reason}"[:400]
         if crashes >= settings.ENDPOINT_MAX_CRASHES:
             # Not over an operator's Restart asked for since this pass read the row: that one reset only
-            # failed replicas' counts, so it would start this one with no crash left to spare.
-            if Replica.objects.filter(pk=replica.pk, restart_requested=False).update(
+            # failed replicas' counts, so it would start this one with no crash left to spare. (A restart asked
+            # for before, as a member's crash asks for one, still gives up: a flapping cluster must end.)
+            if Replica.objects.filter(pk=replica.pk, restart_requested=replica.restart_requested).update(
                     state=S.FAILED, crashes_in_a_row=crashes, last_exit_code=code, last_log=last, **NO_HANDLE,
                     state_reason=f"gave up after {crashes} crashes in a row; last: {reason}"):
                 event(endpoint.pk, "failed", f"gave up after {crashes} crashes in a row (exit code {code}): {reason}",

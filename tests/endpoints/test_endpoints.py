@@ -298,6 +298,12 @@ def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afr
     workload.reconcile(node=cpu_node, supervisor=supervisor)
     assert len(supervisor.started) == 2 and Replica.objects.get().state == "starting"
 
+    # A restart asked for before the crash (a member's crash asks for one) does not keep it from giving up.
+    Replica.objects.update(restart_requested=True)
+    workload.crashed(Replica.objects.select_related("endpoint").get(), supervisor=StandInSupervisor(),
+                     now=timezone.now())
+    assert Replica.objects.get().state == "failed"
+
 
 @pytest.mark.django_db
 def test_a_start_refused_for_a_lost_lease_ends_the_pass_and_writes_nothing_on_the_replica(cpu_node, tiny_artifact,
