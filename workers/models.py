@@ -111,7 +111,11 @@ class Node(models.Model):
         to be online, unless it was taken on this very boot of this host by a process that is gone (an agent
         restarted after a crash takes over at once, as does a new agent of the same process; elsewhere the lease
         runs out first)."""
-        if self.agent_instance is None or self.agent_instance == instance or not self.online:
+        if self.agent_instance == instance or not self.online:
+            return False
+        # No lease named: released (release() clears the pid too), or never taken, unless a pid beats there:
+        # an agent of a release before the lease (migration 0011), which writes its pid and heartbeat only.
+        if self.agent_instance is None and self.agent_pid is None:
             return False
         same_boot = bool(boot_id) and self.agent_boot_id == boot_id
         gone = self.agent_pid is None or self.agent_pid == os.getpid() or not pid_alive(self.agent_pid)

@@ -88,6 +88,24 @@ def test_a_released_or_offline_lease_is_free(tmp_path, settings):
     assert other.claim(other.node_facts()).agent_instance == other.instance
 
 
+@pytest.mark.django_db
+def test_an_agent_of_a_release_before_the_lease_that_still_beats_holds_its_node(tmp_path, settings, as_viewer):
+    """Rows it wrote name no lease (migration 0011 added it) but its pid, and it beats on: taken for free, its node
+    was run by two agents during an upgrade (a DaemonSet's old pod on its way out beside the new one)."""
+    old = Node.objects.create(name="lease-node", hostname="h", agent_pid=4242, last_heartbeat=timezone.now())
+    assert old.agent_instance is None and old.agent_boot_id == ""
+    newer = agent(tmp_path)
+    with pytest.raises(NodeHeld, match="pid 4242"):
+        newer.claim(newer.node_facts())
+    Node.objects.filter(pk=old.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.NODE_OFFLINE_SECONDS + 1))
+    assert newer.claim(newer.node_facts()).agent_instance == newer.instance  # it stopped: taken once offline
+    newer.release()
+    released = Node.objects.get(pk=old.pk)
+    assert released.agent_instance is None and released.agent_pid is None  # this release's clean exit: free at once
+    assert "stopped (it released the node)" in as_viewer.get(f"/nodes/{old.pk}/").content.decode()
+    assert agent(tmp_path).claim(newer.node_facts()).agent_pid is not None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_second_agent_process_for_a_running_node_exits_with_the_reason(worker_env, tmp_path):
     """Real agent processes: the second waits NODE_OFFLINE_SECONDS (short here) for the first's lease, which

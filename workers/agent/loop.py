@@ -195,7 +195,9 @@ class NodeAgent:
         """On a clean exit: the next agent (a restart, an upgrade) need not wait for the lease to run out."""
         with self._lease_lock:
             self.released = True
-            Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None)
+            # The pid too: a row naming no lease but a pid that beats is an agent of a release before the lease.
+            Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None,
+                                                                                      agent_pid=None)
 
     def collect_telemetry(self) -> None:
         """Devices, host and workload readings. Runs off the main loop: a hung npu-smi or a
