@@ -228,6 +228,20 @@ def _a_replica_that_crashed(*, node, artifact, supervisor, settings, monkeypatch
     return endpoint, workload
 
 
+def _restart_clicked_while_the_crash_is_recorded(operator):
+    """The stand-in supervisor, with the web's Restart of endpoint "e" clicked inside crashed() (while the agent
+    reads the dead replica's log)."""
+    from endpoints.services import endpoint_restart
+    from tests.endpoints.test_npu_faults import StandInSupervisor
+
+    class RestartClickedMeanwhile(StandInSupervisor):
+        def log_tail(self, handle, log_path, count=200):
+            endpoint_restart(endpoint=Endpoint.objects.get(name="e"), user=operator)
+            return ""
+
+    return RestartClickedMeanwhile()
+
+
 @pytest.mark.django_db
 def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_node, tiny_artifact, settings,
                                                                 monkeypatch, tmp_path):
@@ -255,15 +269,7 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
                                                                      monkeypatch, tmp_path):
     """The crash's write set the backoff over the Restart's next_start_at=None, clicked while the agent read the
     dead replica's exit code and log: the replica then waited out the backoff (up to five minutes)."""
-    from endpoints.services import endpoint_restart
-    from tests.endpoints.test_npu_faults import StandInSupervisor
-
-    class RestartClickedMeanwhile(StandInSupervisor):
-        def log_tail(self, handle, log_path, count=200):
-            endpoint_restart(endpoint=Endpoint.objects.get(name="e"), user=operator)  # the web's Restart, inside crashed()
-            return ""
-
-    supervisor = RestartClickedMeanwhile()
+    supervisor = _restart_clicked_while_the_crash_is_recorded(operator)
     endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
                                                  settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
     replica = Replica.objects.get()
@@ -280,16 +286,10 @@ def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afr
         operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
     """The give-up's write (failed, at the crash limit) went over a Restart clicked meanwhile: the replica started
     with its count at the limit, so its next crash gave up at once (and a distributed one's members stopped)."""
-    from endpoints.services import endpoint_restart
     from tests.endpoints.test_npu_faults import StandInSupervisor
 
-    class RestartClickedMeanwhile(StandInSupervisor):
-        def log_tail(self, handle, log_path, count=200):
-            endpoint_restart(endpoint=Endpoint.objects.get(name="e"), user=operator)  # the web's Restart, inside crashed()
-            return ""
-
     settings.ENDPOINT_MAX_CRASHES = 1  # the first crash is the last
-    supervisor = RestartClickedMeanwhile()
+    supervisor = _restart_clicked_while_the_crash_is_recorded(operator)
     endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
                                                  settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
     replica = Replica.objects.get()
