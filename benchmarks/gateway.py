@@ -4,7 +4,7 @@ the gateway, interleaved in rounds, in one run.
     .venv/bin/python benchmarks/gateway.py [--upstream fake vllm | URL] [--router PATH/vllm-router]
                                            [--concurrency 1 8 16] [--requests 300] [--rounds 5] [--seed 0]
                                            [--fake-delay-ms 5] [--fake-slots 4] [--model NAME]
-                                           [--baseline-root CHECKOUT] [--json]
+                                           [--baseline-root CHECKOUT] [--python-dataplane] [--json]
 
 Each --upstream is measured in the same run:
 - ``fake`` starts small OpenAI-protocol servers (uvicorn, a fixed answer after --fake-delay-ms, at
@@ -121,9 +121,11 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
+    """User + system CPU time of a process and its children so far (Linux /proc): the gateway's compiled
+    data path is its child."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") + sum(cpu_seconds(int(c)) for c in children)
 
 
 def summary(runs: list[dict], cpu: float | None) -> dict:
@@ -202,6 +204,8 @@ def main():
     parser.add_argument("--upstream", nargs="+", default=["fake"], help="fake, vllm, or a replica's URL")
     parser.add_argument("--router", help="a vllm-router executable: the anchor arm")
     parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway is measured too")
+    parser.add_argument("--python-dataplane", action="store_true",
+                        help="measure the gateway with GATEWAY_DATAPLANE=python too")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-delay-ms", type=float, default=5)
     parser.add_argument("--fake-slots", type=int, default=4)
@@ -261,15 +265,19 @@ def main():
                 served.append(args.model)
                 suites.append((up, up.rstrip("/"), args.model, None))
         key = setup_console(tmp / "bench.sqlite3", urls, args.model, env, models=served)
-        gateways = {"gateway": ROOT}
+        # name -> (checkout, its environment): the gateway as built (the compiled data path where `make dataplane`
+        # built it), the same with the Python data path, and another checkout's
+        gateways = {"gateway": (ROOT, {})}
+        if args.python_dataplane:
+            gateways["gateway, Python data path"] = (ROOT, {"GATEWAY_DATAPLANE": "python"})
         if args.baseline_root:
-            gateways[f"gateway @{args.baseline_root}"] = args.baseline_root.resolve()
+            gateways[f"gateway @{args.baseline_root}"] = (args.baseline_root.resolve(), {})
         proxy_pids: dict[tuple[str, str], int] = {}
         arms: dict[str, list[tuple[str, str, str | None, str]]] = {}  # suite -> (arm, url, key, model)
-        for root_name, root in gateways.items():
+        for root_name, (root, extra_env) in gateways.items():
             port = free_port()
             proc = subprocess.Popen([PY, str(root / "manage.py"), "gateway", "--port", str(port)], cwd=root,
-                                    env=env, stdout=subprocess.DEVNULL)
+                                    env={**env, **extra_env}, stdout=subprocess.DEVNULL)
             procs.append(proc)
             wait_http(f"http://127.0.0.1:{port}/healthz")
             for label, _, model, pair in suites:

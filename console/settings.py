@@ -334,6 +334,14 @@ GATEWAY_ROUTES_REFRESH_SECONDS = env_float("GATEWAY_ROUTES_REFRESH_SECONDS", 1) 
 GATEWAY_QUEUE_DEPTH = env_int("GATEWAY_QUEUE_DEPTH", 256)  # in-flight requests per endpoint before 429
 GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)
 GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
+# Which program does the gateway's HTTP: "rust" (endpoints/gateway/dataplane/, built by `make dataplane`), "python"
+# (uvicorn and aiohttp in the gateway's own process) or "auto" (rust where it is built). The rules are the same.
+GATEWAY_DATAPLANE = env_str("GATEWAY_DATAPLANE", "auto")
+if GATEWAY_DATAPLANE not in ("auto", "rust", "python"):
+    raise ImproperlyConfigured(f"GATEWAY_DATAPLANE must be auto, rust or python, not {GATEWAY_DATAPLANE!r}")
+GATEWAY_DATAPLANE_BINARY = env_str(
+    "GATEWAY_DATAPLANE_BINARY",
+    str(BASE_DIR / "endpoints" / "gateway" / "dataplane" / "target" / "release" / "llm-console-dataplane"))
 GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
 # How long the gateway holds a request for an endpoint scaled to zero while a replica starts, then 503 with
 # Retry-After. A vLLM-Ascend start (weights to the NPUs, graph compile) takes one to a few minutes for common

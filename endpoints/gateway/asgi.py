@@ -1,38 +1,40 @@
 """The gateway: one OpenAI-compatible entry point for every served model (`manage.py gateway`).
 
-A plain ASGI app (run by uvicorn with uvloop and httptools) that checks the application's key,
-its scope and per-minute limits, the endpoint's queue depth, then proxies the request to the
-ready replica the endpoint's routing policy picks: the fewest outstanding requests, or
-prefix-aware, by a consistent hash of the prompt's start with a bound on load
-(endpoints/gateway/routing.py); a blue-green pair's staged side may take a canary share
-(aiohttp, pooled keep-alive connections),
-streaming the answer (SSE included) through as it comes. The replicas come from the console's
-database (refreshed every GATEWAY_ROUTES_REFRESH_SECONDS); a replica that refuses the
+An ASGI app that checks the application's key, its scope and per-minute limits, the endpoint's
+queue depth, then proxies the request to the ready replica the endpoint's routing policy picks:
+the fewest outstanding requests, or prefix-aware, by a consistent hash of the prompt's start with
+a bound on load (endpoints/gateway/routing.py); a blue-green pair's staged side may take a canary
+share; streaming the answer (SSE included) through as it comes. The replicas come from the
+console's database (refreshed every GATEWAY_ROUTES_REFRESH_SECONDS); a replica that refuses the
 connection is skipped for a while and the request goes to another one. A request for an endpoint
 scaled to zero wakes it (endpoints.services.endpoint_wake) and is held until a replica is ready,
 or GATEWAY_WAKE_TIMEOUT_SECONDS.
 
-Why not vLLM's Rust router (vllm-router 0.1.17) behind this layer as the data plane? It installs
+Who does the HTTP (GATEWAY_DATAPLANE): the compiled data path (endpoints/gateway/dataplane/, Rust,
+hyper), which runs each request through this app over a private socket and does the proxying step
+itself (endpoints/gateway/dataplane.py: Forwarder), or this process alone (uvicorn with uvloop and
+httptools; aiohttp with pooled keep-alive connections to the replicas). The rules are this module's
+either way. At concurrency 1 a proxy's added latency is its CPU per request, and this process
+alone took 2-2.5x what vLLM's Rust router does; with the compiled data path it is within 1.5x
+(benchmarks/gateway.py, README "Gateway").
+
+Why not vLLM's Rust router (vllm-router 0.1.17) as the data path behind this layer? It installs
 cleanly, but it does not fit here:
 - this layer must count each endpoint's outstanding requests anyway (queue depth -> 429, the
   blue-green drain, per-key accounting), so it already holds everything least-outstanding
-  routing needs, and a second hop would add its cost to ours: the router's process takes
-  0.2-0.5 ms of CPU per request (benchmarks/gateway.py, README), and a layer in front of it
-  would still pay what most of this one's CPU is (the HTTP server, the HTTP client and their
-  socket writes; the layer's own checks and accounting are under a tenth of it, profiled).
-  This process takes 2-2.5x the router's CPU per request: the cost of a Python hop;
+  routing needs, and a second hop would add its cost to ours;
 - one router pool serves one model: one router process per endpoint to start, give ports to,
   watch and restart (its multi-model IGW mode is unproven here), plus a loopback admin API
   with no auth to keep in sync by POST /add_worker, which blocks up to
   --worker-startup-timeout-secs on an unreachable URL;
 - it has no least-outstanding policy, and power_of_two refuses to start with one worker;
 - blue-green with zero failed requests needs the switch and the drain under our control.
-So the console proxies itself, in one async process. State (rate windows, outstanding counts)
-is per process: run one gateway process per host (several would each apply the limits).
+So the console proxies itself. State (rate windows, outstanding counts) is per process: run one
+gateway per host (several would each apply the limits).
 
-The upstream client is aiohttp, not httpx: at concurrency 32 on two cores httpx's per-request CPU
-cost showed up as +19 ms P50 and 64 % of direct throughput; aiohttp (what vLLM's own benchmark
-client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
+The Python data path's upstream client is aiohttp, not httpx: at concurrency 32 on two cores httpx's
+per-request CPU cost showed up as +19 ms P50 and 64 % of direct throughput; aiohttp (what vLLM's own
+benchmark client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
 from __future__ import annotations
 
 import asyncio
@@ -71,6 +73,8 @@ MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
 DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
+# The ASGI scope's extension by which the compiled data path (endpoints/gateway/dataplane.py) does the proxying step.
+DATAPLANE_EXTENSION = "llm_console.dataplane"
 
 
 # The ORM runs on one thread of its own, never on the event loop, and keeps its connection between
@@ -97,7 +101,8 @@ def _db(fn, *args):
 
 
 class Gateway:
-    def __init__(self):
+    def __init__(self, *, dataplane: str = "python"):
+        self.dataplane = dataplane  # which program does the HTTP: this one (uvicorn, aiohttp) or the compiled one
         self.table = RoutingTable(backends={}, known={}, max_queue={})
         self.outstanding: dict[str, int] = defaultdict(int)  # replica url -> in flight
         self.ep_outstanding: dict[int, int] = defaultdict(int)  # endpoint id -> in flight
@@ -122,7 +127,17 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def startup(self):
-        self.client = aiohttp.ClientSession(
+        if self.dataplane == "python":
+            self.client = self._client()
+        if settings.CONSUL_HTTP_ADDR:
+            self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
+        await self.refresh()
+        self.tasks = [asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
+                      asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS))]
+
+    @staticmethod
+    def _client() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=None, connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
                                           sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
@@ -130,11 +145,6 @@ class Gateway:
             # No cookie jar: a replica's Set-Cookie must not ride along on other clients' requests,
             # and filtering cookies per request is CPU for nothing.
             cookie_jar=aiohttp.DummyCookieJar())
-        if settings.CONSUL_HTTP_ADDR:
-            self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
-        await self.refresh()
-        self.tasks = [asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
-                      asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS))]
 
     async def shutdown(self):
         for t in [*self.tasks, *([self.poller] if self.poller else [])]:
@@ -345,10 +355,12 @@ class Gateway:
                     send, 503, f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
                                "try again shortly.", "unavailable", retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS),
                     reservation=reservation)
-        watch = _ClientWatch(receive, send)
+        # The compiled data path says itself when a client leaves: it watches, with no task to spare.
+        forwarder = scope.get("extensions", {}).get(DATAPLANE_EXTENSION)
+        watch = forwarder.watch(send) if forwarder is not None else _ClientWatch(receive, send)
         try:
             return await self.proxy(watch.send, key, model, backends, upstream_path, headers, body, start, generate,
-                                    reservation, payload)
+                                    reservation, payload, forwarder)
         except asyncio.CancelledError:
             if not watch.left:
                 raise
@@ -422,6 +434,7 @@ class Gateway:
         if token and hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
             payload["replicas"] = {m: len(b) for m, b in self.table.backends.items()}
             payload["held"] = sum(self.held.values())  # requests waiting for an endpoint to wake
+            payload["dataplane"] = self.dataplane
         return await _json(send, 200, payload)
 
     def default_model(self, key):
@@ -443,12 +456,15 @@ class Gateway:
         return status
 
     async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None,
-                    payload=None):
-        # The body was read as a JSON object: say so, whatever the client sent (none, or a form type, which
-        # vLLM's FastAPI would not read as JSON).
-        fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()
-               if k not in HOP_BY_HOP and k != b"content-type"]
-        fwd.append(("Content-Type", "application/json"))
+                    payload=None, forwarder=None):
+        """Send the request to a replica (another one if it cannot be reached) and relay its answer: here, or,
+        given the compiled data path's `forwarder`, there (the same decisions, its HTTP)."""
+        if forwarder is None:
+            # The body was read as a JSON object: say so, whatever the client sent (none, or a form type, which
+            # vLLM's FastAPI would not read as JSON).
+            fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()
+                   if k not in HOP_BY_HOP and k != b"content-type"]
+            fwd.append(("Content-Type", "application/json"))
         tried: set = set()
         last_endpoint = None
         # Decided once per request (a retry stays on the same side and key order).
@@ -473,6 +489,18 @@ class Gateway:
             self.outstanding[backend.url] += 1
             self.ep_outstanding[backend.endpoint_id] += 1
             try:
+                if forwarder is not None:
+                    outcome = await forwarder.forward(backend.url + path, backend.api_key, body, whole=generate)
+                    if outcome.kind == "connect":
+                        self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
+                        log.warning("gateway: %s (%s#%s) failed: %s; trying another replica", backend.url,
+                                    backend.endpoint_name, backend.replica_index, outcome.error)
+                        continue
+                    if outcome.kind == "error":
+                        log.warning("gateway: %s failed: %s", backend.url, outcome.error)
+                        return await self.finish(send, key, backend.endpoint_id, start, await _error(
+                            send, 502, f"The replica failed: {outcome.error}.", "bad_gateway"), reservation=reservation)
+                    return await self.relayed(send, key, backend, outcome, start, generate, reservation)
                 try:
                     response = await self.client.post(
                         backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")])
@@ -508,20 +536,9 @@ class Gateway:
                 return await self.finish(send, key, backend.endpoint_id, start, await _error(
                     send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
                         reservation=reservation)
-            ttft = None  # one answer at the end: no first token to time (its latency is the whole)
-            tokens = _usage_tokens(data)
-            if generate:
-                if status == 200:
-                    try:
-                        text = json.loads(data)["choices"][0]["text"]
-                    except (ValueError, KeyError, IndexError, TypeError):
-                        text = ""
-                    await _json(send, 200, {"text": text})
-                else:
-                    await _raw(send, status, data, content_type)
-            else:
-                await _raw(send, status, data, content_type)
-            return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=tokens,
+            await _answer_whole(send, status, data, content_type, generate)
+            # One answer at the end: no first token to time (its latency is the whole).
+            return await self.finish(send, key, backend.endpoint_id, start, status, tokens=_usage_tokens(data),
                                      reservation=reservation)
         out_headers = [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"),
                        (b"x-accel-buffering", b"no")]
@@ -547,6 +564,37 @@ class Gateway:
             usage = _stream_usage(tail)
         return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft,
                                  tokens=usage or events, reservation=reservation)
+
+    async def relayed(self, send, key, backend, outcome, start, generate, reservation=None):
+        """Account for an answer the compiled data path relayed, as relay() does for its own; a /generate
+        answer comes back whole and is answered from here."""
+        if outcome.kind == "mid":
+            if outcome.streamed:  # the data path ended the stream with an error event
+                log.warning("gateway: %s broke mid-stream: %s", backend.url, outcome.error)
+                return await self.finish(send, key, backend.endpoint_id, start, 502, ttft=outcome.ttft,
+                                         tokens=outcome.events, reservation=reservation)
+            return await self.finish(send, key, backend.endpoint_id, start, await _error(
+                send, 502, f"The replica failed mid-answer: {outcome.error}.", "bad_gateway"), reservation=reservation)
+        if outcome.streamed:
+            usage = _stream_usage(outcome.data) if outcome.data else 0
+            return await self.finish(send, key, backend.endpoint_id, start, outcome.status, ttft=outcome.ttft,
+                                     tokens=usage or outcome.events, reservation=reservation)
+        if generate:
+            await _answer_whole(send, outcome.status, outcome.data, outcome.content_type, generate)
+        return await self.finish(send, key, backend.endpoint_id, start, outcome.status,
+                                 tokens=_usage_tokens(outcome.data), reservation=reservation)
+
+
+async def _answer_whole(send, status: int, data: bytes, content_type: str, generate: bool) -> None:
+    """A replica's whole answer to the client: as it came, or for /generate, its text alone."""
+    if generate and status == 200:
+        try:
+            text = json.loads(data)["choices"][0]["text"]
+        except (ValueError, KeyError, IndexError, TypeError):
+            text = ""
+        await _json(send, 200, {"text": text})
+    else:
+        await _raw(send, status, data, content_type)
 
 
 def _token_estimate(payload: dict, generate: bool) -> int:

@@ -17,12 +17,14 @@ def fakes():
         f.stop()
 
 
-@pytest.fixture
-def gateway(worker_env):
+@pytest.fixture(params=["rust", "python"])
+def gateway(request, worker_env):
+    """Starts real gateways: each test runs with both data paths, the compiled one (built by `make dataplane`)
+    and the Python one. Their rules are the same code (endpoints/gateway/asgi.py); their HTTP is not."""
     started = []
 
     def start(**extra):
-        started.append(GatewayProc(worker_env, extra))
+        started.append(GatewayProc(worker_env, {"GATEWAY_DATAPLANE": request.param, **extra}))
         return started[-1]
 
     yield start

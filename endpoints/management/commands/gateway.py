@@ -1,9 +1,12 @@
-"""Run the gateway (endpoints/gateway/asgi.py) on GATEWAY_URL's host and port."""
+"""Run the gateway (endpoints/gateway/asgi.py) on GATEWAY_URL's host and port, its HTTP done by the compiled
+data path (endpoints/gateway/dataplane/) or by uvicorn and aiohttp in this process (GATEWAY_DATAPLANE)."""
+import sys
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from endpoints.gateway import dataplane
 from endpoints.gateway.asgi import Gateway
 
 
@@ -17,10 +20,21 @@ class Command(BaseCommand):
         parser.add_argument("--log-level", default="warning")
 
     def handle(self, *args, host, port, log_level, **options):
+        chosen = dataplane.chosen()
+        if chosen == "rust" and not dataplane.binary().is_file():
+            raise CommandError(f"GATEWAY_DATAPLANE=rust, but {dataplane.binary()} is not built: run `make dataplane`, "
+                               "or set GATEWAY_DATAPLANE=python")
+        if settings.GATEWAY_DATAPLANE == "auto" and chosen == "python":
+            self.stderr.write(f"gateway: {dataplane.binary()} is not built (`make dataplane`): serving with the "
+                              "Python data path, which costs about twice the CPU per request")
+        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/; {chosen} data path)")
+        self.stdout.flush()
+        if chosen == "rust":
+            import uvloop
+
+            sys.exit(uvloop.run(dataplane.serve(host=host, port=port)))
         import uvicorn
 
-        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/)")
-        self.stdout.flush()
         # No proxy-headers middleware (the gateway reads no client address) and no Server header:
         # per-request work that serves nothing here.
         uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http="httptools", lifespan="on",

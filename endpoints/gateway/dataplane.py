@@ -1,0 +1,277 @@
+"""The gateway's end of its compiled data path (GATEWAY_DATAPLANE, endpoints/gateway/dataplane/src/main.rs).
+
+The compiled program serves the clients' HTTP and proxies to the replicas; for every decision it asks this
+process over a private Unix socket: each request arrives here as a frame and runs through the very same
+``Gateway.handle`` as under uvicorn (keys, scopes, limits, queue, routing, wake, accounting), as an ASGI
+request whose ``send`` answers in a frame and whose proxying step (``Forwarder.forward``) tells the data path
+which replica to send it to and waits for how that went. The frames are described in main.rs.
+
+Why: at concurrency 1 the gateway's added latency is its CPU per request, and uvicorn and aiohttp took most
+of it (README, "Gateway"); here the HTTP on both sides is compiled and Python keeps only the rules.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from console.env import child_environment
+from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, Gateway
+
+log = logging.getLogger("console.gateway")
+
+PREFIX = struct.Struct("<IQBI")  # length of what follows the length, request id, kind, head length
+KINDS = {k: bytes((k,)) for k in range(256)}
+STOP_SECONDS = 30  # on SIGTERM, the requests under way get this long before the data path is killed
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a forwarded request went, as the data path reported it."""
+    kind: str  # "done", "connect" (not reached: try another replica), "error" (no answer), "mid" (cut short)
+    status: int = 0
+    ttft: float | None = None
+    events: int = 0
+    streamed: bool = False
+    data: bytes = b""  # the answer's tail (all of it when asked for), where its usage is
+    content_type: str = ""
+    error: str = ""
+
+
+def binary() -> Path:
+    return Path(settings.GATEWAY_DATAPLANE_BINARY)
+
+
+def chosen() -> str:
+    """The data path this gateway runs: GATEWAY_DATAPLANE, "auto" being the compiled one where it is built."""
+    wanted = settings.GATEWAY_DATAPLANE
+    if wanted == "auto":
+        return "rust" if binary().is_file() else "python"
+    return wanted
+
+
+class Forwarder:
+    """One request from the data path: the ASGI receive/send the gateway's handler runs with, and its
+    proxying step."""
+    __slots__ = ("control", "id", "body", "gone", "left", "handler", "outcome", "whole", "settled", "status",
+                 "headers", "chunks")
+
+    def __init__(self, control: Control, request_id: int, body: bytes):
+        self.control, self.id, self.body = control, request_id, body
+        self.gone: asyncio.Future | None = None  # made by a receive() that waits for the client to leave
+        self.left = False  # the client left
+        self.handler: asyncio.Task | None = None  # cancelled if the client leaves while it is proxied
+        self.outcome: asyncio.Future | None = None
+        self.whole = False
+        self.settled = False  # the data path has its answer, or needs none
+        self.status, self.headers, self.chunks = 200, (), []
+
+    async def receive(self) -> dict:
+        if self.body is not None:
+            body, self.body = self.body, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.left:
+            if self.gone is None:
+                self.gone = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self.gone)
+        return {"type": "http.disconnect"}
+
+    def watch(self, send):
+        """What asgi.py's _ClientWatch is under uvicorn: while the request is proxied, a client leaving cancels
+        its handler (the data path has dropped the replica's connection already)."""
+        self.handler = asyncio.current_task()
+        if self.left:
+            self.handler.cancel()
+        return self
+
+    def close(self) -> None:
+        self.handler = None
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status, self.headers = message["status"], message.get("headers", ())
+            return
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body"):
+            return
+        content_type, retry_after = "application/json", ""
+        for name, value in self.headers:
+            if name == b"content-type":
+                content_type = value.decode("latin-1")
+            elif name == b"retry-after":
+                retry_after = value.decode("latin-1")
+        self.settled = True
+        self.control.write(self.id, b"A", f"{self.status}\n{content_type}\n{retry_after}", b"".join(self.chunks))
+
+    async def forward(self, url: str, token: str, body: bytes, *, whole: bool) -> Outcome:
+        """Send the request to this replica and wait for how it went. `whole`: the answer comes back here
+        (the gateway rewrites it, and answers by `send`); else the data path relays it to the client."""
+        self.outcome, self.whole = asyncio.get_running_loop().create_future(), whole
+        self.control.write(self.id, b"F", f"{url}\n{token}\n{int(whole)}", body)
+        return await self.outcome
+
+    def report(self, kind: bytes, head: list[str], data: bytes) -> None:
+        if self.outcome is None or self.outcome.done():
+            return
+        if kind == b"S":
+            status, ttft, events, streamed, content_type = head
+            outcome = Outcome("done", status=int(status), ttft=int(ttft) / 1e6 if ttft else None, events=int(events),
+                              streamed=streamed == "1", data=data, content_type=content_type)
+            # A relayed answer is the data path's to send; one asked for whole is answered by `send`.
+            self.settled = self.settled or not self.whole
+        elif kind == b"M":
+            streamed, ttft, events, error = head
+            outcome = Outcome("mid", ttft=int(ttft) / 1e6 if ttft else None, events=int(events),
+                              streamed=streamed == "1", error=error)
+            self.settled = self.settled or outcome.streamed  # the data path ended the stream itself
+        else:
+            outcome = Outcome("connect" if kind == b"E" else "error", error=head[0])
+        self.outcome.set_result(outcome)
+
+    def client_left(self) -> None:
+        answered, self.settled, self.left = self.settled, True, True
+        if self.gone is not None and not self.gone.done():
+            self.gone.set_result(None)
+        if self.handler is not None and not answered:  # an answer already sent is accounted for, not cut
+            self.handler.cancel()
+
+
+class Control(asyncio.Protocol):
+    """The data path's socket: frames in, requests run through the gateway, frames out."""
+
+    def __init__(self, gateway: Gateway, lost: asyncio.Future):
+        self.gateway, self.lost = gateway, lost
+        self.requests: dict[int, Forwarder] = {}
+        self.transport = None
+        self.buffer = bytearray()
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def connection_lost(self, exc):
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+    def write(self, request_id: int, kind: bytes, head: str, body: bytes = b"") -> None:
+        if self.transport.is_closing():
+            return  # the data path is gone: the gateway is stopping
+        raw = head.encode()
+        self.transport.write(PREFIX.pack(13 + len(raw) + len(body), request_id, kind[0], len(raw)) + raw + body)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.buffer and len(data) >= PREFIX.size:
+            length, request_id, kind, head_len = PREFIX.unpack_from(data)
+            if len(data) == 4 + length:  # the usual case, one whole frame: read in place, no copy into the buffer
+                self.read_frame(request_id, kind, data[PREFIX.size:PREFIX.size + head_len], data[PREFIX.size + head_len:])
+                return
+        buffer = self.buffer
+        buffer += data
+        at = 0
+        while len(buffer) - at >= PREFIX.size:
+            length, request_id, kind, head_len = PREFIX.unpack_from(buffer, at)
+            end = at + 4 + length
+            if len(buffer) < end:
+                break
+            head = bytes(buffer[at + PREFIX.size:at + PREFIX.size + head_len])
+            body = bytes(buffer[at + PREFIX.size + head_len:end])
+            at = end
+            self.read_frame(request_id, kind, head, body)
+        del buffer[:at]
+
+    def read_frame(self, request_id: int, kind: int, head: bytes, body: bytes) -> None:
+        try:
+            self.dispatch(request_id, KINDS[kind], head, body)
+        except Exception:  # a frame this end cannot read fails its request, not every other one
+            log.exception("gateway: a frame from the data path could not be read (kind %r)", kind)
+            forwarder = self.requests.get(request_id)
+            if forwarder is not None and forwarder.outcome is not None and not forwarder.outcome.done():
+                forwarder.outcome.set_result(Outcome("error", error="DataplaneProtocolError"))
+
+    def dispatch(self, request_id: int, kind: bytes, head: bytes, body: bytes) -> None:
+        if kind == b"Q":
+            method, path, authorization, api_key = head.decode("latin-1").split("\n")
+            forwarder = Forwarder(self, request_id, body)
+            self.requests[request_id] = forwarder
+            headers = []
+            if authorization:
+                headers.append((b"authorization", authorization.encode("latin-1")))
+            if api_key:
+                headers.append((b"x-api-key", api_key.encode("latin-1")))
+            scope = {"type": "http", "method": method, "path": path, "headers": headers,
+                     "extensions": {DATAPLANE_EXTENSION: forwarder}}
+            task = self.loop.create_task(self.gateway.handle(scope, forwarder.receive, forwarder.send))
+            task.add_done_callback(functools.partial(self.ended, forwarder))
+            return
+        forwarder = self.requests.get(request_id)
+        if forwarder is None:
+            return
+        if kind == b"L":
+            forwarder.client_left()
+        else:
+            forwarder.report(kind, head.decode("latin-1").split("\n"), body)
+
+    def ended(self, forwarder: Forwarder, task: asyncio.Task) -> None:
+        self.requests.pop(forwarder.id, None)
+        failed = not task.cancelled() and task.exception() is not None
+        if failed:
+            log.error("gateway: a request failed", exc_info=task.exception())
+        if not forwarder.settled:
+            # The handler ended without an answer (it failed, or a client that left was held): say something.
+            self.write(forwarder.id, b"A", "502\napplication/json\n",
+                       b'{"error": {"message": "The gateway failed.", "type": "bad_gateway", "code": 502}}')
+
+
+async def serve(*, host: str, port: int) -> int:
+    """Run the gateway with the compiled data path in front: until SIGTERM (0), or until the data path
+    stops (1: the supervisor restarts the gateway, both halves)."""
+    loop = asyncio.get_running_loop()
+    gateway = Gateway(dataplane="rust")
+    await gateway.startup()
+    lost = loop.create_future()
+    folder = tempfile.mkdtemp(prefix="gateway-")  # 0700: only this user may speak to the gateway
+    path = os.path.join(folder, "control.sock")
+    server = await loop.create_unix_server(lambda: Control(gateway, lost), path=path)
+    stop = loop.create_future()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+    child = await asyncio.create_subprocess_exec(
+        str(binary()), "--listen", f"{host}:{port}", "--control", path,
+        "--connect-timeout", str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
+        "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS), "--max-body", str(MAX_BODY),
+        env=child_environment({}))
+    exited = asyncio.ensure_future(child.wait())
+    try:
+        await asyncio.wait({stop, exited, lost}, return_when=asyncio.FIRST_COMPLETED)
+        if not stop.done() and child.returncode == 0:
+            # A clean exit is the data path's answer to SIGTERM; sent to the process group (systemd, a terminal's
+            # Ctrl-C) it reaches this process too, maybe a moment later.
+            await asyncio.wait({stop}, timeout=1)
+        if stop.done():
+            return 0
+        log.error("gateway: the data path stopped (exit status %s); the gateway stops to be restarted",
+                  child.returncode)
+        return 1
+    finally:
+        if child.returncode is None:
+            child.terminate()  # it finishes the requests under way, asking this process as ever meanwhile
+            try:
+                await asyncio.wait_for(child.wait(), STOP_SECONDS)
+            except asyncio.TimeoutError:
+                child.kill()
+                await child.wait()
+        server.close()
+        await gateway.shutdown()
+        try:
+            os.unlink(path)
+            os.rmdir(folder)
+        except OSError:
+            pass

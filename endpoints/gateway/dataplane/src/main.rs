@@ -1,0 +1,463 @@
+//! The gateway's data path (`GATEWAY_DATAPLANE=rust`): the HTTP server the clients talk to and the HTTP
+//! client to the replicas, and nothing else. Every decision (the key, its scope and limits, the queue, the
+//! replica, the answer to an error, the accounting) stays in the gateway's Python process
+//! (endpoints/gateway/asgi.py), which this program asks over a private Unix socket, one small frame per
+//! step of a request (endpoints/gateway/dataplane.py speaks the other end).
+//!
+//! Why a compiled data path at all: at concurrency 1 a proxy's added latency is its CPU per request, and a
+//! Python HTTP server and client (uvicorn, aiohttp) spent 2-2.5x what vLLM's Rust router does (README,
+//! "Gateway"). Here Python is left with the decisions, about a fifth of what it used to run per request.
+//!
+//! Written by hand because no library is this: hyper does the HTTP on both sides; what is ours is the
+//! relay (streaming, time to first byte, the usage at an answer's end) and the frames to the gateway.
+//!
+//! Frames, both ways: u32 length (of what follows), u64 request id, u8 kind, u32 head length, head (fields
+//! separated by '\n'), body.
+//!   to the gateway:  Q request (method, path, authorization, x-api-key; the request body)
+//!                    S answered (status, ttft_us, events, streamed, content type; the answer's tail, or all
+//!                      of it if asked: the gateway then answers A)
+//!                    E the replica could not be reached (error)  -> the gateway answers again (F or A)
+//!                    X the replica failed before an answer (error) -> A
+//!                    M failed mid-answer (streamed, ttft_us, events, error) -> A when not streamed
+//!                    L the client left
+//!   from the gateway: A answer this (status, content type, retry-after; body)
+//!                     F forward to this replica (url, bearer token, whole: 1 = give me the answer, I reply A;
+//!                       the body to send)
+use hyper::body::{Bytes, HttpBody};
+use hyper::client::HttpConnector;
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::server::conn::AddrIncoming;
+use hyper::service::{make_service_fn, service_fn};
+use hyper::{Body, Client, Method, Request, Response, Server, StatusCode};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+
+/// Request headers not passed on to a replica (endpoints/gateway/asgi.py HOP_BY_HOP, plus content-type:
+/// the body was read as JSON and is sent as JSON, whatever the client said).
+const NOT_FORWARDED: [&str; 13] = [
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+    "transfer-encoding", "upgrade", "content-length", "host", "authorization", "x-api-key", "content-type",
+];
+const TAIL_BYTES: usize = 8192; // what a streamed answer's usage is looked for in (asgi.py relay)
+const STREAM_ERROR: &[u8] =
+    b"data: {\"error\": {\"message\": \"The replica failed mid-stream.\", \"type\": \"bad_gateway\"}}\n\n";
+
+struct Settings {
+    connect_timeout: Duration,
+    read_timeout: Duration,
+    max_body: usize,
+}
+
+enum Reply {
+    Answer { status: u16, content_type: String, retry_after: String, body: Bytes },
+    Forward { url: String, token: String, whole: bool, body: Bytes },
+}
+
+struct Gateway {
+    out: mpsc::UnboundedSender<Vec<u8>>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: AtomicU64,
+}
+
+impl Gateway {
+    fn send(&self, id: u64, kind: u8, head: &[u8], body: &[u8]) {
+        let mut frame = Vec::with_capacity(17 + head.len() + body.len());
+        frame.extend_from_slice(&((13 + head.len() + body.len()) as u32).to_le_bytes());
+        frame.extend_from_slice(&id.to_le_bytes());
+        frame.push(kind);
+        frame.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        frame.extend_from_slice(head);
+        frame.extend_from_slice(body);
+        let _ = self.out.send(frame); // the writer ends only when the gateway is gone, and so does this process
+    }
+
+    /// Tell the gateway something and wait for its answer (None: the gateway is gone).
+    async fn ask(&self, id: u64, kind: u8, head: &[u8], body: &[u8]) -> Option<Reply> {
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        self.send(id, kind, head, body);
+        rx.await.ok()
+    }
+}
+
+/// Tells the gateway the client left if the request ends before its answer was settled (hyper drops a
+/// request's future when its client closes the connection), and forgets the request's pending answer.
+struct Watch {
+    gateway: Arc<Gateway>,
+    id: u64,
+    settled: bool,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.gateway.pending.lock().unwrap().remove(&self.id);
+        if !self.settled {
+            self.gateway.send(self.id, b'L', b"", b"");
+        }
+    }
+}
+
+fn parse_reply(kind: u8, head: &[u8], body: Bytes) -> Option<Reply> {
+    let text = std::str::from_utf8(head).ok()?;
+    let mut fields = text.split('\n');
+    match kind {
+        b'A' => Some(Reply::Answer {
+            status: fields.next()?.parse().ok()?,
+            content_type: fields.next()?.to_string(),
+            retry_after: fields.next().unwrap_or("").to_string(),
+            body,
+        }),
+        b'F' => Some(Reply::Forward {
+            url: fields.next()?.to_string(),
+            token: fields.next()?.to_string(),
+            whole: fields.next()? == "1",
+            body,
+        }),
+        _ => None,
+    }
+}
+
+async fn read_replies(mut socket: tokio::net::unix::OwnedReadHalf, gateway: Arc<Gateway>) {
+    let mut prefix = [0u8; 17];
+    loop {
+        if socket.read_exact(&mut prefix).await.is_err() {
+            break;
+        }
+        let len = u32::from_le_bytes(prefix[0..4].try_into().unwrap()) as usize;
+        let id = u64::from_le_bytes(prefix[4..12].try_into().unwrap());
+        let kind = prefix[12];
+        let head_len = u32::from_le_bytes(prefix[13..17].try_into().unwrap()) as usize;
+        if len < 13 + head_len {
+            break;
+        }
+        let mut rest = vec![0u8; len - 13];
+        if socket.read_exact(&mut rest).await.is_err() {
+            break;
+        }
+        let mut head = Bytes::from(rest);
+        let body = head.split_off(head_len);
+        let waiting = gateway.pending.lock().unwrap().remove(&id);
+        // A request whose client left is no longer waiting: its answer is dropped.
+        if let (Some(tx), Some(reply)) = (waiting, parse_reply(kind, &head, body)) {
+            let _ = tx.send(reply);
+        }
+    }
+    eprintln!("dataplane: the gateway closed its socket; stopping");
+    std::process::exit(0);
+}
+
+async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
+    while let Some(mut buf) = frames.recv().await {
+        while let Ok(more) = frames.try_recv() {
+            buf.extend_from_slice(&more); // one write for what queued up meanwhile
+        }
+        if socket.write_all(&buf).await.is_err() {
+            eprintln!("dataplane: writing to the gateway failed; stopping");
+            std::process::exit(0);
+        }
+    }
+}
+
+fn answer(status: u16, content_type: &str, retry_after: &str, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response.headers_mut();
+    let content_type = if content_type.is_empty() { "application/json" } else { content_type };
+    headers.insert(CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if !retry_after.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(retry_after) {
+            headers.insert("retry-after", v);
+        }
+    }
+    *response.body_mut() = Body::from(body);
+    response
+}
+
+fn error_body(status: u16, message: &str, code: &str) -> Response<Body> {
+    // The gateway's error shape (asgi.py _error), for the one refusal made here: a body over the limit.
+    let body = format!("{{\"error\": {{\"message\": \"{message}\", \"type\": \"{code}\", \"code\": {status}}}}}");
+    answer(status, "application/json", "", Bytes::from(body))
+}
+
+enum BodyError {
+    TooLarge,
+    Broken,
+}
+
+async fn read_request_body(mut body: Body, max: usize) -> Result<Bytes, BodyError> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    let mut size = 0;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(|_| BodyError::Broken)?;
+        size += chunk.len();
+        if size > max {
+            return Err(BodyError::TooLarge);
+        }
+        chunks.push(chunk);
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap(),
+        _ => Bytes::from(chunks.concat()),
+    })
+}
+
+/// The replica's whole answer, each read within the read timeout.
+async fn read_answer(mut body: Body, read_timeout: Duration) -> Result<Bytes, String> {
+    let mut chunks: Vec<Bytes> = Vec::new();
+    loop {
+        match tokio::time::timeout(read_timeout, body.data()).await {
+            Err(_) => return Err("ReadTimeout".into()),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => return Err(error_name(&e)),
+            Ok(Some(Ok(chunk))) => chunks.push(chunk),
+        }
+    }
+    Ok(match chunks.len() {
+        0 => Bytes::new(),
+        1 => chunks.pop().unwrap(),
+        _ => Bytes::from(chunks.concat()),
+    })
+}
+
+fn error_name(e: &hyper::Error) -> String {
+    if e.is_timeout() {
+        "Timeout".into()
+    } else if e.is_incomplete_message() {
+        "IncompleteMessage".into()
+    } else if e.is_closed() {
+        "ConnectionClosed".into()
+    } else if e.is_connect() {
+        "ConnectError".into()
+    } else {
+        "HTTPError".into()
+    }
+}
+
+fn tail_of(data: &[u8]) -> &[u8] {
+    &data[data.len().saturating_sub(TAIL_BYTES)..]
+}
+
+fn count(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack.windows(needle.len()).filter(|w| *w == needle).count()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn micros(since: Option<Duration>) -> String {
+    since.map(|d| d.as_micros().to_string()).unwrap_or_default()
+}
+
+struct Proxy {
+    gateway: Arc<Gateway>,
+    client: Client<HttpConnector>,
+    settings: Settings,
+}
+
+impl Proxy {
+    async fn handle(self: Arc<Self>, request: Request<Body>) -> Response<Body> {
+        let started = Instant::now();
+        let (parts, body) = request.into_parts();
+        let body = match read_request_body(body, self.settings.max_body).await {
+            Ok(body) => body,
+            Err(BodyError::TooLarge) => return error_body(413, "The request body is too large.", "too_large"),
+            Err(BodyError::Broken) => return error_body(400, "The request body could not be read.", "invalid_request_error"),
+        };
+        let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
+        let header = |name: &str| parts.headers.get(name).map(|v| v.as_bytes()).unwrap_or(b"");
+        let mut head = Vec::with_capacity(128);
+        for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"), header("x-api-key")] {
+            head.extend_from_slice(field);
+            head.push(b'\n');
+        }
+        head.pop();
+        let mut reply = self.gateway.ask(id, b'Q', &head, &body).await;
+        loop {
+            match reply {
+                None => {
+                    watch.settled = true;
+                    return error_body(503, "The gateway is restarting; try again shortly.", "unavailable");
+                }
+                Some(Reply::Answer { status, content_type, retry_after, body }) => {
+                    watch.settled = true;
+                    return answer(status, &content_type, &retry_after, body);
+                }
+                Some(Reply::Forward { url, token, whole, body: forwarded }) => {
+                    let mut upstream = Request::new(Body::from(forwarded));
+                    *upstream.method_mut() = Method::POST;
+                    *upstream.uri_mut() = match url.parse() {
+                        Ok(uri) => uri,
+                        Err(_) => {
+                            reply = self.gateway.ask(id, b'X', b"InvalidURL", b"").await;
+                            continue;
+                        }
+                    };
+                    let headers = upstream.headers_mut();
+                    for (name, value) in parts.headers.iter() {
+                        if !NOT_FORWARDED.contains(&name.as_str()) {
+                            headers.append(name.clone(), value.clone());
+                        }
+                    }
+                    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                    if let Ok(v) = HeaderValue::from_str(&format!("Bearer {token}")) {
+                        headers.insert(AUTHORIZATION, v);
+                    }
+                    let response = match tokio::time::timeout(self.settings.read_timeout, self.client.request(upstream)).await {
+                        Err(_) => {
+                            reply = self.gateway.ask(id, b'X', b"ReadTimeout", b"").await;
+                            continue;
+                        }
+                        // Nothing reached the replica, or it closed before answering: another one may take it.
+                        Ok(Err(e)) if e.is_connect() || e.is_canceled() || (e.is_incomplete_message() && !e.is_timeout()) => {
+                            reply = self.gateway.ask(id, b'E', error_name(&e).as_bytes(), b"").await;
+                            continue;
+                        }
+                        Ok(Err(e)) => {
+                            reply = self.gateway.ask(id, b'X', error_name(&e).as_bytes(), b"").await;
+                            continue;
+                        }
+                        Ok(Ok(response)) => response,
+                    };
+                    let status = response.status().as_u16();
+                    let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                    if whole || !content_type.starts_with("text/event-stream") {
+                        let data = match read_answer(response.into_body(), self.settings.read_timeout).await {
+                            Ok(data) => data,
+                            Err(e) => {
+                                reply = self.gateway.ask(id, b'M', format!("0\n\n0\n{e}").as_bytes(), b"").await;
+                                continue;
+                            }
+                        };
+                        let head = format!("{status}\n\n0\n0\n{content_type}");
+                        if whole {
+                            reply = self.gateway.ask(id, b'S', head.as_bytes(), &data).await;
+                            continue;
+                        }
+                        watch.settled = true;
+                        self.gateway.send(id, b'S', head.as_bytes(), tail_of(&data));
+                        return answer(status, &content_type, "", data);
+                    }
+                    let (sender, body) = Body::channel();
+                    tokio::spawn(relay_stream(self.gateway.clone(), watch, response.into_body(), sender, status, started,
+                                              self.settings.read_timeout));
+                    let mut streamed = Response::new(body);
+                    *streamed.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+                    let headers = streamed.headers_mut();
+                    headers.insert(CONTENT_TYPE, HeaderValue::from_str(&content_type).unwrap());
+                    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+                    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+                    return streamed;
+                }
+            }
+        }
+    }
+}
+
+/// Passes a streamed answer (SSE) through as it comes, timing its first bytes and counting its events;
+/// keeps its end, where vLLM puts the usage, for the gateway's accounting.
+async fn relay_stream(gateway: Arc<Gateway>, mut watch: Watch, mut upstream: Body, mut client: hyper::body::Sender,
+                      status: u16, started: Instant, read_timeout: Duration) {
+    let id = watch.id;
+    let (mut ttft, mut events, mut tail) = (None, 0usize, Vec::<u8>::new());
+    loop {
+        match tokio::time::timeout(read_timeout, upstream.data()).await {
+            Ok(Some(Ok(chunk))) => {
+                if ttft.is_none() {
+                    ttft = Some(started.elapsed());
+                }
+                events += count(&chunk, b"data: {");
+                if !tail.is_empty() || contains(&chunk, b"\"usage\"") {
+                    tail.extend_from_slice(&chunk);
+                    if tail.len() > TAIL_BYTES {
+                        tail.drain(..tail.len() - TAIL_BYTES);
+                    }
+                }
+                if client.send_data(chunk).await.is_err() {
+                    return; // the client left: the watch says so, and dropping `upstream` closes its connection
+                }
+            }
+            Ok(None) => {
+                watch.settled = true;
+                gateway.send(id, b'S', format!("{status}\n{}\n{events}\n1\n", micros(ttft)).as_bytes(), &tail);
+                return;
+            }
+            Ok(Some(Err(e))) => return stream_failed(&gateway, &mut watch, client, ttft, events, &error_name(&e)).await,
+            Err(_) => return stream_failed(&gateway, &mut watch, client, ttft, events, "ReadTimeout").await,
+        }
+    }
+}
+
+async fn stream_failed(gateway: &Gateway, watch: &mut Watch, mut client: hyper::body::Sender, ttft: Option<Duration>,
+                       events: usize, error: &str) {
+    // The head is gone already: end the stream with an error event the client can see.
+    let _ = client.send_data(Bytes::from_static(STREAM_ERROR)).await;
+    watch.settled = true;
+    gateway.send(watch.id, b'M', format!("1\n{}\n{events}\n{error}", micros(ttft)).as_bytes(), b"");
+}
+
+fn argument(args: &[String], name: &str) -> String {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+        .unwrap_or_else(|| panic!("dataplane: {name} is required"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let listen: SocketAddr = argument(&args, "--listen").parse().expect("dataplane: --listen HOST:PORT");
+    let seconds = |name: &str| Duration::from_secs_f64(argument(&args, name).parse().expect("dataplane: seconds"));
+    let settings = Settings {
+        connect_timeout: seconds("--connect-timeout"),
+        read_timeout: seconds("--read-timeout"),
+        max_body: argument(&args, "--max-body").parse().expect("dataplane: --max-body BYTES"),
+    };
+
+    let socket = UnixStream::connect(argument(&args, "--control")).await.expect("dataplane: the gateway's socket");
+    let (reader, writer) = socket.into_split();
+    let (out, frames) = mpsc::unbounded_channel();
+    let gateway = Arc::new(Gateway { out, pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
+    tokio::spawn(write_frames(writer, frames));
+    tokio::spawn(read_replies(reader, gateway.clone()));
+
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true); // small requests and answers: Nagle's delay would be most of a request's cost
+    connector.set_connect_timeout(Some(settings.connect_timeout));
+    let client = Client::builder().pool_idle_timeout(Duration::from_secs(30)).build(connector);
+    let proxy = Arc::new(Proxy { gateway, client, settings });
+
+    let tcp = if listen.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.expect("dataplane: socket");
+    tcp.set_reuseaddr(true).expect("dataplane: SO_REUSEADDR");
+    tcp.bind(listen).unwrap_or_else(|e| panic!("dataplane: cannot listen on {listen}: {e}"));
+    let listener = tcp.listen(4096).expect("dataplane: listen");
+    let mut incoming = AddrIncoming::from_listener(listener).expect("dataplane: listener");
+    incoming.set_nodelay(true);
+    let make = make_service_fn(move |_| {
+        let proxy = proxy.clone();
+        async move {
+            Ok::<_, Infallible>(service_fn(move |request| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, Infallible>(proxy.handle(request).await) }
+            }))
+        }
+    });
+    println!("dataplane: listening on http://{listen}/");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("dataplane: SIGTERM");
+    // SIGTERM: take no new connections, finish the requests under way (the gateway waits, then kills).
+    let server = Server::builder(incoming).serve(make).with_graceful_shutdown(async move {
+        term.recv().await;
+    });
+    if let Err(e) = server.await {
+        eprintln!("dataplane: {e}");
+        std::process::exit(1);
+    }
+}

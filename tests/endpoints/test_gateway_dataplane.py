@@ -1,0 +1,171 @@
+"""The gateway's compiled data path (endpoints/gateway/dataplane/, GATEWAY_DATAPLANE) as a process: chosen where
+it is built, a crash of it stops the gateway to be restarted, a bad setting is refused naming it; and what each
+data path does at the edges of the HTTP it owns (a body over the limit, a replica that breaks mid-stream).
+Everything else the gateway does is tested with both data paths (the `gateway` fixture, tests/endpoints)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from endpoints.gateway import services
+from endpoints.gateway.asgi import MAX_BODY
+from endpoints.gateway.models import GatewayKey
+from tests.support import ROOT
+from tests.support.gateway import HEALTH_TOKEN, GatewayProc, make_endpoint
+from tests.support.http import QuietHandler, ServerThread
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def _exe(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/exe")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_auto_serves_with_the_compiled_data_path_where_it_is_built_and_says_so(worker_env, settings):
+    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "auto"})
+    try:
+        health = gw.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"}).json()
+        assert health["dataplane"] == "rust"
+        assert [_exe(c) for c in _children(gw.proc.pid)] == [settings.GATEWAY_DATAPLANE_BINARY]
+        assert "dataplane" not in gw.client.get("/healthz").json()  # anonymous: a status, nothing more
+    finally:
+        gw.stop()
+    python = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "python"})
+    try:
+        health = python.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"}).json()
+        assert health["dataplane"] == "python" and _children(python.proc.pid) == []
+    finally:
+        python.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_crash_of_the_data_path_stops_the_gateway_with_an_error_for_its_supervisor(worker_env):
+    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust"})
+    try:
+        (child,) = _children(gw.proc.pid)
+        os.kill(child, signal.SIGKILL)
+        assert gw.proc.wait(timeout=20) == 1  # supervisord / systemd restart it, both halves
+        assert b"the data path stopped" in gw.proc.stdout.read()
+    finally:
+        gw.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stopping_the_gateway_stops_its_data_path(worker_env):
+    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust"})
+    (child,) = _children(gw.proc.pid)
+    gw.proc.send_signal(signal.SIGTERM)
+    assert gw.proc.wait(timeout=20) == 0
+    assert not os.path.exists(f"/proc/{child}") or open(f"/proc/{child}/stat").read().split()[2] == "Z"
+    gw.stop()
+
+
+def test_a_bad_data_path_setting_is_refused_naming_it(worker_env, tmp_path):
+    def gateway(**env):
+        return subprocess.run([sys.executable, "manage.py", "gateway", "--port", "1"], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60, env={**worker_env, **env})
+
+    wrong = gateway(GATEWAY_DATAPLANE="go")
+    assert wrong.returncode != 0 and "GATEWAY_DATAPLANE must be auto, rust or python, not 'go'" in wrong.stderr
+    missing = tmp_path / "llm-console-dataplane"
+    unbuilt = gateway(GATEWAY_DATAPLANE="rust", GATEWAY_DATAPLANE_BINARY=str(missing))
+    assert unbuilt.returncode != 0
+    assert f"GATEWAY_DATAPLANE=rust, but {missing} is not built: run `make dataplane`" in unbuilt.stderr
+
+
+class _BreaksMidStream(ServerThread):
+    """A replica that sends one event of a streamed answer, then drops the connection (a crashed vLLM)."""
+
+    def __init__(self):
+        class Handler(QuietHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                event = b'data: {"choices": [{"index": 0, "delta": {"content": "w "}}]}\n\n'
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))  # one chunk; the last never comes
+                self.wfile.flush()
+                self.close_connection = True
+
+        self.serve(Handler)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_over_the_limit_is_413_and_a_stream_cut_short_ends_with_an_error_event(gateway, admin):
+    upstream = _BreaksMidStream()
+    try:
+        make_endpoint("ep-breaks", [upstream], model="tiny")
+        key, raw = services.key_create(name="app", actor=admin)
+        gw = gateway()
+        gw.wait_routes("tiny", 1)
+        auth = {"Authorization": f"Bearer {raw}"}
+
+        big = httpx.post(gw.url + "/v1/completions", content=b" " * (MAX_BODY + 1), headers=auth, timeout=60)
+        assert big.status_code == 413 and big.json()["error"] == {
+            "message": "The request body is too large.", "type": "too_large", "code": 413}
+
+        with gw.client.stream("POST", "/v1/chat/completions", headers=auth, json={
+                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
+            assert response.status_code == 200
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        assert json.loads(events[0])["choices"][0]["delta"]["content"] == "w "
+        assert json.loads(events[-1]) == {"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}}
+        deadline = time.monotonic() + 10  # flushed every second (GatewayProc)
+        while time.monotonic() < deadline and not GatewayKey.objects.get(pk=key.pk).errors_total:
+            time.sleep(0.2)
+        counted = GatewayKey.objects.get(pk=key.pk)
+        # The 413 is refused before the key is looked at; the stream that broke is an error with its one event.
+        assert (counted.requests_total, counted.errors_total, counted.tokens_total) == (1, 1, 1)
+    finally:
+        upstream.stop()
+
+
+def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
+    """The data path coalesces frames into one write and a body may come in many reads: the gateway's end reads
+    each frame whole, answers each request under its own id (a real Unix socket, the real Gateway.handle)."""
+    import asyncio
+    import struct
+
+    from endpoints.gateway.asgi import Gateway
+    from endpoints.gateway.dataplane import PREFIX, Control
+
+    def frame(request_id, kind, head, body=b""):
+        return PREFIX.pack(13 + len(head) + len(body), request_id, kind, len(head)) + head + body
+
+    async def scenario():
+        lost = asyncio.get_running_loop().create_future()
+        path = str(tmp_path / "control.sock")
+        server = await asyncio.get_running_loop().create_unix_server(lambda: Control(Gateway(), lost), path=path)
+        reader, writer = await asyncio.open_unix_connection(path)
+        health = frame(1, ord("Q"), b"GET\n/healthz\n\n")
+        big = frame(2, ord("Q"), b"POST\n/v1/completions\n\n", b"x" * 300_000)  # no key: 401, after the body
+        other = frame(3, ord("Q"), b"GET\n/healthz\n\n")
+        stream = health + big + other
+        for piece in (stream[:5], stream[5:len(health) + 7], stream[len(health) + 7:-3], stream[-3:]):
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        answers = {}
+        while len(answers) < 3:
+            length, request_id, kind, head_len = PREFIX.unpack(await reader.readexactly(PREFIX.size))
+            rest = await reader.readexactly(length - 13)
+            answers[request_id] = (bytes((kind,)), rest[:head_len].decode(), json.loads(rest[head_len:]))
+        writer.close()
+        server.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers[1] == answers[3] == (b"A", "200\napplication/json\n", {"status": "ok"})
+    kind, head, body = answers[2]
+    assert (kind, head, body["error"]["type"]) == (b"A", "401\napplication/json\n", "invalid_api_key")
+    assert struct.calcsize("<IQBI") == PREFIX.size == 17  # main.rs reads the same 17 bytes
