@@ -75,6 +75,8 @@ DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the 
 GONE = object()  # what hold() returns when the client left while its request was held
 # The ASGI scope's extension by which the compiled data path (endpoints/gateway/dataplane.py) does the proxying step.
 DATAPLANE_EXTENSION = "llm_console.dataplane"
+# Set on the request message by the compiled data path for a body over MAX_BODY (which it does not read).
+TOO_LARGE = "llm_console.too_large"
 
 
 # The ORM runs on one thread of its own, never on the event loop, and keeps its connection between
@@ -613,8 +615,12 @@ _JSON = json.JSONDecoder()
 
 
 def _usage_tokens(data: bytes) -> int:
-    """The answer's usage.total_tokens. vLLM puts "usage" last: only that object is decoded, not the
-    whole answer (a long completion's text); anything else falls back to decoding it all."""
+    """The answer's usage.total_tokens. vLLM puts "usage" after the choices, followed only by its own
+    fields (kv_transfer_params, ec_transfer_params, metrics, a chat's prompt_logprobs: vLLM 0.32
+    entrypoints/openai/completion/protocol.py CompletionResponse, chat_completion/protocol.py
+    ChatCompletionResponse): the last "usage" key is the answer's, and only that object is decoded, not the
+    whole answer (a long completion's text; the compiled data path sends only this part). Anything else
+    falls back to decoding it all."""
     at = data.rfind(b'"usage"')
     if at < 0:
         return 0
@@ -623,7 +629,7 @@ def _usage_tokens(data: bytes) -> int:
         try:
             tail = data[found.end():].decode()
             usage, end = _JSON.raw_decode(tail)
-            if isinstance(usage, dict) and tail[end:].strip() == "}":  # the top-level object's last member
+            if isinstance(usage, dict) and tail[end:].lstrip()[:1] in ("}", ","):  # a member of the answer
                 return int(usage.get("total_tokens") or 0)
         except (ValueError, TypeError, UnicodeDecodeError):
             pass
@@ -653,7 +659,7 @@ async def _read_body(receive) -> bytes | None:
             return b""
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY:
+        if size > MAX_BODY or message.get(TOO_LARGE):
             return None
         chunks.append(chunk)
         if not message.get("more_body"):

@@ -24,12 +24,13 @@ from pathlib import Path
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, Gateway
+from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, TOO_LARGE, Gateway
 
 log = logging.getLogger("console.gateway")
 
 PREFIX = struct.Struct("<IQBI")  # length of what follows the length, request id, kind, head length
 KINDS = {k: bytes((k,)) for k in range(256)}
+FAILED = b'{"error": {"message": "The gateway failed.", "type": "bad_gateway", "code": 502}}'
 STOP_SECONDS = 30  # on SIGTERM, the requests under way get this long before the data path is killed
 
 
@@ -61,11 +62,13 @@ def chosen() -> str:
 class Forwarder:
     """One request from the data path: the ASGI receive/send the gateway's handler runs with, and its
     proxying step."""
-    __slots__ = ("control", "id", "body", "gone", "left", "handler", "outcome", "whole", "settled", "status",
-                 "headers", "chunks")
+    __slots__ = ("control", "id", "body", "body_read", "body_wanted", "gone", "left", "handler", "outcome", "whole", "settled",
+                 "status", "headers", "chunks")
 
-    def __init__(self, control: Control, request_id: int, body: bytes):
-        self.control, self.id, self.body = control, request_id, body
+    def __init__(self, control: Control, request_id: int, body: bytes | None):
+        self.control, self.id, self.body = control, request_id, body  # None: the data path sends it when asked
+        self.body_read = False
+        self.body_wanted: asyncio.Future | None = None
         self.gone: asyncio.Future | None = None  # made by a receive() that waits for the client to leave
         self.left = False  # the client left
         self.handler: asyncio.Task | None = None  # cancelled if the client leaves while it is proxied
@@ -75,9 +78,15 @@ class Forwarder:
         self.status, self.headers, self.chunks = 200, (), []
 
     async def receive(self) -> dict:
-        if self.body is not None:
-            body, self.body = self.body, None
-            return {"type": "http.request", "body": body, "more_body": False}
+        if not self.body_read:
+            self.body_read = True
+            if self.body is not None:  # it came with the request
+                body, self.body = self.body, None
+                return {"type": "http.request", "body": body, "more_body": False}
+            if not self.left:  # a large body is read only now, after the key: ask for it
+                self.body_wanted = asyncio.get_running_loop().create_future()
+                self.control.write(self.id, b"B", "")
+                return await self.body_wanted
         if not self.left:
             if self.gone is None:
                 self.gone = asyncio.get_running_loop().create_future()
@@ -136,7 +145,14 @@ class Forwarder:
             outcome = Outcome("connect" if kind == b"E" else "error", error=head[0])
         self.outcome.set_result(outcome)
 
+    def body_came(self, verdict: str, data: bytes) -> None:
+        if self.body_wanted is not None and not self.body_wanted.done():
+            self.body_wanted.set_result({"type": "http.request", "body": data, "more_body": False,
+                                         TOO_LARGE: verdict == "too_large"})
+
     def client_left(self) -> None:
+        if self.body_wanted is not None and not self.body_wanted.done():
+            self.body_wanted.set_result({"type": "http.disconnect"})
         answered, self.settled, self.left = self.settled, True, True
         if self.gone is not None and not self.gone.done():
             self.gone.set_result(None)
@@ -150,6 +166,7 @@ class Control(asyncio.Protocol):
     def __init__(self, gateway: Gateway, lost: asyncio.Future):
         self.gateway, self.lost = gateway, lost
         self.requests: dict[int, Forwarder] = {}
+        self.tasks: set[asyncio.Task] = set()
         self.transport = None
         self.buffer = bytearray()
         self.loop = asyncio.get_running_loop()
@@ -192,14 +209,17 @@ class Control(asyncio.Protocol):
             self.dispatch(request_id, KINDS[kind], head, body)
         except Exception:  # a frame this end cannot read fails its request, not every other one
             log.exception("gateway: a frame from the data path could not be read (kind %r)", kind)
+            if kind == ord("Q"):
+                self.write(request_id, b"A", "502\napplication/json\n", FAILED)
+                return
             forwarder = self.requests.get(request_id)
             if forwarder is not None and forwarder.outcome is not None and not forwarder.outcome.done():
                 forwarder.outcome.set_result(Outcome("error", error="DataplaneProtocolError"))
 
     def dispatch(self, request_id: int, kind: bytes, head: bytes, body: bytes) -> None:
         if kind == b"Q":
-            method, path, authorization, api_key = head.decode("latin-1").split("\n")
-            forwarder = Forwarder(self, request_id, body)
+            method, path, authorization, api_key, body_follows = head.decode("latin-1").split("\n")
+            forwarder = Forwarder(self, request_id, body if body_follows == "1" else None)
             self.requests[request_id] = forwarder
             headers = []
             if authorization:
@@ -209,6 +229,7 @@ class Control(asyncio.Protocol):
             scope = {"type": "http", "method": method, "path": path, "headers": headers,
                      "extensions": {DATAPLANE_EXTENSION: forwarder}}
             task = self.loop.create_task(self.gateway.handle(scope, forwarder.receive, forwarder.send))
+            self.tasks.add(task)
             task.add_done_callback(functools.partial(self.ended, forwarder))
             return
         forwarder = self.requests.get(request_id)
@@ -216,18 +237,25 @@ class Control(asyncio.Protocol):
             return
         if kind == b"L":
             forwarder.client_left()
+        elif kind == b"D":
+            forwarder.body_came(head.decode(), body)
         else:
             forwarder.report(kind, head.decode("latin-1").split("\n"), body)
 
     def ended(self, forwarder: Forwarder, task: asyncio.Task) -> None:
         self.requests.pop(forwarder.id, None)
+        self.tasks.discard(task)
         failed = not task.cancelled() and task.exception() is not None
         if failed:
             log.error("gateway: a request failed", exc_info=task.exception())
         if not forwarder.settled:
             # The handler ended without an answer (it failed, or a client that left was held): say something.
-            self.write(forwarder.id, b"A", "502\napplication/json\n",
-                       b'{"error": {"message": "The gateway failed.", "type": "bad_gateway", "code": 502}}')
+            self.write(forwarder.id, b"A", "502\napplication/json\n", FAILED)
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport):
+        transport.close()
 
 
 async def serve(*, host: str, port: int) -> int:
@@ -239,7 +267,16 @@ async def serve(*, host: str, port: int) -> int:
     lost = loop.create_future()
     folder = tempfile.mkdtemp(prefix="gateway-")  # 0700: only this user may speak to the gateway
     path = os.path.join(folder, "control.sock")
-    server = await loop.create_unix_server(lambda: Control(gateway, lost), path=path)
+    control: Control | None = None
+
+    def accept() -> asyncio.Protocol:
+        nonlocal control
+        if control is not None:
+            return _Refused()  # one data path: its child, connected first
+        control = Control(gateway, lost)
+        return control
+
+    server = await loop.create_unix_server(accept, path=path)
     stop = loop.create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
@@ -268,6 +305,12 @@ async def serve(*, host: str, port: int) -> int:
             except asyncio.TimeoutError:
                 child.kill()
                 await child.wait()
+        if stop.done() and control is not None:
+            # The data path wrote its last reports before it exited: read them, and let the requests they end do
+            # their accounting before the last flush.
+            await asyncio.wait({lost}, timeout=2)
+            if control.tasks:
+                await asyncio.wait(set(control.tasks), timeout=5)
         server.close()
         await gateway.shutdown()
         try:

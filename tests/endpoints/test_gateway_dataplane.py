@@ -5,6 +5,7 @@ Everything else the gateway does is tested with both data paths (the `gateway` f
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -147,16 +148,18 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
         path = str(tmp_path / "control.sock")
         server = await asyncio.get_running_loop().create_unix_server(lambda: Control(Gateway(), lost), path=path)
         reader, writer = await asyncio.open_unix_connection(path)
-        health = frame(1, ord("Q"), b"GET\n/healthz\n\n")
-        big = frame(2, ord("Q"), b"POST\n/v1/completions\n\n", b"x" * 300_000)  # no key: 401, after the body
-        other = frame(3, ord("Q"), b"GET\n/healthz\n\n")
-        stream = health + big + other
+        health = frame(1, ord("Q"), b"GET\n/healthz\n\n\n1")
+        big = frame(2, ord("Q"), b"POST\n/v1/completions\n\n\n1", b"x" * 300_000)  # no key: 401
+        other = frame(3, ord("Q"), b"GET\n/healthz\n\n\n1")
+        # A body left behind (the data path reads it when asked): no key, so it is never asked for.
+        unread = frame(4, ord("Q"), b"POST\n/v1/completions\n\nBearer gk_nothing\n0")
+        stream = health + big + other + unread
         for piece in (stream[:5], stream[5:len(health) + 7], stream[len(health) + 7:-3], stream[-3:]):
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.01)
         answers = {}
-        while len(answers) < 3:
+        while len(answers) < 4:
             length, request_id, kind, head_len = PREFIX.unpack(await reader.readexactly(PREFIX.size))
             rest = await reader.readexactly(length - 13)
             answers[request_id] = (bytes((kind,)), rest[:head_len].decode(), json.loads(rest[head_len:]))
@@ -166,6 +169,94 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
 
     answers = asyncio.run(scenario())
     assert answers[1] == answers[3] == (b"A", "200\napplication/json\n", {"status": "ok"})
-    kind, head, body = answers[2]
-    assert (kind, head, body["error"]["type"]) == (b"A", "401\napplication/json\n", "invalid_api_key")
+    for request_id in (2, 4):
+        kind, head, body = answers[request_id]
+        assert (kind, head, body["error"]["type"]) == (b"A", "401\napplication/json\n", "invalid_api_key")
     assert struct.calcsize("<IQBI") == PREFIX.size == 17  # main.rs reads the same 17 bytes
+
+
+class _Recorder(ServerThread):
+    """A replica that records the bodies it is sent, answers a whole completion with a long text and usage followed
+    by vLLM's own fields (vLLM 0.32 CompletionResponse: kv_transfer_params, ec_transfer_params, metrics), or streams
+    one event and then stays silent, noting when the gateway drops the connection."""
+
+    def __init__(self):
+        self.bodies, self.aborted = [], []
+        outer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.bodies.append(body)
+                if not json.loads(body).get("stream"):
+                    answer = json.dumps({"id": "x", "object": "text_completion", "model": "tiny", "choices": [
+                        {"index": 0, "text": "w " * 20_000, "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 20_000, "total_tokens": 20_003},
+                        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
+                        separators=(",", ":")).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(answer)))
+                    self.end_headers()
+                    self.wfile.write(answer)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {"content": "w "}}]}\n\n')
+                self.wfile.flush()
+                self.close_connection = True
+                for _ in range(200):  # a long prefill: nothing to send, so only the peer's close can be seen
+                    time.sleep(0.05)
+                    self.connection.setblocking(False)
+                    try:
+                        if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                            outer.aborted.append(time.monotonic())
+                            return
+                    except BlockingIOError:
+                        pass
+                    except ConnectionResetError:
+                        outer.aborted.append(time.monotonic())
+                        return
+                    finally:
+                        self.connection.setblocking(True)
+
+        self.serve(Handler)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_silent_stream_is_dropped(gateway, admin):
+    """A body is read only once the key is good (an anonymous client announcing 10 MB gets its 401 without sending
+    it); a large one reaches the replica whole; the tokens of a long answer are counted though vLLM writes fields
+    after its usage; a client leaving a stream the replica is silent on drops the replica's connection at once."""
+    upstream = _Recorder()
+    try:
+        make_endpoint("ep-rec", [upstream], model="tiny")
+        key, raw = services.key_create(name="app", actor=admin)
+        gw = gateway()
+        gw.wait_routes("tiny", 1)
+
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 10000000\r\n\r\n")
+            assert conn.recv(4096).startswith(b"HTTP/1.1 401 ")
+
+        big = {"model": "tiny", "prompt": "p" * 200_000, "max_tokens": 1}
+        answer = gw.post("/v1/completions", raw, big)
+        assert answer.status_code == 200 and len(answer.json()["choices"][0]["text"]) == 40_000
+        assert json.loads(upstream.bodies[-1])["prompt"] == big["prompt"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and GatewayKey.objects.get(pk=key.pk).tokens_total < 20_003:
+            time.sleep(0.2)
+        assert GatewayKey.objects.get(pk=key.pk).tokens_total == 20_003
+
+        with httpx.stream("POST", gw.url + "/v1/completions", timeout=10, headers={"Authorization": f"Bearer {raw}"},
+                          json={"model": "tiny", "prompt": "hi", "stream": True}) as response:
+            assert next(response.iter_bytes()).startswith(b"data: ")
+            left = time.monotonic()
+        while time.monotonic() - left < 5 and not upstream.aborted:
+            time.sleep(0.05)
+        assert upstream.aborted and upstream.aborted[0] - left < 2, "the replica's connection was kept"
+    finally:
+        upstream.stop()

@@ -13,7 +13,8 @@
 //!
 //! Frames, both ways: u32 length (of what follows), u64 request id, u8 kind, u32 head length, head (fields
 //! separated by '\n'), body.
-//!   to the gateway:  Q request (method, path, authorization, x-api-key; the request body)
+//!   to the gateway:  Q request (method, path, authorization, x-api-key, body: 1 = it follows, 0 = ask with B)
+//!                    D the request body asked for ("ok" with the body, or "too_large") -> A or F
 //!                    S answered (status, ttft_us, events, streamed, content type; the answer's tail, or all
 //!                      of it if asked: the gateway then answers A)
 //!                    E the replica could not be reached (error)  -> the gateway answers again (F or A)
@@ -21,6 +22,7 @@
 //!                    M failed mid-answer (streamed, ttft_us, events, error) -> A when not streamed
 //!                    L the client left
 //!   from the gateway: A answer this (status, content type, retry-after; body)
+//!                     B send me the request body (it is read only now: after the key was checked)
 //!                     F forward to this replica (url, bearer token, whole: 1 = give me the answer, I reply A;
 //!                       the body to send)
 use hyper::body::{Bytes, HttpBody};
@@ -31,7 +33,10 @@ use hyper::service::{make_service_fn, service_fn};
 use hyper::{Body, Client, Method, Request, Response, Server, StatusCode};
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,6 +51,10 @@ const NOT_FORWARDED: [&str; 13] = [
     "transfer-encoding", "upgrade", "content-length", "host", "authorization", "x-api-key", "content-type",
 ];
 const TAIL_BYTES: usize = 8192; // what a streamed answer's usage is looked for in (asgi.py relay)
+// A body up to this size, announced by Content-Length, comes with the request's first frame (one round trip
+// fewer); a larger one is read only once the gateway asks, after the key: an anonymous client cannot make
+// this process hold 32 MiB bodies. uvicorn buffers as much before its app reads (its high-water mark).
+const EAGER_BODY: u64 = 64 * 1024;
 const STREAM_ERROR: &[u8] =
     b"data: {\"error\": {\"message\": \"The replica failed mid-stream.\", \"type\": \"bad_gateway\"}}\n\n";
 
@@ -57,6 +66,7 @@ struct Settings {
 
 enum Reply {
     Answer { status: u16, content_type: String, retry_after: String, body: Bytes },
+    SendBody,
     Forward { url: String, token: String, whole: bool, body: Bytes },
 }
 
@@ -114,6 +124,7 @@ fn parse_reply(kind: u8, head: &[u8], body: Bytes) -> Option<Reply> {
             retry_after: fields.next().unwrap_or("").to_string(),
             body,
         }),
+        b'B' => Some(Reply::SendBody),
         b'F' => Some(Reply::Forward {
             url: fields.next()?.to_string(),
             token: fields.next()?.to_string(),
@@ -153,14 +164,24 @@ async fn read_replies(mut socket: tokio::net::unix::OwnedReadHalf, gateway: Arc<
     std::process::exit(0);
 }
 
+/// Writes the frames in order, what queued up meanwhile in one write; an empty frame ends it (at exit: every
+/// answer's report written before the process goes).
 async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Vec<u8>>) {
     while let Some(mut buf) = frames.recv().await {
-        while let Ok(more) = frames.try_recv() {
-            buf.extend_from_slice(&more); // one write for what queued up meanwhile
+        let mut last = buf.is_empty();
+        while !last {
+            match frames.try_recv() {
+                Ok(more) if more.is_empty() => last = true,
+                Ok(more) => buf.extend_from_slice(&more),
+                Err(_) => break,
+            }
         }
         if socket.write_all(&buf).await.is_err() {
             eprintln!("dataplane: writing to the gateway failed; stopping");
             std::process::exit(0);
+        }
+        if last {
+            return;
         }
     }
 }
@@ -242,8 +263,31 @@ fn error_name(e: &hyper::Error) -> String {
     }
 }
 
-fn tail_of(data: &[u8]) -> &[u8] {
-    &data[data.len().saturating_sub(TAIL_BYTES)..]
+/// Nothing came back: the request may go to another replica (aiohttp's connect errors, ServerDisconnectedError
+/// and ClientOSError in asgi.py RETRYABLE).
+fn retryable(e: &hyper::Error) -> bool {
+    if e.is_connect() || e.is_canceled() || e.is_closed() || (e.is_incomplete_message() && !e.is_timeout()) {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<std::io::Error>().is_some() {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
+/// Where a whole answer's usage is: from its last "usage" key on (vLLM puts kv_transfer_params, ec_transfer_params
+/// and metrics after it: vllm/entrypoints/openai/completion/protocol.py CompletionResponse), else its end.
+fn usage_part(data: &[u8]) -> &[u8] {
+    // The key as vLLM writes it (Starlette's JSON has no spaces); a "usage" string value (a decoded token) has no colon.
+    let key = data.windows(8).rposition(|w| w == b"\"usage\":").or_else(|| data.windows(7).rposition(|w| w == b"\"usage\""));
+    match key {
+        Some(at) => &data[at..],
+        None => &data[data.len().saturating_sub(TAIL_BYTES)..],
+    }
 }
 
 fn count(haystack: &[u8], needle: &[u8]) -> usize {
@@ -264,34 +308,62 @@ struct Proxy {
     settings: Settings,
 }
 
+fn content_length(headers: &hyper::HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
 impl Proxy {
     async fn handle(self: Arc<Self>, request: Request<Body>) -> Response<Body> {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        let body = match read_request_body(body, self.settings.max_body).await {
-            Ok(body) => body,
-            Err(BodyError::TooLarge) => return error_body(413, "The request body is too large.", "too_large"),
-            Err(BodyError::Broken) => return error_body(400, "The request body could not be read.", "invalid_request_error"),
+        let announced = content_length(&parts.headers);
+        let mut body = Some(body);
+        let eager = match announced {
+            Some(n) => n <= EAGER_BODY,
+            None => false,
+        };
+        let first = if eager {
+            match read_request_body(body.take().unwrap(), self.settings.max_body).await {
+                Ok(data) => data,
+                Err(_) => return error_body(400, "The request body could not be read.", "invalid_request_error"),
+            }
+        } else {
+            Bytes::new()
         };
         let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
         let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
         let header = |name: &str| parts.headers.get(name).map(|v| v.as_bytes()).unwrap_or(b"");
         let mut head = Vec::with_capacity(128);
-        for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"), header("x-api-key")] {
+        for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"),
+                      header("x-api-key"), if eager { b"1" } else { b"0" }] {
             head.extend_from_slice(field);
             head.push(b'\n');
         }
         head.pop();
-        let mut reply = self.gateway.ask(id, b'Q', &head, &body).await;
+        let mut reply = self.gateway.ask(id, b'Q', &head, &first).await;
+        drop(first);
         loop {
             match reply {
-                None => {
-                    watch.settled = true;
-                    return error_body(503, "The gateway is restarting; try again shortly.", "unavailable");
-                }
+                // No answer: a reply this end could not read (the gateway is told the client left, so it
+                // stops too), or the gateway is gone (this process exits).
+                None => return error_body(502, "The gateway failed.", "bad_gateway"),
                 Some(Reply::Answer { status, content_type, retry_after, body }) => {
                     watch.settled = true;
                     return answer(status, &content_type, &retry_after, body);
+                }
+                Some(Reply::SendBody) => {
+                    let read = match (body.take(), announced) {
+                        (_, Some(n)) if n > self.settings.max_body as u64 => Err(BodyError::TooLarge),
+                        (Some(rest), _) => read_request_body(rest, self.settings.max_body).await,
+                        (None, _) => Ok(Bytes::new()),
+                    };
+                    reply = match read {
+                        Ok(data) => self.gateway.ask(id, b'D', b"ok", &data).await,
+                        Err(BodyError::TooLarge) => self.gateway.ask(id, b'D', b"too_large", b"").await,
+                        // The client broke off: the watch tells the gateway it left.
+                        Err(BodyError::Broken) => return error_body(400, "The request body could not be read.",
+                                                                    "invalid_request_error"),
+                    };
                 }
                 Some(Reply::Forward { url, token, whole, body: forwarded }) => {
                     let mut upstream = Request::new(Body::from(forwarded));
@@ -318,8 +390,7 @@ impl Proxy {
                             reply = self.gateway.ask(id, b'X', b"ReadTimeout", b"").await;
                             continue;
                         }
-                        // Nothing reached the replica, or it closed before answering: another one may take it.
-                        Ok(Err(e)) if e.is_connect() || e.is_canceled() || (e.is_incomplete_message() && !e.is_timeout()) => {
+                        Ok(Err(e)) if retryable(&e) => {
                             reply = self.gateway.ask(id, b'E', error_name(&e).as_bytes(), b"").await;
                             continue;
                         }
@@ -345,13 +416,16 @@ impl Proxy {
                             continue;
                         }
                         watch.settled = true;
-                        self.gateway.send(id, b'S', head.as_bytes(), tail_of(&data));
+                        self.gateway.send(id, b'S', head.as_bytes(), usage_part(&data));
                         return answer(status, &content_type, "", data);
                     }
-                    let (sender, body) = Body::channel();
-                    tokio::spawn(relay_stream(self.gateway.clone(), watch, response.into_body(), sender, status, started,
-                                              self.settings.read_timeout));
-                    let mut streamed = Response::new(body);
+                    let relay = Relay {
+                        gateway: self.gateway.clone(), watch, upstream: response.into_body(), status, started,
+                        read_timeout: self.settings.read_timeout,
+                        deadline: Box::pin(tokio::time::sleep(self.settings.read_timeout)),
+                        ttft: None, events: 0, tail: Vec::new(), done: false,
+                    };
+                    let mut streamed = Response::new(Body::wrap_stream(relay));
                     *streamed.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
                     let headers = streamed.headers_mut();
                     headers.insert(CONTENT_TYPE, HeaderValue::from_str(&content_type).unwrap());
@@ -364,46 +438,73 @@ impl Proxy {
     }
 }
 
-/// Passes a streamed answer (SSE) through as it comes, timing its first bytes and counting its events;
-/// keeps its end, where vLLM puts the usage, for the gateway's accounting.
-async fn relay_stream(gateway: Arc<Gateway>, mut watch: Watch, mut upstream: Body, mut client: hyper::body::Sender,
-                      status: u16, started: Instant, read_timeout: Duration) {
-    let id = watch.id;
-    let (mut ttft, mut events, mut tail) = (None, 0usize, Vec::<u8>::new());
-    loop {
-        match tokio::time::timeout(read_timeout, upstream.data()).await {
-            Ok(Some(Ok(chunk))) => {
-                if ttft.is_none() {
-                    ttft = Some(started.elapsed());
-                }
-                events += count(&chunk, b"data: {");
-                if !tail.is_empty() || contains(&chunk, b"\"usage\"") {
-                    tail.extend_from_slice(&chunk);
-                    if tail.len() > TAIL_BYTES {
-                        tail.drain(..tail.len() - TAIL_BYTES);
-                    }
-                }
-                if client.send_data(chunk).await.is_err() {
-                    return; // the client left: the watch says so, and dropping `upstream` closes its connection
-                }
-            }
-            Ok(None) => {
-                watch.settled = true;
-                gateway.send(id, b'S', format!("{status}\n{}\n{events}\n1\n", micros(ttft)).as_bytes(), &tail);
-                return;
-            }
-            Ok(Some(Err(e))) => return stream_failed(&gateway, &mut watch, client, ttft, events, &error_name(&e)).await,
-            Err(_) => return stream_failed(&gateway, &mut watch, client, ttft, events, "ReadTimeout").await,
-        }
+/// A streamed answer (SSE) on its way to the client, as it comes: it times the first bytes, counts the events and
+/// keeps the end, where vLLM puts the usage, for the gateway's accounting. It is the response's body, so hyper drops
+/// it the moment the client leaves: its watch tells the gateway, and dropping `upstream` closes the replica's
+/// connection (vLLM aborts the request), however long the replica is silent.
+struct Relay {
+    gateway: Arc<Gateway>,
+    watch: Watch,
+    upstream: Body,
+    status: u16,
+    started: Instant,
+    read_timeout: Duration,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    ttft: Option<Duration>,
+    events: usize,
+    tail: Vec<u8>,
+    done: bool,
+}
+
+impl Relay {
+    /// The replica broke off: the head is gone already, so the stream ends with an error event the client can see.
+    fn failed(&mut self, error: &str) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        self.done = true;
+        self.watch.settled = true;
+        let head = format!("1\n{}\n{}\n{error}", micros(self.ttft), self.events);
+        self.gateway.send(self.watch.id, b'M', head.as_bytes(), b"");
+        Poll::Ready(Some(Ok(Bytes::from_static(STREAM_ERROR))))
     }
 }
 
-async fn stream_failed(gateway: &Gateway, watch: &mut Watch, mut client: hyper::body::Sender, ttft: Option<Duration>,
-                       events: usize, error: &str) {
-    // The head is gone already: end the stream with an error event the client can see.
-    let _ = client.send_data(Bytes::from_static(STREAM_ERROR)).await;
-    watch.settled = true;
-    gateway.send(watch.id, b'M', format!("1\n{}\n{events}\n{error}", micros(ttft)).as_bytes(), b"");
+impl futures_core::Stream for Relay {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.upstream).poll_data(cx) {
+            Poll::Ready(Some(Ok(chunk))) => {
+                if this.ttft.is_none() {
+                    this.ttft = Some(this.started.elapsed());
+                }
+                this.events += count(&chunk, b"data: {");
+                if !this.tail.is_empty() || contains(&chunk, b"\"usage\"") {
+                    this.tail.extend_from_slice(&chunk);
+                    if this.tail.len() > TAIL_BYTES {
+                        this.tail.drain(..this.tail.len() - TAIL_BYTES);
+                    }
+                }
+                let next = tokio::time::Instant::now() + this.read_timeout;
+                this.deadline.as_mut().reset(next);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Poll::Ready(None) => {
+                this.done = true;
+                this.watch.settled = true;
+                let head = format!("{}\n{}\n{}\n1\n", this.status, micros(this.ttft), this.events);
+                this.gateway.send(this.watch.id, b'S', head.as_bytes(), &this.tail);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => this.failed(&error_name(&e)),
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => this.failed("ReadTimeout"),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
 }
 
 fn argument(args: &[String], name: &str) -> String {
@@ -425,8 +526,8 @@ async fn main() {
     let socket = UnixStream::connect(argument(&args, "--control")).await.expect("dataplane: the gateway's socket");
     let (reader, writer) = socket.into_split();
     let (out, frames) = mpsc::unbounded_channel();
-    let gateway = Arc::new(Gateway { out, pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
-    tokio::spawn(write_frames(writer, frames));
+    let gateway = Arc::new(Gateway { out: out.clone(), pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
+    let writer = tokio::spawn(write_frames(writer, frames));
     tokio::spawn(read_replies(reader, gateway.clone()));
 
     let mut connector = HttpConnector::new();
@@ -451,12 +552,21 @@ async fn main() {
         }
     });
     println!("dataplane: listening on http://{listen}/");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("dataplane: SIGTERM");
-    // SIGTERM: take no new connections, finish the requests under way (the gateway waits, then kills).
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("dataplane: SIGTERM");
+    let mut interrupt = signal(SignalKind::interrupt()).expect("dataplane: SIGINT");
+    // SIGTERM (or Ctrl-C's SIGINT): take no new connections, finish the requests under way (the gateway waits,
+    // then kills), then write the last reports before exiting.
     let server = Server::builder(incoming).serve(make).with_graceful_shutdown(async move {
-        term.recv().await;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+        }
     });
-    if let Err(e) = server.await {
+    let result = server.await;
+    let _ = out.send(Vec::new());
+    let _ = writer.await;
+    if let Err(e) = result {
         eprintln!("dataplane: {e}");
         std::process::exit(1);
     }
