@@ -1,7 +1,8 @@
 """Fixtures of the serving tests: fake OpenAI replicas and real gateway processes, stopped after each test."""
 import pytest
 
-from tests.support.gateway import FakeReplica, GatewayProc
+from endpoints.gateway import services
+from tests.support.gateway import FakeReplica, GatewayProc, make_endpoint
 
 
 @pytest.fixture
@@ -30,3 +31,22 @@ def gateway(request, worker_env):
     yield start
     for g in started:
         g.stop()
+
+
+@pytest.fixture
+def serving(gateway, admin):
+    """serving(upstream, name): `upstream` (an in-test replica) as the ready endpoint `name` of the model "tiny"
+    behind a started gateway, and an application key: (key, raw key, gateway). The upstream stops after the test."""
+    upstreams = []
+
+    def serve(upstream, name):
+        upstreams.append(upstream)
+        make_endpoint(name, [upstream], model="tiny")
+        key, raw = services.key_create(name="app", actor=admin)
+        gw = gateway()
+        gw.wait_routes("tiny", 1)
+        return key, raw, gw
+
+    yield serve
+    for upstream in upstreams:
+        upstream.stop()

@@ -522,39 +522,33 @@ class _LongAnswers(ServerThread):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_client_that_leaves_ends_its_request_on_the_replica(gateway, admin):
+def test_a_client_that_leaves_ends_its_request_on_the_replica(serving):
     """uvicorn's send returns silently once the client is gone: without the gateway watching for it, the relay
     read the replica's whole answer, generating for nobody with the replica counted busy. Now the request's
     connection to the replica drops within moments, streamed or whole; a JSON body is always sent as JSON."""
     import httpx
 
     upstream = _LongAnswers()
-    try:
-        make_endpoint("ep-long", [upstream], model="tiny")
-        _, raw = services.key_create(name="app", actor=admin)
-        gw = gateway()
-        gw.wait_routes("tiny", 1)
-        for stream in (True, False):
-            started = time.monotonic()
-            # Form-encoded by its header: the replica is still told JSON (vLLM would not parse it).
-            request = {"headers": {"Authorization": f"Bearer {raw}", "Content-Type": "application/x-www-form-urlencoded"},
-                       "content": json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4000, "stream": stream})}
-            if stream:  # the first words, then the client closes
-                with httpx.stream("POST", gw.url + "/v1/completions", timeout=5, **request) as response:
-                    assert next(response.iter_bytes()).startswith(b"data: ")
-            else:  # a client timeout
-                with pytest.raises(httpx.ReadTimeout):
-                    httpx.post(gw.url + "/v1/completions", timeout=0.5, **request)
-            while time.monotonic() - started < 5 and len(upstream.aborted) < (1 if stream else 2):
-                time.sleep(0.05)
-            assert upstream.aborted == (["stream"] if stream else ["stream", "whole"]), upstream.aborted
-        assert [content_type for _, content_type in upstream.requests] == ["application/json"] * 2
-        # Nested past the JSON parser's depth: a 400 naming the body, not a 500.
-        deep = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000,
-                          headers={"Authorization": f"Bearer {raw}"}, timeout=10)
-        assert deep.status_code == 400 and "JSON object" in deep.json()["error"]["message"]
-    finally:
-        upstream.stop()
+    _, raw, gw = serving(upstream, "ep-long")
+    for stream in (True, False):
+        started = time.monotonic()
+        # Form-encoded by its header: the replica is still told JSON (vLLM would not parse it).
+        request = {"headers": {"Authorization": f"Bearer {raw}", "Content-Type": "application/x-www-form-urlencoded"},
+                   "content": json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4000, "stream": stream})}
+        if stream:  # the first words, then the client closes
+            with httpx.stream("POST", gw.url + "/v1/completions", timeout=5, **request) as response:
+                assert next(response.iter_bytes()).startswith(b"data: ")
+        else:  # a client timeout
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(gw.url + "/v1/completions", timeout=0.5, **request)
+        while time.monotonic() - started < 5 and len(upstream.aborted) < (1 if stream else 2):
+            time.sleep(0.05)
+        assert upstream.aborted == (["stream"] if stream else ["stream", "whole"]), upstream.aborted
+    assert [content_type for _, content_type in upstream.requests] == ["application/json"] * 2
+    # Nested past the JSON parser's depth: a 400 naming the body, not a 500.
+    deep = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000,
+                      headers={"Authorization": f"Bearer {raw}"}, timeout=10)
+    assert deep.status_code == 400 and "JSON object" in deep.json()["error"]["message"]
 
 
 @pytest.mark.django_db(transaction=True)

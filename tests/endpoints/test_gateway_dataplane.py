@@ -13,11 +13,10 @@ import time
 import httpx
 import pytest
 
-from endpoints.gateway import services
 from endpoints.gateway.asgi import MAX_BODY
 from endpoints.gateway.models import GatewayKey
 from tests.support import ROOT
-from tests.support.gateway import HEALTH_TOKEN, GatewayProc, make_endpoint
+from tests.support.gateway import HEALTH_TOKEN, GatewayProc
 from tests.support.http import QuietHandler, ServerThread
 
 
@@ -102,33 +101,27 @@ class _BreaksMidStream(ServerThread):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_body_over_the_limit_is_413_and_a_stream_cut_short_ends_with_an_error_event(gateway, admin):
+def test_a_body_over_the_limit_is_413_and_a_stream_cut_short_ends_with_an_error_event(serving):
     upstream = _BreaksMidStream()
-    try:
-        make_endpoint("ep-breaks", [upstream], model="tiny")
-        key, raw = services.key_create(name="app", actor=admin)
-        gw = gateway()
-        gw.wait_routes("tiny", 1)
-        auth = {"Authorization": f"Bearer {raw}"}
+    key, raw, gw = serving(upstream, "ep-breaks")
+    auth = {"Authorization": f"Bearer {raw}"}
 
-        big = httpx.post(gw.url + "/v1/completions", content=b" " * (MAX_BODY + 1), headers=auth, timeout=60)
-        assert big.status_code == 413 and big.json()["error"] == {
-            "message": "The request body is too large.", "type": "too_large", "code": 413}
+    big = httpx.post(gw.url + "/v1/completions", content=b" " * (MAX_BODY + 1), headers=auth, timeout=60)
+    assert big.status_code == 413 and big.json()["error"] == {
+        "message": "The request body is too large.", "type": "too_large", "code": 413}
 
-        with gw.client.stream("POST", "/v1/chat/completions", headers=auth, json={
-                "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
-            assert response.status_code == 200
-            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
-        assert json.loads(events[0])["choices"][0]["delta"]["content"] == "w "
-        assert json.loads(events[-1]) == {"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}}
-        deadline = time.monotonic() + 10  # flushed every second (GatewayProc)
-        while time.monotonic() < deadline and not GatewayKey.objects.get(pk=key.pk).errors_total:
-            time.sleep(0.2)
-        counted = GatewayKey.objects.get(pk=key.pk)
-        # The 413 is refused before the key is looked at; the stream that broke is an error with its one event.
-        assert (counted.requests_total, counted.errors_total, counted.tokens_total) == (1, 1, 1)
-    finally:
-        upstream.stop()
+    with gw.client.stream("POST", "/v1/chat/completions", headers=auth, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert json.loads(events[0])["choices"][0]["delta"]["content"] == "w "
+    assert json.loads(events[-1]) == {"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}}
+    deadline = time.monotonic() + 10  # flushed every second (GatewayProc)
+    while time.monotonic() < deadline and not GatewayKey.objects.get(pk=key.pk).errors_total:
+        time.sleep(0.2)
+    counted = GatewayKey.objects.get(pk=key.pk)
+    # The 413 is refused before the key is looked at; the stream that broke is an error with its one event.
+    assert (counted.requests_total, counted.errors_total, counted.tokens_total) == (1, 1, 1)
 
 
 def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
@@ -226,37 +219,31 @@ class _Recorder(ServerThread):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_silent_stream_is_dropped(gateway, admin):
+def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_silent_stream_is_dropped(serving):
     """A body is read only once the key is good (an anonymous client announcing 10 MB gets its 401 without sending
     it); a large one reaches the replica whole; the tokens of a long answer are counted though vLLM writes fields
     after its usage; a client leaving a stream the replica is silent on drops the replica's connection at once."""
     upstream = _Recorder()
-    try:
-        make_endpoint("ep-rec", [upstream], model="tiny")
-        key, raw = services.key_create(name="app", actor=admin)
-        gw = gateway()
-        gw.wait_routes("tiny", 1)
+    key, raw, gw = serving(upstream, "ep-rec")
 
-        with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
-            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 10000000\r\n\r\n")
-            assert conn.recv(4096).startswith(b"HTTP/1.1 401 ")
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
+        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 10000000\r\n\r\n")
+        assert conn.recv(4096).startswith(b"HTTP/1.1 401 ")
 
-        big = {"model": "tiny", "prompt": "p" * 200_000, "max_tokens": 1}
-        answer = gw.post("/v1/completions", raw, big)
-        assert answer.status_code == 200 and len(answer.json()["choices"][0]["text"]) == 40_000
-        assert json.loads(upstream.bodies[-1])["prompt"] == big["prompt"]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and GatewayKey.objects.get(pk=key.pk).tokens_total < 20_003:
-            time.sleep(0.2)
-        assert GatewayKey.objects.get(pk=key.pk).tokens_total == 20_003
+    big = {"model": "tiny", "prompt": "p" * 200_000, "max_tokens": 1}
+    answer = gw.post("/v1/completions", raw, big)
+    assert answer.status_code == 200 and len(answer.json()["choices"][0]["text"]) == 40_000
+    assert json.loads(upstream.bodies[-1])["prompt"] == big["prompt"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and GatewayKey.objects.get(pk=key.pk).tokens_total < 20_003:
+        time.sleep(0.2)
+    assert GatewayKey.objects.get(pk=key.pk).tokens_total == 20_003
 
-        with httpx.stream("POST", gw.url + "/v1/completions", timeout=10, headers={"Authorization": f"Bearer {raw}"},
-                          json={"model": "tiny", "prompt": "hi", "stream": True}) as response:
-            assert next(response.iter_bytes()).startswith(b"data: ")
-            left = time.monotonic()
-        while time.monotonic() - left < 5 and not upstream.aborted:
-            time.sleep(0.05)
-        assert upstream.aborted and upstream.aborted[0] - left < 2, "the replica's connection was kept"
-    finally:
-        upstream.stop()
+    with httpx.stream("POST", gw.url + "/v1/completions", timeout=10, headers={"Authorization": f"Bearer {raw}"},
+                      json={"model": "tiny", "prompt": "hi", "stream": True}) as response:
+        assert next(response.iter_bytes()).startswith(b"data: ")
+        left = time.monotonic()
+    while time.monotonic() - left < 5 and not upstream.aborted:
+        time.sleep(0.05)
+    assert upstream.aborted and upstream.aborted[0] - left < 2, "the replica's connection was kept"
