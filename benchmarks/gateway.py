@@ -93,19 +93,24 @@ def wait_http(url: str, timeout: float = 60):
     raise SystemExit(f"{url} did not come up")
 
 
+async def post_completion(client, url: str, key: str | None, model: str) -> int:
+    """One 1-token completion; its status."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    payload = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    async with client.post(url + "/v1/completions", json=payload, headers=headers) as r:
+        await r.read()
+        return r.status
+
+
 async def run_load(url: str, key: str | None, model: str, n: int, concurrency: int) -> dict:
     # aiohttp, as vLLM's own benchmark client: a light client leaves the cores to what is measured.
     import aiohttp
 
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    payload = {"model": model, "prompt": "Hello", "max_tokens": 1, "temperature": 0}
     latencies, errors = [], 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
-        async def post() -> int:
-            async with client.post(url + "/v1/completions", json=payload, headers=headers) as r:
-                await r.read()
-                return r.status
+        def post():
+            return post_completion(client, url, key, model)
 
         for _ in range(2):  # warm-up: every connection open, on each hop
             await asyncio.gather(*(post() for _ in range(concurrency)))
@@ -131,17 +136,12 @@ async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, rn
     latencies compare. Throughput is requests over the time spent in them."""
     import aiohttp
 
-    payload = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
     sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
                                            timeout=aiohttp.ClientTimeout(total=120)) for arm, *_ in targets}
     results = {arm: {"latencies": [], "wall": 0.0, "errors": 0} for arm, *_ in targets}
     try:
-        async def post(arm: str, url: str, key: str | None, model: str) -> int:
-            headers = {"Authorization": f"Bearer {key}"} if key else {}
-            async with sessions[arm].post(url + "/v1/completions", json={**payload, "model": model},
-                                          headers=headers) as r:
-                await r.read()
-                return r.status
+        def post(arm: str, url: str, key: str | None, model: str):
+            return post_completion(sessions[arm], url, key, model)
 
         for target in targets:  # warm-up: the connection open on each hop
             for _ in range(2):
