@@ -98,11 +98,15 @@ class Console:
                                      env=self.env, stdout=self.output, stderr=subprocess.STDOUT,
                                      start_new_session=True, umask=0o077)
 
-    def processes(self) -> dict[str, int]:
+    def processes(self, *, killed: tuple[int, ...] = ()) -> dict[str, int]:
         """The console's processes below supervisord, by name (one each): a forked child with its parent's
-        command line (an RQ work horse, a gunicorn worker) is its parent's."""
+        command line (an RQ work horse, a gunicorn worker) is its parent's. Pids in `killed` were sent SIGKILL:
+        until the kernel has torn them down they are neither zombies nor gone (a work horse orphaned by its
+        killed worker then looks like a second worker), so they are left out."""
         found: dict[str, list[int]] = {}
         for child in psutil.Process(self.proc.pid).children(recursive=True):
+            if child.pid in killed:
+                continue
             try:
                 argv, parent = child.cmdline(), child.parent()
                 if child.status() == psutil.STATUS_ZOMBIE or (parent and parent.cmdline() == argv):
