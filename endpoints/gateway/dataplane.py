@@ -1,8 +1,8 @@
 """The gateway's end of its compiled data path (GATEWAY_DATAPLANE, endpoints/gateway/dataplane/src/main.rs).
 
 The compiled program serves the clients' HTTP and proxies to the replicas; for every decision it asks this
-process over a private Unix socket: each request arrives here as a frame and runs through the very same
-``Gateway.handle`` as under uvicorn (keys, scopes, limits, queue, routing, wake, accounting), as an ASGI
+process over a Unix socket pair (it inherits one end): each request arrives here as a frame and runs through the
+very same ``Gateway.handle`` as under uvicorn (keys, scopes, limits, queue, routing, wake, accounting), as an ASGI
 request whose ``send`` answers in a frame and whose proxying step (``Forwarder.forward``) tells the data path
 which replica to send it to and waits for how that went. The frames are described in main.rs.
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import signal
+import socket
 import struct
-import tempfile
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +219,8 @@ class Control(asyncio.Protocol):
     def dispatch(self, request_id: int, kind: bytes, head: bytes, body: bytes) -> None:
         if kind == b"Q":
             method, path, authorization, api_key, body_follows = head.decode("latin-1").split("\n")
+            if "%" in path:  # the path as uvicorn gives it to the gateway (httptools_impl.py: unquoted)
+                path = urllib.parse.unquote(path)
             forwarder = Forwarder(self, request_id, body if body_follows == "1" else None)
             self.requests[request_id] = forwarder
             headers = []
@@ -253,11 +255,6 @@ class Control(asyncio.Protocol):
             self.write(forwarder.id, b"A", "502\napplication/json\n", FAILED)
 
 
-class _Refused(asyncio.Protocol):
-    def connection_made(self, transport):
-        transport.close()
-
-
 async def serve(*, host: str, port: int) -> int:
     """Run the gateway with the compiled data path in front: until SIGTERM (0), or until the data path
     stops (1: the supervisor restarts the gateway, both halves)."""
@@ -265,26 +262,21 @@ async def serve(*, host: str, port: int) -> int:
     gateway = Gateway(dataplane="rust")
     await gateway.startup()
     lost = loop.create_future()
-    folder = tempfile.mkdtemp(prefix="gateway-")  # 0700: only this user may speak to the gateway
-    path = os.path.join(folder, "control.sock")
-    control: Control | None = None
-
-    def accept() -> asyncio.Protocol:
-        nonlocal control
-        if control is not None:
-            return _Refused()  # one data path: its child, connected first
-        control = Control(gateway, lost)
-        return control
-
-    server = await loop.create_unix_server(accept, path=path)
+    # A socket pair, one end inherited by the data path: nothing on disk to guard or leave behind, and nothing
+    # else can connect to it.
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    _, control = await loop.create_unix_connection(lambda: Control(gateway, lost), sock=ours)
     stop = loop.create_future()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
-    child = await asyncio.create_subprocess_exec(
-        str(binary()), "--listen", f"{host}:{port}", "--control", path,
-        "--connect-timeout", str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
-        "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS), "--max-body", str(MAX_BODY),
-        env=child_environment({}))
+    try:
+        child = await asyncio.create_subprocess_exec(
+            str(binary()), "--listen", f"{host}:{port}", "--control-fd", str(theirs.fileno()),
+            "--connect-timeout", str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
+            "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS), "--max-body", str(MAX_BODY),
+            env=child_environment({}), pass_fds=(theirs.fileno(),))
+    finally:
+        theirs.close()  # the child's now: its exit is this end's end of file
     exited = asyncio.ensure_future(child.wait())
     try:
         await asyncio.wait({stop, exited, lost}, return_when=asyncio.FIRST_COMPLETED)
@@ -305,16 +297,11 @@ async def serve(*, host: str, port: int) -> int:
             except asyncio.TimeoutError:
                 child.kill()
                 await child.wait()
-        if stop.done() and control is not None:
+        if stop.done():
             # The data path wrote its last reports before it exited: read them, and let the requests they end do
             # their accounting before the last flush.
             await asyncio.wait({lost}, timeout=2)
             if control.tasks:
                 await asyncio.wait(set(control.tasks), timeout=5)
-        server.close()
+        control.transport.close()
         await gateway.shutdown()
-        try:
-            os.unlink(path)
-            os.rmdir(folder)
-        except OSError:
-            pass

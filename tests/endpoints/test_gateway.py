@@ -596,3 +596,30 @@ def test_the_old_side_answers_what_it_was_sent_before_it_stops(admin, settings):
         assert finish_drains() == 1 and Endpoint.objects.get(pk=blue.pk).desired_state == "stopped"
     finally:
         server.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_both_data_paths_read_a_request_as_uvicorn_does_the_last_key_header_and_the_unescaped_path(serving):
+    # Sent byte for byte (http.client): an HTTP library would merge the headers or normalise the path.
+    import http.client
+
+    _, raw, gw = serving(FakeReplica("r1"), "ep-alike")
+
+    def post(path: str, *authorizations: str) -> int:
+        conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
+        try:
+            conn.putrequest("POST", path, skip_accept_encoding=True)
+            for value in authorizations:
+                conn.putheader("Authorization", value)
+            body = json.dumps(chat()).encode()
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body)
+            return conn.getresponse().status
+        finally:
+            conn.close()
+
+    assert post("/v1/chat/completions", "Bearer gk_wrong", f"Bearer {raw}") == 200
+    assert post("/v1/chat/completions", f"Bearer {raw}", "Bearer gk_wrong") == 401
+    assert post("/v1/%63hat/completions", f"Bearer {raw}") == 200
+    assert post("/v1/chat%2Fcompletions", f"Bearer {raw}") == 200

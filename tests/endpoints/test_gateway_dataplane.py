@@ -59,6 +59,18 @@ def test_a_crash_of_the_data_path_stops_the_gateway_with_an_error_for_its_superv
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_two_halves_speak_over_a_socket_pair_that_leaves_nothing_behind_when_killed(worker_env, tmp_path):
+    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust", "TMPDIR": str(tmp_path)})
+    try:
+        assert gw.client.get("/healthz").status_code == 200  # the data path asked the gateway
+        os.killpg(gw.proc.pid, signal.SIGKILL)  # both halves, as an OOM kill of the group would
+        gw.proc.wait(timeout=10)
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        gw.stop()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_stopping_the_gateway_stops_its_data_path(worker_env):
     gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust"})
     (child,) = _children(gw.proc.pid)
@@ -124,7 +136,7 @@ def test_a_body_over_the_limit_is_413_and_a_stream_cut_short_ends_with_an_error_
     assert (counted.requests_total, counted.errors_total, counted.tokens_total) == (1, 1, 1)
 
 
-def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
+def test_frames_are_read_however_the_socket_splits_or_joins_them():
     """The data path coalesces frames into one write and a body may come in many reads: the gateway's end reads
     each frame whole, answers each request under its own id (a real Unix socket, the real Gateway.handle)."""
     import asyncio
@@ -137,10 +149,11 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
         return PREFIX.pack(13 + len(head) + len(body), request_id, kind, len(head)) + head + body
 
     async def scenario():
-        lost = asyncio.get_running_loop().create_future()
-        path = str(tmp_path / "control.sock")
-        server = await asyncio.get_running_loop().create_unix_server(lambda: Control(Gateway(), lost), path=path)
-        reader, writer = await asyncio.open_unix_connection(path)
+        loop = asyncio.get_running_loop()
+        lost = loop.create_future()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # as serve() makes them
+        await loop.create_unix_connection(lambda: Control(Gateway(), lost), sock=ours)
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
         health = frame(1, ord("Q"), b"GET\n/healthz\n\n\n1")
         big = frame(2, ord("Q"), b"POST\n/v1/completions\n\n\n1", b"x" * 300_000)  # no key: 401
         other = frame(3, ord("Q"), b"GET\n/healthz\n\n\n1")
@@ -157,7 +170,6 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them(tmp_path):
             rest = await reader.readexactly(length - 13)
             answers[request_id] = (bytes((kind,)), rest[:head_len].decode(), json.loads(rest[head_len:]))
         writer.close()
-        server.close()
         return answers
 
     answers = asyncio.run(scenario())

@@ -1,7 +1,7 @@
 //! The gateway's data path (`GATEWAY_DATAPLANE=rust`): the HTTP server the clients talk to and the HTTP
 //! client to the replicas, and nothing else. Every decision (the key, its scope and limits, the queue, the
 //! replica, the answer to an error, the accounting) stays in the gateway's Python process
-//! (endpoints/gateway/asgi.py), which this program asks over a private Unix socket, one small frame per
+//! (endpoints/gateway/asgi.py), which this program asks over a socket pair it inherits, one small frame per
 //! step of a request (endpoints/gateway/dataplane.py speaks the other end).
 //!
 //! Why a compiled data path at all: at concurrency 1 a proxy's added latency is its CPU per request, and a
@@ -35,6 +35,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::unix::io::FromRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -332,7 +333,8 @@ impl Proxy {
         };
         let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
         let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
-        let header = |name: &str| parts.headers.get(name).map(|v| v.as_bytes()).unwrap_or(b"");
+        // A repeated key header counts by its last value, as the gateway reads headers under uvicorn (a dict).
+        let header = |name: &str| parts.headers.get_all(name).iter().last().map(|v| v.as_bytes()).unwrap_or(b"");
         let mut head = Vec::with_capacity(128);
         for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"),
                       header("x-api-key"), if eager { b"1" } else { b"0" }] {
@@ -523,7 +525,12 @@ async fn main() {
         max_body: argument(&args, "--max-body").parse().expect("dataplane: --max-body BYTES"),
     };
 
-    let socket = UnixStream::connect(argument(&args, "--control")).await.expect("dataplane: the gateway's socket");
+    // This program's end of the socket pair the gateway made, inherited: nothing else can reach it.
+    let fd: i32 = argument(&args, "--control-fd").parse().expect("dataplane: --control-fd FD");
+    // SAFETY: the descriptor is the one the gateway passed to this process for this use alone.
+    let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+    socket.set_nonblocking(true).expect("dataplane: the gateway's socket");
+    let socket = UnixStream::from_std(socket).expect("dataplane: the gateway's socket");
     let (reader, writer) = socket.into_split();
     let (out, frames) = mpsc::unbounded_channel();
     let gateway = Arc::new(Gateway { out: out.clone(), pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
