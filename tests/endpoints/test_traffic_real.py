@@ -66,6 +66,9 @@ def scale_events(endpoint_id: int) -> list[str]:
 
 
 @pytest.mark.django_db(transaction=True)
+# On the data path the gateway runs where it is built: the rules under test are the same code on both, which the
+# fast tests with in-test replicas check; this one's four minutes of real replicas once is enough for CI's budget.
+@pytest.mark.parametrize("gateway", ["rust"], indirect=True)
 def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         operator, admin, api_for, tmp_path, settings, worker_env, redis_conn, gateway):
     from tests.support.tiny_models import build_tiny_llama_hf
