@@ -389,10 +389,9 @@ def main():
             for label, suite_arms in arms.items():
                 for c in args.concurrency:
                     if args.paired:
-                        # Arms sharing a process (the two-replica gateway, the same endpoint's other model) cannot
-                        # tell their CPU apart here, and would share the load they are compared under.
-                        # No CPU per request: taking turns, each proxy idles while the others serve, and its
-                        # background work falls on fewer requests.
+                        # The two-replica arm shares the gateway process with the one-replica arm and would
+                        # share the load it is compared under. No CPU per request: taking turns, each proxy
+                        # idles while the others serve, and its background work falls on fewer requests.
                         paired = [a for a in suite_arms if a[0] != "gateway, 2 replicas"]
                         for arm, result in asyncio.run(run_paired(paired, args.requests, c, rng)).items():
                             runs.setdefault((label, c, arm), []).append(result)
