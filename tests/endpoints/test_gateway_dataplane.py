@@ -259,3 +259,96 @@ def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_si
     while time.monotonic() - left < 5 and not upstream.aborted:
         time.sleep(0.05)
     assert upstream.aborted and upstream.aborted[0] - left < 2, "the replica's connection was kept"
+
+
+def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_when_none_comes(settings):
+    """The data path itself, its socket pair's other end played here: a report (how an answer the client already has
+    went) is written after its answer, ahead of the next request's frame when that comes, and alone, in a moment,
+    when it does not; none is lost at SIGTERM."""
+    import http.client
+    import struct
+
+    from endpoints.gateway.dataplane import PREFIX
+
+    class Replica(QuietHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            answer = b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    replica = ServerThread().serve(Replica)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    child = subprocess.Popen([settings.GATEWAY_DATAPLANE_BINARY, "--listen", f"127.0.0.1:{port}", "--control-fd",
+                              str(theirs.fileno()), "--connect-timeout", "5", "--read-timeout", "30",
+                              "--max-body", str(MAX_BODY)], pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL)
+    theirs.close()
+    ours.settimeout(10)
+    received = bytearray()
+
+    def next_frame():
+        while len(received) < 4 or len(received) < 4 + struct.unpack_from("<I", received)[0]:
+            chunk = ours.recv(65536)
+            assert chunk, "the data path closed its socket"
+            received.extend(chunk)
+        length, request_id, kind, head_len = PREFIX.unpack_from(received)
+        head = bytes(received[PREFIX.size:PREFIX.size + head_len]).decode()
+        del received[:4 + length]
+        return request_id, chr(kind), head
+
+    def forward(request_id):
+        head = f"http://127.0.0.1:{replica.port}/v1/completions\nreplica-key\n0".encode()
+        ours.sendall(PREFIX.pack(13 + len(head) + 2, request_id, ord("F"), len(head)) + head + b"{}")
+
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+                client.connect()
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the data path did not listen"
+                time.sleep(0.05)
+        frames = []  # (kind, path or status) in the order the data path wrote them
+
+        def until_request():
+            while True:
+                request_id, kind, head = next_frame()
+                frames.append((kind, head.split("\n")[1 if kind == "Q" else 0]))
+                if kind == "Q":
+                    return request_id
+
+        for n in range(3):
+            client.request("POST", "/v1/completions", body=b'{"model": "tiny"}',
+                           headers={"Authorization": "Bearer gk_x", "Content-Type": "application/json"})
+            forward(until_request())
+            answer = client.getresponse()
+            assert (answer.status, answer.read()) == (200, b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}')
+            answered = time.monotonic()
+            if n == 1:  # no request follows this one for a while: its report goes alone
+                _, kind, head = next_frame()
+                frames.append((kind, head.split("\n")[0]))
+                assert time.monotonic() - answered < 2
+        child.send_signal(signal.SIGTERM)  # the last answer's report is written before the data path exits
+        client.close()
+        while chunk := ours.recv(65536):
+            received.extend(chunk)
+        while received:
+            _, kind, head = next_frame()
+            frames.append((kind, head.split("\n")[0]))
+        assert child.wait(timeout=20) == 0
+        # Each answer's report after its request and before the next one (the first one may ride with it).
+        assert frames == [("Q", "/v1/completions"), ("S", "200")] * 3
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        ours.close()
+        replica.stop()
