@@ -339,6 +339,15 @@ GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
 GATEWAY_DATAPLANE = env_str("GATEWAY_DATAPLANE", "auto")
 if GATEWAY_DATAPLANE not in ("auto", "rust", "python"):
     raise ImproperlyConfigured(f"GATEWAY_DATAPLANE must be auto, rust or python, not {GATEWAY_DATAPLANE!r}")
+# The CPU the compiled data path's two halves (the gateway's Python and the data path it starts) run on, together:
+# "auto" (the last CPU this process may run on), a CPU's number, or "none" (wherever the scheduler puts them). They
+# hand every request to each other over a socket pair; on one core that is a switch between two warm processes, on
+# two a cross-core wake-up with cold caches: at 8 and 16 concurrent requests on 2 cores, 0.25-0.4 ms of P50 more than
+# the router adds and 1-3 % of throughput, where on one core the gateway is level with the router (benchmarks/gateway.py,
+# README "The two halves on one core").
+GATEWAY_CPU = env_str("GATEWAY_CPU", "auto")
+if GATEWAY_CPU not in ("auto", "none") and not GATEWAY_CPU.isdigit():
+    raise ImproperlyConfigured(f"GATEWAY_CPU must be auto, none or a CPU's number, not {GATEWAY_CPU!r}")
 GATEWAY_DATAPLANE_BINARY = env_str(
     "GATEWAY_DATAPLANE_BINARY",
     str(BASE_DIR / "endpoints" / "gateway" / "dataplane" / "target" / "release" / "llm-console-dataplane"))

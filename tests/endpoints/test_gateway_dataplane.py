@@ -71,6 +71,28 @@ def test_the_two_halves_speak_over_a_socket_pair_that_leaves_nothing_behind_when
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_two_halves_run_together_on_the_cpu_gateway_cpu_names(worker_env):
+    """GATEWAY_CPU: both halves, every thread of each, on the last CPU this process may use ("auto"), on the one
+    named, or where the scheduler puts them ("none", and always with the Python data path, a process alone)."""
+    allowed = os.sched_getaffinity(0)
+
+    def cpus(env):
+        gw = GatewayProc(worker_env, env)
+        try:
+            assert gw.client.get("/healthz").status_code == 200
+            pids = [gw.proc.pid, *_children(gw.proc.pid)]
+            threads = [int(t) for pid in pids for t in os.listdir(f"/proc/{pid}/task")]
+            return len(pids), {frozenset(os.sched_getaffinity(t)) for t in threads}
+        finally:
+            gw.stop()
+
+    assert cpus({"GATEWAY_DATAPLANE": "rust"}) == (2, {frozenset({max(allowed)})})
+    assert cpus({"GATEWAY_DATAPLANE": "rust", "GATEWAY_CPU": str(min(allowed))}) == (2, {frozenset({min(allowed)})})
+    assert cpus({"GATEWAY_DATAPLANE": "rust", "GATEWAY_CPU": "none"}) == (2, {frozenset(allowed)})
+    assert cpus({"GATEWAY_DATAPLANE": "python"}) == (1, {frozenset(allowed)})
+
+
+@pytest.mark.django_db(transaction=True)
 def test_stopping_the_gateway_stops_its_data_path(worker_env):
     gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust"})
     (child,) = _children(gw.proc.pid)
@@ -91,6 +113,13 @@ def test_a_bad_data_path_setting_is_refused_naming_it(worker_env, tmp_path):
     unbuilt = gateway(GATEWAY_DATAPLANE="rust", GATEWAY_DATAPLANE_BINARY=str(missing))
     assert unbuilt.returncode != 0
     assert f"GATEWAY_DATAPLANE=rust, but {missing} is not built: run `make dataplane`" in unbuilt.stderr
+    wrong = gateway(GATEWAY_CPU="last")
+    assert wrong.returncode != 0 and "GATEWAY_CPU must be auto, none or a CPU's number, not 'last'" in wrong.stderr
+    beyond = max(os.sched_getaffinity(0)) + 1
+    elsewhere = gateway(GATEWAY_DATAPLANE="rust", GATEWAY_CPU=str(beyond))
+    assert elsewhere.returncode != 0
+    assert f"GATEWAY_CPU={beyond}, but this process may run only on CPUs {sorted(os.sched_getaffinity(0))}" \
+        in elsewhere.stderr
 
 
 class _BreaksMidStream(ServerThread):

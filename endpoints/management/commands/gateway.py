@@ -27,7 +27,14 @@ class Command(BaseCommand):
         if settings.GATEWAY_DATAPLANE == "auto" and chosen == "python":
             self.stderr.write(f"gateway: {dataplane.binary()} is not built (`make dataplane`): serving with the "
                               "Python data path, which costs about twice the CPU per request")
-        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/; {chosen} data path)")
+        cpu = None
+        if chosen == "rust":
+            try:
+                cpu = dataplane.bind_cpu()
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        where = f", on CPU {cpu}" if cpu is not None else ""
+        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/; {chosen} data path{where})")
         self.stdout.flush()
         if chosen == "rust":
             import uvloop
