@@ -100,9 +100,10 @@ class Console:
 
     def processes(self, *, killed: tuple[int, ...] = ()) -> dict[str, int]:
         """The console's processes below supervisord, by name (one each): a forked child with its parent's
-        command line (an RQ work horse, a gunicorn worker) is its parent's. Pids in `killed` were sent SIGKILL:
-        until the kernel has torn them down they are neither zombies nor gone (a work horse orphaned by its
-        killed worker then looks like a second worker), so they are left out."""
+        command line (an RQ work horse, a gunicorn worker) is its parent's. Pids in `killed` were sent SIGKILL, or
+        die with one that was (a gunicorn master's workers): until the kernel has torn the killed one down it is
+        neither a zombie nor gone, and its parent's command line may read empty, so a work horse or a gunicorn
+        worker it leaves looks like a second worker or a second web; they are left out."""
         found: dict[str, list[int]] = {}
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             if child.pid in killed:
@@ -240,7 +241,7 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
         deadline = time.monotonic() + BACK_WITHIN_S
 
         def back() -> dict[str, int] | None:
-            now = console.processes()
+            now = console.processes(killed=(old, *extra_pids, *forked))
             assert {n: now.get(n) for n in others} == others, f"{name} took others down: {now} (were {others})"
             new = now.get(name)
             if new and new != old and not any(_alive(p) for p in (old, *forked)) \
