@@ -71,6 +71,10 @@ RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aioh
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
+# An idle connection to a replica is closed this soon, before the replica's server closes it (vLLM's API server after
+# 5 s: vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused just as the server closes it fails its request as if the
+# replica were unreachable, and a healthy replica then got no traffic for DOWN_SECONDS (503s with no other one).
+UPSTREAM_IDLE_SECONDS = 3.0
 DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
 # The ASGI scope's extension by which the compiled data path (endpoints/gateway/dataplane.py) does the proxying step.
@@ -140,7 +144,7 @@ class Gateway:
     @staticmethod
     def _client() -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=30),
+            connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=UPSTREAM_IDLE_SECONDS),
             timeout=aiohttp.ClientTimeout(total=None, connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
                                           sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
             auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),

@@ -62,6 +62,7 @@ const EAGER_BODY: u64 = 64 * 1024;
 // Any frame the gateway must answer takes the waiting reports along, ahead of it: every decision still sees every
 // answer that came before it; only the accounting's clock runs up to this much late.
 const REPORT_DELAY: Duration = Duration::from_millis(2);
+const UPSTREAM_IDLE: Duration = Duration::from_secs(3); // asgi.py UPSTREAM_IDLE_SECONDS
 const STREAM_ERROR: &[u8] =
     b"data: {\"error\": {\"message\": \"The replica failed mid-stream.\", \"type\": \"bad_gateway\"}}\n\n";
 
@@ -587,7 +588,10 @@ async fn main() {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true); // small requests and answers: Nagle's delay would be most of a request's cost
     connector.set_connect_timeout(Some(settings.connect_timeout));
-    let client = Client::builder().pool_idle_timeout(Duration::from_secs(30)).build(connector);
+    // An idle connection is dropped before the replica's server drops it (vLLM's API server: 5 s, vllm/envs.py
+    // VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused as the server closes it fails the request with IncompleteMessage,
+    // and the gateway then takes a healthy replica for unreachable for a while (asgi.py DOWN_SECONDS).
+    let client = Client::builder().pool_idle_timeout(UPSTREAM_IDLE).build(connector);
     let proxy = Arc::new(Proxy { gateway, client, settings });
 
     let tcp = if listen.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.expect("dataplane: socket");
