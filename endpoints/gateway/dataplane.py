@@ -26,7 +26,7 @@ from pathlib import Path
 from django.conf import settings
 
 from console.env import child_environment
-from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, TOO_LARGE, Gateway
+from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, TOO_LARGE, UPSTREAM_IDLE_SECONDS, Gateway
 
 log = logging.getLogger("console.gateway")
 
@@ -293,7 +293,8 @@ async def serve(*, host: str, port: int) -> int:
         child = await asyncio.create_subprocess_exec(
             str(binary()), "--listen", f"{host}:{port}", "--control-fd", str(theirs.fileno()),
             "--connect-timeout", str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
-            "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS), "--max-body", str(MAX_BODY),
+            "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS),
+            "--idle-timeout", str(UPSTREAM_IDLE_SECONDS), "--max-body", str(MAX_BODY),
             env=child_environment({}), pass_fds=(theirs.fileno(),))
     finally:
         theirs.close()  # the child's now: its exit is this end's end of file

@@ -14,9 +14,11 @@ import httpx
 import pytest
 
 from endpoints.gateway.asgi import MAX_BODY
+from endpoints.gateway.dataplane import PREFIX, Control
 from endpoints.gateway.models import GatewayKey
 from tests.support import ROOT
-from tests.support.gateway import HEALTH_TOKEN, GatewayProc
+from tests.support.agents import wait_for
+from tests.support.gateway import HEALTH_TOKEN, GatewayProc, free_port
 from tests.support.http import QuietHandler, ServerThread
 
 
@@ -26,6 +28,11 @@ def _children(pid: int) -> list[int]:
 
 def _exe(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/exe")
+
+
+def _frame(request_id: int, kind: bytes, head: bytes, body: bytes = b"") -> bytes:
+    """A frame as either half writes it (main.rs, dataplane.py PREFIX)."""
+    return PREFIX.pack(13 + len(head) + len(body), request_id, kind[0], len(head)) + head + body
 
 
 @pytest.mark.django_db(transaction=True)
@@ -172,10 +179,6 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them():
     import struct
 
     from endpoints.gateway.asgi import Gateway
-    from endpoints.gateway.dataplane import PREFIX, Control
-
-    def frame(request_id, kind, head, body=b""):
-        return PREFIX.pack(13 + len(head) + len(body), request_id, kind, len(head)) + head + body
 
     async def scenario():
         loop = asyncio.get_running_loop()
@@ -183,11 +186,11 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them():
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # as serve() makes them
         await loop.create_unix_connection(lambda: Control(Gateway(), lost), sock=ours)
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
-        health = frame(1, ord("Q"), b"GET\n/healthz\n\n\n1")
-        big = frame(2, ord("Q"), b"POST\n/v1/completions\n\n\n1", b"x" * 300_000)  # no key: 401
-        other = frame(3, ord("Q"), b"GET\n/healthz\n\n\n1")
+        health = _frame(1, b"Q", b"GET\n/healthz\n\n\n1")
+        big = _frame(2, b"Q", b"POST\n/v1/completions\n\n\n1", b"x" * 300_000)  # no key: 401
+        other = _frame(3, b"Q", b"GET\n/healthz\n\n\n1")
         # A body left behind (the data path reads it when asked): no key, so it is never asked for.
-        unread = frame(4, ord("Q"), b"POST\n/v1/completions\n\nBearer gk_nothing\n0")
+        unread = _frame(4, b"Q", b"POST\n/v1/completions\n\nBearer gk_nothing\n0")
         stream = health + big + other + unread
         for piece in (stream[:5], stream[5:len(health) + 7], stream[len(health) + 7:-3], stream[-3:]):
             writer.write(piece)
@@ -297,7 +300,6 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
     import http.client
     import struct
 
-    from endpoints.gateway.dataplane import PREFIX
 
     class Replica(QuietHandler):
         def do_POST(self):
@@ -311,12 +313,11 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
 
     replica = ServerThread().serve(Replica)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     child = subprocess.Popen([settings.GATEWAY_DATAPLANE_BINARY, "--listen", f"127.0.0.1:{port}", "--control-fd",
                               str(theirs.fileno()), "--connect-timeout", "5", "--read-timeout", "30",
-                              "--max-body", str(MAX_BODY)], pass_fds=(theirs.fileno(),), stdout=subprocess.DEVNULL)
+                              "--idle-timeout", "3", "--max-body", str(MAX_BODY)], pass_fds=(theirs.fileno(),),
+                             stdout=subprocess.DEVNULL)
     theirs.close()
     ours.settimeout(10)
     received = bytearray()
@@ -332,19 +333,19 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
         return request_id, chr(kind), head
 
     def forward(request_id):
-        head = f"http://127.0.0.1:{replica.port}/v1/completions\nreplica-key\n0".encode()
-        ours.sendall(PREFIX.pack(13 + len(head) + 2, request_id, ord("F"), len(head)) + head + b"{}")
+        ours.sendall(_frame(request_id, b"F", f"http://127.0.0.1:{replica.port}/v1/completions\nreplica-key\n0".encode(),
+                            b"{}"))
+
+    def connected():
+        client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            client.connect()
+        except ConnectionRefusedError:
+            return None
+        return client
 
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-                client.connect()
-                break
-            except ConnectionRefusedError:
-                assert time.monotonic() < deadline, "the data path did not listen"
-                time.sleep(0.05)
+        client = wait_for(connected, timeout=20, interval=0.05, what="the data path listening")
         frames = []  # (kind, path or status) in the order the data path wrote them
 
         def until_request():

@@ -62,13 +62,13 @@ const EAGER_BODY: u64 = 64 * 1024;
 // Any frame the gateway must answer takes the waiting reports along, ahead of it: every decision still sees every
 // answer that came before it; only the accounting's clock runs up to this much late.
 const REPORT_DELAY: Duration = Duration::from_millis(2);
-const UPSTREAM_IDLE: Duration = Duration::from_secs(3); // asgi.py UPSTREAM_IDLE_SECONDS
 const STREAM_ERROR: &[u8] =
     b"data: {\"error\": {\"message\": \"The replica failed mid-stream.\", \"type\": \"bad_gateway\"}}\n\n";
 
 struct Settings {
     connect_timeout: Duration,
     read_timeout: Duration,
+    idle_timeout: Duration,
     max_body: usize,
 }
 
@@ -196,18 +196,13 @@ async fn read_replies(mut socket: tokio::net::unix::OwnedReadHalf, gateway: Arc<
 async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Frame>) {
     let mut buf = Vec::new();
     while let Some(first) = frames.recv().await {
-        let mut last = first.bytes.is_empty();
-        let mut reports_only = first.report;
-        buf.extend_from_slice(&first.bytes);
+        let mut reports_only = true;
+        let mut last = take(first, &mut buf, &mut reports_only);
         let deadline = tokio::time::Instant::now() + REPORT_DELAY;
         loop {
             while !last {
                 match frames.try_recv() {
-                    Ok(more) if more.bytes.is_empty() => last = true,
-                    Ok(more) => {
-                        reports_only &= more.report;
-                        buf.extend_from_slice(&more.bytes);
-                    }
+                    Ok(more) => last = take(more, &mut buf, &mut reports_only),
                     Err(_) => break,
                 }
             }
@@ -215,11 +210,7 @@ async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: 
                 break;
             }
             match tokio::time::timeout_at(deadline, frames.recv()).await {
-                Ok(Some(more)) if more.bytes.is_empty() => last = true,
-                Ok(Some(more)) => {
-                    reports_only &= more.report;
-                    buf.extend_from_slice(&more.bytes);
-                }
+                Ok(Some(more)) => last = take(more, &mut buf, &mut reports_only),
                 Ok(None) => last = true,
                 Err(_) => break, // the moment is up: the reports go alone
             }
@@ -233,6 +224,16 @@ async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: 
             return;
         }
     }
+}
+
+/// Adds a frame to the write being gathered; true for the empty frame that ends the writer.
+fn take(frame: Frame, buf: &mut Vec<u8>, reports_only: &mut bool) -> bool {
+    if frame.bytes.is_empty() {
+        return true;
+    }
+    *reports_only &= frame.report;
+    buf.extend_from_slice(&frame.bytes);
+    false
 }
 
 fn answer(status: u16, content_type: &str, retry_after: &str, body: Bytes) -> Response<Body> {
@@ -570,6 +571,7 @@ async fn main() {
     let settings = Settings {
         connect_timeout: seconds("--connect-timeout"),
         read_timeout: seconds("--read-timeout"),
+        idle_timeout: seconds("--idle-timeout"),
         max_body: argument(&args, "--max-body").parse().expect("dataplane: --max-body BYTES"),
     };
 
@@ -588,10 +590,8 @@ async fn main() {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true); // small requests and answers: Nagle's delay would be most of a request's cost
     connector.set_connect_timeout(Some(settings.connect_timeout));
-    // An idle connection is dropped before the replica's server drops it (vLLM's API server: 5 s, vllm/envs.py
-    // VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused as the server closes it fails the request with IncompleteMessage,
-    // and the gateway then takes a healthy replica for unreachable for a while (asgi.py DOWN_SECONDS).
-    let client = Client::builder().pool_idle_timeout(UPSTREAM_IDLE).build(connector);
+    // An idle connection is dropped before the replica's server drops it (asgi.py UPSTREAM_IDLE_SECONDS says why).
+    let client = Client::builder().pool_idle_timeout(settings.idle_timeout).build(connector);
     let proxy = Arc::new(Proxy { gateway, client, settings });
 
     let tcp = if listen.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.expect("dataplane: socket");
