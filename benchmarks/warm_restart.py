@@ -25,6 +25,7 @@ moves least, and the one to compare when the ready times are noisy. Goal (issue 
 DEMO_CACHE points elsewhere). The directories live in a temporary directory, removed at the end
 unless --keep or a start failed (the logs are there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,20 +53,40 @@ COMPILE_TOOK = re.compile(r"torch\.compile (?:and initial profiling/warmup run t
 ENGINE_TOOK = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 
 
-def replica_command(*, model: Path, port: int, eager: bool, cache_dir: Path,
-                    before: bool = False) -> tuple[list[str], dict[str, str]]:
-    argv, env = build_command(LaunchSpec(
-        platform="cpu", engine_python=str(ROOT / ".venv-engine" / "bin" / "python"), model_path=str(model),
-        served_model_name=SERVED_NAME, port=port, dtype="float32", enforce_eager=eager, max_model_len=1024,
-        cpu_kvcache_gib=1, engine_cache_dir=str(cache_dir)))
+def replica_command(
+    *, model: Path, port: int, eager: bool, cache_dir: Path, before: bool = False
+) -> tuple[list[str], dict[str, str]]:
+    argv, env = build_command(
+        LaunchSpec(
+            platform="cpu",
+            engine_python=str(ROOT / ".venv-engine" / "bin" / "python"),
+            model_path=str(model),
+            served_model_name=SERVED_NAME,
+            port=port,
+            dtype="float32",
+            enforce_eager=eager,
+            max_model_len=1024,
+            cpu_kvcache_gib=1,
+            engine_cache_dir=str(cache_dir),
+        )
+    )
     if before:  # the console before its vLLM plugin: no AOT artifact, inductor's caches alone
         del env["PYTHONPATH"]
         env["VLLM_USE_AOT_COMPILE"] = "0"
     return argv, env
 
 
-def start_once(name: str, *, model: Path, port: int, eager: bool, cache_dir: Path, logdir: Path,
-               timeout: float, before: bool = False) -> dict:
+def start_once(
+    name: str,
+    *,
+    model: Path,
+    port: int,
+    eager: bool,
+    cache_dir: Path,
+    logdir: Path,
+    timeout: float,
+    before: bool = False,
+) -> dict:
     argv, env = replica_command(model=model, port=port, eager=eager, cache_dir=cache_dir, before=before)
     t0 = time.monotonic()
     replica = Replica(name, argv, env, port, logdir)
@@ -76,9 +97,14 @@ def start_once(name: str, *, model: Path, port: int, eager: bool, cache_dir: Pat
         replica.stop()
     log = replica.log.read_text(errors="replace")
     failed = RELOAD_FAILED.findall(log)
-    return {"ready_s": ready_s, "loaded_from_cache": bool(LOADED.search(log)), "reload_failures": failed,
-            "torch_compile_s": _last_float(COMPILE_TOOK, log), "init_engine_s": _last_float(ENGINE_TOOK, log),
-            "log": str(replica.log)}
+    return {
+        "ready_s": ready_s,
+        "loaded_from_cache": bool(LOADED.search(log)),
+        "reload_failures": failed,
+        "torch_compile_s": _last_float(COMPILE_TOOK, log),
+        "init_engine_s": _last_float(ENGINE_TOOK, log),
+        "log": str(replica.log),
+    }
 
 
 def _last_float(pattern: re.Pattern, text: str) -> float | None:
@@ -93,8 +119,11 @@ def du(path: Path) -> int:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--warm-starts", type=int, default=2, help="warm starts on the cold-compiled cache")
-    parser.add_argument("--before", action="store_true",
-                        help="also the console's settings before its vLLM plugin (VLLM_USE_AOT_COMPILE=0)")
+    parser.add_argument(
+        "--before",
+        action="store_true",
+        help="also the console's settings before its vLLM plugin (VLLM_USE_AOT_COMPILE=0)",
+    )
     parser.add_argument("--port", type=int, default=8770)
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds for one start to be ready")
     parser.add_argument("--keep", action="store_true", help="keep the cache directories and logs")
@@ -118,15 +147,18 @@ def main():
         starts["cold-compiled"].append(start_once("cold-compiled", eager=False, cache_dir=compiled_cache, **common))
         cache_bytes = du(compiled_cache)
         for n in range(args.warm_starts):
-            starts["warm-compiled"].append(start_once(f"warm-compiled-{n}", eager=False, cache_dir=compiled_cache,
-                                                      **common))
+            starts["warm-compiled"].append(
+                start_once(f"warm-compiled-{n}", eager=False, cache_dir=compiled_cache, **common)
+            )
         if args.before:
             before_cache = work / "cache-before"
-            starts["before-cold-compiled"].append(start_once("before-cold-compiled", eager=False, before=True,
-                                                             cache_dir=before_cache, **common))
+            starts["before-cold-compiled"].append(
+                start_once("before-cold-compiled", eager=False, before=True, cache_dir=before_cache, **common)
+            )
             for n in range(args.warm_starts):
-                starts["before-warm-compiled"].append(start_once(f"before-warm-compiled-{n}", eager=False,
-                                                                 before=True, cache_dir=before_cache, **common))
+                starts["before-warm-compiled"].append(
+                    start_once(f"before-warm-compiled-{n}", eager=False, before=True, cache_dir=before_cache, **common)
+                )
         ok = True
     finally:
         if ok and not args.keep:
@@ -136,12 +168,17 @@ def main():
 
     eager_s = starts["cold-eager"][0]["ready_s"]
     warm_s = statistics.median(s["ready_s"] for s in starts["warm-compiled"])
-    report = {"model": str(model), "cache_bytes": cache_bytes, "starts": starts,
-              "warm_vs_cold_eager": warm_s / eager_s,
-              "warm_vs_cold_compiled": warm_s / starts["cold-compiled"][0]["ready_s"]}
+    report = {
+        "model": str(model),
+        "cache_bytes": cache_bytes,
+        "starts": starts,
+        "warm_vs_cold_eager": warm_s / eager_s,
+        "warm_vs_cold_compiled": warm_s / starts["cold-compiled"][0]["ready_s"],
+    }
     if args.before:
-        report["before_warm_vs_cold_eager"] = statistics.median(
-            s["ready_s"] for s in starts["before-warm-compiled"]) / eager_s
+        report["before_warm_vs_cold_eager"] = (
+            statistics.median(s["ready_s"] for s in starts["before-warm-compiled"]) / eager_s
+        )
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -150,13 +187,16 @@ def main():
     for side, runs in starts.items():
         for run in runs:
             cache = ("loaded" if run["loaded_from_cache"] else "-") + (
-                f"; reload failed: {run['reload_failures'][0][:80]}" if run["reload_failures"] else "")
+                f"; reload failed: {run['reload_failures'][0][:80]}" if run["reload_failures"] else ""
+            )
             compile_s = f"{run['torch_compile_s']:.1f}" if run["torch_compile_s"] is not None else "-"
             engine_s = f"{run['init_engine_s']:.1f}" if run["init_engine_s"] is not None else "-"
             print(f"{side:<22}{run['ready_s']:>9.1f}{compile_s:>17}{engine_s:>15}  {cache}")
     print(f"compile cache after the cold compiled start: {cache_bytes / 2**20:.1f} MiB")
-    print(f"warm compiled (median) / cold eager = {report['warm_vs_cold_eager']:.2f} (goal: within 1.3); "
-          f"/ cold compiled = {report['warm_vs_cold_compiled']:.2f}")
+    print(
+        f"warm compiled (median) / cold eager = {report['warm_vs_cold_eager']:.2f} (goal: within 1.3); "
+        f"/ cold compiled = {report['warm_vs_cold_compiled']:.2f}"
+    )
     if args.before:
         print(f"before: warm compiled (median) / cold eager = {report['before_warm_vs_cold_eager']:.2f}")
     if args.keep:

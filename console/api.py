@@ -2,6 +2,7 @@
 
 Auth (console.api_auth): `Authorization: Bearer <token>` (per-user API tokens) or the
 browser session (with CSRF); every route names its role. Errors are JSON: {"detail": ..., "errors"?: {...}, "link"?: ...}."""
+
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
 from ninja import NinjaAPI

@@ -1,4 +1,5 @@
 """Accounts over the API: users and roles (Admin), one's own tokens, and the audit log."""
+
 from django.contrib.auth import get_user_model
 from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Schema
@@ -36,15 +37,25 @@ class TokenIn(Schema):
 
 
 def user_json(user) -> dict:
-    return {"id": user.pk, "username": user.username, "role": user_role(user) if user.is_active else None,
-            "active": user.is_active, "last_login": user.last_login.isoformat() if user.last_login else None}
+    return {
+        "id": user.pk,
+        "username": user.username,
+        "role": user_role(user) if user.is_active else None,
+        "active": user.is_active,
+        "last_login": user.last_login.isoformat() if user.last_login else None,
+    }
 
 
 def token_json(token) -> dict:
-    return {"id": token.pk, "name": token.name, "prefix": token.prefix, "active": token.is_active,
-            "created_at": token.created_at.isoformat(),
-            "expires_at": token.expires_at.isoformat() if token.expires_at else None,
-            "last_used_at": token.last_used_at.isoformat() if token.last_used_at else None}
+    return {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "active": token.is_active,
+        "created_at": token.created_at.isoformat(),
+        "expires_at": token.expires_at.isoformat() if token.expires_at else None,
+        "last_used_at": token.last_used_at.isoformat() if token.last_used_at else None,
+    }
 
 
 @api_route(router, "get", "/users", role=ADMIN, response=list[dict])
@@ -54,8 +65,9 @@ def list_users(request):
 
 @api_route(router, "post", "/users", role=ADMIN, response={201: dict})
 def create_user(request, payload: UserIn):
-    user, generated = services.user_create(username=payload.username, role=payload.role, password=payload.password,
-                                           actor=request.user, request=request)
+    user, generated = services.user_create(
+        username=payload.username, role=payload.role, password=payload.password, actor=request.user, request=request
+    )
     return 201, user_json(user) | ({"password": generated} if generated else {})
 
 
@@ -73,8 +85,13 @@ def list_tokens(request):
 
 @api_route(router, "post", "/tokens", role=VIEWER, response={201: dict})
 def create_token(request, payload: TokenIn):
-    token, raw = services.api_token_create(user=request.user, name=payload.name, expires_days=payload.expires_days,
-                                           minted_with=getattr(request, "api_token", None), request=request)
+    token, raw = services.api_token_create(
+        user=request.user,
+        name=payload.name,
+        expires_days=payload.expires_days,
+        minted_with=getattr(request, "api_token", None),
+        request=request,
+    )
     return 201, token_json(token) | {"token": raw}
 
 
@@ -85,7 +102,9 @@ def revoke_token(request, token_id: int):
 
 
 @api_route(router, "get", "/audit", role=VIEWER, response=list[dict])
-def list_audit(request, actor: str = "", action: str = "", object_type: str = "", limit: int = Query(100, ge=1, le=1000)):
+def list_audit(
+    request, actor: str = "", action: str = "", object_type: str = "", limit: int = Query(100, ge=1, le=1000)
+):
     events = AuditEvent.objects.all()
     if actor:
         events = events.filter(actor_name=actor)
@@ -93,6 +112,18 @@ def list_audit(request, actor: str = "", action: str = "", object_type: str = ""
         events = events.filter(action__startswith=action)
     if object_type:
         events = events.filter(object_type=object_type)
-    return [{"id": e.pk, "at": e.created_at.isoformat(), "actor": e.actor_name or None, "action": e.action,
-             "object_type": e.object_type, "object_id": e.object_id, "object": e.object_repr, "changes": e.changes,
-             "source_ip": e.source_ip, "via": e.via} for e in events[:limit]]
+    return [
+        {
+            "id": e.pk,
+            "at": e.created_at.isoformat(),
+            "actor": e.actor_name or None,
+            "action": e.action,
+            "object_type": e.object_type,
+            "object_id": e.object_id,
+            "object": e.object_repr,
+            "changes": e.changes,
+            "source_ip": e.source_ip,
+            "via": e.via,
+        }
+        for e in events[:limit]
+    ]

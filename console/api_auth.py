@@ -2,6 +2,7 @@
 
 The role is checked inside authentication, before the body is parsed: a caller without
 the role gets 403 whatever it sent, and learns nothing from validation errors."""
+
 from django.core.exceptions import PermissionDenied
 from django.utils import timezone
 from ninja.security import APIKeyCookie, HttpBearer

@@ -1,4 +1,5 @@
 """The one way to write the audit log. Every state change calls `audit_log`."""
+
 import ipaddress
 
 from django.conf import settings
@@ -34,7 +35,7 @@ def _address(hop: str) -> str | None:
     "203.0.113.7:51000"), or None."""
     text = hop.strip()
     if text.startswith("[") and "]" in text:  # a bracketed IPv6 address, perhaps with a port
-        text = text[1:text.index("]")]
+        text = text[1 : text.index("]")]
     elif text.count(":") == 1:  # IPv4 with a port
         text = text.partition(":")[0]
     try:
@@ -43,7 +44,9 @@ def _address(hop: str) -> str | None:
         return None
 
 
-def audit_log(*, actor=None, action: str, obj=None, changes: dict | None = None, request=None, via: str = "") -> AuditEvent:
+def audit_log(
+    *, actor=None, action: str, obj=None, changes: dict | None = None, request=None, via: str = ""
+) -> AuditEvent:
     if actor is None and request is not None and request.user.is_authenticated:
         actor = request.user
     if not via and request is not None:

@@ -4,6 +4,7 @@ Every setting of the console comes through these helpers, so that one place says
 how a value is parsed. A secret may come from NAME or from the file named by
 NAME_FILE (Docker/Kubernetes secrets), never from the code.
 """
+
 import os
 import secrets
 from collections.abc import Mapping
@@ -120,12 +121,28 @@ def secret_from_file(path: Path) -> str:
 # (devices, engine settings, the user's allow-listed variables) comes from build_command. The
 # console's own secrets and settings (SECRET_KEY, DATABASE_URL, REDIS_URL, METRICS_TOKEN, ...)
 # are on no list, so they never reach a replica.
-INHERITED_ENV = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "XDG_CACHE_HOME",
-    "LD_LIBRARY_PATH", "PYTHONPATH",  # CANN's and CUDA's libraries and Python packages
-    "TOOLCHAIN_HOME",  # CANN
-    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM",
-})
+INHERITED_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "LD_LIBRARY_PATH",
+        "PYTHONPATH",  # CANN's and CUDA's libraries and Python packages
+        "TOOLCHAIN_HOME",  # CANN
+        "HF_HOME",
+        "HF_HUB_CACHE",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "TOKENIZERS_PARALLELISM",
+    }
+)
 INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
 #: What the console adds to these keeps the host's entries (CANN's Python packages on PYTHONPATH).
 SEARCH_PATHS = frozenset({"PYTHONPATH"})

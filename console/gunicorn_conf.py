@@ -1,5 +1,6 @@
 """gunicorn's settings file for the `web` process (deploy/supervisord.conf: --config python:console.gunicorn_conf);
 its command-line flags live there too."""
+
 import ctypes
 import os
 import signal

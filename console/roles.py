@@ -2,6 +2,7 @@
 
 Every view and API route says the least role it needs; `require_role` is the one
 place that decides, so pages and the API agree."""
+
 from functools import wraps
 
 from django.core.exceptions import PermissionDenied

@@ -1,4 +1,5 @@
 """Writes for accounts: users, roles, API tokens. Every one is audited."""
+
 import secrets
 from datetime import timedelta
 
@@ -17,8 +18,9 @@ from console.validation import int_in_range
 User = get_user_model()
 
 
-def api_token_create(*, user, name: str, expires_days=None, minted_with: ApiToken | None = None, request=None,
-                     via: str = "") -> tuple[ApiToken, str]:
+def api_token_create(
+    *, user, name: str, expires_days=None, minted_with: ApiToken | None = None, request=None, via: str = ""
+) -> tuple[ApiToken, str]:
     """`minted_with`: the token the request came with, if any. The new token expires no later than it, so that
     a leaked short-lived token cannot be turned into a long-lived one."""
     name = (name or "").strip()
@@ -27,19 +29,37 @@ def api_token_create(*, user, name: str, expires_days=None, minted_with: ApiToke
     if len(name) > 100:
         raise ValidationError({"name": "The name is too long (100 characters at most)."})
     # Blank is the default lifetime, as for `manage.py create_api_token`: a token that never expires is not offered.
-    days = int_in_range(expires_days, "expires_days", low=1, high=3650, default=settings.API_TOKEN_DEFAULT_DAYS,
-                        message="Expiry must be a whole number of days, between 1 and 3650.")
+    days = int_in_range(
+        expires_days,
+        "expires_days",
+        low=1,
+        high=3650,
+        default=settings.API_TOKEN_DEFAULT_DAYS,
+        message="Expiry must be a whole number of days, between 1 and 3650.",
+    )
     expires_at = timezone.now() + timedelta(days=days)
     limit = minted_with.expires_at if minted_with is not None else None
     if limit is not None and expires_at > limit:
         if expires_days not in (None, ""):
-            raise ValidationError({"expires_days": f"A token made with a token cannot outlive it: the one this "
-                                                   f"request came with expires {limit:%Y-%m-%d %H:%M} UTC."})
+            raise ValidationError(
+                {
+                    "expires_days": f"A token made with a token cannot outlive it: the one this "
+                    f"request came with expires {limit:%Y-%m-%d %H:%M} UTC."
+                }
+            )
         expires_at = limit  # the default lifetime, cut to the minting token's
     raw = ApiToken.generate_raw()
-    token = ApiToken.objects.create(user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw), expires_at=expires_at)
-    audit_log(actor=user, action="api_token.create", obj=token, request=request, via=via,
-              changes={"name": name, "expires_at": expires_at.isoformat()})
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=raw[:10], token_hash=hash_token(raw), expires_at=expires_at
+    )
+    audit_log(
+        actor=user,
+        action="api_token.create",
+        obj=token,
+        request=request,
+        via=via,
+        changes={"name": name, "expires_at": expires_at.isoformat()},
+    )
     return token, raw
 
 

@@ -1,6 +1,7 @@
 """The console's single settings module: every value is read from the environment
 through console.env's typed helpers. Embedded defaults (SQLite under DATA_DIR, local
 Redis) make `make run` work with no configuration at all."""
+
 import os
 import socket
 from pathlib import Path
@@ -138,8 +139,10 @@ WHITENOISE_USE_FINDERS = DEBUG
 # Passwords: Django's validators, for every account (user_create, ensure_admin, the API).
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
-     "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12)}},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": env_int("PASSWORD_MIN_LENGTH", 12)},
+    },
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
@@ -280,8 +283,10 @@ TELEMETRY_ALERT_WEBHOOK_TIMEOUT_SECONDS = env_float("TELEMETRY_ALERT_WEBHOOK_TIM
 METRICS_TOKEN = env_secret("METRICS_TOKEN")
 # /metrics answers a bearer token without a session: this middleware takes those requests
 # before the login redirect (anything else still goes through it).
-MIDDLEWARE.insert(MIDDLEWARE.index("console.middleware.LoginRequiredEverywhereMiddleware"),
-                  "workers.telemetry.middleware.MetricsTokenMiddleware")
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("console.middleware.LoginRequiredEverywhereMiddleware"),
+    "workers.telemetry.middleware.MetricsTokenMiddleware",
+)
 
 # --- Benchmarks ---------------------------------------------------------------------------
 BENCH_DATA_DIR = env_path("BENCH_DATA_DIR", DATA_DIR / "bench")  # saved results, client logs, prompt files
@@ -350,7 +355,8 @@ if GATEWAY_CPU not in ("auto", "none") and not GATEWAY_CPU.isdigit():
     raise ImproperlyConfigured(f"GATEWAY_CPU must be auto, none or a CPU's number, not {GATEWAY_CPU!r}")
 GATEWAY_DATAPLANE_BINARY = env_str(
     "GATEWAY_DATAPLANE_BINARY",
-    str(BASE_DIR / "endpoints" / "gateway" / "dataplane" / "target" / "release" / "llm-console-dataplane"))
+    str(BASE_DIR / "endpoints" / "gateway" / "dataplane" / "target" / "release" / "llm-console-dataplane"),
+)
 GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 503 (no ready replica)
 # How long the gateway holds a request for an endpoint scaled to zero while a replica starts, then 503 with
 # Retry-After. A vLLM-Ascend start (weights to the NPUs, graph compile) takes one to a few minutes for common

@@ -17,5 +17,9 @@ def _logged_out(sender, request, user, **kwargs):
 
 @receiver(user_login_failed)
 def _login_failed(sender, credentials, request=None, **kwargs):
-    audit_log(action="auth.login_failed", request=request, via="web",
-              changes={"username": str(credentials.get("username", ""))[:150]})
+    audit_log(
+        action="auth.login_failed",
+        request=request,
+        via="web",
+        changes={"username": str(credentials.get("username", ""))[:150]},
+    )

@@ -29,8 +29,11 @@ urlpatterns = [
     path("artifacts/<int:artifact_id>/convert", registry.artifact_convert, name="artifact_convert"),
     path("artifacts/<int:artifact_id>/delete", registry.artifact_delete, name="artifact_delete"),
     path("artifacts/<int:artifact_id>/served-by", endpoint_fragments.artifact_served_by, name="artifact_served_by"),
-    path("artifacts/<int:artifact_id>/capacity-live", endpoint_fragments.artifact_capacity_live,
-         name="artifact_capacity_live"),
+    path(
+        "artifacts/<int:artifact_id>/capacity-live",
+        endpoint_fragments.artifact_capacity_live,
+        name="artifact_capacity_live",
+    ),
     path("jobs/", jobs.job_list, name="job_list"),
     path("jobs/<int:job_id>/", jobs.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/status", jobs.job_status, name="job_status"),

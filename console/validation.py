@@ -6,6 +6,7 @@ for callers that report their own way (the vLLM command builder raises CommandSp
 with it). `int_in_range` / `float_in_range` wrap them for forms and services: blank gives
 the default, and a bad value raises ValidationError keyed by the field.
 """
+
 import math
 import re
 
@@ -18,8 +19,7 @@ class NumberError(ValueError):
     """A value that is not a number within its bounds; the message names the field."""
 
 
-def parse_int(value, field: str, *, low: int, high: int, accept_text: bool = True,
-              accept_float: bool = False) -> int:
+def parse_int(value, field: str, *, low: int, high: int, accept_text: bool = True, accept_float: bool = False) -> int:
     """`value` as an int within [low, high]. Never a bool; decimal text (up to 12 digits) only
     with `accept_text`; a float only with `accept_float`, and only a whole one (3.0, not 3.7)."""
     number = value
@@ -34,8 +34,9 @@ def parse_int(value, field: str, *, low: int, high: int, accept_text: bool = Tru
     return number
 
 
-def parse_float(value, field: str, *, low: float, high: float, low_open: bool = False,
-                accept_text: bool = True) -> float:
+def parse_float(
+    value, field: str, *, low: float, high: float, low_open: bool = False, accept_text: bool = True
+) -> float:
     """`value` as a finite float within [low, high] ((low, high] with `low_open`); never a bool."""
     number = value
     if accept_text and isinstance(value, str):
@@ -63,8 +64,9 @@ def int_in_range(value, field: str, *, low: int, high: int, default=None, messag
         raise ValidationError({field: message or f"Enter a whole number between {low} and {high}."}) from None
 
 
-def float_in_range(value, field: str, *, low: float, high: float, low_open: bool = False, default=None,
-                   message: str | None = None):
+def float_in_range(
+    value, field: str, *, low: float, high: float, low_open: bool = False, default=None, message: str | None = None
+):
     """`value` as a float within [low, high] ((low, high] with `low_open`); blank gives `default`."""
     if value in (None, ""):
         return default
@@ -89,5 +91,6 @@ def error_lines(exc: ValidationError) -> list[str]:
 
 def error_text(exc: ValidationError) -> str:
     """A ValidationError as one line for a page's message: 'field: message …' per field."""
-    return " ".join((f"{field}: " if field != "__all__" else "") + " ".join(msgs)
-                    for field, msgs in field_errors(exc).items())
+    return " ".join(
+        (f"{field}: " if field != "__all__" else "") + " ".join(msgs) for field, msgs in field_errors(exc).items()
+    )

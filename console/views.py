@@ -76,11 +76,20 @@ def audit_list(request):
     elif since is not None:
         events = events.filter(created_at__date__gte=since)
     page = Paginator(events, 50).get_page(number)
-    return render(request, "console/audit.html", {
-        "page": page, "filters": filters,
-        "actions": AuditEvent.objects.values_list("action", flat=True).distinct().order_by("action"),
-        "object_types": AuditEvent.objects.exclude(object_type="").values_list("object_type", flat=True).distinct().order_by("object_type"),
-    }, status=400 if problems else 200)
+    return render(
+        request,
+        "console/audit.html",
+        {
+            "page": page,
+            "filters": filters,
+            "actions": AuditEvent.objects.values_list("action", flat=True).distinct().order_by("action"),
+            "object_types": AuditEvent.objects.exclude(object_type="")
+            .values_list("object_type", flat=True)
+            .distinct()
+            .order_by("object_type"),
+        },
+        status=400 if problems else 200,
+    )
 
 
 def _date_or_none(value: str, field: str) -> date | None:
@@ -97,10 +106,14 @@ def _date_or_none(value: str, field: str) -> date | None:
 
 # --- API tokens (each user manages their own) ---------------------------------------
 
+
 def _tokens_page(request, *, status: int = 200, **shown):
-    return render(request, "console/tokens.html", {"tokens": request.user.api_tokens.all(),
-                                                   "default_token_days": settings.API_TOKEN_DEFAULT_DAYS, **shown},
-                  status=status)
+    return render(
+        request,
+        "console/tokens.html",
+        {"tokens": request.user.api_tokens.all(), "default_token_days": settings.API_TOKEN_DEFAULT_DAYS, **shown},
+        status=status,
+    )
 
 
 @require_role(VIEWER)
@@ -113,9 +126,12 @@ def token_list(request):
 @require_POST
 def token_create(request):
     try:
-        token, raw = services.api_token_create(user=request.user, name=request.POST.get("name", ""),
-                                               expires_days=request.POST.get("expires_days") or None,
-                                               request=request)
+        token, raw = services.api_token_create(
+            user=request.user,
+            name=request.POST.get("name", ""),
+            expires_days=request.POST.get("expires_days") or None,
+            request=request,
+        )
     except ValidationError as exc:  # the list again, with the message, as a 400
         messages.error(request, " ".join(exc.messages))
         return _tokens_page(request, status=400)
@@ -134,6 +150,7 @@ def token_revoke(request, token_id: int):
 
 # --- Users (Admin) --------------------------------------------------------------------
 
+
 @require_role(ADMIN)
 @require_GET
 def user_list(request):
@@ -151,8 +168,11 @@ def _users_page(request, *, status: int = 200):
 def user_create(request):
     try:
         user, password = services.user_create(
-            username=request.POST.get("username", ""), role=request.POST.get("role", ""),
-            password=request.POST.get("password", ""), actor=request.user, request=request,
+            username=request.POST.get("username", ""),
+            role=request.POST.get("role", ""),
+            password=request.POST.get("password", ""),
+            actor=request.user,
+            request=request,
         )
     except ValidationError as exc:  # the list again, with the message, as a 400
         messages.error(request, " ".join(exc.messages))
@@ -174,8 +194,9 @@ def user_update(request, user_id: int):
         if raw_active not in ("", "true", "false"):
             raise ValidationError(f"active must be true or false, not {raw_active[:40]!r}.")
         active = None if not raw_active else raw_active == "true"
-        services.user_update(target=target, role=request.POST.get("role") or None,
-                             active=active, actor=request.user, request=request)
+        services.user_update(
+            target=target, role=request.POST.get("role") or None, active=active, actor=request.user, request=request
+        )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:

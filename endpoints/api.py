@@ -46,13 +46,18 @@ class EndpointIn(Schema):
 
     def launch_values(self) -> dict:
         """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
-        return {**self.dict(), "name": self.name.strip(), "served_model_name": self.served_model_name.strip(),
-                "capacity_override": self.capacity_override.strip(),
-                "restart_daily_at": time_of_day(self.restart_daily_at)}
+        return {
+            **self.dict(),
+            "name": self.name.strip(),
+            "served_model_name": self.served_model_name.strip(),
+            "capacity_override": self.capacity_override.strip(),
+            "restart_daily_at": time_of_day(self.restart_daily_at),
+        }
 
 
 class EndpointPatch(Schema):
     """The settings PATCH may change; absent fields stay as they are. Unknown fields are refused."""
+
     model_config = ConfigDict(extra="forbid")
     routing: str | None = None
     autoscale: dict | None = None  # null turns it off
@@ -70,33 +75,66 @@ class ChatIn(Schema):
 
 
 def member_json(member) -> dict:
-    return {"rank": member.rank, "node": member.node.name, "role": member.role, "pid": member.pid,
-            "devices": member.devices, "state": member.state, "reason": member.state_reason, "restarts": member.restarts}
+    return {
+        "rank": member.rank,
+        "node": member.node.name,
+        "role": member.role,
+        "pid": member.pid,
+        "devices": member.devices,
+        "state": member.state,
+        "reason": member.state_reason,
+        "restarts": member.restarts,
+    }
 
 
 def replica_json(replica) -> dict:
-    container = {"runtime": replica.runtime, "name": replica.container_name, "id": replica.container_id} \
-        if replica.container_id else None
-    return {"index": replica.index, "node": replica.node.name, "url": replica.url, "pid": replica.pid,
-            "container": container,
-            "port": replica.port, "devices": replica.devices, "state": replica.state, "reason": replica.state_reason,
-            "restarts": replica.restarts,
-            "profiling": PROFILER_FLAG in (replica.argv or []),  # its running vLLM has the profiler
-            "started_at": replica.started_at.isoformat() if replica.started_at else None,
-            "ready_at": replica.ready_at.isoformat() if replica.ready_at else None,
-            "cluster_port": replica.cluster_port, "members": [member_json(m) for m in replica.members.all()]}
+    container = (
+        {"runtime": replica.runtime, "name": replica.container_name, "id": replica.container_id}
+        if replica.container_id
+        else None
+    )
+    return {
+        "index": replica.index,
+        "node": replica.node.name,
+        "url": replica.url,
+        "pid": replica.pid,
+        "container": container,
+        "port": replica.port,
+        "devices": replica.devices,
+        "state": replica.state,
+        "reason": replica.state_reason,
+        "restarts": replica.restarts,
+        "profiling": PROFILER_FLAG in (replica.argv or []),  # its running vLLM has the profiler
+        "started_at": replica.started_at.isoformat() if replica.started_at else None,
+        "ready_at": replica.ready_at.isoformat() if replica.ready_at else None,
+        "cluster_port": replica.cluster_port,
+        "members": [member_json(m) for m in replica.members.all()],
+    }
 
 
 def endpoint_json(endpoint: Endpoint) -> dict:
     return {
-        "id": endpoint.pk, "name": endpoint.name, "state": endpoint.state, "reason": endpoint.state_reason,
-        "desired_state": endpoint.desired_state, "served_model_name": endpoint.served_model_name,
-        "artifact": endpoint.artifact_id, "node": endpoint.node.name, "devices": endpoint.devices,
-        "tensor_parallel_size": endpoint.tensor_parallel_size, "pipeline_parallel_size": endpoint.pipeline_parallel_size,
-        "max_model_len": endpoint.max_model_len, "max_num_seqs": endpoint.max_num_seqs,
-        "enforce_eager": endpoint.enforce_eager, "profiling": endpoint.profiling, "quantization": endpoint.quantization or None,
-        "distributed": endpoint.distributed, "data_parallel_size": endpoint.data_parallel_size,
-        "routing": endpoint.routing, "autoscale": endpoint.autoscale, "replica_count": endpoint.replicas,
+        "id": endpoint.pk,
+        "name": endpoint.name,
+        "state": endpoint.state,
+        "reason": endpoint.state_reason,
+        "desired_state": endpoint.desired_state,
+        "served_model_name": endpoint.served_model_name,
+        "artifact": endpoint.artifact_id,
+        "node": endpoint.node.name,
+        "devices": endpoint.devices,
+        "tensor_parallel_size": endpoint.tensor_parallel_size,
+        "pipeline_parallel_size": endpoint.pipeline_parallel_size,
+        "max_model_len": endpoint.max_model_len,
+        "max_num_seqs": endpoint.max_num_seqs,
+        "enforce_eager": endpoint.enforce_eager,
+        "profiling": endpoint.profiling,
+        "quantization": endpoint.quantization or None,
+        "distributed": endpoint.distributed,
+        "data_parallel_size": endpoint.data_parallel_size,
+        "routing": endpoint.routing,
+        "autoscale": endpoint.autoscale,
+        "replica_count": endpoint.replicas,
         "autoscale_wanted": endpoint.autoscale_wanted,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
     }
@@ -125,8 +163,11 @@ def get_endpoint(request, endpoint_id: int):
 @api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
 def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
     """Change the given settings (`routing`, `autoscale`); a bad value is refused and nothing changes."""
-    return endpoint_json(services.endpoint_update(endpoint=_get(endpoint_id), user=request.user, request=request,
-                                                  **payload.dict(exclude_unset=True)))
+    return endpoint_json(
+        services.endpoint_update(
+            endpoint=_get(endpoint_id), user=request.user, request=request, **payload.dict(exclude_unset=True)
+        )
+    )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/start", role=OPERATOR, response=dict)
@@ -147,14 +188,22 @@ def restart_endpoint(request, endpoint_id: int):
 @api_route(router, "post", "/endpoints/{endpoint_id}/profiling", role=OPERATOR, response=dict)
 def set_endpoint_profiling(request, endpoint_id: int, payload: ProfilingIn):
     """Profiling on or off; running replicas restart one at a time to apply it."""
-    return endpoint_json(services.endpoint_set_profiling(endpoint=_get(endpoint_id), enabled=payload.enabled,
-                                                         user=request.user, request=request))
+    return endpoint_json(
+        services.endpoint_set_profiling(
+            endpoint=_get(endpoint_id), enabled=payload.enabled, user=request.user, request=request
+        )
+    )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/chat", role=OPERATOR, response=dict)
 def chat_endpoint(request, endpoint_id: int, payload: ChatIn):
-    return services.endpoint_chat(endpoint=_get(endpoint_id), message=payload.message, max_tokens=payload.max_tokens,
-                                  user=request.user, request=request)
+    return services.endpoint_chat(
+        endpoint=_get(endpoint_id),
+        message=payload.message,
+        max_tokens=payload.max_tokens,
+        user=request.user,
+        request=request,
+    )
 
 
 @api_route(router, "delete", "/endpoints/{endpoint_id}", role=ADMIN, response={204: None})

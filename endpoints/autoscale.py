@@ -42,6 +42,7 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
    nothing load-driven (a scrape outage is not an idle endpoint). Only samples with vLLM's figures
    (`scraped`) fill a window: a pass with the gateway's alone says nothing of the replicas.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -57,13 +58,26 @@ MAX_REPLICAS_CAP = 64  # as many as a launch may ask for (endpoint_create's repl
 MAX_WINDOW_S = 24 * 3600
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 #: A day's short or full name -> its weekday number (Monday 0).
-DAY_NAMES = {**{d: i for i, d in enumerate(DAYS)},
-             **{d: i for i, d in enumerate(("monday", "tuesday", "wednesday", "thursday", "friday", "saturday",
-                                            "sunday"))}}
-DEFAULTS = {"min_replicas": 1, "target_waiting": 4, "scale_up_window_s": 60, "scale_down_window_s": 600,
-            "cooldown_s": 300}
-KNOWN = {"min_replicas", "max_replicas", "target_waiting", "scale_up_window_s", "scale_down_window_s",
-         "cooldown_s", "schedule"}
+DAY_NAMES = {
+    **{d: i for i, d in enumerate(DAYS)},
+    **{d: i for i, d in enumerate(("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"))},
+}
+DEFAULTS = {
+    "min_replicas": 1,
+    "target_waiting": 4,
+    "scale_up_window_s": 60,
+    "scale_down_window_s": 600,
+    "cooldown_s": 300,
+}
+KNOWN = {
+    "min_replicas",
+    "max_replicas",
+    "target_waiting",
+    "scale_up_window_s",
+    "scale_down_window_s",
+    "cooldown_s",
+    "schedule",
+}
 SCHEDULE_KNOWN = {"days", "from", "to", "min_replicas"}
 
 HOLD, UP, DOWN = "hold", "up", "down"
@@ -73,6 +87,7 @@ HOLD, UP, DOWN = "hold", "up", "down"
 class ScheduleEntry:
     """A floor of replicas on some days between two times of day (local to the console's TIME_ZONE).
     `to` at or before `from` crosses midnight: it ends on the next day."""
+
     days: frozenset[int]  # 0 = Monday
     start: datetime.time
     end: datetime.time
@@ -103,10 +118,15 @@ class AutoscaleSettings:
         return max([self.min_replicas, *(e.min_replicas for e in self.schedule if e.covers(local))])
 
     def as_json(self) -> dict:
-        return {"min_replicas": self.min_replicas, "max_replicas": self.max_replicas,
-                "target_waiting": self.target_waiting, "scale_up_window_s": self.scale_up_window_s,
-                "scale_down_window_s": self.scale_down_window_s, "cooldown_s": self.cooldown_s,
-                "schedule": [e.text for e in self.schedule]}
+        return {
+            "min_replicas": self.min_replicas,
+            "max_replicas": self.max_replicas,
+            "target_waiting": self.target_waiting,
+            "scale_up_window_s": self.scale_up_window_s,
+            "scale_down_window_s": self.scale_down_window_s,
+            "cooldown_s": self.cooldown_s,
+            "schedule": [e.text for e in self.schedule],
+        }
 
 
 def _err(name: str, message: str) -> ValidationError:
@@ -155,7 +175,9 @@ def parse_settings(raw) -> AutoscaleSettings | None:
     if raw in (None, {}, ""):
         return None
     if not isinstance(raw, dict):
-        raise ValidationError({"autoscale": "An object like {\"min_replicas\": 1, \"max_replicas\": 4}, or null (off)."})
+        raise ValidationError(
+            {"autoscale": "An object like {\"min_replicas\": 1, \"max_replicas\": 4}, or null (off)."}
+        )
     if unknown := sorted(set(raw) - KNOWN):
         raise _err(unknown[0], f"Unknown setting (known: {', '.join(sorted(KNOWN))}).")
     raw = {**DEFAULTS, **raw}
@@ -173,7 +195,10 @@ def parse_settings(raw) -> AutoscaleSettings | None:
     cooldown = _int(raw, "cooldown_s", low=0, high=MAX_WINDOW_S)
     entries = [] if raw.get("schedule") is None else raw["schedule"]
     if not isinstance(entries, list):
-        raise _err("schedule", "A list of {\"days\": \"mon-fri\", \"from\": \"08:00\", \"to\": \"20:00\", \"min_replicas\": 2}.")
+        raise _err(
+            "schedule",
+            "A list of {\"days\": \"mon-fri\", \"from\": \"08:00\", \"to\": \"20:00\", \"min_replicas\": 2}.",
+        )
     schedule = []
     for i, entry in enumerate(entries):
         where = f"schedule[{i}]"
@@ -187,11 +212,24 @@ def parse_settings(raw) -> AutoscaleSettings | None:
         floor = entry.get("min_replicas")
         if isinstance(floor, bool) or not isinstance(floor, int) or not 1 <= floor <= high:
             raise _err(f"{where}.min_replicas", f"A whole number from 1 to max_replicas ({high}).")
-        schedule.append(ScheduleEntry(days=_days(entry.get("days"), where), start=start, end=end, min_replicas=floor,
-                                      text={"days": entry["days"], "from": entry["from"], "to": entry["to"],
-                                            "min_replicas": floor}))
-    return AutoscaleSettings(min_replicas=low, max_replicas=high, target_waiting=float(target), scale_up_window_s=up,
-                             scale_down_window_s=down, cooldown_s=cooldown, schedule=tuple(schedule))
+        schedule.append(
+            ScheduleEntry(
+                days=_days(entry.get("days"), where),
+                start=start,
+                end=end,
+                min_replicas=floor,
+                text={"days": entry["days"], "from": entry["from"], "to": entry["to"], "min_replicas": floor},
+            )
+        )
+    return AutoscaleSettings(
+        min_replicas=low,
+        max_replicas=high,
+        target_waiting=float(target),
+        scale_up_window_s=up,
+        scale_down_window_s=down,
+        cooldown_s=cooldown,
+        schedule=tuple(schedule),
+    )
 
 
 @dataclass(frozen=True)
@@ -216,7 +254,6 @@ class Decision:
     figures: dict
     cooling: bool = False  # held by the cooldown
 
-
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -229,10 +266,19 @@ def _covered(samples: list[Sample], start: float, end: float, max_gap_s: float) 
     return all(b - a <= max_gap_s for a, b in itertools.pairwise(stamps))
 
 
-def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
-           last_change_at: datetime.datetime | None, samples: list[Sample], tz: str = "UTC",
-           max_gap_s: float = 30.0, starting: int = 0,
-           serving_since: datetime.datetime | None = None, stays_unserving: int = 0) -> Decision:
+def decide(
+    *,
+    settings: AutoscaleSettings,
+    now: datetime.datetime,
+    current: int,
+    last_change_at: datetime.datetime | None,
+    samples: list[Sample],
+    tz: str = "UTC",
+    max_gap_s: float = 30.0,
+    starting: int = 0,
+    serving_since: datetime.datetime | None = None,
+    stays_unserving: int = 0,
+) -> Decision:
     """The wanted replica count for an endpoint now (see the module's rules)."""
     floor = settings.floor(now, tz)
     low, high = min(floor, settings.max_replicas), settings.max_replicas
@@ -242,11 +288,16 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     up_win = [s for s in scraped if up_from <= s.ts <= ts]
     down_win = [s for s in scraped if down_from <= s.ts <= ts]
     need = [math.ceil(s.waiting / settings.target_waiting) for s in samples]
-    figures = {"floor": floor, "min": settings.min_replicas, "max": high, "target_waiting": settings.target_waiting,
-               "samples": len(samples),
-               "waiting_avg_up": round(sum(s.waiting for s in up_win) / len(up_win), 2) if up_win else None,
-               "waiting_avg_down": round(sum(s.waiting for s in down_win) / len(down_win), 2) if down_win else None,
-               "need_max": max(need) if need else None}
+    figures = {
+        "floor": floor,
+        "min": settings.min_replicas,
+        "max": high,
+        "target_waiting": settings.target_waiting,
+        "samples": len(samples),
+        "waiting_avg_up": round(sum(s.waiting for s in up_win) / len(up_win), 2) if up_win else None,
+        "waiting_avg_down": round(sum(s.waiting for s in down_win) / len(down_win), 2) if down_win else None,
+        "need_max": max(need) if need else None,
+    }
 
     def out(action: str, wanted: int, reason: str, cooling: bool = False) -> Decision:
         return Decision(action=action, wanted=wanted, current=current, reason=reason, figures=figures, cooling=cooling)
@@ -262,38 +313,71 @@ def decide(*, settings: AutoscaleSettings, now: datetime.datetime, current: int,
     if current > high:
         return out(DOWN, high, f"above max_replicas {high}")
     if last_change_at is not None and (ts - last_change_at.timestamp()) < settings.cooldown_s:
-        return out(HOLD, current, f"cooldown: last change {ts - last_change_at.timestamp():.0f} s ago "
-                                  f"(cooldown {settings.cooldown_s} s)", cooling=True)
+        return out(
+            HOLD,
+            current,
+            f"cooldown: last change {ts - last_change_at.timestamp():.0f} s ago (cooldown {settings.cooldown_s} s)",
+            cooling=True,
+        )
     up_covered, down_covered = _covered(up_win, up_from, ts, max_gap_s), _covered(down_win, down_from, ts, max_gap_s)
     up_need = sorted(math.ceil(s.waiting / settings.target_waiting) for s in up_win)
     median_need = up_need[len(up_need) // 2] if up_need else 0  # the upper median: half or more need at least it
     if current < high and up_covered and median_need > current:
         wanted = min(median_need, high)
-        return out(UP, wanted, f"waiting requests averaged {figures['waiting_avg_up']} over {settings.scale_up_window_s} s "
-                               f"(target {settings.target_waiting:g} per replica): half the samples or more need "
-                               f"{median_need}+")
+        return out(
+            UP,
+            wanted,
+            f"waiting requests averaged {figures['waiting_avg_up']} over {settings.scale_up_window_s} s "
+            f"(target {settings.target_waiting:g} per replica): half the samples or more need "
+            f"{median_need}+",
+        )
     down_need = [math.ceil(s.waiting / settings.target_waiting) for s in down_win]
     if current > low and down_covered and max(down_need) < current and starting:
         return out(HOLD, current, f"{starting} replica(s) still starting: no scale-down before they serve")
     if current > low and down_covered and max(down_need) < current and stays_unserving:
-        return out(HOLD, current, f"{stays_unserving} replica(s) that would stay are not serving (crashed, failed "
-                                  f"or held off a faulty device): no scale-down that stops replica {current - 1}, "
-                                  "which serves")
-    if current > low and down_covered and max(down_need) < current and serving_since is not None \
-            and serving_since.timestamp() > down_from:
-        return out(HOLD, current, f"the {current} replicas have served together for "
-                                  f"{max(0.0, ts - serving_since.timestamp()):.0f} s: no scale-down before a whole "
-                                  f"{settings.scale_down_window_s} s window of them")
+        return out(
+            HOLD,
+            current,
+            f"{stays_unserving} replica(s) that would stay are not serving (crashed, failed "
+            f"or held off a faulty device): no scale-down that stops replica {current - 1}, "
+            "which serves",
+        )
+    if (
+        current > low
+        and down_covered
+        and max(down_need) < current
+        and serving_since is not None
+        and serving_since.timestamp() > down_from
+    ):
+        return out(
+            HOLD,
+            current,
+            f"the {current} replicas have served together for "
+            f"{max(0.0, ts - serving_since.timestamp()):.0f} s: no scale-down before a whole "
+            f"{settings.scale_down_window_s} s window of them",
+        )
     if current > low and down_covered and max(down_need) < current:
         wanted = max(current - 1, low)
         if wanted == 0:
             if all(s.idle for s in down_win):
-                return out(DOWN, 0, f"idle for {settings.scale_down_window_s} s (no request waiting, running or "
-                                    "served): scaling to zero")
-            return out(HOLD, current, f"load within target (not idle for the whole {settings.scale_down_window_s} s "
-                                      "window: no scale to zero)")
-        return out(DOWN, wanted, f"waiting requests averaged {figures['waiting_avg_down']} over "
-                                 f"{settings.scale_down_window_s} s: at most {max(down_need)} needed")
+                return out(
+                    DOWN,
+                    0,
+                    f"idle for {settings.scale_down_window_s} s (no request waiting, running or "
+                    "served): scaling to zero",
+                )
+            return out(
+                HOLD,
+                current,
+                f"load within target (not idle for the whole {settings.scale_down_window_s} s "
+                "window: no scale to zero)",
+            )
+        return out(
+            DOWN,
+            wanted,
+            f"waiting requests averaged {figures['waiting_avg_down']} over "
+            f"{settings.scale_down_window_s} s: at most {max(down_need)} needed",
+        )
     if current == 0:
         return out(HOLD, 0, "scaled to zero: no request waiting")
     if not (up_covered or down_covered):

@@ -5,6 +5,7 @@ See root cause above"); the cause is an exception line further up, printed by th
 with their prefixes ("(Worker pid=9986) ERROR 12-03 10:06:35 [multiproc_executor.py:953] ValueError: …").
 No library parses vLLM's logs, so this is written here; tests/fixtures/vllm_logs/ holds real ones.
 """
+
 import re
 
 # vLLM's per-process prefix and its logger's "LEVEL MM-DD HH:MM:SS [file:line]" (vllm/logger.py format).
@@ -12,8 +13,13 @@ _PREFIX = re.compile(r"^\([\w.\-]+ pid=\d+\)\s?")
 _LOGGER = re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?")
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Warning)\w*)(?:: (.*))?$")
 # The wrappers that only point elsewhere.
-_WRAPPERS = ("See root cause above", "See stack trace for root cause", "Engine core initialization failed",
-             "EngineCore encountered an issue", "Engine process failed to start")
+_WRAPPERS = (
+    "See root cause above",
+    "See stack trace for root cause",
+    "Engine core initialization failed",
+    "EngineCore encountered an issue",
+    "Engine process failed to start",
+)
 
 
 def exception_lines(log_text: str) -> list[str]:

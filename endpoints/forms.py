@@ -1,5 +1,6 @@
 """The launch form: the page's text turned into the typed values endpoint_create takes. The
 rules (ranges, devices against TP × PP × replicas, capacity, platforms) are the service's."""
+
 import datetime
 import json
 import re

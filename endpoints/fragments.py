@@ -29,6 +29,7 @@ def artifact_served_by(request, artifact_id: int):
 def artifact_capacity_live(request, artifact_id: int):
     """The capacity table's rows for the live devices (the most free memory on each node's parts)."""
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
-    capacity = artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util")),
-                                 devices=live_device_memory())
+    capacity = artifact_capacity(
+        artifact, memory_utilization=_float(request.GET.get("util")), devices=live_device_memory()
+    )
     return render(request, "endpoints/_artifact_capacity_live.html", {"capacity": capacity})

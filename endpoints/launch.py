@@ -4,6 +4,7 @@ supervisor gets the finished ProcessSpec and runs it. On a node whose engine run
 Podman the same vLLM argv runs inside vllm-ascend's image (build_container_command). A multi-node
 replica's members (Ray nodes, headless data-parallel ranks) are built here too, each for the node
 that runs it, as processes of that node's engine venv."""
+
 import hashlib
 import os
 import re
@@ -54,26 +55,48 @@ def distributed_spec(*, replica: Replica, node_rank: int, node: Node) -> dict | 
     if not endpoint.distributed:
         return None
     nnodes = node_count(replica)
-    spec = {"backend": endpoint.distributed, "head_address": f"{replica.node.address}:{replica.cluster_port}",
-            "nnodes": nnodes, "node_rank": node_rank, "interfaces": node_interfaces(node)}
+    spec = {
+        "backend": endpoint.distributed,
+        "head_address": f"{replica.node.address}:{replica.cluster_port}",
+        "nnodes": nnodes,
+        "node_rank": node_rank,
+        "interfaces": node_interfaces(node),
+    }
     if endpoint.distributed == Endpoint.Distributed.DP:
         spec.update(size=endpoint.data_parallel_size, size_local=endpoint.data_parallel_size // nnodes)
     return spec
 
 
-def launch_spec(*, endpoint: Endpoint, replica: Replica, node: Node, port: int | None,
-                devices: list[int] | None = None, node_rank: int = 0) -> LaunchSpec:
+def launch_spec(
+    *,
+    endpoint: Endpoint,
+    replica: Replica,
+    node: Node,
+    port: int | None,
+    devices: list[int] | None = None,
+    node_rank: int = 0,
+) -> LaunchSpec:
     devices = list(replica.devices if devices is None else devices)
     chip = node.devices.filter(index__in=devices).values_list("name", flat=True).first()
     return LaunchSpec(
-        platform=node.platform, engine_python=node.engine_python or settings.ENGINE_PYTHON,
-        model_path=endpoint.artifact.path, served_model_name=endpoint.served_model_name,
-        host=settings.ENDPOINT_BIND_HOST, port=port, devices=devices,
-        tensor_parallel_size=endpoint.tensor_parallel_size, pipeline_parallel_size=endpoint.pipeline_parallel_size,
-        max_num_seqs=endpoint.max_num_seqs, max_model_len=endpoint.max_model_len,
-        gpu_memory_utilization=endpoint.gpu_memory_utilization, dtype=endpoint.dtype or None,
-        quantization=endpoint.quantization or None, enforce_eager=endpoint.enforce_eager, chip_name=chip,
-        extra_args=dict(endpoint.extra_args), cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
+        platform=node.platform,
+        engine_python=node.engine_python or settings.ENGINE_PYTHON,
+        model_path=endpoint.artifact.path,
+        served_model_name=endpoint.served_model_name,
+        host=settings.ENDPOINT_BIND_HOST,
+        port=port,
+        devices=devices,
+        tensor_parallel_size=endpoint.tensor_parallel_size,
+        pipeline_parallel_size=endpoint.pipeline_parallel_size,
+        max_num_seqs=endpoint.max_num_seqs,
+        max_model_len=endpoint.max_model_len,
+        gpu_memory_utilization=endpoint.gpu_memory_utilization,
+        dtype=endpoint.dtype or None,
+        quantization=endpoint.quantization or None,
+        enforce_eager=endpoint.enforce_eager,
+        chip_name=chip,
+        extra_args=dict(endpoint.extra_args),
+        cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
         env={**cpu_threads_env(endpoint=endpoint, replica=replica, node=node), **endpoint.env},
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
@@ -123,9 +146,11 @@ def cpu_share_note(*, replica: Replica, node: Node) -> str:
         return ""
     one = len(holders) == 1
     names = ", ".join(sorted(f"{r.endpoint.name} (replica {r.index})" for r in holders))
-    return (f"runs unpinned: the cores a share of its own needs on {node.name} are held by {names}, started "
-            f"before this replica was wanted there; restart {'it' if one else 'them'}, then this endpoint, to "
-            "give each its own cores")
+    return (
+        f"runs unpinned: the cores a share of its own needs on {node.name} are held by {names}, started "
+        f"before this replica was wanted there; restart {'it' if one else 'them'}, then this endpoint, to "
+        "give each its own cores"
+    )
 
 
 def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dict[str, str], list[Replica]]:
@@ -140,8 +165,11 @@ def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dic
     members = ReplicaMember.objects.filter(node=node).exclude(pid=None).count()  # auto-bound ranks, Ray nodes
     # Every other endpoint that runs a replica here or wants one to (started together, or after a reboot,
     # the first to start is not alone: it takes its share, not the node).
-    others = {r.endpoint_id: r.endpoint for r in placed
-              if r.endpoint_id != endpoint.pk and (r.launched or (r.wanted and not r.held_failed))}
+    others = {
+        r.endpoint_id: r.endpoint
+        for r in placed
+        if r.endpoint_id != endpoint.pk and (r.launched or (r.wanted and not r.held_failed))
+    }
     demand = _replica_slots(endpoint, replica.index) + sum(_replica_slots(e) for e in others.values()) + members
     if demand < 2 and not running and not members:
         return {}, []
@@ -152,14 +180,19 @@ def _cpu_share(*, endpoint: Endpoint, replica: Replica, node: Node) -> tuple[dic
         return {"VLLM_CPU_OMP_THREADS_BIND": cpu_list_text(share[:-1])}, []
     # Named only where a restart changes something: a replica this rule pins when it starts again.
     holders = [r for r in running if r.cpu_binding != "nobind" and _shares_cores(r.endpoint)]
-    return {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(max(1, size))}, \
-        holders if size >= 2 and not members else []
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(max(1, size)),
+    }, holders if size >= 2 and not members else []
 
 
 def _shares_cores(endpoint: Endpoint) -> bool:
     """The rule applies to the endpoint's replicas: no binding of the operator's, one rank, one node."""
-    return ("VLLM_CPU_OMP_THREADS_BIND" not in endpoint.env and not endpoint.distributed
-            and endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size == 1)
+    return (
+        "VLLM_CPU_OMP_THREADS_BIND" not in endpoint.env
+        and not endpoint.distributed
+        and endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size == 1
+    )
 
 
 def _core_groups(host: dict) -> list[list[int]]:
@@ -177,8 +210,9 @@ def _replica_slots(endpoint: Endpoint, index: int = 0) -> int:
     return max(endpoint.replicas, (endpoint.autoscale or {}).get("max_replicas") or 0, index + 1)
 
 
-def held_cores(running: list[Replica], cores: list[int], *, numa_cores: list[list[int]] | None = None
-               ) -> set[int] | None:
+def held_cores(
+    running: list[Replica], cores: list[int], *, numa_cores: list[list[int]] | None = None
+) -> set[int] | None:
     """The cores the running replicas were pinned to, each with the core after its set (its share's last,
     left to its scheduler); a replica on vLLM's auto binding holds the cores of the first NUMA nodes it may
     take memory from, one per rank (``numa_cores``, as the agent recorded them: Node.host["numa_cores"];
@@ -289,8 +323,7 @@ def replica_work_dir(replica: Replica) -> Path:
 
 
 def member_work_dir(member: ReplicaMember) -> Path:
-    return replica_work_dir(member.replica).with_name(
-        f"replica-{member.replica.index}-{member.role}-{member.rank}")
+    return replica_work_dir(member.replica).with_name(f"replica-{member.replica.index}-{member.role}-{member.rank}")
 
 
 def make_work_dir(path: Path) -> Path:
@@ -321,9 +354,11 @@ def _refuse_multi_node_container(endpoint: Endpoint, node: Node) -> None:
     """A multi-node replica's members run as processes of each node's engine venv (`ray start`, headless
     `vllm serve`): a server in vllm-ascend's image would bring another Ray and vLLM than the ones it joins."""
     if endpoint.distributed:
-        raise CommandSpecError(f"{endpoint.name} spans nodes ({endpoint.distributed}), whose parts run as processes "
-                               f"of each node's engine venv; {node.name} runs replicas under {node.engine_runtime}: "
-                               "set its engine runtime to process")
+        raise CommandSpecError(
+            f"{endpoint.name} spans nodes ({endpoint.distributed}), whose parts run as processes "
+            f"of each node's engine venv; {node.name} runs replicas under {node.engine_runtime}: "
+            "set its engine runtime to process"
+        )
 
 
 def member_log_path(member: ReplicaMember) -> Path:
@@ -348,12 +383,16 @@ def check_model_files(*, endpoint: Endpoint, node: Node) -> None:
     try:
         check_tree(endpoint.artifact.path)
     except PathRefused as exc:
-        raise ModelFilesRefused(f"{ENGINE_REFUSED}: the model's files on node {node.name}: {exc} Remove the link, "
-                                "or register the model from inside the roots (this node's MODEL_ROOTS and "
-                                "ARTIFACT_STORE), then start it again") from exc
+        raise ModelFilesRefused(
+            f"{ENGINE_REFUSED}: the model's files on node {node.name}: {exc} Remove the link, "
+            "or register the model from inside the roots (this node's MODEL_ROOTS and "
+            "ARTIFACT_STORE), then start it again"
+        ) from exc
     except OSError as exc:  # a folder below it made unreadable after registration
-        raise ModelFilesRefused(f"{ENGINE_REFUSED}: the model's files on node {node.name} cannot be read: "
-                                f"{exc.strerror or exc}: {exc.filename or endpoint.artifact.path}") from exc
+        raise ModelFilesRefused(
+            f"{ENGINE_REFUSED}: the model's files on node {node.name} cannot be read: "
+            f"{exc.strerror or exc}: {exc.filename or endpoint.artifact.path}"
+        ) from exc
 
 
 def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
@@ -371,9 +410,11 @@ def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
         what.append(f"{', '.join(flags)} {'is not a flag' if len(flags) == 1 else 'are not flags'}")
     if env:
         what.append(f"{', '.join(env)} {'is not a variable' if len(env) == 1 else 'are not variables'}")
-    raise EngineRefused(f"{ENGINE_REFUSED}: {' and '.join(what)} of vLLM {cli.get('vllm') or '(version unknown)'} "
-                        f"on node {node.name} (its engine changed since the launch); change the endpoint's "
-                        "options or the node's engine, then start it again")
+    raise EngineRefused(
+        f"{ENGINE_REFUSED}: {' and '.join(what)} of vLLM {cli.get('vllm') or '(version unknown)'} "
+        f"on node {node.name} (its engine changed since the launch); change the endpoint's "
+        "options or the node's engine, then start it again"
+    )
 
 
 def as_applied(env_added: dict[str, str], env: dict[str, str]) -> dict[str, str]:
@@ -394,23 +435,41 @@ def replica_process(*, replica: Replica, node: Node, port: int) -> tuple[Process
     secret = {"VLLM_API_KEY": replica.api_key}
     if not node.containerised:
         env = child_environment({**env_added, **secret})
-        spec = ProcessSpec(argv=argv, env=env, cwd=str(replica_work_dir(replica)), log_path=replica_log_path(replica),
-                           log_keep=settings.ENDPOINT_LOG_KEEP)
+        spec = ProcessSpec(
+            argv=argv,
+            env=env,
+            cwd=str(replica_work_dir(replica)),
+            log_path=replica_log_path(replica),
+            log_keep=settings.ENDPOINT_LOG_KEEP,
+        )
         return spec, as_applied(env_added, env)
     _refuse_multi_node_container(replica.endpoint, node)
     if node.platform != Node.Platform.ASCEND:
-        raise CommandSpecError(f"{node.name} runs replicas under {node.engine_runtime}, which serves vllm-ascend's "
-                               f"image: Ascend nodes only, and this is a {node.get_platform_display()} node")
-    container = ContainerSpec(runtime=node.engine_runtime, image=node.engine_image(launch.chip_name),
-                              name=container_name(replica.endpoint.name, replica.index), devices=list(replica.devices),
-                              secret_env=tuple(secret), work_dir=str(replica_work_dir(replica)),
-                              # The runtime's own copy of the output, bounded like the agent's (ENDPOINT_LOG_*).
-                              log_max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, log_files=settings.ENDPOINT_LOG_KEEP)
+        raise CommandSpecError(
+            f"{node.name} runs replicas under {node.engine_runtime}, which serves vllm-ascend's "
+            f"image: Ascend nodes only, and this is a {node.get_platform_display()} node"
+        )
+    container = ContainerSpec(
+        runtime=node.engine_runtime,
+        image=node.engine_image(launch.chip_name),
+        name=container_name(replica.endpoint.name, replica.index),
+        devices=list(replica.devices),
+        secret_env=tuple(secret),
+        work_dir=str(replica_work_dir(replica)),
+        # The runtime's own copy of the output, bounded like the agent's (ENDPOINT_LOG_*).
+        log_max_bytes=settings.ENDPOINT_LOG_MAX_BYTES,
+        log_files=settings.ENDPOINT_LOG_KEEP,
+    )
     # The engine variables travel as `-e` flags in the argv (shown there); the key by name only, its value
     # from the CLI's own environment.
-    spec = ProcessSpec(argv=build_container_command(container, argv, env_added), env=child_environment(secret),
-                       log_path=replica_log_path(replica), log_keep=settings.ENDPOINT_LOG_KEEP,
-                       runtime=node.engine_runtime, container_name=container.name)
+    spec = ProcessSpec(
+        argv=build_container_command(container, argv, env_added),
+        env=child_environment(secret),
+        log_path=replica_log_path(replica),
+        log_keep=settings.ENDPOINT_LOG_KEEP,
+        runtime=node.engine_runtime,
+        container_name=container.name,
+    )
     return spec, {}
 
 
@@ -419,8 +478,11 @@ def member_command(member: ReplicaMember) -> tuple[list[str], dict[str, str]]:
     variables and devices set before it, on every node) or the headless `vllm serve` of a DP rank."""
     replica, node, endpoint = member.replica, member.node, member.replica.endpoint
     if member.role == ReplicaMember.Role.DP_HEADLESS:
-        argv, env_added = build_command(launch_spec(endpoint=endpoint, replica=replica, node=node, port=None,
-                                                    devices=member.devices, node_rank=member.rank))
+        argv, env_added = build_command(
+            launch_spec(
+                endpoint=endpoint, replica=replica, node=node, port=None, devices=member.devices, node_rank=member.rank
+            )
+        )
         check_node_parser(node=node, argv=argv, env_keys=endpoint.env)
         return argv, env_added
     if member.role == ReplicaMember.Role.RAY_WORKER:
@@ -428,8 +490,13 @@ def member_command(member: ReplicaMember) -> tuple[list[str], dict[str, str]]:
         # with the spec's options (the head's own flags are checked on the head's node).
         spec_flags = validate_extra_args(endpoint.extra_args) + ([PROFILER_FLAG] if endpoint.profiling else [])
         check_node_parser(node=node, argv=spec_flags, env_keys=endpoint.env)
-    common = {"node_ip": node.address, "platform": node.platform, "devices": list(member.devices),
-              "interfaces": node_interfaces(node), "env": dict(endpoint.env)}
+    common = {
+        "node_ip": node.address,
+        "platform": node.platform,
+        "devices": list(member.devices),
+        "interfaces": node_interfaces(node),
+        "env": dict(endpoint.env),
+    }
     engine_python = node.engine_python or settings.ENGINE_PYTHON
     if member.role == ReplicaMember.Role.RAY_HEAD:
         return ray_head_command(engine_python, port=replica.cluster_port, **common)
@@ -443,5 +510,10 @@ def member_process(member: ReplicaMember) -> tuple[ProcessSpec, dict[str, str]]:
     argv, env_added = member_command(member)
     env = child_environment(env_added)
     # runtime "process" (ProcessSpec's default): `ray start` and headless ranks run on the host's engine venv.
-    return ProcessSpec(argv=argv, env=env, log_path=member_log_path(member), log_keep=settings.ENDPOINT_LOG_KEEP,
-                       cwd=str(member_work_dir(member))), as_applied(env_added, env)
+    return ProcessSpec(
+        argv=argv,
+        env=env,
+        log_path=member_log_path(member),
+        log_keep=settings.ENDPOINT_LOG_KEEP,
+        cwd=str(member_work_dir(member)),
+    ), as_applied(env_added, env)

@@ -5,6 +5,7 @@ start once the Ray head is up; the replica's vLLM server on the head starts once
 the cluster (data-parallel ranks need no order: the server waits for its engines itself). A member
 that dies is restarted with the replicas' backoff (failed starts count towards giving up; a node that was up
 always comes back), and the server it served is restarted with it."""
+
 import logging
 from datetime import timedelta
 
@@ -42,8 +43,13 @@ RUNNING = (S.STARTING, S.READY, S.DEGRADED)
 
 def member_handle(member: ReplicaMember) -> ProcessHandle:
     """Members always run as processes of the node's engine venv (endpoints.launch.member_process)."""
-    return ProcessHandle(pid=member.pid or 0, create_time=member.pid_create_time or 0.0, argv=list(member.argv or []),
-                         runtime=PROCESS, log_path=recorded_log(member.log_path))
+    return ProcessHandle(
+        pid=member.pid or 0,
+        create_time=member.pid_create_time or 0.0,
+        argv=list(member.argv or []),
+        runtime=PROCESS,
+        log_path=recorded_log(member.log_path),
+    )
 
 
 def cluster_wait(replica: Replica, node: Node) -> str:
@@ -60,8 +66,11 @@ def cluster_wait(replica: Replica, node: Node) -> str:
     down = [m for m in members if m.state != S.READY]
     if not down:
         return ""
-    return (f"waiting for the Ray cluster: {len(members) - len(down)} of {len(members)} nodes up ("
-            + ", ".join(f"{m.role} on {m.node.name}: {m.state}" for m in down) + ")")
+    return (
+        f"waiting for the Ray cluster: {len(members) - len(down)} of {len(members)} nodes up ("
+        + ", ".join(f"{m.role} on {m.node.name}: {m.state}" for m in down)
+        + ")"
+    )
 
 
 def member_refused(replica: Replica) -> str:
@@ -112,8 +121,11 @@ class MemberReconciler:
 
     def reconcile(self, *, node: Node, supervisor: Supervisor) -> tuple[set[int], bool]:
         """(the endpoints touched, whether a member is starting)."""
-        members = list(ReplicaMember.objects.filter(node=node).select_related(
-            "replica", "replica__endpoint", "replica__endpoint__artifact", "replica__node", "node"))
+        members = list(
+            ReplicaMember.objects.filter(node=node).select_related(
+                "replica", "replica__endpoint", "replica__endpoint__artifact", "replica__node", "node"
+            )
+        )
         touched = set()
         for member in members:
             try:
@@ -125,8 +137,13 @@ class MemberReconciler:
             except Exception as exc:  # one bad member must not stop the others
                 log.exception("reconcile %s", member)
                 ReplicaMember.objects.filter(pk=member.pk).update(state=S.FAILED, state_reason=str(exc)[:500])
-                event(member.replica.endpoint_id, "error", f"{member.role} on {node.name}: {type(exc).__name__}: {exc}",
-                      replica=member.replica.index, level="error")
+                event(
+                    member.replica.endpoint_id,
+                    "error",
+                    f"{member.role} on {node.name}: {type(exc).__name__}: {exc}",
+                    replica=member.replica.index,
+                    level="error",
+                )
             touched.add(member.replica.endpoint_id)
         starting = ReplicaMember.objects.filter(node=node, state=S.STARTING).exists()
         return touched, starting
@@ -143,13 +160,18 @@ class MemberReconciler:
             if proc is not None:
                 self.terminate(member, proc, supervisor=supervisor)
                 why = f": its replica failed: {replica.state_reason}" if replica.held_failed else " on request"
-                event(endpoint.pk, "member-stopped", f"{member.role} on {member.node.name} stopped{why}",
-                      replica=replica.index)
+                event(
+                    endpoint.pk,
+                    "member-stopped",
+                    f"{member.role} on {member.node.name} stopped{why}",
+                    replica=replica.index,
+                )
             if replica.held_failed and member.state == S.FAILED and not member.pid:
                 return  # its own refusal or give-up stays on the page
             if member.state != S.STOPPED or member.pid:
-                ReplicaMember.objects.filter(pk=member.pk).update(state=S.STOPPED, pid=None, state_reason="",
-                                                                  crashes_in_a_row=0, next_start_at=None)
+                ReplicaMember.objects.filter(pk=member.pk).update(
+                    state=S.STOPPED, pid=None, state_reason="", crashes_in_a_row=0, next_start_at=None
+                )
             return
         if proc is None and member.pid:
             self.crashed(member, supervisor=supervisor, now=now)
@@ -159,19 +181,34 @@ class MemberReconciler:
             return
         if _joined_an_older_head(member):
             self.terminate(member, proc, supervisor=supervisor)
-            ReplicaMember.objects.filter(pk=member.pk).update(state=S.RESTARTING, pid=None, next_start_at=None,
-                                                              state_reason="the Ray head restarted: joining it again")
-            event(endpoint.pk, "member-restarting", f"{member.role} on {member.node.name}: the Ray head restarted",
-                  replica=replica.index)
+            ReplicaMember.objects.filter(pk=member.pk).update(
+                state=S.RESTARTING,
+                pid=None,
+                next_start_at=None,
+                state_reason="the Ray head restarted: joining it again",
+            )
+            event(
+                endpoint.pk,
+                "member-restarting",
+                f"{member.role} on {member.node.name}: the Ray head restarted",
+                replica=replica.index,
+            )
             return
         # A member runs as long as its replica (`ray start --block`, a headless rank): its log is rotated as it runs.
-        rotate_if_large(recorded_log(member.log_path), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
+        rotate_if_large(
+            recorded_log(member.log_path), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP
+        )
         if member.state != S.READY and _is_ready(member):
-            ReplicaMember.objects.filter(pk=member.pk).update(state=S.READY, ready_at=now, state_reason="",
-                                                              crashes_in_a_row=0)
+            ReplicaMember.objects.filter(pk=member.pk).update(
+                state=S.READY, ready_at=now, state_reason="", crashes_in_a_row=0
+            )
             took = (now - member.started_at).total_seconds() if member.started_at else 0
-            event(endpoint.pk, "member-ready", f"{member.role} on {member.node.name} up after {took:.1f} s",
-                  replica=replica.index)
+            event(
+                endpoint.pk,
+                "member-ready",
+                f"{member.role} on {member.node.name} up after {took:.1f} s",
+                replica=replica.index,
+            )
             nudge_members(replica)  # the head's server may be waiting for it
 
     def maybe_start(self, member: ReplicaMember, *, supervisor: Supervisor, now) -> None:
@@ -183,7 +220,8 @@ class MemberReconciler:
         if why:
             if member.state_reason != why or member.state not in (S.PENDING, S.RESTARTING):
                 ReplicaMember.objects.filter(pk=member.pk).update(
-                    state=S.RESTARTING if member.state == S.RESTARTING else S.PENDING, state_reason=why)
+                    state=S.RESTARTING if member.state == S.RESTARTING else S.PENDING, state_reason=why
+                )
             return
         try:
             spec, env_added = member_process(member)
@@ -197,14 +235,28 @@ class MemberReconciler:
         handle = supervisor.start(spec)
         restarts = member.restarts + (1 if member.state == S.RESTARTING else 0)
         recorded = ReplicaMember.objects.filter(pk=member.pk).update(
-            pid=handle.pid, pid_create_time=handle.create_time, argv=handle.argv, env=env_added, log_path=str(spec.log_path),
-            state=S.STARTING, state_reason="", started_at=now, ready_at=None, next_start_at=None, last_exit_code=None,
-            restarts=restarts)
+            pid=handle.pid,
+            pid_create_time=handle.create_time,
+            argv=handle.argv,
+            env=env_added,
+            log_path=str(spec.log_path),
+            state=S.STARTING,
+            state_reason="",
+            started_at=now,
+            ready_at=None,
+            next_start_at=None,
+            last_exit_code=None,
+            restarts=restarts,
+        )
         if not recorded:  # the endpoint was deleted during the start: nothing else would ever stop it
             stop_unowned(handle, supervisor=supervisor, what=f"{member.role} of {member.replica} (pid {handle.pid})")
             return
-        event(member.replica.endpoint_id, "member-started", f"{member.role} on {member.node.name}: pid {handle.pid}",
-              replica=member.replica.index)
+        event(
+            member.replica.endpoint_id,
+            "member-started",
+            f"{member.role} on {member.node.name}: pid {handle.pid}",
+            replica=member.replica.index,
+        )
 
     def refuse_start(self, member: ReplicaMember, reason: str) -> None:
         """This node's vLLM no longer knows the member's flags: failed, and the replica's server, which
@@ -228,8 +280,9 @@ class MemberReconciler:
         code = supervisor.exit_code(handle)
         last = supervisor.log_tail(handle, handle.log_path)
         supervisor.reap(handle)
-        reason = (root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()),
-                                           "no output"))[:300]
+        reason = (
+            root_cause(last) or next((line for line in reversed(last.splitlines()) if line.strip()), "no output")
+        )[:300]
         # A node that was up and died (a lost host, the OOM killer) always comes back; only failed starts
         # count towards giving up, so a member that cannot start at all stops being retried.
         was_up = member.state == S.READY
@@ -237,20 +290,45 @@ class MemberReconciler:
         what = f"{member.role} on {member.node.name}"
         if not was_up and crashes >= settings.ENDPOINT_MAX_CRASHES:
             ReplicaMember.objects.filter(pk=member.pk).update(
-                state=S.FAILED, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
-                state_reason=f"gave up after {crashes} crashes in a row; last: {reason}"[:500])
-            event(endpoint.pk, "member-failed", f"{what}: gave up after {crashes} crashes in a row (exit code {code}): "
-                  f"{reason}", replica=replica.index, level="error")
+                state=S.FAILED,
+                pid=None,
+                crashes_in_a_row=crashes,
+                last_exit_code=code,
+                last_log=last,
+                state_reason=f"gave up after {crashes} crashes in a row; last: {reason}"[:500],
+            )
+            event(
+                endpoint.pk,
+                "member-failed",
+                f"{what}: gave up after {crashes} crashes in a row (exit code {code}): {reason}",
+                replica=replica.index,
+                level="error",
+            )
         else:
             delay = backoff_seconds(max(crashes, 1))
             ReplicaMember.objects.filter(pk=member.pk).update(
-                state=S.RESTARTING, pid=None, crashes_in_a_row=crashes, last_exit_code=code, last_log=last,
+                state=S.RESTARTING,
+                pid=None,
+                crashes_in_a_row=crashes,
+                last_exit_code=code,
+                last_log=last,
                 next_start_at=now + timedelta(seconds=delay),
-                state_reason=f"crashed (exit code {code}); restarting in {delay:.0f} s: {reason}"[:500])
-            event(endpoint.pk, "member-crashed", f"{what}: process {member.pid} exited (code {code}); restart in "
-                  f"{delay:.0f} s: {reason}", replica=replica.index, level="error")
+                state_reason=f"crashed (exit code {code}); restarting in {delay:.0f} s: {reason}"[:500],
+            )
+            event(
+                endpoint.pk,
+                "member-crashed",
+                f"{what}: process {member.pid} exited (code {code}); restart in {delay:.0f} s: {reason}",
+                replica=replica.index,
+                level="error",
+            )
         # The server's workers on that node are gone with it: start it again once the cluster is whole.
         if Replica.objects.filter(pk=replica.pk, pid__isnull=False, state__in=RUNNING).update(restart_requested=True):
-            event(endpoint.pk, "restarting", f"{what} crashed: the server restarts once every node is back",
-                  replica=replica.index, level="warning")
+            event(
+                endpoint.pk,
+                "restarting",
+                f"{what} crashed: the server restarts once every node is back",
+                replica=replica.index,
+                level="warning",
+            )
         nudge_members(replica)

@@ -8,8 +8,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 ENDPOINT_NAME_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"  # also an endpoint's directories on its nodes (node_files)
-ENDPOINT_NAME = RegexValidator(rf"^{ENDPOINT_NAME_PATTERN}$",
-                               "Use lower-case letters, digits and '-' (URL-safe, up to 63).")
+ENDPOINT_NAME = RegexValidator(
+    rf"^{ENDPOINT_NAME_PATTERN}$", "Use lower-case letters, digits and '-' (URL-safe, up to 63)."
+)
 
 
 class Endpoint(models.Model):
@@ -32,12 +33,14 @@ class Endpoint(models.Model):
 
     class Distributed(models.TextChoices):
         """How one replica spans nodes: its head node runs the API server, member nodes the rest."""
+
         NONE = "", "one node"
         RAY = "ray", "Ray cluster (tensor/pipeline parallel across nodes)"
         DP = "dp", "data parallel across nodes (headless ranks)"
 
     class Routing(models.TextChoices):
         """How the gateway picks one of the endpoint's ready replicas (endpoints/gateway/routing.py)."""
+
         LEAST_OUTSTANDING = "least-outstanding", "least outstanding requests"
         PREFIX = "prefix", "prefix-aware (requests that start alike go to the same replica)"
 
@@ -76,7 +79,9 @@ class Endpoint(models.Model):
     desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -131,10 +136,14 @@ class Replica(models.Model):
         ordering = ["endpoint_id", "index"]
         constraints = [
             models.UniqueConstraint(fields=["endpoint", "index"], name="unique_replica_index"),
-            models.UniqueConstraint(fields=["port_host", "port"], condition=models.Q(port__isnull=False),
-                                    name="unique_port_per_host"),
-            models.UniqueConstraint(fields=["port_host", "cluster_port"], condition=models.Q(cluster_port__isnull=False),
-                                    name="unique_cluster_port_per_host"),
+            models.UniqueConstraint(
+                fields=["port_host", "port"], condition=models.Q(port__isnull=False), name="unique_port_per_host"
+            ),
+            models.UniqueConstraint(
+                fields=["port_host", "cluster_port"],
+                condition=models.Q(cluster_port__isnull=False),
+                name="unique_cluster_port_per_host",
+            ),
         ]
 
     def __str__(self):

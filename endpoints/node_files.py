@@ -15,6 +15,7 @@ replica workload sweeps this host's directories now and then (:data:`SWEEP_EVERY
 An endpoint's name is its key on disk (unique, ``[a-z0-9][a-z0-9-]*``). Only directories are removed, never a
 symbolic link's target (``shutil.rmtree`` refuses a link, and removes a tree without following the links in it).
 """
+
 from __future__ import annotations
 
 import logging

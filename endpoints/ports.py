@@ -1,5 +1,6 @@
 """Ports reserved on a host through the Replica table: each replica's API port, and a multi-node
 replica's rendezvous port (Ray head, data-parallel RPC) on its head node."""
+
 from django.conf import settings
 from django.db import IntegrityError, transaction
 

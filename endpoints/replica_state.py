@@ -1,6 +1,7 @@
 """The rules of a replica's life that the reconcile loop applies: readiness, backoff after a
 crash, scheduled restarts, device faults and where to go instead, the endpoint's overall state,
 and the event log."""
+
 import http.client
 import json
 import logging
@@ -26,8 +27,17 @@ DB_AWAY = (OperationalError, InterfaceError)
 
 
 def event(endpoint_id: int, kind: str, message: str, *, replica: int | None = None, level: str = "info") -> None:
-    EndpointEvent.objects.create(endpoint_id=endpoint_id, replica_index=replica, kind=kind, message=message[:4000], level=level)
-    log.log(logging.WARNING if level != "info" else logging.INFO, "[endpoint %s#%s] %s: %s", endpoint_id, replica, kind, message)
+    EndpointEvent.objects.create(
+        endpoint_id=endpoint_id, replica_index=replica, kind=kind, message=message[:4000], level=level
+    )
+    log.log(
+        logging.WARNING if level != "info" else logging.INFO,
+        "[endpoint %s#%s] %s: %s",
+        endpoint_id,
+        replica,
+        kind,
+        message,
+    )
 
 
 def stop_unowned(handle: ProcessHandle, *, supervisor: Supervisor, what: str) -> None:
@@ -62,8 +72,7 @@ def check_ready(replica: Replica) -> tuple[bool, str]:
         status, _ = http_get_json(base + "/health")
         if status != 200:
             return False, f"/health answered {status}"
-        why = model_unlisted(base, served_model_name=replica.endpoint.served_model_name,
-                             headers=replica.auth_header)
+        why = model_unlisted(base, served_model_name=replica.endpoint.served_model_name, headers=replica.auth_header)
         return (False, why) if why else (True, "ok")
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:  # a cut answer too
         return False, f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
@@ -140,8 +149,11 @@ def healthy_placement(replica: Replica, faults: dict[int, str]) -> list[int] | N
     the endpoint's own devices (the spec's placement) that is healthy and held by no other wanted
     replica of it. None when there are not enough spares: a pinned spec goes nowhere else."""
     endpoint = replica.endpoint
-    held = {d for other in Replica.objects.filter(endpoint=endpoint, index__lt=endpoint.replicas).exclude(pk=replica.pk)
-            for d in other.devices}
+    held = {
+        d
+        for other in Replica.objects.filter(endpoint=endpoint, index__lt=endpoint.replicas).exclude(pk=replica.pk)
+        for d in other.devices
+    }
     bad = set(Device.objects.filter(node_id=replica.node_id).unhealthy().values_list("index", flat=True))
     spares = [d for d in endpoint.devices if d not in held and d not in bad and d not in replica.devices]
     keep = [d for d in replica.devices if d not in faults]
@@ -159,8 +171,13 @@ MEMBER_DOWN = (Endpoint.State.CRASHED, Endpoint.State.RESTARTING, Endpoint.State
 
 def member_down_reason(endpoint: Endpoint) -> str:
     """Why a node of a running multi-node replica is missing ("" when every member is up or starting)."""
-    down = (ReplicaMember.objects.filter(replica__endpoint=endpoint, replica__index__lt=endpoint.replicas,
-                                         state__in=MEMBER_DOWN).select_related("node").first())
+    down = (
+        ReplicaMember.objects.filter(
+            replica__endpoint=endpoint, replica__index__lt=endpoint.replicas, state__in=MEMBER_DOWN
+        )
+        .select_related("node")
+        .first()
+    )
     return f"{down.role} on node {down.node.name}: {down.state_reason or down.state}" if down else ""
 
 
@@ -178,8 +195,9 @@ def aggregate_state(endpoint: Endpoint) -> tuple[str, str]:
         return S.PENDING, SCALED_TO_ZERO
     every_failed = bool(states) and all(s == S.FAILED for s in states)
     if every_failed:  # a start refused by a node's parser says more than a member it left down
-        refused = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
-                        if ENGINE_REFUSED in r), "")
+        refused = next(
+            (r for r in endpoint.replica_set.values_list("state_reason", flat=True) if ENGINE_REFUSED in r), ""
+        )
         if refused:
             return S.FAILED, refused
     if down := member_down_reason(endpoint):  # a node of the cluster died: degraded until it is back
@@ -203,8 +221,9 @@ def refresh_endpoint_state(endpoint: Endpoint) -> None:
     if state == Endpoint.State.PENDING and reason != SCALED_TO_ZERO and not endpoint.node.online:
         reason = f"waiting for the agent of node {endpoint.node.name} (offline)"
     if not reason:  # say why a replica is held out of routing, on the endpoint and in lists
-        reason = next((r for r in endpoint.replica_set.values_list("state_reason", flat=True)
-                       if r.startswith(DEVICE_FAULT)), "")
+        reason = next(
+            (r for r in endpoint.replica_set.values_list("state_reason", flat=True) if r.startswith(DEVICE_FAULT)), ""
+        )
     if not reason and endpoint.desired_state == Endpoint.Desired.RUNNING:
         draining = endpoint.replica_set.filter(index__gte=endpoint.replicas, state=Endpoint.State.STOPPING).count()
         wanted = endpoint.autoscale_wanted

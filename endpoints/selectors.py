@@ -21,8 +21,12 @@ def replicas_on_node(node):
 
 def members_on_node(node):
     """The parts of multi-node replicas headed elsewhere that the node runs, for its page."""
-    return (ReplicaMember.objects.filter(node=node).exclude(replica__node=node).exclude(state=Endpoint.State.STOPPED)
-            .select_related("replica", "replica__endpoint"))
+    return (
+        ReplicaMember.objects.filter(node=node)
+        .exclude(replica__node=node)
+        .exclude(state=Endpoint.State.STOPPED)
+        .select_related("replica", "replica__endpoint")
+    )
 
 
 def unhealthy_replica_ids(replicas) -> set[int]:
@@ -39,15 +43,21 @@ def unhealthy_replica_ids(replicas) -> set[int]:
 
 def autoscaled_endpoints():
     """The endpoints the autoscaler looks after: autoscaling on, meant to be running, one node."""
-    return (Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, autoscale__isnull=False, distributed="")
-            .select_related("node"))
+    return Endpoint.objects.filter(
+        desired_state=Endpoint.Desired.RUNNING, autoscale__isnull=False, distributed=""
+    ).select_related("node")
 
 
 # Per metric: the Sample field it adds into. gw.waiting is the gateway's own queue: only the requests
 # it holds while an endpoint scaled to zero wakes. Those it has sent on are in vLLM's running/waiting
 # already, so counting its in-flight requests too would count them twice.
-_LOAD_METRICS = {"ep.waiting": "waiting", "gw.waiting": "waiting", "ep.running": "running", "ep.qps": "served",
-                 "gw.qps": "served"}
+_LOAD_METRICS = {
+    "ep.waiting": "waiting",
+    "gw.waiting": "waiting",
+    "ep.running": "running",
+    "ep.qps": "served",
+    "gw.qps": "served",
+}
 
 
 def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
@@ -57,12 +67,16 @@ def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample
     over the replicas (and gateways). Readings are bucketed by TELEMETRY_INTERVAL_SECONDS (a series'
     several readings in one bucket count once, the last); a bucket without vLLM's `ep.waiting` is not
     `scraped`."""
-    series = dict(Series.objects.filter(endpoint_id=endpoint_id, metric__in=list(_LOAD_METRICS))
-                  .values_list("pk", "metric"))
+    series = dict(
+        Series.objects.filter(endpoint_id=endpoint_id, metric__in=list(_LOAD_METRICS)).values_list("pk", "metric")
+    )
     step = max(1, int(settings.TELEMETRY_INTERVAL_SECONDS))
     buckets: dict[int, dict[int, float]] = {}
-    for series_id, ts, value in (Point.objects.filter(series_id__in=list(series), ts__gt=int(since), ts__lte=int(until))
-                                 .order_by("ts").values_list("series_id", "ts", "value")):
+    for series_id, ts, value in (
+        Point.objects.filter(series_id__in=list(series), ts__gt=int(since), ts__lte=int(until))
+        .order_by("ts")
+        .values_list("series_id", "ts", "value")
+    ):
         buckets.setdefault(ts // step * step, {})[series_id] = value
     out = []
     for ts, values in sorted(buckets.items()):
@@ -72,6 +86,9 @@ def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample
         metrics = {series[pk] for pk in values}
         # vLLM not saying how many it runs is not "none running".
         running = sums["running"] if "ep.running" in metrics or "ep.waiting" not in metrics else None
-        out.append(Sample(ts=ts, waiting=sums["waiting"], running=running, served=sums["served"],
-                          scraped="ep.waiting" in metrics))
+        out.append(
+            Sample(
+                ts=ts, waiting=sums["waiting"], running=running, served=sums["served"], scraped="ep.waiting" in metrics
+            )
+        )
     return out

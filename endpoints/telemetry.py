@@ -3,6 +3,7 @@ RSS of each replica's process tree, and each ready replica's vLLM ``/metrics`` (
 concurrently, each with a timeout). The previous /metrics snapshot of each replica is kept in
 this process to turn counters and histograms into per-window rates and percentiles. Also the
 facts (endpoint ready or not) that alerts, the fleet summary and /metrics report."""
+
 from __future__ import annotations
 
 import http.client
@@ -48,8 +49,9 @@ def _parse(text: str, served_name: str) -> Snapshot:
     return snap
 
 
-def endpoint_readings(replica: Replica, text: str | None,
-                      now_mono: float) -> tuple[list[tuple[str, str, float | None]], str | None]:
+def endpoint_readings(
+    replica: Replica, text: str | None, now_mono: float
+) -> tuple[list[tuple[str, str, float | None]], str | None]:
     """(metric, unit, value) for one replica's scrape, and why its /metrics did not parse (else None);
     keeps its snapshot for the next window. A failed scrape, a /metrics that does not parse and each
     failed health check since the previous pass count as errors."""
@@ -75,8 +77,11 @@ def endpoint_readings(replica: Replica, text: str | None,
         return out, unparsable
     with _lock:
         _snapshots[replica.pk] = (replica.pid, now_mono, snap)
-    out += [("ep.running", "", snap.running), ("ep.waiting", "", snap.waiting),
-            ("ep.kv_cache_pct", "%", None if snap.kv_cache_usage is None else round(snap.kv_cache_usage * 100, 3))]
+    out += [
+        ("ep.running", "", snap.running),
+        ("ep.waiting", "", snap.waiting),
+        ("ep.kv_cache_pct", "%", None if snap.kv_cache_usage is None else round(snap.kv_cache_usage * 100, 3)),
+    ]
     if previous is None or previous[0] != replica.pid or now_mono - previous[1] <= 0:
         return out, None  # the first scrape of this process: no window yet
     stats = window_stats(previous[2], snap, now_mono - previous[1])
@@ -86,14 +91,20 @@ def endpoint_readings(replica: Replica, text: str | None,
     total = requests + failed
     out += [
         ("ep.qps", "req/s", stats.get("qps") if stats.get("qps") is not None else 0.0),
-        ("ep.p50_s", "s", e2e.get("p50")), ("ep.p90_s", "s", e2e.get("p90")), ("ep.p99_s", "s", e2e.get("p99")),
-        ("ep.ttft_p50_s", "s", ttft.get("p50")), ("ep.ttft_p99_s", "s", ttft.get("p99")),
+        ("ep.p50_s", "s", e2e.get("p50")),
+        ("ep.p90_s", "s", e2e.get("p90")),
+        ("ep.p99_s", "s", e2e.get("p99")),
+        ("ep.ttft_p50_s", "s", ttft.get("p50")),
+        ("ep.ttft_p99_s", "s", ttft.get("p99")),
         ("ep.itl_p50_s", "s", itl.get("p50")),
         ("ep.gen_tps", "tok/s", stats.get("generation_tokens_per_s")),
         ("ep.prompt_tps", "tok/s", stats.get("prompt_tokens_per_s")),
         # Prompt tokens found in the prefix cache over the window (what prefix-aware routing aims at).
-        ("ep.prefix_hit_pct", "%", None if stats.get("prefix_cache_hit_rate") is None
-         else round(stats["prefix_cache_hit_rate"] * 100, 3)),
+        (
+            "ep.prefix_hit_pct",
+            "%",
+            None if stats.get("prefix_cache_hit_rate") is None else round(stats["prefix_cache_hit_rate"] * 100, 3),
+        ),
         ("ep.errors", "", float(errors)),
         ("ep.error_rate", "ratio", errors / total if total else 0.0),
     ]
@@ -119,15 +130,32 @@ def collect_replicas(node: Node) -> Contribution:
         if not tree:
             continue
         for proc in tree["processes"]:
-            part.owners[proc["pid"]] = {"endpoint_id": replica.endpoint_id, "endpoint": replica.endpoint.name,
-                                        "replica": replica.index}
+            part.owners[proc["pid"]] = {
+                "endpoint_id": replica.endpoint_id,
+                "endpoint": replica.endpoint.name,
+                "replica": replica.index,
+            }
         name = f"{replica.endpoint.name}#{replica.index}"
         base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=name)
         if tree["warm"]:
-            part.readings.append(Reading(f"e{replica.endpoint_id}.r{replica.index}.proc.cpu_pct", "proc.cpu_pct",
-                                         tree["cpu_pct"], "%", **base))
-        part.readings.append(Reading(f"e{replica.endpoint_id}.r{replica.index}.proc.rss_bytes", "proc.rss_bytes",
-                                     tree["rss_bytes"], "B", **base))
+            part.readings.append(
+                Reading(
+                    f"e{replica.endpoint_id}.r{replica.index}.proc.cpu_pct",
+                    "proc.cpu_pct",
+                    tree["cpu_pct"],
+                    "%",
+                    **base,
+                )
+            )
+        part.readings.append(
+            Reading(
+                f"e{replica.endpoint_id}.r{replica.index}.proc.rss_bytes",
+                "proc.rss_bytes",
+                tree["rss_bytes"],
+                "B",
+                **base,
+            )
+        )
 
     for replica in to_scrape:
         text, error = scraped[replica.pk]
@@ -137,7 +165,9 @@ def collect_replicas(node: Node) -> Contribution:
             part.errors.append(f"scrape {label}: {error or unparsable}")
         base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=label)
         for metric, unit, value in readings:
-            part.readings.append(Reading(f"e{replica.endpoint_id}.r{replica.index}.{metric}", metric, value, unit, **base))
+            part.readings.append(
+                Reading(f"e{replica.endpoint_id}.r{replica.index}.{metric}", metric, value, unit, **base)
+            )
     with _lock:  # forget replicas that stopped being scraped (their next window starts afresh)
         for replica in replicas:
             if replica.pk not in scraped:
@@ -149,5 +179,7 @@ def collect_replicas(node: Node) -> Contribution:
 def served_facts() -> list[ServedFact]:
     """Every endpoint meant to be running, and whether it is ready (the registered facts). One scaled
     to zero is left out: no replica is meant to serve until a request wakes it (not an alert)."""
-    return [ServedFact(id=ep.pk, name=ep.name, state=ep.state, node_id=ep.node_id, ready=ep.state == Endpoint.State.READY)
-            for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, replicas__gt=0)]
+    return [
+        ServedFact(id=ep.pk, name=ep.name, state=ep.state, node_id=ep.node_id, ready=ep.state == Endpoint.State.READY)
+        for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, replicas__gt=0)
+    ]

@@ -27,15 +27,28 @@ def endpoint_list(request):
 @require_role(OPERATOR)
 @require_http_methods(["GET", "POST"])
 def endpoint_launch(request):
-    artifacts = Artifact.objects.alive().filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS).select_related("model")
-    values = {"replicas": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True,
-              "artifact": request.GET.get("artifact", "")}
+    artifacts = (
+        Artifact.objects.alive()
+        .filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS)
+        .select_related("model")
+    )
+    values = {
+        "replicas": 1,
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "enforce_eager": True,
+        "artifact": request.GET.get("artifact", ""),
+    }
     errors = {}
     if request.method == "POST":
         form = EndpointLaunchForm(request.POST)
         # What the operator typed, shown again with the errors.
-        values = {name: request.POST.get(name) == "on" if isinstance(field, forms.BooleanField) else request.POST.get(name, "").strip()
-                  for name, field in form.fields.items()}
+        values = {
+            name: request.POST.get(name) == "on"
+            if isinstance(field, forms.BooleanField)
+            else request.POST.get(name, "").strip()
+            for name, field in form.fields.items()
+        }
         if not form.is_valid():
             errors = _errors(ValidationError(form.errors.as_data()))
         else:
@@ -49,11 +62,20 @@ def endpoint_launch(request):
             else:
                 messages.success(request, f"Launching {endpoint.name}.")
                 return redirect(endpoint)
-    return render(request, "endpoints/endpoint_launch.html",
-                  {"artifacts": artifacts, "nodes": Node.objects.all(), "values": values, "errors": errors,
-                   "dtypes": services.DTYPES, "distributed_choices": Endpoint.Distributed.choices,
-                   "routing_choices": Endpoint.Routing.choices},
-                  status=400 if errors else 200)
+    return render(
+        request,
+        "endpoints/endpoint_launch.html",
+        {
+            "artifacts": artifacts,
+            "nodes": Node.objects.all(),
+            "values": values,
+            "errors": errors,
+            "dtypes": services.DTYPES,
+            "distributed_choices": Endpoint.Distributed.choices,
+            "routing_choices": Endpoint.Routing.choices,
+        },
+        status=400 if errors else 200,
+    )
 
 
 def _detail_context(endpoint):
@@ -61,7 +83,9 @@ def _detail_context(endpoint):
     log_replica = next((r for r in replicas if r.log_path), None)
 
     return {
-        "endpoint": endpoint, "replicas": replicas, "events": endpoint.events.all()[:40],
+        "endpoint": endpoint,
+        "replicas": replicas,
+        "events": endpoint.events.all()[:40],
         "log_tail": tail_lines(recorded_log(log_replica.log_path), 30) if log_replica else "",
         "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv]
         + [(m, format_for_shell(m.argv, m.env)) for r in replicas for m in r.members.all() if m.argv],
@@ -75,11 +99,19 @@ def endpoint_detail(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
     from django.conf import settings
 
-    return render(request, "endpoints/endpoint_detail.html", {
-        **_detail_context(endpoint), "gateway_url": settings.GATEWAY_URL,
-        # Candidates to stage beside this one: other endpoints serving the same model name.
-        "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(served_model_name=endpoint.served_model_name),
-        "routing_choices": Endpoint.Routing.choices})
+    return render(
+        request,
+        "endpoints/endpoint_detail.html",
+        {
+            **_detail_context(endpoint),
+            "gateway_url": settings.GATEWAY_URL,
+            # Candidates to stage beside this one: other endpoints serving the same model name.
+            "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(
+                served_model_name=endpoint.served_model_name
+            ),
+            "routing_choices": Endpoint.Routing.choices,
+        },
+    )
 
 
 @require_role(VIEWER)
@@ -133,9 +165,15 @@ def endpoint_profiling(request, endpoint_id: int):
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))
     else:
-        messages.success(request, f"{endpoint.name}: profiling {'enabled' if enabled else 'disabled'}"
-                                  + ("; replicas restart one at a time." if endpoint.desired_state == Endpoint.Desired.RUNNING
-                                     else "; it applies at the next start."))
+        messages.success(
+            request,
+            f"{endpoint.name}: profiling {'enabled' if enabled else 'disabled'}"
+            + (
+                "; replicas restart one at a time."
+                if endpoint.desired_state == Endpoint.Desired.RUNNING
+                else "; it applies at the next start."
+            ),
+        )
     return redirect(endpoint)
 
 
@@ -145,13 +183,15 @@ def endpoint_routing(request, endpoint_id: int):
     """The endpoint page's gateway routing policy (least outstanding or prefix-aware)."""
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     try:
-        endpoint = services.endpoint_update(endpoint=endpoint, routing=request.POST.get("routing", ""),
-                                            user=request.user, request=request)
+        endpoint = services.endpoint_update(
+            endpoint=endpoint, routing=request.POST.get("routing", ""), user=request.user, request=request
+        )
     except ValidationError as exc:
         messages.error(request, error_text(exc))
     else:
-        messages.success(request, f"{endpoint.name}: the gateway routes by {endpoint.get_routing_display()} "
-                                  "within seconds.")
+        messages.success(
+            request, f"{endpoint.name}: the gateway routes by {endpoint.get_routing_display()} within seconds."
+        )
     return redirect(endpoint)
 
 
@@ -174,7 +214,9 @@ def endpoint_try(request, endpoint_id: int):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     context = {"endpoint": endpoint, "message": request.POST.get("message", "")}
     try:
-        context["answer"] = services.endpoint_chat(endpoint=endpoint, message=context["message"], user=request.user, request=request)
+        context["answer"] = services.endpoint_chat(
+            endpoint=endpoint, message=context["message"], user=request.user, request=request
+        )
     except ValidationError as exc:
         context["error"] = " ".join(exc.messages)
     except ServiceUnavailable as exc:
@@ -187,5 +229,8 @@ def endpoint_try(request, endpoint_id: int):
 def node_replicas(request, node_id: int):
     """The node page's list of the replicas it runs (loaded by htmx: serving facts come from here)."""
     node = get_object_or_404(Node, pk=node_id)
-    return render(request, "endpoints/_node_replicas.html", {"node": node, "replicas": selectors.replicas_on_node(node),
-                                                             "members": selectors.members_on_node(node)})
+    return render(
+        request,
+        "endpoints/_node_replicas.html",
+        {"node": node, "replicas": selectors.replicas_on_node(node), "members": selectors.members_on_node(node)},
+    )

@@ -113,8 +113,7 @@ class Histogram:
         if previous is None:
             return self, False
         before = dict(previous.buckets)
-        reset = self.count < previous.count or any(
-            count < before.get(bound, 0.0) for bound, count in self.buckets)
+        reset = self.count < previous.count or any(count < before.get(bound, 0.0) for bound, count in self.buckets)
         if reset:
             return self, True
         buckets = tuple((bound, count - before.get(bound, 0.0)) for bound, count in self.buckets)
@@ -182,8 +181,15 @@ def parse_metrics(text: str, model_name: str | None = None) -> Snapshot:
     -- except ``kv_cache_usage``, a fraction, which is averaged.  Raises ``ValueError`` on text
     that is not the Prometheus text format."""
     samples = _index(text)
-    models = sorted({labels["model_name"] for name, rows in samples.items() if name.startswith("vllm:")
-                     for labels, _ in rows if "model_name" in labels})
+    models = sorted(
+        {
+            labels["model_name"]
+            for name, rows in samples.items()
+            if name.startswith("vllm:")
+            for labels, _ in rows
+            if "model_name" in labels
+        }
+    )
     snap = Snapshot(models=tuple(models))
 
     def rows(name: str):
@@ -329,8 +335,11 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
             continue
         delta, was_reset = hist.delta(getattr(previous, key))
         reset |= was_reset
-        out[key] = {"count": delta.count, "mean": delta.mean,
-                    **{name: delta.quantile(q) for name, q in QUANTILES.items()}}
+        out[key] = {
+            "count": delta.count,
+            "mean": delta.mean,
+            **{name: delta.quantile(q) for name, q in QUANTILES.items()},
+        }
 
     if by_reason:
         requests = sum(by_reason.values())
@@ -340,8 +349,7 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
         requests = None
     # Tokens found in the prefix cache / tokens looked up, over the window (None: no lookup, or not exposed).
     queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
-    out["prefix_cache_hit_rate"] = (min(max(hits / queries, 0.0), 1.0)
-                                    if queries and hits is not None else None)
+    out["prefix_cache_hit_rate"] = min(max(hits / queries, 0.0), 1.0) if queries and hits is not None else None
 
     out["requests"] = requests
     out["qps"] = _rate(requests, seconds)

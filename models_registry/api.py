@@ -73,8 +73,9 @@ def list_models(request):
 
 @api_route(router, "post", "/models", role=OPERATOR, response={201: dict})
 def register_model(request, payload: ModelIn):
-    model = services.model_register(name=payload.name, path=payload.path, description=payload.description,
-                                    user=request.user, request=request)
+    model = services.model_register(
+        name=payload.name, path=payload.path, description=payload.description, user=request.user, request=request
+    )
     return 201, model_json(model)
 
 
@@ -85,7 +86,9 @@ def get_model(request, model_id: int):
 
 @api_route(router, "delete", "/models/{model_id}", role=ADMIN, response={204: None})
 def delete_model(request, model_id: int):
-    services.model_delete(model=get_object_or_404(Model.objects.alive(), pk=model_id), user=request.user, request=request)
+    services.model_delete(
+        model=get_object_or_404(Model.objects.alive(), pk=model_id), user=request.user, request=request
+    )
     return 204, None
 
 
@@ -102,14 +105,16 @@ def get_capacity(request, artifact_id: int, memory_utilization: float | None = N
 
 @api_route(router, "delete", "/artifacts/{artifact_id}", role=ADMIN, response={204: None})
 def delete_artifact(request, artifact_id: int):
-    services.artifact_delete(artifact=get_object_or_404(Artifact.objects.alive(), pk=artifact_id),
-                             user=request.user, request=request)
+    services.artifact_delete(
+        artifact=get_object_or_404(Artifact.objects.alive(), pk=artifact_id), user=request.user, request=request
+    )
     return 204, None
 
 
 @api_route(router, "post", "/artifacts/{artifact_id}/convert", role=OPERATOR, response={202: dict})
 def convert_artifact(request, artifact_id: int, payload: ConvertIn):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
-    job = services.artifact_convert(artifact=artifact, user=request.user, options=ConvertOptions(**payload.dict()),
-                                    request=request)
+    job = services.artifact_convert(
+        artifact=artifact, user=request.user, options=ConvertOptions(**payload.dict()), request=request
+    )
     return 202, {"job": job.pk}

@@ -70,9 +70,20 @@ ASCEND_DEVICE_MEMORY_GIB = {
 
 # Bytes per element for weight / KV-cache dtypes.
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "f32": 4,
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "f16": 2, "half": 2,
-    "int8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "q8_0": 1.0625,
+    "float32": 4,
+    "fp32": 4,
+    "f32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "f16": 2,
+    "half": 2,
+    "int8": 1,
+    "fp8": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "q8_0": 1.0625,
 }
 
 DEFAULT_RESERVE_PER_DEVICE_BYTES = 1 * GiB
@@ -177,12 +188,17 @@ def estimate_capacity(
     kv_bytes_per_token = int(kv_bytes_per_token)
     total = int(device_memory_bytes) * num_devices
     usable = int(total * memory_utilization)
-    overhead = int(activation_overhead_bytes) if activation_overhead_bytes is not None else default_overhead_bytes(
-        weight_bytes, num_devices)
+    overhead = (
+        int(activation_overhead_bytes)
+        if activation_overhead_bytes is not None
+        else default_overhead_bytes(weight_bytes, num_devices)
+    )
     kv_budget = usable - weight_bytes - overhead
 
     if context_len is None:
-        context_len = min(DEFAULT_CONTEXT_LEN, max_position_embeddings) if max_position_embeddings else DEFAULT_CONTEXT_LEN
+        context_len = (
+            min(DEFAULT_CONTEXT_LEN, max_position_embeddings) if max_position_embeddings else DEFAULT_CONTEXT_LEN
+        )
     if context_len < 1:
         raise ValueError("context_len must be at least 1")
 

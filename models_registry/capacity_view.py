@@ -1,4 +1,5 @@
 """The capacity table shown on an artifact page and by the API: one estimate per device type."""
+
 import psutil
 from django.conf import settings
 
@@ -17,8 +18,9 @@ def reference_devices() -> list[tuple[str, int]]:
     return rows
 
 
-def artifact_capacity(artifact, *, memory_utilization: float | None = None,
-                      devices: list[tuple[str, int]] | None = None) -> dict:
+def artifact_capacity(
+    artifact, *, memory_utilization: float | None = None, devices: list[tuple[str, int]] | None = None
+) -> dict:
     """The estimate per device: ``devices`` (label, memory bytes), by default the reference parts and
     the live devices serving registered (the most free memory on each node's accelerators)."""
     if devices is None:
@@ -36,13 +38,34 @@ def artifact_capacity(artifact, *, memory_utilization: float | None = None,
     rows, estimate = [], None
     for name, memory in devices:
         estimate = estimate_capacity(
-            weight_bytes=weight_bytes, kv_bytes_per_token=kv_per_token, device_memory_bytes=memory,
-            memory_utilization=util, max_position_embeddings=inspection.get("max_position_embeddings"),
+            weight_bytes=weight_bytes,
+            kv_bytes_per_token=kv_per_token,
+            device_memory_bytes=memory,
+            memory_utilization=util,
+            max_position_embeddings=inspection.get("max_position_embeddings"),
             param_count=inspection.get("param_count"),
         )
-        rows.append({"device": name, **{k: estimate[k] for k in (
-            "device_memory_bytes", "fits", "max_model_len", "max_num_seqs", "recommended_max_num_seqs", "summary")}})
+        rows.append(
+            {
+                "device": name,
+                **{
+                    k: estimate[k]
+                    for k in (
+                        "device_memory_bytes",
+                        "fits",
+                        "max_model_len",
+                        "max_num_seqs",
+                        "recommended_max_num_seqs",
+                        "summary",
+                    )
+                },
+            }
+        )
     return {
-        "weight_bytes": weight_bytes, "kv_bytes_per_token": kv_per_token, "kv_dtype": kv_dtype,
-        "memory_utilization": util, "context_len": estimate["context_len"] if estimate else None, "rows": rows,
+        "weight_bytes": weight_bytes,
+        "kv_bytes_per_token": kv_per_token,
+        "kv_dtype": kv_dtype,
+        "memory_utilization": util,
+        "context_len": estimate["context_len"] if estimate else None,
+        "rows": rows,
     }

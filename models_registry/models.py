@@ -20,7 +20,9 @@ class Model(models.Model):
 
     name = models.CharField(max_length=100, unique=True, validators=[NAME_VALIDATOR])
     description = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     deleted_at = models.DateTimeField(null=True, blank=True)
 
@@ -77,7 +79,9 @@ class Artifact(models.Model):
     accuracy = models.JSONField(null=True, blank=True)
     recommended = models.BooleanField(default=True)
     note = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
     deleted_at = models.DateTimeField(null=True, blank=True)
 
@@ -103,4 +107,6 @@ class Artifact(models.Model):
     @property
     def is_original(self) -> bool:
         return self.parent_id is None
+
+
 from models_registry.quantize.models import *  # noqa: E402,F401,F403

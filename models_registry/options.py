@@ -1,6 +1,7 @@
 """The typed options of the registry's services.  The web forms (``forms.py``) and the API schemas
 both produce these, so text is parsed once, at the edge; the services check the rules (ranges that
 depend on the artifact, combinations).  ``None`` means "not given": the service's default applies."""
+
 from dataclasses import asdict, dataclass, fields
 
 from django.core.exceptions import ValidationError

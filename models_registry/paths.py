@@ -5,6 +5,7 @@ tokenizer.json swapped for a link to a secret) must not be followed out either, 
 copy of model or artifact files at job or page time goes through the helpers below: confine, tree_files,
 open_confined, copy_confined, artifact_store_dir. A link that stays inside the roots is followed (Hugging
 Face caches link snapshots to blobs); one that leads out raises PathRefused naming the path."""
+
 import os
 import shutil
 import stat
@@ -67,14 +68,18 @@ def validate_model_path(raw: str) -> Path:
                 if not _inside(target, roots):
                     raise ValidationError(
                         f"{entry.relative_to(resolved)} in {resolved} is a symbolic link that leads outside the "
-                        "allowed model roots.", code="symlink_escape")
+                        "allowed model roots.",
+                        code="symlink_escape",
+                    )
                 if not os.access(target, os.R_OK):
-                    raise ValidationError(f"{entry} is not readable by the console (permission denied).",
-                                          code="unreadable")
+                    raise ValidationError(
+                        f"{entry} is not readable by the console (permission denied).", code="unreadable"
+                    )
     return resolved
 
 
 # --- confinement at job and page time --------------------------------------------------------------
+
 
 def _configured() -> list:
     if not settings.configured:
@@ -203,8 +208,9 @@ def copy_confined(src, dst, *, tree=None) -> None:
     destination is never written through a link (O_NOFOLLOW)."""
     with open_confined(src, tree=tree) as source:
         info = os.fstat(source.fileno())
-        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     stat.S_IMODE(info.st_mode))
+        fd = os.open(
+            dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, stat.S_IMODE(info.st_mode)
+        )
         with os.fdopen(fd, "wb") as target:
             shutil.copyfileobj(source, target, _COPY_CHUNK)
     os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)

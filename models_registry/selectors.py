@@ -1,4 +1,5 @@
 """Reads for the model registry."""
+
 from pathlib import Path
 
 from django.conf import settings
@@ -26,7 +27,9 @@ def artifacts_of(model: Model):
 
 
 def artifact_get(artifact_id: int) -> Artifact:
-    return Artifact.objects.alive().select_related("model", "parent").get(pk=artifact_id, model__deleted_at__isnull=True)
+    return (
+        Artifact.objects.alive().select_related("model", "parent").get(pk=artifact_id, model__deleted_at__isnull=True)
+    )
 
 
 def artifact_jobs(artifact: Artifact):
@@ -36,9 +39,10 @@ def artifact_jobs(artifact: Artifact):
 
 def model_jobs_q(model_id: int) -> Q:
     """Jobs on the model or on any of its artifacts (also the job list's `model` filter)."""
-    return (Q(target_type=ContentType.objects.get_for_model(Model), target_id=model_id)
-            | Q(target_type=ContentType.objects.get_for_model(Artifact),
-                target_id__in=Artifact.objects.filter(model_id=model_id).values("pk")))
+    return Q(target_type=ContentType.objects.get_for_model(Model), target_id=model_id) | Q(
+        target_type=ContentType.objects.get_for_model(Artifact),
+        target_id__in=Artifact.objects.filter(model_id=model_id).values("pk"),
+    )
 
 
 def artifact_in_use(artifact: Artifact) -> list[str]:
@@ -54,6 +58,8 @@ def store_shortfall(*, needed: int, what: str) -> str:
     free = max(free_bytes(Path(settings.ARTIFACT_STORE)) - keep, 0)
     if needed <= free:
         return ""
-    return (f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): {what} needs about "
-            f"{needed / 1e9:.2f} GB ({needed:,} bytes) and {free / 1e9:.2f} GB ({free:,} bytes) is available "
-            f"(keeping {keep / 1e9:.1f} GB free).")
+    return (
+        f"Not enough room in the artifact store ({settings.ARTIFACT_STORE}): {what} needs about "
+        f"{needed / 1e9:.2f} GB ({needed:,} bytes) and {free / 1e9:.2f} GB ({free:,} bytes) is available "
+        f"(keeping {keep / 1e9:.1f} GB free)."
+    )

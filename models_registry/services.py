@@ -1,4 +1,5 @@
 """Writes for the model registry: register, delete, and queue hashing and conversions."""
+
 import json
 import logging
 
@@ -61,12 +62,22 @@ def model_register(*, name: str, path: str, user, description: str = "", request
         with transaction.atomic():
             model = Model.objects.create(name=name, description=description, created_by=user)
             artifact = Artifact.objects.create(
-                model=model, format=_format_of(inspection), dtype=_dtype_of(inspection), path=str(resolved),
-                size_bytes=inspection.get("size_bytes"), inspection=inspection, status=Artifact.Status.READY,
+                model=model,
+                format=_format_of(inspection),
+                dtype=_dtype_of(inspection),
+                path=str(resolved),
+                size_bytes=inspection.get("size_bytes"),
+                inspection=inspection,
+                status=Artifact.Status.READY,
                 created_by=user,
             )
-            audit_log(actor=user, action="model.register", obj=model, request=request,
-                      changes={"path": str(resolved), "format": artifact.format, "artifact": artifact.pk})
+            audit_log(
+                actor=user,
+                action="model.register",
+                obj=model,
+                request=request,
+                changes={"path": str(resolved), "format": artifact.format, "artifact": artifact.pk},
+            )
             artifact_hash_enqueue(artifact=artifact)
     except IntegrityError as exc:  # a concurrent register of the same name
         raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
@@ -76,8 +87,13 @@ def model_register(*, name: str, path: str, user, description: str = "", request
 def artifact_hash_enqueue(*, artifact: Artifact, user=None) -> Job | None:
     """Checksums run in the background; a registration doesn't fail because Redis is down."""
     try:
-        return job_enqueue(kind="hash_artifact", params={"artifact": artifact.pk}, user=user,
-                           target=artifact, dedupe_key=f"hash_artifact:{artifact.pk}")
+        return job_enqueue(
+            kind="hash_artifact",
+            params={"artifact": artifact.pk},
+            user=user,
+            target=artifact,
+            dedupe_key=f"hash_artifact:{artifact.pk}",
+        )
     except (ServiceUnavailable, Conflict) as exc:
         log.warning("Checksum of %s not queued: %s", artifact, exc)
         return None
@@ -89,8 +105,10 @@ def artifact_delete(*, artifact: Artifact, user, request=None) -> Artifact:
     if users:
         raise Conflict(f"Artifact #{artifact.pk} is used by endpoint(s) {', '.join(users)}: stop them first.")
     if artifact.status == Artifact.Status.BUILDING:  # its job would mark it ready under the delete
-        raise Conflict(f"Artifact #{artifact.pk} is being built by job #{artifact.producing_job_id}: cancel the job "
-                       "first (that removes its output).")
+        raise Conflict(
+            f"Artifact #{artifact.pk} is being built by job #{artifact.producing_job_id}: cancel the job "
+            "first (that removes its output)."
+        )
     # A pending checksum doesn't block a delete; a conversion reading the files does.
     if jobs_on(artifact).filter(status__in=Job.ACTIVE).exclude(kind="hash_artifact").exists():
         raise Conflict(f"Artifact #{artifact.pk} has running jobs: cancel them first.")
@@ -118,8 +136,13 @@ def model_delete(*, model: Model, user, request=None) -> Model:
         model.name = f"{old_name}~deleted-{model.pk}"[:100]
         model.deleted_at = now
         model.save(update_fields=["name", "deleted_at"])
-        audit_log(actor=user, action="model.delete", obj=model, request=request,
-                  changes={"name": old_name, "artifacts": [a.pk for a in artifacts]})
+        audit_log(
+            actor=user,
+            action="model.delete",
+            obj=model,
+            request=request,
+            changes={"name": old_name, "artifacts": [a.pk for a in artifacts]},
+        )
     return model
 
 
@@ -153,8 +176,12 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     if artifact.is_quantized and artifact.format != Artifact.Format.GGUF:
         raise ValidationError({"to": "This artifact is already quantized; convert its float parent instead."})
     if artifact.format != Artifact.Format.HF:
-        raise ValidationError({"to": f"Conversion to {to} needs a Hugging Face (safetensors) artifact; "
-                                     f"this one is {artifact.format}. Convert it to HF first."})
+        raise ValidationError(
+            {
+                "to": f"Conversion to {to} needs a Hugging Face (safetensors) artifact; "
+                f"this one is {artifact.format}. Convert it to HF first."
+            }
+        )
     if options.get("dtype") and to != "hf":
         raise ValidationError({"dtype": "dtype applies to GGUF → HF only; choose fp16 or bf16 as the target instead."})
     if to in PRECISION_DTYPE:
@@ -165,7 +192,9 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     seq_len = int_in_range(options.get("seq_len"), "seq_len", low=1, high=om_max_seq_len(artifact), default=128)
     soc = str(options.get("soc_version") or "").strip()
     if not soc:
-        raise ValidationError({"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."})
+        raise ValidationError(
+            {"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."}
+        )
     try:  # ATC's own list, checked here and not first in the job after the ONNX export
         soc = normalize_soc(soc)
     except ConversionError as exc:
@@ -173,7 +202,13 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     precision_mode = options.get("precision_mode") or "force_fp16"
     if precision_mode not in ATC_PRECISION_MODES:
         raise ValidationError({"precision_mode": f"Choose one of: {', '.join(ATC_PRECISION_MODES)}."})
-    return {"to": to, "batch_size": batch_size, "seq_len": seq_len, "soc_version": soc, "precision_mode": precision_mode}
+    return {
+        "to": to,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "soc_version": soc,
+        "precision_mode": precision_mode,
+    }
 
 
 def convert_targets(*, artifact: Artifact) -> tuple[list[str], str]:
@@ -196,22 +231,36 @@ def convert_output_bytes(*, artifact: Artifact, to: str) -> int:
     return estimate_output_bytes(param_count=(artifact.inspection or {}).get("param_count") or 0, to=to)
 
 
-def artifact_convert(*, artifact: Artifact, user, options: ConvertOptions, request=None,
-                     retry_of: Job | None = None) -> Job:
+def artifact_convert(
+    *, artifact: Artifact, user, options: ConvertOptions, request=None, retry_of: Job | None = None
+) -> Job:
     clean = convert_options_clean(artifact=artifact, options=options)
     # The target's own format: an OM conversion's ONNX intermediate carries the same options, and must not
     # block a second try at the OM after ATC failed.
     made = {"hf": Artifact.Format.HF, "fp16": Artifact.Format.HF, "bf16": Artifact.Format.HF, "om": Artifact.Format.OM}
-    existing = Artifact.objects.alive().filter(parent=artifact, params=clean, status=Artifact.Status.READY,
-                                               format=made[clean["to"]]).first()
+    existing = (
+        Artifact.objects.alive()
+        .filter(parent=artifact, params=clean, status=Artifact.Status.READY, format=made[clean["to"]])
+        .first()
+    )
     if existing is not None:
-        raise Conflict(f"This conversion already exists as artifact #{existing.pk}.",
-                       link=existing.get_absolute_url(), object_id=existing.pk)
+        raise Conflict(
+            f"This conversion already exists as artifact #{existing.pk}.",
+            link=existing.get_absolute_url(),
+            object_id=existing.pk,
+        )
     shortfall = store_shortfall(needed=convert_output_bytes(artifact=artifact, to=clean["to"]), what="this conversion")
     if shortfall:
         raise ValidationError(shortfall)
     dedupe = f"convert:{artifact.pk}:{json.dumps(clean, sort_keys=True)}"
     with transaction.atomic():
-        job = job_enqueue(kind="convert", params=clean, user=user, target=artifact,
-                          dedupe_key=dedupe, request=request, retry_of=retry_of)
+        job = job_enqueue(
+            kind="convert",
+            params=clean,
+            user=user,
+            target=artifact,
+            dedupe_key=dedupe,
+            request=request,
+            retry_of=retry_of,
+        )
     return job

@@ -40,17 +40,21 @@ def model_register(request):
             return redirect(model)
     from django.conf import settings
 
-    return render(request, "models_registry/model_register.html",
-                  {"values": values, "errors": errors, "roots": settings.MODEL_ROOTS},
-                  status=400 if errors else 200)
+    return render(
+        request,
+        "models_registry/model_register.html",
+        {"values": values, "errors": errors, "roots": settings.MODEL_ROOTS},
+        status=400 if errors else 200,
+    )
 
 
 @require_role(VIEWER)
 @require_GET
 def model_detail(request, model_id: int):
     model = get_object_or_404(Model.objects.alive(), pk=model_id)
-    return render(request, "models_registry/model_detail.html",
-                  {"model": model, "artifacts": selectors.artifacts_of(model)})
+    return render(
+        request, "models_registry/model_detail.html", {"model": model, "artifacts": selectors.artifacts_of(model)}
+    )
 
 
 @require_role(ADMIN)
@@ -82,10 +86,18 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         "model": artifact.model,
         "children": artifact.children.alive(),
         # the live devices' rows come from serving's fragment (endpoints.fragments.artifact_capacity_live)
-        "capacity": artifact_capacity(artifact, memory_utilization=_float(request.GET.get("util")),
-                                      devices=reference_devices()),
-        "convert_values": convert_values or {"to": "hf" if artifact.format == "gguf" else "fp16", "dtype": "bfloat16",
-                                             "batch_size": 1, "seq_len": 128, "soc_version": "", "precision_mode": "force_fp16"},
+        "capacity": artifact_capacity(
+            artifact, memory_utilization=_float(request.GET.get("util")), devices=reference_devices()
+        ),
+        "convert_values": convert_values
+        or {
+            "to": "hf" if artifact.format == "gguf" else "fp16",
+            "dtype": "bfloat16",
+            "batch_size": 1,
+            "seq_len": 128,
+            "soc_version": "",
+            "precision_mode": "force_fp16",
+        },
         "convert_errors": convert_errors or {},
         "convert_targets": convert_targets,
         "convert_refusal": convert_refusal,

@@ -11,6 +11,7 @@ ASCEND_HOME_PATH, LD_LIBRARY_PATH, ASCEND_OPP_PATH); the ops (kernels) package i
 NNAL's set_env.sh has been sourced (ATB_HOME_PATH, for libatb.so); the build tools are on PATH.
 The checks themselves live in workers/cann.py (standard library only), which `manage.py doctor` uses too.
 """
+
 import argparse
 import os
 import shutil
@@ -28,9 +29,15 @@ from workers.cann import PYTHON_SETUP, REQUIREMENTS, Missing, check_cann, check_
 BUILD_TOOLS = ("git", "gcc", "g++", "cmake")
 
 
-def find_missing(*, env: Mapping[str, str], cann_version: str, python_version: tuple[int, int],
-                 python_range: tuple[tuple[int, int], tuple[int, int]] = ((3, 10), (3, 13)),
-                 which: Callable = shutil.which, run: Callable = subprocess.run) -> Missing | None:
+def find_missing(
+    *,
+    env: Mapping[str, str],
+    cann_version: str,
+    python_version: tuple[int, int],
+    python_range: tuple[tuple[int, int], tuple[int, int]] = ((3, 10), (3, 13)),
+    which: Callable = shutil.which,
+    run: Callable = subprocess.run,
+) -> Missing | None:
     """The first missing piece, in the order upstream's installation page sets them up; None when ready."""
     problem = check_driver(env, which, run)
     if problem:
@@ -38,15 +45,22 @@ def find_missing(*, env: Mapping[str, str], cann_version: str, python_version: t
     low, high = python_range
     if not low <= python_version < high:
         shown = ".".join(map(str, python_version))
-        return Missing(f"a supported Python (>= {low[0]}.{low[1]}, < {high[0]}.{high[1]})",
-                       f"the engine venv would be built with Python {shown}: set PYTHON=python3.11.", REQUIREMENTS)
+        return Missing(
+            f"a supported Python (>= {low[0]}.{low[1]}, < {high[0]}.{high[1]})",
+            f"the engine venv would be built with Python {shown}: set PYTHON=python3.11.",
+            REQUIREMENTS,
+        )
     problem, _ = check_cann(env, cann_version)
     if problem:
         return problem
     absent = [tool for tool in BUILD_TOOLS if not which(tool, path=env.get("PATH", ""))]
     if absent:
-        return Missing("build tools", f"{', '.join(absent)} not on PATH: apt-get install -y gcc g++ cmake "
-                       "libnuma-dev git (yum install gcc g++ cmake numactl-devel git).", PYTHON_SETUP)
+        return Missing(
+            "build tools",
+            f"{', '.join(absent)} not on PATH: apt-get install -y gcc g++ cmake "
+            "libnuma-dev git (yum install gcc g++ cmake numactl-devel git).",
+            PYTHON_SETUP,
+        )
     return None
 
 
@@ -59,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(missing.message(tag=args.vllm_ascend), file=sys.stderr)
         return 1
-    print(f"Ascend host ready for vllm-ascend {args.vllm_ascend}: npu-smi answers, CANN {args.cann} "
-          f"at {os.environ.get('ASCEND_TOOLKIT_HOME') or os.environ.get('ASCEND_HOME_PATH')}, kernels and NNAL set.")
+    print(
+        f"Ascend host ready for vllm-ascend {args.vllm_ascend}: npu-smi answers, CANN {args.cann} "
+        f"at {os.environ.get('ASCEND_TOOLKIT_HOME') or os.environ.get('ASCEND_HOME_PATH')}, kernels and NNAL set."
+    )
     return 0
 
 

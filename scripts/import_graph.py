@@ -3,6 +3,7 @@
 import-linter (`make lint-imports`) enforces the rules; this prints the numbers behind them: import cycles
 between modules (strongly connected components of grimp's graph, the one import-linter builds), the
 function-level imports of project modules outside AppConfig.ready(), and the largest modules."""
+
 import ast
 import sys
 from pathlib import Path
@@ -55,8 +56,11 @@ def function_level_imports() -> list[str]:
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "ready":
                     for inner in ast.walk(node):
-                        module = inner.module if isinstance(inner, ast.ImportFrom) else (
-                            inner.names[0].name if isinstance(inner, ast.Import) else None)
+                        module = (
+                            inner.module
+                            if isinstance(inner, ast.ImportFrom)
+                            else (inner.names[0].name if isinstance(inner, ast.Import) else None)
+                        )
                         if module and module.split(".")[0] in APPS:
                             found.append(f"{path.relative_to(ROOT)}:{inner.lineno} {module}")
     return found
@@ -73,8 +77,15 @@ def main() -> None:
     print(f"function-level imports of project modules (outside AppConfig.ready): {len(imports)}")
     for line in imports:
         print("  ", line)
-    sizes = sorted(((sum(1 for _ in p.open()), str(p.relative_to(ROOT))) for folder in (*APPS, "tests")
-                    for p in (ROOT / folder).rglob("*.py") if "migrations" not in p.parts), reverse=True)
+    sizes = sorted(
+        (
+            (sum(1 for _ in p.open()), str(p.relative_to(ROOT)))
+            for folder in (*APPS, "tests")
+            for p in (ROOT / folder).rglob("*.py")
+            if "migrations" not in p.parts
+        ),
+        reverse=True,
+    )
     print("largest modules:", ", ".join(f"{name} {lines}" for lines, name in sizes[:5]))
 
 

@@ -3,6 +3,7 @@ output on stderr, line by line, prefixed with the process's name, as honcho did 
 sends the output as PROCESS_LOG events; the protocol (supervisor.childutils) runs over this process's
 stdin/stdout, and supervisord sends stderr to its own terminal. Hand-written: supervisor ships no such
 listener, and the one on PyPI (supervisor-stdout 0.1.1) is Python 2 code."""
+
 import sys
 
 from supervisor import childutils

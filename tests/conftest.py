@@ -1,5 +1,6 @@
 """Shared test set-up: personas (admin, operator, viewer, outsider), clients logged in as
 each, API tokens, model roots in a temporary directory, and the real Redis and RQ."""
+
 import os
 import shutil
 from pathlib import Path
@@ -84,14 +85,16 @@ class ApiClient:
     def post(self, path, data=None, **kw):
         import json
 
-        return self.client.post(path, data=json.dumps(data or {}), content_type="application/json",
-                                headers=self._headers(), **kw)
+        return self.client.post(
+            path, data=json.dumps(data or {}), content_type="application/json", headers=self._headers(), **kw
+        )
 
     def patch(self, path, data=None, **kw):
         import json
 
-        return self.client.patch(path, data=json.dumps(data or {}), content_type="application/json",
-                                 headers=self._headers(), **kw)
+        return self.client.patch(
+            path, data=json.dumps(data or {}), content_type="application/json", headers=self._headers(), **kw
+        )
 
     def delete(self, path, **kw):
         return self.client.delete(path, headers=self._headers(), **kw)
@@ -130,8 +133,10 @@ def worker_env():
     if db["ENGINE"].endswith("sqlite3"):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"
     else:
-        env["DATABASE_URL"] = (f"postgres://{db['USER'] or ''}:{db['PASSWORD'] or ''}@"
-                               f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}")
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER'] or ''}:{db['PASSWORD'] or ''}@"
+            f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
     return env
 
 
@@ -145,27 +150,44 @@ def _clean_artifact_store(settings):
 
 # --- nodes, devices, a tiny artifact: shared by the endpoint, telemetry, fault and npu-smi tests -------
 
+
 @pytest.fixture
 def ascend_node(db):
     """An Ascend host with eight healthy 910B4 chips (32 GiB each)."""
-    node = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
-                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now())
+    node = Node.objects.create(
+        name="npu-host",
+        hostname="npu-host",
+        address="10.0.0.5",
+        platform="ascend",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=timezone.now(),
+    )
     for index in range(8):
-        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2, health="OK")
+        Device.objects.create(
+            node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2, health="OK"
+        )
     return node
 
 
 @pytest.fixture
 def cpu_node(db):
-    return Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
-                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now())
+    return Node.objects.create(
+        name="cpu-host",
+        hostname="cpu-host",
+        address="127.0.0.1",
+        platform="cpu",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=timezone.now(),
+    )
 
 
 @pytest.fixture
 def tiny_artifact(model_root, operator):
     path = build_tiny_llama_hf(model_root / "tiny")
     model = Model.objects.create(name="tiny")
-    return Artifact.objects.create(model=model, format="hf", dtype="float32", path=str(path), inspection=inspect_path(path))
+    return Artifact.objects.create(
+        model=model, format="hf", dtype="float32", path=str(path), inspection=inspect_path(path)
+    )
 
 
 @pytest.fixture

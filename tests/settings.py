@@ -1,5 +1,6 @@
 """The console's settings with test defaults: its own Redis database and data dir, so a
 test run never flushes the Redis or touches the data of a console running on this host."""
+
 import os
 from pathlib import Path
 

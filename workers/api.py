@@ -50,8 +50,14 @@ def _target_keys(job: Job) -> dict:
 
 
 @api_route(router, "get", "/jobs", role=VIEWER, response=list[dict])
-def list_jobs(request, status: str = "", kind: str = "", model: int | None = None, user: str = "",
-              limit: int = Query(100, ge=1, le=500)):
+def list_jobs(
+    request,
+    status: str = "",
+    kind: str = "",
+    model: int | None = None,
+    user: str = "",
+    limit: int = Query(100, ge=1, le=500),
+):
     jobs = job_selectors.job_list(status=status, kind=kind, targets={"model": model}, username=user)[:limit]
     return [job_json(j) for j in jobs]
 

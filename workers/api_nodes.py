@@ -10,14 +10,30 @@ router = Router(tags=["nodes"])
 
 def node_json(node: Node) -> dict:
     return {
-        "id": node.pk, "name": node.name, "hostname": node.hostname, "address": node.address,
-        "platform": node.platform, "online": node.online, "engine_runtime": node.engine_runtime,
+        "id": node.pk,
+        "name": node.name,
+        "hostname": node.hostname,
+        "address": node.address,
+        "platform": node.platform,
+        "online": node.online,
+        "engine_runtime": node.engine_runtime,
         "engine_image": node.engine_image() if node.containerised else None,
         "last_heartbeat": node.last_heartbeat.isoformat() if node.last_heartbeat else None,
-        "engine": node.engine, "compat_warnings": node.compat_warnings, "host": node.host,
+        "engine": node.engine,
+        "compat_warnings": node.compat_warnings,
+        "host": node.host,
         "telemetry_error": node.telemetry_error or None,
-        "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "health": d.health,
-                     "memory_total_bytes": d.memory_total_bytes, "latest": d.latest} for d in node.devices.all()],
+        "devices": [
+            {
+                "index": d.index,
+                "kind": d.kind,
+                "name": d.name,
+                "health": d.health,
+                "memory_total_bytes": d.memory_total_bytes,
+                "latest": d.latest,
+            }
+            for d in node.devices.all()
+        ],
     }
 
 

@@ -7,6 +7,7 @@ Standard library only, no Django: `make engine` runs scripts/engine_preflight.py
 python before any venv exists, and the environment doctor (workers/doctor.py) uses the same checks.
 Each check answers a Missing (what, how to fix it, the section of the installation page) or None.
 """
+
 import os
 import platform
 import subprocess
@@ -47,8 +48,11 @@ def toolkit_home(env: Mapping[str, str]) -> str | None:
 
 
 def toolkit_version(home: Path) -> str | None:
-    candidates = [home / f"{platform.machine()}-linux" / TOOLKIT_INFO, home / TOOLKIT_INFO,
-                  *sorted(home.glob(f"*-linux/{TOOLKIT_INFO}"))]
+    candidates = [
+        home / f"{platform.machine()}-linux" / TOOLKIT_INFO,
+        home / TOOLKIT_INFO,
+        *sorted(home.glob(f"*-linux/{TOOLKIT_INFO}")),
+    ]
     for path in candidates:
         if path.is_file():
             for line in path.read_text(errors="replace").splitlines():
@@ -73,16 +77,18 @@ def _nnal_set_env(home: Path) -> Path | None:
 def check_driver(env: Mapping[str, str], which: Callable, run: Callable) -> Missing | None:
     npu_smi = which("npu-smi", path=env.get("PATH", ""))
     if not npu_smi:
-        return Missing("the Ascend driver and firmware (npu-smi)",
-                       "npu-smi is not on PATH: install the Ascend HDK driver and firmware.", HARDWARE)
+        return Missing(
+            "the Ascend driver and firmware (npu-smi)",
+            "npu-smi is not on PATH: install the Ascend HDK driver and firmware.",
+            HARDWARE,
+        )
     try:
         result = run([npu_smi, "info"], capture_output=True, text=True, timeout=60, env=dict(env))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return Missing("a working Ascend driver", f"`npu-smi info` did not run: {exc}.", HARDWARE)
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        return Missing("a working Ascend driver",
-                       f"`npu-smi info` exited {result.returncode}: {said[0]}", HARDWARE)
+        return Missing("a working Ascend driver", f"`npu-smi info` exited {result.returncode}: {said[0]}", HARDWARE)
     return None
 
 
@@ -95,25 +101,39 @@ def check_toolkit(env: Mapping[str, str], cann_version: str | None) -> tuple[Mis
     if not set_home:
         if Path(DEFAULT_TOOLKIT_HOME).is_dir():
             set_env = Path(DEFAULT_TOOLKIT_HOME).parent / "set_env.sh"
-            return Missing("the CANN environment",
-                           f"ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: run `source {set_env}` "
-                           "in this shell, then make engine again.", SOFTWARE), None
-        return Missing(toolkit, f"ASCEND_TOOLKIT_HOME is unset and {DEFAULT_TOOLKIT_HOME} does not exist: install "
-                       f"{package} ({CANN_DOWNLOAD}).", SOFTWARE), None
+            return Missing(
+                "the CANN environment",
+                f"ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: run `source {set_env}` "
+                "in this shell, then make engine again.",
+                SOFTWARE,
+            ), None
+        return Missing(
+            toolkit,
+            f"ASCEND_TOOLKIT_HOME is unset and {DEFAULT_TOOLKIT_HOME} does not exist: install "
+            f"{package} ({CANN_DOWNLOAD}).",
+            SOFTWARE,
+        ), None
     home = Path(set_home)
     if not home.is_dir():
-        return Missing(toolkit, f"ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH points at {home}, which does not exist.",
-                       SOFTWARE), None
+        return Missing(
+            toolkit, f"ASCEND_TOOLKIT_HOME/ASCEND_HOME_PATH points at {home}, which does not exist.", SOFTWARE
+        ), None
     found = toolkit_version(home)
     if found is None:
-        return Missing(toolkit, f"{home} has no {TOOLKIT_INFO}: the toolkit install is incomplete; reinstall "
-                       f"{package}.", SOFTWARE), None
-    if cann_version and found.upper() != cann_version.upper() and not found.upper().startswith(
-            cann_version.upper() + "."):
-        return Missing(f"CANN {cann_version}",
-                       f"{home} holds CANN {found}; this vllm-ascend release is built for CANN {cann_version} "
-                       f"(install Ascend-cann-toolkit_{cann_version} and source its set_env.sh).",
-                       REQUIREMENTS), None
+        return Missing(
+            toolkit, f"{home} has no {TOOLKIT_INFO}: the toolkit install is incomplete; reinstall {package}.", SOFTWARE
+        ), None
+    if (
+        cann_version
+        and found.upper() != cann_version.upper()
+        and not found.upper().startswith(cann_version.upper() + ".")
+    ):
+        return Missing(
+            f"CANN {cann_version}",
+            f"{home} holds CANN {found}; this vllm-ascend release is built for CANN {cann_version} "
+            f"(install Ascend-cann-toolkit_{cann_version} and source its set_env.sh).",
+            REQUIREMENTS,
+        ), None
     return None, home
 
 
@@ -122,14 +142,19 @@ def check_environment(env: Mapping[str, str], home: Path) -> Missing | None:
     lib64 = home / "lib64"
     paths = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
     if not any(_same_dir(p, lib64) for p in paths):
-        return Missing("the CANN environment",
-                       f"LD_LIBRARY_PATH does not contain {lib64}: run `source {set_env}` in this shell.",
-                       SOFTWARE)
+        return Missing(
+            "the CANN environment",
+            f"LD_LIBRARY_PATH does not contain {lib64}: run `source {set_env}` in this shell.",
+            SOFTWARE,
+        )
     opp = env.get("ASCEND_OPP_PATH")
     if not opp or not Path(opp).is_dir():
-        return Missing("the CANN environment",
-                       f"ASCEND_OPP_PATH is {'unset' if not opp else opp + ', which does not exist'}: "
-                       f"run `source {set_env}` in this shell.", SOFTWARE)
+        return Missing(
+            "the CANN environment",
+            f"ASCEND_OPP_PATH is {'unset' if not opp else opp + ', which does not exist'}: "
+            f"run `source {set_env}` in this shell.",
+            SOFTWARE,
+        )
     return None
 
 
@@ -137,10 +162,12 @@ def check_kernels(env: Mapping[str, str], cann_version: str | None) -> Missing |
     kernels = Path(env["ASCEND_OPP_PATH"]) / KERNEL_DIR
     if not kernels.is_dir() or not any(kernels.iterdir()):
         release = cann_version or "<CANN version>"
-        return Missing("the CANN kernels (ops) package",
-                       f"{kernels} is empty or absent: install the ops package for this chip, e.g. "
-                       f"Ascend-cann-910b-ops_{release} (Ascend-cann-kernels-* before CANN 8.5).",
-                       SOFTWARE)
+        return Missing(
+            "the CANN kernels (ops) package",
+            f"{kernels} is empty or absent: install the ops package for this chip, e.g. "
+            f"Ascend-cann-910b-ops_{release} (Ascend-cann-kernels-* before CANN 8.5).",
+            SOFTWARE,
+        )
     return None
 
 
@@ -150,11 +177,17 @@ def check_nnal(env: Mapping[str, str], home: Path, cann_version: str | None) -> 
         return None
     set_env = _nnal_set_env(home)
     if set_env:
-        return Missing("the NNAL environment (libatb.so)",
-                       f"ATB_HOME_PATH is unset: run `source {set_env}` in this shell.", SOFTWARE)
+        return Missing(
+            "the NNAL environment (libatb.so)",
+            f"ATB_HOME_PATH is unset: run `source {set_env}` in this shell.",
+            SOFTWARE,
+        )
     release = cann_version or toolkit_version(home) or "<CANN version>"
-    return Missing(f"NNAL {release} (libatb.so)",
-                   f"no nnal/atb/set_env.sh beside {home}: install Ascend-cann-nnal_{release}.", SOFTWARE)
+    return Missing(
+        f"NNAL {release} (libatb.so)",
+        f"no nnal/atb/set_env.sh beside {home}: install Ascend-cann-nnal_{release}.",
+        SOFTWARE,
+    )
 
 
 def check_cann(env: Mapping[str, str], cann_version: str | None) -> tuple[Missing | None, Path | None]:
@@ -163,6 +196,5 @@ def check_cann(env: Mapping[str, str], cann_version: str | None) -> tuple[Missin
     problem, home = check_toolkit(env, cann_version)
     if problem:
         return problem, None
-    problem = (check_environment(env, home) or check_kernels(env, cann_version)
-               or check_nnal(env, home, cann_version))
+    problem = check_environment(env, home) or check_kernels(env, cann_version) or check_nnal(env, home, cann_version)
     return problem, home

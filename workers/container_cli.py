@@ -1,5 +1,6 @@
 """How the console calls a node's container CLI (Docker or Podman): one environment for every call (the
 replicas' runs, the engine probes in the image, the doctor's checks), so they all reach the same daemon."""
+
 import os
 import subprocess
 from collections.abc import Mapping
@@ -7,8 +8,17 @@ from collections.abc import Mapping
 from console.env import child_environment
 
 # The CLI's own settings (which daemon or context, rootless Podman's socket directory), passed to it.
-CLIENT_ENV = ("DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
-              "XDG_RUNTIME_DIR", "CONTAINER_HOST", "CONTAINER_CONNECTION", "CONTAINERS_CONF")
+CLIENT_ENV = (
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "XDG_RUNTIME_DIR",
+    "CONTAINER_HOST",
+    "CONTAINER_CONNECTION",
+    "CONTAINERS_CONF",
+)
 
 
 def client_environment(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -24,8 +34,14 @@ def image_id(runtime: str, image: str, *, timeout: float = 30) -> str:
     if not image or image.startswith("-") or any(c.isspace() for c in image):
         return ""
     try:
-        result = subprocess.run([runtime, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
-                                text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=client_environment())
+        result = subprocess.run(
+            [runtime, "image", "inspect", "--format", "{{.Id}}", image],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout,
+            env=client_environment(),
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     lines = result.stdout.strip().splitlines()

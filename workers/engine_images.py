@@ -7,6 +7,7 @@ schedule_image_build_and_push.yaml: '', openeuler, a3, a3-openeuler, a5, a5-open
 310p-openeuler; tags `type=pep440,pattern={{raw}}`, so `v0.23.0-a3`) and lists in
 docs/source/installation.md "Set up using Docker". quick_start.md names the 950DT image `-950dt`,
 which the workflow does not publish: `-a5` is the one that exists."""
+
 from django.conf import settings
 
 IMAGE_REPOSITORY = "quay.io/ascend/vllm-ascend"

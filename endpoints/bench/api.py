@@ -1,5 +1,6 @@
 """Benchmarks API: queue a run or a concurrency sweep against an endpoint of this console,
 read results (vLLM's own field names), compare runs, cancel."""
+
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
@@ -41,15 +42,34 @@ class SweepIn(BenchmarkIn):
 
 def run_json(run: BenchmarkRun, *, detail: bool = False) -> dict:
     data = {
-        "id": run.pk, "status": run.state, "error": run.display_error or None,
-        "endpoint": run.endpoint_id, "endpoint_name": run.endpoint_name, "label": run.label, "setup": run.setup,
-        "job": run.job_id, "sweep": run.sweep_id,
-        "workload": {"dataset": run.dataset, "prompt_file": run.prompt_file_name or None,
-                     "num_prompts": run.num_prompts, "input_len": run.input_len, "output_len": run.output_len,
-                     "max_concurrency": run.max_concurrency, "request_rate": run.request_rate,
-                     "num_warmups": run.num_warmups, "timeout_s": run.timeout_s, "seed": run.params.get("seed", 0),
-                     "replica": run.params.get("replica"), "via": run.params.get("via", "replica")},
-        "target": {"via": run.params.get("via", "replica"), "replica": run.replica_index, "url": run.target_url or None},
+        "id": run.pk,
+        "status": run.state,
+        "error": run.display_error or None,
+        "endpoint": run.endpoint_id,
+        "endpoint_name": run.endpoint_name,
+        "label": run.label,
+        "setup": run.setup,
+        "job": run.job_id,
+        "sweep": run.sweep_id,
+        "workload": {
+            "dataset": run.dataset,
+            "prompt_file": run.prompt_file_name or None,
+            "num_prompts": run.num_prompts,
+            "input_len": run.input_len,
+            "output_len": run.output_len,
+            "max_concurrency": run.max_concurrency,
+            "request_rate": run.request_rate,
+            "num_warmups": run.num_warmups,
+            "timeout_s": run.timeout_s,
+            "seed": run.params.get("seed", 0),
+            "replica": run.params.get("replica"),
+            "via": run.params.get("via", "replica"),
+        },
+        "target": {
+            "via": run.params.get("via", "replica"),
+            "replica": run.replica_index,
+            "url": run.target_url or None,
+        },
         "result": run.result,
         "config": run.config,
         "created_by": run.created_by.username if run.created_by else None,
@@ -66,17 +86,28 @@ def run_json(run: BenchmarkRun, *, detail: bool = False) -> dict:
 
 
 def sweep_json(sweep: BenchmarkSweep) -> dict:
-    return {"id": sweep.pk, "status": sweep.state, "endpoint": sweep.endpoint_id, "endpoint_name": sweep.endpoint_name,
-            "label": sweep.label, "job": sweep.job_id, "concurrencies": sweep.concurrencies,
-            "points": selectors.sweep_points(sweep), "created_at": sweep.created_at.isoformat(),
-            "url": sweep.get_absolute_url()}
+    return {
+        "id": sweep.pk,
+        "status": sweep.state,
+        "endpoint": sweep.endpoint_id,
+        "endpoint_name": sweep.endpoint_name,
+        "label": sweep.label,
+        "job": sweep.job_id,
+        "concurrencies": sweep.concurrencies,
+        "points": selectors.sweep_points(sweep),
+        "created_at": sweep.created_at.isoformat(),
+        "url": sweep.get_absolute_url(),
+    }
 
 
 def _request(payload: Schema) -> dict:
     """The service's keyword arguments: the endpoint, the prompt file's content, the workload."""
     data = payload.dict()
-    return {"endpoint": data.pop("endpoint"), "prompt_file": data.pop("prompt_file", None),
-            "workload": WorkloadRequest(**data)}
+    return {
+        "endpoint": data.pop("endpoint"),
+        "prompt_file": data.pop("prompt_file", None),
+        "workload": WorkloadRequest(**data),
+    }
 
 
 @api_route(router, "post", "/benchmarks", role=OPERATOR, response={202: dict})

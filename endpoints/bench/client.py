@@ -3,6 +3,7 @@
 The load generator is vLLM's (`vllm bench serve`), run from the endpoint's engine environment
 with --save-result; the console only picks the target, passes the workload, watches progress
 and cancel, and parses the saved JSON (keeping vLLM's field names)."""
+
 import json
 import logging
 import math
@@ -39,8 +40,17 @@ CLIENT_LAUNCHER = (
 PERCENTILE_METRICS = "ttft,tpot,itl,e2el"
 METRIC_PERCENTILES = "50,90,99"
 # Per-request arrays of vLLM's detailed result: kept on disk, summarised into `detail`.
-PER_REQUEST_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "queue_times",
-                      "generated_texts", "errors")
+PER_REQUEST_FIELDS = (
+    "input_lens",
+    "output_lens",
+    "ttfts",
+    "itls",
+    "latencies",
+    "start_times",
+    "queue_times",
+    "generated_texts",
+    "errors",
+)
 ITL_SAMPLE_MAX = 20_000
 
 
@@ -49,8 +59,13 @@ def gateway_key(run: BenchmarkRun, endpoint: Endpoint):
     revoked when the run ends. Passed to the client as OPENAI_API_KEY (never on its argv)."""
     from datetime import timedelta
 
-    return key_create(name=f"benchmark #{run.pk}", endpoints=[endpoint.name], actor=run.created_by, via="job",
-                      expires_at=timezone.now() + timedelta(seconds=run.timeout_s + 600))
+    return key_create(
+        name=f"benchmark #{run.pk}",
+        endpoints=[endpoint.name],
+        actor=run.created_by,
+        via="job",
+        expires_at=timezone.now() + timedelta(seconds=run.timeout_s + 600),
+    )
 
 
 def pick_replica(endpoint: Endpoint, index: int | None) -> Replica | None:
@@ -71,21 +86,60 @@ def engine_python_for(node) -> str:
 def client_environment(extra: dict) -> dict:
     """The benchmark client's environment: allow-listed (no console secrets), offline, plus `extra`
     (the bearer it sends as OPENAI_API_KEY)."""
-    return child_environment({"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                              "TOKENIZERS_PARALLELISM": "false", **extra})
+    return child_environment(
+        {
+            "PYTHONUNBUFFERED": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **extra,
+        }
+    )
 
 
-def client_argv(*, python: str, base_url: str, model: str, tokenizer: str, workload: dict, result_dir: Path,
-                result_filename: str = "result.json", prompt_file: str | None = None) -> list[str]:
+def client_argv(
+    *,
+    python: str,
+    base_url: str,
+    model: str,
+    tokenizer: str,
+    workload: dict,
+    result_dir: Path,
+    result_filename: str = "result.json",
+    prompt_file: str | None = None,
+) -> list[str]:
     """The `vllm bench serve` command line for one run."""
-    argv = [python, "-c", CLIENT_LAUNCHER, "--backend", "vllm", "--base-url", base_url, "--model", model,
-            "--tokenizer", tokenizer]
+    argv = [
+        python,
+        "-c",
+        CLIENT_LAUNCHER,
+        "--backend",
+        "vllm",
+        "--base-url",
+        base_url,
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+    ]
     if workload.get("dataset") == "file":
-        argv += ["--dataset-name", "custom", "--dataset-path", str(prompt_file),
-                 "--custom-output-len", str(workload["output_len"] or -1)]
+        argv += [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(prompt_file),
+            "--custom-output-len",
+            str(workload["output_len"] or -1),
+        ]
     else:
-        argv += ["--dataset-name", "random", "--random-input-len", str(workload["input_len"]),
-                 "--random-output-len", str(workload["output_len"])]
+        argv += [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(workload["input_len"]),
+            "--random-output-len",
+            str(workload["output_len"]),
+        ]
     argv += ["--num-prompts", str(workload["num_prompts"]), "--seed", str(workload.get("seed", 0))]
     if workload.get("max_concurrency"):
         argv += ["--max-concurrency", str(workload["max_concurrency"])]
@@ -95,8 +149,18 @@ def client_argv(*, python: str, base_url: str, model: str, tokenizer: str, workl
         argv += ["--num-warmups", str(workload["num_warmups"])]
     if workload.get("ignore_eos", True):
         argv += ["--ignore-eos"]
-    argv += ["--percentile-metrics", PERCENTILE_METRICS, "--metric-percentiles", METRIC_PERCENTILES,
-             "--save-result", "--save-detailed", "--result-dir", str(result_dir), "--result-filename", result_filename]
+    argv += [
+        "--percentile-metrics",
+        PERCENTILE_METRICS,
+        "--metric-percentiles",
+        METRIC_PERCENTILES,
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_filename,
+    ]
     return argv
 
 
@@ -106,15 +170,21 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
         raise JobFailed(f"Endpoint {run.endpoint_name} was deleted.")
     replica = pick_replica(endpoint, run.params.get("replica"))
     if replica is None:
-        which = f"Replica {run.params['replica']} of {endpoint.name}" if run.params.get("replica") is not None else endpoint.name
+        which = (
+            f"Replica {run.params['replica']} of {endpoint.name}"
+            if run.params.get("replica") is not None
+            else endpoint.name
+        )
         raise JobFailed(f"{which} has no ready replica now (state: {endpoint.state}).")
     via_gateway = run.params.get("via") == VIA_GATEWAY
     if via_gateway and not gateway_available():
         raise JobFailed("This console has no gateway (GATEWAY_URL) to benchmark through.")
     tokenizer = endpoint.artifact.path
     if not Path(tokenizer).exists():
-        raise JobFailed(f"The tokenizer files ({tokenizer}) are not on this worker's host: run the bench worker "
-                        f"on {replica.node.name} or where the artifact is mounted.")
+        raise JobFailed(
+            f"The tokenizer files ({tokenizer}) are not on this worker's host: run the bench worker "
+            f"on {replica.node.name} or where the artifact is mounted."
+        )
     try:  # `vllm bench` reads the tokenizer files itself: inside the model roots, and no link below leads out
         check_tree(tokenizer)
     except PathRefused as exc:
@@ -127,17 +197,31 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     # that fails or dies leaves nothing half-written (the job runtime and the reaper remove the staging).
     out_dir = ctx.staging_dir(run_dir)
     result_file = out_dir / "result.json"
-    workload = {"dataset": run.dataset, "input_len": run.input_len, "output_len": run.output_len,
-                "num_prompts": run.num_prompts, "max_concurrency": run.max_concurrency,
-                "request_rate": run.request_rate, "num_warmups": run.num_warmups,
-                "ignore_eos": run.params.get("ignore_eos", True), "seed": run.params.get("seed", 0)}
+    workload = {
+        "dataset": run.dataset,
+        "input_len": run.input_len,
+        "output_len": run.output_len,
+        "num_prompts": run.num_prompts,
+        "max_concurrency": run.max_concurrency,
+        "request_rate": run.request_rate,
+        "num_warmups": run.num_warmups,
+        "ignore_eos": run.params.get("ignore_eos", True),
+        "seed": run.params.get("seed", 0),
+    }
     base_url = settings.GATEWAY_URL.rstrip("/") if via_gateway else replica.url
     # Through the gateway every ready replica takes load: readings and cost cover them all.
     measured = None if via_gateway else replica
+
     def argv_into(result_dir: Path) -> list[str]:
-        return client_argv(python=engine_python_for(endpoint.node), base_url=base_url,
-                           model=endpoint.served_model_name, tokenizer=tokenizer, workload=workload,
-                           result_dir=result_dir, prompt_file=prompt_file)
+        return client_argv(
+            python=engine_python_for(endpoint.node),
+            base_url=base_url,
+            model=endpoint.served_model_name,
+            tokenizer=tokenizer,
+            workload=workload,
+            result_dir=result_dir,
+            prompt_file=prompt_file,
+        )
 
     argv = argv_into(out_dir)
     config = config_snapshot(endpoint, replica, run, via_gateway=via_gateway)
@@ -146,8 +230,9 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     # The command as recorded names the run's directory, where its files are kept, not the staging it ran in.
     run.target_url, run.command, run.config = base_url, argv_into(run_dir), config
     run.telemetry = {"start": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint), "samples": []}
-    run.save(update_fields=["status", "started_at", "error", "replica_index", "target_url", "command", "config",
-                            "telemetry"])
+    run.save(
+        update_fields=["status", "started_at", "error", "replica_index", "target_url", "command", "config", "telemetry"]
+    )
     what = f"c={run.max_concurrency}" if run.max_concurrency else f"{run.request_rate} req/s"
     target = f"{endpoint.name} through the gateway" if via_gateway else f"{endpoint.name}#{replica.index}"
     ctx.progress(span[0], f"{step}benchmark {target} ({run.num_prompts} prompts, {what})")
@@ -156,9 +241,18 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
         key, raw = gateway_key(run, endpoint)
         extra_env["OPENAI_API_KEY"] = raw
     try:
-        samples = run_client(argv, cwd=out_dir, ctx=ctx, span=span, step=step, num_prompts=run.num_prompts,
-                             timeout_s=run.timeout_s, log_path=out_dir / "client.log", extra_env=extra_env,
-                             sample=lambda: telemetry_snapshot(endpoint.node, measured, endpoint=endpoint, brief=True))
+        samples = run_client(
+            argv,
+            cwd=out_dir,
+            ctx=ctx,
+            span=span,
+            step=step,
+            num_prompts=run.num_prompts,
+            timeout_s=run.timeout_s,
+            log_path=out_dir / "client.log",
+            extra_env=extra_env,
+            sample=lambda: telemetry_snapshot(endpoint.node, measured, endpoint=endpoint, brief=True),
+        )
     finally:
         if key is not None:
             key_revoke(key=key, actor=run.created_by, via="job")
@@ -173,17 +267,26 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
         shutil.rmtree(run_dir)
     ctx.commit_staging(out_dir, run_dir)
     run.result, run.detail, run.result_path = result, detail, str(run_dir / result_file.name)
-    run.telemetry = {**run.telemetry, "samples": samples,
-                     "end": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint),
-                     **telemetry_window(endpoint, measured, run.started_at, timezone.now())}
+    run.telemetry = {
+        **run.telemetry,
+        "samples": samples,
+        "end": telemetry_snapshot(endpoint.node, measured, endpoint=endpoint),
+        **telemetry_window(endpoint, measured, run.started_at, timezone.now()),
+    }
     run.status, run.finished_at = BenchStatus.SUCCEEDED, timezone.now()
     if result.get("completed", 0) == 0:
         run.status = BenchStatus.FAILED
         run.error = "Every request failed: " + "; ".join(detail.get("error_samples", [])[:3])
     run.save(update_fields=["result", "detail", "result_path", "telemetry", "status", "finished_at", "error"])
-    ctx.log.info("%sQPS %.3f, output %.1f tok/s, P99 E2EL %.1f ms, P99 TTFT %.1f ms, %s failed", step,
-                 result.get("request_throughput") or 0, result.get("output_throughput") or 0,
-                 result.get("p99_e2el_ms") or 0, result.get("p99_ttft_ms") or 0, result.get("failed", 0))
+    ctx.log.info(
+        "%sQPS %.3f, output %.1f tok/s, P99 E2EL %.1f ms, P99 TTFT %.1f ms, %s failed",
+        step,
+        result.get("request_throughput") or 0,
+        result.get("output_throughput") or 0,
+        result.get("p99_e2el_ms") or 0,
+        result.get("p99_ttft_ms") or 0,
+        result.get("failed", 0),
+    )
     if run.status == BenchStatus.FAILED:
         raise JobFailed(run.error)
     return run
@@ -193,8 +296,19 @@ _TQDM = re.compile(r"(\d+)/(\d+) \[")
 _NOISE = re.compile(r"^(nanobind: |\s+- leaked |\s+- \.\.\. skipped|See https://nanobind)")
 
 
-def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts: int, timeout_s: int,
-               log_path: Path, sample=None, extra_env: dict | None = None) -> list[dict]:
+def run_client(
+    argv: list[str],
+    *,
+    cwd: Path,
+    ctx,
+    span,
+    step: str,
+    num_prompts: int,
+    timeout_s: int,
+    log_path: Path,
+    sample=None,
+    extra_env: dict | None = None,
+) -> list[dict]:
     """Run the client, report its progress bar as the job's progress, honour cancel and the
     timeout, and keep its output. Returns the telemetry samples taken meanwhile."""
     # The allow-list keeps the console's secrets (and any OPENAI_API_KEY) out: only a gateway
@@ -269,6 +383,7 @@ def run_client(argv: list[str], *, cwd: Path, ctx, span, step: str, num_prompts:
 
 # --------------------------------------------------------------------------- parsing
 
+
 def _num(value):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -282,8 +397,11 @@ def parse_saved_result(saved: dict) -> tuple[dict, dict]:
     throughput over time (tokens placed at the time vLLM's client received them)."""
     if not isinstance(saved, dict) or "request_throughput" not in saved:
         raise ValueError("not a vLLM benchmark result (no request_throughput)")
-    result = {k: v for k, v in saved.items()
-              if k not in PER_REQUEST_FIELDS and (v is None or isinstance(v, (int, float, str, bool)))}
+    result = {
+        k: v
+        for k, v in saved.items()
+        if k not in PER_REQUEST_FIELDS and (v is None or isinstance(v, (int, float, str, bool)))
+    }
     for key in ("completed", "failed", "total_input_tokens", "total_output_tokens"):
         if isinstance(result.get(key), float) and result[key].is_integer():
             result[key] = int(result[key])
@@ -303,8 +421,12 @@ def parse_saved_result(saved: dict) -> tuple[dict, dict]:
         "start_s": [round(s - t0, 4) for s in starts],
         "ttft_ms": [round(t * 1000, 3) for t in ttfts],
         "e2el_ms": [round(t * 1000, 3) for t in latencies],
-        "tpot_ms": [round((latencies[i] - ttfts[i]) / (out_lens[i] - 1) * 1000, 3)
-                    if i < len(out_lens) and ok[i] and out_lens[i] > 1 else None for i in range(min(n, len(ttfts)))],
+        "tpot_ms": [
+            round((latencies[i] - ttfts[i]) / (out_lens[i] - 1) * 1000, 3)
+            if i < len(out_lens) and ok[i] and out_lens[i] > 1
+            else None
+            for i in range(min(n, len(ttfts)))
+        ],
         "input_lens": in_lens,
         "output_lens": out_lens,
         "error_samples": sorted({str(e)[:300] for e in errors if e})[:10],
@@ -313,8 +435,9 @@ def parse_saved_result(saved: dict) -> tuple[dict, dict]:
     stride = max(1, math.ceil(len(flat) / ITL_SAMPLE_MAX))
     detail["itl_ms"] = [round(x, 3) for x in flat[::stride]]
     detail["itl_sampled"] = stride > 1
-    detail["timeline"] = timeline(starts=starts, ttfts=ttfts, itls=itls, latencies=latencies, ok=ok, t0=t0,
-                                  duration=_num(saved.get("duration")))
+    detail["timeline"] = timeline(
+        starts=starts, ttfts=ttfts, itls=itls, latencies=latencies, ok=ok, t0=t0, duration=_num(saved.get("duration"))
+    )
     return result, detail
 
 
@@ -353,6 +476,10 @@ def timeline(*, starts, ttfts, itls, latencies, ok, t0: float, duration: float |
             mid = (b + 0.5) * width
             if start <= mid < end:
                 in_flight[b] += 1
-    return {"t": [round((b + 0.5) * width, 4) for b in range(count)], "bin_s": width,
-            "output_tps": [round(v / width, 3) for v in tokens], "rps": [round(v / width, 4) for v in completed],
-            "in_flight": in_flight}
+    return {
+        "t": [round((b + 0.5) * width, 4) for b in range(count)],
+        "bin_s": width,
+        "output_tps": [round(v / width, 3) for v in tokens],
+        "rps": [round(v / width, 4) for v in completed],
+        "in_flight": in_flight,
+    }

@@ -7,26 +7,53 @@ throughput per unit of cost, divided by the baseline's:
     efficiency(run) = (QPS(run) / cost(run)) / (QPS(baseline) / cost(baseline))
 
 so the baseline reads 1.00 and 1.20 means 20 % more requests for the same money."""
+
 import csv
 import io
 
 from django.conf import settings
 
 COLUMNS = (
-    ("id", "Run"), ("setup", "Set-up"), ("endpoint", "Endpoint"), ("state", "State"),
-    ("quantization", "Quantization"), ("device_type", "Device type"), ("device_count", "Devices"),
-    ("tensor_parallel_size", "TP"), ("max_concurrency", "Concurrency"), ("request_rate", "Request rate"),
-    ("num_prompts", "Prompts"), ("input_len", "Input len"), ("output_len", "Output len"),
-    ("request_throughput", "QPS"), ("output_throughput", "Output tok/s"), ("total_token_throughput", "Total tok/s"),
-    ("p99_e2el_ms", "P99 latency ms"), ("median_e2el_ms", "Median latency ms"), ("p99_ttft_ms", "P99 TTFT ms"),
-    ("median_tpot_ms", "Median TPOT ms"), ("p99_tpot_ms", "P99 TPOT ms"), ("failed", "Failed"),
-    ("cost_per_device_hour", "Cost / device-hour"), ("cost_per_hour", "Cost / hour"),
+    ("id", "Run"),
+    ("setup", "Set-up"),
+    ("endpoint", "Endpoint"),
+    ("state", "State"),
+    ("quantization", "Quantization"),
+    ("device_type", "Device type"),
+    ("device_count", "Devices"),
+    ("tensor_parallel_size", "TP"),
+    ("max_concurrency", "Concurrency"),
+    ("request_rate", "Request rate"),
+    ("num_prompts", "Prompts"),
+    ("input_len", "Input len"),
+    ("output_len", "Output len"),
+    ("request_throughput", "QPS"),
+    ("output_throughput", "Output tok/s"),
+    ("total_token_throughput", "Total tok/s"),
+    ("p99_e2el_ms", "P99 latency ms"),
+    ("median_e2el_ms", "Median latency ms"),
+    ("p99_ttft_ms", "P99 TTFT ms"),
+    ("median_tpot_ms", "Median TPOT ms"),
+    ("p99_tpot_ms", "P99 TPOT ms"),
+    ("failed", "Failed"),
+    ("cost_per_device_hour", "Cost / device-hour"),
+    ("cost_per_hour", "Cost / hour"),
     ("cost_per_million_output_tokens", "Cost / 1M output tokens"),
-    ("qps_vs_baseline", "QPS × baseline"), ("p99_vs_baseline", "P99 × baseline"),
+    ("qps_vs_baseline", "QPS × baseline"),
+    ("p99_vs_baseline", "P99 × baseline"),
     ("cost_efficiency", "Cost efficiency × baseline"),
 )
-METRICS = ("request_throughput", "output_throughput", "total_token_throughput", "p99_e2el_ms", "median_e2el_ms",
-           "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "failed")
+METRICS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "p99_e2el_ms",
+    "median_e2el_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "failed",
+)
 
 
 def cost_rates(overrides: dict | None = None) -> dict[str, float]:
@@ -65,11 +92,19 @@ def compare_rows(runs, *, baseline_id: int | None = None, rates: dict[str, float
         config = run.config or {}
         result = run.result or {}
         row = {
-            "id": run.pk, "setup": run.setup, "endpoint": run.endpoint_name, "state": run.state,
-            "quantization": config.get("quantization"), "device_type": config.get("device_type"),
-            "device_count": config.get("device_count"), "tensor_parallel_size": config.get("tensor_parallel_size"),
-            "max_concurrency": run.max_concurrency, "request_rate": run.request_rate, "num_prompts": run.num_prompts,
-            "input_len": run.input_len, "output_len": run.output_len,
+            "id": run.pk,
+            "setup": run.setup,
+            "endpoint": run.endpoint_name,
+            "state": run.state,
+            "quantization": config.get("quantization"),
+            "device_type": config.get("device_type"),
+            "device_count": config.get("device_count"),
+            "tensor_parallel_size": config.get("tensor_parallel_size"),
+            "max_concurrency": run.max_concurrency,
+            "request_rate": run.request_rate,
+            "num_prompts": run.num_prompts,
+            "input_len": run.input_len,
+            "output_len": run.output_len,
             **{m: result.get(m) for m in METRICS},
         }
         key, rate = rate_for(config, rates)
@@ -78,7 +113,9 @@ def compare_rows(runs, *, baseline_id: int | None = None, rates: dict[str, float
         row["cost_per_hour"] = rate * count if rate is not None and count else None
         qps, out_tps, cost = row["request_throughput"], row["output_throughput"], row["cost_per_hour"]
         row["qps_per_cost"] = _ratio(qps, cost)  # requests/s per (cost unit / hour)
-        row["cost_per_million_output_tokens"] = (cost / (out_tps * 3600) * 1e6) if cost is not None and out_tps else None
+        row["cost_per_million_output_tokens"] = (
+            (cost / (out_tps * 3600) * 1e6) if cost is not None and out_tps else None
+        )
         rows.append(row)
     with_result = [r for r in rows if r["request_throughput"] is not None]
     base = next((r for r in with_result if r["id"] == baseline_id), with_result[0] if with_result else None)
@@ -87,8 +124,12 @@ def compare_rows(runs, *, baseline_id: int | None = None, rates: dict[str, float
         row["qps_vs_baseline"] = _ratio(row["request_throughput"], base and base["request_throughput"])
         row["p99_vs_baseline"] = _ratio(row["p99_e2el_ms"], base and base["p99_e2el_ms"])
         row["cost_efficiency"] = _ratio(row["qps_per_cost"], base and base["qps_per_cost"])
-    return {"baseline": base["id"] if base else None, "rates": rates,
-            "currency": getattr(settings, "BENCH_COST_CURRENCY", ""), "rows": rows}
+    return {
+        "baseline": base["id"] if base else None,
+        "rates": rates,
+        "currency": getattr(settings, "BENCH_COST_CURRENCY", ""),
+        "rows": rows,
+    }
 
 
 def to_csv(table: dict) -> str:

@@ -1,5 +1,6 @@
 """The benchmark form (endpoint page): parses what was typed into a WorkloadRequest; the service
 checks it against the endpoint (ranges that depend on it, readiness)."""
+
 from django import forms
 from django.core.exceptions import ValidationError
 
@@ -7,7 +8,9 @@ from endpoints.bench.workload import WorkloadRequest, parse_levels
 
 
 def _whole(low: int, high: int) -> forms.IntegerField:
-    return forms.IntegerField(required=False, error_messages={"invalid": f"Enter a whole number between {low} and {high}."})
+    return forms.IntegerField(
+        required=False, error_messages={"invalid": f"Enter a whole number between {low} and {high}."}
+    )
 
 
 class BenchmarkForm(forms.Form):
@@ -19,7 +22,9 @@ class BenchmarkForm(forms.Form):
     input_len = _whole(1, 1_000_000)
     output_len = _whole(1, 1_000_000)
     max_concurrency = _whole(1, 4096)
-    request_rate = forms.FloatField(required=False, error_messages={"invalid": "Enter a number above 0 and up to 100000."})
+    request_rate = forms.FloatField(
+        required=False, error_messages={"invalid": "Enter a number above 0 and up to 100000."}
+    )
     num_warmups = _whole(0, 1000)
     timeout_s = _whole(10, 7 * 24 * 3600)
     seed = _whole(0, 2**31 - 1)

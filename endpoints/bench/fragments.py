@@ -16,12 +16,18 @@ def speed_comparison(artifact) -> dict | None:
         return None
 
     def latest(artifact_id):
-        return (BenchmarkRun.objects.filter(endpoint__artifact_id=artifact_id, status=BenchStatus.SUCCEEDED)
-                .order_by("-pk").first())
+        return (
+            BenchmarkRun.objects.filter(endpoint__artifact_id=artifact_id, status=BenchStatus.SUCCEEDED)
+            .order_by("-pk")
+            .first()
+        )
 
     quantized, source = latest(artifact.pk), latest(artifact.parent_id)
-    return {"quantized": quantized, "source": source,
-            "url": compare_url([source.pk, quantized.pk]) if quantized and source else None}
+    return {
+        "quantized": quantized,
+        "source": source,
+        "url": compare_url([source.pk, quantized.pk]) if quantized and source else None,
+    }
 
 
 @require_role(VIEWER)

@@ -1,4 +1,5 @@
 """The `bench` job kind. Imported by EndpointsConfig.ready(): defining the runner registers it."""
+
 from endpoints.bench.client import execute_run
 from endpoints.bench.models import BenchmarkRun, BenchStatus
 from endpoints.bench.services import benchmark_resubmit, end_open_runs

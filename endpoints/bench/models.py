@@ -3,6 +3,7 @@
 A BenchmarkRun is one `vllm bench serve` invocation; a BenchmarkSweep groups the runs of a
 concurrency sweep (1, 2, 4, … N). The Job row (workers.Job) is the truth for queued/running/
 cancelled; a run's own `status` records how its part ended (see `state`)."""
+
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
@@ -25,14 +26,17 @@ BENCH_ENDED = (BenchStatus.SUCCEEDED, BenchStatus.FAILED, BenchStatus.CANCELLED)
 class BenchmarkSweep(models.Model):
     """A concurrency sweep: one job runs one BenchmarkRun per concurrency level, in order."""
 
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="benchmark_sweeps")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="benchmark_sweeps"
+    )
     endpoint_name = models.CharField(max_length=63)  # kept when the endpoint is deleted
     job = models.ForeignKey("workers.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     label = models.CharField(max_length=200, blank=True)
     concurrencies = models.JSONField(default=list)
     params = models.JSONField(default=dict, blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
@@ -82,8 +86,9 @@ class BenchmarkRunManager(models.Manager):
 
 
 class BenchmarkRun(models.Model):
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="benchmarks")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="benchmarks"
+    )
     endpoint_name = models.CharField(max_length=63)
     job = models.ForeignKey("workers.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     sweep = models.ForeignKey(BenchmarkSweep, null=True, blank=True, on_delete=models.CASCADE, related_name="runs")
@@ -115,7 +120,9 @@ class BenchmarkRun(models.Model):
     telemetry = models.JSONField(default=dict, blank=True)  # device readings at start, during and at the end
     result_path = models.CharField(max_length=1024, blank=True)  # vLLM's saved JSON, as written
 
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -1,4 +1,5 @@
 """Reads for benchmarks (pages and API)."""
+
 from django.db.models import Q
 
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep, BenchStatus
@@ -22,12 +23,21 @@ def run_list(*, endpoint: str | int | None = None, state: str = "", sweeps: bool
 
 
 def recent_for_endpoint(endpoint, limit: int = 10):
-    return list(BenchmarkRun.objects.filter(endpoint=endpoint).select_related("job").defer("detail", "telemetry")[:limit])
+    return list(
+        BenchmarkRun.objects.filter(endpoint=endpoint).select_related("job").defer("detail", "telemetry")[:limit]
+    )
 
 
 def active_for_endpoint(endpoint):
-    return next((r for r in BenchmarkRun.objects.filter(endpoint=endpoint, job__status__in=("queued", "running"))
-                 .select_related("job").defer("detail", "telemetry")), None)
+    return next(
+        (
+            r
+            for r in BenchmarkRun.objects.filter(endpoint=endpoint, job__status__in=("queued", "running"))
+            .select_related("job")
+            .defer("detail", "telemetry")
+        ),
+        None,
+    )
 
 
 def run_get(run_id: int) -> BenchmarkRun:
@@ -36,7 +46,9 @@ def run_get(run_id: int) -> BenchmarkRun:
 
 def runs_by_ids(ids) -> list[BenchmarkRun]:
     ids = [int(i) for i in ids]
-    found = {r.pk: r for r in BenchmarkRun.objects.filter(pk__in=ids).select_related("job").defer("detail", "telemetry")}
+    found = {
+        r.pk: r for r in BenchmarkRun.objects.filter(pk__in=ids).select_related("job").defer("detail", "telemetry")
+    }
     seen, ordered = set(), []
     for i in ids:
         if i in found and i not in seen:
@@ -58,13 +70,29 @@ def sweep_points(sweep: BenchmarkSweep) -> list[dict]:
     points = []
     for run in sweep.runs.select_related("job").defer("detail", "telemetry").order_by("sweep_index"):
         result = run.result or {}
-        points.append({
-            "run": run.pk, "max_concurrency": run.max_concurrency, "state": run.state,
-            "num_prompts": run.num_prompts,
-            **{k: result.get(k) for k in ("request_throughput", "output_throughput", "total_token_throughput",
-                                          "median_e2el_ms", "p99_e2el_ms", "median_ttft_ms", "p99_ttft_ms",
-                                          "median_tpot_ms", "p99_tpot_ms", "failed")},
-        })
+        points.append(
+            {
+                "run": run.pk,
+                "max_concurrency": run.max_concurrency,
+                "state": run.state,
+                "num_prompts": run.num_prompts,
+                **{
+                    k: result.get(k)
+                    for k in (
+                        "request_throughput",
+                        "output_throughput",
+                        "total_token_throughput",
+                        "median_e2el_ms",
+                        "p99_e2el_ms",
+                        "median_ttft_ms",
+                        "p99_ttft_ms",
+                        "median_tpot_ms",
+                        "p99_tpot_ms",
+                        "failed",
+                    )
+                },
+            }
+        )
     return points
 
 

@@ -1,5 +1,6 @@
 """Writes for benchmarks: validate and queue runs and sweeps (one `bench` job each), retry and cancel them.
 The job itself is endpoints.bench.jobs; what it runs, endpoints.bench.client."""
+
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -8,8 +9,15 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from endpoints.bench.models import BENCH_ENDED, BenchmarkRun, BenchmarkSweep, BenchStatus
-from endpoints.bench.workload import (DEDUPE, WorkloadRequest, clean_workload, prompt_file_path, read_prompt_file,
-                                      resolve_endpoint, store_prompt_file)
+from endpoints.bench.workload import (
+    DEDUPE,
+    WorkloadRequest,
+    clean_workload,
+    prompt_file_path,
+    read_prompt_file,
+    resolve_endpoint,
+    store_prompt_file,
+)
 from endpoints.models import Endpoint
 from workers.jobs.models import Job
 from workers.jobs.queues import node_queue
@@ -18,11 +26,18 @@ from workers.jobs.services import job_cancel, job_enqueue
 
 def _run_fields(endpoint: Endpoint, workload: dict, *, max_concurrency, num_prompts, file_name: str, user) -> dict:
     return {
-        "endpoint": endpoint, "endpoint_name": endpoint.name, "label": workload["label"],
-        "dataset": workload["dataset"], "prompt_file_name": file_name, "num_prompts": num_prompts,
-        "input_len": workload["input_len"], "output_len": workload["output_len"],
-        "max_concurrency": max_concurrency, "request_rate": workload["request_rate"],
-        "num_warmups": workload["num_warmups"], "timeout_s": workload["timeout_s"],
+        "endpoint": endpoint,
+        "endpoint_name": endpoint.name,
+        "label": workload["label"],
+        "dataset": workload["dataset"],
+        "prompt_file_name": file_name,
+        "num_prompts": num_prompts,
+        "input_len": workload["input_len"],
+        "output_len": workload["output_len"],
+        "max_concurrency": max_concurrency,
+        "request_rate": workload["request_rate"],
+        "num_warmups": workload["num_warmups"],
+        "timeout_s": workload["timeout_s"],
         "created_by": user if user is not None and user.pk else None,
     }
 
@@ -33,8 +48,9 @@ def _check_ready(endpoint: Endpoint, replica: int | None) -> None:
         ready = ready.filter(index=replica)
     if not ready.exists():
         which = f"replica {replica} of {endpoint.name}" if replica is not None else endpoint.name
-        raise ValidationError({"endpoint": f"{which} has no ready replica (state: {endpoint.state}); "
-                                           "start it and wait for ready first."})
+        raise ValidationError(
+            {"endpoint": f"{which} has no ready replica (state: {endpoint.state}); start it and wait for ready first."}
+        )
 
 
 def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeout_s: int) -> Job:
@@ -43,8 +59,16 @@ def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeo
     Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
     # The client reads the model's tokenizer from the artifact's path: run it on the endpoint's node.
     # The job may run longer than the kind's default: every run's timeout plus client start-up.
-    return job_enqueue(kind="bench", params=params, user=user, dedupe_key=DEDUPE.format(endpoint.pk),
-                       request=request, retry_of=retry_of, queue=node_queue(endpoint.node.name), timeout_s=timeout_s)
+    return job_enqueue(
+        kind="bench",
+        params=params,
+        user=user,
+        dedupe_key=DEDUPE.format(endpoint.pk),
+        request=request,
+        retry_of=retry_of,
+        queue=node_queue(endpoint.node.name),
+        timeout_s=timeout_s,
+    )
 
 
 def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_file_name: str):
@@ -72,31 +96,77 @@ def _store_upload(upload: bytes | None) -> None:
         store_prompt_file(upload)
 
 
-def benchmark_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
-                     retry_of: Job | None = None, stored_prompt_path: str | None = None,
-                     prompt_file_name: str = "") -> BenchmarkRun:
+def benchmark_create(
+    *,
+    endpoint: int | str,
+    workload: WorkloadRequest,
+    user,
+    prompt_file=None,
+    request=None,
+    retry_of: Job | None = None,
+    stored_prompt_path: str | None = None,
+    prompt_file_name: str = "",
+) -> BenchmarkRun:
     """Validate one benchmark of an endpoint (its id or name) and queue it on the endpoint's node.
     `prompt_file`: uploaded JSONL (a file or its content); a retry passes the stored file instead."""
     endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows)
     _check_ready(endpoint, cleaned["replica"])
-    params = {"mode": "run", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
-              "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
+    params = {
+        "mode": "run",
+        "endpoint": endpoint.pk,
+        "endpoint_name": endpoint.name,
+        **cleaned,
+        "prompt_file": str(path) if path else None,
+        "prompt_file_name": file_name,
+    }
     with transaction.atomic():
-        job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
-                       timeout_s=cleaned["timeout_s"] + 300)
+        job = _enqueue(
+            endpoint=endpoint,
+            params=params,
+            user=user,
+            request=request,
+            retry_of=retry_of,
+            timeout_s=cleaned["timeout_s"] + 300,
+        )
         _store_upload(upload)
-        run = BenchmarkRun.objects.create(job=job, params=params, **_run_fields(
-            endpoint, cleaned, max_concurrency=cleaned["max_concurrency"], num_prompts=cleaned["num_prompts"],
-            file_name=file_name, user=user))
-        audit_log(actor=user, action="benchmark.create", obj=run, request=request,
-                  changes={"endpoint": endpoint.name, "job": job.pk, **{k: v for k, v in cleaned.items() if v not in (None, "")}})
+        run = BenchmarkRun.objects.create(
+            job=job,
+            params=params,
+            **_run_fields(
+                endpoint,
+                cleaned,
+                max_concurrency=cleaned["max_concurrency"],
+                num_prompts=cleaned["num_prompts"],
+                file_name=file_name,
+                user=user,
+            ),
+        )
+        audit_log(
+            actor=user,
+            action="benchmark.create",
+            obj=run,
+            request=request,
+            changes={
+                "endpoint": endpoint.name,
+                "job": job.pk,
+                **{k: v for k, v in cleaned.items() if v not in (None, "")},
+            },
+        )
     return run
 
 
-def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt_file=None, request=None,
-                 retry_of: Job | None = None, stored_prompt_path: str | None = None,
-                 prompt_file_name: str = "") -> BenchmarkSweep:
+def sweep_create(
+    *,
+    endpoint: int | str,
+    workload: WorkloadRequest,
+    user,
+    prompt_file=None,
+    request=None,
+    retry_of: Job | None = None,
+    stored_prompt_path: str | None = None,
+    prompt_file_name: str = "",
+) -> BenchmarkSweep:
     """A concurrency sweep (1, 2, 4, … N) in one job: one run per level, in order."""
     endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows, sweep=True)
@@ -104,24 +174,52 @@ def sweep_create(*, endpoint: int | str, workload: WorkloadRequest, user, prompt
         raise ValidationError({"request_rate": "A sweep varies the concurrency; leave the request rate empty."})
     _check_ready(endpoint, cleaned["replica"])
     levels = cleaned["concurrencies"]
-    params = {"mode": "sweep", "endpoint": endpoint.pk, "endpoint_name": endpoint.name, **cleaned,
-              "prompt_file": str(path) if path else None, "prompt_file_name": file_name}
+    params = {
+        "mode": "sweep",
+        "endpoint": endpoint.pk,
+        "endpoint_name": endpoint.name,
+        **cleaned,
+        "prompt_file": str(path) if path else None,
+        "prompt_file_name": file_name,
+    }
     with transaction.atomic():
-        job = _enqueue(endpoint=endpoint, params=params, user=user, request=request, retry_of=retry_of,
-                       timeout_s=len(levels) * (cleaned["timeout_s"] + 300))
+        job = _enqueue(
+            endpoint=endpoint,
+            params=params,
+            user=user,
+            request=request,
+            retry_of=retry_of,
+            timeout_s=len(levels) * (cleaned["timeout_s"] + 300),
+        )
         _store_upload(upload)
-        sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, job=job,
-                                              label=cleaned["label"], concurrencies=levels, params=params,
-                                              created_by=user if user is not None and user.pk else None)
+        sweep = BenchmarkSweep.objects.create(
+            endpoint=endpoint,
+            endpoint_name=endpoint.name,
+            job=job,
+            label=cleaned["label"],
+            concurrencies=levels,
+            params=params,
+            created_by=user if user is not None and user.pk else None,
+        )
         for index, level in enumerate(levels):
             # Without a prompt count, each level gets enough prompts to reach its concurrency.
             prompts = cleaned["num_prompts"] or max(16, 4 * level)
-            BenchmarkRun.objects.create(job=job, sweep=sweep, sweep_index=index,
-                                        params={**params, "max_concurrency": level, "num_prompts": prompts},
-                                        **_run_fields(endpoint, cleaned, max_concurrency=level, num_prompts=prompts,
-                                                      file_name=file_name, user=user))
-        audit_log(actor=user, action="benchmark.sweep", obj=sweep, request=request,
-                  changes={"endpoint": endpoint.name, "job": job.pk, "concurrencies": levels})
+            BenchmarkRun.objects.create(
+                job=job,
+                sweep=sweep,
+                sweep_index=index,
+                params={**params, "max_concurrency": level, "num_prompts": prompts},
+                **_run_fields(
+                    endpoint, cleaned, max_concurrency=level, num_prompts=prompts, file_name=file_name, user=user
+                ),
+            )
+        audit_log(
+            actor=user,
+            action="benchmark.sweep",
+            obj=sweep,
+            request=request,
+            changes={"endpoint": endpoint.name, "job": job.pk, "concurrencies": levels},
+        )
     return sweep
 
 
@@ -129,11 +227,15 @@ def benchmark_resubmit(*, job: Job, user, request=None) -> Job:
     """Retry of a bench job: the same workload, validated again. Returns the new job."""
     params = job.params
     create = sweep_create if params.get("mode") == "sweep" else benchmark_create
-    return create(endpoint=params.get("endpoint"), workload=WorkloadRequest.from_params(params), user=user,
-                  request=request, retry_of=job, stored_prompt_path=params.get("prompt_file"),
-                  prompt_file_name=params.get("prompt_file_name") or "").job
-
-
+    return create(
+        endpoint=params.get("endpoint"),
+        workload=WorkloadRequest.from_params(params),
+        user=user,
+        request=request,
+        retry_of=job,
+        stored_prompt_path=params.get("prompt_file"),
+        prompt_file_name=params.get("prompt_file_name") or "",
+    ).job
 
 
 def benchmark_cancel(*, job: Job, user, request=None) -> Job:
@@ -144,4 +246,5 @@ def benchmark_cancel(*, job: Job, user, request=None) -> Job:
 
 def end_open_runs(job: Job, status: str, error: str) -> None:
     BenchmarkRun.objects.filter(job=job).exclude(status__in=BENCH_ENDED).update(
-        status=status, error=error, finished_at=timezone.now())
+        status=status, error=error, finished_at=timezone.now()
+    )

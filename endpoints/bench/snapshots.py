@@ -1,5 +1,6 @@
 """What a benchmark records beside its numbers: the endpoint's configuration and devices, and the
 node's telemetry before, during and after the run."""
+
 import logging
 
 from django.conf import settings
@@ -34,8 +35,11 @@ def device_info(endpoint: Endpoint, replica: Replica, *, all_replicas: bool = Fa
         "device_type": names[0] if len(names) == 1 else (kinds[0] if len(kinds) == 1 else node.platform),
         "device_kind": kinds[0] if len(kinds) == 1 else node.platform,
         "device_count": len(indices),
-        "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "memory_total_bytes": d.memory_total_bytes}
-                    for d in devices] or [{"index": i} for i in indices],
+        "devices": [
+            {"index": d.index, "kind": d.kind, "name": d.name, "memory_total_bytes": d.memory_total_bytes}
+            for d in devices
+        ]
+        or [{"index": i} for i in indices],
     }
 
 
@@ -49,8 +53,9 @@ def quantization_of(endpoint: Endpoint) -> str:
     return "none"
 
 
-def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | None = None, *,
-                    via_gateway: bool = False) -> dict:
+def config_snapshot(
+    endpoint: Endpoint, replica: Replica, run: BenchmarkRun | None = None, *, via_gateway: bool = False
+) -> dict:
     """What was measured, as it was when the run started."""
     node = replica.node
     artifact = endpoint.artifact
@@ -59,14 +64,23 @@ def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | No
     quant = quantization_of(endpoint)
     tp, pp = endpoint.tensor_parallel_size, endpoint.pipeline_parallel_size
     model_name = artifact.model.name if artifact.model_id else ""
-    setup = f"{model_name or endpoint.name} · {quant if quant != 'none' else (endpoint.dtype or artifact.dtype or 'auto')}" \
-            f" · TP{tp}{f' PP{pp}' if pp > 1 else ''} · {dev['device_count']}× {dev['device_type']}" \
-            f"{' · gateway' if via_gateway else ''}"
+    setup = (
+        f"{model_name or endpoint.name} · {quant if quant != 'none' else (endpoint.dtype or artifact.dtype or 'auto')}"
+        f" · TP{tp}{f' PP{pp}' if pp > 1 else ''} · {dev['device_count']}× {dev['device_type']}"
+        f"{' · gateway' if via_gateway else ''}"
+    )
     return {
         "setup": setup,
         "endpoint": {"id": endpoint.pk, "name": endpoint.name, "served_model_name": endpoint.served_model_name},
-        "artifact": {"id": artifact.pk, "model": model_name, "format": artifact.format, "dtype": artifact.dtype,
-                     "path": artifact.path, "sha256": artifact.sha256, "parent": artifact.parent_id},
+        "artifact": {
+            "id": artifact.pk,
+            "model": model_name,
+            "format": artifact.format,
+            "dtype": artifact.dtype,
+            "path": artifact.path,
+            "sha256": artifact.sha256,
+            "parent": artifact.parent_id,
+        },
         "quantization": quant,
         "dtype": endpoint.dtype or "auto",
         **dev,
@@ -84,14 +98,18 @@ def config_snapshot(endpoint: Endpoint, replica: Replica, run: BenchmarkRun | No
         "url": settings.GATEWAY_URL if via_gateway else replica.url,
         "engine": engine,
         "vllm_version": engine.get("vllm"),
-        "engine_versions": {k: v for k, v in engine.items() if k in ("vllm", "vllm_ascend", "torch", "torch_npu",
-                                                                    "cann", "transformers", "python")},
+        "engine_versions": {
+            k: v
+            for k, v in engine.items()
+            if k in ("vllm", "vllm_ascend", "torch", "torch_npu", "cann", "transformers", "python")
+        },
         "replica_argv": replica.argv,
     }
 
 
-def telemetry_snapshot(node, replica: Replica | None = None, *, endpoint: Endpoint | None = None,
-                       brief: bool = False) -> dict:
+def telemetry_snapshot(
+    node, replica: Replica | None = None, *, endpoint: Endpoint | None = None, brief: bool = False
+) -> dict:
     """The node's device readings as the agent last stored them (Device.latest), and its host
     readings (Node.host). Read from the database: the worker may run on another host."""
     fresh = Node.objects.filter(pk=node.pk).values("host", "last_heartbeat", "telemetry_error").first() or {}
@@ -102,9 +120,17 @@ def telemetry_snapshot(node, replica: Replica | None = None, *, endpoint: Endpoi
         devices = devices.filter(index__in=endpoint.devices)
     snap = {
         "at": timezone.now().isoformat(),
-        "devices": [{"index": d.index, "kind": d.kind, "name": d.name, "health": d.health,
-                     "updated_at": d.updated_at.isoformat() if d.updated_at else None,
-                     "latest": _brief(d.latest) if brief else d.latest} for d in devices.order_by("index")],
+        "devices": [
+            {
+                "index": d.index,
+                "kind": d.kind,
+                "name": d.name,
+                "health": d.health,
+                "updated_at": d.updated_at.isoformat() if d.updated_at else None,
+                "latest": _brief(d.latest) if brief else d.latest,
+            }
+            for d in devices.order_by("index")
+        ],
         "host": _brief(fresh.get("host") or {}) if brief else (fresh.get("host") or {}),
     }
     if not brief and fresh.get("telemetry_error"):
@@ -131,13 +157,30 @@ def telemetry_window(endpoint: Endpoint, replica: Replica | None, start, end, *,
         if not series:
             return {}
         points: dict[int, list] = {pk: [] for pk in series}
-        rows = (Point.objects.filter(series_id__in=list(series), ts__gte=int(start.timestamp()) - 1,
-                                     ts__lte=int(end.timestamp()) + 1)
-                .order_by("ts").values_list("series_id", "ts", "value")[:limit])
+        rows = (
+            Point.objects.filter(
+                series_id__in=list(series), ts__gte=int(start.timestamp()) - 1, ts__lte=int(end.timestamp()) + 1
+            )
+            .order_by("ts")
+            .values_list("series_id", "ts", "value")[:limit]
+        )
         for series_id, ts, value in rows:
             points[series_id].append([ts, value])
-        return {"series": [{"key": s.key, "metric": s.metric, "unit": s.unit, "device": s.device, "replica": s.replica,
-                            "label": s.label, "points": points[pk]} for pk, s in series.items() if points[pk]]}
+        return {
+            "series": [
+                {
+                    "key": s.key,
+                    "metric": s.metric,
+                    "unit": s.unit,
+                    "device": s.device,
+                    "replica": s.replica,
+                    "label": s.label,
+                    "points": points[pk],
+                }
+                for pk, s in series.items()
+                if points[pk]
+            ]
+        }
     except Exception as exc:  # telemetry must not fail a finished benchmark
         log.warning("telemetry series for the run not read: %s", exc)
         return {"series_error": str(exc)[:300]}
@@ -149,9 +192,18 @@ def telemetry_summary(telemetry: dict) -> list[dict]:
     for s in (telemetry or {}).get("series") or []:
         values = [p[1] for p in s.get("points") or [] if isinstance(p[1], (int, float))]
         if values:
-            rows.append({"metric": s.get("metric"), "label": s.get("label") or s.get("key"), "unit": s.get("unit"),
-                         "device": s.get("device"), "min": min(values), "mean": sum(values) / len(values),
-                         "max": max(values), "n": len(values)})
+            rows.append(
+                {
+                    "metric": s.get("metric"),
+                    "label": s.get("label") or s.get("key"),
+                    "unit": s.get("unit"),
+                    "device": s.get("device"),
+                    "min": min(values),
+                    "mean": sum(values) / len(values),
+                    "max": max(values),
+                    "n": len(values),
+                }
+            )
     return sorted(rows, key=lambda r: (r["device"] is not None, r["device"] or 0, r["metric"] or ""))
 
 

@@ -25,10 +25,17 @@ def bench_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("endpoint", "state")}
     runs = selectors.run_list(endpoint=filters["endpoint"] or None, state=filters["state"])
     page = Paginator(runs, 50).get_page(request.GET.get("page"))
-    return render(request, "bench/bench_list.html", {
-        "page": page, "filters": filters, "states": selectors.STATES, "sweeps": selectors.sweep_list(),
-        "endpoints": Endpoint.objects.order_by("name"),
-    })
+    return render(
+        request,
+        "bench/bench_list.html",
+        {
+            "page": page,
+            "filters": filters,
+            "states": selectors.STATES,
+            "sweeps": selectors.sweep_list(),
+            "endpoints": Endpoint.objects.order_by("name"),
+        },
+    )
 
 
 @require_role(OPERATOR)
@@ -44,11 +51,17 @@ def bench_new(request):
         # An unticked box is not posted: EOS is ignored unless the form says otherwise.
         workload = BenchmarkForm(request.POST).workload(ignore_eos=request.POST.get("ignore_eos", "on") == "on")
         if sweep:
-            created = services.sweep_create(endpoint=endpoint, workload=workload, prompt_file=upload,
-                                            user=request.user, request=request)
+            created = services.sweep_create(
+                endpoint=endpoint, workload=workload, prompt_file=upload, user=request.user, request=request
+            )
         else:
-            created = services.benchmark_create(endpoint=endpoint, workload=replace(workload, concurrencies=None),
-                                                prompt_file=upload, user=request.user, request=request)
+            created = services.benchmark_create(
+                endpoint=endpoint,
+                workload=replace(workload, concurrencies=None),
+                prompt_file=upload,
+                user=request.user,
+                request=request,
+            )
     except ValidationError as exc:
         messages.error(request, "Benchmark not started: " + error_text(exc))
         return _back(endpoint)
@@ -76,8 +89,10 @@ def _charts(run: BenchmarkRun) -> dict:
     ok = detail.get("ok") or []
     keep = lambda values: [v for i, v in enumerate(values or []) if (i >= len(ok) or ok[i]) and v is not None]  # noqa: E731
     return {
-        "ttft_ms": keep(detail.get("ttft_ms")), "tpot_ms": keep(detail.get("tpot_ms")),
-        "e2el_ms": keep(detail.get("e2el_ms")), "itl_ms": detail.get("itl_ms") or [],
+        "ttft_ms": keep(detail.get("ttft_ms")),
+        "tpot_ms": keep(detail.get("tpot_ms")),
+        "e2el_ms": keep(detail.get("e2el_ms")),
+        "itl_ms": detail.get("itl_ms") or [],
         "timeline": detail.get("timeline") or {},
         "p99": {k: (run.result or {}).get(f"p99_{k}") for k in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")},
     }
@@ -92,15 +107,24 @@ def bench_detail(request, run_id: int):
     run = _run(run_id)
 
     result = run.result or {}
-    latency = [{"name": name, **{s: result.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")}}
-               for key, name in LATENCY_ROWS]
-    return render(request, "bench/bench_detail.html", {
-        "run": run, "result": result, "latency": latency, "charts": _charts(run),
-        "command": format_for_shell(run.command, redact=True) if run.command else "",
-        "config_json": json.dumps(run.config, indent=2, sort_keys=True),
-        "telemetry_json": json.dumps(run.telemetry, indent=2, sort_keys=True)[:200_000],
-        "telemetry_rows": snapshots.telemetry_summary(run.telemetry),
-    })
+    latency = [
+        {"name": name, **{s: result.get(f"{s}_{key}_ms") for s in ("mean", "median", "p90", "p99")}}
+        for key, name in LATENCY_ROWS
+    ]
+    return render(
+        request,
+        "bench/bench_detail.html",
+        {
+            "run": run,
+            "result": result,
+            "latency": latency,
+            "charts": _charts(run),
+            "command": format_for_shell(run.command, redact=True) if run.command else "",
+            "config_json": json.dumps(run.config, indent=2, sort_keys=True),
+            "telemetry_json": json.dumps(run.telemetry, indent=2, sort_keys=True)[:200_000],
+            "telemetry_rows": snapshots.telemetry_summary(run.telemetry),
+        },
+    )
 
 
 @require_role(VIEWER)
@@ -169,10 +193,16 @@ def bench_sweep_detail(request, sweep_id: int):
         raise Http404 from None
     points = selectors.sweep_points(sweep)
     ids = ",".join(str(p["run"]) for p in points if p["request_throughput"] is not None)
-    return render(request, "bench/sweep_detail.html", {
-        "sweep": sweep, "points": points, "compare_ids": ids,
-        "active": sweep.state in ("queued", "running"),
-    })
+    return render(
+        request,
+        "bench/sweep_detail.html",
+        {
+            "sweep": sweep,
+            "points": points,
+            "compare_ids": ids,
+            "active": sweep.state in ("queued", "running"),
+        },
+    )
 
 
 def _compare_table(request):
@@ -195,15 +225,30 @@ def bench_compare(request):
     ids, table, overrides, error = _compare_table(request)
     types = sorted({r["device_type"] for r in table["rows"] if r["device_type"]})
     query = request.GET.urlencode()
-    return render(request, "bench/compare.html", {
-        "table": table, "ids": ids, "error": error, "query": query,
-        "cost_fields": [{"type": t, "value": overrides.get(t.lower(), overrides.get(t, "")),
-                         "default": compare.rate_for({"device_type": t}, compare.cost_rates())[1]} for t in types],
-        "chart": {"labels": [f"#{r['id']} {r['setup']}" for r in table["rows"]],
-                  "qps": [r["request_throughput"] for r in table["rows"]],
-                  "p99": [r["p99_e2el_ms"] for r in table["rows"]],
-                  "efficiency": [r["cost_efficiency"] for r in table["rows"]]},
-    })
+    return render(
+        request,
+        "bench/compare.html",
+        {
+            "table": table,
+            "ids": ids,
+            "error": error,
+            "query": query,
+            "cost_fields": [
+                {
+                    "type": t,
+                    "value": overrides.get(t.lower(), overrides.get(t, "")),
+                    "default": compare.rate_for({"device_type": t}, compare.cost_rates())[1],
+                }
+                for t in types
+            ],
+            "chart": {
+                "labels": [f"#{r['id']} {r['setup']}" for r in table["rows"]],
+                "qps": [r["request_throughput"] for r in table["rows"]],
+                "p99": [r["p99_e2el_ms"] for r in table["rows"]],
+                "efficiency": [r["cost_efficiency"] for r in table["rows"]],
+            },
+        },
+    )
 
 
 @require_role(VIEWER)

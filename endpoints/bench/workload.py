@@ -1,4 +1,5 @@
 """Benchmark workloads: which endpoint, what load, which prompts; checked before anything is queued."""
+
 import hashlib
 import json
 import math
@@ -34,8 +35,9 @@ def resolve_endpoint(ref) -> Endpoint:
     elif isinstance(ref, str) and not URL_LIKE.search(ref.strip()):
         endpoint = Endpoint.objects.select_related("node", "artifact").filter(name=ref.strip()).first()
     else:
-        raise ValidationError({"endpoint": "Benchmarks target endpoints of this console (an id or name), "
-                                           "never a URL or address."})
+        raise ValidationError(
+            {"endpoint": "Benchmarks target endpoints of this console (an id or name), never a URL or address."}
+        )
     if endpoint is None:
         raise ValidationError({"endpoint": f"No endpoint {ref!r} in this console."})
     return endpoint
@@ -71,10 +73,16 @@ def read_prompt_file(content) -> tuple[list[dict], bytes]:
         except json.JSONDecodeError as exc:
             raise ValidationError({"prompt_file": f"Line {number} is not JSON: {exc.msg}."}) from None
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
-            raise ValidationError({"prompt_file": f'Line {number} needs a non-empty "prompt" string, '
-                                                  'e.g. {"prompt": "Hello", "output_tokens": 128}.'})
+            raise ValidationError(
+                {
+                    "prompt_file": f'Line {number} needs a non-empty "prompt" string, '
+                    'e.g. {"prompt": "Hello", "output_tokens": 128}.'
+                }
+            )
         tokens = row.get("output_tokens")
-        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 1_000_000):
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 1_000_000
+        ):
             raise ValidationError({"prompt_file": f'Line {number}: "output_tokens" must be a positive whole number.'})
         rows.append({"prompt": row["prompt"], **({"output_tokens": tokens} if tokens is not None else {})})
     if not rows:
@@ -124,8 +132,9 @@ class WorkloadRequest:
         return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
 
 
-def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: list[dict] | None = None,
-                   sweep: bool = False) -> dict:
+def clean_workload(
+    wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: list[dict] | None = None, sweep: bool = False
+) -> dict:
     """The validated workload of one run (or of every point of a sweep)."""
     with_file = prompt_rows is not None
     max_len = endpoint.max_model_len
@@ -137,10 +146,14 @@ def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: 
         raise ValidationError({"replica": f"{endpoint.name} has no replica {replica}."})
     via = (wanted.via or VIA_REPLICA).strip()
     if via not in (VIA_REPLICA, VIA_GATEWAY):
-        raise ValidationError({"via": "Benchmark a replica directly ('replica') or through the console's gateway ('gateway')."})
+        raise ValidationError(
+            {"via": "Benchmark a replica directly ('replica') or through the console's gateway ('gateway')."}
+        )
     if via == VIA_GATEWAY:
         if replica is not None:
-            raise ValidationError({"replica": "Through the gateway the load goes to every ready replica: leave the replica empty."})
+            raise ValidationError(
+                {"replica": "Through the gateway the load goes to every ready replica: leave the replica empty."}
+            )
         if not gateway_available():
             raise ValidationError({"via": "This console has no gateway (GATEWAY_URL)."})
     if with_file:
@@ -150,12 +163,17 @@ def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: 
             output_len = 128
         default_prompts = len(prompt_rows)
     else:
-        input_len = int_in_range(wanted.input_len, "input_len", low=1, high=max(1, (max_len or 1_000_000) - 1),
-                                 default=512)
+        input_len = int_in_range(
+            wanted.input_len, "input_len", low=1, high=max(1, (max_len or 1_000_000) - 1), default=512
+        )
         output_len = int_in_range(wanted.output_len, "output_len", low=1, high=max_len or 1_000_000, default=128)
         if max_len and input_len + output_len > max_len:
-            raise ValidationError({"output_len": f"input_len + output_len = {input_len + output_len} is over the "
-                                                 f"endpoint's max_model_len {max_len}."})
+            raise ValidationError(
+                {
+                    "output_len": f"input_len + output_len = {input_len + output_len} is over the "
+                    f"endpoint's max_model_len {max_len}."
+                }
+            )
         default_prompts = None if sweep else 100
     num_prompts = int_in_range(wanted.num_prompts, "num_prompts", low=1, high=100_000, default=default_prompts)
     request_rate = _rate(wanted.request_rate)
@@ -170,8 +188,13 @@ def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: 
         "max_concurrency": max_concurrency,
         "request_rate": request_rate,
         "num_warmups": int_in_range(wanted.num_warmups, "num_warmups", low=0, high=1000, default=0),
-        "timeout_s": int_in_range(wanted.timeout_s, "timeout_s", low=10, high=7 * 24 * 3600,
-                                  default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)),
+        "timeout_s": int_in_range(
+            wanted.timeout_s,
+            "timeout_s",
+            low=10,
+            high=7 * 24 * 3600,
+            default=getattr(settings, "BENCH_DEFAULT_TIMEOUT_SECONDS", 1800),
+        ),
         "ignore_eos": bool(wanted.ignore_eos),
         # Named in the command even at vLLM's default, so the saved command repeats the same prompts and arrivals.
         "seed": int_in_range(wanted.seed, "seed", low=0, high=2**31 - 1, default=0),
@@ -180,8 +203,9 @@ def clean_workload(wanted: WorkloadRequest, *, endpoint: Endpoint, prompt_rows: 
         "label": label,
     }
     if sweep:
-        workload["concurrencies"] = sweep_levels(concurrencies=wanted.concurrencies,
-                                                 max_concurrency=wanted.max_concurrency)
+        workload["concurrencies"] = sweep_levels(
+            concurrencies=wanted.concurrencies, max_concurrency=wanted.max_concurrency
+        )
     return workload
 
 

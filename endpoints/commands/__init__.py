@@ -72,16 +72,30 @@ v0.23.0): ``--data-parallel-size``, ``--data-parallel-size-local``, ``--data-par
 has a headless mode. The same six flags are on the allow-list for ``extra_args``, but not beside
 ``distributed``.
 """
+
 from endpoints.commands.checks import CommandSpecError
-from endpoints.commands.container import (CONTAINER_RUNTIMES, ContainerSpec, build_container_command,
-                                          container_name)
+from endpoints.commands.container import CONTAINER_RUNTIMES, ContainerSpec, build_container_command, container_name
 from endpoints.commands.environment import (
-    ENV_ALLOWLIST, ENV_DENYLIST, ENV_VARIABLES, INTERFACE_ENV_KEYS, env_unknown_to, validate_env,
+    ENV_ALLOWLIST,
+    ENV_DENYLIST,
+    ENV_VARIABLES,
+    INTERFACE_ENV_KEYS,
+    env_unknown_to,
+    validate_env,
 )
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
 from endpoints.commands.guard import GUARD_DIR, GUARD_MODULE_FILE, guarded_argv
-from endpoints.commands.platforms import (CLI_MODULE, DEVICE_ENV, DTYPES, FORMAT_QUANTIZATION, PLATFORMS,
-                                          QUANTIZATION_METHODS, RAY_MODULE, SERVER_MODULE, platforms_for_format)
+from endpoints.commands.platforms import (
+    CLI_MODULE,
+    DEVICE_ENV,
+    DTYPES,
+    FORMAT_QUANTIZATION,
+    PLATFORMS,
+    QUANTIZATION_METHODS,
+    RAY_MODULE,
+    SERVER_MODULE,
+    platforms_for_format,
+)
 from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell

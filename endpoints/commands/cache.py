@@ -64,6 +64,7 @@ Ray executor, so a cpu Ray replica never serves and needs no plugin on its nodes
 Directory rules: an absolute, normalised path of letters, digits and ``. _ - /`` (it is bind-mounted into
 a container at the same path, where ``:`` and ``,`` separate mount fields).
 """
+
 from __future__ import annotations
 
 import re
@@ -94,11 +95,14 @@ def check_cache_dir(value: Any) -> str:
     if len(value) > _MAX_DIR_LEN:
         raise CommandSpecError(f"engine_cache_dir is longer than {_MAX_DIR_LEN} characters")
     if not _DIR_RE.fullmatch(value):
-        raise CommandSpecError("engine_cache_dir must be an absolute path of letters, digits and . _ - / "
-                               f"(':' or ',' cannot be bind-mounted); got {value!r}")
+        raise CommandSpecError(
+            "engine_cache_dir must be an absolute path of letters, digits and . _ - / "
+            f"(':' or ',' cannot be bind-mounted); got {value!r}"
+        )
     if any(part in (".", "..") for part in value.split("/")) or "//" in value or (value != "/" and value.endswith("/")):
-        raise CommandSpecError(f"engine_cache_dir must be a normalised path (no '.', '..', '//' or trailing /), "
-                               f"got {value!r}")
+        raise CommandSpecError(
+            f"engine_cache_dir must be a normalised path (no '.', '..', '//' or trailing /), got {value!r}"
+        )
     if value == "/":
         raise CommandSpecError("engine_cache_dir must not be the root directory")
     return value
@@ -109,8 +113,11 @@ def engine_cache_env(cache_dir: str | None) -> dict[str, str]:
     if cache_dir is None:
         return {}
     root = check_cache_dir(cache_dir)
-    env = {"VLLM_CACHE_ROOT": f"{root}/vllm", "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
-           "TRITON_CACHE_DIR": f"{root}/triton"}
+    env = {
+        "VLLM_CACHE_ROOT": f"{root}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{root}/torchinductor",
+        "TRITON_CACHE_DIR": f"{root}/triton",
+    }
     return env
 
 

@@ -1,5 +1,6 @@
 """Checks of single values for the vLLM command builder; each raises CommandSpecError naming
 the field. Numbers go through the project's one parser (console.validation)."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -119,10 +120,8 @@ def _check_ifname(value: Any, what: str) -> str:
     return value
 
 
-
 def _check_engine_python(engine_python: Any) -> str:
     _check_text(engine_python, "engine_python")
     if not engine_python.startswith("/"):
         raise CommandSpecError(f"engine_python must be an absolute path, got {engine_python!r}")
     return engine_python
-

@@ -53,6 +53,7 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
   ``-it … bash``. The script is a constant; the vLLM argv goes in as positional parameters, never
   into shell text.
 """
+
 from __future__ import annotations
 
 import re
@@ -87,9 +88,9 @@ _ENV_KEY_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 @dataclass(kw_only=True)
 class ContainerSpec:
-    runtime: str                 # "docker" | "podman"
-    image: str                   # e.g. quay.io/ascend/vllm-ascend:v0.23.0
-    name: str                    # deterministic per replica: container_name()
+    runtime: str  # "docker" | "podman"
+    image: str  # e.g. quay.io/ascend/vllm-ascend:v0.23.0
+    name: str  # deterministic per replica: container_name()
     devices: list[int] = field(default_factory=list)  # the replica's NPUs (host ids)
     secret_env: tuple[str, ...] = ("VLLM_API_KEY",)  # passed by name only: values from the CLI's environment
     work_dir: str | None = None  # the replica's working directory on the host, with the guard's module in it
@@ -129,8 +130,17 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
         raise CommandSpecError(f"devices must be NPU ids (0..1023), got {container.devices!r}")
     model = _model_path(argv)
 
-    run = [container.runtime, "run", "-d", "--pull=never", "--name", container.name, "--net=host",
-           f"--shm-size={SHM_SIZE}", *log_flags(container)]
+    run = [
+        container.runtime,
+        "run",
+        "-d",
+        "--pull=never",
+        "--name",
+        container.name,
+        "--net=host",
+        f"--shm-size={SHM_SIZE}",
+        *log_flags(container),
+    ]
     for device in container.devices:
         run += ["--device", f"/dev/davinci{device}"]
     for device in ASCEND_CONTROL_DEVICES:
@@ -158,15 +168,18 @@ def log_flags(container: ContainerSpec) -> list[str]:
     parse), and docker's max-file. A setting below 1 KiB or 1 file is taken as that: a bound, never a refused start."""
     if container.log_max_bytes is None:
         return []
-    flags = [f"--log-driver={LOG_DRIVERS[container.runtime]}",
-             f"--log-opt=max-size={max(1, container.log_max_bytes // 1024)}k"]
+    flags = [
+        f"--log-driver={LOG_DRIVERS[container.runtime]}",
+        f"--log-opt=max-size={max(1, container.log_max_bytes // 1024)}k",
+    ]
     if container.runtime == "docker":
         flags.append(f"--log-opt=max-file={max(1, container.log_files)}")
     return flags
 
 
-def probe_container_command(*, runtime: str, image: str, name: str, python_args: list[str],
-                            env: Mapping[str, str], nice: int = 0) -> list[str]:
+def probe_container_command(
+    *, runtime: str, image: str, name: str, python_args: list[str], env: Mapping[str, str], nice: int = 0
+) -> list[str]:
     """The agent's engine probes (versions, vLLM's parser: workers.engine_info) of a containerised node, run
     in the image its replicas run in, as they run: the same driver mounts and interactive-bash wrapper (the
     image's ``~/.bashrc`` sets the CANN/driver library paths that importing torch-npu needs), the image's
@@ -187,8 +200,9 @@ def _check_container(*, runtime: str, image: str, name: str) -> None:
     if runtime not in CONTAINER_RUNTIMES:
         raise CommandSpecError(f"runtime must be one of {', '.join(CONTAINER_RUNTIMES)}, got {runtime!r}")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise CommandSpecError(f"container name must be 2-128 letters, digits and _ . - (starting with a letter "
-                               f"or digit), got {name!r}")
+        raise CommandSpecError(
+            f"container name must be 2-128 letters, digits and _ . - (starting with a letter or digit), got {name!r}"
+        )
     if not isinstance(image, str) or not _IMAGE_RE.fullmatch(image):
         raise CommandSpecError(f"image must be a reference like quay.io/ascend/vllm-ascend:v0.23.0, got {image!r}")
 

@@ -1,4 +1,5 @@
 """The allow-list of extra environment variables, and the interface variables of multi-node runs."""
+
 from __future__ import annotations
 
 import re
@@ -13,6 +14,7 @@ _MAX_ENV_KEY_LEN = 128
 def _int_in(lo: int, hi: int) -> Callable[[str, str], str]:
     def check(value: str, key: str) -> str:
         return str(_as_int(value, key, lo, hi))
+
     return check
 
 
@@ -21,6 +23,7 @@ def _one_of(*choices: str) -> Callable[[str, str], str]:
         if value not in choices:
             raise CommandSpecError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
         return value
+
     return check
 
 
@@ -31,6 +34,7 @@ def _pattern(regex: str, what: str) -> Callable[[str, str], str]:
         if not compiled.fullmatch(value):
             raise CommandSpecError(f"{key} must be {what}, got {value!r}")
         return value
+
     return check
 
 
@@ -38,7 +42,9 @@ _flag = _one_of("0", "1", "true", "false", "True", "False")
 _device_list = _pattern(r"\d{1,3}(,\d{1,3})*", "a list of device numbers like 0,1")
 # An allocator or affinity setting: options separated by , : = and |, no paths or shell.
 _options = _pattern(r"[A-Za-z0-9_.,:=|\- ]{1,256}", "a list of options like expandable_segments:True")
-_cpu_range_text = _pattern(r"(auto|nobind|all|\d{1,4}(-\d{1,4})?([,|]\d{1,4}(-\d{1,4})?)*)", "CPU ranges like 0-7 or auto")
+_cpu_range_text = _pattern(
+    r"(auto|nobind|all|\d{1,4}(-\d{1,4})?([,|]\d{1,4}(-\d{1,4})?)*)", "CPU ranges like 0-7 or auto"
+)
 
 
 def _cpu_ranges(value: str, key: str) -> str:
@@ -49,6 +55,8 @@ def _cpu_ranges(value: str, key: str) -> str:
         if int(low) > int(high):
             raise CommandSpecError(f"{key} has the range {low}-{high}, which runs backwards; got {value!r}")
     return value
+
+
 _log_level = _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: Every variable an operator may set, each with its validator (value text -> accepted text).
@@ -111,16 +119,38 @@ ENV_VARIABLES: dict[str, Callable[[str, str], str]] = {
 ENV_ALLOWLIST = frozenset(ENV_VARIABLES)
 #: Names refused with a reason: they load code or configuration from a path, switch off safety
 #: checks, or open development endpoints (every other unlisted name is refused too).
-ENV_DENYLIST = frozenset({
-    "VLLM_LOGGING_CONFIG_PATH", "VLLM_CONFIGURE_LOGGING", "VLLM_PLUGINS", "VLLM_ALLOW_INSECURE_SERIALIZATION",
-    "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "VLLM_SERVER_DEV_MODE", "VLLM_DEBUG_LOG_API_SERVER_RESPONSE",
-    "VLLM_TORCH_PROFILER_DIR", "VLLM_RPC_BASE_PATH", "VLLM_CONFIG_ROOT", "VLLM_CACHE_ROOT", "VLLM_ASSETS_CACHE",
-    "VLLM_XLA_CACHE_PATH", "VLLM_API_KEY", "VLLM_TUNED_CONFIG_FOLDER", "VLLM_USAGE_STATS_SERVER",
-    "VLLM_TRACE_FUNCTION", "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_AICPU_PATH", "ASCEND_HOME_PATH",
-    "ASCEND_TOOLKIT_HOME", "ASCEND_PROCESS_LOG_PATH", "ASCEND_CACHE_PATH", "ASCEND_WORK_PATH",
-    # The engine cache's (endpoints.commands.cache): the console sets them, to the node's own directory.
-    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR",
-})
+ENV_DENYLIST = frozenset(
+    {
+        "VLLM_LOGGING_CONFIG_PATH",
+        "VLLM_CONFIGURE_LOGGING",
+        "VLLM_PLUGINS",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION",
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        "VLLM_SERVER_DEV_MODE",
+        "VLLM_DEBUG_LOG_API_SERVER_RESPONSE",
+        "VLLM_TORCH_PROFILER_DIR",
+        "VLLM_RPC_BASE_PATH",
+        "VLLM_CONFIG_ROOT",
+        "VLLM_CACHE_ROOT",
+        "VLLM_ASSETS_CACHE",
+        "VLLM_XLA_CACHE_PATH",
+        "VLLM_API_KEY",
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "VLLM_USAGE_STATS_SERVER",
+        "VLLM_TRACE_FUNCTION",
+        "ASCEND_CUSTOM_OPP_PATH",
+        "ASCEND_OPP_PATH",
+        "ASCEND_AICPU_PATH",
+        "ASCEND_HOME_PATH",
+        "ASCEND_TOOLKIT_HOME",
+        "ASCEND_PROCESS_LOG_PATH",
+        "ASCEND_CACHE_PATH",
+        "ASCEND_WORK_PATH",
+        # The engine cache's (endpoints.commands.cache): the console sets them, to the node's own directory.
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+    }
+)
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -195,10 +225,10 @@ def _validate_interfaces(interfaces: Mapping[str, Any] | None, platform: str) ->
         entry = INTERFACE_ENV_KEYS.get(key)
         if entry is None:
             raise CommandSpecError(
-                f"{key!r} is not an allowed interface variable; allowed: {', '.join(INTERFACE_ENV_KEYS)}")
+                f"{key!r} is not an allowed interface variable; allowed: {', '.join(INTERFACE_ENV_KEYS)}"
+            )
         check, platforms = entry
         if platform not in platforms:
             raise CommandSpecError(f"{key} does not apply to platform {platform!r}")
         out[key] = check(value, key)
     return out
-

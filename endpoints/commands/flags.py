@@ -1,4 +1,5 @@
 """The allow-list of extra vLLM flags and the rules that check and render their values."""
+
 from __future__ import annotations
 
 import re
@@ -6,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from endpoints.commands.checks import _MAX_INT, CommandSpecError, _as_bool, _as_float, _as_int, _check_host
-
 
 
 @dataclass(frozen=True)
@@ -25,8 +25,7 @@ def _int_rule(lo: int, hi: int, choices: tuple[int, ...] | None = None) -> _Rule
     def render(flag, value):
         n = _as_int(value, flag, lo, hi)
         if choices is not None and n not in choices:
-            raise CommandSpecError(
-                f"{flag} must be one of {', '.join(map(str, choices))}, got {n}")
+            raise CommandSpecError(f"{flag} must be one of {', '.join(map(str, choices))}, got {n}")
         return [flag, str(n)]
 
     desc = f"one of {', '.join(map(str, choices))}" if choices else f"integer {lo}..{hi}"
@@ -54,8 +53,7 @@ def _name_rule() -> _Rule:
 
     def render(flag, value):
         if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", value):
-            raise CommandSpecError(
-                f"{flag} must be a plain name (letters, digits, '_' and '-'), got {value!r}")
+            raise CommandSpecError(f"{flag} must be a plain name (letters, digits, '_' and '-'), got {value!r}")
         return [flag, value]
 
     return _Rule("a plain name (letters, digits, _ and -)", render)
@@ -129,8 +127,14 @@ SET_BY_SPEC = {
     "--profiler-config": "vLLM's profiler is set by the endpoint's profiling option (its directory is the console's)",
 }
 #: The data-parallel flags that place one node in a multi-node group: set by LaunchSpec.distributed.
-DP_PLACEMENT_FLAGS = ("--data-parallel-size", "--data-parallel-size-local", "--data-parallel-address",
-                      "--data-parallel-rpc-port", "--data-parallel-start-rank", "--headless")
+DP_PLACEMENT_FLAGS = (
+    "--data-parallel-size",
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+    "--headless",
+)
 
 
 def _normalise_flag(key: Any) -> str:
@@ -164,8 +168,7 @@ def validate_extra_args(d: Mapping[str, Any] | None) -> list[str]:
         if flag in SET_BY_SPEC:
             raise CommandSpecError(f"{flag} is not an allowed vLLM flag: {SET_BY_SPEC[flag]}")
         if rule is None:
-            raise CommandSpecError(
-                f"{flag} is not an allowed vLLM flag; allowed: {', '.join(sorted(EXTRA_ARG_RULES))}")
+            raise CommandSpecError(f"{flag} is not an allowed vLLM flag; allowed: {', '.join(sorted(EXTRA_ARG_RULES))}")
         if value is None:
             continue
         argv += rule(flag, value)

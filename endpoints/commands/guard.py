@@ -2,6 +2,7 @@
 covers ``/v1``-like paths only, so every replica's server also loads the console's middleware, which
 wants the key on every path but reads of ``/health`` and ``/metrics`` and the tokenizer's ``/tokenize`` and
 ``/detokenize`` (that module says why)."""
+
 from __future__ import annotations
 
 from pathlib import Path

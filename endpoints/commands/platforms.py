@@ -1,5 +1,6 @@
 """What differs between the platforms vLLM runs on: names, dtypes, quantization methods,
 the device variable and the default environment."""
+
 from __future__ import annotations
 
 PLATFORMS = ("ascend", "cuda", "cpu")
@@ -60,4 +61,3 @@ def _platform_env(platform: str, devices: list[int] | tuple[int, ...]) -> dict[s
     if platform == "cuda":
         return {DEVICE_ENV["cuda"]: ",".join(map(str, devices))}
     return {}
-

@@ -43,6 +43,7 @@ no symbolic link as the last component (torch_npu/utils/_path_manager.py
 ``_input_path_common_check``); the directory is held to that, without whitespace or ``~``, on every
 platform.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,8 @@ def check_profiler_dir(value: Any) -> str:
     if not _DIR_RE.fullmatch(value):
         raise CommandSpecError(
             "profiler_dir must be an absolute path of letters, digits and . _ - / (torch_npu's profiler "
-            f"refuses other characters, and ':' or ',' cannot be bind-mounted); got {value!r}")
+            f"refuses other characters, and ':' or ',' cannot be bind-mounted); got {value!r}"
+        )
     if any(part in (".", "..") for part in value.split("/")) or "//" in value:
         raise CommandSpecError(f"profiler_dir must be a normalised path (no '.', '..' or '//'), got {value!r}")
     return value
@@ -76,8 +78,12 @@ def check_profiler_dir(value: Any) -> str:
 
 def profiler_config(profiler_dir: str) -> dict:
     """The ProfilerConfig fields the console sets (the rest keep vLLM's defaults)."""
-    return {"profiler": "torch", "torch_profiler_dir": check_profiler_dir(profiler_dir),
-            "torch_profiler_with_stack": False, "ignore_frontend": True}
+    return {
+        "profiler": "torch",
+        "torch_profiler_dir": check_profiler_dir(profiler_dir),
+        "torch_profiler_with_stack": False,
+        "ignore_frontend": True,
+    }
 
 
 def profiler_args(profiler_dir: str | None) -> list[str]:

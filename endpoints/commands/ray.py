@@ -1,14 +1,20 @@
 """``ray start`` commands for the head and worker nodes of a multi-node (Ray) endpoint."""
+
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from endpoints.commands.checks import (
-    CommandSpecError, _check_engine_python, _check_ip, _check_port, _is_int, _split_host_port, _strict_int,
+    CommandSpecError,
+    _check_engine_python,
+    _check_ip,
+    _check_port,
+    _is_int,
+    _split_host_port,
+    _strict_int,
 )
 from endpoints.commands.environment import _validate_interfaces, validate_env
 from endpoints.commands.platforms import _ASCEND_DEFAULT_ENV, DEVICE_ENV, PLATFORMS, RAY_MODULE, _platform_env
-
 
 
 def _ray_env(platform: str, devices, interfaces, env) -> dict[str, str]:
@@ -19,8 +25,7 @@ def _ray_env(platform: str, devices, interfaces, env) -> dict[str, str]:
         raise CommandSpecError(f"devices must be a list of distinct device ids, got {devices!r}")
     if platform == "cpu" and devices:
         raise CommandSpecError("devices must be empty on cpu")
-    out = _platform_env(platform, devices) if devices else (
-        dict(_ASCEND_DEFAULT_ENV) if platform == "ascend" else {})
+    out = _platform_env(platform, devices) if devices else (dict(_ASCEND_DEFAULT_ENV) if platform == "ascend" else {})
     # No usage report from the cluster's nodes (vLLM sets the same for the Ray it starts: ray_utils.py).
     out["RAY_USAGE_STATS_ENABLED"] = "0"
     if platform == "ascend":
@@ -71,8 +76,7 @@ def ray_head_command(
     _check_ip(node_ip, "node_ip")
     _check_port(port, "port")
     run_env = _ray_env(platform, devices, interfaces, env)
-    argv = [engine_python, "-m", RAY_MODULE, "start", "--head",
-            f"--port={port}", f"--node-ip-address={node_ip}"]
+    argv = [engine_python, "-m", RAY_MODULE, "start", "--head", f"--port={port}", f"--node-ip-address={node_ip}"]
     argv += _ray_resources(platform, num_gpus, num_npus)
     if block:
         argv.append("--block")
@@ -97,10 +101,8 @@ def ray_worker_command(
     _split_host_port(head_address, "head_address")
     _check_ip(node_ip, "node_ip")
     run_env = _ray_env(platform, devices, interfaces, env)
-    argv = [engine_python, "-m", RAY_MODULE, "start",
-            f"--address={head_address}", f"--node-ip-address={node_ip}"]
+    argv = [engine_python, "-m", RAY_MODULE, "start", f"--address={head_address}", f"--node-ip-address={node_ip}"]
     argv += _ray_resources(platform, num_gpus, num_npus)
     if block:
         argv.append("--block")
     return argv, run_env
-

@@ -1,4 +1,5 @@
 """The command as a shell line, for people to read (never run)."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """The LaunchSpec, its validation, and the argv/env that start the vLLM server."""
+
 from __future__ import annotations
 
 import re
@@ -7,42 +8,54 @@ from typing import Any, Mapping
 
 from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV, check_cache_dir, engine_cache_env
 from endpoints.commands.checks import (
-    CommandSpecError, _as_float, _check_engine_python, _check_host, _check_port, _check_text, _is_int,
-    _split_host_port, _strict_int,
+    CommandSpecError,
+    _as_float,
+    _check_engine_python,
+    _check_host,
+    _check_port,
+    _check_text,
+    _is_int,
+    _split_host_port,
+    _strict_int,
 )
 from endpoints.commands.environment import _validate_interfaces, validate_env
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, validate_extra_args
 from endpoints.commands.platforms import (
-    _CPU_DEFAULT_KVCACHE_GIB, CLI_MODULE, DEVICE_ENV, DTYPES, PLATFORMS, QUANTIZATION_METHODS, SERVER_MODULE,
+    _CPU_DEFAULT_KVCACHE_GIB,
+    CLI_MODULE,
+    DEVICE_ENV,
+    DTYPES,
+    PLATFORMS,
+    QUANTIZATION_METHODS,
+    SERVER_MODULE,
     _platform_env,
 )
 from endpoints.commands.profiler import PROFILER_FLAG, check_profiler_dir, profiler_args
 
 
-
 @dataclass(kw_only=True)
 class LaunchSpec:
-    platform: str                     # "ascend" | "cuda" | "cpu"
-    engine_python: str                # absolute path of the engine venv's python
-    model_path: str                   # local directory or hub id
+    platform: str  # "ascend" | "cuda" | "cpu"
+    engine_python: str  # absolute path of the engine venv's python
+    model_path: str  # local directory or hub id
     served_model_name: str
     host: str = "127.0.0.1"
-    port: int                         # ignored (may be None) on a headless data-parallel rank
+    port: int  # ignored (may be None) on a headless data-parallel rank
     devices: list[int] = field(default_factory=list)  # NPU / GPU ids (per node)
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None  # ignored on cpu
-    dtype: str | None = None          # "auto" | "float16" | "bfloat16" | "float32"
-    quantization: str | None = None   # "ascend" (ModelSlim), "compressed-tensors", ...
+    dtype: str | None = None  # "auto" | "float16" | "bfloat16" | "float32"
+    quantization: str | None = None  # "ascend" (ModelSlim), "compressed-tensors", ...
     enforce_eager: bool = False
-    chip_name: str | None = None      # npu-smi chip name, e.g. "910B4", "310P3" (ascend only)
+    chip_name: str | None = None  # npu-smi chip name, e.g. "910B4", "310P3" (ascend only)
     extra_args: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
-    cpu_kvcache_gib: int | None = None   # cpu only (VLLM_CPU_KVCACHE_SPACE, default 1)
+    cpu_kvcache_gib: int | None = None  # cpu only (VLLM_CPU_KVCACHE_SPACE, default 1)
     cpu_threads_bind: str | None = None  # cpu only (VLLM_CPU_OMP_THREADS_BIND)
-    distributed: dict | None = None   # {"backend": "ray", "head_address", "nnodes", "node_rank", "interfaces"}
+    distributed: dict | None = None  # {"backend": "ray", "head_address", "nnodes", "node_rank", "interfaces"}
     trust_remote_code: bool = False
     # vLLM's profiler on (--profiler-config), writing here; driven by POST /start_profile and
     # /stop_profile. endpoints.commands.profiler says what each platform writes.
@@ -69,14 +82,14 @@ def _is_310p(spec: LaunchSpec) -> bool:
 
 @dataclass(frozen=True)
 class _Distributed:
-    backend: str          # "ray" | "dp"
+    backend: str  # "ray" | "dp"
     head_host: str
-    head_port: int        # the Ray head's GCS port, or the DP group's RPC port
+    head_port: int  # the Ray head's GCS port, or the DP group's RPC port
     nnodes: int
     node_rank: int
     interfaces: dict[str, str]
-    size: int = 1         # dp: --data-parallel-size (every node)
-    size_local: int = 1   # dp: --data-parallel-size-local (ranks on each node)
+    size: int = 1  # dp: --data-parallel-size (every node)
+    size_local: int = 1  # dp: --data-parallel-size-local (ranks on each node)
 
     @property
     def headless(self) -> bool:
@@ -100,7 +113,8 @@ def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
     if backend == "dp" and platform == "cpu":
         raise CommandSpecError(
             "multi-node data parallelism starts the other nodes with `vllm serve --headless`, which vllm-cpu "
-            "cannot run (its `vllm` CLI stops at PackageNotFoundError: No package metadata was found for vllm)")
+            "cannot run (its `vllm` CLI stops at PackageNotFoundError: No package metadata was found for vllm)"
+        )
     head_host, head_port = _split_host_port(d.get("head_address"), "distributed.head_address")
     nnodes = _strict_int(d.get("nnodes"), "distributed.nnodes", 1, 1024)
     node_rank = d.get("node_rank", 0)
@@ -109,7 +123,8 @@ def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
     if backend == "ray" and node_rank != 0:
         raise CommandSpecError(
             "with the ray backend vLLM runs on the head node only (node_rank 0); "
-            "start the other nodes with ray_worker_command()")
+            "start the other nodes with ray_worker_command()"
+        )
     if backend == "ray" and ({"size", "size_local"} & set(d)):
         raise CommandSpecError("distributed.size and size_local are for the dp backend")
     size = size_local = 1
@@ -118,9 +133,18 @@ def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
         size_local = _strict_int(d.get("size_local"), "distributed.size_local", 1, 1024)
         if size != size_local * nnodes:
             raise CommandSpecError(
-                f"distributed.size ({size}) must be size_local ({size_local}) x nnodes ({nnodes}) = {size_local * nnodes}")
-    return _Distributed(backend, head_host, head_port, nnodes, node_rank,
-                        _validate_interfaces(d.get("interfaces"), platform), size, size_local)
+                f"distributed.size ({size}) must be size_local ({size_local}) x nnodes ({nnodes}) = {size_local * nnodes}"
+            )
+    return _Distributed(
+        backend,
+        head_host,
+        head_port,
+        nnodes,
+        node_rank,
+        _validate_interfaces(d.get("interfaces"), platform),
+        size,
+        size_local,
+    )
 
 
 def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
@@ -131,7 +155,8 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
     if not isinstance(spec.served_model_name, str) or not _SERVED_NAME_RE.fullmatch(spec.served_model_name):
         raise CommandSpecError(
             "served_model_name must be 1-128 characters of letters, digits and . _ - : / @ +, "
-            f"starting with a letter or digit; got {spec.served_model_name!r}")
+            f"starting with a letter or digit; got {spec.served_model_name!r}"
+        )
     _check_host(spec.host, "host")
     for what in ("tensor_parallel_size", "pipeline_parallel_size"):
         value = getattr(spec, what)
@@ -153,7 +178,8 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
         platforms = QUANTIZATION_METHODS.get(spec.quantization)
         if platforms is None:
             raise CommandSpecError(
-                f"quantization must be one of {', '.join(sorted(QUANTIZATION_METHODS))}, got {spec.quantization!r}")
+                f"quantization must be one of {', '.join(sorted(QUANTIZATION_METHODS))}, got {spec.quantization!r}"
+            )
         if spec.platform not in platforms:
             raise CommandSpecError(f"quantization {spec.quantization!r} is not available on {spec.platform}")
     for what in ("enforce_eager", "trust_remote_code"):
@@ -175,16 +201,19 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
             _strict_int(spec.cpu_kvcache_gib, "cpu_kvcache_gib (GiB)", 1, 65536)
         bind = spec.cpu_threads_bind
         if bind is not None:
-            if not isinstance(bind, str) or not (bind in ("auto", "nobind") or all(
-                    _THREADS_BIND_RE.fullmatch(part) for part in bind.split("|"))):
+            if not isinstance(bind, str) or not (
+                bind in ("auto", "nobind") or all(_THREADS_BIND_RE.fullmatch(part) for part in bind.split("|"))
+            ):
                 raise CommandSpecError(
                     "cpu_threads_bind must be 'auto', 'nobind' or core lists like '0-31' "
-                    f"('|' between ranks, e.g. '0-31|32-63'); got {bind!r}")
+                    f"('|' between ranks, e.g. '0-31|32-63'); got {bind!r}"
+                )
             ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size
             if bind not in ("auto", "nobind") and len(bind.split("|")) != ranks:
                 raise CommandSpecError(
                     f"cpu_threads_bind lists {len(bind.split('|'))} core set(s) but tensor_parallel_size x "
-                    f"pipeline_parallel_size = {ranks}; give one set per rank, separated by '|'")
+                    f"pipeline_parallel_size = {ranks}; give one set per rank, separated by '|'"
+                )
     # cpu_kvcache_gib / cpu_threads_bind are ignored on ascend and cuda.
 
     dist = _validate_distributed(spec.distributed, spec.platform)
@@ -200,7 +229,8 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
                 raise CommandSpecError(
                     f"distributed.size_local ({dist.size_local}) x tensor_parallel_size ({spec.tensor_parallel_size}) "
                     f"x pipeline_parallel_size ({spec.pipeline_parallel_size}) = {world * dist.size_local} must "
-                    f"equal this node's {kind}s: {len(spec.devices)} device(s) {list(spec.devices)}")
+                    f"equal this node's {kind}s: {len(spec.devices)} device(s) {list(spec.devices)}"
+                )
             return dist
         nnodes = dist.nnodes if dist else 1
         if world != len(spec.devices) * nnodes:
@@ -208,9 +238,9 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
             raise CommandSpecError(
                 f"tensor_parallel_size ({spec.tensor_parallel_size}) x pipeline_parallel_size "
                 f"({spec.pipeline_parallel_size}) = {world} must equal the number of {kind}s: "
-                f"{len(spec.devices)} device(s) {list(spec.devices)}{per_node} = {len(spec.devices) * nnodes}")
+                f"{len(spec.devices)} device(s) {list(spec.devices)}{per_node} = {len(spec.devices) * nnodes}"
+            )
     return dist
-
 
 
 def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
@@ -231,7 +261,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     dtype = spec.dtype
     enforce_eager = spec.enforce_eager
     if _is_310p(spec):
-        dtype, enforce_eager = "float16", True   # Atlas 300I: float16, eager mode only
+        dtype, enforce_eager = "float16", True  # Atlas 300I: float16, eager mode only
 
     argv = [spec.engine_python, "-m", CLI_MODULE, "serve"] if headless else [spec.engine_python, "-m", SERVER_MODULE]
     argv += ["--model", spec.model_path, "--served-model-name", spec.served_model_name]
@@ -300,28 +330,45 @@ def spec_warnings(spec: LaunchSpec) -> list[str]:
         if _is_310p(spec) and spec.max_model_len is None:
             out.append(
                 f"{spec.chip_name}: set max_model_len explicitly (e.g. 16384); vllm-ascend builds a "
-                "max_model_len x max_model_len float16 mask on Atlas 300I and can run out of memory")
+                "max_model_len x max_model_len float16 mask on Atlas 300I and can run out of memory"
+            )
         if chip.startswith("310") and not chip.startswith("310P"):
             out.append(f"{spec.chip_name}: vllm-ascend supports Atlas 300I (310P) but not the 310")
     if spec.platform == "cpu" and spec.distributed and spec.distributed.get("backend", "ray") == "ray":
-        out.append("vllm-cpu has no Ray executor: the Ray cluster starts, then vLLM stops with \"ValueError: "
-                   "current platform cpu does not support ray.\" (vllm/v1/executor/ray_utils.py, vLLM 0.32)")
+        out.append(
+            "vllm-cpu has no Ray executor: the Ray cluster starts, then vLLM stops with \"ValueError: "
+            "current platform cpu does not support ray.\" (vllm/v1/executor/ray_utils.py, vLLM 0.32)"
+        )
     return out
 
 
 def emittable_flags() -> set[str]:
     """Every vLLM option string build_command can put in argv (for parser checks)."""
     flags = {
-        "--model", "--served-model-name", "--host", "--port", "--tensor-parallel-size",
-        "--pipeline-parallel-size", "--distributed-executor-backend", "--max-num-seqs",
-        "--max-model-len", "--gpu-memory-utilization", "--dtype", "--quantization",
-        "--enforce-eager", "--trust-remote-code", "--headless", "--data-parallel-size",
-        "--data-parallel-size-local", "--data-parallel-start-rank", "--data-parallel-address",
-        "--data-parallel-rpc-port", PROFILER_FLAG,
+        "--model",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--distributed-executor-backend",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--dtype",
+        "--quantization",
+        "--enforce-eager",
+        "--trust-remote-code",
+        "--headless",
+        "--data-parallel-size",
+        "--data-parallel-size-local",
+        "--data-parallel-start-rank",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        PROFILER_FLAG,
     }
     for flag, rule in EXTRA_ARG_RULES.items():
         flags.add(flag)
         if rule.emits_negation:
             flags.add("--no-" + flag[2:])
     return flags
-

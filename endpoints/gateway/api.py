@@ -1,5 +1,6 @@
 """API of the gateway: application keys (Admin) and blue-green moves, canary shares and SLO-gated
 rollouts (Operator)."""
+
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
@@ -26,6 +27,7 @@ class KeyIn(Schema):
 
 class LimitsIn(Schema):
     """A limit left out is kept; null removes it."""
+
     model_config = ConfigDict(extra="forbid")
 
     rpm_limit: int | None = None
@@ -46,6 +48,7 @@ class CanaryIn(Schema):
 
 class RolloutIn(Schema):
     """The pair's SLO-gated rollout; fields left out keep their value, null clears a threshold."""
+
     model_config = ConfigDict(extra="forbid")
     p99_ms: int | None = None  # P99 latency threshold (ms)
     error_pct: float | None = None  # error rate threshold (%)
@@ -56,24 +59,47 @@ class RolloutIn(Schema):
 
 
 def key_json(k: GatewayKey) -> dict:
-    return {"id": k.pk, "name": k.name, "prefix": k.prefix, "models": k.models_scope, "endpoints": k.endpoints_scope,
-            "rpm_limit": k.rpm_limit, "tpm_limit": k.tpm_limit, "active": k.is_active,
-            "expires_at": k.expires_at.isoformat() if k.expires_at else None,
-            "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
-            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None,
-            "requests_total": k.requests_total, "tokens_total": k.tokens_total, "errors_total": k.errors_total}
+    return {
+        "id": k.pk,
+        "name": k.name,
+        "prefix": k.prefix,
+        "models": k.models_scope,
+        "endpoints": k.endpoints_scope,
+        "rpm_limit": k.rpm_limit,
+        "tpm_limit": k.tpm_limit,
+        "active": k.is_active,
+        "expires_at": k.expires_at.isoformat() if k.expires_at else None,
+        "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
+        "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None,
+        "requests_total": k.requests_total,
+        "tokens_total": k.tokens_total,
+        "errors_total": k.errors_total,
+    }
 
 
 def pair_json(gw) -> dict:
-    return {"endpoint": gw.endpoint.name, "staged": gw.staged.name if gw.staged else None, "serving": gw.serving,
-            "canary_percent": gw.canary_percent, "rollout": rollout_json(gw), "drain_seconds": gw.drain_seconds, "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
-            "stop_idle_at": gw.stop_idle_at.isoformat() if gw.stop_idle_at else None}
+    return {
+        "endpoint": gw.endpoint.name,
+        "staged": gw.staged.name if gw.staged else None,
+        "serving": gw.serving,
+        "canary_percent": gw.canary_percent,
+        "rollout": rollout_json(gw),
+        "drain_seconds": gw.drain_seconds,
+        "switched_at": gw.switched_at.isoformat() if gw.switched_at else None,
+        "stop_idle_at": gw.stop_idle_at.isoformat() if gw.stop_idle_at else None,
+    }
 
 
 def rollout_json(gw) -> dict:
-    return {"p99_ms": gw.slo_p99_ms, "error_pct": gw.slo_error_pct, "ttft_p99_ms": gw.slo_ttft_p99_ms,
-            "window_seconds": gw.rollout_window_seconds, "steps": gw.rollout_steps, "auto": gw.rollout_auto,
-            "canary_set_at": gw.canary_set_at.isoformat() if gw.canary_set_at else None}
+    return {
+        "p99_ms": gw.slo_p99_ms,
+        "error_pct": gw.slo_error_pct,
+        "ttft_p99_ms": gw.slo_ttft_p99_ms,
+        "window_seconds": gw.rollout_window_seconds,
+        "steps": gw.rollout_steps,
+        "auto": gw.rollout_auto,
+        "canary_set_at": gw.canary_set_at.isoformat() if gw.canary_set_at else None,
+    }
 
 
 @api_route(router, "GET", "/gateway/keys", role=ADMIN)
@@ -83,9 +109,16 @@ def list_keys(request):
 
 @api_route(router, "POST", "/gateway/keys", role=ADMIN, response={201: dict})
 def create_key(request, data: KeyIn):
-    key, raw = services.key_create(name=data.name, models=data.models, endpoints=data.endpoints,
-                                   expires_days=data.expires_days, rpm_limit=data.rpm_limit,
-                                   tpm_limit=data.tpm_limit, actor=request.user, request=request)
+    key, raw = services.key_create(
+        name=data.name,
+        models=data.models,
+        endpoints=data.endpoints,
+        expires_days=data.expires_days,
+        rpm_limit=data.rpm_limit,
+        tpm_limit=data.tpm_limit,
+        actor=request.user,
+        request=request,
+    )
     return 201, {**key_json(key), "key": raw}
 
 
@@ -93,49 +126,68 @@ def create_key(request, data: KeyIn):
 def get_key(request, key_id: int):
     key = get_object_or_404(GatewayKey, pk=key_id)
     # Per-minute usage lives in the telemetry store (requests, tokens, errors, latency): the series API charts it.
-    return {**key_json(key), "usage_series": (f"/api/v1/telemetry/series?gateway_key={key.pk}"
-                                                 "&metric=gk.requests_pm,gk.tokens_pm,gk.errors_pm")}
+    return {
+        **key_json(key),
+        "usage_series": (
+            f"/api/v1/telemetry/series?gateway_key={key.pk}&metric=gk.requests_pm,gk.tokens_pm,gk.errors_pm"
+        ),
+    }
 
 
 @api_route(router, "POST", "/gateway/keys/{key_id}/revoke", role=ADMIN)
 def revoke_key(request, key_id: int):
-    return key_json(services.key_revoke(key=get_object_or_404(GatewayKey, pk=key_id), actor=request.user,
-                                        request=request))
+    return key_json(
+        services.key_revoke(key=get_object_or_404(GatewayKey, pk=key_id), actor=request.user, request=request)
+    )
 
 
 @api_route(router, "POST", "/gateway/keys/{key_id}/limits", role=ADMIN)
 def key_limits(request, key_id: int, data: LimitsIn):
     key = get_object_or_404(GatewayKey, pk=key_id)
     given = {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit, **data.model_dump(exclude_unset=True)}
-    return key_json(services.key_update_limits(key=key, rpm_limit=given["rpm_limit"], tpm_limit=given["tpm_limit"],
-                                               actor=request.user, request=request))
+    return key_json(
+        services.key_update_limits(
+            key=key, rpm_limit=given["rpm_limit"], tpm_limit=given["tpm_limit"], actor=request.user, request=request
+        )
+    )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/stage", role=OPERATOR)
 def stage(request, endpoint_id: int, data: StageIn):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     staged = services.staged_endpoint(data.staged)
-    return pair_json(services.stage(endpoint=endpoint, staged=staged, drain_seconds=data.drain_seconds,
-                                    actor=request.user, request=request))
+    return pair_json(
+        services.stage(
+            endpoint=endpoint, staged=staged, drain_seconds=data.drain_seconds, actor=request.user, request=request
+        )
+    )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/switch", role=OPERATOR)
 def switch(request, endpoint_id: int):
-    return pair_json(services.switch(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user,
-                                     request=request))
+    return pair_json(
+        services.switch(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user, request=request)
+    )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollback", role=OPERATOR)
 def rollback(request, endpoint_id: int):
-    return pair_json(services.rollback(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user,
-                                       request=request))
+    return pair_json(
+        services.rollback(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user, request=request)
+    )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/canary", role=OPERATOR)
 def canary(request, endpoint_id: int, data: CanaryIn):
     """A share of the requests (percent) to the staged deployment, the rest to the live one."""
-    return pair_json(services.set_canary(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), percent=data.percent,
-                                         actor=request.user, request=request))
+    return pair_json(
+        services.set_canary(
+            endpoint=get_object_or_404(Endpoint, pk=endpoint_id),
+            percent=data.percent,
+            actor=request.user,
+            request=request,
+        )
+    )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollout", role=OPERATOR)
@@ -144,7 +196,16 @@ def rollout(request, endpoint_id: int, data: RolloutIn):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
     current = rollout_json(services.endpoint_settings(endpoint))
     given = {**current, **data.model_dump(exclude_unset=True)}
-    return pair_json(services.set_rollout(
-        endpoint=endpoint, p99_ms=given["p99_ms"], error_pct=given["error_pct"], ttft_p99_ms=given["ttft_p99_ms"],
-        window_seconds=given["window_seconds"], steps=given["steps"], auto=bool(given["auto"]),
-        actor=request.user, request=request))
+    return pair_json(
+        services.set_rollout(
+            endpoint=endpoint,
+            p99_ms=given["p99_ms"],
+            error_pct=given["error_pct"],
+            ttft_p99_ms=given["ttft_p99_ms"],
+            window_seconds=given["window_seconds"],
+            steps=given["steps"],
+            auto=bool(given["auto"]),
+            actor=request.user,
+            request=request,
+        )
+    )

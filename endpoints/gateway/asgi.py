@@ -35,6 +35,7 @@ gateway per host (several would each apply the limits).
 The Python data path's upstream client is aiohttp, not httpx: at concurrency 32 on two cores httpx's
 per-request CPU cost showed up as +19 ms P50 and 64 % of direct throughput; aiohttp (what vLLM's own
 benchmark client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -63,11 +64,27 @@ from endpoints.services import endpoint_wake
 
 log = logging.getLogger("console.gateway")
 
-HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te", b"trailers",
-              b"transfer-encoding", b"upgrade", b"content-length", b"host", b"authorization", b"x-api-key"}
+HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailers",
+    b"transfer-encoding",
+    b"upgrade",
+    b"content-length",
+    b"host",
+    b"authorization",
+    b"x-api-key",
+}
 # Failures before any answer came back: the request can go to another replica.
-RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-             aiohttp.ConnectionTimeoutError)
+RETRYABLE = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    aiohttp.ConnectionTimeoutError,
+)
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 MAX_BODY = 32 * 1024 * 1024
 DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this long
@@ -138,19 +155,27 @@ class Gateway:
         if settings.CONSUL_HTTP_ADDR:
             self.consul = ConsulSync(settings.CONSUL_HTTP_ADDR)
         await self.refresh()
-        self.tasks = [asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
-                      asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS))]
+        self.tasks = [
+            asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
+            asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS)),
+        ]
 
     @staticmethod
     def _client() -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=2048, limit_per_host=0, keepalive_timeout=UPSTREAM_IDLE_SECONDS),
-            timeout=aiohttp.ClientTimeout(total=None, connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
-                                          sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS),
-            auto_decompress=False, trust_env=False, skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=settings.GATEWAY_CONNECT_TIMEOUT_SECONDS,
+                sock_read=settings.GATEWAY_READ_TIMEOUT_SECONDS,
+            ),
+            auto_decompress=False,
+            trust_env=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
             # No cookie jar: a replica's Set-Cookie must not ride along on other clients' requests,
             # and filtering cookies per request is CPU for nothing.
-            cookie_jar=aiohttp.DummyCookieJar())
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
 
     async def shutdown(self):
         for t in [*self.tasks, *([self.poller] if self.poller else [])]:
@@ -182,8 +207,11 @@ class Gateway:
 
         # Only when a drain is due: most refreshes have none, and the query is a third of their CPU. Then every
         # DRAIN_CHECK_SECONDS: it reads each old-side replica's /metrics on the thread key lookups wait for.
-        if self.table.drain_due_at is not None and self.table.drain_due_at <= timezone.now() \
-                and now >= self.next_drain_check:
+        if (
+            self.table.drain_due_at is not None
+            and self.table.drain_due_at <= timezone.now()
+            and now >= self.next_drain_check
+        ):
             self.next_drain_check = now + DRAIN_CHECK_SECONDS
             await _db(finish_drains)
 
@@ -254,8 +282,11 @@ class Gateway:
         leading content, for a side that routes prefix-aware; else least outstanding."""
         now = time.monotonic()
         down, ep_out = self.down_until, self.ep_outstanding
-        ok = [b for b in backends if b.url not in tried and down.get(b.url, 0) <= now
-              and ep_out[b.endpoint_id] < b.queue_depth]
+        ok = [
+            b
+            for b in backends
+            if b.url not in tried and down.get(b.url, 0) <= now and ep_out[b.endpoint_id] < b.queue_depth
+        ]
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
@@ -292,8 +323,9 @@ class Gateway:
         start = time.perf_counter()
         key = await self.authenticate(headers)
         if key is None:
-            return await _error(send, 401, "A valid gateway API key is needed (Authorization: Bearer gk_…).",
-                                "invalid_api_key")
+            return await _error(
+                send, 401, "A valid gateway API key is needed (Authorization: Bearer gk_…).", "invalid_api_key"
+            )
         if path == "/v1/models" and method == "GET":
             return await self.list_models(send, key)
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions", "/generate"):
@@ -314,30 +346,65 @@ class Gateway:
         if not isinstance(model, str) or not model:
             return await _error(send, 400, "Say which model: \"model\" is missing.", "invalid_request_error")
         if model not in self.table.known:
-            return await self.finish(send, key, None, start, await _error(
-                send, 404, f"The model {model!r} does not exist.", "model_not_found"))
+            return await self.finish(
+                send,
+                key,
+                None,
+                start,
+                await _error(send, 404, f"The model {model!r} does not exist.", "model_not_found"),
+            )
         if not self.may_use(key, model):
-            return await self.finish(send, key, None, start, await _error(
-                send, 403, f"This key may not use the model {model!r}.", "permission_denied"))
+            return await self.finish(
+                send,
+                key,
+                None,
+                start,
+                await _error(send, 403, f"This key may not use the model {model!r}.", "permission_denied"),
+            )
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
         # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
         asleep = [] if backends else [w for w in self.table.wakeable.get(model, ()) if key.allows_backend(w, model)]
         if not backends and not asleep:
-            return await self.finish(send, key, None, start, await _error(
-                send, 503, f"No replica of {model!r} is ready; try again shortly.", "unavailable",
-                retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS))
+            return await self.finish(
+                send,
+                key,
+                None,
+                start,
+                await _error(
+                    send,
+                    503,
+                    f"No replica of {model!r} is ready; try again shortly.",
+                    "unavailable",
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
+                ),
+            )
         wait, reservation = self.limited(key, lambda: _token_estimate(payload, generate))
         if wait is not None:
-            return await self.finish(send, key, None, start, await _error(
-                send, 429, "This key is over its per-minute limit.", "rate_limit_exceeded",
-                retry_after=math.ceil(wait)))
+            return await self.finish(
+                send,
+                key,
+                None,
+                start,
+                await _error(
+                    send,
+                    429,
+                    "This key is over its per-minute limit.",
+                    "rate_limit_exceeded",
+                    retry_after=math.ceil(wait),
+                ),
+            )
         if generate:
             upstream_path = "/v1/completions"
             prompt = payload.get("prompt")
             if not isinstance(prompt, str):
-                return await self.finish(send, key, None, start, await _error(
-                    send, 400, "\"prompt\" must be a string.", "invalid_request_error"),
-                    reservation=reservation)
+                return await self.finish(
+                    send,
+                    key,
+                    None,
+                    start,
+                    await _error(send, 400, "\"prompt\" must be a string.", "invalid_request_error"),
+                    reservation=reservation,
+                )
             payload = {k: v for k, v in payload.items() if k in {"max_tokens", "temperature", "top_p", "stop", "seed"}}
             payload.update(model=model, prompt=prompt, stream=False)
             payload.setdefault("max_tokens", 64)
@@ -346,10 +413,19 @@ class Gateway:
             upstream_path = path
         if not backends:
             target = asleep[0]
-            if self.held[target.endpoint_id] >= self.table.max_queue.get(target.endpoint_id, settings.GATEWAY_QUEUE_DEPTH):
-                return await self.finish(send, key, target.endpoint_id, start, await _error(
-                    send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
-                    reservation=reservation)
+            if self.held[target.endpoint_id] >= self.table.max_queue.get(
+                target.endpoint_id, settings.GATEWAY_QUEUE_DEPTH
+            ):
+                return await self.finish(
+                    send,
+                    key,
+                    target.endpoint_id,
+                    start,
+                    await _error(
+                        send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1
+                    ),
+                    reservation=reservation,
+                )
             backends = await self.hold(receive, key, model, target.endpoint_id)
             if backends is GONE:  # the client left: nothing to answer, nothing used
                 if reservation is not None:
@@ -357,16 +433,39 @@ class Gateway:
                 return None
             if backends is None:
                 timeout = settings.GATEWAY_WAKE_TIMEOUT_SECONDS
-                return await self.finish(send, key, target.endpoint_id, start, await _error(
-                    send, 503, f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
-                               "try again shortly.", "unavailable", retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS),
-                    reservation=reservation)
+                return await self.finish(
+                    send,
+                    key,
+                    target.endpoint_id,
+                    start,
+                    await _error(
+                        send,
+                        503,
+                        f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
+                        "try again shortly.",
+                        "unavailable",
+                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
+                    ),
+                    reservation=reservation,
+                )
         # The compiled data path says itself when a client leaves: it watches, with no task to spare.
         forwarder = scope.get("extensions", {}).get(DATAPLANE_EXTENSION)
         watch = forwarder.watch(send) if forwarder is not None else _ClientWatch(receive, send)
         try:
-            return await self.proxy(watch.send, key, model, backends, upstream_path, headers, body, start, generate,
-                                    reservation, payload, forwarder)
+            return await self.proxy(
+                watch.send,
+                key,
+                model,
+                backends,
+                upstream_path,
+                headers,
+                body,
+                start,
+                generate,
+                reservation,
+                payload,
+                forwarder,
+            )
         except asyncio.CancelledError:
             if not watch.left:
                 raise
@@ -393,7 +492,9 @@ class Gateway:
                 backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
                 if backends:
                     return backends
-                asleep = any(w.endpoint_id == endpoint_id and w.replicas == 0 for w in self.table.wakeable.get(model, ()))
+                asleep = any(
+                    w.endpoint_id == endpoint_id and w.replicas == 0 for w in self.table.wakeable.get(model, ())
+                )
                 if asleep and endpoint_id not in self.waking:
                     self.waking[endpoint_id] = asyncio.create_task(self.wake(endpoint_id))
                 left = deadline - time.monotonic()
@@ -412,8 +513,9 @@ class Gateway:
         """Scale the endpoint from 0 to 1 (a no-op if another gateway or the controller did), then read the
         routes at once so the held requests see the endpoint waking."""
         try:
-            _, woken = await _db(functools.partial(endpoint_wake, endpoint_id=endpoint_id, via="gateway",
-                                                   waiting=self.held[endpoint_id]))
+            _, woken = await _db(
+                functools.partial(endpoint_wake, endpoint_id=endpoint_id, via="gateway", waiting=self.held[endpoint_id])
+            )
             if woken:
                 log.info("gateway: woke endpoint %s for %s held request(s)", endpoint_id, self.held[endpoint_id])
         except Exception:
@@ -428,8 +530,9 @@ class Gateway:
             await self.refresh_table()
 
     def may_use(self, key, model: str) -> bool:
-        return key.allows_model(model) and not (key.endpoints and model not in key.models
-                                                and not (key.endpoints & self.table.known[model]))
+        return key.allows_model(model) and not (
+            key.endpoints and model not in key.models and not (key.endpoints & self.table.known[model])
+        )
 
     async def health(self, send, headers):
         """A status for anyone (load balancers); the models and their ready replicas only for the
@@ -449,27 +552,57 @@ class Gateway:
 
     async def list_models(self, send, key):
         created = int(time.time())
-        data = [{"id": m, "object": "model", "created": created, "owned_by": "console",
-                 "ready_replicas": len(self.table.backends.get(m, ()))}
-                for m in sorted(self.table.known) if self.may_use(key, m)]
+        data = [
+            {
+                "id": m,
+                "object": "model",
+                "created": created,
+                "owned_by": "console",
+                "ready_replicas": len(self.table.backends.get(m, ())),
+            }
+            for m in sorted(self.table.known)
+            if self.may_use(key, m)
+        ]
         return await _json(send, 200, {"object": "list", "data": data})
 
     async def finish(self, send, key, endpoint_id, start, status, ttft=None, tokens=0, reservation=None):
-        self.stats.record(endpoint_id=endpoint_id, key_id=key.id if key else None, status=status,
-                          latency=time.perf_counter() - start, ttft=ttft, tokens=tokens)
+        self.stats.record(
+            endpoint_id=endpoint_id,
+            key_id=key.id if key else None,
+            status=status,
+            latency=time.perf_counter() - start,
+            ttft=ttft,
+            tokens=tokens,
+        )
         if reservation is not None:
             reservation[1] = tokens  # settled: the real usage replaces the estimate
         return status
 
-    async def proxy(self, send, key, model, backends, path, headers, body, start, generate, reservation=None,
-                    payload=None, forwarder=None):
+    async def proxy(
+        self,
+        send,
+        key,
+        model,
+        backends,
+        path,
+        headers,
+        body,
+        start,
+        generate,
+        reservation=None,
+        payload=None,
+        forwarder=None,
+    ):
         """Send the request to a replica (another one if it cannot be reached) and relay its answer: here, or,
         given the compiled data path's `forwarder`, there (the same decisions, its HTTP)."""
         if forwarder is None:
             # The body was read as a JSON object: say so, whatever the client sent (none, or a form type, which
             # vLLM's FastAPI would not read as JSON).
-            fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items()
-                   if k not in HOP_BY_HOP and k != b"content-type"]
+            fwd = [
+                (k.decode("latin-1"), v.decode("latin-1"))
+                for k, v in headers.items()
+                if k not in HOP_BY_HOP and k != b"content-type"
+            ]
             fwd.append(("Content-Type", "application/json"))
         tried: set = set()
         last_endpoint = None
@@ -484,12 +617,34 @@ class Gateway:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:
                 if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
-                    return await self.finish(send, key, backends[0].endpoint_id, start, await _error(
-                        send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
-                        reservation=reservation)
-                return await self.finish(send, key, last_endpoint, start, await _error(
-                    send, 503, f"No replica of {model!r} answered; try again shortly.", "unavailable",
-                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS), reservation=reservation)
+                    return await self.finish(
+                        send,
+                        key,
+                        backends[0].endpoint_id,
+                        start,
+                        await _error(
+                            send,
+                            429,
+                            f"The queue of {model!r} is full; try again shortly.",
+                            "queue_full",
+                            retry_after=1,
+                        ),
+                        reservation=reservation,
+                    )
+                return await self.finish(
+                    send,
+                    key,
+                    last_endpoint,
+                    start,
+                    await _error(
+                        send,
+                        503,
+                        f"No replica of {model!r} answered; try again shortly.",
+                        "unavailable",
+                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
+                    ),
+                    reservation=reservation,
+                )
             tried.add(backend.url)
             last_endpoint = backend.endpoint_id
             self.outstanding[backend.url] += 1
@@ -499,27 +654,49 @@ class Gateway:
                     outcome = await forwarder.forward(backend.url + path, backend.api_key, body, whole=generate)
                     if outcome.kind == "connect":
                         self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
-                        log.warning("gateway: %s (%s#%s) failed: %s; trying another replica", backend.url,
-                                    backend.endpoint_name, backend.replica_index, outcome.error)
+                        log.warning(
+                            "gateway: %s (%s#%s) failed: %s; trying another replica",
+                            backend.url,
+                            backend.endpoint_name,
+                            backend.replica_index,
+                            outcome.error,
+                        )
                         continue
                     if outcome.kind == "error":
                         log.warning("gateway: %s failed: %s", backend.url, outcome.error)
-                        return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                            send, 502, f"The replica failed: {outcome.error}.", "bad_gateway"), reservation=reservation)
+                        return await self.finish(
+                            send,
+                            key,
+                            backend.endpoint_id,
+                            start,
+                            await _error(send, 502, f"The replica failed: {outcome.error}.", "bad_gateway"),
+                            reservation=reservation,
+                        )
                     return await self.relayed(send, key, backend, outcome, start, generate, reservation)
                 try:
                     response = await self.client.post(
-                        backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")])
+                        backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")]
+                    )
                 except RETRYABLE as exc:
                     self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
-                    log.warning("gateway: %s (%s#%s) failed: %r; trying another replica", backend.url,
-                                backend.endpoint_name, backend.replica_index, exc)
+                    log.warning(
+                        "gateway: %s (%s#%s) failed: %r; trying another replica",
+                        backend.url,
+                        backend.endpoint_name,
+                        backend.replica_index,
+                        exc,
+                    )
                     continue
                 except UPSTREAM_ERRORS as exc:
                     log.warning("gateway: %s failed: %r", backend.url, exc)
-                    return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                        send, 502, f"The replica failed: {type(exc).__name__}.", "bad_gateway"),
-                        reservation=reservation)
+                    return await self.finish(
+                        send,
+                        key,
+                        backend.endpoint_id,
+                        start,
+                        await _error(send, 502, f"The replica failed: {type(exc).__name__}.", "bad_gateway"),
+                        reservation=reservation,
+                    )
                 try:
                     return await self.relay(send, key, backend, response, start, generate, reservation)
                 except asyncio.CancelledError:
@@ -539,15 +716,24 @@ class Gateway:
             try:
                 data = await response.read()
             except UPSTREAM_ERRORS as exc:
-                return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                    send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
-                        reservation=reservation)
+                return await self.finish(
+                    send,
+                    key,
+                    backend.endpoint_id,
+                    start,
+                    await _error(send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
+                    reservation=reservation,
+                )
             await _answer_whole(send, status, data, content_type, generate)
             # One answer at the end: no first token to time (its latency is the whole).
-            return await self.finish(send, key, backend.endpoint_id, start, status, tokens=_usage_tokens(data),
-                                     reservation=reservation)
-        out_headers = [(b"content-type", content_type.encode()), (b"cache-control", b"no-cache"),
-                       (b"x-accel-buffering", b"no")]
+            return await self.finish(
+                send, key, backend.endpoint_id, start, status, tokens=_usage_tokens(data), reservation=reservation
+            )
+        out_headers = [
+            (b"content-type", content_type.encode()),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         ttft, events, usage, tail = None, 0, 0, b""
         try:
@@ -563,13 +749,15 @@ class Gateway:
             log.warning("gateway: %s broke mid-stream: %r", backend.url, exc)
             err = json.dumps({"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}})
             await send({"type": "http.response.body", "body": f"data: {err}\n\n".encode(), "more_body": False})
-            return await self.finish(send, key, backend.endpoint_id, start, 502, ttft=ttft, tokens=events,
-                                     reservation=reservation)
+            return await self.finish(
+                send, key, backend.endpoint_id, start, 502, ttft=ttft, tokens=events, reservation=reservation
+            )
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         if tail:
             usage = _stream_usage(tail)
-        return await self.finish(send, key, backend.endpoint_id, start, status, ttft=ttft,
-                                 tokens=usage or events, reservation=reservation)
+        return await self.finish(
+            send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=usage or events, reservation=reservation
+        )
 
     async def relayed(self, send, key, backend, outcome, start, generate, reservation=None):
         """Account for an answer the compiled data path relayed, as relay() does for its own; a /generate
@@ -577,18 +765,47 @@ class Gateway:
         if outcome.kind == "mid":
             if outcome.streamed:  # the data path ended the stream with an error event
                 log.warning("gateway: %s broke mid-stream: %s", backend.url, outcome.error)
-                return await self.finish(send, key, backend.endpoint_id, start, 502, ttft=outcome.ttft,
-                                         tokens=outcome.events, reservation=reservation)
-            return await self.finish(send, key, backend.endpoint_id, start, await _error(
-                send, 502, f"The replica failed mid-answer: {outcome.error}.", "bad_gateway"), reservation=reservation)
+                return await self.finish(
+                    send,
+                    key,
+                    backend.endpoint_id,
+                    start,
+                    502,
+                    ttft=outcome.ttft,
+                    tokens=outcome.events,
+                    reservation=reservation,
+                )
+            return await self.finish(
+                send,
+                key,
+                backend.endpoint_id,
+                start,
+                await _error(send, 502, f"The replica failed mid-answer: {outcome.error}.", "bad_gateway"),
+                reservation=reservation,
+            )
         if outcome.streamed:
             usage = _stream_usage(outcome.data) if outcome.data else 0
-            return await self.finish(send, key, backend.endpoint_id, start, outcome.status, ttft=outcome.ttft,
-                                     tokens=usage or outcome.events, reservation=reservation)
+            return await self.finish(
+                send,
+                key,
+                backend.endpoint_id,
+                start,
+                outcome.status,
+                ttft=outcome.ttft,
+                tokens=usage or outcome.events,
+                reservation=reservation,
+            )
         if generate:
             await _answer_whole(send, outcome.status, outcome.data, outcome.content_type, generate)
-        return await self.finish(send, key, backend.endpoint_id, start, outcome.status,
-                                 tokens=_usage_tokens(outcome.data), reservation=reservation)
+        return await self.finish(
+            send,
+            key,
+            backend.endpoint_id,
+            start,
+            outcome.status,
+            tokens=_usage_tokens(outcome.data),
+            reservation=reservation,
+        )
 
 
 async def _answer_whole(send, status: int, data: bytes, content_type: str, generate: bool) -> None:
@@ -631,7 +848,7 @@ def _usage_tokens(data: bytes) -> int:
     found = _USAGE_KEY.match(data, at)
     if found:
         try:
-            tail = data[found.end():].decode()
+            tail = data[found.end() :].decode()
             usage, end = _JSON.raw_decode(tail)
             if isinstance(usage, dict) and tail[end:].lstrip()[:1] in ("}", ","):  # a member of the answer
                 return int(usage.get("total_tokens") or 0)
@@ -685,6 +902,7 @@ class _ClientWatch:
 
     After the answer's last body message uvicorn's receive reads "http.disconnect" too; ``send`` notes that
     message first, so the end of an answer is not taken for a client leaving."""
+
     __slots__ = ("_send", "answered", "left", "handler", "watcher")
 
     def __init__(self, receive, send):
@@ -709,8 +927,11 @@ class _ClientWatch:
 
 
 async def _raw(send, status: int, body: bytes, content_type: str = "application/json", extra=()):
-    headers = [(b"content-type", (content_type or "application/json").encode()),
-               (b"content-length", str(len(body)).encode()), *extra]
+    headers = [
+        (b"content-type", (content_type or "application/json").encode()),
+        (b"content-length", str(len(body)).encode()),
+        *extra,
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status

@@ -2,6 +2,7 @@
 service instance with an HTTP health check on vLLM's /health and tags for its model and
 endpoint; a replica that leaves the ready set is deregistered. Driven by the gateway's
 routing-table refresh (the console's registry is the source of truth)."""
+
 from __future__ import annotations
 
 import logging
@@ -19,12 +20,23 @@ def service_id(backend) -> str:
 def service_definition(backend, model: str) -> dict:
     parts = urlsplit(backend.url)
     return {
-        "ID": service_id(backend), "Name": "llm-inference", "Address": parts.hostname, "Port": parts.port,
-        "Tags": [f"model={model}", f"endpoint={backend.endpoint_name}", f"replica={backend.replica_index}",
-                 f"node={backend.node_name}"],
+        "ID": service_id(backend),
+        "Name": "llm-inference",
+        "Address": parts.hostname,
+        "Port": parts.port,
+        "Tags": [
+            f"model={model}",
+            f"endpoint={backend.endpoint_name}",
+            f"replica={backend.replica_index}",
+            f"node={backend.node_name}",
+        ],
         "Meta": {"model": model, "endpoint": backend.endpoint_name},
-        "Check": {"HTTP": f"{backend.url}/health", "Interval": "10s", "Timeout": "3s",
-                  "DeregisterCriticalServiceAfter": "10m"},
+        "Check": {
+            "HTTP": f"{backend.url}/health",
+            "Interval": "10s",
+            "Timeout": "3s",
+            "DeregisterCriticalServiceAfter": "10m",
+        },
     }
 
 

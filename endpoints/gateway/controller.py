@@ -6,6 +6,7 @@ Every applied decision is an endpoint event (on the live endpoint's page) with i
 audit row as the system user (actor none, via "controller"). Two controllers never apply one step
 twice: a decision is claimed by an update() conditioned on the state it was made from (the share and
 when it was set); the loser finds no row and leaves it."""
+
 from __future__ import annotations
 
 import logging
@@ -37,20 +38,32 @@ def rollout_decision(gw: GatewayEndpoint, now: float) -> Decision:
     """The pure policy's decision for one pair, from its stored telemetry."""
     window = gw.rollout_window_seconds
     since = now - window
-    return decide(thresholds=Thresholds(p99_ms=gw.slo_p99_ms, error_pct=gw.slo_error_pct, ttft_p99_ms=gw.slo_ttft_p99_ms),
-                  window_s=window, steps=list(gw.rollout_steps or []), current=gw.canary_percent,
-                  last_step_at=gw.canary_set_at.timestamp() if gw.canary_set_at else None, now=now,
-                  staged=gateway_samples(gw.staged_id, since=since, until=now),
-                  live=gateway_samples(gw.endpoint_id, since=since, until=now),
-                  min_requests=settings.GATEWAY_ROLLOUT_MIN_REQUESTS)
+    return decide(
+        thresholds=Thresholds(p99_ms=gw.slo_p99_ms, error_pct=gw.slo_error_pct, ttft_p99_ms=gw.slo_ttft_p99_ms),
+        window_s=window,
+        steps=list(gw.rollout_steps or []),
+        current=gw.canary_percent,
+        last_step_at=gw.canary_set_at.timestamp() if gw.canary_set_at else None,
+        now=now,
+        staged=gateway_samples(gw.staged_id, since=since, until=now),
+        live=gateway_samples(gw.endpoint_id, since=since, until=now),
+        min_requests=settings.GATEWAY_ROLLOUT_MIN_REQUESTS,
+    )
 
 
 def _claim(gw: GatewayEndpoint, now: float) -> bool:
     """Take the decision made from `gw`'s state: 1 row only if nobody moved the pair meanwhile."""
-    return GatewayEndpoint.objects.filter(
-        pk=gw.pk, rollout_auto=True, serving=GatewayEndpoint.Serving.LIVE, staged_id=gw.staged_id,
-        canary_percent=gw.canary_percent, canary_set_at=gw.canary_set_at,
-    ).update(canary_set_at=datetime.fromtimestamp(now, UTC)) == 1
+    return (
+        GatewayEndpoint.objects.filter(
+            pk=gw.pk,
+            rollout_auto=True,
+            serving=GatewayEndpoint.Serving.LIVE,
+            staged_id=gw.staged_id,
+            canary_percent=gw.canary_percent,
+            canary_set_at=gw.canary_set_at,
+        ).update(canary_set_at=datetime.fromtimestamp(now, UTC))
+        == 1
+    )
 
 
 def apply_rollout(gw: GatewayEndpoint, decision: Decision, now: float) -> bool:
@@ -74,18 +87,24 @@ def apply_rollout(gw: GatewayEndpoint, decision: Decision, now: float) -> bool:
         if last is None or last.message != message:
             event(gw.endpoint_id, "rollout", message, level="warning")
         return False
-    event(gw.endpoint_id, "rollout", f"rollout {decision.action}: {decision.reason}; "
-          f"staged {gw.staged.name} now at {decision.share} %. Figures: {_figures_text(decision.figures)}",
-          level="warning" if decision.action == ROLLBACK else "info")
+    event(
+        gw.endpoint_id,
+        "rollout",
+        f"rollout {decision.action}: {decision.reason}; "
+        f"staged {gw.staged.name} now at {decision.share} %. Figures: {_figures_text(decision.figures)}",
+        level="warning" if decision.action == ROLLBACK else "info",
+    )
     return True
 
 
 def _figures_text(figures: dict) -> str:
     s, live = figures["staged"], figures["live"]
-    return (f"staged {s['requests']} requests, P99 {s['p99_ms']} ms, TTFT P99 {s['ttft_p99_ms']} ms, "
-            f"errors {s['error_pct']} %; live {live['requests']} requests, P99 {live['p99_ms']} ms, "
-            f"TTFT P99 {live['ttft_p99_ms']} ms, errors {live['error_pct']} %; window "
-            f"{figures['window_end'] - figures['window_start']} s")
+    return (
+        f"staged {s['requests']} requests, P99 {s['p99_ms']} ms, TTFT P99 {s['ttft_p99_ms']} ms, "
+        f"errors {s['error_pct']} %; live {live['requests']} requests, P99 {live['p99_ms']} ms, "
+        f"TTFT P99 {live['ttft_p99_ms']} ms, errors {live['error_pct']} %; window "
+        f"{figures['window_end'] - figures['window_start']} s"
+    )
 
 
 def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, Decision, bool]]:
@@ -105,19 +124,33 @@ def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
     S = Endpoint.State
-    counted = list(endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list(
-        "index", "state", "state_reason", "ready_at"))
+    counted = list(
+        endpoint.replica_set.filter(index__lt=endpoint.replicas).values_list(
+            "index", "state", "state_reason", "ready_at"
+        )
+    )
     # Held off a faulty device (PENDING with the fault as its reason) is not starting: it waits on the chip.
-    starting = {i for i, state, why, _ in counted
-                if state == S.STARTING or (state == S.PENDING and not why.startswith(DEVICE_FAULT))}
+    starting = {
+        i
+        for i, state, why, _ in counted
+        if state == S.STARTING or (state == S.PENDING and not why.startswith(DEVICE_FAULT))
+    }
     last_serves = any(i == endpoint.replicas - 1 and state == S.READY for i, state, _, _ in counted)
-    stays_unserving = sum(1 for i, state, _, _ in counted
-                          if i < endpoint.replicas - 1 and state != S.READY and i not in starting)
-    return autoscale.decide(settings=scaling, now=datetime.fromtimestamp(now, UTC), current=endpoint.replicas,
-                            last_change_at=endpoint.scaled_at, samples=load_samples(endpoint.pk, since=since, until=now),
-                            tz=settings.TIME_ZONE, max_gap_s=gap, starting=len(starting),
-                            serving_since=max((ready for *_, ready in counted if ready), default=None),
-                            stays_unserving=stays_unserving if last_serves else 0)
+    stays_unserving = sum(
+        1 for i, state, _, _ in counted if i < endpoint.replicas - 1 and state != S.READY and i not in starting
+    )
+    return autoscale.decide(
+        settings=scaling,
+        now=datetime.fromtimestamp(now, UTC),
+        current=endpoint.replicas,
+        last_change_at=endpoint.scaled_at,
+        samples=load_samples(endpoint.pk, since=since, until=now),
+        tz=settings.TIME_ZONE,
+        max_gap_s=gap,
+        starting=len(starting),
+        serving_since=max((ready for *_, ready in counted if ready), default=None),
+        stays_unserving=stays_unserving if last_serves else 0,
+    )
 
 
 def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autoscale.Decision, bool]]:
@@ -140,9 +173,14 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
         if decision.action != autoscale.HOLD or (endpoint.autoscale_wanted and not decision.cooling):
             # A hold (outside cooldown) clears a scale-up that was waiting for devices.
             figures = {k: v for k, v in decision.figures.items() if v is not None}
-            endpoint, applied = endpoint_scale(endpoint=endpoint, replicas=decision.wanted, via=VIA,
-                                               reason=decision.reason, figures=figures,
-                                               at=datetime.fromtimestamp(now, UTC))
+            endpoint, applied = endpoint_scale(
+                endpoint=endpoint,
+                replicas=decision.wanted,
+                via=VIA,
+                reason=decision.reason,
+                figures=figures,
+                at=datetime.fromtimestamp(now, UTC),
+            )
             refresh_endpoint_state(endpoint)
         record_scaling(endpoint, decision, now)
         out.append((endpoint, decision, applied))
@@ -153,10 +191,22 @@ def record_scaling(endpoint: Endpoint, decision: autoscale.Decision, now: float)
     """The figures the endpoint page charts against each other, one point per pass: replicas wanted (what
     the policy asks, past what fits), the count applied, those ready, and the queue it decided on."""
     ready = endpoint.replica_set.filter(state=Endpoint.State.READY, index__lt=endpoint.replicas).count()
-    values = {"as.wanted": endpoint.autoscale_wanted or endpoint.replicas, "as.replicas": endpoint.replicas,
-              "as.ready": ready, "as.waiting": decision.figures.get("waiting_avg_up")}
-    store([Reading(key=f"e{endpoint.pk}.{metric}", metric=metric, value=value, endpoint_id=endpoint.pk,
-                   label="autoscaling") for metric, value in values.items() if value is not None], ts=now)
+    values = {
+        "as.wanted": endpoint.autoscale_wanted or endpoint.replicas,
+        "as.replicas": endpoint.replicas,
+        "as.ready": ready,
+        "as.waiting": decision.figures.get("waiting_avg_up"),
+    }
+    store(
+        [
+            Reading(
+                key=f"e{endpoint.pk}.{metric}", metric=metric, value=value, endpoint_id=endpoint.pk, label="autoscaling"
+            )
+            for metric, value in values.items()
+            if value is not None
+        ],
+        ts=now,
+    )
 
 
 # The controller's loop body: each evaluator makes and applies its own decisions, one pass per call.

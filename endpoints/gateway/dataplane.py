@@ -9,6 +9,7 @@ which replica to send it to and waits for how that went. The frames are describe
 Why: at concurrency 1 the gateway's added latency is its CPU per request, and uvicorn and aiohttp took most
 of it (README, "Gateway"); here the HTTP on both sides is compiled and Python keeps only the rules.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ STOP_SECONDS = 30  # on SIGTERM, the requests under way get this long before the
 @dataclass(slots=True)
 class Outcome:
     """How a forwarded request went, as the data path reported it."""
+
     kind: str  # "done", "connect" (not reached: try another replica), "error" (no answer), "mid" (cut short)
     status: int = 0
     ttft: float | None = None
@@ -82,8 +84,23 @@ def bind_cpu() -> int | None:
 class Forwarder:
     """One request from the data path: the ASGI receive/send the gateway's handler runs with, and its
     proxying step."""
-    __slots__ = ("control", "id", "body", "body_read", "body_wanted", "gone", "left", "handler", "outcome", "whole", "settled",
-                 "status", "headers", "chunks")
+
+    __slots__ = (
+        "control",
+        "id",
+        "body",
+        "body_read",
+        "body_wanted",
+        "gone",
+        "left",
+        "handler",
+        "outcome",
+        "whole",
+        "settled",
+        "status",
+        "headers",
+        "chunks",
+    )
 
     def __init__(self, control: Control, request_id: int, body: bytes | None):
         self.control, self.id, self.body = control, request_id, body  # None: the data path sends it when asked
@@ -152,14 +169,22 @@ class Forwarder:
             return
         if kind == b"S":
             status, ttft, events, streamed, content_type = head
-            outcome = Outcome("done", status=int(status), ttft=int(ttft) / 1e6 if ttft else None, events=int(events),
-                              streamed=streamed == "1", data=data, content_type=content_type)
+            outcome = Outcome(
+                "done",
+                status=int(status),
+                ttft=int(ttft) / 1e6 if ttft else None,
+                events=int(events),
+                streamed=streamed == "1",
+                data=data,
+                content_type=content_type,
+            )
             # A relayed answer is the data path's to send; one asked for whole is answered by `send`.
             self.settled = self.settled or not self.whole
         elif kind == b"M":
             streamed, ttft, events, error = head
-            outcome = Outcome("mid", ttft=int(ttft) / 1e6 if ttft else None, events=int(events),
-                              streamed=streamed == "1", error=error)
+            outcome = Outcome(
+                "mid", ttft=int(ttft) / 1e6 if ttft else None, events=int(events), streamed=streamed == "1", error=error
+            )
             self.settled = self.settled or outcome.streamed  # the data path ended the stream itself
         else:
             outcome = Outcome("connect" if kind == b"E" else "error", error=head[0])
@@ -167,8 +192,9 @@ class Forwarder:
 
     def body_came(self, verdict: str, data: bytes) -> None:
         if self.body_wanted is not None and not self.body_wanted.done():
-            self.body_wanted.set_result({"type": "http.request", "body": data, "more_body": False,
-                                         TOO_LARGE: verdict == "too_large"})
+            self.body_wanted.set_result(
+                {"type": "http.request", "body": data, "more_body": False, TOO_LARGE: verdict == "too_large"}
+            )
 
     def client_left(self) -> None:
         if self.body_wanted is not None and not self.body_wanted.done():
@@ -208,7 +234,9 @@ class Control(asyncio.Protocol):
         if not self.buffer and len(data) >= PREFIX.size:
             length, request_id, kind, head_len = PREFIX.unpack_from(data)
             if len(data) == 4 + length:  # the usual case, one whole frame: read in place, no copy into the buffer
-                self.read_frame(request_id, kind, data[PREFIX.size:PREFIX.size + head_len], data[PREFIX.size + head_len:])
+                self.read_frame(
+                    request_id, kind, data[PREFIX.size : PREFIX.size + head_len], data[PREFIX.size + head_len :]
+                )
                 return
         buffer = self.buffer
         buffer += data
@@ -218,8 +246,8 @@ class Control(asyncio.Protocol):
             end = at + 4 + length
             if len(buffer) < end:
                 break
-            head = bytes(buffer[at + PREFIX.size:at + PREFIX.size + head_len])
-            body = bytes(buffer[at + PREFIX.size + head_len:end])
+            head = bytes(buffer[at + PREFIX.size : at + PREFIX.size + head_len])
+            body = bytes(buffer[at + PREFIX.size + head_len : end])
             at = end
             self.read_frame(request_id, kind, head, body)
         del buffer[:at]
@@ -248,8 +276,13 @@ class Control(asyncio.Protocol):
                 headers.append((b"authorization", authorization.encode("latin-1")))
             if api_key:
                 headers.append((b"x-api-key", api_key.encode("latin-1")))
-            scope = {"type": "http", "method": method, "path": path, "headers": headers,
-                     "extensions": {DATAPLANE_EXTENSION: forwarder}}
+            scope = {
+                "type": "http",
+                "method": method,
+                "path": path,
+                "headers": headers,
+                "extensions": {DATAPLANE_EXTENSION: forwarder},
+            }
             task = self.loop.create_task(self.gateway.handle(scope, forwarder.receive, forwarder.send))
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self.ended, forwarder))
@@ -291,11 +324,22 @@ async def serve(*, host: str, port: int) -> int:
         loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
     try:
         child = await asyncio.create_subprocess_exec(
-            str(binary()), "--listen", f"{host}:{port}", "--control-fd", str(theirs.fileno()),
-            "--connect-timeout", str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
-            "--read-timeout", str(settings.GATEWAY_READ_TIMEOUT_SECONDS),
-            "--idle-timeout", str(UPSTREAM_IDLE_SECONDS), "--max-body", str(MAX_BODY),
-            env=child_environment({}), pass_fds=(theirs.fileno(),))
+            str(binary()),
+            "--listen",
+            f"{host}:{port}",
+            "--control-fd",
+            str(theirs.fileno()),
+            "--connect-timeout",
+            str(settings.GATEWAY_CONNECT_TIMEOUT_SECONDS),
+            "--read-timeout",
+            str(settings.GATEWAY_READ_TIMEOUT_SECONDS),
+            "--idle-timeout",
+            str(UPSTREAM_IDLE_SECONDS),
+            "--max-body",
+            str(MAX_BODY),
+            env=child_environment({}),
+            pass_fds=(theirs.fileno(),),
+        )
     finally:
         theirs.close()  # the child's now: its exit is this end's end of file
     exited = asyncio.ensure_future(child.wait())
@@ -307,8 +351,9 @@ async def serve(*, host: str, port: int) -> int:
             await asyncio.wait({stop}, timeout=1)
         if stop.done():
             return 0
-        log.error("gateway: the data path stopped (exit status %s); the gateway stops to be restarted",
-                  child.returncode)
+        log.error(
+            "gateway: the data path stopped (exit status %s); the gateway stops to be restarted", child.returncode
+        )
         return 1
     finally:
         if child.returncode is None:

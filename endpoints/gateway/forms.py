@@ -1,4 +1,5 @@
 """The gateway pages' forms: text to the typed values the services take (their rules stay there)."""
+
 from django import forms
 
 
@@ -24,15 +25,17 @@ class KeyCreateForm(KeyLimitsForm):
 
 
 class BlueGreenForm(forms.Form):
-    action = forms.ChoiceField(choices=[("stage", "stage"), ("switch", "switch"), ("rollback", "rollback"),
-                                        ("canary", "canary")],
-                               error_messages={"invalid_choice": "Unknown action.", "required": "Unknown action."})
+    action = forms.ChoiceField(
+        choices=[("stage", "stage"), ("switch", "switch"), ("rollback", "rollback"), ("canary", "canary")],
+        error_messages={"invalid_choice": "Unknown action.", "required": "Unknown action."},
+    )
     staged = forms.IntegerField(required=False)
     percent = forms.IntegerField(required=False, label="Canary share (%)")  # the service bounds it
 
 
 class RolloutForm(forms.Form):
     """Text to values; the bounds and the plan's rules are the service's (set_rollout)."""
+
     p99_ms = forms.IntegerField(required=False, label="P99 latency (ms)")
     error_pct = forms.FloatField(required=False, label="Error rate (%)")
     ttft_p99_ms = forms.IntegerField(required=False, label="TTFT P99 (ms)")
@@ -43,5 +46,8 @@ class RolloutForm(forms.Form):
 
 def form_error_text(form: forms.Form) -> str:
     """One line for a flash message, each error after its field's label."""
-    return " ".join(f"{form.fields[field].label or field}: {message}" if field in form.fields else message
-                    for field, messages in form.errors.items() for message in messages)
+    return " ".join(
+        f"{form.fields[field].label or field}: {message}" if field in form.fields else message
+        for field, messages in form.errors.items()
+        for message in messages
+    )

@@ -1,6 +1,7 @@
 """The gateway's state in the database: API keys for applications (hashed at rest, scoped to
 models or endpoints, with expiry and per-minute limits) and per-endpoint gateway settings
 (queue depth; the blue-green pair). The gateway process (endpoints/gateway/asgi.py) reads them."""
+
 import secrets
 
 from django.conf import settings
@@ -21,8 +22,9 @@ class GatewayKey(RevocableSecret):
     endpoints_scope = models.JSONField(default=list, blank=True)  # endpoint names
     rpm_limit = models.PositiveIntegerField(null=True, blank=True)  # requests per minute
     tpm_limit = models.PositiveIntegerField(null=True, blank=True)  # tokens per minute
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # Running totals, added to by the gateway at each telemetry flush.
     requests_total = models.BigIntegerField(default=0)
     tokens_total = models.BigIntegerField(default=0)
@@ -59,8 +61,9 @@ class GatewayEndpoint(models.Model):
 
     endpoint = models.OneToOneField("endpoints.Endpoint", on_delete=models.CASCADE, related_name="gateway")
     queue_depth = models.PositiveIntegerField(null=True, blank=True)  # None: GATEWAY_QUEUE_DEPTH
-    staged = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
-                               related_name="staged_for")
+    staged = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="staged_for"
+    )
     serving = models.CharField(max_length=8, choices=Serving.choices, default=Serving.LIVE)
     # Weighted canary: while the live side serves, this share (percent) of the requests goes to the
     # staged side instead; 0: the staged side is idle. A switch or rollback sets it back to 0.

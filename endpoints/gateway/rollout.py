@@ -19,6 +19,7 @@ TTFT, its error rate):
 - A threshold that is set but whose metric has no sample in the window (TTFT with no streamed
   answers) holds: it cannot be checked, so the share is not raised on it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -89,19 +90,37 @@ def window_figures(samples: list[Sample], *, start: float, end: float) -> dict:
 _CHECKS = (("p99_ms", "P99 latency", "ms"), ("error_pct", "error rate", "%"), ("ttft_p99_ms", "TTFT P99", "ms"))
 
 
-def decide(*, thresholds: Thresholds, window_s: float, steps: list[int], current: int, last_step_at: float | None,
-           now: float, staged: list[Sample], live: list[Sample] = (), min_requests: int) -> Decision:
+def decide(
+    *,
+    thresholds: Thresholds,
+    window_s: float,
+    steps: list[int],
+    current: int,
+    last_step_at: float | None,
+    now: float,
+    staged: list[Sample],
+    live: list[Sample] = (),
+    min_requests: int,
+) -> Decision:
     """One decision for one pair (see the module's notes). `current`: the staged side's share now
     (percent); `last_step_at`: when it was set (Unix s; None: unknown, the window alone counts)."""
     start = now - window_s
     if last_step_at is not None:
         start = max(start, last_step_at)
     fig = window_figures(staged, start=start, end=now)
-    figures = {"window_start": int(start), "window_end": int(now), "share": current, "staged": fig,
-               "live": window_figures(list(live), start=start, end=now),
-               "thresholds": {"p99_ms": thresholds.p99_ms, "error_pct": thresholds.error_pct,
-                              "ttft_p99_ms": thresholds.ttft_p99_ms},
-               "min_requests": min_requests}
+    figures = {
+        "window_start": int(start),
+        "window_end": int(now),
+        "share": current,
+        "staged": fig,
+        "live": window_figures(list(live), start=start, end=now),
+        "thresholds": {
+            "p99_ms": thresholds.p99_ms,
+            "error_pct": thresholds.error_pct,
+            "ttft_p99_ms": thresholds.ttft_p99_ms,
+        },
+        "min_requests": min_requests,
+    }
 
     def out(action, reason, share=current):
         return Decision(action=action, reason=reason, share=share, figures=figures)
@@ -112,16 +131,20 @@ def decide(*, thresholds: Thresholds, window_s: float, steps: list[int], current
         return out(HOLD, "no SLO threshold set")
     if fig["requests"] < min_requests:
         return out(HOLD, f"{fig['requests']} requests to the staged side in the window, fewer than {min_requests}")
-    breaches = [f"{label} {fig[name]:g} {unit} > {getattr(thresholds, name):g} {unit}"
-                for name, label, unit in _CHECKS
-                if getattr(thresholds, name) is not None and fig[name] is not None
-                and fig[name] > getattr(thresholds, name)]
+    breaches = [
+        f"{label} {fig[name]:g} {unit} > {getattr(thresholds, name):g} {unit}"
+        for name, label, unit in _CHECKS
+        if getattr(thresholds, name) is not None and fig[name] is not None and fig[name] > getattr(thresholds, name)
+    ]
     if breaches:
         return out(ROLLBACK, "breach: " + "; ".join(breaches), share=0)
     unchecked = [label for name, label, _ in _CHECKS if getattr(thresholds, name) is not None and fig[name] is None]
     if unchecked:
-        why = " (TTFT comes from streamed answers only: /generate and non-streamed requests give none)" \
-            if thresholds.ttft_p99_ms is not None and fig["ttft_p99_ms"] is None else ""
+        why = (
+            " (TTFT comes from streamed answers only: /generate and non-streamed requests give none)"
+            if thresholds.ttft_p99_ms is not None and fig["ttft_p99_ms"] is None
+            else ""
+        )
         return out(HOLD, f"no {', '.join(unchecked)} figures in the window: cannot check the threshold{why}")
     if last_step_at is not None and now - last_step_at < window_s:
         return out(HOLD, f"within thresholds; {window_s - (now - last_step_at):.0f} s of the window left")

@@ -25,6 +25,7 @@ ceil(c * m / n), c = 1 + epsilon, plus an absolute slack; otherwise the request 
 first replica within the bound in the key's rendezvous (highest random weight) order, a stable
 second choice for a hot prefix instead of a pile-up on one replica. Some replica is always within
 the bound (they cannot all be above the mean)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -65,7 +66,9 @@ class Routable(Protocol):
 B = TypeVar("B", bound=Routable)
 
 
-def least_outstanding(candidates: Sequence[B], load: Mapping[str, int], rnd: Callable[[Sequence], B] = random.choice) -> B | None:
+def least_outstanding(
+    candidates: Sequence[B], load: Mapping[str, int], rnd: Callable[[Sequence], B] = random.choice
+) -> B | None:
     """The candidate with the fewest requests in flight (random among equals)."""
     best, best_n = [], None
     for b in candidates:
@@ -92,7 +95,7 @@ def _text(content, budget: int) -> str:
                 url = part.get("image_url") or part.get("video_url") or part.get("audio_url")
                 url = url.get("url") if isinstance(url, dict) else url
                 piece = url if isinstance(url, str) else str(part.get("type", ""))
-            piece = piece[:budget - used] if isinstance(piece, str) else ""
+            piece = piece[: budget - used] if isinstance(piece, str) else ""
             out.append(piece)
             used += len(piece)
     return "\x1e".join(out)
@@ -184,8 +187,13 @@ class PrefixHomes:
     Written by hand (an OrderedDict as LRU with per-replica counts): cachetools' caches expire by
     time or size but keep no count per value, which the tie-break needs in O(1)."""
 
-    def __init__(self, *, idle_seconds: float = HOME_IDLE_SECONDS, max_keys: int = HOMES_MAX,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        *,
+        idle_seconds: float = HOME_IDLE_SECONDS,
+        max_keys: int = HOMES_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.idle_seconds, self.max_keys, self.clock = idle_seconds, max_keys, clock
         self._homes: OrderedDict[bytes, tuple[str, float]] = OrderedDict()  # key -> (url, last use), oldest first
         self.keys_of: Counter[str] = Counter()  # url -> keys at home there
@@ -198,8 +206,15 @@ class PrefixHomes:
         home = self._homes.get(key_digest)
         return home[0] if home else None
 
-    def pick(self, key_digest: bytes, candidates: Sequence[B], load: Mapping[str, int], *,
-             factor: float = LOAD_FACTOR, slack: int = 0) -> B | None:
+    def pick(
+        self,
+        key_digest: bytes,
+        candidates: Sequence[B],
+        load: Mapping[str, int],
+        *,
+        factor: float = LOAD_FACTOR,
+        slack: int = 0,
+    ) -> B | None:
         if not candidates:
             return None
         now = self.clock()

@@ -1,5 +1,6 @@
 """Reading what the gateway routes on: the ready replicas per served model name (the
 console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECONDS) and keys."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -78,20 +79,35 @@ def routing_table() -> RoutingTable:
     # Only the columns used: the gateway reads this every second, and building whole rows was most of its
     # idle CPU (benchmarks/gateway.py).
     for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only(
-            "name", "served_model_name", "autoscale", "distributed", "replicas"):
+        "name", "served_model_name", "autoscale", "distributed", "replicas"
+    ):
         known.setdefault(model_name(ep), set()).add(ep.name)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
-        max_queue[ep.pk] = (g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH)
+        max_queue[ep.pk] = g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH
     backends: dict[str, list[Backend]] = {}
     # A replica past its endpoint's count (scaled down) leaves routing at once, before its agent drains it.
-    replicas = (Replica.objects.filter(state=Endpoint.State.READY, port__isnull=False,
-                                       endpoint__desired_state=Endpoint.Desired.RUNNING,
-                                       index__lt=F("endpoint__replicas"))
-                .exclude(endpoint_id__in=idle).select_related("endpoint", "node")
-                .only("index", "port", "devices", "node__name", "node__address", "endpoint__name",
-                      "endpoint__served_model_name", "endpoint__routing"))
+    replicas = (
+        Replica.objects.filter(
+            state=Endpoint.State.READY,
+            port__isnull=False,
+            endpoint__desired_state=Endpoint.Desired.RUNNING,
+            index__lt=F("endpoint__replicas"),
+        )
+        .exclude(endpoint_id__in=idle)
+        .select_related("endpoint", "node")
+        .only(
+            "index",
+            "port",
+            "devices",
+            "node__name",
+            "node__address",
+            "endpoint__name",
+            "endpoint__served_model_name",
+            "endpoint__routing",
+        )
+    )
     # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
     # from the moment the agent records it, before its own reconcile pass moves or holds the replica.
     replicas = list(replicas)
@@ -103,23 +119,39 @@ def routing_table() -> RoutingTable:
         scope = {ep.name}
         if ep.pk in public_of:
             scope.add(names.get(public_of[ep.pk], ""))
-        backends.setdefault(model_name(ep), []).append(Backend(
-            url=r.url, endpoint_id=ep.pk, endpoint_name=ep.name, replica_index=r.index,
-            queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH), scope_names=frozenset(scope),
-            node_name=r.node.name, api_key=r.api_key, prefix=ep.routing == Endpoint.Routing.PREFIX,
-            staged=ep.pk in canary, canary_percent=canary.get(ep.pk, 0)))
+        backends.setdefault(model_name(ep), []).append(
+            Backend(
+                url=r.url,
+                endpoint_id=ep.pk,
+                endpoint_name=ep.name,
+                replica_index=r.index,
+                queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH),
+                scope_names=frozenset(scope),
+                node_name=r.node.name,
+                api_key=r.api_key,
+                prefix=ep.routing == Endpoint.Routing.PREFIX,
+                staged=ep.pk in canary,
+                canary_percent=canary.get(ep.pk, 0),
+            )
+        )
     ready = {b.endpoint_id for bs in backends.values() for b in bs}
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
         if ep.pk not in ready:
             scope = {ep.name, names.get(public_of.get(ep.pk), "")} - {""}
-            wakeable.setdefault(model_name(ep), []).append(Wakeable(
-                endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope)))
+            wakeable.setdefault(model_name(ep), []).append(
+                Wakeable(endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope))
+            )
     drains = [g.stop_idle_at for g in pairs.values() if g.stop_idle_at]
-    return RoutingTable(backends=backends, known=known, max_queue=max_queue, wakeable=wakeable,
-                        drain_due_at=min(drains, default=None),
-                        canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
-                        prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)})
+    return RoutingTable(
+        backends=backends,
+        known=known,
+        max_queue=max_queue,
+        wakeable=wakeable,
+        drain_due_at=min(drains, default=None),
+        canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
+        prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
+    )
 
 
 @dataclass(frozen=True)
@@ -146,8 +178,14 @@ def key_info(raw: str) -> KeyInfo | None:
     key = GatewayKey.objects.active().filter(key_hash=hash_token(raw)).first()
     if key is None:
         return None
-    return KeyInfo(id=key.pk, name=key.name, models=frozenset(key.models_scope),
-                   endpoints=frozenset(key.endpoints_scope), rpm_limit=key.rpm_limit, tpm_limit=key.tpm_limit)
+    return KeyInfo(
+        id=key.pk,
+        name=key.name,
+        models=frozenset(key.models_scope),
+        endpoints=frozenset(key.endpoints_scope),
+        rpm_limit=key.rpm_limit,
+        tpm_limit=key.tpm_limit,
+    )
 
 
 # --- an SLO-gated rollout's inputs ---------------------------------------------------------------
@@ -159,19 +197,31 @@ def gateway_samples(endpoint_id: int, *, since: float, until: float) -> list[Sam
     """One endpoint's gateway flushes in (since, until], as rollout samples. The gateway stores a flush
     only for an endpoint that had requests in it, at GATEWAY_TELEMETRY_SECONDS apart; a flush's request
     count is its QPS times that interval."""
-    series = dict(Series.objects.filter(endpoint_id=endpoint_id, key__in=[f"e{endpoint_id}.{m}" for m in _SAMPLE_METRICS])
-                  .values_list("pk", "metric"))
+    series = dict(
+        Series.objects.filter(
+            endpoint_id=endpoint_id, key__in=[f"e{endpoint_id}.{m}" for m in _SAMPLE_METRICS]
+        ).values_list("pk", "metric")
+    )
     by_ts: dict[int, dict] = {}
-    for series_id, ts, value in Point.objects.filter(series_id__in=list(series), ts__gt=int(since), ts__lte=int(until)) \
-            .values_list("series_id", "ts", "value"):
+    for series_id, ts, value in Point.objects.filter(
+        series_id__in=list(series), ts__gt=int(since), ts__lte=int(until)
+    ).values_list("series_id", "ts", "value"):
         by_ts.setdefault(ts, {})[_SAMPLE_METRICS[series[series_id]]] = value
     interval = settings.GATEWAY_TELEMETRY_SECONDS
-    return [Sample(ts=ts, requests=round((v.get("qps") or 0.0) * interval), p99_s=v.get("p99_s"),
-                   ttft_p99_s=v.get("ttft_p99_s"), error_rate=v.get("error_rate"))
-            for ts, v in sorted(by_ts.items())]
+    return [
+        Sample(
+            ts=ts,
+            requests=round((v.get("qps") or 0.0) * interval),
+            p99_s=v.get("p99_s"),
+            ttft_p99_s=v.get("ttft_p99_s"),
+            error_rate=v.get("error_rate"),
+        )
+        for ts, v in sorted(by_ts.items())
+    ]
 
 
 def auto_rollouts():
     """The pairs whose automatic rollout is on and whose canary runs (the live side serving)."""
-    return GatewayEndpoint.objects.filter(rollout_auto=True, staged__isnull=False,
-                                          serving=GatewayEndpoint.Serving.LIVE).select_related("endpoint", "staged")
+    return GatewayEndpoint.objects.filter(
+        rollout_auto=True, staged__isnull=False, serving=GatewayEndpoint.Serving.LIVE
+    ).select_related("endpoint", "staged")

@@ -1,6 +1,7 @@
 """Changing gateway state: API keys (create, revoke) and per-endpoint settings. Each change
 is audited. The gateway process picks changes up within GATEWAY_KEY_CACHE_SECONDS (keys)
 and GATEWAY_ROUTES_REFRESH_SECONDS (routes)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,32 +35,67 @@ def _names(values: Sequence[str]) -> list[str]:
 
 def _limit(value: int | None, field: str, label: str) -> int | None:
     """A per-minute limit, queue depth or drain time: blank is none; the message names the field."""
-    return int_in_range(value, field, low=1, high=10_000_000,
-                        message=f"{label} must be a whole number between 1 and 10000000.")
+    return int_in_range(
+        value, field, low=1, high=10_000_000, message=f"{label} must be a whole number between 1 and 10000000."
+    )
 
 
-def key_create(*, name: str, models: Sequence[str] = (), endpoints: Sequence[str] = (),
-               expires_days: float | None = None, expires_at: datetime | None = None, rpm_limit: int | None = None,
-               tpm_limit: int | None = None, actor=None, request=None, via: str = "") -> tuple[GatewayKey, str]:
+def key_create(
+    *,
+    name: str,
+    models: Sequence[str] = (),
+    endpoints: Sequence[str] = (),
+    expires_days: float | None = None,
+    expires_at: datetime | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    actor=None,
+    request=None,
+    via: str = "",
+) -> tuple[GatewayKey, str]:
     """Create a gateway key; returns (key, raw). The raw key is not stored anywhere."""
     name = name.strip()
     if not name:
         raise ValidationError("Give the key a name (the application that will use it).")
     if len(name) > 100:
         raise ValidationError("The name is too long (100 characters at most).")
-    days = float_in_range(expires_days, "expires_days", low=0, high=3650, low_open=True,
-                          message="Expiry must be a number of days, above 0 and up to 3650.")
+    days = float_in_range(
+        expires_days,
+        "expires_days",
+        low=0,
+        high=3650,
+        low_open=True,
+        message="Expiry must be a number of days, above 0 and up to 3650.",
+    )
     if days is not None:
         expires_at = timezone.now() + timedelta(days=days)
     raw = GatewayKey.generate_raw()
     key = GatewayKey.objects.create(
-        name=name, prefix=raw[:10], key_hash=hash_token(raw), models_scope=_names(models),
-        endpoints_scope=_names(endpoints), rpm_limit=_limit(rpm_limit, "rpm_limit", "Requests per minute"),
-        tpm_limit=_limit(tpm_limit, "tpm_limit", "Tokens per minute"), expires_at=expires_at,
-        created_by=actor if actor is not None and getattr(actor, "pk", None) else None)
-    audit_log(actor=actor, action="gateway_key.create", obj=key, request=request, via=via, changes={
-        "name": name, "models": key.models_scope, "endpoints": key.endpoints_scope, "rpm_limit": key.rpm_limit,
-        "tpm_limit": key.tpm_limit, "expires_at": expires_at.isoformat() if expires_at else None})
+        name=name,
+        prefix=raw[:10],
+        key_hash=hash_token(raw),
+        models_scope=_names(models),
+        endpoints_scope=_names(endpoints),
+        rpm_limit=_limit(rpm_limit, "rpm_limit", "Requests per minute"),
+        tpm_limit=_limit(tpm_limit, "tpm_limit", "Tokens per minute"),
+        expires_at=expires_at,
+        created_by=actor if actor is not None and getattr(actor, "pk", None) else None,
+    )
+    audit_log(
+        actor=actor,
+        action="gateway_key.create",
+        obj=key,
+        request=request,
+        via=via,
+        changes={
+            "name": name,
+            "models": key.models_scope,
+            "endpoints": key.endpoints_scope,
+            "rpm_limit": key.rpm_limit,
+            "tpm_limit": key.tpm_limit,
+            "expires_at": expires_at.isoformat() if expires_at else None,
+        },
+    )
     return key, raw
 
 
@@ -71,14 +107,27 @@ def key_revoke(*, key: GatewayKey, actor=None, request=None, via: str = "") -> G
     return key
 
 
-def key_update_limits(*, key: GatewayKey, rpm_limit: int | None = None, tpm_limit: int | None = None, actor=None,
-                      request=None, via: str = "") -> GatewayKey:
+def key_update_limits(
+    *,
+    key: GatewayKey,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    actor=None,
+    request=None,
+    via: str = "",
+) -> GatewayKey:
     before = {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit}
     key.rpm_limit = _limit(rpm_limit, "rpm_limit", "Requests per minute")
     key.tpm_limit = _limit(tpm_limit, "tpm_limit", "Tokens per minute")
     key.save(update_fields=["rpm_limit", "tpm_limit"])
-    audit_log(actor=actor, action="gateway_key.update", obj=key, request=request, via=via,
-              changes={"before": before, "after": {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit}})
+    audit_log(
+        actor=actor,
+        action="gateway_key.update",
+        obj=key,
+        request=request,
+        via=via,
+        changes={"before": before, "after": {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit}},
+    )
     return key
 
 
@@ -86,17 +135,26 @@ def endpoint_settings(endpoint: Endpoint) -> GatewayEndpoint:
     return GatewayEndpoint.objects.get_or_create(endpoint=endpoint)[0]
 
 
-def set_queue_depth(*, endpoint: Endpoint, queue_depth: int | None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def set_queue_depth(
+    *, endpoint: Endpoint, queue_depth: int | None, actor=None, request=None, via: str = ""
+) -> GatewayEndpoint:
     gw = endpoint_settings(endpoint)
     before = gw.queue_depth
     gw.queue_depth = _limit(queue_depth, "queue_depth", "Queue depth")
     gw.save(update_fields=["queue_depth"])
-    audit_log(actor=actor, action="gateway.queue_depth", obj=endpoint, request=request, via=via,
-              changes={"before": before, "after": gw.queue_depth})
+    audit_log(
+        actor=actor,
+        action="gateway.queue_depth",
+        obj=endpoint,
+        request=request,
+        via=via,
+        changes={"before": before, "after": gw.queue_depth},
+    )
     return gw
 
 
 # --- telemetry of the gateway (called by the gateway process) ----------------------------
+
 
 def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = None, held: dict | None = None) -> int:
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
@@ -110,14 +168,26 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
         e = stats.ep.get(ep_id)
         values = {"gw.waiting": held.get(ep_id, 0)}
         if e is not None:
-            values |= {"gw.qps": e["n"] / interval_s, "gw.p50_s": percentile(e["lat"], 0.5),
-                       "gw.p99_s": percentile(e["lat"], 0.99), "gw.ttft_p50_s": percentile(e["ttft"], 0.5),
-                       "gw.ttft_p99_s": percentile(e["ttft"], 0.99),
-                       "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
-                       "gw.inflight": (outstanding or {}).get(ep_id, 0)}
+            values |= {
+                "gw.qps": e["n"] / interval_s,
+                "gw.p50_s": percentile(e["lat"], 0.5),
+                "gw.p99_s": percentile(e["lat"], 0.99),
+                "gw.ttft_p50_s": percentile(e["ttft"], 0.5),
+                "gw.ttft_p99_s": percentile(e["ttft"], 0.99),
+                "gw.error_rate": e["errors"] / e["n"] if e["n"] else 0.0,
+                "gw.inflight": (outstanding or {}).get(ep_id, 0),
+            }
         for metric, value in values.items():
-            readings.append(Reading(key=f"e{ep_id}.{metric}", metric=metric, value=value, endpoint_id=ep_id,
-                                    unit="s" if metric.endswith("_s") else "", label="gateway"))
+            readings.append(
+                Reading(
+                    key=f"e{ep_id}.{metric}",
+                    metric=metric,
+                    value=value,
+                    endpoint_id=ep_id,
+                    unit="s" if metric.endswith("_s") else "",
+                    label="gateway",
+                )
+            )
     # Totals and points in one transaction: a reader never sees a key's total without its points.
     with transaction.atomic():
         keys = dict(GatewayKey.objects.filter(pk__in=list(stats.key)).values_list("pk", "name"))
@@ -126,19 +196,35 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
             if key_id not in keys:
                 continue
             per_minute = 60.0 / interval_s  # rates, so chart buckets and rollups average correctly
-            for metric, value in {"gk.requests_pm": k["n"] * per_minute, "gk.tokens_pm": k["tokens"] * per_minute,
-                                  "gk.errors_pm": k["errors"] * per_minute, "gk.p50_s": percentile(k["lat"], 0.5),
-                                  "gk.p99_s": percentile(k["lat"], 0.99), "gk.ttft_p50_s": percentile(k["ttft"], 0.5),
-                                  "gk.ttft_p99_s": percentile(k["ttft"], 0.99)}.items():
-                readings.append(Reading(key=f"gk{key_id}.{metric}", metric=metric, value=value, label=keys[key_id],
-                                        unit="s" if metric.endswith("_s") else "/min"))
+            for metric, value in {
+                "gk.requests_pm": k["n"] * per_minute,
+                "gk.tokens_pm": k["tokens"] * per_minute,
+                "gk.errors_pm": k["errors"] * per_minute,
+                "gk.p50_s": percentile(k["lat"], 0.5),
+                "gk.p99_s": percentile(k["lat"], 0.99),
+                "gk.ttft_p50_s": percentile(k["ttft"], 0.5),
+                "gk.ttft_p99_s": percentile(k["ttft"], 0.99),
+            }.items():
+                readings.append(
+                    Reading(
+                        key=f"gk{key_id}.{metric}",
+                        metric=metric,
+                        value=value,
+                        label=keys[key_id],
+                        unit="s" if metric.endswith("_s") else "/min",
+                    )
+                )
             GatewayKey.objects.filter(pk=key_id).update(
-                requests_total=F("requests_total") + k["n"], tokens_total=F("tokens_total") + k["tokens"],
-                errors_total=F("errors_total") + k["errors"], last_used_at=now)
+                requests_total=F("requests_total") + k["n"],
+                tokens_total=F("tokens_total") + k["tokens"],
+                errors_total=F("errors_total") + k["errors"],
+                last_used_at=now,
+            )
         return store(readings)
 
 
 # --- blue-green ------------------------------------------------------------------------------
+
 
 def finish_drains() -> int:
     """Stop the idle side of each blue-green pair whose drain period is over (the gateway calls
@@ -153,8 +239,9 @@ def finish_drains() -> int:
         if idle is not None and not bound_over and _still_answering(idle):
             continue  # looked at again at the next refresh
         with transaction.atomic():  # a Switch or Rollback meanwhile moved or cleared the drain: leave it
-            if not GatewayEndpoint.objects.filter(pk=gw.pk, serving=gw.serving,
-                                                  stop_idle_at=gw.stop_idle_at).update(stop_idle_at=None):
+            if not GatewayEndpoint.objects.filter(pk=gw.pk, serving=gw.serving, stop_idle_at=gw.stop_idle_at).update(
+                stop_idle_at=None
+            ):
                 continue
             if idle is not None:
                 _stop_endpoint(idle, reason="blue-green drain over")
@@ -166,8 +253,12 @@ def finish_drains() -> int:
 
 def _still_answering(endpoint: Endpoint) -> bool:
     """A replica of the endpoint runs or queues a request, or cannot say (unknown counts as busy)."""
-    return any(in_flight(replica, from_elsewhere=True, timeout=1.0) != 0 for replica in endpoint.replica_set.filter(
-        state=Endpoint.State.READY, port__isnull=False).select_related("node"))
+    return any(
+        in_flight(replica, from_elsewhere=True, timeout=1.0) != 0
+        for replica in endpoint.replica_set.filter(state=Endpoint.State.READY, port__isnull=False).select_related(
+            "node"
+        )
+    )
 
 
 def _stop_endpoint(endpoint: Endpoint, *, reason: str, actor=None, request=None):
@@ -179,26 +270,36 @@ def _pair(endpoint) -> GatewayEndpoint:
 
 
 def _ready(endpoint) -> bool:
-    return endpoint.desired_state == Endpoint.Desired.RUNNING and endpoint.replica_set.filter(
-        state=Endpoint.State.READY, port__isnull=False).exists()
+    return (
+        endpoint.desired_state == Endpoint.Desired.RUNNING
+        and endpoint.replica_set.filter(state=Endpoint.State.READY, port__isnull=False).exists()
+    )
 
 
 def staged_endpoint(staged_id) -> Endpoint:
     """The endpoint named as a staged side, or a refusal on `staged`."""
     found = Endpoint.objects.filter(pk=staged_id).first() if str(staged_id or "").isdigit() else None
     if found is None:
-        raise ValidationError({"staged": f"No endpoint #{staged_id}: give the id of an endpoint serving the same model."})
+        raise ValidationError(
+            {"staged": f"No endpoint #{staged_id}: give the id of an endpoint serving the same model."}
+        )
     return found
 
 
-def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = None, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def stage(
+    *, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = None, actor=None, request=None, via: str = ""
+) -> GatewayEndpoint:
     """Make `staged` (another endpoint serving the same model) the standby of `endpoint`: it
     gets no traffic until a switch."""
     if staged.pk == endpoint.pk:
         raise ValidationError({"staged": "An endpoint cannot be staged beside itself."})
     if model_name(staged) != model_name(endpoint):
-        raise ValidationError({"staged": f"{staged.name} serves {model_name(staged)!r}, not {model_name(endpoint)!r}: "
-                                         "launch it with the same served model name."})
+        raise ValidationError(
+            {
+                "staged": f"{staged.name} serves {model_name(staged)!r}, not {model_name(endpoint)!r}: "
+                "launch it with the same served model name."
+            }
+        )
     drain = None if drain_seconds is None else _limit(drain_seconds, "drain_seconds", "Drain seconds")
     with transaction.atomic():
         # The pair's row, then both endpoints (the drain's order: pair row, then the endpoint it stops): two
@@ -215,14 +316,19 @@ def stage(*, endpoint: Endpoint, staged: Endpoint, drain_seconds: int | None = N
         if gw.staged_id and gw.serving == GatewayEndpoint.Serving.STAGED:
             raise ValidationError({"staged": "The staged side is serving: roll back or wait for the drain first."})
         if gw.stop_idle_at and gw.staged_id != staged.pk:
-            raise ValidationError({"staged": f"{gw.staged.name if gw.staged else 'The previous staged side'} is "
-                                             "draining after a rollback: stage another once it has stopped."})
+            raise ValidationError(
+                {
+                    "staged": f"{gw.staged.name if gw.staged else 'The previous staged side'} is "
+                    "draining after a rollback: stage another once it has stopped."
+                }
+            )
         gw.staged, gw.serving, gw.stop_idle_at, gw.canary_percent = staged, GatewayEndpoint.Serving.LIVE, None, 0
         if drain is not None:
             gw.drain_seconds = drain
         gw.save()
-        audit_log(actor=actor, action="gateway.stage", obj=endpoint, request=request, via=via,
-                  changes={"staged": staged.name})
+        audit_log(
+            actor=actor, action="gateway.stage", obj=endpoint, request=request, via=via, changes={"staged": staged.name}
+        )
     return gw
 
 
@@ -244,21 +350,32 @@ def _move(endpoint: Endpoint, to: str, *, actor, request, via, extra: dict | Non
         gw.canary_set_at = gw.switched_at
         gw.stop_idle_at = gw.switched_at + timedelta(seconds=gw.drain_seconds)
         gw.save()
-        audit_log(actor=actor, action="gateway.switch" if to == GatewayEndpoint.Serving.STAGED else "gateway.rollback",
-                  obj=endpoint, request=request, via=via,
-                  changes={"serving": target.name, "drain_seconds": gw.drain_seconds,
-                           **({"canary_percent": [canary_was, 0]} if canary_was else {}),
-                           **({"rollout_auto": [True, False]} if auto_was else {}), **(extra or {})})
+        audit_log(
+            actor=actor,
+            action="gateway.switch" if to == GatewayEndpoint.Serving.STAGED else "gateway.rollback",
+            obj=endpoint,
+            request=request,
+            via=via,
+            changes={
+                "serving": target.name,
+                "drain_seconds": gw.drain_seconds,
+                **({"canary_percent": [canary_was, 0]} if canary_was else {}),
+                **({"rollout_auto": [True, False]} if auto_was else {}),
+                **(extra or {}),
+            },
+        )
     return gw
 
 
-def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "",
-               extra: dict | None = None) -> GatewayEndpoint:
+def set_canary(
+    *, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "", extra: dict | None = None
+) -> GatewayEndpoint:
     """Send `percent` (1-99) of the endpoint's requests to its staged deployment while the live one
     keeps the rest; 0 ends the canary (the staged side idle again, still running). Switch and
     Rollback end it too. `extra`: more for the audit row (the rollout controller's figures)."""
-    percent = int_in_range(percent, "percent", low=0, high=99,
-                           message="percent must be a whole number from 1 to 99 (0 ends the canary).")
+    percent = int_in_range(
+        percent, "percent", low=0, high=99, message="percent must be a whole number from 1 to 99 (0 ends the canary)."
+    )
     if percent is None:
         raise ValidationError({"percent": "Give percent: a whole number from 1 to 99 (0 ends the canary)."})
     with transaction.atomic():
@@ -266,8 +383,12 @@ def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, vi
         if gw.staged_id is None:
             raise ValidationError({"staged": f"{endpoint.name} has no staged deployment: stage one first."})
         if gw.serving != GatewayEndpoint.Serving.LIVE:
-            raise ValidationError({"percent": "The staged side serves all the traffic already: a canary share is "
-                                              "for a staged deployment before its switch."})
+            raise ValidationError(
+                {
+                    "percent": "The staged side serves all the traffic already: a canary share is "
+                    "for a staged deployment before its switch."
+                }
+            )
         if percent and not _ready(gw.staged):
             raise ValidationError({"staged": f"{gw.staged.name} has no ready replica: no canary share for it yet."})
         before = gw.canary_percent
@@ -282,31 +403,48 @@ def set_canary(*, endpoint: Endpoint, percent: int, actor=None, request=None, vi
         auto_ended = not percent and gw.rollout_auto
         gw.rollout_auto = gw.rollout_auto and bool(percent)
         gw.save(update_fields=["canary_percent", "canary_set_at", "stop_idle_at", "rollout_auto"])
-        audit_log(actor=actor, action="gateway.canary", obj=endpoint, request=request, via=via,
-                  changes={"staged": gw.staged.name, "canary_percent": [before, percent],
-                           **({"drain_cancelled": True} if kept else {}),
-                           **({"rollout_auto": [True, False]} if auto_ended else {}), **(extra or {})})
+        audit_log(
+            actor=actor,
+            action="gateway.canary",
+            obj=endpoint,
+            request=request,
+            via=via,
+            changes={
+                "staged": gw.staged.name,
+                "canary_percent": [before, percent],
+                **({"drain_cancelled": True} if kept else {}),
+                **({"rollout_auto": [True, False]} if auto_ended else {}),
+                **(extra or {}),
+            },
+        )
     return gw
 
 
-def switch(*, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None) -> GatewayEndpoint:
+def switch(
+    *, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None
+) -> GatewayEndpoint:
     """Send the endpoint's traffic to its staged deployment; the live one stops after the drain."""
     return _move(endpoint, GatewayEndpoint.Serving.STAGED, actor=actor, request=request, via=via, extra=extra)
 
 
-def rollback(*, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None) -> GatewayEndpoint:
+def rollback(
+    *, endpoint: Endpoint, actor=None, request=None, via: str = "", extra: dict | None = None
+) -> GatewayEndpoint:
     """Send the traffic back to the live deployment (it must still be ready: within the drain)."""
     return _move(endpoint, GatewayEndpoint.Serving.LIVE, actor=actor, request=request, via=via, extra=extra)
 
 
 # --- SLO-gated rollout settings ------------------------------------------------------------------
 
+
 def _steps(value) -> list[int]:
     """The step plan: shares (%) rising from 1, ending at 100 (the promotion), given as a list or
     as text ("10,25,50,100"); blank: the default plan. A plan rather than a step size: the first
     share is the one that matters for the blast radius (small), the later ones can be coarse."""
-    message = ("steps must be shares in percent, rising, each from 1 to 100, ending at 100 and with at least one "
-               "below it (e.g. 10,25,50,100).")
+    message = (
+        "steps must be shares in percent, rising, each from 1 to 100, ending at 100 and with at least one "
+        "below it (e.g. 10,25,50,100)."
+    )
     if value in (None, ""):
         return default_rollout_steps()
     if isinstance(value, str):
@@ -319,20 +457,52 @@ def _steps(value) -> list[int]:
     return steps
 
 
-def set_rollout(*, endpoint: Endpoint, p99_ms: int | None, error_pct: float | None, ttft_p99_ms: int | None,
-                window_seconds: int | None, steps, auto: bool, actor=None, request=None, via: str = "") -> GatewayEndpoint:
+def set_rollout(
+    *,
+    endpoint: Endpoint,
+    p99_ms: int | None,
+    error_pct: float | None,
+    ttft_p99_ms: int | None,
+    window_seconds: int | None,
+    steps,
+    auto: bool,
+    actor=None,
+    request=None,
+    via: str = "",
+) -> GatewayEndpoint:
     """The pair's SLO thresholds (each optional), evaluation window, step plan and automatic rollout.
     Turning `auto` on with no canary share yet starts one at the plan's first share. All or nothing:
     a bad value changes nothing."""
     values = {
-        "slo_p99_ms": int_in_range(p99_ms, "p99_ms", low=1, high=3_600_000,
-                                   message="p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked)."),
-        "slo_error_pct": float_in_range(error_pct, "error_pct", low=0, high=100,
-                                        message="error_pct must be a percentage from 0 to 100 (blank: not checked)."),
-        "slo_ttft_p99_ms": int_in_range(ttft_p99_ms, "ttft_p99_ms", low=1, high=3_600_000,
-                                        message="ttft_p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked)."),
-        "rollout_window_seconds": int_in_range(window_seconds, "window_seconds", low=10, high=86_400, default=300,
-                                               message="window_seconds must be a whole number of seconds from 10 to 86400."),
+        "slo_p99_ms": int_in_range(
+            p99_ms,
+            "p99_ms",
+            low=1,
+            high=3_600_000,
+            message="p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked).",
+        ),
+        "slo_error_pct": float_in_range(
+            error_pct,
+            "error_pct",
+            low=0,
+            high=100,
+            message="error_pct must be a percentage from 0 to 100 (blank: not checked).",
+        ),
+        "slo_ttft_p99_ms": int_in_range(
+            ttft_p99_ms,
+            "ttft_p99_ms",
+            low=1,
+            high=3_600_000,
+            message="ttft_p99_ms must be a whole number of milliseconds from 1 to 3600000 (blank: not checked).",
+        ),
+        "rollout_window_seconds": int_in_range(
+            window_seconds,
+            "window_seconds",
+            low=10,
+            high=86_400,
+            default=300,
+            message="window_seconds must be a whole number of seconds from 10 to 86400.",
+        ),
         "rollout_steps": _steps(steps),
         "rollout_auto": bool(auto),
     }
@@ -344,8 +514,12 @@ def set_rollout(*, endpoint: Endpoint, p99_ms: int | None, error_pct: float | No
             if gw.serving != GatewayEndpoint.Serving.LIVE:
                 raise ValidationError({"auto": "The staged side serves all the traffic already: nothing to roll out."})
             if all(values[f] is None for f in ("slo_p99_ms", "slo_error_pct", "slo_ttft_p99_ms")):
-                raise ValidationError({"auto": "Set at least one threshold (p99_ms, error_pct or ttft_p99_ms) "
-                                               "before an automatic rollout."})
+                raise ValidationError(
+                    {
+                        "auto": "Set at least one threshold (p99_ms, error_pct or ttft_p99_ms) "
+                        "before an automatic rollout."
+                    }
+                )
         before = {f: getattr(gw, f) for f in values}
         for f, v in values.items():
             setattr(gw, f, v)
@@ -355,6 +529,12 @@ def set_rollout(*, endpoint: Endpoint, p99_ms: int | None, error_pct: float | No
             audit_log(actor=actor, action="gateway.rollout", obj=endpoint, request=request, via=via, changes=changed)
         if gw.rollout_auto and not gw.canary_percent:
             # Its own audit row (gateway.canary); a staged side not ready raises and undoes the settings too.
-            gw = set_canary(endpoint=endpoint, percent=gw.rollout_steps[0], actor=actor, request=request, via=via,
-                            extra={"rollout": "first step"})
+            gw = set_canary(
+                endpoint=endpoint,
+                percent=gw.rollout_steps[0],
+                actor=actor,
+                request=request,
+                via=via,
+                extra={"rollout": "first step"},
+            )
     return gw

@@ -1,6 +1,7 @@
 """The gateway's figures between two flushes: counts, latencies and TTFTs per endpoint and per
 key, and the percentile used to summarise them. Pure Python: the gateway process fills it,
 the services store it."""
+
 from __future__ import annotations
 
 import math

@@ -1,5 +1,6 @@
 """Pages of the gateway: application keys (Admins create, revoke and set limits; a new key
 is shown once), each key's usage, and the blue-green and canary controls of an endpoint."""
+
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
@@ -21,12 +22,20 @@ def key_list(request):
 
 
 def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str = ""):
-    return render(request, "gateway/keys.html", {
-        "keys": GatewayKey.objects.all(), "new_key": new_raw, "new_key_obj": new_key,
-        "gateway_url": settings.GATEWAY_URL,
-        "endpoints": Endpoint.objects.all(),
-        "models": sorted(set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))),
-    })
+    return render(
+        request,
+        "gateway/keys.html",
+        {
+            "keys": GatewayKey.objects.all(),
+            "new_key": new_raw,
+            "new_key_obj": new_key,
+            "gateway_url": settings.GATEWAY_URL,
+            "endpoints": Endpoint.objects.all(),
+            "models": sorted(
+                set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))
+            ),
+        },
+    )
 
 
 @require_role(ADMIN)
@@ -91,8 +100,9 @@ def endpoint_bluegreen(request, endpoint_id: int):
             staged = services.staged_endpoint(form.cleaned_data["staged"])
             services.stage(endpoint=endpoint, staged=staged, actor=request.user, request=request)
         elif action == "canary":
-            services.set_canary(endpoint=endpoint, percent=form.cleaned_data["percent"], actor=request.user,
-                                request=request)
+            services.set_canary(
+                endpoint=endpoint, percent=form.cleaned_data["percent"], actor=request.user, request=request
+            )
         elif action == "switch":
             services.switch(endpoint=endpoint, actor=request.user, request=request)
         else:
@@ -113,8 +123,11 @@ def endpoint_rollout(request, endpoint_id: int):
         return redirect("endpoint_detail", endpoint.pk)
     try:
         gw = services.set_rollout(endpoint=endpoint, **form.cleaned_data, actor=request.user, request=request)
-        messages.success(request, "SLO-gated rollout saved" + (
-            f": automatic, the staged side at {gw.canary_percent} %." if gw.rollout_auto else "."))
+        messages.success(
+            request,
+            "SLO-gated rollout saved"
+            + (f": automatic, the staged side at {gw.canary_percent} %." if gw.rollout_auto else "."),
+        )
     except ValidationError as exc:
         messages.error(request, error_text(exc))
     return redirect("endpoint_detail", endpoint.pk)

@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -22,7 +21,19 @@ class Migration(migrations.Migration):
             name='Endpoint',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,62}$', "Use lower-case letters, digits and '-' (URL-safe, up to 63).")])),
+                (
+                    'name',
+                    models.CharField(
+                        max_length=63,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                '^[a-z0-9][a-z0-9-]{0,62}$',
+                                "Use lower-case letters, digits and '-' (URL-safe, up to 63).",
+                            )
+                        ],
+                    ),
+                ),
                 ('devices', models.JSONField(blank=True, default=list)),
                 ('replicas', models.PositiveIntegerField(default=1)),
                 ('tensor_parallel_size', models.PositiveIntegerField(default=1)),
@@ -39,14 +50,57 @@ class Migration(migrations.Migration):
                 ('share_devices', models.BooleanField(default=False)),
                 ('capacity_override', models.TextField(blank=True)),
                 ('restart_every_hours', models.PositiveIntegerField(blank=True, null=True)),
-                ('desired_state', models.CharField(choices=[('running', 'Running'), ('stopped', 'Stopped')], default='running', max_length=16)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('starting', 'Starting'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('stopping', 'Stopping'), ('stopped', 'Stopped'), ('crashed', 'Crashed'), ('restarting', 'Restarting'), ('failed', 'Failed')], default='pending', max_length=16)),
+                (
+                    'desired_state',
+                    models.CharField(
+                        choices=[('running', 'Running'), ('stopped', 'Stopped')], default='running', max_length=16
+                    ),
+                ),
+                (
+                    'state',
+                    models.CharField(
+                        choices=[
+                            ('pending', 'Pending'),
+                            ('starting', 'Starting'),
+                            ('ready', 'Ready'),
+                            ('degraded', 'Degraded'),
+                            ('stopping', 'Stopping'),
+                            ('stopped', 'Stopped'),
+                            ('crashed', 'Crashed'),
+                            ('restarting', 'Restarting'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='pending',
+                        max_length=16,
+                    ),
+                ),
                 ('state_reason', models.CharField(blank=True, max_length=500)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('updated_at', models.DateTimeField(auto_now=True)),
-                ('artifact', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='endpoints', to='models_registry.artifact')),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='endpoints', to='workers.node')),
+                (
+                    'artifact',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name='endpoints',
+                        to='models_registry.artifact',
+                    ),
+                ),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'node',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='endpoints', to='workers.node'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['name'],
@@ -61,7 +115,12 @@ class Migration(migrations.Migration):
                 ('level', models.CharField(default='info', max_length=8)),
                 ('kind', models.CharField(max_length=32)),
                 ('message', models.TextField()),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='endpoints.endpoint')),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='events', to='endpoints.endpoint'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at', '-id'],
@@ -73,7 +132,24 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('index', models.PositiveIntegerField()),
                 ('devices', models.JSONField(blank=True, default=list)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('starting', 'Starting'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('stopping', 'Stopping'), ('stopped', 'Stopped'), ('crashed', 'Crashed'), ('restarting', 'Restarting'), ('failed', 'Failed')], default='pending', max_length=16)),
+                (
+                    'state',
+                    models.CharField(
+                        choices=[
+                            ('pending', 'Pending'),
+                            ('starting', 'Starting'),
+                            ('ready', 'Ready'),
+                            ('degraded', 'Degraded'),
+                            ('stopping', 'Stopping'),
+                            ('stopped', 'Stopped'),
+                            ('crashed', 'Crashed'),
+                            ('restarting', 'Restarting'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='pending',
+                        max_length=16,
+                    ),
+                ),
                 ('state_reason', models.CharField(blank=True, max_length=500)),
                 ('port', models.PositiveIntegerField(blank=True, null=True)),
                 ('pid', models.IntegerField(blank=True, null=True)),
@@ -92,8 +168,18 @@ class Migration(migrations.Migration):
                 ('next_start_at', models.DateTimeField(blank=True, null=True)),
                 ('stop_requested_at', models.DateTimeField(blank=True, null=True)),
                 ('restart_requested', models.BooleanField(default=False)),
-                ('endpoint', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='replica_set', to='endpoints.endpoint')),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='workers.node')),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='replica_set', to='endpoints.endpoint'
+                    ),
+                ),
+                (
+                    'node',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT, related_name='replicas', to='workers.node'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['endpoint_id', 'index'],

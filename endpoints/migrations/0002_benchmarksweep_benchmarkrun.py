@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0001_initial'),
         ('workers', '0002_node_device'),
@@ -24,9 +23,36 @@ class Migration(migrations.Migration):
                 ('concurrencies', models.JSONField(default=list)),
                 ('params', models.JSONField(blank=True, default=dict)),
                 ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('endpoint', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='benchmark_sweeps', to='endpoints.endpoint')),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.job')),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='benchmark_sweeps',
+                        to='endpoints.endpoint',
+                    ),
+                ),
+                (
+                    'job',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to='workers.job',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at', '-id'],
@@ -49,7 +75,21 @@ class Migration(migrations.Migration):
                 ('num_warmups', models.PositiveIntegerField(default=0)),
                 ('timeout_s', models.PositiveIntegerField(default=1800)),
                 ('params', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('queued', 'Queued'),
+                            ('running', 'Running'),
+                            ('succeeded', 'Succeeded'),
+                            ('failed', 'Failed'),
+                            ('cancelled', 'Cancelled'),
+                        ],
+                        db_index=True,
+                        default='queued',
+                        max_length=16,
+                    ),
+                ),
                 ('error', models.TextField(blank=True)),
                 ('replica_index', models.IntegerField(blank=True, null=True)),
                 ('target_url', models.CharField(blank=True, max_length=300)),
@@ -62,10 +102,46 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('endpoint', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='benchmarks', to='endpoints.endpoint')),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.job')),
-                ('sweep', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='endpoints.benchmarksweep')),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='benchmarks',
+                        to='endpoints.endpoint',
+                    ),
+                ),
+                (
+                    'job',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to='workers.job',
+                    ),
+                ),
+                (
+                    'sweep',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='runs',
+                        to='endpoints.benchmarksweep',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at', '-id'],

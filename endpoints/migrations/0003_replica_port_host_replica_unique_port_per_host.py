@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0002_benchmarksweep_benchmarkrun'),
         ('workers', '0003_telemetry'),
@@ -18,6 +17,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='replica',
-            constraint=models.UniqueConstraint(condition=models.Q(('port__isnull', False)), fields=('port_host', 'port'), name='unique_port_per_host'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('port__isnull', False)), fields=('port_host', 'port'), name='unique_port_per_host'
+            ),
         ),
     ]

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0003_replica_port_host_replica_unique_port_per_host'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -19,12 +18,29 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('queue_depth', models.PositiveIntegerField(blank=True, null=True)),
-                ('serving', models.CharField(choices=[('live', 'Live'), ('staged', 'Staged')], default='live', max_length=8)),
+                (
+                    'serving',
+                    models.CharField(choices=[('live', 'Live'), ('staged', 'Staged')], default='live', max_length=8),
+                ),
                 ('drain_seconds', models.PositiveIntegerField(default=30)),
                 ('switched_at', models.DateTimeField(blank=True, null=True)),
                 ('stop_idle_at', models.DateTimeField(blank=True, null=True)),
-                ('endpoint', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='gateway', to='endpoints.endpoint')),
-                ('staged', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='staged_for', to='endpoints.endpoint')),
+                (
+                    'endpoint',
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='gateway', to='endpoints.endpoint'
+                    ),
+                ),
+                (
+                    'staged',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='staged_for',
+                        to='endpoints.endpoint',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -45,7 +61,16 @@ class Migration(migrations.Migration):
                 ('requests_total', models.BigIntegerField(default=0)),
                 ('tokens_total', models.BigIntegerField(default=0)),
                 ('errors_total', models.BigIntegerField(default=0)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at'],

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0005_endpoint_restart_daily_at'),
     ]

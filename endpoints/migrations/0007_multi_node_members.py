@@ -5,7 +5,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0006_replica_container'),
         ('workers', '0007_node_doctor'),
@@ -17,9 +16,36 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('rank', models.PositiveIntegerField()),
-                ('role', models.CharField(choices=[('ray-head', 'Ray Head'), ('ray-worker', 'Ray Worker'), ('dp-headless', 'Dp Headless')], max_length=16)),
+                (
+                    'role',
+                    models.CharField(
+                        choices=[
+                            ('ray-head', 'Ray Head'),
+                            ('ray-worker', 'Ray Worker'),
+                            ('dp-headless', 'Dp Headless'),
+                        ],
+                        max_length=16,
+                    ),
+                ),
                 ('devices', models.JSONField(blank=True, default=list)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('starting', 'Starting'), ('ready', 'Ready'), ('degraded', 'Degraded'), ('stopping', 'Stopping'), ('stopped', 'Stopped'), ('crashed', 'Crashed'), ('restarting', 'Restarting'), ('failed', 'Failed')], default='pending', max_length=16)),
+                (
+                    'state',
+                    models.CharField(
+                        choices=[
+                            ('pending', 'Pending'),
+                            ('starting', 'Starting'),
+                            ('ready', 'Ready'),
+                            ('degraded', 'Degraded'),
+                            ('stopping', 'Stopping'),
+                            ('stopped', 'Stopped'),
+                            ('crashed', 'Crashed'),
+                            ('restarting', 'Restarting'),
+                            ('failed', 'Failed'),
+                        ],
+                        default='pending',
+                        max_length=16,
+                    ),
+                ),
                 ('state_reason', models.CharField(blank=True, max_length=500)),
                 ('pid', models.IntegerField(blank=True, null=True)),
                 ('pid_create_time', models.FloatField(blank=True, null=True)),
@@ -46,7 +72,15 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='endpoint',
             name='distributed',
-            field=models.CharField(blank=True, choices=[('', 'one node'), ('ray', 'Ray cluster (tensor/pipeline parallel across nodes)'), ('dp', 'data parallel across nodes (headless ranks)')], max_length=8),
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ('', 'one node'),
+                    ('ray', 'Ray cluster (tensor/pipeline parallel across nodes)'),
+                    ('dp', 'data parallel across nodes (headless ranks)'),
+                ],
+                max_length=8,
+            ),
         ),
         migrations.AddField(
             model_name='replica',
@@ -55,17 +89,25 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='replica',
-            constraint=models.UniqueConstraint(condition=models.Q(('cluster_port__isnull', False)), fields=('port_host', 'cluster_port'), name='unique_cluster_port_per_host'),
+            constraint=models.UniqueConstraint(
+                condition=models.Q(('cluster_port__isnull', False)),
+                fields=('port_host', 'cluster_port'),
+                name='unique_cluster_port_per_host',
+            ),
         ),
         migrations.AddField(
             model_name='replicamember',
             name='node',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='replica_members', to='workers.node'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT, related_name='replica_members', to='workers.node'
+            ),
         ),
         migrations.AddField(
             model_name='replicamember',
             name='replica',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='members', to='endpoints.replica'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name='members', to='endpoints.replica'
+            ),
         ),
         migrations.AddConstraint(
             model_name='replicamember',

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0008_endpoint_profiling'),
         ('workers', '0009_node_engine_runtime'),
@@ -25,7 +24,21 @@ class Migration(migrations.Migration):
                 ('duration_s', models.PositiveIntegerField()),
                 ('load', models.JSONField(blank=True, default=dict)),
                 ('load_result', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('recording', 'Recording'), ('analysing', 'Analysing'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], db_index=True, default='queued', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('queued', 'Queued'),
+                            ('recording', 'Recording'),
+                            ('analysing', 'Analysing'),
+                            ('succeeded', 'Succeeded'),
+                            ('failed', 'Failed'),
+                        ],
+                        db_index=True,
+                        default='queued',
+                        max_length=16,
+                    ),
+                ),
                 ('error', models.TextField(blank=True)),
                 ('config', models.JSONField(blank=True, default=dict)),
                 ('files', models.JSONField(blank=True, default=list)),
@@ -39,9 +52,36 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(db_index=True, default=django.utils.timezone.now)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('endpoint', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='profiles', to='endpoints.endpoint')),
-                ('job', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.job')),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='profiles',
+                        to='endpoints.endpoint',
+                    ),
+                ),
+                (
+                    'job',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to='workers.job',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at', '-id'],

@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0009_profile'),
     ]
@@ -13,7 +12,14 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='endpoint',
             name='routing',
-            field=models.CharField(choices=[('least-outstanding', 'least outstanding requests'), ('prefix', 'prefix-aware (requests that start alike go to the same replica)')], default='least-outstanding', max_length=24),
+            field=models.CharField(
+                choices=[
+                    ('least-outstanding', 'least outstanding requests'),
+                    ('prefix', 'prefix-aware (requests that start alike go to the same replica)'),
+                ],
+                default='least-outstanding',
+                max_length=24,
+            ),
         ),
         migrations.AddField(
             model_name='gatewayendpoint',

@@ -43,6 +43,7 @@ Evaluated and not used:
   span and the process names; and its call-stack builder (parent/depth, needed for self time) fails
   under the console's pandas 3 (``np.unique(axis=0)`` on an object array). Not worth a dependency.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -74,24 +75,39 @@ _CATEGORY_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple(
     (category, re.compile(pattern, re.IGNORECASE))
     for category, pattern in (
         # A bare "broadcast" is an element-wise op (Ascend's BroadcastTo, aten::broadcast_to), not c10d's.
-        (COMMUNICATION, (r"nccl|hccl|hcom|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
-                        r"|(^|::)broadcast_?$|(^|[_:])i?(send|recv)(_|$)|custom_ar|shm_")),
+        (
+            COMMUNICATION,
+            (
+                r"nccl|hccl|hcom|gloo|c10d|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all"
+                r"|(^|::)broadcast_?$|(^|[_:])i?(send|recv)(_|$)|custom_ar|shm_"
+            ),
+        ),
         (ATTENTION, r"attention|attn|flash|sdpa|paged|kv_?cache|reshape_?and_?cache|(^|[_:])mla"),
-        (MATMUL, (r"matmul|gemm|gemv|linear|onednn_mm|(^|[_:])(a?b|add|baddb|addb|scaled_|grouped_)?mm(_|\b|v\d)"
-                 r"|cublas|cutlass|dot\b|einsum")),
-        (MEMORY, (r"copy|memcpy|memset|(^|::)to\b|_to_copy|contiguous|clone|fill|zero|empty|cast|transdata"
-                 r"|tensormove|broadcast|ones_?like|foreach|realdiv"
-                 r"|transpose|permute|concat|\bcat\b|stack|index|gather|scatter|narrow|slice|view|reshape"
-                 r"|as_strided|select|split|chunk|squeeze|expand|flatten|alias|detach|embedding|masked"
-                 r"|where|_local_scalar_dense|item|result_type|resolve_|lift_fresh|rotary|elementwise"
-                 r"|triton_poi|(^|::|_)(add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|abs|clamp|silu|gelu"
-                 r"|relu|sigmoid|tanh|lt|gt|le|ge|eq|ne|maximum|minimum|reciprocal)(_|\b|v\d)")),
+        (
+            MATMUL,
+            (
+                r"matmul|gemm|gemv|linear|onednn_mm|(^|[_:])(a?b|add|baddb|addb|scaled_|grouped_)?mm(_|\b|v\d)"
+                r"|cublas|cutlass|dot\b|einsum"
+            ),
+        ),
+        (
+            MEMORY,
+            (
+                r"copy|memcpy|memset|(^|::)to\b|_to_copy|contiguous|clone|fill|zero|empty|cast|transdata"
+                r"|tensormove|broadcast|ones_?like|foreach|realdiv"
+                r"|transpose|permute|concat|\bcat\b|stack|index|gather|scatter|narrow|slice|view|reshape"
+                r"|as_strided|select|split|chunk|squeeze|expand|flatten|alias|detach|embedding|masked"
+                r"|where|_local_scalar_dense|item|result_type|resolve_|lift_fresh|rotary|elementwise"
+                r"|triton_poi|(^|::|_)(add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|abs|clamp|silu|gelu"
+                r"|relu|sigmoid|tanh|lt|gt|le|ge|eq|ne|maximum|minimum|reciprocal)(_|\b|v\d)"
+            ),
+        ),
     )
 )
 
 _TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 _ASCEND_TRACE = "trace_view.json"
-_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}   # Kineto's names for device activity
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}  # Kineto's names for device activity
 # torch_npu's trace_view.json (msprof's timeline): the NPU's tasks, one lane per stream, in the process
 # "Ascend Hardware"; the collective operators (hcom_allReduce_...) in the process "HCCL" ("Communication"
 # in older CANN), on the lanes named "Group <n> Communication" (its "Plane <n>" lanes hold their
@@ -106,8 +122,17 @@ _ASCEND_COMMUNICATION_PROCESSES = {"hccl", "communication"}
 # markers (EVENT_WAIT_SQE, EVENT_RECORD_SQE, PLACE_HOLDER_SQE) and HCCL's own sub-tasks on its streams
 # ("Notify Wait", "Write Value", "SDMA"...), which are the collective operators' insides - a
 # "Notify Wait" lasts as long as the peer makes this rank wait; the operators count instead.
-_ASCEND_WORK_TASKS = {"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "AI_CPU", "FFTS_PLUS", "DSA_SQE",
-                      "SDMA_SQE", "PCIE_DMA_SQE"}
+_ASCEND_WORK_TASKS = {
+    "AI_CORE",
+    "AI_VECTOR_CORE",
+    "MIX_AIC",
+    "MIX_AIV",
+    "AI_CPU",
+    "FFTS_PLUS",
+    "DSA_SQE",
+    "SDMA_SQE",
+    "PCIE_DMA_SQE",
+}
 
 
 def categorize(name: str) -> str:
@@ -138,8 +163,7 @@ def find_traces(paths: list[Path]) -> list[Path]:
     for path in paths:
         path = Path(path)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*")
-                            if not p.is_symlink() and p.is_file() and _is_trace_name(p.name))
+            found += sorted(p for p in path.rglob("*") if not p.is_symlink() and p.is_file() and _is_trace_name(p.name))
         elif path.is_file():
             found.append(path)
         else:
@@ -156,12 +180,13 @@ def _is_trace_name(name: str) -> bool:
 @dataclass
 class _Worker:
     """One trace file reduced to its device timeline."""
+
     path: Path
     window_us: float
-    busy_us: float                      # union of the timeline's operator intervals
-    self_us: dict[str, float]           # operator name → self time (µs) on the timeline
+    busy_us: float  # union of the timeline's operator intervals
+    self_us: dict[str, float]  # operator name → self time (µs) on the timeline
     calls: dict[str, int]
-    device: str                         # "cpu", "cuda" or "npu"
+    device: str  # "cpu", "cuda" or "npu"
 
 
 def analyse(paths: list[Path], *, tensor_parallel_size: int = 1) -> dict:
@@ -199,8 +224,13 @@ def analyse(paths: list[Path], *, tensor_parallel_size: int = 1) -> dict:
             {"category": c, "seconds": round(s, 9), "share": round(share(s), 6)} for c, s in per_category.items()
         ],
         "top_ops": [
-            {"name": name, "category": categorize(name), "self_seconds": round(s, 9), "calls": calls[name],
-             "share": round(share(s), 6)}
+            {
+                "name": name,
+                "category": categorize(name),
+                "self_seconds": round(s, 9),
+                "calls": calls[name],
+                "share": round(share(s), 6),
+            }
             for name, s in top
         ],
     }
@@ -215,7 +245,7 @@ def _load(path: Path) -> dict:
         raise ValueError(f"trace {path}: no such file") from None
     except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"trace {path}: not a readable Chrome trace ({exc})") from None
-    if isinstance(record, list):        # the Chrome format also allows a bare event array
+    if isinstance(record, list):  # the Chrome format also allows a bare event array
         record = {"traceEvents": record}
     if not isinstance(record, dict) or not isinstance(record.get("traceEvents"), list):
         # A file's content, not the caller's type: callers catch ValueError for every bad trace.
@@ -226,19 +256,23 @@ def _load(path: Path) -> dict:
 def _read_worker(path: Path) -> _Worker:
     events = [e for e in _load(path)["traceEvents"] if isinstance(e, dict)]
     complete = _complete_events(events)
-    processes = {e.get("pid"): str((e.get("args") or {}).get("name", "")).lower()
-                 for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-    spans = [e for e in complete if e.get("cat") == "Trace"]   # Kineto's "PyTorch Profiler (0)" span
+    processes = {
+        e.get("pid"): str((e.get("args") or {}).get("name", "")).lower()
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    spans = [e for e in complete if e.get("cat") == "Trace"]  # Kineto's "PyTorch Profiler (0)" span
     device_events = [e for e in complete if e.get("cat") in _DEVICE_CATS]
     device = "cuda"
     if not device_events and _ASCEND_DEVICE_PROCESS in processes.values():
         device = "npu"
         device_events = _ascend_device_events(events, complete, processes)
         if not device_events:
-            raise ValueError(f"trace {path}: no operator events (the Ascend Hardware process has no compute "
-                             f"or copy task)")
+            raise ValueError(
+                f"trace {path}: no operator events (the Ascend Hardware process has no compute or copy task)"
+            )
     if device_events:
-        lanes = [device_events]     # every stream counts: its own lane, nothing nests across streams
+        lanes = [device_events]  # every stream counts: its own lane, nothing nests across streams
         lane_events = device_events
     else:
         device = "cpu"
@@ -259,8 +293,9 @@ def _read_worker(path: Path) -> _Worker:
         end = max(e["ts"] + e["dur"] for e in complete)
     self_us, calls = _self_times(lane_events, origin=start)
     busy = sum(_union_us(lane) for lane in lanes)
-    return _Worker(path=path, window_us=max(end - start, busy), busy_us=busy, self_us=self_us, calls=calls,
-                   device=device)
+    return _Worker(
+        path=path, window_us=max(end - start, busy), busy_us=busy, self_us=self_us, calls=calls, device=device
+    )
 
 
 def _complete_events(events: list[dict]) -> list[dict]:
@@ -286,9 +321,14 @@ def _ascend_device_events(events: list[dict], complete: list[dict], processes: d
     a "Task Type" is taken as work), and the HCCL collective operators."""
     hardware = {pid for pid, name in processes.items() if name == _ASCEND_DEVICE_PROCESS}
     communication = {pid for pid, name in processes.items() if name in _ASCEND_COMMUNICATION_PROCESSES}
-    operator_lanes = {(e.get("pid"), e.get("tid")) for e in events
-                      if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") in communication
-                      and "communication" in str((e.get("args") or {}).get("name", "")).lower()}
+    operator_lanes = {
+        (e.get("pid"), e.get("tid"))
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "thread_name"
+        and e.get("pid") in communication
+        and "communication" in str((e.get("args") or {}).get("name", "")).lower()
+    }
     picked = []
     for e in complete:
         if e.get("pid") in hardware:
@@ -307,16 +347,24 @@ def _self_times(events: list[dict], *, origin: float) -> tuple[dict[str, float],
     lanes: dict[tuple, int] = {}
     function_events = []
     for index, e in enumerate(events):
-        start = e["ts"] - origin    # relative µs keep sub-µs precision in a float
+        start = e["ts"] - origin  # relative µs keep sub-µs precision in a float
         lane = lanes.setdefault((e.get("pid"), e.get("tid")), len(lanes))
-        function_events.append(FunctionEvent(id=index, name=str(e.get("name", "?")), thread=lane,
-                                             start_us=start, end_us=start + e["dur"], stack=[], input_shapes=[]))
+        function_events.append(
+            FunctionEvent(
+                id=index,
+                name=str(e.get("name", "?")),
+                thread=lane,
+                start_us=start,
+                end_us=start + e["dur"],
+                stack=[],
+                input_shapes=[],
+            )
+        )
     event_list = EventList(function_events)
     # Private but stable: what torch.profiler.profile.key_averages() runs first (torch 2.13).
     event_list._build_tree()
     averages = event_list.key_averages()
-    return ({a.key: float(a.self_cpu_time_total) for a in averages},
-            {a.key: int(a.count) for a in averages})
+    return ({a.key: float(a.self_cpu_time_total) for a in averages}, {a.key: int(a.count) for a in averages})
 
 
 def _union_us(events: list[dict]) -> float:
@@ -350,7 +398,7 @@ def _number(value: Any) -> float | None:
         return None
     if isinstance(value, (int, float)) and math.isfinite(value):
         return float(value)
-    if isinstance(value, str):     # some writers quote numbers
+    if isinstance(value, str):  # some writers quote numbers
         try:
             number = float(value)
         except ValueError:
@@ -365,9 +413,10 @@ def _number(value: Any) -> float | None:
 @dataclass(frozen=True)
 class Rule:
     """One row of the advice table: fires when ``measure`` exceeds ``threshold``."""
+
     rule: str
     threshold: float
-    measure: Callable[[dict, dict], float | None]   # (result, context) → the figure, None: not applicable
+    measure: Callable[[dict, dict], float | None]  # (result, context) → the figure, None: not applicable
     figure: Callable[[float], str]
     text: Callable[[float, dict], str]
 
@@ -411,7 +460,9 @@ RULES: tuple[Rule, ...] = (
         figure=lambda v: f"matrix multiply {_percent(v)} of the traced time",
         text=lambda v, context: (
             "Matrix multiplication dominates: consider pruning, a smaller model, or INT8 quantization (W8A8)"
-            + _quantize_link(context) + "."),
+            + _quantize_link(context)
+            + "."
+        ),
     ),
     Rule(
         rule="memory-bound",
@@ -420,8 +471,10 @@ RULES: tuple[Rule, ...] = (
         figure=lambda v: f"memory copies and element-wise {_percent(v)} of the traced time",
         text=lambda v, context: (
             "Memory traffic between small operators is the limit: enable operator fusion - run in graph mode "
-            "(turn enforce_eager off" + (", which this endpoint has on" if context.get("enforce_eager") else "")
-            + ") so the compiler fuses element-wise chains."),
+            "(turn enforce_eager off"
+            + (", which this endpoint has on" if context.get("enforce_eager") else "")
+            + ") so the compiler fuses element-wise chains."
+        ),
     ),
     Rule(
         rule="host-bound",
@@ -431,7 +484,8 @@ RULES: tuple[Rule, ...] = (
         text=lambda v, context: (
             "The device waits for the host between steps: give it larger batches - raise max_num_seqs"
             + (f" (now {context['max_num_seqs']})" if context.get("max_num_seqs") else "")
-            + " or max_num_batched_tokens - if the endpoint was under load while recording."),
+            + " or max_num_batched_tokens - if the endpoint was under load while recording."
+        ),
     ),
     Rule(
         rule="communication-bound",
@@ -440,17 +494,20 @@ RULES: tuple[Rule, ...] = (
         figure=lambda v: f"communication {_percent(v)} of the traced time",
         text=lambda v, context: (
             "Tensor-parallel ranks spend their time exchanging activations: use fewer TP ranks per replica "
-            "and more data-parallel replicas (the same devices serve more requests side by side)."),
+            "and more data-parallel replicas (the same devices serve more requests side by side)."
+        ),
     ),
     Rule(
         rule="kv-cache-pressure",
         threshold=0.90,
-        measure=lambda result, context: (None if context.get("kv_cache_usage_peak") is None
-                                         else float(context["kv_cache_usage_peak"])),
+        measure=lambda result, context: (
+            None if context.get("kv_cache_usage_peak") is None else float(context["kv_cache_usage_peak"])
+        ),
         figure=lambda v: f"KV cache {_percent(v)} used at peak in the same window",
         text=lambda v, context: (
             "The KV cache is nearly full: lower max_model_len or raise the memory utilisation "
-            "(gpu_memory_utilization / the CPU KV-cache space) so requests are not preempted."),
+            "(gpu_memory_utilization / the CPU KV-cache space) so requests are not preempted."
+        ),
     ),
 )
 

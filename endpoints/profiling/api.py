@@ -1,5 +1,6 @@
 """Profiles API: record a ready replica with vLLM's profiler (optionally under the console's own
 load), read the breakdown, top operators and advice, delete."""
+
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
@@ -17,19 +18,28 @@ router = Router(tags=["profiles"])
 class ProfileIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    replica: int | None = None          # default: the first ready replica
-    duration_s: int | None = None       # default PROFILE_DEFAULT_SECONDS, at most PROFILE_MAX_SECONDS
-    load: bool | dict | None = None     # true: the default load; an object: benchmark settings; none: no load
+    replica: int | None = None  # default: the first ready replica
+    duration_s: int | None = None  # default PROFILE_DEFAULT_SECONDS, at most PROFILE_MAX_SECONDS
+    load: bool | dict | None = None  # true: the default load; an object: benchmark settings; none: no load
     label: str = ""
 
 
 def profile_json(profile: Profile, *, detail: bool = True) -> dict:
     data = {
-        "id": profile.pk, "state": profile.state, "error": profile.display_error or None,
-        "endpoint": profile.endpoint_id, "endpoint_name": profile.endpoint_name, "replica": profile.replica_index,
-        "label": profile.label, "setup": profile.setup, "job": profile.job_id, "duration_s": profile.duration_s,
-        "load": profile.load or None, "traced_seconds": profile.traced_seconds,
-        "files": profile.files, "total_bytes": profile.total_bytes,
+        "id": profile.pk,
+        "state": profile.state,
+        "error": profile.display_error or None,
+        "endpoint": profile.endpoint_id,
+        "endpoint_name": profile.endpoint_name,
+        "replica": profile.replica_index,
+        "label": profile.label,
+        "setup": profile.setup,
+        "job": profile.job_id,
+        "duration_s": profile.duration_s,
+        "load": profile.load or None,
+        "traced_seconds": profile.traced_seconds,
+        "files": profile.files,
+        "total_bytes": profile.total_bytes,
         "created_by": profile.created_by.username if profile.created_by else None,
         "created_at": profile.created_at.isoformat(),
         "started_at": profile.started_at.isoformat() if profile.started_at else None,
@@ -37,8 +47,13 @@ def profile_json(profile: Profile, *, detail: bool = True) -> dict:
         "url": profile.get_absolute_url(),
     }
     if detail:
-        data.update(breakdown=profile.breakdown, top_ops=profile.top_ops, advice=profile.advice,
-                    window=profile.window, config=profile.config)
+        data.update(
+            breakdown=profile.breakdown,
+            top_ops=profile.top_ops,
+            advice=profile.advice,
+            window=profile.window,
+            config=profile.config,
+        )
     return data
 
 
@@ -52,16 +67,24 @@ def _profile(endpoint_id: int, profile_id: int) -> Profile:
 @api_route(router, "post", "/endpoints/{endpoint_id}/profiles", role=OPERATOR, response={202: dict})
 def create_profile(request, endpoint_id: int, payload: ProfileIn):
     endpoint = get_object_or_404(Endpoint.objects.select_related("node", "artifact"), pk=endpoint_id)
-    profile = services.profile_create(endpoint=endpoint, replica=payload.replica, duration_s=payload.duration_s,
-                                      load=payload.load, label=payload.label, user=request.user, request=request)
+    profile = services.profile_create(
+        endpoint=endpoint,
+        replica=payload.replica,
+        duration_s=payload.duration_s,
+        load=payload.load,
+        label=payload.label,
+        user=request.user,
+        request=request,
+    )
     return 202, profile_json(profile)
 
 
 @api_route(router, "get", "/endpoints/{endpoint_id}/profiles", role=VIEWER, response=list[dict])
 def list_profiles(request, endpoint_id: int, limit: int = 50):
     endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
-    return [profile_json(p, detail=False)
-            for p in selectors.profiles_for_endpoint(endpoint, limit=max(1, min(limit, 500)))]
+    return [
+        profile_json(p, detail=False) for p in selectors.profiles_for_endpoint(endpoint, limit=max(1, min(limit, 500)))
+    ]
 
 
 @api_route(router, "get", "/endpoints/{endpoint_id}/profiles/{profile_id}", role=VIEWER, response=dict)

@@ -6,6 +6,7 @@ On the replica's node (its queue): vLLM writes the trace into the replica's prof
 POST /start_profile, wait, POST /stop_profile (it returns once the workers have written their
 traces), then the files move into the profile's directory through a staging directory, so a
 failed job leaves no half-written profile."""
+
 import logging
 import shutil
 import subprocess
@@ -35,7 +36,7 @@ from workers.jobs.runner import JobRunner
 log = logging.getLogger("console.job")
 STOP_TIMEOUT_S = 600  # /stop_profile returns after the workers wrote their traces (large ones take a while)
 ABANDON_TIMEOUT_S = 10  # a dead job's profiler, stopped from the reaper or a Cancel: the answer is not awaited
-LOAD_WARMUP_S = 180   # the load client's start (tokenizer, first requests) before the recording begins
+LOAD_WARMUP_S = 180  # the load client's start (tokenizer, first requests) before the recording begins
 
 
 class ProfileRun(JobRunner):
@@ -64,11 +65,15 @@ class ProfileRun(JobRunner):
 
     def on_failure(self, job) -> None:
         """A job that died or was reaped: its profile ends failed and keeps no files."""
-        for profile in Profile.objects.filter(job=job).exclude(status__in=(ProfileStatus.SUCCEEDED,
-                                                                             ProfileStatus.FAILED)):
+        for profile in Profile.objects.filter(job=job).exclude(
+            status__in=(ProfileStatus.SUCCEEDED, ProfileStatus.FAILED)
+        ):
             if profile.status == ProfileStatus.RECORDING:  # the worker died mid-recording: stop the profiler
-                replica = Replica.objects.select_related("node").filter(
-                    endpoint_id=profile.endpoint_id, index=profile.replica_index, port__isnull=False).first()
+                replica = (
+                    Replica.objects.select_related("node")
+                    .filter(endpoint_id=profile.endpoint_id, index=profile.replica_index, port__isnull=False)
+                    .first()
+                )
                 if replica is not None:  # in the reaper's pass or a Cancel's request: not 10 minutes of it
                     _abandon(replica, replica.auth_header, replica_profile_dir(replica), timeout=ABANDON_TIMEOUT_S)
             _end(profile, ProfileStatus.FAILED, job.error or f"The job ended {job.status}.")
@@ -123,11 +128,21 @@ def _snapshot(replica: Replica, served_name: str):
 def _config(endpoint: Endpoint, replica: Replica) -> dict:
     artifact = endpoint.artifact
     setup = " ".join(x for x in (str(artifact), endpoint.quantization or "", endpoint.dtype or "") if x)
-    return {"setup": setup, "artifact": artifact.pk, "artifact_name": str(artifact), "dtype": endpoint.dtype or "auto",
-            "quantization": endpoint.quantization or None, "tensor_parallel_size": endpoint.tensor_parallel_size,
-            "max_num_seqs": endpoint.max_num_seqs, "max_model_len": endpoint.max_model_len,
-            "enforce_eager": endpoint.enforce_eager, "node": replica.node.name, "platform": replica.node.platform,
-            "devices": replica.devices, "replica": replica.index}
+    return {
+        "setup": setup,
+        "artifact": artifact.pk,
+        "artifact_name": str(artifact),
+        "dtype": endpoint.dtype or "auto",
+        "quantization": endpoint.quantization or None,
+        "tensor_parallel_size": endpoint.tensor_parallel_size,
+        "max_num_seqs": endpoint.max_num_seqs,
+        "max_model_len": endpoint.max_model_len,
+        "enforce_eager": endpoint.enforce_eager,
+        "node": replica.node.name,
+        "platform": replica.node.platform,
+        "devices": replica.devices,
+        "replica": replica.index,
+    }
 
 
 class _Load:
@@ -140,9 +155,14 @@ class _Load:
         except PathRefused as exc:
             raise JobFailed(f"No load for the recording: {exc}") from exc
         self.dir = tempfile.TemporaryDirectory(prefix="profile-load-")
-        argv = client_argv(python=engine_python_for(replica.node), base_url=replica.url,
-                           model=endpoint.served_model_name, tokenizer=endpoint.artifact.path,
-                           workload=workload, result_dir=Path(self.dir.name))
+        argv = client_argv(
+            python=engine_python_for(replica.node),
+            base_url=replica.url,
+            model=endpoint.served_model_name,
+            tokenizer=endpoint.artifact.path,
+            workload=workload,
+            result_dir=Path(self.dir.name),
+        )
         env = client_environment({"OPENAI_API_KEY": replica.api_key})
         self.log_path = Path(self.dir.name) / "client.log"
         self.out = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop())
@@ -181,18 +201,26 @@ def record(profile: Profile, ctx) -> dict:
         raise JobFailed(f"Endpoint {profile.endpoint_name} was deleted.")
     replica = endpoint.replica_set.select_related("node").filter(index=profile.replica_index).first()
     if replica is None or replica.state != Endpoint.State.READY or not replica.port:
-        raise JobFailed(f"{endpoint.name}#{profile.replica_index} is not serving now "
-                        f"(state: {replica.state if replica else 'gone'}).")
+        raise JobFailed(
+            f"{endpoint.name}#{profile.replica_index} is not serving now "
+            f"(state: {replica.state if replica else 'gone'})."
+        )
     if not replica_records_profiles(replica):
         raise JobFailed(f"{endpoint.name}#{replica.index} runs without vLLM's profiler: enable profiling first.")
     source = replica_profile_dir(replica)
     if not source.is_dir():
-        raise JobFailed(f"The replica's profiler directory {source} is not on this host: the job must run on "
-                        f"{replica.node.name}'s worker.")
+        raise JobFailed(
+            f"The replica's profiler directory {source} is not on this host: the job must run on "
+            f"{replica.node.name}'s worker."
+        )
     _clear(source)
     served = endpoint.served_model_name
     headers = replica.auth_header
-    profile.status, profile.started_at, profile.config = ProfileStatus.RECORDING, timezone.now(), _config(endpoint, replica)
+    profile.status, profile.started_at, profile.config = (
+        ProfileStatus.RECORDING,
+        timezone.now(),
+        _config(endpoint, replica),
+    )
     profile.save(update_fields=["status", "started_at", "config"])
     load = None
     try:
@@ -243,8 +271,9 @@ def _record_window(profile: Profile, replica: Replica, served: str, headers: dic
     window = {"seconds": round(seconds, 3), **{f"{k}_peak": v for k, v in peaks.items()}}
     if first is not None and last is not None:
         stats = window_stats(first, last, seconds)
-        window.update({k: stats.get(k) for k in ("requests", "qps", "generation_tokens_per_s",
-                                                 "prompt_tokens_per_s", "errors")})
+        window.update(
+            {k: stats.get(k) for k in ("requests", "qps", "generation_tokens_per_s", "prompt_tokens_per_s", "errors")}
+        )
     return window, started_at
 
 
@@ -261,8 +290,9 @@ def _abandon(replica: Replica, headers: dict, source: Path, *, timeout: float = 
         _clear(source)
 
 
-def _collect(profile: Profile, endpoint: Endpoint, replica: Replica, source: Path, window: dict, started_at,
-             ctx) -> dict:
+def _collect(
+    profile: Profile, endpoint: Endpoint, replica: Replica, source: Path, window: dict, started_at, ctx
+) -> dict:
     Profile.objects.filter(pk=profile.pk).update(status=ProfileStatus.ANALYSING, window=window)
     ctx.progress(65, "collecting the trace files")
     destination = storage.profile_dir(profile.pk)
@@ -273,32 +303,51 @@ def _collect(profile: Profile, endpoint: Endpoint, replica: Replica, source: Pat
     finally:
         _clear(source)
     if dropped := storage.drop_npu_raw_data(staging):
-        ctx.log.info("dropped torch_npu's raw data beside its analysed output: %.1f MiB (PROFILE_KEEP_NPU_RAW_DATA "
-                     "keeps it)", dropped / 2**20)
-    files = [{"name": str(p.relative_to(staging)), "bytes": p.stat().st_size}
-             for p in sorted(staging.rglob("*")) if p.is_file() and not p.is_symlink()]
+        ctx.log.info(
+            "dropped torch_npu's raw data beside its analysed output: %.1f MiB (PROFILE_KEEP_NPU_RAW_DATA keeps it)",
+            dropped / 2**20,
+        )
+    files = [
+        {"name": str(p.relative_to(staging)), "bytes": p.stat().st_size}
+        for p in sorted(staging.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    ]
     total = sum(f["bytes"] for f in files)
     if not files:
         raise JobFailed("vLLM wrote no trace file (the replica's log says why).")
     if total > settings.PROFILE_MAX_BYTES:
-        raise JobFailed(f"The trace takes {total / 2**20:.0f} MiB, over PROFILE_MAX_BYTES "
-                        f"({settings.PROFILE_MAX_BYTES / 2**20:.0f} MiB): record a shorter window.")
+        raise JobFailed(
+            f"The trace takes {total / 2**20:.0f} MiB, over PROFILE_MAX_BYTES "
+            f"({settings.PROFILE_MAX_BYTES / 2**20:.0f} MiB): record a shorter window."
+        )
     ctx.progress(75, f"analysing {len(files)} file(s), {total / 2**20:.1f} MiB")
     try:
         result = analysis.analyse([staging], tensor_parallel_size=endpoint.tensor_parallel_size)  # finds the traces
     except ValueError as exc:
         raise JobFailed(f"The trace could not be read: {exc}") from exc
-    context = {"kv_cache_usage_peak": window.get("kv_cache_usage_peak"),
-               "tensor_parallel_size": endpoint.tensor_parallel_size, "max_num_seqs": endpoint.max_num_seqs,
-               "enforce_eager": endpoint.enforce_eager, "artifact": endpoint.artifact_id}
+    context = {
+        "kv_cache_usage_peak": window.get("kv_cache_usage_peak"),
+        "tensor_parallel_size": endpoint.tensor_parallel_size,
+        "max_num_seqs": endpoint.max_num_seqs,
+        "enforce_eager": endpoint.enforce_eager,
+        "artifact": endpoint.artifact_id,
+    }
     rows = analysis.advice(result, context=context)
     ctx.commit_staging(staging, destination)
     finished = timezone.now()
     telemetry = telemetry_window(endpoint, replica, started_at, finished)
     Profile.objects.filter(pk=profile.pk).update(
-        status=ProfileStatus.SUCCEEDED, error="", files=files, total_bytes=total,
-        traced_seconds=result.get("traced_seconds"), breakdown=result.get("breakdown") or [],
-        top_ops=result.get("top_ops") or [], advice=rows, telemetry=telemetry, finished_at=finished)
+        status=ProfileStatus.SUCCEEDED,
+        error="",
+        files=files,
+        total_bytes=total,
+        traced_seconds=result.get("traced_seconds"),
+        breakdown=result.get("breakdown") or [],
+        top_ops=result.get("top_ops") or [],
+        advice=rows,
+        telemetry=telemetry,
+        finished_at=finished,
+    )
     shares = ", ".join(f"{row['category']} {100 * row['share']:.0f} %" for row in result.get("breakdown") or [])
     log.info("%s#%s: %s", profile.endpoint_name, replica.index, shares)
     return {"profile": profile.pk, "files": len(files), "bytes": total, "breakdown": result.get("breakdown") or []}

@@ -2,6 +2,7 @@
 
 The Job row (workers.Job) is the truth for queued/running/cancelled; the profile's own `status`
 records how far its work went (recording, analysing) and how it ended (see `state`)."""
+
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
@@ -23,8 +24,9 @@ PROFILE_ACTIVE = (ProfileStatus.QUEUED, ProfileStatus.RECORDING, ProfileStatus.A
 
 
 class Profile(models.Model):
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL,
-                                 related_name="profiles")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="profiles"
+    )
     endpoint_name = models.CharField(max_length=63)  # kept when the endpoint is deleted
     replica_index = models.PositiveIntegerField()
     job = models.ForeignKey("workers.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
@@ -34,21 +36,21 @@ class Profile(models.Model):
     load = models.JSONField(default=dict, blank=True)
     load_result = models.JSONField(default=dict, blank=True)  # what the load client measured, when it finished
 
-    status = models.CharField(max_length=16, choices=ProfileStatus.choices, default=ProfileStatus.QUEUED,
-                              db_index=True)
+    status = models.CharField(max_length=16, choices=ProfileStatus.choices, default=ProfileStatus.QUEUED, db_index=True)
     error = models.TextField(blank=True)
     config = models.JSONField(default=dict, blank=True)  # what was profiled: artifact, dtype, quantization, TP…
     files = models.JSONField(default=list, blank=True)  # [{"name", "bytes"}] under the profile's directory
     total_bytes = models.BigIntegerField(default=0)
     traced_seconds = models.FloatField(null=True, blank=True)
     breakdown = models.JSONField(default=list, blank=True)  # [{"category", "seconds", "share"}]
-    top_ops = models.JSONField(default=list, blank=True)    # [{"name", "category", "self_seconds", "calls", "share"}]
-    advice = models.JSONField(default=list, blank=True)     # [{"rule", "figure", "text"}]
-    window = models.JSONField(default=dict, blank=True)     # the replica's own gauges, read during the recording
+    top_ops = models.JSONField(default=list, blank=True)  # [{"name", "category", "self_seconds", "calls", "share"}]
+    advice = models.JSONField(default=list, blank=True)  # [{"rule", "figure", "text"}]
+    window = models.JSONField(default=dict, blank=True)  # the replica's own gauges, read during the recording
     telemetry = models.JSONField(default=dict, blank=True)  # the stored telemetry of the same window
 
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -1,6 +1,7 @@
 """Where a replica launched with profiling writes vLLM's traces (LaunchSpec.profiler_dir): one directory
 per replica under ENDPOINT_PROFILE_ROOT, on the node that runs it. endpoints.commands.profiler says
 which files each platform writes there."""
+
 from pathlib import Path
 
 from django.conf import settings

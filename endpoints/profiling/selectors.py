@@ -1,4 +1,5 @@
 """Reads for profiles."""
+
 from endpoints.profiling.models import PROFILE_ACTIVE, Profile
 
 
@@ -12,8 +13,9 @@ def profiles_for_endpoint(endpoint, limit: int = 20):
 
 def active_profile_of_replica(endpoint, replica_index: int) -> Profile | None:
     """A profile of this replica still queued or working (its job not ended)."""
-    for profile in Profile.objects.filter(endpoint=endpoint, replica_index=replica_index,
-                                          status__in=PROFILE_ACTIVE).select_related("job"):
+    for profile in Profile.objects.filter(
+        endpoint=endpoint, replica_index=replica_index, status__in=PROFILE_ACTIVE
+    ).select_related("job"):
         if profile.is_active:
             return profile
     return None

@@ -1,5 +1,6 @@
 """Where profiles keep their trace files, and the disk caps (PROFILE_MAX_BYTES per profile,
 PROFILE_TOTAL_MAX_BYTES for all of them)."""
+
 import shutil
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """Profile pages: start one from the endpoint page, watch it, read its breakdown and advice,
 download the trace, compare two or more side by side."""
+
 import mimetypes
 import tempfile
 import zipfile
@@ -39,17 +40,25 @@ def profile_new(request, endpoint_id: int):
     if post.get("load") == "on":
         load = {k: post.get(k).strip() for k in LOAD_FORM_FIELDS if (post.get(k) or "").strip()} or True
     try:
-        profile = services.profile_create(endpoint=endpoint, replica=post.get("replica") or None,
-                                          duration_s=post.get("duration_s") or None, load=load,
-                                          label=post.get("label", ""), user=request.user, request=request)
+        profile = services.profile_create(
+            endpoint=endpoint,
+            replica=post.get("replica") or None,
+            duration_s=post.get("duration_s") or None,
+            load=load,
+            label=post.get("label", ""),
+            user=request.user,
+            request=request,
+        )
     except ValidationError as exc:
         messages.error(request, "Profile not started: " + error_text(exc))
         return redirect(endpoint)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
         return redirect(endpoint)
-    messages.success(request, f"Profiling {endpoint.name}#{profile.replica_index} for {profile.duration_s} s "
-                              f"(profile #{profile.pk}).")
+    messages.success(
+        request,
+        f"Profiling {endpoint.name}#{profile.replica_index} for {profile.duration_s} s (profile #{profile.pk}).",
+    )
     return redirect(profile)
 
 
@@ -58,16 +67,26 @@ def profile_new(request, endpoint_id: int):
 def profile_detail(request, profile_id: int):
     profile = _profile(profile_id)
     same, elsewhere = selectors.comparable_profiles(profile) if profile.state == "succeeded" else ([], [])
-    return render(request, "profiling/profile_detail.html", {
-        "profile": profile, "same_endpoint": same, "other_endpoints": elsewhere,
-        "telemetry_rows": telemetry_summary(profile.telemetry),
-        "chart": {"profiles": [_chart_data(profile)]},
-    })
+    return render(
+        request,
+        "profiling/profile_detail.html",
+        {
+            "profile": profile,
+            "same_endpoint": same,
+            "other_endpoints": elsewhere,
+            "telemetry_rows": telemetry_summary(profile.telemetry),
+            "chart": {"profiles": [_chart_data(profile)]},
+        },
+    )
 
 
 def _chart_data(profile: Profile) -> dict:
-    return {"id": profile.pk, "setup": profile.title, "breakdown": profile.breakdown or [],
-            "telemetry": profile.telemetry or {}}
+    return {
+        "id": profile.pk,
+        "setup": profile.title,
+        "breakdown": profile.breakdown or [],
+        "telemetry": profile.telemetry or {},
+    }
 
 
 @require_role(VIEWER)
@@ -93,9 +112,15 @@ def profile_file(request, profile_id: int, name: str):
     path = (root / name).resolve()
     if root not in path.parents or not path.is_file():  # the listed names only, inside the profile's directory
         raise Http404("No such file in this profile.")
-    content_type = "application/gzip" if name.endswith(".gz") else (mimetypes.guess_type(name)[0] or "application/octet-stream")
-    return FileResponse(open(path, "rb"), as_attachment=True, filename=f"profile-{profile.pk}-{Path(name).name}",
-                        content_type=content_type)
+    content_type = (
+        "application/gzip" if name.endswith(".gz") else (mimetypes.guess_type(name)[0] or "application/octet-stream")
+    )
+    return FileResponse(
+        open(path, "rb"),
+        as_attachment=True,
+        filename=f"profile-{profile.pk}-{Path(name).name}",
+        content_type=content_type,
+    )
 
 
 @require_role(VIEWER)
@@ -113,11 +138,13 @@ def profile_archive(request, profile_id: int):
             path = (root / entry["name"]).resolve()
             if root.resolve() in path.parents and path.is_file():
                 # gzip traces are already compressed: stored as they are
-                bundle.write(path, entry["name"],
-                             zipfile.ZIP_STORED if entry["name"].endswith(".gz") else zipfile.ZIP_DEFLATED)
+                bundle.write(
+                    path, entry["name"], zipfile.ZIP_STORED if entry["name"].endswith(".gz") else zipfile.ZIP_DEFLATED
+                )
     archive.seek(0)
-    return FileResponse(archive, as_attachment=True, filename=f"profile-{profile.pk}.zip",
-                        content_type="application/zip")
+    return FileResponse(
+        archive, as_attachment=True, filename=f"profile-{profile.pk}.zip", content_type="application/zip"
+    )
 
 
 @require_role(OPERATOR)
@@ -144,8 +171,19 @@ def profile_compare(request):
         for row in p.breakdown or []:
             if row["category"] not in categories:
                 categories.append(row["category"])
-    table = [{"category": c, "shares": [next((r["share"] for r in p.breakdown if r["category"] == c), None)
-                                         for p in profiles]} for c in categories]
-    return render(request, "profiling/compare.html", {
-        "profiles": profiles, "table": table, "chart": {"profiles": [_chart_data(p) for p in profiles]},
-    })
+    table = [
+        {
+            "category": c,
+            "shares": [next((r["share"] for r in p.breakdown if r["category"] == c), None) for p in profiles],
+        }
+        for c in categories
+    ]
+    return render(
+        request,
+        "profiling/compare.html",
+        {
+            "profiles": profiles,
+            "table": table,
+            "chart": {"profiles": [_chart_data(p) for p in profiles]},
+        },
+    )

@@ -23,6 +23,7 @@ Runs inside the engine's interpreter: standard library only, no console code, no
 Written by hand: vLLM offers no option to guard every path, and a plain ASGI class is all
 ``--middleware`` takes.
 """
+
 import hmac
 import os
 
@@ -55,8 +56,15 @@ class ReplicaKeyGuard:
         if kind == "websocket":  # closing before the accept makes the server answer 403
             await send({"type": "websocket.close", "code": 1008})
             return
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(_REFUSAL)).encode()),
-                                (b"www-authenticate", b"Bearer")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(_REFUSAL)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": _REFUSAL})

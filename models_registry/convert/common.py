@@ -22,30 +22,61 @@ DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 TOKENIZER_MARGIN_BYTES = 64 * 1024**2
 
 _DTYPE_ALIASES = {
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
 }
 # safetensors dtype tags <-> torch dtype names
 ST_TO_TORCH = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 TORCH_TO_ST = {v: k for k, v in ST_TO_TORCH.items()}
-ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4,
-                "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1}
+ST_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+}
 CHUNK_BYTES = 16 * 1024**2  # large tensors are converted in slices of about this size
 
 # Files that hold weights (never copied by convert_precision / export_onnx).
-_WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".om",
-                    ".data"}
+_WEIGHT_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5", ".msgpack", ".onnx", ".om", ".data"}
 
 
 # ----------------------------------------------------------------------------------------------
 # small helpers
 # ----------------------------------------------------------------------------------------------
+
 
 def normalize_dtype(dtype: str, allowed: Iterable[str], what: str) -> str:
     allowed = tuple(allowed)
@@ -87,6 +118,7 @@ def transformers_version() -> str:
 # Hugging Face directory inspection
 # ----------------------------------------------------------------------------------------------
 
+
 def read_hf_config(src_dir: Path) -> dict:
     try:
         return hf_reader.read_config(src_dir)
@@ -103,8 +135,9 @@ def check_architecture(cfg: dict, where: Path, *, causal_lm: bool = False) -> No
     archs = cfg.get("architectures") or []
     arch_text = ", ".join(map(str, archs)) or "none listed"
     if not model_type:
-        raise ConversionError(f"Unsupported architecture: {where}/config.json has no model_type "
-                              f"(architectures: {arch_text}).")
+        raise ConversionError(
+            f"Unsupported architecture: {where}/config.json has no model_type (architectures: {arch_text})."
+        )
     if model_type not in CONFIG_MAPPING:
         raise ConversionError(
             f"Unsupported architecture: model_type '{model_type}' (architectures: {arch_text}) is not "
@@ -154,8 +187,10 @@ def find_weight_files(src_dir: Path) -> tuple[str, list[Path], set[Path]]:
     except hf_reader.HfDirError as exc:
         raise ConversionError(str(exc)) from exc
     if found is None:
-        raise ConversionError(f"No weights found in {src_dir} (expected model.safetensors, sharded safetensors "
-                              f"with model.safetensors.index.json, or pytorch_model.bin).")
+        raise ConversionError(
+            f"No weights found in {src_dir} (expected model.safetensors, sharded safetensors "
+            f"with model.safetensors.index.json, or pytorch_model.bin)."
+        )
     files = [src_dir / name for name in found.names]
     return found.kind, files, {*files, *([src_dir / found.index] if found.index else [])}
 
@@ -182,6 +217,7 @@ def copy_non_weight_files(src_dir: Path, out_dir: Path, *, exclude: Iterable[str
 
 def set_config_dtype(cfg: dict, dtype: str) -> None:
     """Record ``dtype`` in a config dict: ``dtype`` always, ``torch_dtype`` where present, sub-configs too."""
+
     def visit(node: dict, top: bool) -> None:
         if top or "dtype" in node:
             node["dtype"] = dtype
@@ -192,4 +228,3 @@ def set_config_dtype(cfg: dict, dtype: str) -> None:
                 visit(value, False)
 
     visit(cfg, True)
-

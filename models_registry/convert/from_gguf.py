@@ -43,6 +43,7 @@ STREAMING_GGUF_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
 # 1. GGUF -> Hugging Face
 # ----------------------------------------------------------------------------------------------
 
+
 class GgufTensor(NamedTuple):
     name: str
     dims: tuple[int, ...]  # ggml order (fastest-moving first)
@@ -94,8 +95,10 @@ def open_gguf(src: Path) -> GgufHeader:
         raise ConversionError(f"{src.name} has no general.architecture metadata: it is not a model file.")
     parts = metadata.get("split.count")
     if isinstance(parts, int) and parts > 1:
-        raise ConversionError(f"{src.name} is part of a split GGUF ({parts} files); merge the parts first "
-                              f"(llama-gguf-split --merge) and convert the merged file.")
+        raise ConversionError(
+            f"{src.name} is part of a split GGUF ({parts} files); merge the parts first "
+            f"(llama-gguf-split --merge) and convert the merged file."
+        )
     return GgufHeader(metadata, tensors, size)
 
 
@@ -121,8 +124,12 @@ def gguf_meta_summary(header: GgufHeader) -> dict:
         "add_eos": md.get("tokenizer.ggml.add_eos_token"),
         "special_ids": {
             key: md.get(f"tokenizer.ggml.{gguf_key}")
-            for key, gguf_key in (("bos", "bos_token_id"), ("eos", "eos_token_id"),
-                                  ("unk", "unknown_token_id"), ("pad", "padding_token_id"))
+            for key, gguf_key in (
+                ("bos", "bos_token_id"),
+                ("eos", "eos_token_id"),
+                ("unk", "unknown_token_id"),
+                ("pad", "padding_token_id"),
+            )
         },
     }
 
@@ -147,8 +154,9 @@ def _load_gguf_config(src: Path):
     try:
         return AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
     except Exception as exc:  # noqa: BLE001
-        raise ConversionError(f"transformers cannot read the model configuration from {src.name}: "
-                              f"{first_line(exc)}") from exc
+        raise ConversionError(
+            f"transformers cannot read the model configuration from {src.name}: {first_line(exc)}"
+        ) from exc
 
 
 def _tied_groups(model, state: dict) -> list[list[str]]:
@@ -198,15 +206,26 @@ def _processor_leaves_alone(processor, name: str, key_map: dict, cfg_dict: dict)
 
     probe = np.zeros((4, 4), dtype=np.float32)
     try:
-        result = processor.process(weights=probe, name=name, tensor_key_mapping=key_map,
-                                   parsed_parameters={"config": cfg_dict, "tensors": {}})
+        result = processor.process(
+            weights=probe, name=name, tensor_key_mapping=key_map, parsed_parameters={"config": cfg_dict, "tensors": {}}
+        )
     except Exception:  # noqa: BLE001 - it wanted to reshape the dummy: it does something to this tensor
         return False
     return result.weights is probe and result.name == name
 
 
-def _gguf_stream_weights(src: Path, header: GgufHeader, arch: str, config, torch_dtype, out_dir: Path,
-                         report: ProgressFn, lo: float, hi: float, max_shard_bytes: int) -> dict:
+def _gguf_stream_weights(
+    src: Path,
+    header: GgufHeader,
+    arch: str,
+    config,
+    torch_dtype,
+    out_dir: Path,
+    report: ProgressFn,
+    lo: float,
+    hi: float,
+    max_shard_bytes: int,
+) -> dict:
     """Dequantize GGUF tensors one at a time into safetensors shards, with transformers' own name
     mapping and tensor processor (the same steps as its legacy GGUF loader, without holding the model)."""
     import gguf
@@ -238,15 +257,19 @@ def _gguf_stream_weights(src: Path, header: GgufHeader, arch: str, config, torch
             continue
         shape = tuple(state[hf_name].shape)
         if math.prod(shape) != t.n_elements:
-            raise ConversionError(f"GGUF tensor {t.name} has {t.n_elements} values but {hf_name} needs shape "
-                                  f"{shape}: the file does not match its own metadata.")
+            raise ConversionError(
+                f"GGUF tensor {t.name} has {t.n_elements} values but {hf_name} needs shape "
+                f"{shape}: the file does not match its own metadata."
+            )
         plan.append((hf_name, st_dtype, shape))
         jobs.append((t, hf_name))
     written = {p[0] for p in plan}
     missing = [g[0] for g in groups if not written.intersection(g)]
     if missing:
-        raise ConversionError(f"The GGUF file lacks tensors the {class_name} model needs: "
-                              f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}.")
+        raise ConversionError(
+            f"The GGUF file lacks tensors the {class_name} model needs: "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}."
+        )
 
     writer = ShardWriter(out_dir, plan, max_shard_bytes=max_shard_bytes)
     total = writer.total_bytes or 1
@@ -282,13 +305,18 @@ def _gguf_stream_weights(src: Path, header: GgufHeader, arch: str, config, torch
             for i, (t, hf_name) in enumerate(jobs):
                 report(lo + (hi - lo) * done / total, f"dequantizing {t.name} ({i + 1}/{len(jobs)})")
                 shape = plan[i][2]
-                if (t.n_elements * 4 > CHUNK_BYTES and len(shape) >= 2 and shape == tuple(reversed(t.dims))
-                        and _processor_leaves_alone(processor, t.name, key_map, cfg_dict)):
+                if (
+                    t.n_elements * 4 > CHUNK_BYTES
+                    and len(shape) >= 2
+                    and shape == tuple(reversed(t.dims))
+                    and _processor_leaves_alone(processor, t.name, key_map, cfg_dict)
+                ):
                     done += writer.write_rows(hf_name, row_chunks(fh, t, shape))
                     continue
                 values = dequantize(read(fh, t.offset, t.nbytes, t.name), t, t.dims)
-                result = processor.process(weights=values, name=t.name, tensor_key_mapping=key_map,
-                                           parsed_parameters=parsed)
+                result = processor.process(
+                    weights=values, name=t.name, tensor_key_mapping=key_map, parsed_parameters=parsed
+                )
                 if key_map.get(result.name) != hf_name:
                     raise ConversionError(f"Internal error: transformers mapped {t.name} unexpectedly.")
                 tensor = torch.from_numpy(np.ascontiguousarray(result.weights))
@@ -304,8 +332,9 @@ def _gguf_stream_weights(src: Path, header: GgufHeader, arch: str, config, torch
     return info
 
 
-def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: ProgressFn,
-                    lo: float, hi: float, max_shard_bytes: int) -> dict:
+def _gguf_full_load(
+    src: Path, config, torch_dtype, out_dir: Path, report: ProgressFn, lo: float, hi: float, max_shard_bytes: int
+) -> dict:
     """from_pretrained(gguf_file=..., GgufConfig(dequantize=True)) then save_pretrained."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
@@ -328,7 +357,10 @@ def _gguf_full_load(src: Path, config, torch_dtype, out_dir: Path, report: Progr
     with transformers_progress(callback):
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                str(src.parent), gguf_file=src.name, config=config, dtype=torch_dtype,
+                str(src.parent),
+                gguf_file=src.name,
+                config=config,
+                dtype=torch_dtype,
                 quantization_config=GgufConfig(dequantize=True),
             )
         except ConversionError:
@@ -395,8 +427,14 @@ def _save_gguf_tokenizer(src: Path, summary: dict, config, out_dir: Path) -> dic
     return {"tokenizer_fixed": fixed, "chat_template": bool(getattr(tok, "chat_template", None))}
 
 
-def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progress: ProgressFn | None = None,
-               max_shard_bytes: int | None = None) -> dict:
+def gguf_to_hf(
+    src_gguf: Path,
+    out_dir: Path,
+    *,
+    dtype: str = "bfloat16",
+    progress: ProgressFn | None = None,
+    max_shard_bytes: int | None = None,
+) -> dict:
     """Convert a GGUF file into a Hugging Face safetensors directory (bf16 or fp16).
 
     Writes the weights (dequantized), ``config.json`` (with ``dtype``), ``generation_config.json``,
@@ -418,8 +456,10 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
     arch = summary["architecture"]
     _check_gguf_architecture(arch)
     if not summary["has_tokenizer"]:
-        raise ConversionError(f"Missing tokenizer: {src.name} has no tokenizer metadata (tokenizer.ggml.*), "
-                              f"so the converted model could not be served.")
+        raise ConversionError(
+            f"Missing tokenizer: {src.name} has no tokenizer metadata (tokenizer.ggml.*), "
+            f"so the converted model could not be served."
+        )
     config = _load_gguf_config(src)
     report(2, "converting weights")
 
@@ -465,4 +505,3 @@ def gguf_to_hf(src_gguf: Path, out_dir: Path, *, dtype: str = "bfloat16", progre
         "chat_template": tok_info["chat_template"],
         "tokenizer_fixed": tok_info["tokenizer_fixed"],
     }
-

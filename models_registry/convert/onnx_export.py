@@ -32,8 +32,9 @@ ONNX_OPSET = 18
 ONNX_EXTERNAL_DATA_BYTES = 1536 * 1024**2  # protobuf's 2 GiB limit, with room to spare
 
 
-def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: int = 128,
-                progress: ProgressFn | None = None) -> dict:
+def export_onnx(
+    src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: int = 128, progress: ProgressFn | None = None
+) -> dict:
     """Export a causal LM to ONNX for a fixed batch and sequence length (float32, no KV cache).
 
     Inputs ``input_ids`` and ``attention_mask`` (int64, ``[batch_size, seq_len]``), output ``logits``
@@ -58,8 +59,7 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError as exc:
-        raise ConversionError("ONNX export needs the 'onnx' and 'onnxscript' packages "
-                              "(see requirements.txt).") from exc
+        raise ConversionError("ONNX export needs the 'onnx' and 'onnxscript' packages (see requirements.txt).") from exc
     out_dir = prepare_out_dir(out_dir)
 
     report(0, "loading model (float32)")
@@ -67,8 +67,7 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
 
     try:
         with transformers_progress(silent_progress):
-            model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=torch.float32,
-                                                         attn_implementation="eager")
+            model = AutoModelForCausalLM.from_pretrained(str(src_dir), dtype=torch.float32, attn_implementation="eager")
     except Exception as exc:  # noqa: BLE001
         raise ConversionError(f"transformers cannot load {src_dir}: {first_line(exc)}") from exc
     model.eval()
@@ -85,7 +84,7 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
             return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
     wrapper = LogitsOnly(model).eval()
-    ids = (torch.arange(batch_size * seq_len, dtype=torch.long).reshape(batch_size, seq_len) % max(vocab or 2, 2))
+    ids = torch.arange(batch_size * seq_len, dtype=torch.long).reshape(batch_size, seq_len) % max(vocab or 2, 2)
     mask = torch.ones_like(ids)
     onnx_path = out_dir / "model.onnx"
     external = param_bytes > ONNX_EXTERNAL_DATA_BYTES
@@ -94,14 +93,21 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
     try:
         with torch.inference_mode(False), torch.no_grad(), contextlib.redirect_stdout(log):
             torch.onnx.export(
-                wrapper, (ids, mask), str(onnx_path),
-                input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                opset_version=ONNX_OPSET, dynamo=True, external_data=external, verbose=False,
+                wrapper,
+                (ids, mask),
+                str(onnx_path),
+                input_names=["input_ids", "attention_mask"],
+                output_names=["logits"],
+                opset_version=ONNX_OPSET,
+                dynamo=True,
+                external_data=external,
+                verbose=False,
             )
     except Exception as exc:  # noqa: BLE001
         tail = "\n".join(log.getvalue().strip().splitlines()[-5:])
-        raise ConversionError(f"ONNX export of {cfg.get('model_type')} failed: {first_line(exc)}"
-                              + (f"\n{tail}" if tail else "")) from exc
+        raise ConversionError(
+            f"ONNX export of {cfg.get('model_type')} failed: {first_line(exc)}" + (f"\n{tail}" if tail else "")
+        ) from exc
     finally:
         del wrapper, model
     report(85, "checking the ONNX model")
@@ -130,4 +136,3 @@ def export_onnx(src_dir: Path, out_dir: Path, *, batch_size: int = 1, seq_len: i
         "architecture": (cfg.get("architectures") or [cfg.get("model_type")])[0],
         "size_bytes": tree_size(out_dir),
     }
-

@@ -31,8 +31,9 @@ from models_registry.paths import tree_size
 _CONVERTIBLE_SOURCES = {"float32", "float16", "bfloat16"}
 
 
-def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: ProgressFn | None = None,
-                      max_shard_bytes: int | None = None) -> dict:
+def convert_precision(
+    src_dir: Path, out_dir: Path, *, dtype: str, progress: ProgressFn | None = None, max_shard_bytes: int | None = None
+) -> dict:
     """Convert a Hugging Face checkpoint's floating-point weights to float16 or bfloat16.
 
     Tensors are streamed one at a time, large ones in ~16 MB slices (so peak memory is a few slices,
@@ -48,8 +49,10 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
     cfg = read_hf_config(src_dir)
     if cfg.get("quantization_config") or (src_dir / "quant_model_description.json").is_file():
         method = (cfg.get("quantization_config") or {}).get("quant_method", "ascend modelslim")
-        raise ConversionError(f"{src_dir.name} is a quantized checkpoint ({method}); precision conversion only "
-                              f"applies to unquantized float32/float16/bfloat16 checkpoints.")
+        raise ConversionError(
+            f"{src_dir.name} is a quantized checkpoint ({method}); precision conversion only "
+            f"applies to unquantized float32/float16/bfloat16 checkpoints."
+        )
     if not cfg.get("auto_map"):  # custom-code models cannot be checked against transformers
         check_architecture(cfg, src_dir)
     require_tokenizer(src_dir)
@@ -65,8 +68,10 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
     for _, name, st, shape in source.entries:
         tname = ST_TO_TORCH[st]
         if tname.startswith("float8"):
-            raise ConversionError(f"{src_dir.name} holds float8 tensors (e.g. {name}): an FP8-quantized "
-                                  f"checkpoint cannot be converted to {target}.")
+            raise ConversionError(
+                f"{src_dir.name} holds float8 tensors (e.g. {name}): an FP8-quantized "
+                f"checkpoint cannot be converted to {target}."
+            )
         if tname.startswith(("float", "bfloat")):
             float_bytes[tname] = float_bytes.get(tname, 0) + math.prod(shape) * ST_ITEMSIZE[st]
     if not float_bytes:
@@ -75,11 +80,15 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
     if source_dtype == target and len(float_bytes) == 1:
         raise ConversionError(f"{src_dir.name} is already {target}: nothing to convert.")
     if source_dtype == target:
-        raise ConversionError(f"{src_dir.name} is already mostly {target} (with some "
-                              f"{', '.join(sorted(set(float_bytes) - {target}))} tensors): nothing to convert.")
+        raise ConversionError(
+            f"{src_dir.name} is already mostly {target} (with some "
+            f"{', '.join(sorted(set(float_bytes) - {target}))} tensors): nothing to convert."
+        )
     if source_dtype not in _CONVERTIBLE_SOURCES:
-        raise ConversionError(f"Unsupported conversion {source_dtype} -> {target}: only float32/float16/bfloat16 "
-                              f"checkpoints can be converted.")
+        raise ConversionError(
+            f"Unsupported conversion {source_dtype} -> {target}: only float32/float16/bfloat16 "
+            f"checkpoints can be converted."
+        )
 
     target_st = TORCH_TO_ST[target]
     target_torch = torch_dtype_of(target)
@@ -108,7 +117,8 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
 
     report(96, "copying tokenizer and config files")
     copied, skipped = copy_non_weight_files(
-        src_dir, out_dir, exclude={f.relative_to(src_dir).as_posix() for f in weight_files} | {"config.json"})
+        src_dir, out_dir, exclude={f.relative_to(src_dir).as_posix() for f in weight_files} | {"config.json"}
+    )
     set_config_dtype(cfg, target)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     report(100, "done")
@@ -124,4 +134,3 @@ def convert_precision(src_dir: Path, out_dir: Path, *, dtype: str, progress: Pro
         "copied_files": copied,
         "skipped_files": skipped,
     }
-

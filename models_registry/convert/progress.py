@@ -85,6 +85,7 @@ def _install_tqdm_hooks() -> None:
 
         original_tqdm = getattr(gguf_utils, "tqdm", None)
         if original_tqdm is not None:
+
             def gguf_tqdm(*args, **kwargs):
                 callback = getattr(_hook_local, "callback", None)
                 if callback is not None:
@@ -110,4 +111,3 @@ def transformers_progress(callback):
         yield
     finally:
         _hook_local.callback = previous
-

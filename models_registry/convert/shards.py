@@ -14,6 +14,7 @@ from models_registry.convert.common import ST_ITEMSIZE, TORCH_TO_ST, ConversionE
 # streaming safetensors writer
 # ----------------------------------------------------------------------------------------------
 
+
 class ShardWriter:
     """Write safetensors shards tensor by tensor without holding a shard in memory.
 
@@ -23,8 +24,14 @@ class ShardWriter:
     ``model.safetensors.index.json``.
     """
 
-    def __init__(self, out_dir: Path, plan: list[tuple[str, str, tuple[int, ...]]], *,
-                 max_shard_bytes: int, metadata: dict | None = None):
+    def __init__(
+        self,
+        out_dir: Path,
+        plan: list[tuple[str, str, tuple[int, ...]]],
+        *,
+        max_shard_bytes: int,
+        metadata: dict | None = None,
+    ):
         if max_shard_bytes <= 0:
             raise ConversionError(f"Invalid max shard size {max_shard_bytes}: must be positive.")
         self.out_dir = Path(out_dir)
@@ -45,8 +52,9 @@ class ShardWriter:
         if not shards:
             raise ConversionError("No tensors to write.")
         n = len(shards)
-        self.shard_names = (["model.safetensors"] if n == 1
-                            else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)])
+        self.shard_names = (
+            ["model.safetensors"] if n == 1 else [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+        )
         self.shard_of = {}
         for k, idxs in enumerate(shards):
             for i in idxs:
@@ -82,8 +90,10 @@ class ShardWriter:
             self.fh.close()
             self.fh = None
             if pos != self.expected_end:
-                raise ConversionError(f"Internal error: shard {self.shard_names[self.current]} has {pos} bytes, "
-                                      f"expected {self.expected_end}.")
+                raise ConversionError(
+                    f"Internal error: shard {self.shard_names[self.current]} has {pos} bytes, "
+                    f"expected {self.expected_end}."
+                )
 
     def write(self, name: str, tensor) -> int:
         """Write one whole tensor (the next one in the plan); return its byte count."""
@@ -137,4 +147,3 @@ class ShardWriter:
         if self.fh is not None:
             self.fh.close()
             self.fh = None
-

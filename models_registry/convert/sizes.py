@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 from models_registry.convert.common import ConversionError, TOKENIZER_MARGIN_BYTES
 
 
@@ -12,8 +11,13 @@ from models_registry.convert.common import ConversionError, TOKENIZER_MARGIN_BYT
 # ----------------------------------------------------------------------------------------------
 
 _BYTES_PER_PARAM = {
-    "hf": 2, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
-    "fp32": 4, "float32": 4,
+    "hf": 2,
+    "fp16": 2,
+    "float16": 2,
+    "bf16": 2,
+    "bfloat16": 2,
+    "fp32": 4,
+    "float32": 4,
     "onnx": 4,  # export_onnx writes float32
     # The float32 ONNX intermediate (kept as an artifact) and the OM beside it, which must_keep_origin_dtype keeps
     # in float32 too (force_fp16 needs about half): both stay, so both are reserved.
@@ -30,4 +34,3 @@ def estimate_output_bytes(*, param_count: int, to: str) -> int:
     if key not in _BYTES_PER_PARAM:
         raise ConversionError(f"Unknown conversion target {to!r}: choose one of {', '.join(_BYTES_PER_PARAM)}.")
     return param_count * _BYTES_PER_PARAM[key] + TOKENIZER_MARGIN_BYTES
-

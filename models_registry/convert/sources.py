@@ -16,6 +16,7 @@ from models_registry.convert.common import CHUNK_BYTES, ConversionError, TORCH_T
 # 2. precision conversion (streaming)
 # ----------------------------------------------------------------------------------------------
 
+
 class SafetensorsSource:
     """Reads tensors one at a time with ``safe_open``, reopening files now and then so the pages of
     the memory map already read do not pile up in the process's resident memory."""
@@ -35,8 +36,9 @@ class SafetensorsSource:
                         sl = fh.get_slice(name)
                         self.entries.append((file, name, sl.get_dtype(), tuple(sl.get_shape())))
             except self.errors as exc:
-                raise ConversionError(f"{file.name} is not a valid safetensors file (corrupt or truncated): "
-                                      f"{first_line(exc)}") from exc
+                raise ConversionError(
+                    f"{file.name} is not a valid safetensors file (corrupt or truncated): {first_line(exc)}"
+                ) from exc
         self._file = None
         self._handle = None
         self._read_since_open = 0
@@ -64,12 +66,13 @@ class SafetensorsSource:
                 return
             step = max(1, CHUNK_BYTES // max(1, nbytes // shape[0]))
             for start in range(0, shape[0], step):
-                chunk = self._open(file).get_slice(name)[start:start + step]
+                chunk = self._open(file).get_slice(name)[start : start + step]
                 self._read_since_open += chunk.numel() * chunk.element_size()
                 yield chunk
         except self.errors as exc:
-            raise ConversionError(f"{file.name}: tensor {name} cannot be read (corrupt file?): "
-                                  f"{first_line(exc)}") from exc
+            raise ConversionError(
+                f"{file.name}: tensor {name} cannot be read (corrupt file?): {first_line(exc)}"
+            ) from exc
 
     def close(self) -> None:
         if self._handle is not None:
@@ -105,8 +108,10 @@ class BinSource:
         try:
             state = torch.load(str(file), map_location="cpu", mmap=True, weights_only=True)
         except Exception as exc:  # noqa: BLE001 - pickle/zip errors of every kind
-            raise ConversionError(f"{file.name} is not a readable PyTorch weights file (corrupt, truncated, or "
-                                  f"not a zip-format checkpoint): {first_line(exc)}") from exc
+            raise ConversionError(
+                f"{file.name} is not a readable PyTorch weights file (corrupt, truncated, or "
+                f"not a zip-format checkpoint): {first_line(exc)}"
+            ) from exc
         if not isinstance(state, dict):
             raise ConversionError(f"{file.name} does not hold a state dict.")
         return state
@@ -123,7 +128,7 @@ class BinSource:
             return
         step = max(1, CHUNK_BYTES // max(1, nbytes // shape[0]))
         for start in range(0, shape[0], step):
-            yield tensor[start:start + step]
+            yield tensor[start : start + step]
 
     def close(self) -> None:
         self._cache = None
@@ -145,4 +150,3 @@ def cast_chunks(chunks: Iterable, name: str, dtype) -> Iterator:
                 )
         del chunk
         yield out
-

@@ -30,6 +30,7 @@ VERIFY_PROMPTS = [
 # 3. logits comparison
 # ----------------------------------------------------------------------------------------------
 
+
 def resolve_model_source(path: Path) -> tuple[Path, str | None]:
     """(directory, gguf file name or None) for an HF directory, a .gguf file, or a dir holding one GGUF."""
     path = Path(path)
@@ -132,8 +133,10 @@ def compare_logits(reference_dir: Path, candidate_dir: Path, *, prompts: list[st
     max_abs, mean_abs, min_cos, agree, tokens = 0.0, 0.0, 1.0, 0, 0
     for r, c in zip(ref, cand):
         if r.shape != c.shape:
-            raise ConversionError(f"The models' logits differ in shape ({tuple(r.shape)} vs {tuple(c.shape)}): "
-                                  f"they do not share a vocabulary.")
+            raise ConversionError(
+                f"The models' logits differ in shape ({tuple(r.shape)} vs {tuple(c.shape)}): "
+                f"they do not share a vocabulary."
+            )
         diff = (r - c).abs()
         max_abs = max(max_abs, float(diff.max()))
         mean_abs += float(diff.sum())
@@ -151,4 +154,3 @@ def compare_logits(reference_dir: Path, candidate_dir: Path, *, prompts: list[st
         "top1_agreement": agree / max(tokens, 1),
         "tokenizer_match": tokenizer_match,
     }
-

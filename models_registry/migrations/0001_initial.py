@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -20,7 +19,19 @@ class Migration(migrations.Migration):
             name='Model',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$', "Use letters, digits, '.', '_' and '-' (up to 100), starting with a letter or digit.")])),
+                (
+                    'name',
+                    models.CharField(
+                        max_length=100,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                '^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$',
+                                "Use letters, digits, '.', '_' and '-' (up to 100), starting with a letter or digit.",
+                            )
+                        ],
+                    ),
+                ),
                 ('description', models.TextField(blank=True)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('deleted_at', models.DateTimeField(blank=True, null=True)),
@@ -34,13 +45,39 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('params', models.JSONField(blank=True, default=dict)),
-                ('format', models.CharField(choices=[('hf', 'Hugging Face'), ('gguf', 'GGUF'), ('ascend-modelslim', 'Ascend ModelSlim'), ('compressed-tensors', 'compressed-tensors'), ('onnx', 'ONNX'), ('om', 'Ascend OM')], max_length=32)),
+                (
+                    'format',
+                    models.CharField(
+                        choices=[
+                            ('hf', 'Hugging Face'),
+                            ('gguf', 'GGUF'),
+                            ('ascend-modelslim', 'Ascend ModelSlim'),
+                            ('compressed-tensors', 'compressed-tensors'),
+                            ('onnx', 'ONNX'),
+                            ('om', 'Ascend OM'),
+                        ],
+                        max_length=32,
+                    ),
+                ),
                 ('dtype', models.CharField(blank=True, max_length=32)),
                 ('path', models.CharField(max_length=1024)),
                 ('size_bytes', models.BigIntegerField(blank=True, null=True)),
                 ('sha256', models.CharField(blank=True, max_length=64)),
                 ('file_hashes', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('ready', 'Ready'), ('building', 'Building'), ('failed', 'Failed'), ('deleted', 'Deleted')], db_index=True, default='ready', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('ready', 'Ready'),
+                            ('building', 'Building'),
+                            ('failed', 'Failed'),
+                            ('deleted', 'Deleted'),
+                        ],
+                        db_index=True,
+                        default='ready',
+                        max_length=16,
+                    ),
+                ),
                 ('inspection', models.JSONField(blank=True, default=dict)),
                 ('verification', models.JSONField(blank=True, default=dict)),
                 ('accuracy', models.JSONField(blank=True, null=True)),
@@ -48,8 +85,26 @@ class Migration(migrations.Migration):
                 ('note', models.TextField(blank=True)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('deleted_at', models.DateTimeField(blank=True, null=True)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='children', to='models_registry.artifact')),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'parent',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='children',
+                        to='models_registry.artifact',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['model_id', 'created_at', 'id'],

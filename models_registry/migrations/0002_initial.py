@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -19,16 +18,26 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='artifact',
             name='producing_job',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.job'),
+            field=models.ForeignKey(
+                blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='workers.job'
+            ),
         ),
         migrations.AddField(
             model_name='model',
             name='created_by',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL),
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name='+',
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
             model_name='artifact',
             name='model',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='models_registry.model'),
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name='artifacts', to='models_registry.model'
+            ),
         ),
     ]

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('models_registry', '0002_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -19,7 +18,14 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(max_length=100, unique=True)),
-                ('purpose', models.CharField(choices=[('calibration', 'Calibration'), ('evaluation', 'Evaluation')], default='calibration', max_length=16)),
+                (
+                    'purpose',
+                    models.CharField(
+                        choices=[('calibration', 'Calibration'), ('evaluation', 'Evaluation')],
+                        default='calibration',
+                        max_length=16,
+                    ),
+                ),
                 ('description', models.TextField(blank=True)),
                 ('source', models.CharField(blank=True, max_length=300)),
                 ('samples', models.JSONField(default=list)),
@@ -27,7 +33,16 @@ class Migration(migrations.Migration):
                 ('char_count', models.PositiveIntegerField(default=0)),
                 ('builtin', models.BooleanField(default=False)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
                 'ordering': ['purpose', 'name'],

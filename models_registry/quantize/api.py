@@ -45,9 +45,19 @@ class DatasetIn(Schema):
 
 
 def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
-    data = {"id": ds.pk, "name": ds.name, "purpose": ds.purpose, "description": ds.description, "source": ds.source,
-            "sample_count": ds.sample_count, "char_count": ds.char_count, "builtin": ds.builtin,
-            "preview": ds.preview(), "guidance": services.GUIDANCE, "created_at": ds.created_at.isoformat()}
+    data = {
+        "id": ds.pk,
+        "name": ds.name,
+        "purpose": ds.purpose,
+        "description": ds.description,
+        "source": ds.source,
+        "sample_count": ds.sample_count,
+        "char_count": ds.char_count,
+        "builtin": ds.builtin,
+        "preview": ds.preview(),
+        "guidance": services.GUIDANCE,
+        "created_at": ds.created_at.isoformat(),
+    }
     if samples:
         data["samples"] = ds.samples
     return data
@@ -56,8 +66,9 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
 @api_route(router, "post", "/artifacts/{artifact_id}/quantize", role=OPERATOR, response={202: dict})
 def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
-    job = services.artifact_quantize(artifact=artifact, user=request.user, options=QuantizeOptions(**payload.dict()),
-                                     request=request)
+    job = services.artifact_quantize(
+        artifact=artifact, user=request.user, options=QuantizeOptions(**payload.dict()), request=request
+    )
     return 202, {"job": job.pk}
 
 
@@ -68,10 +79,16 @@ def list_datasets(request):
 
 @api_route(router, "post", "/calibration-datasets", role=OPERATOR, response={201: dict})
 def create_dataset(request, payload: DatasetIn):
-    ds = services.dataset_create(name=payload.name, content=payload.content, user=request.user,
-                                 filename="x.jsonl" if payload.format == "jsonl" else "x.txt",
-                                 purpose=payload.purpose, description=payload.description, source=payload.source,
-                                 request=request)
+    ds = services.dataset_create(
+        name=payload.name,
+        content=payload.content,
+        user=request.user,
+        filename="x.jsonl" if payload.format == "jsonl" else "x.txt",
+        purpose=payload.purpose,
+        description=payload.description,
+        source=payload.source,
+        request=request,
+    )
     return 201, dataset_json(ds)
 
 

@@ -1,5 +1,6 @@
 """What both targets share: loading, calibration text, activation statistics, fake quantisation
 and the per-layer error / sensitivity ranking."""
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,8 @@ def check_architecture(cfg: dict, library: str) -> None:
         raise QuantizeError(
             f"Unsupported architecture {', '.join(archs) or cfg.get('model_type') or 'unknown'}: "
             f"{library} quantization here supports decoder-only models with linear projections "
-            f"({', '.join(SUPPORTED_ARCHITECTURES)}).")
+            f"({', '.join(SUPPORTED_ARCHITECTURES)})."
+        )
 
 
 def load_model(src: Path, dtype=None):
@@ -73,8 +75,10 @@ def encode_calibration(tokenizer, texts: list[str], *, max_len: int, context: in
             ids.append(enc)
     notes = []
     if truncated:
-        notes.append(f"{truncated} calibration sample(s) longer than {limit} tokens "
-                     f"(the model's context is {context}) were truncated to {limit}.")
+        notes.append(
+            f"{truncated} calibration sample(s) longer than {limit} tokens "
+            f"(the model's context is {context}) were truncated to {limit}."
+        )
     return CalibrationText(ids=ids, truncated=truncated, max_len=limit, notes=notes)
 
 
@@ -82,8 +86,7 @@ def quant_linears(model) -> dict:
     """name -> nn.Linear for every projection inside the decoder layers (lm_head stays float)."""
     import torch
 
-    return {n: m for n, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and ".layers." in n}
+    return {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and ".layers." in n}
 
 
 @dataclass
@@ -119,6 +122,7 @@ def collect_stats(model, batches: list[list[int]], *, progress=None, kl: bool = 
             keep = rng.choice(x.shape[0], size=min(32, x.shape[0]), replace=False)
             if sum(r.shape[0] for r in s.rows) < SAMPLE_ROWS:
                 s.rows.append(x[keep].clone())
+
         return fn
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
@@ -134,9 +138,11 @@ def collect_stats(model, batches: list[list[int]], *, progress=None, kl: bool = 
     bad = {n: s.nonfinite for n, s in stats.items() if s.nonfinite}
     if bad:
         first = next(iter(bad))
-        raise QuantizeError(f"NaN/inf in the activations of {len(bad)} layer(s) (first: {first}, "
-                            f"{bad[first]} values): the float model itself overflows on this calibration text; "
-                            f"quantization would be meaningless. Check the model in float32 or use other text.")
+        raise QuantizeError(
+            f"NaN/inf in the activations of {len(bad)} layer(s) (first: {first}, "
+            f"{bad[first]} values): the float model itself overflows on this calibration text; "
+            f"quantization would be meaningless. Check the model in float32 or use other text."
+        )
     return stats
 
 
@@ -198,8 +204,15 @@ def layer_errors(model, stats: dict[str, LayerStats], *, scheme: str, act_params
     return out
 
 
-def sensitivity(model, batches: list[list[int]], errors: list[dict], *, scheme: str, act_params: dict | None = None,
-                max_tokens: int = 512) -> None:
+def sensitivity(
+    model,
+    batches: list[list[int]],
+    errors: list[dict],
+    *,
+    scheme: str,
+    act_params: dict | None = None,
+    max_tokens: int = 512,
+) -> None:
     """Each projection's effect on the loss, from one forward and backward pass (the Fisher
     approximation used by HAWQ-style mixed precision): with g the gradient of the next-token loss at
     the layer's output and Δy the change int8 makes to that output (fake quantisation as the scheme
@@ -210,7 +223,7 @@ def sensitivity(model, batches: list[list[int]], errors: list[dict], *, scheme: 
 
     ids, total = [], 0
     for b in batches:
-        take = b[:max_tokens - total]
+        take = b[: max_tokens - total]
         if len(take) >= 2:
             ids.append(torch.tensor([take]))
             total += len(take)
@@ -224,6 +237,7 @@ def sensitivity(model, batches: list[list[int]], errors: list[dict], *, scheme: 
         def fn(module, args, out):
             out.retain_grad()
             captured[name] = (args[0].detach(), out)
+
         return fn
 
     handles = [m.register_forward_hook(hook(n)) for n, m in linears.items()]

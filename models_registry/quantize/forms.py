@@ -1,5 +1,6 @@
 """The artifact page's quantize form: request text in, QuantizeOptions out (parsed once, here; the
 API's schema produces the same type)."""
+
 from django import forms
 from django.core.exceptions import ValidationError
 

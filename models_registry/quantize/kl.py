@@ -8,6 +8,7 @@ and for every candidate clipping threshold the bins beyond it are folded into th
 KL(P‖Q) is smallest wins.  Its range is then fed to the library: plugged into msModelSlim's
 calibrator as its activation observer (msmodelslim_run.py), or set as llm-compressor's input_scale.
 """
+
 from __future__ import annotations
 
 import numpy as np

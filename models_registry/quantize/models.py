@@ -1,4 +1,5 @@
 """Calibration datasets: managed text samples for quantization (and its evaluation set)."""
+
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
@@ -20,8 +21,9 @@ class CalibrationDataset(models.Model):
     sample_count = models.PositiveIntegerField(default=0)
     char_count = models.PositiveIntegerField(default=0)
     builtin = models.BooleanField(default=False)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

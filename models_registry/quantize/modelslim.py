@@ -14,6 +14,7 @@ upstream creates it), drops the tensor of an lm_head that only repeats tied embe
 description stays FLOAT), and copies the model's own config and tokenizer files in (msModelSlim
 writes no config.json).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,9 +24,11 @@ from models_registry.paths import copy_confined, tree_files
 from models_registry.quantize import calibrate as cal
 
 DESCRIPTION = "quant_model_description.json"
-WEIGHT_FILE = {"W8A8": "quant_model_weight_w8a8.safetensors",
-               "W8A8_DYNAMIC": "quant_model_weight_w8a8_dynamic.safetensors",
-               "W8A16": "quant_model_weight_w8a16.safetensors"}
+WEIGHT_FILE = {
+    "W8A8": "quant_model_weight_w8a8.safetensors",
+    "W8A8_DYNAMIC": "quant_model_weight_w8a8_dynamic.safetensors",
+    "W8A16": "quant_model_weight_w8a16.safetensors",
+}
 SCHEME_TYPE = {"w8a8_static": "W8A8", "w8a8_dynamic": "W8A8_DYNAMIC", "w8a16": "W8A16"}
 _SKIP = {".safetensors", ".bin", ".pt", ".pth", ".gguf"}
 
@@ -84,8 +87,13 @@ def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
         cfg = json.loads((dst / "config.json").read_text())
         cfg["tie_word_embeddings"] = False
         (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    return {"weight_file": weight_file, "tensors": len(tensors), "copied": copied, "notes": notes,
-            "norm_biases": nonzero_bias}
+    return {
+        "weight_file": weight_file,
+        "tensors": len(tensors),
+        "copied": copied,
+        "notes": notes,
+        "norm_biases": nonzero_bias,
+    }
 
 
 class SimLinear:
@@ -155,7 +163,11 @@ def simulated(model, dst: Path):
         params = dict(model.named_parameters())
         saved_params, saved_forward, hooks = {}, {}, []
         for name, t in tensors.items():
-            if desc.get(name) == "FLOAT" and name in params and not torch.equal(params[name].data, t.to(params[name].dtype)):
+            if (
+                desc.get(name) == "FLOAT"
+                and name in params
+                and not torch.equal(params[name].data, t.to(params[name].dtype))
+            ):
                 saved_params[name] = params[name].data.clone()
                 params[name].data.copy_(t.to(params[name].dtype))
             elif name.endswith("norm.bias") and bool(t.any()):

@@ -17,6 +17,7 @@ paths relative to vllm-project/vllm-ascend at tag v0.23.0 unless they start with
 
 ``check(directory)`` returns findings (rule, subject, message); an empty list means it loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,20 @@ from pathlib import Path
 DESCRIPTION = "quant_model_description.json"
 
 # Linear schemes registered with @register_scheme(<type>, "linear") at v0.23.0 (methods/*.py).
-REGISTERED_LINEAR = {"W8A8", "W8A8_DYNAMIC", "W8A16", "W8A8_MIX", "W8A8_MXFP8", "W8A8FP8_DYNAMIC",
-                     "W4A4_DYNAMIC", "W4A4_FLATQUANT_DYNAMIC", "W4A4_MXFP4", "W4A4_MXFP4_FLATQUANT",
-                     "W4A8_DYNAMIC", "W4A8_MXFP"}
+REGISTERED_LINEAR = {
+    "W8A8",
+    "W8A8_DYNAMIC",
+    "W8A16",
+    "W8A8_MIX",
+    "W8A8_MXFP8",
+    "W8A8FP8_DYNAMIC",
+    "W4A4_DYNAMIC",
+    "W4A4_FLATQUANT_DYNAMIC",
+    "W4A4_MXFP4",
+    "W4A4_MXFP4_FLATQUANT",
+    "W4A8_DYNAMIC",
+    "W4A8_MXFP",
+}
 # The ones whose parameters this checker knows (the ones the console writes).
 KNOWN_LAYOUTS = {"W8A8", "W8A8_DYNAMIC", "W8A16"}
 
@@ -40,27 +52,27 @@ ARCHITECTURES = {"llama", "qwen2", "mistral"}
 
 RULES = {
     "description": "quant_model_description.json is present and a JSON object "
-                   "(modelslim_config.py maybe_update_config)",
+    "(modelslim_config.py maybe_update_config)",
     "weight-files": "the weights are in *.safetensors beside the description",
     "architecture": "an architecture whose Linear layers this checker knows (vLLM llama.py / qwen2.py)",
     "scheme-supported": "every quant type has a (type, 'linear') scheme at v0.23.0 (methods/registry.py); "
-                        "W8A8 static needs a float16 or bfloat16 model (w8a8_static.py creates no deq_scale "
-                        "otherwise)",
+    "W8A8 static needs a float16 or bfloat16 model (w8a8_static.py creates no deq_scale "
+    "otherwise)",
     "linear-described": "every Linear prefix vLLM builds has '<prefix>.weight' in the description, lm_head "
-                        "included (modelslim_config.py get_linear_quant_type looks it up)",
+    "included (modelslim_config.py get_linear_quant_type looks it up)",
     "packed-one-type": "the shards of a packed module share one quant type (modelslim_config.py "
-                       "is_layer_skipped_ascend / get_linear_quant_type raise ValueError otherwise)",
+    "is_layer_skipped_ascend / get_linear_quant_type raise ValueError otherwise)",
     "tensor-present": "every parameter the layer's method creates is in the files (default_loader.py: no "
-                      "strict check for quantized models, a missing one stays uninitialized)",
+    "strict check for quantized models, a missing one stays uninitialized)",
     "tensor-dtype": "each tensor has the dtype upstream creates its parameter with",
     "tensor-shape": "each tensor has the shape upstream creates its parameter with",
     "tensor-described": "every tensor in the files has a description entry (msModelSlim's ascendV1 format; "
-                        "ops/layernorm.py reads norm biases from the description)",
+    "ops/layernorm.py reads norm biases from the description)",
     "tensor-unexpected": "every tensor in the files is a parameter vLLM creates for this checkpoint",
     "shared-input-scale": "W8A8 static: input_scale/input_offset equal across the shards of a packed module "
-                          "(method_adapters.py: one parameter per fused layer, the last shard loaded wins)",
+    "(method_adapters.py: one parameter per fused layer, the last shard loaded wins)",
     "norm-bias-declared": "norm biases in the files are declared in the description (ops/layernorm.py "
-                          "AscendRMSNorm creates the bias only then)",
+    "AscendRMSNorm creates the bias only then)",
 }
 
 
@@ -109,13 +121,15 @@ def linear_layers(config: dict) -> list[Linear]:
     layers = []
     for i in range(config["num_hidden_layers"]):
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
-        layers += [Linear(f"{attn}.q_proj", heads * head_dim, hidden, qkv_bias),
-                   Linear(f"{attn}.k_proj", kv_heads * head_dim, hidden, qkv_bias),
-                   Linear(f"{attn}.v_proj", kv_heads * head_dim, hidden, qkv_bias),
-                   Linear(f"{attn}.o_proj", hidden, heads * head_dim, o_bias),
-                   Linear(f"{mlp}.gate_proj", inter, hidden, mlp_bias),
-                   Linear(f"{mlp}.up_proj", inter, hidden, mlp_bias),
-                   Linear(f"{mlp}.down_proj", hidden, inter, mlp_bias)]
+        layers += [
+            Linear(f"{attn}.q_proj", heads * head_dim, hidden, qkv_bias),
+            Linear(f"{attn}.k_proj", kv_heads * head_dim, hidden, qkv_bias),
+            Linear(f"{attn}.v_proj", kv_heads * head_dim, hidden, qkv_bias),
+            Linear(f"{attn}.o_proj", hidden, heads * head_dim, o_bias),
+            Linear(f"{mlp}.gate_proj", inter, hidden, mlp_bias),
+            Linear(f"{mlp}.up_proj", inter, hidden, mlp_bias),
+            Linear(f"{mlp}.down_proj", hidden, inter, mlp_bias),
+        ]
     # llama.py / qwen2.py: ParallelLMHead(..., quant_config=quant_config, prefix="lm_head") is built and
     # asks the quant config for a method even when tie_word_embeddings then ties it to embed_tokens.
     layers.append(Linear("lm_head", config["vocab_size"], hidden, False))
@@ -176,8 +190,18 @@ def read_directory(directory: Path) -> tuple[dict | None, dict, dict, list[Findi
 
 
 def _safetensors_dtype(code: str) -> str:
-    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64", "I8": "int8",
-            "U8": "uint8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}.get(code, code)
+    return {
+        "BF16": "bfloat16",
+        "F16": "float16",
+        "F32": "float32",
+        "F64": "float64",
+        "I8": "int8",
+        "U8": "uint8",
+        "I16": "int16",
+        "I32": "int32",
+        "I64": "int64",
+        "BOOL": "bool",
+    }.get(code, code)
 
 
 def check(directory: Path) -> list[Finding]:
@@ -186,8 +210,13 @@ def check(directory: Path) -> list[Finding]:
     if desc is None or not config:
         return findings
     if config.get("model_type") not in ARCHITECTURES:
-        return findings + [Finding("architecture", str(config.get("model_type")),
-                                   f"not one of {sorted(ARCHITECTURES)}: its Linear layers are not known here")]
+        return findings + [
+            Finding(
+                "architecture",
+                str(config.get("model_type")),
+                f"not one of {sorted(ARCHITECTURES)}: its Linear layers are not known here",
+            )
+        ]
     params_dtype = _dtype_name(config)
     tied = bool(config.get("tie_word_embeddings"))
     layers = linear_layers(config)
@@ -219,12 +248,18 @@ def _undescribed(prefix: str) -> Finding:
         # v0.23.0 falls back to UnquantizedEmbeddingMethod for an undescribed lm_head (modelslim_config.py,
         # VocabParallelEmbedding branch, added by ebad45e366 for Qwen3-Omni); up to v0.22.1rc1 the same
         # lookup raised KeyError. msModelSlim itself writes "lm_head.weight": "FLOAT", tied or not.
-        return Finding("linear-described", "lm_head.weight",
-                       "not in the description: vLLM builds lm_head with the quant config even when tied "
-                       "(v0.23.0 then guesses float; earlier vllm-ascend raises KeyError 'lm_head.weight'); "
-                       "describe it as FLOAT")
-    return Finding("linear-described", f"{prefix}.weight",
-                   "not in the description: vllm-ascend raises KeyError in get_linear_quant_type")
+        return Finding(
+            "linear-described",
+            "lm_head.weight",
+            "not in the description: vLLM builds lm_head with the quant config even when tied "
+            "(v0.23.0 then guesses float; earlier vllm-ascend raises KeyError 'lm_head.weight'); "
+            "describe it as FLOAT",
+        )
+    return Finding(
+        "linear-described",
+        f"{prefix}.weight",
+        "not in the description: vllm-ascend raises KeyError in get_linear_quant_type",
+    )
 
 
 def _check_schemes(desc: dict, params_dtype: str) -> list[Finding]:
@@ -235,14 +270,31 @@ def _check_schemes(desc: dict, params_dtype: str) -> list[Finding]:
         types.add(model_type)
     for qtype in sorted(types):
         if qtype not in REGISTERED_LINEAR:
-            findings.append(Finding("scheme-supported", qtype, "vllm-ascend v0.23.0 has no linear scheme for it "
-                                    "(NotImplementedError in create_scheme_for_layer)"))
+            findings.append(
+                Finding(
+                    "scheme-supported",
+                    qtype,
+                    "vllm-ascend v0.23.0 has no linear scheme for it (NotImplementedError in create_scheme_for_layer)",
+                )
+            )
         elif qtype not in KNOWN_LAYOUTS:
-            findings.append(Finding("scheme-supported", qtype, "registered upstream, but this checker does not "
-                                    f"know its tensors (it knows {sorted(KNOWN_LAYOUTS)})"))
+            findings.append(
+                Finding(
+                    "scheme-supported",
+                    qtype,
+                    "registered upstream, but this checker does not "
+                    f"know its tensors (it knows {sorted(KNOWN_LAYOUTS)})",
+                )
+            )
     if "W8A8" in types and params_dtype not in ("float16", "bfloat16"):
-        findings.append(Finding("scheme-supported", "W8A8", f"a {params_dtype} model: w8a8_static.py creates "
-                                "deq_scale only for bfloat16 (float32) and float16 (int64) models"))
+        findings.append(
+            Finding(
+                "scheme-supported",
+                "W8A8",
+                f"a {params_dtype} model: w8a8_static.py creates "
+                "deq_scale only for bfloat16 (float32) and float16 (int64) models",
+            )
+        )
     return findings
 
 
@@ -258,8 +310,11 @@ def _check_packed(desc: dict, layers: list[Linear]) -> list[Finding]:
             continue  # an undescribed shard is named by linear-described
         kinds = ", ".join(f"{proj} {t}" for proj, t in types.items())
         floats = {t == "FLOAT" for t in types.values()}
-        why = ("Detected some but not all shards ... are quantized" if len(floats) == 2
-               else "Not all shards ... are quantized with same quant type")
+        why = (
+            "Detected some but not all shards ... are quantized"
+            if len(floats) == 2
+            else "Not all shards ... are quantized with same quant type"
+        )
         findings.append(Finding("packed-one-type", fused, f"{kinds}: vllm-ascend raises ValueError ({why})"))
     return findings
 
@@ -281,8 +336,14 @@ def _check_others(config: dict, desc: dict, tensors: dict, expected: dict, param
             expected[name] = Expected(tensors[name][0], (hidden,))
     else:
         for name in norm_biases:
-            findings.append(Finding("norm-bias-declared", name, "in the files but no description key contains "
-                                    "'norm.bias': AscendRMSNorm creates no bias, the loader finds no parameter"))
+            findings.append(
+                Finding(
+                    "norm-bias-declared",
+                    name,
+                    "in the files but no description key contains "
+                    "'norm.bias': AscendRMSNorm creates no bias, the loader finds no parameter",
+                )
+            )
             expected[name] = Expected(tensors[name][0], tensors[name][1])  # named once, above
     return findings
 
@@ -293,23 +354,30 @@ def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, unchec
         if name not in tensors:
             if name == "lm_head.weight" and tied:
                 continue  # llama.py / qwen2.py skip "lm_head." when tied: the embeddings serve
-            findings.append(Finding("tensor-present", name, f"missing: upstream creates it as "
-                                    f"{exp.dtype} {list(exp.shape)} and nothing fills it"))
+            findings.append(
+                Finding(
+                    "tensor-present",
+                    name,
+                    f"missing: upstream creates it as {exp.dtype} {list(exp.shape)} and nothing fills it",
+                )
+            )
             continue
         dtype, shape, _ = tensors[name]
         if dtype != exp.dtype:
             findings.append(Finding("tensor-dtype", name, f"{dtype} where upstream creates {exp.dtype}"))
         if shape != exp.shape:
-            findings.append(Finding("tensor-shape", name, f"{list(shape)} where upstream creates "
-                                    f"{list(exp.shape)}"))
+            findings.append(Finding("tensor-shape", name, f"{list(shape)} where upstream creates {list(exp.shape)}"))
     for name, (dtype, shape, file) in sorted(tensors.items()):
         if name not in desc:
             findings.append(Finding("tensor-described", name, f"in {file} but not in {DESCRIPTION}"))
         if name not in expected and not name.startswith(unchecked):
             if name == "lm_head.weight" and tied:
                 continue  # skipped by the loader; finish() unties the config when it differs
-            why = ("vLLM's llama/qwen2 load_weights skips an extra bias: the model runs without it"
-                   if name.endswith(".bias") else "no parameter of that name: the loader raises KeyError")
+            why = (
+                "vLLM's llama/qwen2 load_weights skips an extra bias: the model runs without it"
+                if name.endswith(".bias")
+                else "no parameter of that name: the loader raises KeyError"
+            )
             findings.append(Finding("tensor-unexpected", name, f"{dtype} {list(shape)} in {file}: {why}"))
     return findings
 
@@ -338,7 +406,13 @@ def _check_shared_input_scale(directory: Path, desc: dict, tensors: dict, layers
                     values.append(f.get_tensor(n).to(torch.float64).flatten().tolist())
             if any(v != values[0] for v in values[1:]):
                 shown = ", ".join(f"{s.rsplit('.', 1)[1]} {v}" for s, v in zip(shards, values))
-                findings.append(Finding("shared-input-scale", f"{fused}.{param}", f"{shown}: vllm-ascend keeps "
-                                        "one value per fused layer (the last shard loaded), so the others run "
-                                        "with a scale they were not calibrated for"))
+                findings.append(
+                    Finding(
+                        "shared-input-scale",
+                        f"{fused}.{param}",
+                        f"{shown}: vllm-ascend keeps "
+                        "one value per fused layer (the last shard loaded), so the others run "
+                        "with a scale they were not calibrated for",
+                    )
+                )
     return findings

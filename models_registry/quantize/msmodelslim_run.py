@@ -15,6 +15,7 @@ The legacy post-training API (verified with msmodelslim 26.1.0, torch CPU, trans
   the model's dtype, and the int8 weights, deq_scale and quant_bias must be computed from the values
   it will use (the simulation that measures perplexity then runs exactly what vllm-ascend will).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,14 @@ from models_registry.quantize.kl import KLObserver
 from models_registry.quantize.modelslim import DESCRIPTION, SCHEME_TYPE, WEIGHT_FILE
 
 ACT_METHOD = {"minmax": 1, "histogram": 2, "auto": 3, "kl": 1}
-ANTI_OUTLIER = {"m1": "SmoothQuant", "m2": "outlier suppression", "m3": "AWQ-like (weight-aware)",
-                "m4": "iterative smoothing", "m5": "SmoothQuant (fast)", "m6": "flex smoothing"}
+ANTI_OUTLIER = {
+    "m1": "SmoothQuant",
+    "m2": "outlier suppression",
+    "m3": "AWQ-like (weight-aware)",
+    "m4": "iterative smoothing",
+    "m5": "SmoothQuant (fast)",
+    "m6": "flex smoothing",
+}
 
 
 @contextlib.contextmanager
@@ -75,8 +82,18 @@ class KLAdapter:
         pass
 
 
-def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method: str, anti_outlier: str | None,
-             float_layers: list[str], serve_dtype, minmax_layers: list[str] = ()) -> dict:
+def quantize(
+    model,
+    calib_ids: list[list[int]],
+    out_dir,
+    *,
+    scheme: str,
+    method: str,
+    anti_outlier: str | None,
+    float_layers: list[str],
+    serve_dtype,
+    minmax_layers: list[str] = (),
+) -> dict:
     """Quantize ``model`` (float32, modified in place) with msModelSlim and save its checkpoint
     (quant_model_description.json + quant_model_weight_<type>.safetensors) into out_dir."""
     import torch
@@ -96,11 +113,14 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
     calib = [[torch.tensor([ids], dtype=torch.long)] for ids in calib_ids]
     static = scheme == "w8a8_static"
     if anti_outlier:
-        AntiOutlier(model, calib_data=calib, cfg=AntiOutlierConfig(
-            w_bit=8, a_bit=16 if scheme == "w8a16" else 8, anti_method=anti_outlier, dev_type="cpu",
-            w_sym=True)).process()
-    common = {"disable_names": list(float_layers), "dev_type": "cpu", "pr": 1.0, "mm_tensor": False,
-              "w_sym": True}
+        AntiOutlier(
+            model,
+            calib_data=calib,
+            cfg=AntiOutlierConfig(
+                w_bit=8, a_bit=16 if scheme == "w8a16" else 8, anti_method=anti_outlier, dev_type="cpu", w_sym=True
+            ),
+        ).process()
+    common = {"disable_names": list(float_layers), "dev_type": "cpu", "pr": 1.0, "mm_tensor": False, "w_sym": True}
     if scheme == "w8a16":
         cfg = QuantConfig(w_bit=8, a_bit=16, **common)
     else:
@@ -135,8 +155,7 @@ def quantize(model, calib_ids: list[list[int]], out_dir, *, scheme: str, method:
                 qi.input_scale = qi.input_scale.reshape(1).to(serve_dtype).float()
     qtype = SCHEME_TYPE[scheme]
     calibrator.model_torch_dtype = serve_dtype
-    calibrator.save(str(out_dir), safetensors_name=WEIGHT_FILE[qtype], json_name=DESCRIPTION,
-                    save_type=["ascendV1"])
+    calibrator.save(str(out_dir), safetensors_name=WEIGHT_FILE[qtype], json_name=DESCRIPTION, save_type=["ascendV1"])
     for name in os.listdir(out_dir):  # msModelSlim leaves its files 0400 / 0600
         if not os.path.islink(os.path.join(out_dir, name)):  # chmod would change a link's target
             os.chmod(os.path.join(out_dir, name), 0o644)

@@ -3,6 +3,7 @@
 `encode_eval` tokenises the evaluation texts once (with the source's tokenizer) into windows of at
 most `window` tokens; `perplexity_hf` scores a transformers model on them; `perplexity_vllm` scores
 a model served by vLLM through prompt_logprobs (the serving kernels are in the measurement)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ def encode_eval(tokenizer, texts: list[str], *, window: int = 512, max_tokens: i
     for text in texts:
         ids = tokenizer(text)["input_ids"]
         for start in range(0, len(ids), window):
-            chunk = ids[start:start + window]
+            chunk = ids[start : start + window]
             if len(chunk) < 2:
                 continue
             windows.append(chunk)
@@ -49,17 +50,21 @@ def perplexity_hf(model, windows: list[list[int]]) -> float:
     return math.exp(nll / count)
 
 
-def perplexity_vllm(base_url: str, model_name: str, windows: list[list[int]], *, api_key: str,
-                    timeout: float = 300) -> float:
+def perplexity_vllm(
+    base_url: str, model_name: str, windows: list[list[int]], *, api_key: str, timeout: float = 300
+) -> float:
     """Score the same token ids through a running vLLM OpenAI server (completions, prompt_logprobs=0) that
     wants ``api_key``."""
     nll, count = 0.0, 0
     for ids in windows:
-        body = json.dumps({"model": model_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
-                           "temperature": 0}).encode()
-        req = urllib.request.Request(f"{base_url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json",
-                                              "Authorization": f"Bearer {api_key}"})
+        body = json.dumps(
+            {"model": model_name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0}
+        ).encode()
+        req = urllib.request.Request(
+            f"{base_url}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             out = json.load(resp)
         plp = out["choices"][0]["prompt_logprobs"]

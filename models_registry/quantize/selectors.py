@@ -1,5 +1,6 @@
 """Reads for quantization: calibration datasets (the defaults are created on first use) and which schemes
 the target engine serves."""
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +14,17 @@ from models_registry.quantize.models import CalibrationDataset
 
 DATA = Path(__file__).resolve().parent / "data"
 DEFAULTS = {
-    "default-calibration": ("calibration", "calibration_source.txt",
-                            "Public-domain English prose: US founding documents, Austen, Darwin."),
-    "default-evaluation": ("evaluation", "evaluation_source.txt",
-                           "Public-domain English prose: Lincoln, Dickens, Melville, Carroll, Conan Doyle, "
-                           "Fitzgerald; Ruth and Jonah (King James Bible). Never overlaps default-calibration."),
+    "default-calibration": (
+        "calibration",
+        "calibration_source.txt",
+        "Public-domain English prose: US founding documents, Austen, Darwin.",
+    ),
+    "default-evaluation": (
+        "evaluation",
+        "evaluation_source.txt",
+        "Public-domain English prose: Lincoln, Dickens, Melville, Carroll, Conan Doyle, "
+        "Fitzgerald; Ruth and Jonah (King James Bible). Never overlaps default-calibration.",
+    ),
 }
 SOURCE = "Public domain (pre-1926 works); see models_registry/quantize/data/README.md"
 
@@ -36,10 +43,21 @@ def ensure_defaults() -> None:
         try:
             with transaction.atomic():
                 dataset = CalibrationDataset.objects.create(
-                    name=name, purpose=purpose, description=description, source=SOURCE, samples=samples,
-                    sample_count=len(samples), char_count=sum(map(len, samples)), builtin=True)
-                audit_log(action="calibration.create", obj=dataset, via="system",
-                          changes={"purpose": purpose, "builtin": True, "samples": len(samples)})
+                    name=name,
+                    purpose=purpose,
+                    description=description,
+                    source=SOURCE,
+                    samples=samples,
+                    sample_count=len(samples),
+                    char_count=sum(map(len, samples)),
+                    builtin=True,
+                )
+                audit_log(
+                    action="calibration.create",
+                    obj=dataset,
+                    via="system",
+                    changes={"purpose": purpose, "builtin": True, "samples": len(samples)},
+                )
         except IntegrityError:  # created concurrently (and audited there)
             pass
 
@@ -52,7 +70,6 @@ def default_dataset(purpose: str) -> CalibrationDataset:
 def dataset_list():
     ensure_defaults()
     return CalibrationDataset.objects.all()
-
 
 
 # The first vllm-ascend release whose loader has each ModelSlim scheme, read at the tags of
@@ -73,8 +90,10 @@ class SchemeSupport:
         return bool(self.serving)
 
     def refusal(self) -> str:
-        return (f"{self.scheme} for Ascend ModelSlim needs vllm-ascend v{self.since} or later (the first release "
-                f"whose loader has it); this site's vllm-ascend is {', '.join(self.versions)}.")
+        return (
+            f"{self.scheme} for Ascend ModelSlim needs vllm-ascend v{self.since} or later (the first release "
+            f"whose loader has it); this site's vllm-ascend is {', '.join(self.versions)}."
+        )
 
 
 def _version(raw: str) -> Version | None:

@@ -1,5 +1,6 @@
 """Writes for quantization: calibration datasets and the quantize job (validated, deduplicated,
 disk-checked and enqueued like a conversion)."""
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ GUIDANCE = "Use 10–64 samples from the target domain (plain prose, chat logs o
 
 # --- calibration datasets ------------------------------------------------------------------------
 
+
 def parse_samples(content: str, *, filename: str = "") -> list[str]:
     """JSONL ({"text": ...} per line) or plain text (paragraphs separated by blank lines)."""
     content = content.lstrip("\ufeff")
@@ -48,7 +50,9 @@ def parse_samples(content: str, *, filename: str = "") -> list[str]:
             try:
                 obj = json.loads(line)
             except ValueError:
-                raise ValidationError({"file": f"Line {n} is not JSON: JSONL needs one {{\"text\": ...}} per line."}) from None
+                raise ValidationError(
+                    {"file": f"Line {n} is not JSON: JSONL needs one {{\"text\": ...}} per line."}
+                ) from None
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
                 raise ValidationError({"file": f"Line {n} has no \"text\" string."})
             if obj["text"].strip():
@@ -57,8 +61,17 @@ def parse_samples(content: str, *, filename: str = "") -> list[str]:
     return [" ".join(p.split()) for p in content.split("\n\n") if p.strip()]
 
 
-def dataset_create(*, name: str, content: str, user, filename: str = "", purpose: str = "calibration",
-                   description: str = "", source: str = "", request=None) -> CalibrationDataset:
+def dataset_create(
+    *,
+    name: str,
+    content: str,
+    user,
+    filename: str = "",
+    purpose: str = "calibration",
+    description: str = "",
+    source: str = "",
+    request=None,
+) -> CalibrationDataset:
     name = (name or "").strip()
     try:
         NAME_VALIDATOR(name)
@@ -76,15 +89,31 @@ def dataset_create(*, name: str, content: str, user, filename: str = "", purpose
     if not samples:
         raise ValidationError({"file": "The upload holds no text."})
     if purpose == "calibration" and len(samples) < settings.QUANTIZE_MIN_SAMPLES:
-        raise ValidationError({"file": f"{len(samples)} sample(s) is too few to calibrate: at least "
-                                       f"{settings.QUANTIZE_MIN_SAMPLES}. {GUIDANCE}"})
+        raise ValidationError(
+            {
+                "file": f"{len(samples)} sample(s) is too few to calibrate: at least "
+                f"{settings.QUANTIZE_MIN_SAMPLES}. {GUIDANCE}"
+            }
+        )
     try:
         with transaction.atomic():
             ds = CalibrationDataset.objects.create(
-                name=name, purpose=purpose, description=description, source=source, samples=samples,
-                sample_count=len(samples), char_count=sum(map(len, samples)), created_by=user)
-            audit_log(actor=user, action="calibration.create", obj=ds, request=request,
-                      changes={"samples": len(samples), "purpose": purpose})
+                name=name,
+                purpose=purpose,
+                description=description,
+                source=source,
+                samples=samples,
+                sample_count=len(samples),
+                char_count=sum(map(len, samples)),
+                created_by=user,
+            )
+            audit_log(
+                actor=user,
+                action="calibration.create",
+                obj=ds,
+                request=request,
+                changes={"samples": len(samples), "purpose": purpose},
+            )
     except IntegrityError as exc:
         raise ValidationError({"name": f"A dataset named {name!r} already exists."}) from exc
     return ds
@@ -93,20 +122,35 @@ def dataset_create(*, name: str, content: str, user, filename: str = "", purpose
 def dataset_delete(*, dataset: CalibrationDataset, user, request=None) -> None:
     """Delete an uploaded dataset; the built-in defaults stay, and so does a set an active quantize job reads."""
     if dataset.builtin:
-        raise Conflict(f"{dataset.name} is a built-in default dataset: it cannot be deleted.",
-                       link=dataset.get_absolute_url())
+        raise Conflict(
+            f"{dataset.name} is a built-in default dataset: it cannot be deleted.", link=dataset.get_absolute_url()
+        )
     with transaction.atomic():
-        user_job = (Job.objects.select_for_update().filter(kind="quantize", status__in=Job.ACTIVE)
-                    .filter(Q(params__calibration=dataset.pk) | Q(params__evaluation=dataset.pk)).first())
+        user_job = (
+            Job.objects.select_for_update()
+            .filter(kind="quantize", status__in=Job.ACTIVE)
+            .filter(Q(params__calibration=dataset.pk) | Q(params__evaluation=dataset.pk))
+            .first()
+        )
         if user_job is not None:
-            raise Conflict(f"Quantize job #{user_job.pk} ({user_job.status}) uses {dataset.name}: delete it once the "
-                           "job has ended.", link=user_job.get_absolute_url(), object_id=user_job.pk)
-        audit_log(actor=user, action="calibration.delete", obj=dataset, request=request,
-                  changes={"name": dataset.name, "purpose": dataset.purpose, "samples": dataset.sample_count})
+            raise Conflict(
+                f"Quantize job #{user_job.pk} ({user_job.status}) uses {dataset.name}: delete it once the "
+                "job has ended.",
+                link=user_job.get_absolute_url(),
+                object_id=user_job.pk,
+            )
+        audit_log(
+            actor=user,
+            action="calibration.delete",
+            obj=dataset,
+            request=request,
+            changes={"name": dataset.name, "purpose": dataset.purpose, "samples": dataset.sample_count},
+        )
         dataset.delete()
 
 
 # --- quantize -------------------------------------------------------------------------------------
+
 
 def _dataset(value, purpose: str, field: str) -> CalibrationDataset:
     if value in (None, "", "default"):
@@ -135,15 +179,23 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be quantized.")
     options = options.given()
     if artifact.format != Artifact.Format.HF:
-        raise ValidationError({"target": f"Quantization needs a Hugging Face (safetensors) artifact; this one is "
-                                         f"{artifact.format}. Convert it to HF first."})
+        raise ValidationError(
+            {
+                "target": f"Quantization needs a Hugging Face (safetensors) artifact; this one is "
+                f"{artifact.format}. Convert it to HF first."
+            }
+        )
     inspection = artifact.inspection or {}
     if inspection.get("quantization"):
         raise ValidationError({"target": "This artifact is already quantized; quantize its float parent instead."})
     arch = inspection.get("architecture")
     if arch and arch not in SUPPORTED_ARCHITECTURES:
-        raise ValidationError({"target": f"Unsupported architecture {arch}: quantization here (llm-compressor and the "
-                                         f"ModelSlim writer) supports {', '.join(SUPPORTED_ARCHITECTURES)}."})
+        raise ValidationError(
+            {
+                "target": f"Unsupported architecture {arch}: quantization here (llm-compressor and the "
+                f"ModelSlim writer) supports {', '.join(SUPPORTED_ARCHITECTURES)}."
+            }
+        )
     target = options.get("target") or "compressed-tensors"
     if target not in TARGETS:
         raise ValidationError({"target": f"Choose one of: {', '.join(TARGETS)}."})
@@ -162,26 +214,43 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     if calib.pk == evaluation.pk or set(calib.samples) & set(evaluation.samples):
         raise ValidationError({"evaluation": "The evaluation set overlaps the calibration set: use separate text."})
     if calib.sample_count < settings.QUANTIZE_MIN_SAMPLES:
-        raise ValidationError({"calibration": f"{calib.name} has {calib.sample_count} sample(s); at least "
-                                              f"{settings.QUANTIZE_MIN_SAMPLES} are needed. {GUIDANCE}"})
+        raise ValidationError(
+            {
+                "calibration": f"{calib.name} has {calib.sample_count} sample(s); at least "
+                f"{settings.QUANTIZE_MIN_SAMPLES} are needed. {GUIDANCE}"
+            }
+        )
     smoothing = options.get("smoothing")
     smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, SMOOTHING)
     if smoothing and target == Artifact.Format.MODELSLIM:
-        raise ValidationError({"smoothing": "SmoothQuant strength is for compressed-tensors; for Ascend ModelSlim "
-                                            "choose msModelSlim's outlier suppression (anti_outlier m1–m6)."})
+        raise ValidationError(
+            {
+                "smoothing": "SmoothQuant strength is for compressed-tensors; for Ascend ModelSlim "
+                "choose msModelSlim's outlier suppression (anti_outlier m1–m6)."
+            }
+        )
 
     anti_outlier = options.get("anti_outlier") or None
     if anti_outlier is not None:
         if target != Artifact.Format.MODELSLIM:
-            raise ValidationError({"anti_outlier": "msModelSlim's outlier suppression is for the Ascend ModelSlim "
-                                                   "target; for compressed-tensors use SmoothQuant (smoothing)."})
+            raise ValidationError(
+                {
+                    "anti_outlier": "msModelSlim's outlier suppression is for the Ascend ModelSlim "
+                    "target; for compressed-tensors use SmoothQuant (smoothing)."
+                }
+            )
         if anti_outlier not in ANTI_OUTLIER:
             raise ValidationError({"anti_outlier": f"Choose one of: {', '.join(ANTI_OUTLIER)}."})
         if scheme == "w8a16" and anti_outlier != "m3":
             raise ValidationError({"anti_outlier": "With W8A16 msModelSlim offers only m3 (weight-aware)."})
     clean = {
-        "target": target, "scheme": scheme, "method": method,
-        "calibration": calib.pk, "evaluation": evaluation.pk, "smoothing": smoothing, "anti_outlier": anti_outlier,
+        "target": target,
+        "scheme": scheme,
+        "method": method,
+        "calibration": calib.pk,
+        "evaluation": evaluation.pk,
+        "smoothing": smoothing,
+        "anti_outlier": anti_outlier,
         "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, GATE_PCT),
         "fallback": bool(options.get("fallback", True)),
         "max_fallback_layers": _number(options, "max_fallback_layers", 16, MAX_FALLBACK_LAYERS),
@@ -200,20 +269,32 @@ def quantize_output_bytes(*, artifact: Artifact) -> int:
     return int(((artifact.inspection or {}).get("param_count") or 0) * 1.2) + 64 * 1024**2
 
 
-def artifact_quantize(*, artifact: Artifact, user, options: QuantizeOptions, request=None,
-                      retry_of: Job | None = None) -> Job:
+def artifact_quantize(
+    *, artifact: Artifact, user, options: QuantizeOptions, request=None, retry_of: Job | None = None
+) -> Job:
     clean = quantize_options_clean(artifact=artifact, options=options)
     same = {k: v for k, v in clean.items() if k != "serve_check"}
-    for existing in Artifact.objects.alive().filter(parent=artifact, status=Artifact.Status.READY,
-                                                    format=clean["target"]):
+    for existing in Artifact.objects.alive().filter(
+        parent=artifact, status=Artifact.Status.READY, format=clean["target"]
+    ):
         if {k: v for k, v in (existing.params or {}).items() if k != "serve_check"} == same:
-            raise Conflict(f"This quantization already exists as artifact #{existing.pk}.",
-                           link=existing.get_absolute_url(), object_id=existing.pk)
+            raise Conflict(
+                f"This quantization already exists as artifact #{existing.pk}.",
+                link=existing.get_absolute_url(),
+                object_id=existing.pk,
+            )
     shortfall = store_shortfall(needed=quantize_output_bytes(artifact=artifact), what="this quantization")
     if shortfall:
         raise ValidationError(shortfall)
     dedupe = f"quantize:{artifact.pk}:{json.dumps(same, sort_keys=True)}"
     with transaction.atomic():
-        job = job_enqueue(kind="quantize", params=clean, user=user, target=artifact,
-                          dedupe_key=dedupe, request=request, retry_of=retry_of)
+        job = job_enqueue(
+            kind="quantize",
+            params=clean,
+            user=user,
+            target=artifact,
+            dedupe_key=dedupe,
+            request=request,
+            retry_of=retry_of,
+        )
     return job

@@ -10,14 +10,17 @@ and ``api_key`` (the bearer key the server wants) once the server answers its he
 The entered object may carry ``kernel_note``: why the engine's kernels on this host may score the checkpoint
 worse than the checkpoint itself is (shown when the served figure fails the gate).
 """
+
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 EngineLauncher = Callable[..., AbstractContextManager[Any]]
 
-NOT_REGISTERED = ("No vLLM launcher is registered (the endpoints app is not installed), so the quantized "
-                  "checkpoint cannot be served for the serving check; turn the serving check off.")
+NOT_REGISTERED = (
+    "No vLLM launcher is registered (the endpoints app is not installed), so the quantized "
+    "checkpoint cannot be served for the serving check; turn the serving check off."
+)
 
 _launcher: EngineLauncher | None = None
 

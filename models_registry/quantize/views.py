@@ -17,8 +17,9 @@ from models_registry.quantize.models import CalibrationDataset
 def artifact_quantize(request, artifact_id: int):
     artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
     try:
-        job = services.artifact_quantize(artifact=artifact, user=request.user,
-                                         options=QuantizeForm(request.POST).options(), request=request)
+        job = services.artifact_quantize(
+            artifact=artifact, user=request.user, options=QuantizeForm(request.POST).options(), request=request
+        )
     except ValidationError as exc:
         for m in error_lines(exc):
             messages.error(request, m)
@@ -35,16 +36,20 @@ def artifact_quantize(request, artifact_id: int):
 @require_role(VIEWER)
 @require_GET
 def calibration_list(request):
-    return render(request, "quantize/calibration_list.html",
-                  {"datasets": selectors.dataset_list(), "guidance": services.GUIDANCE})
+    return render(
+        request, "quantize/calibration_list.html", {"datasets": selectors.dataset_list(), "guidance": services.GUIDANCE}
+    )
 
 
 @require_role(VIEWER)
 @require_GET
 def calibration_detail(request, dataset_id: int):
     ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
-    return render(request, "quantize/calibration_detail.html",
-                  {"ds": ds, "preview": ds.preview(n=10, chars=600), "guidance": services.GUIDANCE})
+    return render(
+        request,
+        "quantize/calibration_detail.html",
+        {"ds": ds, "preview": ds.preview(n=10, chars=600), "guidance": services.GUIDANCE},
+    )
 
 
 @require_role(OPERATOR)
@@ -66,11 +71,16 @@ def calibration_upload(request):
     upload = request.FILES.get("file")
     content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")
     try:
-        ds = services.dataset_create(name=request.POST.get("name", ""), content=content, user=request.user,
-                                     filename=upload.name if upload else "", request=request,
-                                     purpose=request.POST.get("purpose") or "calibration",
-                                     description=request.POST.get("description", ""),
-                                     source=request.POST.get("source", ""))
+        ds = services.dataset_create(
+            name=request.POST.get("name", ""),
+            content=content,
+            user=request.user,
+            filename=upload.name if upload else "",
+            request=request,
+            purpose=request.POST.get("purpose") or "calibration",
+            description=request.POST.get("description", ""),
+            source=request.POST.get("source", ""),
+        )
     except ValidationError as exc:
         for m in error_lines(exc):
             messages.error(request, m)

@@ -1,5 +1,6 @@
 """Every route checks its role on the server. The route lists come from the URL resolver
 and the API itself, so a new route without a check fails here."""
+
 import re
 
 import pytest
@@ -35,7 +36,13 @@ def _api_routes():
         for path, path_view in router.path_operations.items():
             for op in path_view.operations:
                 for method in op.methods:
-                    routes.append((method, "/api/v1" + (prefix.rstrip("/") + "/" + path.lstrip("/")).replace("//", "/"), op.view_func))
+                    routes.append(
+                        (
+                            method,
+                            "/api/v1" + (prefix.rstrip("/") + "/" + path.lstrip("/")).replace("//", "/"),
+                            op.view_func,
+                        )
+                    )
     return routes
 
 
@@ -90,7 +97,9 @@ def test_api_refuses_the_role_below(method, path, view, request, api_for):
     client = api_for(user)
     url = _concrete(path)
     response = getattr(client, method.lower())(url) if method != "POST" else client.post(url, {})
-    assert response.status_code == 403, f"{method} {url} as {user.username}: {response.status_code} {response.content[:200]}"
+    assert response.status_code == 403, (
+        f"{method} {url} as {user.username}: {response.status_code} {response.content[:200]}"
+    )
 
 
 @pytest.mark.django_db
@@ -140,7 +149,9 @@ def test_forms_enforce_csrf(name, path, view, admin):
 def test_session_api_calls_need_csrf(admin, model_root):
     client = Client(enforce_csrf_checks=True)
     client.force_login(admin)
-    response = client.post("/api/v1/models", data={"name": "m", "path": str(model_root)}, content_type="application/json")
+    response = client.post(
+        "/api/v1/models", data={"name": "m", "path": str(model_root)}, content_type="application/json"
+    )
     assert response.status_code == 403
     assert client.get("/api/v1/models").status_code == 200
 

@@ -1,4 +1,5 @@
 """Accounts, roles, API tokens and the audit log."""
+
 import io
 from datetime import timedelta
 
@@ -85,7 +86,9 @@ def test_admin_manages_users_and_roles(as_admin, admin):
     maybe = as_admin.post(f"/users/{user.pk}/update", {"role": OPERATOR, "active": "maybe"}, follow=True)
     assert b"active must be true or false" in maybe.content
     user.refresh_from_db()
-    assert user_role(user) is None and not user.is_active and list(user.groups.values_list("name", flat=True)) == [VIEWER]
+    assert (
+        user_role(user) is None and not user.is_active and list(user.groups.values_list("name", flat=True)) == [VIEWER]
+    )
     bad = as_admin.post("/users/create", {"username": "x", "role": "Root"}, follow=True)
     assert b"Choose a role" in bad.content
     dup = as_admin.post("/users/create", {"username": "NEWOP", "role": VIEWER}, follow=True)
@@ -151,10 +154,22 @@ def test_deploy_check_is_clean_with_production_settings(tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update({"DJANGO_SETTINGS_MODULE": "console.settings", "SECRET_KEY": "p" * 60 + "Zq9!x", "HTTPS": "true",
-                "SECURE_SSL_REDIRECT": "true", "SECURE_HSTS_SECONDS": "31536000", "DATA_DIR": str(tmp_path)})
-    result = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
-                            capture_output=True, text=True, env=env)
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "SECRET_KEY": "p" * 60 + "Zq9!x",
+            "HTTPS": "true",
+            "SECURE_SSL_REDIRECT": "true",
+            "SECURE_HSTS_SECONDS": "31536000",
+            "DATA_DIR": str(tmp_path),
+        }
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -169,9 +184,13 @@ def test_accounts_over_the_api(admin, viewer, api_for):
     mine = api_for(viewer)
     token = mine.post("/api/v1/tokens", {"name": "ci", "expires_days": 7})
     assert token.status_code == 201 and token.json()["token"].startswith("lmc_")
-    assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 200
+    assert (
+        Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 200
+    )
     assert mine.post(f"/api/v1/tokens/{token.json()['id']}/revoke").json()["active"] is False
-    assert Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 401
+    assert (
+        Client().get("/api/v1/models", headers={"Authorization": f"Bearer {token.json()['token']}"}).status_code == 401
+    )
     lasting = mine.post("/api/v1/tokens", {"name": "no expiry given"})  # the default lifetime, not for ever
     expires = ApiToken.objects.get(pk=lasting.json()["id"]).expires_at
     assert lasting.status_code == 201 and abs((expires - timezone.now()) - timedelta(days=90)) < timedelta(minutes=1)

@@ -1,6 +1,7 @@
 """The console's own security findings of the outside probe (issue 19: 3, 4, 7, 8, 11, 12, 13):
 login throttling and the password policy, private data files, the generated secret key,
 the API docs, API token lifetimes, the Content-Security-Policy and the API's 401."""
+
 import io
 import json
 import os
@@ -25,6 +26,7 @@ from tests.support.accounts import PASSWORD
 from tests.support.pages import offsite_urls
 
 # --- 3. Brute force and the password policy --------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_thirty_wrong_passwords_lock_that_user_from_that_address(viewer):
@@ -51,8 +53,11 @@ def test_behind_a_reverse_proxy_the_lockout_and_the_audit_log_see_the_clients_ad
     proxy = "10.0.0.2"
     attacker = Client(REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="203.0.113.7")
     for i in range(30):  # each try claims another address of its own, left of what the proxy appended
-        attacker.post("/login/", {"username": viewer.username, "password": "wrong guess"},
-                      HTTP_X_FORWARDED_FOR=f"198.51.100.{i}, 203.0.113.7")
+        attacker.post(
+            "/login/",
+            {"username": viewer.username, "password": "wrong guess"},
+            HTTP_X_FORWARDED_FOR=f"198.51.100.{i}, 203.0.113.7",
+        )
     refused = attacker.post("/login/", {"username": viewer.username, "password": PASSWORD})
     assert refused.status_code == 429
     owner = Client(REMOTE_ADDR=proxy, HTTP_X_FORWARDED_FOR="192.0.2.44")  # through the same proxy
@@ -81,13 +86,24 @@ def test_the_client_address_is_the_entry_the_outermost_proxy_appended_whatever_t
     assert seen("6.6.6.6, 192.0.2.44, 10.0.0.9") == "10.0.0.2"
 
 
-@pytest.mark.parametrize("value, said", [("-1", "TRUSTED_PROXIES=-1 must be 0 or more"),
-                                         ("one", "TRUSTED_PROXIES='one' is not an integer")])
+@pytest.mark.parametrize(
+    "value, said", [("-1", "TRUSTED_PROXIES=-1 must be 0 or more"), ("one", "TRUSTED_PROXIES='one' is not an integer")]
+)
 def test_a_bad_trusted_proxies_count_stops_the_console_naming_it(tmp_path, value, said):
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "TRUSTED_PROXIES"))}
-    done = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**clean, "DJANGO_SETTINGS_MODULE": "console.settings",
-                                                       "DATA_DIR": str(tmp_path), "TRUSTED_PROXIES": value})
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **clean,
+            "DJANGO_SETTINGS_MODULE": "console.settings",
+            "DATA_DIR": str(tmp_path),
+            "TRUSTED_PROXIES": value,
+        },
+    )
     assert done.returncode != 0 and said in done.stderr
 
 
@@ -109,16 +125,25 @@ def test_password_123_is_refused_with_a_message_everywhere(as_admin, admin, api_
 
 # --- 4. Private data files; the gateway key is kept nowhere -------------------------------------
 
+
 def _settings_in_subprocess(data_dir: Path, **env) -> dict:
     """Load console.settings as `make run` does (no SECRET_KEY), open the SQLite database,
     and say what the key is."""
-    code = ("import django, json; django.setup(); from django.conf import settings; "
-            "from django.db import connection; connection.ensure_connection(); "
-            "print(json.dumps({'key': settings.SECRET_KEY, 'database': settings.DATABASES['default']['NAME'], "
-            "'redis': settings.REDIS_URL}))")
+    code = (
+        "import django, json; django.setup(); from django.conf import settings; "
+        "from django.db import connection; connection.ensure_connection(); "
+        "print(json.dumps({'key': settings.SECRET_KEY, 'database': settings.DATABASES['default']['NAME'], "
+        "'redis': settings.REDIS_URL}))"
+    )
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("SECRET_KEY", "DATABASE_URL", "DJANGO_"))}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**clean, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(data_dir), **env})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "console.settings", "DATA_DIR": str(data_dir), **env},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -152,6 +177,7 @@ def test_a_new_gateway_key_is_shown_once_and_stored_in_no_session(as_admin):
 
 # --- 7. No published development key ---------------------------------------------------------
 
+
 def test_without_secret_key_a_random_key_is_made_once_and_kept_private(tmp_path):
     data = tmp_path / "data"
     first = _settings_in_subprocess(data)["key"]
@@ -178,6 +204,7 @@ def test_database_and_redis_urls_may_come_from_files(tmp_path):
 
 # --- 8. API docs: local assets, login required ---------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_api_docs_and_schema_need_a_login_and_load_nothing_from_elsewhere(as_viewer):
     anonymous = Client()
@@ -192,6 +219,7 @@ def test_api_docs_and_schema_need_a_login_and_load_nothing_from_elsewhere(as_vie
 
 
 # --- 11. Command-line tokens expire ------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_cli_tokens_expire_after_the_default_or_the_given_days(operator, settings):
@@ -213,6 +241,7 @@ def test_cli_tokens_expire_after_the_default_or_the_given_days(operator, setting
 
 
 # --- 12. Content-Security-Policy -----------------------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_pages_send_a_csp_that_allows_no_inline_script(as_viewer):
@@ -238,6 +267,7 @@ def test_templates_have_no_inline_script_nor_event_handler_attribute():
 
 # --- 13. Anonymous API writes: 401, not a CSRF 403 -----------------------------------------------
 
+
 @pytest.mark.django_db
 def test_anonymous_api_post_is_401_in_json():
     client = Client(enforce_csrf_checks=True)
@@ -250,8 +280,11 @@ def test_anonymous_api_post_is_401_in_json():
 
 def test_offsite_asset_check_reads_the_markup_not_the_text():
     """The pages' air-gap checks use offsite_urls: a CSRF token that spells "cdn" failed one once."""
-    page = ('<input type="hidden" name="csrfmiddlewaretoken" value="x9cdnq"><a href="https://docs.example/">docs</a>'
-            '<script src="/static/plotly/plotly.min.js"></script><link rel="stylesheet" href="/static/app.css">')
+    page = (
+        '<input type="hidden" name="csrfmiddlewaretoken" value="x9cdnq"><a href="https://docs.example/">docs</a>'
+        '<script src="/static/plotly/plotly.min.js"></script><link rel="stylesheet" href="/static/app.css">'
+    )
     assert offsite_urls(page) == []
-    assert offsite_urls(page + '<script src="https://cdn.plot.ly/plotly.min.js"></script>'
-                        '<img src="//img.example/a.png">') == ["https://cdn.plot.ly/plotly.min.js", "//img.example/a.png"]
+    assert offsite_urls(
+        page + '<script src="https://cdn.plot.ly/plotly.min.js"></script><img src="//img.example/a.png">'
+    ) == ["https://cdn.plot.ly/plotly.min.js", "//img.example/a.png"]

@@ -1,4 +1,5 @@
 """console.validation: the project's one number parser and its form/service wrappers."""
+
 import math
 
 import pytest
@@ -7,23 +8,32 @@ from django.core.exceptions import ValidationError
 from console.validation import NumberError, float_in_range, int_in_range, parse_float, parse_int
 
 
-@pytest.mark.parametrize("value,kwargs,expected", [
-    (5, {}, 5), ("5", {}, 5), (" -3 ", {"low": -5}, -3), (4.0, {"accept_float": True}, 4),
-])
+@pytest.mark.parametrize(
+    "value,kwargs,expected",
+    [
+        (5, {}, 5),
+        ("5", {}, 5),
+        (" -3 ", {"low": -5}, -3),
+        (4.0, {"accept_float": True}, 4),
+    ],
+)
 def test_parse_int_accepts(value, kwargs, expected):
     assert parse_int(value, "n", **{"low": 0, "high": 10, **kwargs}) == expected
 
 
-@pytest.mark.parametrize("value,kwargs,message", [
-    (True, {}, "n must be an integer, got True"),
-    ("5", {"accept_text": False}, "n must be an integer, got '5'"),
-    (4.0, {}, "n must be an integer, got 4.0"),
-    (4.5, {"accept_float": True}, "n must be an integer, got 4.5"),
-    ("1e3", {}, "n must be an integer"),
-    ("9" * 13, {}, "n must be an integer"),
-    (11, {}, "n must be between 0 and 10, got 11"),
-    ("-1", {}, "n must be between 0 and 10, got -1"),
-])
+@pytest.mark.parametrize(
+    "value,kwargs,message",
+    [
+        (True, {}, "n must be an integer, got True"),
+        ("5", {"accept_text": False}, "n must be an integer, got '5'"),
+        (4.0, {}, "n must be an integer, got 4.0"),
+        (4.5, {"accept_float": True}, "n must be an integer, got 4.5"),
+        ("1e3", {}, "n must be an integer"),
+        ("9" * 13, {}, "n must be an integer"),
+        (11, {}, "n must be between 0 and 10, got 11"),
+        ("-1", {}, "n must be between 0 and 10, got -1"),
+    ],
+)
 def test_parse_int_refuses_naming_the_field(value, kwargs, message):
     with pytest.raises(NumberError, match=message.replace("(", r"\(")):
         parse_int(value, "n", low=0, high=10, **kwargs)
@@ -31,8 +41,14 @@ def test_parse_int_refuses_naming_the_field(value, kwargs, message):
 
 def test_parse_float_bounds_and_types():
     assert parse_float("0.5", "u", low=0, high=1) == 0.5 and parse_float(1, "u", low=0, high=1) == 1.0
-    for bad, message in [("x", "u must be a number"), (True, "u must be a number"), (None, "u must be a number"),
-                         (float("nan"), "u must be at least 0 and at most 1"), ("inf", "at most 1"), (1.5, "at most 1")]:
+    for bad, message in [
+        ("x", "u must be a number"),
+        (True, "u must be a number"),
+        (None, "u must be a number"),
+        (float("nan"), "u must be at least 0 and at most 1"),
+        ("inf", "at most 1"),
+        (1.5, "at most 1"),
+    ]:
         with pytest.raises(NumberError, match=message):
             parse_float(bad, "u", low=0, high=1)
     with pytest.raises(NumberError, match="u must be greater than 0 and at most 1, got 0.0"):

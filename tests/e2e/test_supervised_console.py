@@ -3,6 +3,7 @@ any one brings that one back within 30 s, answering, while the others keep runni
 whose worker was killed mid-run is reaped as failed, its page says so, and its Retry succeeds; Ctrl-C stops
 every process. The console runs as on a host: console.settings from the environment, its own DATA_DIR and
 SQLite file, the tests' Redis database, free ports."""
+
 import logging
 import os
 import re
@@ -51,8 +52,8 @@ def _name_of(argv: list[str]) -> str | None:
     at = next((i for i, arg in enumerate(argv) if arg.endswith("/manage.py") or arg == "manage.py"), None)
     if at is None:  # not a console process (a shell running one has it inside one argument)
         return None
-    command = tuple(argv[at + 1:at + 3])
-    return next((name for name, signature in SIGNATURES.items() if command[:len(signature)] == signature), None)
+    command = tuple(argv[at + 1 : at + 3])
+    return next((name for name, signature in SIGNATURES.items() if command[: len(signature)] == signature), None)
 
 
 def _alive(pid: int) -> bool:
@@ -75,18 +76,34 @@ class Console:
         self.node = f"supervised-{uuid.uuid4().hex[:8]}"
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}  # manage.py's own default
         self.env = {
-            **env, "DATA_DIR": str(self.data), "DATABASE_URL": f"sqlite:///{tmp_path / 'console.sqlite3'}",
-            "REDIS_URL": redis_url, "CONSOLE_BIND": self.bind, "GATEWAY_URL": self.gateway,
-            "WORKERS": "1", "CONVERT_WORKERS": "1", "WEB_WORKERS": "1", "NODE_NAME": self.node,
-            "MODEL_ROOTS": str(self.models), "CONSOLE_ADMIN_PASSWORD": PASSWORD,
+            **env,
+            "DATA_DIR": str(self.data),
+            "DATABASE_URL": f"sqlite:///{tmp_path / 'console.sqlite3'}",
+            "REDIS_URL": redis_url,
+            "CONSOLE_BIND": self.bind,
+            "GATEWAY_URL": self.gateway,
+            "WORKERS": "1",
+            "CONVERT_WORKERS": "1",
+            "WEB_WORKERS": "1",
+            "NODE_NAME": self.node,
+            "MODEL_ROOTS": str(self.models),
+            "CONSOLE_ADMIN_PASSWORD": PASSWORD,
             # A killed job is stale after 5 s; the agent beats every second.
-            "JOB_HEARTBEAT_SECONDS": "1", "JOB_STALE_SECONDS": "5", "AGENT_HEARTBEAT_SECONDS": "1",
+            "JOB_HEARTBEAT_SECONDS": "1",
+            "JOB_STALE_SECONDS": "5",
+            "AGENT_HEARTBEAT_SECONDS": "1",
         }
         self.proc = None
 
     def manage(self, *args) -> str:
-        done = subprocess.run([str(VENV_BIN / "python"), "manage.py", *args], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [str(VENV_BIN / "python"), "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
@@ -94,9 +111,15 @@ class Console:
         # The Makefile's `run` recipe: umask 077, supervisord -n -c deploy/supervisord.conf.
         # Appending, as a terminal or `make run >> file` would: the echo listener reopens supervisord's stdout.
         self.output = open(self.data / "terminal.txt", "ab")
-        self.proc = subprocess.Popen([str(VENV_BIN / "supervisord"), "-n", "-c", str(CONFIG)], cwd=ROOT,
-                                     env=self.env, stdout=self.output, stderr=subprocess.STDOUT,
-                                     start_new_session=True, umask=0o077)
+        self.proc = subprocess.Popen(
+            [str(VENV_BIN / "supervisord"), "-n", "-c", str(CONFIG)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            umask=0o077,
+        )
 
     def processes(self, *, killed: tuple[int, ...] = ()) -> dict[str, int]:
         """The console's processes below supervisord, by name (one each): a forked child with its parent's
@@ -182,8 +205,12 @@ def _heartbeat_after(api: httpx.Client, node: str, moment: datetime) -> bool:
 
 
 def _wait_job(api: httpx.Client, job_id: int, statuses: set[str], timeout: float) -> dict:
-    return wait_for(lambda: (job := api.get(f"/api/v1/jobs/{job_id}").json())["status"] in statuses and job,
-                    timeout=timeout, interval=0.1, what=f"job {job_id} to be {statuses}")
+    return wait_for(
+        lambda: (job := api.get(f"/api/v1/jobs/{job_id}").json())["status"] in statuses and job,
+        timeout=timeout,
+        interval=0.1,
+        what=f"job {job_id} to be {statuses}",
+    )
 
 
 def _login(base: str) -> httpx.Client:
@@ -244,8 +271,7 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
             now = console.processes(killed=(old, *extra_pids, *forked))
             assert {n: now.get(n) for n in others} == others, f"{name} took others down: {now} (were {others})"
             new = now.get(name)
-            if new and new != old and not any(_alive(p) for p in (old, *forked)) \
-                    and ready(name, new, killed_at):
+            if new and new != old and not any(_alive(p) for p in (old, *forked)) and ready(name, new, killed_at):
                 return now
             return None
 
@@ -294,8 +320,10 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
 
     # Each process logged to DATA_DIR/logs/NAME.log, and the terminal got supervisord's account of the kills.
     logs = console.data / "logs"
-    assert "listening" in (logs / "gateway.log").read_text() and "Listening on convert" in (
-        logs / "convert-1.log").read_text()
+    assert (
+        "listening" in (logs / "gateway.log").read_text()
+        and "Listening on convert" in (logs / "convert-1.log").read_text()
+    )
     terminal = console.terminal(tail=10**7)
     assert "exited: reaper (terminated by SIGKILL; not expected)" in terminal
     assert re.search(r"^gateway +\| gateway listening on", terminal, re.M), "the echo listener prints their lines"

@@ -1,6 +1,7 @@
 """Telemetry charts in a real headless Chromium (Debian's, driven by Playwright): the node page
 draws its Plotly charts from the series API and updates them live, without a reload, when
 new points arrive; the range buttons reload them; the Overview's fleet cards show up."""
+
 import os
 import time
 

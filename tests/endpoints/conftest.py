@@ -1,4 +1,5 @@
 """Fixtures of the serving tests: fake OpenAI replicas and real gateway processes, stopped after each test."""
+
 import pytest
 
 from endpoints.gateway import services

@@ -2,6 +2,7 @@
 series; the API and form refusing bad settings by field; the controller's pass against the real
 database with samples stored as the agent stores them; and the drain of a scaled-down replica at the
 reconcile level (a stand-in supervisor, a real HTTP server answering /metrics)."""
+
 import threading
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,8 +29,17 @@ MONDAY_NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
 def settings_of(**over):
-    return parse_settings({"min_replicas": 1, "max_replicas": 4, "target_waiting": 4, "scale_up_window_s": 60,
-                           "scale_down_window_s": 300, "cooldown_s": 120, **over})
+    return parse_settings(
+        {
+            "min_replicas": 1,
+            "max_replicas": 4,
+            "target_waiting": 4,
+            "scale_up_window_s": 60,
+            "scale_down_window_s": 300,
+            "cooldown_s": 120,
+            **over,
+        }
+    )
 
 
 def series(now, seconds, waiting, every=10, running=0, served=0):
@@ -40,43 +50,90 @@ def series(now, seconds, waiting, every=10, running=0, served=0):
 
     def at(value, i):
         return value(i) if callable(value) else value
-    return [Sample(ts=end - seconds + every * i, waiting=at(waiting, i), running=at(running, i), served=at(served, i))
-            for i in range(count + 1)]
+
+    return [
+        Sample(ts=end - seconds + every * i, waiting=at(waiting, i), running=at(running, i), served=at(served, i))
+        for i in range(count + 1)
+    ]
 
 
-def run(samples, *, current=1, now=MONDAY_NOON, last=None, tz="UTC", starting=0, serving_since=None,
-        stays_unserving=0, **over):
-    return decide(settings=settings_of(**over), now=now, current=current, last_change_at=last, samples=samples, tz=tz,
-                  starting=starting, serving_since=serving_since, stays_unserving=stays_unserving)
+def run(
+    samples,
+    *,
+    current=1,
+    now=MONDAY_NOON,
+    last=None,
+    tz="UTC",
+    starting=0,
+    serving_since=None,
+    stays_unserving=0,
+    **over,
+):
+    return decide(
+        settings=settings_of(**over),
+        now=now,
+        current=current,
+        last_change_at=last,
+        samples=samples,
+        tz=tz,
+        starting=starting,
+        serving_since=serving_since,
+        stays_unserving=stays_unserving,
+    )
 
 
 # --- the settings ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, field, message", [
-    ({"min_replicas": 5, "max_replicas": 4}, "autoscale.min_replicas", "above max_replicas 4"),
-    ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 0 to 64, not -1"),
-    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 0}]},
-     "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
-    ({"max_replicas": 65}, "autoscale.max_replicas", "from 1 to 64"),
-    ({"min_replicas": 1}, "autoscale.max_replicas", "at most"),
-    ({"max_replicas": 2, "target_waiting": 0}, "autoscale.target_waiting", "above 0"),
-    ({"max_replicas": 2, "cooldown": 5}, "autoscale.cooldown", "Unknown setting"),
-    ({"max_replicas": 2, "scale_up_window_s": 5}, "autoscale.scale_up_window_s", "from 10"),
-    ({"max_replicas": 2, "schedule": [{"days": "mon-fry", "from": "08:00", "to": "20:00", "min_replicas": 2}]},
-     "autoscale.schedule[0].days", "'mon-fry' is not a day"),
-    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "8am", "to": "20:00", "min_replicas": 2}]},
-     "autoscale.schedule[0].from", "HH:MM"),
-    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "25:00", "min_replicas": 2}]},
-     "autoscale.schedule[0].to", "not a time of day"),
-    ({"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 3}]},
-     "autoscale.schedule[0].min_replicas", "1 to max_replicas (2)"),
-    ({"max_replicas": 2, "schedule": {"days": "mon"}}, "autoscale.schedule", "A list"),
-    ({"max_replicas": 2, "schedule": {}}, "autoscale.schedule", "A list"),
-    ({"max_replicas": 2, "schedule": ""}, "autoscale.schedule", "A list"),
-    # Whole day names only: a prefix rule read these as Monday alone.
-    *[({"max_replicas": 2, "schedule": [{"days": days, "from": "08:00", "to": "20:00", "min_replicas": 2}]},
-       "autoscale.schedule[0].days", "is not a day") for days in ("monkey", "mon fri", "mon\u2013fri", "mo-fr")],
-])
+
+@pytest.mark.parametrize(
+    "raw, field, message",
+    [
+        ({"min_replicas": 5, "max_replicas": 4}, "autoscale.min_replicas", "above max_replicas 4"),
+        ({"min_replicas": -1, "max_replicas": 4}, "autoscale.min_replicas", "from 0 to 64, not -1"),
+        (
+            {"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 0}]},
+            "autoscale.schedule[0].min_replicas",
+            "1 to max_replicas (2)",
+        ),
+        ({"max_replicas": 65}, "autoscale.max_replicas", "from 1 to 64"),
+        ({"min_replicas": 1}, "autoscale.max_replicas", "at most"),
+        ({"max_replicas": 2, "target_waiting": 0}, "autoscale.target_waiting", "above 0"),
+        ({"max_replicas": 2, "cooldown": 5}, "autoscale.cooldown", "Unknown setting"),
+        ({"max_replicas": 2, "scale_up_window_s": 5}, "autoscale.scale_up_window_s", "from 10"),
+        (
+            {"max_replicas": 2, "schedule": [{"days": "mon-fry", "from": "08:00", "to": "20:00", "min_replicas": 2}]},
+            "autoscale.schedule[0].days",
+            "'mon-fry' is not a day",
+        ),
+        (
+            {"max_replicas": 2, "schedule": [{"days": "mon", "from": "8am", "to": "20:00", "min_replicas": 2}]},
+            "autoscale.schedule[0].from",
+            "HH:MM",
+        ),
+        (
+            {"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "25:00", "min_replicas": 2}]},
+            "autoscale.schedule[0].to",
+            "not a time of day",
+        ),
+        (
+            {"max_replicas": 2, "schedule": [{"days": "mon", "from": "08:00", "to": "20:00", "min_replicas": 3}]},
+            "autoscale.schedule[0].min_replicas",
+            "1 to max_replicas (2)",
+        ),
+        ({"max_replicas": 2, "schedule": {"days": "mon"}}, "autoscale.schedule", "A list"),
+        ({"max_replicas": 2, "schedule": {}}, "autoscale.schedule", "A list"),
+        ({"max_replicas": 2, "schedule": ""}, "autoscale.schedule", "A list"),
+        # Whole day names only: a prefix rule read these as Monday alone.
+        *[
+            (
+                {"max_replicas": 2, "schedule": [{"days": days, "from": "08:00", "to": "20:00", "min_replicas": 2}]},
+                "autoscale.schedule[0].days",
+                "is not a day",
+            )
+            for days in ("monkey", "mon fri", "mon\u2013fri", "mo-fr")
+        ],
+    ],
+)
 def test_bad_settings_are_refused_naming_the_field(raw, field, message):
     with pytest.raises(ValidationError) as exc:
         parse_settings(raw)
@@ -94,15 +151,22 @@ def test_days_are_short_or_full_names_and_ranges_wrap():
 
 
 def test_settings_round_trip_with_defaults_and_off():
-    parsed = parse_settings({"max_replicas": 3, "schedule": [
-        {"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]})
-    assert (parsed.min_replicas, parsed.target_waiting, parsed.scale_up_window_s, parsed.cooldown_s) == (1, 4.0, 60, 300)
+    parsed = parse_settings(
+        {"max_replicas": 3, "schedule": [{"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]}
+    )
+    assert (parsed.min_replicas, parsed.target_waiting, parsed.scale_up_window_s, parsed.cooldown_s) == (
+        1,
+        4.0,
+        60,
+        300,
+    )
     assert parse_settings(parsed.as_json()) == parsed
     assert parse_settings(None) is None and parse_settings({}) is None
     assert parse_settings({"min_replicas": 0, "max_replicas": 2}).min_replicas == 0  # scale to zero
 
 
 # --- the pure policy -------------------------------------------------------------------------------
+
 
 def test_up_to_the_median_need_of_a_whole_up_window():
     # 10 to 16 queued, target 4 per replica: 10-12 need 3, 13-16 need 4; the median sample needs 4.
@@ -245,23 +309,44 @@ def test_schedule_floors_by_weekday_time_zone_and_across_midnight():
 
 # --- API, form and service checks ------------------------------------------------------------------
 
-AUTO = {"min_replicas": 1, "max_replicas": 4, "target_waiting": 2, "scale_up_window_s": 30,
-        "scale_down_window_s": 60, "cooldown_s": 30}
+AUTO = {
+    "min_replicas": 1,
+    "max_replicas": 4,
+    "target_waiting": 2,
+    "scale_up_window_s": 30,
+    "scale_down_window_s": 60,
+    "cooldown_s": 30,
+}
 
 
 @pytest.mark.django_db
 def test_launch_with_autoscale_holds_devices_for_max_and_starts_at_min(operator, api_for, ascend_node, tiny_artifact):
     api = api_for(operator)
-    refused = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1],
-                                             "autoscale": AUTO})
+    refused = api.post(
+        "/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1], "autoscale": AUTO}
+    )
     assert refused.status_code == 400
     assert "need 4 devices" in " ".join(refused.json()["errors"]["autoscale.max_replicas"])
-    bad = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3],
-                                         "autoscale": {**AUTO, "min_replicas": 5}})
+    bad = api.post(
+        "/api/v1/endpoints",
+        {
+            "name": "auto",
+            "artifact": tiny_artifact.pk,
+            "devices": [0, 1, 2, 3],
+            "autoscale": {**AUTO, "min_replicas": 5},
+        },
+    )
     assert bad.status_code == 400 and "autoscale.min_replicas" in bad.json()["errors"]
     assert not Endpoint.objects.exists()
-    made = api.post("/api/v1/endpoints", {"name": "auto", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3],
-                                          "autoscale": {**AUTO, "min_replicas": 2}})
+    made = api.post(
+        "/api/v1/endpoints",
+        {
+            "name": "auto",
+            "artifact": tiny_artifact.pk,
+            "devices": [0, 1, 2, 3],
+            "autoscale": {**AUTO, "min_replicas": 2},
+        },
+    )
     assert made.status_code == 201, made.content
     body = made.json()
     assert body["replica_count"] == 2 and [r["devices"] for r in body["replicas"]] == [[0], [1]]
@@ -276,13 +361,22 @@ def test_launch_with_autoscale_holds_devices_for_max_and_starts_at_min(operator,
 @pytest.mark.django_db
 def test_patch_autoscale_checks_the_pinned_devices_and_is_audited(operator, api_for, ascend_node, tiny_artifact):
     api = api_for(operator)
-    made = api.post("/api/v1/endpoints", {"name": "two", "artifact": tiny_artifact.pk, "devices": [0, 1], "replicas": 2})
+    made = api.post(
+        "/api/v1/endpoints", {"name": "two", "artifact": tiny_artifact.pk, "devices": [0, 1], "replicas": 2}
+    )
     url = f"/api/v1/endpoints/{made.json()['id']}"
     too_many = api.patch(url, {"autoscale": {"max_replicas": 3}})
     assert too_many.status_code == 400
     assert "pinned to 2 ([0, 1])" in " ".join(too_many.json()["errors"]["autoscale.max_replicas"])
-    schedule = api.patch(url, {"autoscale": {"max_replicas": 2, "schedule": [{"days": "weekdays", "from": "08:00",
-                                                                               "to": "20:00", "min_replicas": 2}]}})
+    schedule = api.patch(
+        url,
+        {
+            "autoscale": {
+                "max_replicas": 2,
+                "schedule": [{"days": "weekdays", "from": "08:00", "to": "20:00", "min_replicas": 2}],
+            }
+        },
+    )
     assert schedule.status_code == 400 and "autoscale.schedule[0].days" in schedule.json()["errors"]
     assert Endpoint.objects.get().autoscale is None and not AuditEvent.objects.filter(action="endpoint.update").exists()
     on = api.patch(url, {"autoscale": {"max_replicas": 2, "cooldown_s": 60}})
@@ -299,16 +393,24 @@ def test_patch_autoscale_checks_the_pinned_devices_and_is_audited(operator, api_
 
 
 @pytest.mark.django_db
-def test_autoscaling_turned_off_while_scaled_to_zero_leaves_one_replica(operator, api_for, ascend_node,
-                                                                       tiny_artifact, redis_conn):
+def test_autoscaling_turned_off_while_scaled_to_zero_leaves_one_replica(
+    operator, api_for, ascend_node, tiny_artifact, redis_conn
+):
     """At zero replicas only a wake brings an endpoint back, and the gateway wakes autoscaled ones only: turned
     off there, it would serve nothing for good. Its fixed count becomes one (an event and an audit row say
     why); turned off above zero, the count stays."""
     from endpoints.services import endpoint_scale
 
     api = api_for(operator)
-    made = api.post("/api/v1/endpoints", {"name": "idle", "artifact": tiny_artifact.pk, "devices": [0, 1],
-                                          "autoscale": {"min_replicas": 0, "max_replicas": 2}})
+    made = api.post(
+        "/api/v1/endpoints",
+        {
+            "name": "idle",
+            "artifact": tiny_artifact.pk,
+            "devices": [0, 1],
+            "autoscale": {"min_replicas": 0, "max_replicas": 2},
+        },
+    )
     assert made.status_code == 201, made.content
     endpoint = Endpoint.objects.get(pk=made.json()["id"])
     endpoint, scaled = endpoint_scale(endpoint=endpoint, replicas=0, via="controller", reason="idle")
@@ -322,8 +424,9 @@ def test_autoscaling_turned_off_while_scaled_to_zero_leaves_one_replica(operator
 
 
 @pytest.mark.django_db
-def test_multi_node_endpoints_cannot_autoscale_and_cpu_ones_share_the_cores(ascend_node, cpu_node, tiny_artifact,
-                                                                              operator):
+def test_multi_node_endpoints_cannot_autoscale_and_cpu_ones_share_the_cores(
+    ascend_node, cpu_node, tiny_artifact, operator
+):
     with pytest.raises(ValidationError) as exc:
         _checked_autoscale({"max_replicas": 2}, node=ascend_node, devices=[0, 1], tp_pp=1, distributed="ray")
     assert "cannot autoscale" in exc.value.message_dict["autoscale"][0]
@@ -332,22 +435,38 @@ def test_multi_node_endpoints_cannot_autoscale_and_cpu_ones_share_the_cores(asce
     made = endpoint_create(name="cpu-two", artifact=tiny_artifact.pk, node=cpu_node.name, replicas=2, user=operator)
     assert made.replicas == 2 and made.replica_set.count() == 2
     with pytest.raises(ValidationError) as exc:  # but one process per replica: no TP on a CPU node
-        endpoint_create(name="cpu-tp", artifact=tiny_artifact.pk, node=cpu_node.name, tensor_parallel_size=2,
-                        user=operator)
+        endpoint_create(
+            name="cpu-tp", artifact=tiny_artifact.pk, node=cpu_node.name, tensor_parallel_size=2, user=operator
+        )
     assert "one process per replica" in exc.value.message_dict["tensor_parallel_size"][0]
 
 
 @pytest.mark.django_db
 def test_launch_form_shows_autoscale_errors_under_the_box(as_operator, ascend_node, tiny_artifact):
-    page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
-                                                "autoscale": '{"min_replicas": -1, "max_replicas": 1}'})
+    page = as_operator.post(
+        "/endpoints/launch",
+        {
+            "name": "auto",
+            "artifact": tiny_artifact.pk,
+            "devices": "0",
+            "autoscale": '{"min_replicas": -1, "max_replicas": 1}',
+        },
+    )
     assert page.status_code == 400
     assert "autoscale.min_replicas: A whole number from 0 to 64, not -1." in page.content.decode()
-    page = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0",
-                                                "autoscale": "[1]"})
+    page = as_operator.post(
+        "/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0", "autoscale": "[1]"}
+    )
     assert page.status_code == 400 and "Autoscaling: a JSON object" in page.content.decode()
-    made = as_operator.post("/endpoints/launch", {"name": "auto", "artifact": tiny_artifact.pk, "devices": "0,1",
-                                                "autoscale": '{"min_replicas": 0, "max_replicas": 2}'})
+    made = as_operator.post(
+        "/endpoints/launch",
+        {
+            "name": "auto",
+            "artifact": tiny_artifact.pk,
+            "devices": "0,1",
+            "autoscale": '{"min_replicas": 0, "max_replicas": 2}',
+        },
+    )
     assert made.status_code == 302
     made = Endpoint.objects.get()  # scale to zero accepted; it starts with one replica
     assert (made.autoscale["min_replicas"], made.autoscale["max_replicas"], made.replicas) == (0, 2, 1)
@@ -355,13 +474,30 @@ def test_launch_form_shows_autoscale_errors_under_the_box(as_operator, ascend_no
 
 # --- the controller --------------------------------------------------------------------------------
 
+
 def autoscaled(node, tiny_artifact, *, replicas=1, devices=(0, 1, 2, 3), **over):
-    endpoint = Endpoint.objects.create(name="auto", artifact=tiny_artifact, node=node, served_model_name="auto",
-                                       devices=list(devices), replicas=replicas, state=S.READY,
-                                       autoscale=parse_settings({**AUTO, **over}).as_json())
+    endpoint = Endpoint.objects.create(
+        name="auto",
+        artifact=tiny_artifact,
+        node=node,
+        served_model_name="auto",
+        devices=list(devices),
+        replicas=replicas,
+        state=S.READY,
+        autoscale=parse_settings({**AUTO, **over}).as_json(),
+    )
     for index in range(replicas):
-        Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=[devices[index]], state=S.READY,
-                               port=8950 + index, port_host=node.hostname, pid=3_000_000 + index, pid_create_time=1.0)
+        Replica.objects.create(
+            endpoint=endpoint,
+            index=index,
+            node=node,
+            devices=[devices[index]],
+            state=S.READY,
+            port=8950 + index,
+            port_host=node.hostname,
+            pid=3_000_000 + index,
+            pid_create_time=1.0,
+        )
     return endpoint
 
 
@@ -369,10 +505,12 @@ def store_waiting(endpoint, *, replica, start, seconds, value, every=10, metric=
     """`ep.waiting` (or `metric`) points for one replica as the agent stores them (series e<id>.r<i>.<metric>);
     replica None: the gateway's series (e<id>.<metric>)."""
     key = f"e{endpoint.pk}.{metric}" if replica is None else f"e{endpoint.pk}.r{replica}.{metric}"
-    s, _ = Series.objects.get_or_create(key=key, defaults={
-        "metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node})
-    Point.objects.bulk_create([Point(series=s, ts=int(start) + every * i, value=value)
-                               for i in range(seconds // every + 1)])
+    s, _ = Series.objects.get_or_create(
+        key=key, defaults={"metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node}
+    )
+    Point.objects.bulk_create(
+        [Point(series=s, ts=int(start) + every * i, value=value) for i in range(seconds // every + 1)]
+    )
 
 
 @pytest.mark.django_db
@@ -397,10 +535,16 @@ def test_controller_scales_up_on_summed_waiting_with_event_and_system_audit(asce
     [(_, again, applied)] = run_once(now + 10)["evaluate_autoscaling"]
     assert again.cooling and not applied and Endpoint.objects.get().replicas == 3
     # Each pass stored what the endpoint page charts: wanted, ready (two of three), the queue decided on.
-    charted = {m: list(Point.objects.filter(series__key=f"e{endpoint.pk}.{m}").order_by("ts").values_list("ts", "value"))
-               for m in ("as.wanted", "as.replicas", "as.ready", "as.waiting")}
-    assert charted == {"as.wanted": [(now, 3.0), (now + 10, 3.0)], "as.replicas": [(now, 3.0), (now + 10, 3.0)],
-                       "as.ready": [(now, 2.0), (now + 10, 2.0)], "as.waiting": [(now, 6.0), (now + 10, 6.0)]}, charted
+    charted = {
+        m: list(Point.objects.filter(series__key=f"e{endpoint.pk}.{m}").order_by("ts").values_list("ts", "value"))
+        for m in ("as.wanted", "as.replicas", "as.ready", "as.waiting")
+    }
+    assert charted == {
+        "as.wanted": [(now, 3.0), (now + 10, 3.0)],
+        "as.replicas": [(now, 3.0), (now + 10, 3.0)],
+        "as.ready": [(now, 2.0), (now + 10, 2.0)],
+        "as.waiting": [(now, 6.0), (now + 10, 6.0)],
+    }, charted
 
 
 @pytest.mark.django_db
@@ -416,23 +560,26 @@ def test_a_scale_down_never_stops_the_serving_replica_and_keeps_a_broken_one(asc
     long_ago = timezone.now() - timedelta(days=1)
     Replica.objects.filter(endpoint=endpoint).update(ready_at=long_ago)
 
-    for state, reason in ((S.RESTARTING, "crashed (exit code 1); restarting in 20 s"), (S.FAILED, "gave up"),
-                          (S.PENDING, "device fault: chip 0 Alarm; no healthy spare")):
+    for state, reason in (
+        (S.RESTARTING, "crashed (exit code 1); restarting in 20 s"),
+        (S.FAILED, "gave up"),
+        (S.PENDING, "device fault: chip 0 Alarm; no healthy spare"),
+    ):
         Replica.objects.filter(endpoint=endpoint, index=0).update(state=state, state_reason=reason)
         [(_, decision, applied)] = evaluate_autoscaling(now)
         assert (decision.action, applied) == (HOLD, False), (state, decision.reason)
         assert "would stay are not serving" in decision.reason and Endpoint.objects.get().replicas == 2
 
     Replica.objects.filter(endpoint=endpoint, index=0).update(state=S.READY, state_reason="")
-    Replica.objects.filter(endpoint=endpoint, index=1).update(state=S.PENDING,
-                                                               state_reason="device fault: chip 1 Alarm; no spare")
+    Replica.objects.filter(endpoint=endpoint, index=1).update(
+        state=S.PENDING, state_reason="device fault: chip 1 Alarm; no spare"
+    )
     [(_, decision, applied)] = evaluate_autoscaling(now)
     assert (decision.action, decision.wanted, applied) == (DOWN, 1, True)  # the broken one goes
 
 
 @pytest.mark.django_db
-def test_controller_scales_an_idle_endpoint_to_zero_and_wakes_it_on_held_requests(ascend_node, tiny_artifact,
-                                                                                   settings):
+def test_controller_scales_an_idle_endpoint_to_zero_and_wakes_it_on_held_requests(ascend_node, tiny_artifact, settings):
     settings.TELEMETRY_INTERVAL_SECONDS = 10
     endpoint = autoscaled(ascend_node, tiny_artifact, replicas=1, min_replicas=0)
     now = 1_800_000_000
@@ -447,7 +594,9 @@ def test_controller_scales_an_idle_endpoint_to_zero_and_wakes_it_on_held_request
     assert (decision.action, decision.wanted, applied) == (DOWN, 0, True)
     endpoint.refresh_from_db()
     assert endpoint.replicas == 0 and (endpoint.state, endpoint.state_reason) == (
-        S.PENDING, "scaled to zero: the next request through the gateway starts a replica")
+        S.PENDING,
+        "scaled to zero: the next request through the gateway starts a replica",
+    )
     assert "scaled down 1 → 0: idle for 60 s" in EndpointEvent.objects.get(endpoint=endpoint, kind="autoscale").message
     assert not routing_table().backends and [w.endpoint_id for w in routing_table().wakeable["auto"]] == [endpoint.pk]
     # Requests held in a gateway (its wake write lost): the next pass wakes it, cooldown or not.
@@ -496,8 +645,11 @@ def test_a_scale_up_without_free_devices_says_so_instead_of_failing(ascend_node,
     Device.objects.filter(node=ascend_node, index=1).update(health="OK")
     evaluate_autoscaling(now + 2)
     endpoint.refresh_from_db()
-    assert endpoint.replicas == 3 and endpoint.autoscale_wanted is None and endpoint.state_reason != \
-        "wants 3, has 1: no free devices"
+    assert (
+        endpoint.replicas == 3
+        and endpoint.autoscale_wanted is None
+        and endpoint.state_reason != "wants 3, has 1: no free devices"
+    )
 
 
 @pytest.mark.django_db
@@ -507,6 +659,7 @@ def test_two_controllers_apply_one_change(ascend_node, tiny_artifact, settings):
     now = 1_800_000_000
     store_waiting(endpoint, replica=0, start=now - 30, seconds=30, value=4)
     from endpoints.services import endpoint_scale
+
     stale = Endpoint.objects.get(pk=endpoint.pk)
     assert evaluate_autoscaling(now)[0][2] is True
     _, applied = endpoint_scale(endpoint=stale, replicas=2, via="controller", reason="late")
@@ -516,12 +669,15 @@ def test_two_controllers_apply_one_change(ascend_node, tiny_artifact, settings):
 
 # --- the drain -------------------------------------------------------------------------------------
 
+
 class Metrics(BaseHTTPRequestHandler):
     running = 1.0
 
     def do_GET(self):
-        body = (f'vllm:num_requests_running{{model_name="auto"}} {Metrics.running}\n'
-                'vllm:num_requests_waiting{model_name="auto"} 0.0\n').encode()
+        body = (
+            f'vllm:num_requests_running{{model_name="auto"}} {Metrics.running}\n'
+            'vllm:num_requests_waiting{model_name="auto"} 0.0\n'
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
@@ -554,8 +710,9 @@ def two_running_replicas(node, tiny_artifact, monkeypatch):
 
 
 @pytest.mark.django_db
-def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend_node, tiny_artifact, settings,
-                                                                            metrics_server, monkeypatch):
+def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(
+    ascend_node, tiny_artifact, settings, metrics_server, monkeypatch
+):
     settings.GATEWAY_DRAIN_SECONDS, settings.GATEWAY_ROUTES_REFRESH_SECONDS = 30, 1
     endpoint, supervisor, workload = two_running_replicas(ascend_node, tiny_artifact, monkeypatch)
 
@@ -564,6 +721,7 @@ def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend
 
     assert routed() == {0, 1}
     from endpoints.services import endpoint_scale
+
     endpoint_scale(endpoint=endpoint, replicas=1, via="controller", reason="test")
     assert routed() == {0}  # before any agent pass
     t0 = timezone.now()
@@ -586,8 +744,9 @@ def test_a_scaled_down_replica_leaves_routing_at_once_and_stops_when_idle(ascend
 
 
 @pytest.mark.django_db
-def test_a_busy_draining_replica_stops_at_the_drain_bound(ascend_node, tiny_artifact, settings, metrics_server,
-                                                          monkeypatch):
+def test_a_busy_draining_replica_stops_at_the_drain_bound(
+    ascend_node, tiny_artifact, settings, metrics_server, monkeypatch
+):
     settings.GATEWAY_DRAIN_SECONDS = 30
     Metrics.running = 3.0
     endpoint, supervisor, workload = two_running_replicas(ascend_node, tiny_artifact, monkeypatch)

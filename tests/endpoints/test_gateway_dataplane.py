@@ -2,6 +2,7 @@
 it is built, a crash of it stops the gateway to be restarted, a bad setting is refused naming it; and what each
 data path does at the edges of the HTTP it owns (a body over the limit, a replica that breaks mid-stream).
 Everything else the gateway does is tested with both data paths (the `gateway` fixture, tests/endpoints)."""
+
 import json
 import os
 import signal
@@ -111,8 +112,14 @@ def test_stopping_the_gateway_stops_its_data_path(worker_env):
 
 def test_a_bad_data_path_setting_is_refused_naming_it(worker_env, tmp_path):
     def gateway(**env):
-        return subprocess.run([sys.executable, "manage.py", "gateway", "--port", "1"], cwd=ROOT, capture_output=True,
-                              text=True, timeout=60, env={**worker_env, **env})
+        return subprocess.run(
+            [sys.executable, "manage.py", "gateway", "--port", "1"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**worker_env, **env},
+        )
 
     wrong = gateway(GATEWAY_DATAPLANE="go")
     assert wrong.returncode != 0 and "GATEWAY_DATAPLANE must be auto, rust or python, not 'go'" in wrong.stderr
@@ -125,8 +132,10 @@ def test_a_bad_data_path_setting_is_refused_naming_it(worker_env, tmp_path):
     beyond = max(os.sched_getaffinity(0)) + 1
     elsewhere = gateway(GATEWAY_DATAPLANE="rust", GATEWAY_CPU=str(beyond))
     assert elsewhere.returncode != 0
-    assert f"GATEWAY_CPU={beyond}, but this process may run only on CPUs {sorted(os.sched_getaffinity(0))}" \
+    assert (
+        f"GATEWAY_CPU={beyond}, but this process may run only on CPUs {sorted(os.sched_getaffinity(0))}"
         in elsewhere.stderr
+    )
 
 
 class _BreaksMidStream(ServerThread):
@@ -156,10 +165,17 @@ def test_a_body_over_the_limit_is_413_and_a_stream_cut_short_ends_with_an_error_
 
     big = httpx.post(gw.url + "/v1/completions", content=b" " * (MAX_BODY + 1), headers=auth, timeout=60)
     assert big.status_code == 413 and big.json()["error"] == {
-        "message": "The request body is too large.", "type": "too_large", "code": 413}
+        "message": "The request body is too large.",
+        "type": "too_large",
+        "code": 413,
+    }
 
-    with gw.client.stream("POST", "/v1/chat/completions", headers=auth, json={
-            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
+    with gw.client.stream(
+        "POST",
+        "/v1/chat/completions",
+        headers=auth,
+        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    ) as response:
         assert response.status_code == 200
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert json.loads(events[0])["choices"][0]["delta"]["content"] == "w "
@@ -192,7 +208,7 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them():
         # A body left behind (the data path reads it when asked): no key, so it is never asked for.
         unread = _frame(4, b"Q", b"POST\n/v1/completions\n\nBearer gk_nothing\n0")
         stream = health + big + other + unread
-        for piece in (stream[:5], stream[5:len(health) + 7], stream[len(health) + 7:-3], stream[-3:]):
+        for piece in (stream[:5], stream[5 : len(health) + 7], stream[len(health) + 7 : -3], stream[-3:]):
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.01)
@@ -226,11 +242,19 @@ class _Recorder(ServerThread):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.bodies.append(body)
                 if not json.loads(body).get("stream"):
-                    answer = json.dumps({"id": "x", "object": "text_completion", "model": "tiny", "choices": [
-                        {"index": 0, "text": "w " * 20_000, "finish_reason": "length"}],
-                        "usage": {"prompt_tokens": 3, "completion_tokens": 20_000, "total_tokens": 20_003},
-                        "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None},
-                        separators=(",", ":")).encode()
+                    answer = json.dumps(
+                        {
+                            "id": "x",
+                            "object": "text_completion",
+                            "model": "tiny",
+                            "choices": [{"index": 0, "text": "w " * 20_000, "finish_reason": "length"}],
+                            "usage": {"prompt_tokens": 3, "completion_tokens": 20_000, "total_tokens": 20_003},
+                            "kv_transfer_params": None,
+                            "ec_transfer_params": None,
+                            "metrics": None,
+                        },
+                        separators=(",", ":"),
+                    ).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(answer)))
@@ -271,8 +295,10 @@ def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_si
     key, raw, gw = serving(upstream, "ep-rec")
 
     with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as conn:
-        conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 10000000\r\n\r\n")
+        conn.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 10000000\r\n\r\n"
+        )
         assert conn.recv(4096).startswith(b"HTTP/1.1 401 ")
 
     big = {"model": "tiny", "prompt": "p" * 200_000, "max_tokens": 1}
@@ -284,8 +310,13 @@ def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_si
         time.sleep(0.2)
     assert GatewayKey.objects.get(pk=key.pk).tokens_total == 20_003
 
-    with httpx.stream("POST", gw.url + "/v1/completions", timeout=10, headers={"Authorization": f"Bearer {raw}"},
-                      json={"model": "tiny", "prompt": "hi", "stream": True}) as response:
+    with httpx.stream(
+        "POST",
+        gw.url + "/v1/completions",
+        timeout=10,
+        headers={"Authorization": f"Bearer {raw}"},
+        json={"model": "tiny", "prompt": "hi", "stream": True},
+    ) as response:
         assert next(response.iter_bytes()).startswith(b"data: ")
         left = time.monotonic()
     while time.monotonic() - left < 5 and not upstream.aborted:
@@ -300,7 +331,6 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
     import http.client
     import struct
 
-
     class Replica(QuietHandler):
         def do_POST(self):
             self.rfile.read(int(self.headers["Content-Length"]))
@@ -314,10 +344,25 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
     replica = ServerThread().serve(Replica)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     port = free_port()
-    child = subprocess.Popen([settings.GATEWAY_DATAPLANE_BINARY, "--listen", f"127.0.0.1:{port}", "--control-fd",
-                              str(theirs.fileno()), "--connect-timeout", "5", "--read-timeout", "30",
-                              "--idle-timeout", "3", "--max-body", str(MAX_BODY)], pass_fds=(theirs.fileno(),),
-                             stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(
+        [
+            settings.GATEWAY_DATAPLANE_BINARY,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--control-fd",
+            str(theirs.fileno()),
+            "--connect-timeout",
+            "5",
+            "--read-timeout",
+            "30",
+            "--idle-timeout",
+            "3",
+            "--max-body",
+            str(MAX_BODY),
+        ],
+        pass_fds=(theirs.fileno(),),
+        stdout=subprocess.DEVNULL,
+    )
     theirs.close()
     ours.settimeout(10)
     received = bytearray()
@@ -328,13 +373,14 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
             assert chunk, "the data path closed its socket"
             received.extend(chunk)
         length, request_id, kind, head_len = PREFIX.unpack_from(received)
-        head = bytes(received[PREFIX.size:PREFIX.size + head_len]).decode()
-        del received[:4 + length]
+        head = bytes(received[PREFIX.size : PREFIX.size + head_len]).decode()
+        del received[: 4 + length]
         return request_id, chr(kind), head
 
     def forward(request_id):
-        ours.sendall(_frame(request_id, b"F", f"http://127.0.0.1:{replica.port}/v1/completions\nreplica-key\n0".encode(),
-                            b"{}"))
+        ours.sendall(
+            _frame(request_id, b"F", f"http://127.0.0.1:{replica.port}/v1/completions\nreplica-key\n0".encode(), b"{}")
+        )
 
     def connected():
         client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -356,11 +402,18 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
                     return request_id
 
         for n in range(3):
-            client.request("POST", "/v1/completions", body=b'{"model": "tiny"}',
-                           headers={"Authorization": "Bearer gk_x", "Content-Type": "application/json"})
+            client.request(
+                "POST",
+                "/v1/completions",
+                body=b'{"model": "tiny"}',
+                headers={"Authorization": "Bearer gk_x", "Content-Type": "application/json"},
+            )
             forward(until_request())
             answer = client.getresponse()
-            assert (answer.status, answer.read()) == (200, b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}')
+            assert (answer.status, answer.read()) == (
+                200,
+                b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}',
+            )
             answered = time.monotonic()
             if n == 1:  # no request follows this one for a while: its report goes alone
                 _, kind, head = next_frame()

@@ -1,6 +1,7 @@
 """SLO-gated rollouts: the pure policy (endpoints/gateway/rollout.py) on recorded series, the
 controller's one pass (endpoints/gateway/controller.py) against the real database with telemetry
 stored by the gateway's own store function, and the API and form refusing bad settings."""
+
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -22,17 +23,39 @@ STEPS = [10, 25, 50, 100]
 
 def flushes(start, count, *, every=10, requests=20, p99=0.2, ttft=0.05, errors=0.0):
     """`count` gateway flushes from `start`, `every` seconds apart, each with these figures."""
-    return [Sample(ts=start + every * (i + 1), requests=requests, p99_s=p99, ttft_p99_s=ttft, error_rate=errors)
-            for i in range(count)]
+    return [
+        Sample(ts=start + every * (i + 1), requests=requests, p99_s=p99, ttft_p99_s=ttft, error_rate=errors)
+        for i in range(count)
+    ]
 
 
-def run(staged, *, thresholds=Thresholds(p99_ms=500, error_pct=1.0, ttft_p99_ms=200), window=60, current=10,
-        last_step=T0, now=T0 + 60, live=(), min_requests=50, steps=STEPS):
-    return decide(thresholds=thresholds, window_s=window, steps=steps, current=current, last_step_at=last_step,
-                  now=now, staged=staged, live=list(live), min_requests=min_requests)
+def run(
+    staged,
+    *,
+    thresholds=Thresholds(p99_ms=500, error_pct=1.0, ttft_p99_ms=200),
+    window=60,
+    current=10,
+    last_step=T0,
+    now=T0 + 60,
+    live=(),
+    min_requests=50,
+    steps=STEPS,
+):
+    return decide(
+        thresholds=thresholds,
+        window_s=window,
+        steps=steps,
+        current=current,
+        last_step_at=last_step,
+        now=now,
+        staged=staged,
+        live=list(live),
+        min_requests=min_requests,
+    )
 
 
 # --- the pure policy ------------------------------------------------------------------------------
+
 
 def test_a_clean_whole_window_steps_to_the_next_share_with_its_figures():
     d = run(flushes(T0, 6))
@@ -82,8 +105,10 @@ def test_a_breach_in_the_middle_of_the_window_rolls_back_before_the_window_is_up
 
 def test_error_rate_is_the_windows_own_not_the_mean_of_flush_rates():
     # 5 errors in 10 requests, then none in 990: 0.5 % over the window (a mean of rates would say 25 %).
-    samples = [Sample(ts=T0 + 10, requests=10, p99_s=0.1, ttft_p99_s=0.05, error_rate=0.5),
-               Sample(ts=T0 + 20, requests=990, p99_s=0.1, ttft_p99_s=0.05, error_rate=0.0)]
+    samples = [
+        Sample(ts=T0 + 10, requests=10, p99_s=0.1, ttft_p99_s=0.05, error_rate=0.5),
+        Sample(ts=T0 + 20, requests=990, p99_s=0.1, ttft_p99_s=0.05, error_rate=0.0),
+    ]
     d = run(samples)
     assert d.action == STEP and d.figures["staged"]["error_pct"] == 0.5
 
@@ -125,12 +150,22 @@ def test_no_share_and_live_figures_are_context_only():
 
 
 def test_window_figures_ignore_empty_flushes_and_take_the_worst_p99():
-    samples = [Sample(ts=1, requests=0, p99_s=99.0), Sample(ts=2, requests=5, p99_s=0.3), Sample(ts=3, requests=5, p99_s=0.4)]
-    assert window_figures(samples, start=0, end=3) == {"requests": 10, "flushes": 3, "error_pct": None,
-                                                        "p99_ms": 400.0, "ttft_p99_ms": None}
+    samples = [
+        Sample(ts=1, requests=0, p99_s=99.0),
+        Sample(ts=2, requests=5, p99_s=0.3),
+        Sample(ts=3, requests=5, p99_s=0.4),
+    ]
+    assert window_figures(samples, start=0, end=3) == {
+        "requests": 10,
+        "flushes": 3,
+        "error_pct": None,
+        "p99_ms": 400.0,
+        "ttft_p99_ms": None,
+    }
 
 
 # --- the controller against the database ------------------------------------------------------------
+
 
 @pytest.fixture
 def rollout_pair(admin, settings):
@@ -138,8 +173,16 @@ def rollout_pair(admin, settings):
     settings.GATEWAY_ROLLOUT_MIN_REQUESTS = 50
     blue, green = pair()
     services.stage(endpoint=blue, staged=green, actor=admin)
-    services.set_rollout(endpoint=blue, p99_ms=500, error_pct=1.0, ttft_p99_ms=None, window_seconds=60,
-                         steps=[10, 25, 50, 100], auto=True, actor=admin)
+    services.set_rollout(
+        endpoint=blue,
+        p99_ms=500,
+        error_pct=1.0,
+        ttft_p99_ms=None,
+        window_seconds=60,
+        steps=[10, 25, 50, 100],
+        auto=True,
+        actor=admin,
+    )
     return blue, green
 
 
@@ -157,8 +200,10 @@ def flush(endpoint, *, n, latency=0.1, status=200):
 
 
 def rollout_rows(blue):
-    return (list(EndpointEvent.objects.filter(endpoint=blue, kind="rollout").values_list("message", flat=True)),
-            list(AuditEvent.objects.filter(via="controller").order_by("pk")))
+    return (
+        list(EndpointEvent.objects.filter(endpoint=blue, kind="rollout").values_list("message", flat=True)),
+        list(AuditEvent.objects.filter(via="controller").order_by("pk")),
+    )
 
 
 @pytest.mark.django_db
@@ -262,7 +307,9 @@ def test_a_refused_move_is_an_event_and_changes_nothing(rollout_pair):
     [(_, decision, applied)] = evaluate_rollouts(now=time.time() + 1)
     assert decision.action == STEP and not applied
     assert GatewayEndpoint.objects.get(endpoint=blue).canary_percent == 10
-    [message] = EndpointEvent.objects.filter(endpoint=blue, kind="rollout", level="warning").values_list("message", flat=True)
+    [message] = EndpointEvent.objects.filter(endpoint=blue, kind="rollout", level="warning").values_list(
+        "message", flat=True
+    )
     assert "refused" in message and "c-green has no ready replica" in message
     assert not AuditEvent.objects.filter(via="controller").exists()
     # Tried again on the next pass, still refused: no second event for the same refusal.
@@ -276,6 +323,7 @@ def test_a_refused_move_is_an_event_and_changes_nothing(rollout_pair):
 
 # --- settings through the API and the form --------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_rollout_api_refuses_bad_input_naming_the_field_and_changes_nothing(operator, viewer, admin, api_for):
     blue, green = pair()
@@ -284,13 +332,20 @@ def test_rollout_api_refuses_bad_input_naming_the_field_and_changes_nothing(oper
     no_pair = api.post(url, {"p99_ms": 500, "auto": True})
     assert no_pair.status_code == 400 and "auto" in no_pair.json()["errors"], no_pair.content
     services.stage(endpoint=blue, staged=green, actor=admin)
-    for body, status, field in [({"steps": [50, 25, 100]}, 400, "steps"), ({"steps": [10, 50]}, 400, "steps"),
-                                ({"steps": [100]}, 400, "steps"), ({"steps": [0, 100]}, 400, "steps"),
-                                ({"steps": "10,x,100"}, 400, "steps"),
-                                ({"p99_ms": 0}, 400, "p99_ms"), ({"error_pct": 150}, 400, "error_pct"),
-                                ({"ttft_p99_ms": -5}, 400, "ttft_p99_ms"), ({"window_seconds": 5}, 400, "window_seconds"),
-                                ({"auto": True}, 400, "auto"), ({"p99_ms": "fast"}, 422, "p99_ms"),
-                                ({"p99_ms": 500, "speed": 1}, 422, "speed")]:
+    for body, status, field in [
+        ({"steps": [50, 25, 100]}, 400, "steps"),
+        ({"steps": [10, 50]}, 400, "steps"),
+        ({"steps": [100]}, 400, "steps"),
+        ({"steps": [0, 100]}, 400, "steps"),
+        ({"steps": "10,x,100"}, 400, "steps"),
+        ({"p99_ms": 0}, 400, "p99_ms"),
+        ({"error_pct": 150}, 400, "error_pct"),
+        ({"ttft_p99_ms": -5}, 400, "ttft_p99_ms"),
+        ({"window_seconds": 5}, 400, "window_seconds"),
+        ({"auto": True}, 400, "auto"),
+        ({"p99_ms": "fast"}, 422, "p99_ms"),
+        ({"p99_ms": 500, "speed": 1}, 422, "speed"),
+    ]:
         refused = api.post(url, body)
         assert refused.status_code == status and field in refused.content.decode(), (body, refused.content)
     gw = GatewayEndpoint.objects.get(endpoint=blue)
@@ -301,8 +356,14 @@ def test_rollout_api_refuses_bad_input_naming_the_field_and_changes_nothing(oper
     ok = api.post(url, {"p99_ms": 500, "error_pct": 2.5, "window_seconds": 120, "steps": [5, 50, 100], "auto": True})
     assert ok.status_code == 200, ok.content
     assert ok.json()["rollout"] | {"canary_set_at": None} == {
-        "p99_ms": 500, "error_pct": 2.5, "ttft_p99_ms": None, "window_seconds": 120, "steps": [5, 50, 100],
-        "auto": True, "canary_set_at": None}
+        "p99_ms": 500,
+        "error_pct": 2.5,
+        "ttft_p99_ms": None,
+        "window_seconds": 120,
+        "steps": [5, 50, 100],
+        "auto": True,
+        "canary_set_at": None,
+    }
     assert ok.json()["canary_percent"] == 5  # started at the plan's first share
     audit = AuditEvent.objects.get(action="gateway.rollout")
     assert audit.actor == operator and audit.changes["slo_p99_ms"] == [None, 500]
@@ -321,14 +382,33 @@ def test_rollout_form_on_the_endpoint_page(as_operator, as_viewer, admin):
     page = as_operator.get(f"/endpoints/{blue.pk}/").content.decode()
     assert 'id="rollout-form"' in page and 'value="10,25,50,100"' in page
     url = f"/gateway/endpoints/{blue.pk}/rollout"
-    bad = as_operator.post(url, {"p99_ms": "400", "steps": "25,10,100", "window_seconds": "60", "auto": "on"}, follow=True)
+    bad = as_operator.post(
+        url, {"p99_ms": "400", "steps": "25,10,100", "window_seconds": "60", "auto": "on"}, follow=True
+    )
     assert "steps must be shares in percent" in bad.content.decode()
     assert GatewayEndpoint.objects.get(endpoint=blue).slo_p99_ms is None
     assert as_viewer.post(url, {"p99_ms": "400"}).status_code == 403
-    ok = as_operator.post(url, {"p99_ms": "400", "error_pct": "", "ttft_p99_ms": "300", "steps": "20, 60, 100",
-                                "window_seconds": "90", "auto": "on"}, follow=True)
+    ok = as_operator.post(
+        url,
+        {
+            "p99_ms": "400",
+            "error_pct": "",
+            "ttft_p99_ms": "300",
+            "steps": "20, 60, 100",
+            "window_seconds": "90",
+            "auto": "on",
+        },
+        follow=True,
+    )
     assert "automatic, the staged side at 20 %" in ok.content.decode()
     gw = GatewayEndpoint.objects.get(endpoint=blue)
-    assert (gw.slo_p99_ms, gw.slo_error_pct, gw.slo_ttft_p99_ms, gw.rollout_window_seconds, gw.rollout_steps,
-            gw.rollout_auto, gw.canary_percent) == (400, None, 300, 90, [20, 60, 100], True, 20)
+    assert (
+        gw.slo_p99_ms,
+        gw.slo_error_pct,
+        gw.slo_ttft_p99_ms,
+        gw.rollout_window_seconds,
+        gw.rollout_steps,
+        gw.rollout_auto,
+        gw.canary_percent,
+    ) == (400, None, 300, 90, [20, 60, 100], True, 20)
     assert 'id="rollout-auto"' in ok.content.decode()

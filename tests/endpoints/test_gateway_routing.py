@@ -2,6 +2,7 @@
 Gateway.pick over it, the settings' services, API and pages (bad input refused naming the field,
 nothing changed, audited), and a real gateway process in front of FakeReplicas: a conversation
 sticks to one replica under prefix routing, and a 25 % canary takes about a quarter of the requests."""
+
 import asyncio
 import math
 import random
@@ -44,6 +45,7 @@ def key_of(payload, **kw):
 
 # --- the pure policy ------------------------------------------------------------------------------
 
+
 def test_prefix_key_is_the_start_of_a_conversation_bounded():
     first = {"messages": conversation("You are terse.", "What is a KV cache?", 1)}
     later = {"messages": conversation("You are terse.", "What is a KV cache?", 4)}
@@ -54,10 +56,20 @@ def test_prefix_key_is_the_start_of_a_conversation_bounded():
     huge = {"messages": conversation("x" * 1_000_000, "hi", 3)}
     assert len(routing.prefix_key(huge, chars=512)) < 600
     assert routing.prefix_key(huge, chars=512) == routing.prefix_key(
-        {"messages": conversation("x" * 600, "something else", 1)}, chars=512)
+        {"messages": conversation("x" * 600, "something else", 1)}, chars=512
+    )
     # Content parts: their text, in order.
-    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "describe"},
-                                                       {"type": "image_url", "image_url": {"url": "http://i/1.png"}}]}]}
+    parts = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "describe"},
+                    {"type": "image_url", "image_url": {"url": "http://i/1.png"}},
+                ],
+            }
+        ]
+    }
     assert b"describe" in routing.prefix_key(parts) and b"http://i/1.png" in routing.prefix_key(parts)
     # Completions: the prompt's first characters, token ids, a batch's first prompt.
     assert routing.prefix_key({"prompt": "abc" * 1000}, chars=100) == ("abc" * 1000)[:100].encode()
@@ -65,8 +77,16 @@ def test_prefix_key_is_the_start_of_a_conversation_bounded():
     assert ids == routing.prefix_key({"prompt": list(range(128)) + [7, 7, 7]}, tokens=128)
     assert ids != routing.prefix_key({"prompt": list(range(1, 129))}, tokens=128)
     assert routing.prefix_key({"prompt": ["first", "second"]}) == b"first"
-    for nothing in ({}, {"prompt": ""}, {"prompt": []}, {"messages": []}, {"prompt": [1.5, 2]}, {"prompt": [-1]},
-                    {"prompt": {"a": 1}}, {"prompt": [[1.5]]}):
+    for nothing in (
+        {},
+        {"prompt": ""},
+        {"prompt": []},
+        {"messages": []},
+        {"prompt": [1.5, 2]},
+        {"prompt": [-1]},
+        {"prompt": {"a": 1}},
+        {"prompt": [[1.5]]},
+    ):
         assert routing.prefix_key(nothing) is None, nothing
 
 
@@ -96,9 +116,11 @@ def test_a_canarys_two_sides_keep_their_own_prefix_homes():
     live, staged = replicas(2), [R("http://10.0.1.1:8000"), R("http://10.0.1.2:8000")]
     busy = {staged[0].url: 3}
     homes = routing.PrefixHomes()
-    leading = next(lead for lead in (f"conversation {i}".encode() for i in range(200))
-                   if routing.rendezvous_order(routing.home_key(model="m", staged=False, leading=lead),
-                                               staged)[0] == staged[0])
+    leading = next(
+        lead
+        for lead in (f"conversation {i}".encode() for i in range(200))
+        if routing.rendezvous_order(routing.home_key(model="m", staged=False, leading=lead), staged)[0] == staged[0]
+    )
     as_live = routing.home_key(model="m", staged=False, leading=leading)
     homes.pick(as_live, live, {}, slack=8)
     assert homes.pick(as_live, staged, busy, slack=8) == staged[0]  # one key for both sides: the busy one
@@ -215,7 +237,9 @@ def test_least_outstanding_and_the_canary_coin():
 
 
 def backend(url, ep=1, **kw):
-    return Backend(url=url, endpoint_id=ep, endpoint_name=f"ep{ep}", replica_index=0, queue_depth=kw.pop("depth", 100), **kw)
+    return Backend(
+        url=url, endpoint_id=ep, endpoint_name=f"ep{ep}", replica_index=0, queue_depth=kw.pop("depth", 100), **kw
+    )
 
 
 def test_gateway_pick_sides_prefix_and_fallbacks():
@@ -253,6 +277,7 @@ def test_gateway_pick_sides_prefix_and_fallbacks():
 
 def test_a_routing_table_refresh_forgets_the_homes_of_replicas_that_left(monkeypatch):
     from endpoints.gateway import asgi
+
     gw = Gateway()
     a, b = backend("http://a", 1, prefix=True), backend("http://b", 1, prefix=True)
     tables = iter([RoutingTableOf(a, b), RoutingTableOf(b)])
@@ -271,6 +296,7 @@ def RoutingTableOf(*backends):
 
 # --- settings: services, API, pages ---------------------------------------------------------------
 
+
 @pytest.mark.django_db
 def test_routing_on_launch_and_patch_refusing_bad_values(operator, viewer, api_for, cpu_node, tiny_artifact):
     api = api_for(operator)
@@ -285,8 +311,11 @@ def test_routing_on_launch_and_patch_refusing_bad_values(operator, viewer, api_f
     assert launch.changes["routing"] == "prefix"
 
     url = f"/api/v1/endpoints/{plain['id']}"
-    for body, field, status in [({"routing": "fastest"}, "routing", 400), ({"routing": 3}, "routing", 422),
-                                ({"routng": "prefix"}, "routng", 422)]:
+    for body, field, status in [
+        ({"routing": "fastest"}, "routing", 400),
+        ({"routing": 3}, "routing", 422),
+        ({"routng": "prefix"}, "routng", 422),
+    ]:
         refused = api.patch(url, body)
         assert refused.status_code == status and field in refused.content.decode(), refused.content
     assert Endpoint.objects.get(pk=plain["id"]).routing == "least-outstanding"
@@ -311,11 +340,14 @@ def test_routing_on_launch_and_patch_refusing_bad_values(operator, viewer, api_f
 def test_launch_form_takes_routing(as_operator, as_viewer, cpu_node, tiny_artifact):
     page = as_operator.get("/endpoints/launch").content.decode()
     assert 'name="routing"' in page and 'value="prefix"' in page
-    bad = as_operator.post("/endpoints/launch", {"name": "f-bad", "artifact": tiny_artifact.pk, "node": cpu_node.pk,
-                                                   "routing": "sticky"})
+    bad = as_operator.post(
+        "/endpoints/launch", {"name": "f-bad", "artifact": tiny_artifact.pk, "node": cpu_node.pk, "routing": "sticky"}
+    )
     assert bad.status_code == 400 and "Choose least-outstanding or prefix" in bad.content.decode()
-    ok = as_operator.post("/endpoints/launch", {"name": "f-ok", "artifact": tiny_artifact.pk, "node": cpu_node.pk,
-                                                  "routing": "prefix", "replicas": "1"})
+    ok = as_operator.post(
+        "/endpoints/launch",
+        {"name": "f-ok", "artifact": tiny_artifact.pk, "node": cpu_node.pk, "routing": "prefix", "replicas": "1"},
+    )
     assert ok.status_code == 302, ok.content.decode()[-2000:]
     endpoint = Endpoint.objects.get(name="f-ok")
     assert endpoint.routing == "prefix"
@@ -335,8 +367,9 @@ def pair(node=None):
     blue = make_endpoint("c-blue", [], model="tiny", node=node)
     green = make_endpoint("c-green", [], model="tiny", node=node)
     for i, ep in enumerate((blue, green)):
-        Replica.objects.create(endpoint=ep, index=0, node=ep.node, state=Endpoint.State.READY, port=9100 + i,
-                               port_host=f"fake-{9100 + i}")
+        Replica.objects.create(
+            endpoint=ep, index=0, node=ep.node, state=Endpoint.State.READY, port=9100 + i, port_host=f"fake-{9100 + i}"
+        )
     return blue, green
 
 
@@ -348,9 +381,13 @@ def test_canary_api_refuses_bad_input_and_switch_rollback_reset_it(operator, vie
     none = api.post(url, {"percent": 25})
     assert none.status_code == 400 and "staged" in none.json()["errors"], none.content
     services.stage(endpoint=blue, staged=green, actor=admin)
-    for body, status, field in [({"percent": 100}, 400, "percent"), ({"percent": -1}, 400, "percent"),
-                                ({"percent": "lots"}, 422, "percent"), ({}, 422, "percent"),
-                                ({"percent": 5, "share": 1}, 422, "share")]:
+    for body, status, field in [
+        ({"percent": 100}, 400, "percent"),
+        ({"percent": -1}, 400, "percent"),
+        ({"percent": "lots"}, 422, "percent"),
+        ({}, 422, "percent"),
+        ({"percent": 5, "share": 1}, 422, "share"),
+    ]:
         refused = api.post(url, body)
         assert refused.status_code == status and field in refused.content.decode(), (body, refused.content)
     assert GatewayEndpoint.objects.get(endpoint=blue).canary_percent == 0
@@ -383,7 +420,10 @@ def test_canary_api_refuses_bad_input_and_switch_rollback_reset_it(operator, vie
     assert api.post(url, {"percent": 40}).json()["canary_percent"] == 40
     rolled = api.post(f"/api/v1/gateway/endpoints/{blue.pk}/rollback")
     assert rolled.status_code == 200 and rolled.json()["canary_percent"] == 0 and rolled.json()["stop_idle_at"]
-    assert AuditEvent.objects.filter(action="gateway.rollback").order_by("pk").last().changes["canary_percent"] == [40, 0]
+    assert AuditEvent.objects.filter(action="gateway.rollback").order_by("pk").last().changes["canary_percent"] == [
+        40,
+        0,
+    ]
     assert [b.endpoint_name for b in routing_table().backends["tiny"]] == ["c-blue"]
     assert routing_table().canary == {}
     # 0 ends a canary without a rollback (the staged side idle again, still running).
@@ -401,16 +441,26 @@ def test_routing_table_reads_a_fixed_number_of_queries_however_many_replicas(dja
     blue, green = pair()
     Endpoint.objects.filter(pk=green.pk).update(routing=Endpoint.Routing.PREFIX, served_model_name="other")
     for i in (1, 2):
-        Replica.objects.create(endpoint=blue, index=i, node=blue.node, state=Endpoint.State.READY, port=9200 + i,
-                               port_host=f"fake-{9200 + i}", devices=[i])
+        Replica.objects.create(
+            endpoint=blue,
+            index=i,
+            node=blue.node,
+            state=Endpoint.State.READY,
+            port=9200 + i,
+            port_host=f"fake-{9200 + i}",
+            devices=[i],
+        )
     Endpoint.objects.filter(pk=blue.pk).update(replicas=3)
     Device.objects.create(node=blue.node, index=2, kind="npu", health="Alarm")  # replica 2's device: not routed
     with django_assert_num_queries(6):  # pairs, names, endpoints, replicas, unhealthy devices, members
         table = routing_table()
-    assert {(b.endpoint_name, b.replica_index, b.url, b.node_name, b.prefix) for bs in table.backends.values()
-            for b in bs} == {("c-blue", 0, "http://127.0.0.1:9100", "gw-node", False),
-                             ("c-blue", 1, "http://127.0.0.1:9201", "gw-node", False),
-                             ("c-green", 0, "http://127.0.0.1:9101", "gw-node", True)}
+    assert {
+        (b.endpoint_name, b.replica_index, b.url, b.node_name, b.prefix) for bs in table.backends.values() for b in bs
+    } == {
+        ("c-blue", 0, "http://127.0.0.1:9100", "gw-node", False),
+        ("c-blue", 1, "http://127.0.0.1:9201", "gw-node", False),
+        ("c-green", 0, "http://127.0.0.1:9101", "gw-node", True),
+    }
     assert table.known == {"tiny": {"c-blue"}, "other": {"c-green"}} and table.prefix == {"other"}
     first = table.backends["tiny"][0]
     assert first.api_key == Replica(pk=Replica.objects.get(endpoint=blue, index=first.replica_index).pk).api_key
@@ -442,6 +492,7 @@ def test_canary_from_the_endpoint_page(as_operator, admin):
 
 # --- a real gateway in front of fake replicas --------------------------------------------------------
 
+
 def served_by(response) -> str:
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]["message"]["content"].removeprefix("hello from ")
@@ -456,8 +507,9 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
     Endpoint.objects.filter(pk=ep.pk).update(replicas=3)  # the gateway routes to replicas below the count
     for i, f in enumerate(fs[1:], start=1):
         node = Node.objects.create(name=f"pfx-node-{i}", address="127.0.0.1")
-        Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=f.port,
-                               port_host=f"fake-{f.port}")
+        Replica.objects.create(
+            endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=f.port, port_host=f"fake-{f.port}"
+        )
     assert api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "prefix"}).status_code == 200
     _, raw = services.key_create(name="app", actor=admin)
     gw = gateway()
@@ -467,9 +519,20 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
     system = "You are a support agent for a bakery. Answer in one sentence. " * 2
     owners = {}
     for c in range(12):
-        seen = {served_by(gw.post("/v1/chat/completions", raw, {
-            "model": "tiny", "max_tokens": 4, "messages": conversation(system, f"Customer {c}: my order is late", t)}))
-            for t in range(1, 5)}
+        seen = {
+            served_by(
+                gw.post(
+                    "/v1/chat/completions",
+                    raw,
+                    {
+                        "model": "tiny",
+                        "max_tokens": 4,
+                        "messages": conversation(system, f"Customer {c}: my order is late", t),
+                    },
+                )
+            )
+            for t in range(1, 5)
+        }
         assert len(seen) == 1, (c, seen)  # every turn of one conversation on one replica
         owners[c] = seen.pop()
     assert len(set(owners.values())) >= 2, owners  # different conversations spread
@@ -477,9 +540,16 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
     # Least outstanding (the default) for comparison: one conversation's turns go round the replicas.
     api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "least-outstanding"})
     time.sleep(0.7)
-    seen = {served_by(gw.post("/v1/chat/completions", raw, {
-        "model": "tiny", "max_tokens": 4, "messages": conversation(system, "Customer 0: my order is late", t)}))
-        for t in range(1, 13)}
+    seen = {
+        served_by(
+            gw.post(
+                "/v1/chat/completions",
+                raw,
+                {"model": "tiny", "max_tokens": 4, "messages": conversation(system, "Customer 0: my order is late", t)},
+            )
+        )
+        for t in range(1, 13)
+    }
     assert len(seen) >= 2, seen
 
 
@@ -501,15 +571,27 @@ def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fake
 
     n = 400
     with ThreadPoolExecutor(4) as pool:
-        sides = Counter(pool.map(lambda i: served_by(gw.post("/v1/chat/completions", raw, {
-            "model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": f"q{i}"}]})), range(n)))
+        sides = Counter(
+            pool.map(
+                lambda i: served_by(
+                    gw.post(
+                        "/v1/chat/completions",
+                        raw,
+                        {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": f"q{i}"}]},
+                    )
+                ),
+                range(n),
+            )
+        )
     # Binomial(400, 0.25): 100 expected, sd 8.7; within 4 sd (a false alarm about once in 15 000 runs).
     assert sides["blue"] + sides["green"] == n and abs(sides["green"] - 100) <= 4 * math.sqrt(n * 0.25 * 0.75), sides
 
     # Per side in the telemetry: the staged side is its own endpoint.
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not (Series.objects.filter(key=f"e{green.pk}.gw.p50_s").exists()
-                                               and Series.objects.filter(key=f"e{blue.pk}.gw.p50_s").exists()):
+    while time.monotonic() < deadline and not (
+        Series.objects.filter(key=f"e{green.pk}.gw.p50_s").exists()
+        and Series.objects.filter(key=f"e{blue.pk}.gw.p50_s").exists()
+    ):
         time.sleep(0.3)
     for ep in (blue, green):
         for metric in ("gw.qps", "gw.p50_s", "gw.error_rate"):
@@ -518,9 +600,21 @@ def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fake
         assert not Series.objects.filter(key__contains=".gw.ttft_").exists()
     # Streamed answers give each side its TTFT.
     with ThreadPoolExecutor(4) as pool:
-        streamed = list(pool.map(lambda i: gw.post("/v1/chat/completions", raw, {
-            "model": "tiny", "max_tokens": 4, "stream": True, "messages": [{"role": "user", "content": f"s{i}"}]}),
-            range(60)))
+        streamed = list(
+            pool.map(
+                lambda i: gw.post(
+                    "/v1/chat/completions",
+                    raw,
+                    {
+                        "model": "tiny",
+                        "max_tokens": 4,
+                        "stream": True,
+                        "messages": [{"role": "user", "content": f"s{i}"}],
+                    },
+                ),
+                range(60),
+            )
+        )
     assert all(r.status_code == 200 and "hello" in r.text for r in streamed)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and Series.objects.filter(key__contains=".gw.ttft_p50_s").count() < 2:
@@ -530,5 +624,7 @@ def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fake
 
     # The staged side's replica goes away: the live side takes every request, none fails.
     green_fake.stop()
-    codes = Counter(gw.post("/v1/completions", raw, {"model": "tiny", "prompt": f"x{i}"}).status_code for i in range(60))
+    codes = Counter(
+        gw.post("/v1/completions", raw, {"model": "tiny", "prompt": f"x{i}"}).status_code for i in range(60)
+    )
     assert codes == {200: 60}, codes

@@ -2,6 +2,7 @@
 audited as the system user via the gateway), is held until a replica is ready, then answered; past
 GATEWAY_WAKE_TIMEOUT_SECONDS a 503 with Retry-After. A real `manage.py gateway` subprocess in front of
 FakeReplica; the test plays the agent (it marks the woken replica READY on a fake's port)."""
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,8 +20,11 @@ from workers.telemetry.models import Point
 def asleep(name, model):
     """An autoscaled endpoint (min_replicas 0) scaled to zero: no replica wanted."""
     endpoint = make_endpoint(name, [], model=model)
-    Endpoint.objects.filter(pk=endpoint.pk).update(replicas=0, state=Endpoint.State.PENDING, autoscale=parse_settings(
-        {"min_replicas": 0, "max_replicas": 1}).as_json())
+    Endpoint.objects.filter(pk=endpoint.pk).update(
+        replicas=0,
+        state=Endpoint.State.PENDING,
+        autoscale=parse_settings({"min_replicas": 0, "max_replicas": 1}).as_json(),
+    )
     return Endpoint.objects.get(pk=endpoint.pk)
 
 
@@ -48,8 +52,10 @@ def test_a_request_wakes_an_endpoint_scaled_to_zero_and_is_answered_once_a_repli
     # A key that may not use the model: refused before anything wakes.
     denied = gw.post("/v1/chat/completions", other_raw, chat("sleepy"))
     assert denied.status_code == 403
-    assert Endpoint.objects.get(pk=endpoint.pk).replicas == 0 and not AuditEvent.objects.filter(
-        action="endpoint.scale").exists()
+    assert (
+        Endpoint.objects.get(pk=endpoint.pk).replicas == 0
+        and not AuditEvent.objects.filter(action="endpoint.scale").exists()
+    )
 
     with ThreadPoolExecutor(4) as pool:
         answers = [pool.submit(gw.post, "/v1/chat/completions", raw, chat("sleepy")) for _ in range(4)]
@@ -57,8 +63,9 @@ def test_a_request_wakes_an_endpoint_scaled_to_zero_and_is_answered_once_a_repli
         wait_for(lambda: held(gw) == 4, what="4 requests held")
         time.sleep(1.5)  # the agent's start, meanwhile the gateway flushes its queue (every 1 s here)
         assert not any(a.done() for a in answers)
-        Replica.objects.filter(endpoint=endpoint, index=0).update(state=Endpoint.State.READY, port=fake.port,
-                                                                   port_host=f"fake-{fake.port}")
+        Replica.objects.filter(endpoint=endpoint, index=0).update(
+            state=Endpoint.State.READY, port=fake.port, port_host=f"fake-{fake.port}"
+        )
         results = [a.result(timeout=20) for a in answers]
     assert [r.status_code for r in results] == [200] * 4, [r.text for r in results]
     assert {r.json()["choices"][0]["message"]["content"] for r in results} == {"hello from z"} and fake.served == 4
@@ -86,8 +93,9 @@ def test_a_wake_that_takes_too_long_answers_503_and_an_endpoint_not_autoscaled_a
 
     # A client that gives up while held just leaves: nothing stays held.
     with pytest.raises(httpx.ReadTimeout):
-        gw.client.post("/v1/chat/completions", json=chat("sleepy"), headers={"Authorization": f"Bearer {raw}"},
-                       timeout=0.8)
+        gw.client.post(
+            "/v1/chat/completions", json=chat("sleepy"), headers={"Authorization": f"Bearer {raw}"}, timeout=0.8
+        )
     wait_for(lambda: held(gw) == 0, timeout=2, what="the gone client released")
     assert Endpoint.objects.get(pk=endpoint.pk).replicas == 1  # woken all the same (the replica starts)
 

@@ -3,6 +3,7 @@ the two agents bring a Ray cluster up, restart a dead node and tear it down, dri
 the stand-in supervisor (no process starts; tests/e2e/test_multi_node_e2e.py runs them for real). The
 one thing a stand-in cannot make is `ray start`'s own "Ray runtime started." line, so the test writes
 it where Ray would: the member's log (ray/scripts/scripts.py prints it once the node is in the GCS)."""
+
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,19 @@ S = Endpoint.State
 
 
 def _node(name, address, platform="cpu", devices=0):
-    node = Node.objects.create(name=name, hostname="one-host", address=address, platform=platform,
-                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now(),
-                               settings={"interfaces": {"GLOO_SOCKET_IFNAME": "lo"}})
+    node = Node.objects.create(
+        name=name,
+        hostname="one-host",
+        address=address,
+        platform=platform,
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=timezone.now(),
+        settings={"interfaces": {"GLOO_SOCKET_IFNAME": "lo"}},
+    )
     for index in range(devices):
-        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=64 << 30, health="OK")
+        Device.objects.create(
+            node=node, index=index, kind="npu", name="910B4", memory_total_bytes=64 << 30, health="OK"
+        )
     return node
 
 
@@ -42,8 +51,13 @@ def _create(api, **values):
 @pytest.mark.django_db
 def test_launch_request_checks(operator, api_for, cpu_pair, tiny_artifact):
     api = api_for(operator)
-    base = {"artifact": tiny_artifact.pk, "node": "head", "distributed": "ray", "worker_nodes": ["worker"],
-            "pipeline_parallel_size": 2}
+    base = {
+        "artifact": tiny_artifact.pk,
+        "node": "head",
+        "distributed": "ray",
+        "worker_nodes": ["worker"],
+        "pipeline_parallel_size": 2,
+    }
     for values, field, message in [
         ({"worker_nodes": []}, "worker_nodes", "Name the other node"),
         ({"worker_nodes": ["nowhere"]}, "worker_nodes", "No node 'nowhere'"),
@@ -71,8 +85,10 @@ def test_launch_request_checks(operator, api_for, cpu_pair, tiny_artifact):
     body = _create(api, **base).json()
     assert body["distributed"] == "ray" and body["node"] == "head"
     [replica] = body["replicas"]
-    assert [(m["rank"], m["node"], m["role"]) for m in replica["members"]] == [(0, "head", "ray-head"),
-                                                                               (1, "worker", "ray-worker")]
+    assert [(m["rank"], m["node"], m["role"]) for m in replica["members"]] == [
+        (0, "head", "ray-head"),
+        (1, "worker", "ray-worker"),
+    ]
 
 
 @pytest.mark.django_db
@@ -80,8 +96,14 @@ def test_data_parallel_members_and_devices_on_each_node(operator, api_for, tiny_
     api = api_for(operator)
     _node("npu-a", "10.0.0.1", "ascend", devices=8)
     _node("npu-b", "10.0.0.2", "ascend", devices=8)
-    base = {"artifact": tiny_artifact.pk, "node": "npu-a", "distributed": "dp", "worker_nodes": ["npu-b"],
-            "tensor_parallel_size": 2, "data_parallel_size": 4}
+    base = {
+        "artifact": tiny_artifact.pk,
+        "node": "npu-a",
+        "distributed": "dp",
+        "worker_nodes": ["npu-b"],
+        "tensor_parallel_size": 2,
+        "data_parallel_size": 4,
+    }
     response = _create(api, **base, devices=[0, 1])
     assert response.status_code == 400
     assert "TP 2 × PP 1 × 2 per node need 4 devices on npu-a; 2 given." in response.json()["detail"]
@@ -90,10 +112,13 @@ def test_data_parallel_members_and_devices_on_each_node(operator, api_for, tiny_
     body = _create(api, **base, devices=[0, 1, 2, 3]).json()
     assert body["data_parallel_size"] == 4
     assert [(m["rank"], m["node"], m["role"], m["devices"]) for m in body["replicas"][0]["members"]] == [
-        (1, "npu-b", "dp-headless", [0, 1, 2, 3])]
+        (1, "npu-b", "dp-headless", [0, 1, 2, 3])
+    ]
     # The devices are held on the worker node too: another endpoint there cannot take them.
-    clash = api.post("/api/v1/endpoints", {"name": "other", "artifact": tiny_artifact.pk, "node": "npu-b",
-                                           "devices": [3], "tensor_parallel_size": 1})
+    clash = api.post(
+        "/api/v1/endpoints",
+        {"name": "other", "artifact": tiny_artifact.pk, "node": "npu-b", "devices": [3], "tensor_parallel_size": 1},
+    )
     assert clash.status_code == 400 and "In use by another endpoint: 3 (multi)" in clash.json()["detail"]
 
 
@@ -104,8 +129,13 @@ def test_a_multi_node_replica_runs_on_process_nodes_only(operator, api_for, tiny
     api = api_for(operator)
     _node("npu-a", "10.0.0.1", "ascend", devices=1)
     _node("npu-b", "10.0.0.2", "ascend", devices=1)
-    base = {"artifact": tiny_artifact.pk, "node": "npu-a", "distributed": "dp", "worker_nodes": ["npu-b"],
-            "devices": [0]}
+    base = {
+        "artifact": tiny_artifact.pk,
+        "node": "npu-a",
+        "distributed": "dp",
+        "worker_nodes": ["npu-b"],
+        "devices": [0],
+    }
     Node.objects.filter(name="npu-b").update(engine_runtime="docker")
     response = _create(api, **base)
     assert response.status_code == 400 and "npu-b run replicas in containers" in response.json()["detail"]
@@ -126,8 +156,7 @@ def test_a_multi_node_replica_runs_on_process_nodes_only(operator, api_for, tiny
 
 
 @pytest.mark.django_db
-def test_a_ray_replica_leaves_the_engine_cache_to_each_host(
-        operator, api_for, cpu_pair, tiny_artifact, monkeypatch):
+def test_a_ray_replica_leaves_the_engine_cache_to_each_host(operator, api_for, cpu_pair, tiny_artifact, monkeypatch):
     """vLLM copies the server's VLLM_* variables to its Ray workers on every node (vllm/v1/executor/ray_executor.py
     get_env_vars_to_copy): a cache root set for the head would have every host compile into the head's folder
     (the root may be shared storage, and an AVX-512 kernel on an AVX2 host dies)."""
@@ -136,11 +165,22 @@ def test_a_ray_replica_leaves_the_engine_cache_to_each_host(
 
     for key in ENGINE_CACHE_ENV:
         monkeypatch.delenv(key, raising=False)
-    assert _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray",
-                   worker_nodes=["worker"], pipeline_parallel_size=2).status_code == 201
+    assert (
+        _create(
+            api_for(operator),
+            artifact=tiny_artifact.pk,
+            node="head",
+            distributed="ray",
+            worker_nodes=["worker"],
+            pipeline_parallel_size=2,
+        ).status_code
+        == 201
+    )
     Replica.objects.update(cluster_port=6440)  # as the head's agent claims it
     replica = Replica.objects.select_related("endpoint", "node").get()
-    assert launch_spec(endpoint=replica.endpoint, replica=replica, node=replica.node, port=8000).engine_cache_dir is None
+    assert (
+        launch_spec(endpoint=replica.endpoint, replica=replica, node=replica.node, port=8000).engine_cache_dir is None
+    )
     process, _ = replica_process(replica=replica, node=replica.node, port=8000)
     assert not set(ENGINE_CACHE_ENV) & set(process.env)
     for member in ReplicaMember.objects.all():  # `ray start` on each node: none either
@@ -154,8 +194,9 @@ def _say_ray_started(member: ReplicaMember) -> None:
 
 
 @pytest.mark.django_db
-def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_for, cpu_pair, tiny_artifact,
-                                                               settings, monkeypatch, tmp_path):
+def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(
+    operator, api_for, cpu_pair, tiny_artifact, settings, monkeypatch, tmp_path
+):
     settings.DATA_DIR = tmp_path
     settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
     monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))  # no vLLM behind the stand-in
@@ -166,8 +207,14 @@ def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_f
         agent[1].last_health.clear()  # health is looked at every tick, not every 0.4 s
         agent[1].reconcile(node=node, supervisor=agent[0])
 
-    body = _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray",
-                   worker_nodes=["worker"], pipeline_parallel_size=2).json()
+    body = _create(
+        api_for(operator),
+        artifact=tiny_artifact.pk,
+        node="head",
+        distributed="ray",
+        worker_nodes=["worker"],
+        pipeline_parallel_size=2,
+    ).json()
     endpoint = Endpoint.objects.get(pk=body["id"])
     member = {m.role: m for m in ReplicaMember.objects.all()}
 
@@ -181,8 +228,15 @@ def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_f
     assert 6440 <= replica.cluster_port <= 6449 and replica.pid is None
     assert replica.state_reason.startswith("waiting for the Ray cluster: 0 of 2 nodes up")
     [ray_head] = on_head[0].started
-    assert ray_head.argv[1:] == ["-m", "ray.scripts.scripts", "start", "--head", f"--port={replica.cluster_port}",
-                                 "--node-ip-address=127.0.0.2", "--block"]
+    assert ray_head.argv[1:] == [
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        f"--port={replica.cluster_port}",
+        "--node-ip-address=127.0.0.2",
+        "--block",
+    ]
     assert ray_head.env["GLOO_SOCKET_IFNAME"] == "lo" and "SECRET_KEY" not in ray_head.env
     assert ray_head.runtime == "process"  # members are plain processes, whatever the node's engine runtime
     tick(worker, on_worker)
@@ -193,8 +247,11 @@ def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_f
     assert fresh("ray-head").state == S.READY and Replica.objects.get().pid is None  # one node is no cluster
     tick(worker, on_worker)
     [ray_worker] = on_worker[0].started
-    assert ray_worker.argv[4:] == [f"--address=127.0.0.2:{replica.cluster_port}", "--node-ip-address=127.0.0.3",
-                                   "--block"]
+    assert ray_worker.argv[4:] == [
+        f"--address=127.0.0.2:{replica.cluster_port}",
+        "--node-ip-address=127.0.0.3",
+        "--block",
+    ]
     _say_ray_started(fresh("ray-worker"))
     tick(worker, on_worker)
     tick(head, on_head)  # the cluster is whole: the server starts over it
@@ -240,15 +297,22 @@ def test_two_agents_bring_up_restart_and_tear_down_a_ray_replica(operator, api_f
 
 
 @pytest.mark.django_db
-def test_a_node_that_was_up_comes_back_a_failed_start_gives_up(operator, api_for, cpu_pair, tiny_artifact, settings,
-                                                             tmp_path):
+def test_a_node_that_was_up_comes_back_a_failed_start_gives_up(
+    operator, api_for, cpu_pair, tiny_artifact, settings, tmp_path
+):
     settings.DATA_DIR = tmp_path
     settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
     settings.ENDPOINT_MAX_CRASHES = 1
     head, _ = cpu_pair
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
-    _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray", worker_nodes=["worker"],
-            pipeline_parallel_size=2)
+    _create(
+        api_for(operator),
+        artifact=tiny_artifact.pk,
+        node="head",
+        distributed="ray",
+        worker_nodes=["worker"],
+        pipeline_parallel_size=2,
+    )
     workload.reconcile(node=head, supervisor=supervisor)
     ray_head = ReplicaMember.objects.get(role="ray-head")
     assert ray_head.state == S.STARTING
@@ -283,8 +347,9 @@ def test_node_interfaces_setting(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_a_member_started_for_an_endpoint_deleted_meanwhile_is_stopped(operator, api_for, cpu_pair, tiny_artifact,
-                                                                      settings, tmp_path, caplog):
+def test_a_member_started_for_an_endpoint_deleted_meanwhile_is_stopped(
+    operator, api_for, cpu_pair, tiny_artifact, settings, tmp_path, caplog
+):
     """`ray start --head` ran on, unowned, when its endpoint was deleted during the start (its row gone)."""
     settings.DATA_DIR = tmp_path
     settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
@@ -295,8 +360,14 @@ def test_a_member_started_for_an_endpoint_deleted_meanwhile_is_stopped(operator,
             Endpoint.objects.all().delete()  # the web's Delete, during the start
             return super().start(spec)
 
-    _create(api_for(operator), artifact=tiny_artifact.pk, node="head", distributed="ray", worker_nodes=["worker"],
-            pipeline_parallel_size=2)
+    _create(
+        api_for(operator),
+        artifact=tiny_artifact.pk,
+        node="head",
+        distributed="ray",
+        worker_nodes=["worker"],
+        pipeline_parallel_size=2,
+    )
     supervisor = DeletedMeanwhile()
     ReplicaWorkload().reconcile(node=head, supervisor=supervisor)
     assert len(supervisor.started) == 1 and supervisor.terminated == [supervisor.next_pid] and not supervisor.running

@@ -1,6 +1,7 @@
 """A deleted endpoint's directories on its node (endpoints.node_files): its working and profiler directories
 go at the agent's next sweep, its logs ENDPOINT_LOG_RETENTION_DAYS after their last write; nothing of an
 endpoint that exists, and nothing through a symbolic link."""
+
 import os
 import time
 
@@ -21,21 +22,28 @@ def _age(path, days):
 
 
 @pytest.mark.django_db
-def test_a_deleted_endpoints_directories_are_swept_from_its_node(admin, cpu_node, tiny_artifact, settings, tmp_path,
-                                                                 monkeypatch):
+def test_a_deleted_endpoints_directories_are_swept_from_its_node(
+    admin, cpu_node, tiny_artifact, settings, tmp_path, monkeypatch
+):
     settings.DATA_DIR = tmp_path / "data"
     settings.ENDPOINT_PROFILE_ROOT = tmp_path / "data" / "profiles"
     settings.ENDPOINT_LOG_RETENTION_DAYS = 14
     monkeypatch.setattr(reconcile_module, "check_ready", lambda replica: (True, "ok"))
-    endpoints = {name: Endpoint.objects.create(name=name, artifact=tiny_artifact, node=cpu_node, served_model_name=name,
-                                               profiling=True)
-                 for name in ("chat-a", "chat")}  # "chat" is a prefix of the other: "chat-a-0" is not chat's replica 0
+    endpoints = {
+        name: Endpoint.objects.create(
+            name=name, artifact=tiny_artifact, node=cpu_node, served_model_name=name, profiling=True
+        )
+        for name in ("chat-a", "chat")
+    }  # "chat" is a prefix of the other: "chat-a-0" is not chat's replica 0
     for endpoint in endpoints.values():
         Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node)
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
     workload.reconcile(node=cpu_node, supervisor=supervisor)  # both start: their directories are made
-    work, logs, profiles = (tmp_path / "data" / "work" / "endpoints", tmp_path / "data" / "logs" / "endpoints",
-                            tmp_path / "data" / "profiles" / "replicas")
+    work, logs, profiles = (
+        tmp_path / "data" / "work" / "endpoints",
+        tmp_path / "data" / "logs" / "endpoints",
+        tmp_path / "data" / "profiles" / "replicas",
+    )
     for name in ("chat-a", "chat"):
         assert (work / name / "replica-0").is_dir() and (profiles / f"{name}-0").is_dir()
         (logs / name).mkdir(parents=True, exist_ok=True)  # the stand-in supervisor writes no log
@@ -77,6 +85,7 @@ def test_a_deleted_endpoints_directories_are_swept_from_its_node(admin, cpu_node
 def test_a_sweep_that_fails_leaves_the_agents_pass_alone(cpu_node, monkeypatch, caplog):
     """Housekeeping: a root the sweep cannot read (permissions, a stale NFS handle) is logged, and the agent's
     pass goes on; an exception out of the pass ended the agent, and its restart swept again at once."""
+
     def unreadable():
         raise PermissionError(13, "Permission denied", "/var/lib/llm-console/work/endpoints")
 
@@ -87,8 +96,9 @@ def test_a_sweep_that_fails_leaves_the_agents_pass_alone(cpu_node, monkeypatch, 
 
 
 @pytest.mark.django_db
-def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(settings, tmp_path, cpu_node,
-                                                                                 tiny_artifact, as_viewer):
+def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(
+    settings, tmp_path, cpu_node, tiny_artifact, as_viewer
+):
     """Rows are the agent's own writes; an edited one must not make the web show, or the agent tail, rotate or
     append to, any other file (a link out of the folder included)."""
     from endpoints.launch import endpoint_log_root, recorded_log
@@ -103,7 +113,9 @@ def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(
     link = own.with_name("replica-1.log")
     link.symlink_to(secret)
     assert recorded_log(str(own)) == str(own)
-    assert recorded_log(str(secret)) == recorded_log(str(link)) == recorded_log(f"{own.parent}/../../../secret.txt") == ""
+    assert (
+        recorded_log(str(secret)) == recorded_log(str(link)) == recorded_log(f"{own.parent}/../../../secret.txt") == ""
+    )
     assert recorded_log("") == ""
 
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")

@@ -2,6 +2,7 @@
 same sample with one chip's health changed (or the chip gone), written in the test's tmp dir. The
 agent's telemetry pass (workers: Device.health) and its reconcile pass (endpoints: what happens to
 the replicas) are driven directly; the processes are a stand-in supervisor's, so no vLLM starts."""
+
 import re
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def without_npu(text: str, npu: int) -> str:
     """The sample with NPU `npu`'s two rows (and the separator under them) gone, as when a chip drops out."""
     lines = text.splitlines(keepends=True)
     start = next(i for i, line in enumerate(lines) if re.match(rf"^\| {npu}\s+910B4\s+\|", line))
-    return "".join(lines[:start] + lines[start + 3:])
+    return "".join(lines[:start] + lines[start + 3 :])
 
 
 class StandInSupervisor:
@@ -83,8 +84,9 @@ def npu_smi(fake_npu_smi, monkeypatch, tmp_path):
 
 @pytest.fixture
 def node(db):
-    return Node.objects.create(name="npu-host", hostname="npu-host", address="127.0.0.1", platform="ascend",
-                               last_heartbeat=timezone.now())
+    return Node.objects.create(
+        name="npu-host", hostname="npu-host", address="127.0.0.1", platform="ascend", last_heartbeat=timezone.now()
+    )
 
 
 @pytest.fixture
@@ -97,16 +99,32 @@ def serving(node, supervisor, *, devices, replicas, placed):
     """An endpoint on `devices` whose replicas run on `placed` (one device list per replica)."""
     model, _ = Model.objects.get_or_create(name="m")
     artifact = Artifact.objects.create(model=model, format="hf", path="/models/tiny", status="ready")
-    endpoint = Endpoint.objects.create(name="tiny", artifact=artifact, node=node, served_model_name="tiny-llama",
-                                       devices=devices, replicas=replicas, state=S.READY)
+    endpoint = Endpoint.objects.create(
+        name="tiny",
+        artifact=artifact,
+        node=node,
+        served_model_name="tiny-llama",
+        devices=devices,
+        replicas=replicas,
+        state=S.READY,
+    )
     for index, on in enumerate(placed):
         wanted = index < replicas
         pid = 3_000_000 + index if wanted else None
         if pid:
             supervisor.adopt(pid)
-        Replica.objects.create(endpoint=endpoint, index=index, node=node, devices=on, port=8600 + index if wanted else None,
-                               port_host=node.hostname, pid=pid, pid_create_time=1.0 if pid else None,
-                               state=S.READY if wanted else S.STOPPED, ready_at=timezone.now() if wanted else None)
+        Replica.objects.create(
+            endpoint=endpoint,
+            index=index,
+            node=node,
+            devices=on,
+            port=8600 + index if wanted else None,
+            port_host=node.hostname,
+            pid=pid,
+            pid_create_time=1.0 if pid else None,
+            state=S.READY if wanted else S.STOPPED,
+            ready_at=timezone.now() if wanted else None,
+        )
     return endpoint
 
 
@@ -124,12 +142,15 @@ def health_alert(node, npu):
     return Alert.objects.filter(rule__name="Accelerator health not OK", subject=f"n{node.pk}.d{npu}.dev.health").first()
 
 
-@pytest.mark.parametrize("fault, shown", [
-    ("Critical", "NPU 3 health is Critical"),
-    ("Warning", "NPU 3 health is Warning"),
-    ("0x80e18402", "NPU 3 health is 0x80e18402"),  # an error code in the Health column
-    ("missing", "NPU 3 is missing from npu-smi"),
-])
+@pytest.mark.parametrize(
+    "fault, shown",
+    [
+        ("Critical", "NPU 3 health is Critical"),
+        ("Warning", "NPU 3 health is Warning"),
+        ("0x80e18402", "NPU 3 health is 0x80e18402"),  # an error code in the Health column
+        ("missing", "NPU 3 is missing from npu-smi"),
+    ],
+)
 def test_a_faulty_chip_takes_its_replica_out_until_it_is_ok_again(npu_smi, node, always_ready, as_viewer, fault, shown):
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
     healthy = fixture(HEALTHY)

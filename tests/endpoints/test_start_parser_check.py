@@ -3,6 +3,7 @@ which the node's agent records again when the engine under it changes), not only
 VLLM_* variable that node's vLLM lacks leaves the replica (or the member of a multi-node one) failed, not
 started, with the flags, the node and its vLLM release named. The parsers are real recordings
 (tests/fixtures/vllm_cli); the processes are the stand-in supervisor's, so no vLLM starts."""
+
 import pytest
 
 from endpoints import reconcile as reconcile_module
@@ -30,13 +31,21 @@ def engine_changed(node: Node, cli: dict) -> None:
 
 
 @pytest.mark.django_db
-def test_a_restart_on_a_node_whose_vllm_lost_a_flag_is_refused(operator, api_for, as_viewer, ascend_node, tiny_artifact,
-                                                              always_ready, settings, tmp_path):
+def test_a_restart_on_a_node_whose_vllm_lost_a_flag_is_refused(
+    operator, api_for, as_viewer, ascend_node, tiny_artifact, always_ready, settings, tmp_path
+):
     settings.DATA_DIR = tmp_path
     engine_changed(ascend_node, V0110)
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "ep", "artifact": tiny_artifact.pk, "devices": [0], "extra_args": {"--async-scheduling": True},
-        "env": {"VLLM_LOG_STATS_INTERVAL": "10"}})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "ep",
+            "artifact": tiny_artifact.pk,
+            "devices": [0],
+            "extra_args": {"--async-scheduling": True},
+            "env": {"VLLM_LOG_STATS_INTERVAL": "10"},
+        },
+    )
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(name="ep")
     supervisor, workload = StandInSupervisor(), ReplicaWorkload()
@@ -56,8 +65,10 @@ def test_a_restart_on_a_node_whose_vllm_lost_a_flag_is_refused(operator, api_for
     workload.reconcile(node=ascend_node, supervisor=supervisor)  # stops it
     workload.reconcile(node=ascend_node, supervisor=supervisor)  # its start is refused
     replica = Replica.objects.get()
-    why = ("not started: --async-scheduling is not a flag and VLLM_LOG_STATS_INTERVAL is not a variable of "
-           "vLLM 0.9.1 on node npu-host (its engine changed since the launch)")
+    why = (
+        "not started: --async-scheduling is not a flag and VLLM_LOG_STATS_INTERVAL is not a variable of "
+        "vLLM 0.9.1 on node npu-host (its engine changed since the launch)"
+    )
     assert len(supervisor.started) == 1 and not supervisor.running
     assert replica.state == S.FAILED and replica.state_reason.startswith(why)
     assert replica.port is None and replica.pid is None
@@ -81,16 +92,25 @@ def test_a_restart_on_a_node_whose_vllm_lost_a_flag_is_refused(operator, api_for
 
 
 @pytest.mark.django_db
-def test_a_headless_rank_is_checked_against_its_own_nodes_vllm(operator, api_for, tiny_artifact, always_ready,
-                                                               settings, tmp_path):
+def test_a_headless_rank_is_checked_against_its_own_nodes_vllm(
+    operator, api_for, tiny_artifact, always_ready, settings, tmp_path
+):
     settings.DATA_DIR = tmp_path
     settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
     head, worker = _node("npu-a", "10.0.0.1", "ascend", devices=2), _node("npu-b", "10.0.0.2", "ascend", devices=2)
     engine_changed(head, V0110)
     engine_changed(worker, V0110)
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "dp", "artifact": tiny_artifact.pk, "node": "npu-a", "distributed": "dp", "worker_nodes": ["npu-b"],
-        "devices": [0]})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "dp",
+            "artifact": tiny_artifact.pk,
+            "node": "npu-a",
+            "distributed": "dp",
+            "worker_nodes": ["npu-b"],
+            "devices": [0],
+        },
+    )
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(name="dp")
     on_head, on_worker = (StandInSupervisor(), ReplicaWorkload()), (StandInSupervisor(), ReplicaWorkload())
@@ -114,8 +134,10 @@ def test_a_headless_rank_is_checked_against_its_own_nodes_vllm(operator, api_for
     ReplicaMember.objects.update(next_start_at=None)
     tick(worker, on_worker)
     member.refresh_from_db()
-    why = ("not started: --headless, --data-parallel-start-rank are not flags of vLLM 0.9.1 on node npu-b "
-           "(its engine changed since the launch)")
+    why = (
+        "not started: --headless, --data-parallel-start-rank are not flags of vLLM 0.9.1 on node npu-b "
+        "(its engine changed since the launch)"
+    )
     assert member.state == S.FAILED and member.state_reason.startswith(why)
     assert len(on_worker[0].started) == 1
     tick(head, on_head)  # stops the server
@@ -129,14 +151,25 @@ def test_a_headless_rank_is_checked_against_its_own_nodes_vllm(operator, api_for
 
 
 @pytest.mark.django_db
-def test_a_ray_worker_node_is_checked_for_the_specs_flags(operator, api_for, cpu_pair, tiny_artifact, settings, tmp_path):
+def test_a_ray_worker_node_is_checked_for_the_specs_flags(
+    operator, api_for, cpu_pair, tiny_artifact, settings, tmp_path
+):
     """`ray start` has no vLLM flags, but the server's Ray workers run that node's vLLM with the spec's."""
     settings.DATA_DIR = tmp_path
     settings.ENDPOINT_CLUSTER_PORT_RANGE = (6440, 6449)
     head, worker = cpu_pair
-    response = api_for(operator).post("/api/v1/endpoints", {
-        "name": "multi", "artifact": tiny_artifact.pk, "node": "head", "distributed": "ray", "worker_nodes": ["worker"],
-        "pipeline_parallel_size": 2, "extra_args": {"--async-scheduling": True}})
+    response = api_for(operator).post(
+        "/api/v1/endpoints",
+        {
+            "name": "multi",
+            "artifact": tiny_artifact.pk,
+            "node": "head",
+            "distributed": "ray",
+            "worker_nodes": ["worker"],
+            "pipeline_parallel_size": 2,
+            "extra_args": {"--async-scheduling": True},
+        },
+    )
     assert response.status_code == 201, response.content
     engine_changed(worker, V091)  # after the launch
     on_head, on_worker = (StandInSupervisor(), ReplicaWorkload()), (StandInSupervisor(), ReplicaWorkload())

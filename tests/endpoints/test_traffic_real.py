@@ -7,6 +7,7 @@ here): autoscaling 1 → 2 on the queue under a bounded load and back to 1 on a 
 scale to zero and a request through the gateway waking a replica; a 25 % canary to a staged deployment;
 that deployment made slow under an SLO-gated rollout and rolled back on its own. Every request of every
 phase must succeed (the issue's goal: zero failed requests during every scale and canary event)."""
+
 import subprocess
 import sys
 import time
@@ -31,15 +32,20 @@ from tests.support.agents import (
 from tests.support.gateway import CompletionLoad, served_requests
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 MODEL = "traffic"
 # The agent scrapes every 3 s (the controller tolerates a gap of 3 intervals: a busy engine delays a scrape);
 # short windows and cooldown (no scale-down while a replica is still starting, whatever the cooldown).
 FAST = {"TELEMETRY_INTERVAL_SECONDS": "3", "GATEWAY_ROLLOUT_MIN_REQUESTS": "5"}
-AUTOSCALE = {"min_replicas": 1, "max_replicas": 2, "target_waiting": 1, "scale_up_window_s": 10,
-             "scale_down_window_s": 20, "cooldown_s": 20}
+AUTOSCALE = {
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "target_waiting": 1,
+    "scale_up_window_s": 10,
+    "scale_down_window_s": 20,
+    "cooldown_s": 20,
+}
 
 
 def assert_threads_as_launched(replica: Replica) -> None:
@@ -61,8 +67,11 @@ def ready(endpoint_id: int) -> int:
 
 
 def scale_events(endpoint_id: int) -> list[str]:
-    return list(EndpointEvent.objects.filter(endpoint_id=endpoint_id, kind="autoscale").order_by("pk")
-                .values_list("message", flat=True))
+    return list(
+        EndpointEvent.objects.filter(endpoint_id=endpoint_id, kind="autoscale")
+        .order_by("pk")
+        .values_list("message", flat=True)
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -70,7 +79,8 @@ def scale_events(endpoint_id: int) -> list[str]:
 # fast tests with in-test replicas check; this one's four minutes of real replicas once is enough for CI's budget.
 @pytest.mark.parametrize("gateway", ["rust"], indirect=True)
 def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
-        operator, admin, api_for, tmp_path, settings, worker_env, redis_conn, gateway):
+    operator, admin, api_for, tmp_path, settings, worker_env, redis_conn, gateway
+):
     from tests.support.tiny_models import build_tiny_llama_hf
 
     api = api_for(operator)
@@ -81,19 +91,37 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
     env = {**worker_env, "MODEL_ROOTS": str(root), **FAST}
     agent = start_agent(env, "traffic-node", log_path=tmp_path / "agent.log")
     controller_log = open(tmp_path / "controller.log", "ab")
-    controller = subprocess.Popen([sys.executable, "manage.py", "serving_controller", "--interval", "1"], cwd=ROOT,
-                                  env={**env, "PYTHONUNBUFFERED": "1"}, stdout=controller_log,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
+    controller = subprocess.Popen(
+        [sys.executable, "manage.py", "serving_controller", "--interval", "1"],
+        cwd=ROOT,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=controller_log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     _, key = gateway_services.key_create(name="traffic", models=[MODEL], actor=admin)
     # Keys cached 30 s and routes read every second: on SQLite, with the agent and the controller writing, a
     # key look-up each second stalled every client behind the database, and vLLM's queue drained meanwhile.
     gw = gateway(**FAST, GATEWAY_KEY_CACHE_SECONDS="30", GATEWAY_ROUTES_REFRESH_SECONDS="1")
     try:
-        wait_for(lambda: Node.objects.filter(name="traffic-node", last_heartbeat__isnull=False).exists(), timeout=60,
-                 what="node registration")
-        made = api.post("/api/v1/endpoints", {"name": "live", "artifact": tiny_id, "served_model_name": MODEL,
-                                              "enforce_eager": True, "max_model_len": 256, "dtype": "float32",
-                                              "max_num_seqs": 1, "autoscale": AUTOSCALE})
+        wait_for(
+            lambda: Node.objects.filter(name="traffic-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
+        made = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "live",
+                "artifact": tiny_id,
+                "served_model_name": MODEL,
+                "enforce_eager": True,
+                "max_model_len": 256,
+                "dtype": "float32",
+                "max_num_seqs": 1,
+                "autoscale": AUTOSCALE,
+            },
+        )
         assert made.status_code == 201, made.content
         live = made.json()["id"]
         wait_for(lambda: ready(live) == 1, timeout=600, interval=1, what="the live replica ready")
@@ -110,45 +138,74 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         second = Replica.objects.get(endpoint_id=live, index=1)
         for replica in Replica.objects.filter(endpoint_id=live).select_related("node"):
             assert_threads_as_launched(replica)
-        wait_for(lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests")
+        wait_for(
+            lambda: served_requests(second.port) >= 3, timeout=60, interval=1, what="the new replica taking requests"
+        )
         load.think = 1.2  # past vLLM's 1 s of busy polling after a request: the replica idles between them
         load.keep(1)  # the load drops: the queue stays empty, so after a whole quiet window, 1
         wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 1, timeout=120, interval=1, what="scaled down to 1")
-        wait_for(lambda: Replica.objects.get(pk=second.pk).state == "stopped", timeout=120, interval=1,
-                 what="the extra replica drained and stopped")
+        wait_for(
+            lambda: Replica.objects.get(pk=second.pk).state == "stopped",
+            timeout=120,
+            interval=1,
+            what="the extra replica drained and stopped",
+        )
         statuses = load.stop()
         assert len(statuses) > 10 and set(statuses) == {200}, Counter(statuses)
         assert scale_events(live)[-1].startswith("scaled down 2 → 1"), scale_events(live)
-        audits = list(AuditEvent.objects.filter(action="endpoint.scale").order_by("pk")
-                      .values_list("actor", "via", "changes"))
-        assert [(a, v, c["replicas"]) for a, v, c in audits] == [(None, "controller", [1, 2]),
-                                                                  (None, "controller", [2, 1])], audits
+        audits = list(
+            AuditEvent.objects.filter(action="endpoint.scale").order_by("pk").values_list("actor", "via", "changes")
+        )
+        assert [(a, v, c["replicas"]) for a, v, c in audits] == [
+            (None, "controller", [1, 2]),
+            (None, "controller", [2, 1]),
+        ], audits
 
         # A staged deployment for the canary below (the demo model: slower per token), launched now so that it
         # loads meanwhile; staged at once, it takes no traffic until the canary.
-        made = api.post("/api/v1/endpoints", {"name": "green", "artifact": demo_id, "served_model_name": MODEL,
-                                              "enforce_eager": True, "max_model_len": 256, "dtype": "float32"})
+        made = api.post(
+            "/api/v1/endpoints",
+            {
+                "name": "green",
+                "artifact": demo_id,
+                "served_model_name": MODEL,
+                "enforce_eager": True,
+                "max_model_len": 256,
+                "dtype": "float32",
+            },
+        )
         assert made.status_code == 201, made.content
         green = made.json()["id"]
         assert api.post(f"/api/v1/gateway/endpoints/{live}/stage", {"staged": green}).status_code == 200
 
         # --- scale to zero: min 0, idle for a whole window → no replica; a request through the gateway wakes one --
-        patched = api.patch(f"/api/v1/endpoints/{live}", {"autoscale": {**AUTOSCALE, "min_replicas": 0,
-                                                                        "scale_down_window_s": 10, "cooldown_s": 0}})
+        patched = api.patch(
+            f"/api/v1/endpoints/{live}",
+            {"autoscale": {**AUTOSCALE, "min_replicas": 0, "scale_down_window_s": 10, "cooldown_s": 0}},
+        )
         assert patched.status_code == 200, patched.content
         wait_for(lambda: Endpoint.objects.get(pk=live).replicas == 0, timeout=90, interval=1, what="scaled to zero")
-        wait_for(lambda: ready(live) == 0 and not Replica.objects.filter(endpoint_id=live, pid__isnull=False).exists(),
-                 timeout=120, interval=1, what="no live process left")
+        wait_for(
+            lambda: ready(live) == 0 and not Replica.objects.filter(endpoint_id=live, pid__isnull=False).exists(),
+            timeout=120,
+            interval=1,
+            what="no live process left",
+        )
         assert "scaled to zero" in Endpoint.objects.get(pk=live).state_reason
         t0 = time.perf_counter()
-        woken = httpx.post(f"{gw.url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 4},
-                           headers={"Authorization": f"Bearer {key}"}, timeout=330)  # the wake timeout is 300 s
+        woken = httpx.post(
+            f"{gw.url}/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 4},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=330,
+        )  # the wake timeout is 300 s
         assert woken.status_code == 200, woken.text  # a slow first answer, not an error
         print(f"first answer after the wake: {time.perf_counter() - t0:.1f} s")
         assert Endpoint.objects.get(pk=live).replicas == 1
         events = scale_events(live)
-        assert events[-2].startswith("scaled down 1 → 0") and events[-1].startswith("scaled up 0 → 1: woken by a request"), \
-            events
+        assert events[-2].startswith("scaled down 1 → 0") and events[-1].startswith(
+            "scaled up 0 → 1: woken by a request"
+        ), events
         assert AuditEvent.objects.filter(action="endpoint.scale", actor=None, via="gateway").count() == 1
         # Autoscaling off for the canary (the count stays at 1): an idle live side would go back to zero.
         assert api.patch(f"/api/v1/endpoints/{live}", {"autoscale": None}).status_code == 200
@@ -158,11 +215,15 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         assert_threads_as_launched(Replica.objects.select_related("node").get(endpoint_id=green))
         assert api.post(f"/api/v1/gateway/endpoints/{live}/canary", {"percent": 25}).status_code == 200
         gw.wait_routes(MODEL, 2, timeout=30)
-        ports = {"live": Replica.objects.get(endpoint_id=live, index=0).port,
-                 "green": Replica.objects.get(endpoint_id=green).port}
+        ports = {
+            "live": Replica.objects.get(endpoint_id=live, index=0).port,
+            "green": Replica.objects.get(endpoint_id=green).port,
+        }
         before = {side: served_requests(port) for side, port in ports.items()}
-        statuses = [gw.post("/v1/completions", key, {"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code
-                    for _ in range(80)]
+        statuses = [
+            gw.post("/v1/completions", key, {"model": MODEL, "prompt": "x", "max_tokens": 1}).status_code
+            for _ in range(80)
+        ]
         after = {side: served_requests(port) - before[side] for side, port in ports.items()}
         assert set(statuses) == {200} and sum(after.values()) == 80, (Counter(statuses), after)
         assert 8 <= after["green"] <= 32, after  # 25 % of 80 is 20; binomial 3σ is ±11.6
@@ -172,24 +233,39 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         # breach is the staged side's (the demo model), whatever this machine's speed.
         probe = {"model": MODEL, "prompt": "Count: one two three", "max_tokens": 32, "ignore_eos": True}
         t0 = time.perf_counter()
-        assert httpx.post(f"http://127.0.0.1:{ports['green']}/v1/completions", json=probe, timeout=120,
-                          headers={"Authorization": f"Bearer {Replica.objects.get(endpoint_id=green).api_key}"}
-                          ).status_code == 200
+        assert (
+            httpx.post(
+                f"http://127.0.0.1:{ports['green']}/v1/completions",
+                json=probe,
+                timeout=120,
+                headers={"Authorization": f"Bearer {Replica.objects.get(endpoint_id=green).api_key}"},
+            ).status_code
+            == 200
+        )
         threshold_ms = max(1, int((time.perf_counter() - t0) * 1000 / 2))
-        rollout = api.post(f"/api/v1/gateway/endpoints/{live}/rollout", {"p99_ms": threshold_ms, "window_seconds": 10,
-                                                                        "steps": [25, 50, 100], "auto": True})
+        rollout = api.post(
+            f"/api/v1/gateway/endpoints/{live}/rollout",
+            {"p99_ms": threshold_ms, "window_seconds": 10, "steps": [25, 50, 100], "auto": True},
+        )
         assert rollout.status_code == 200, rollout.content
         load = CompletionLoad(gw.url, key, model=MODEL, threads=2, max_tokens=32)
-        wait_for(lambda: GatewayEndpoint.objects.get(endpoint_id=live).canary_percent == 0, timeout=120, interval=1,
-                 what="the automatic rollback")
+        wait_for(
+            lambda: GatewayEndpoint.objects.get(endpoint_id=live).canary_percent == 0,
+            timeout=120,
+            interval=1,
+            what="the automatic rollback",
+        )
         time.sleep(2)  # requests after the rollback, on the live side only
         statuses = load.stop()
         pair = GatewayEndpoint.objects.get(endpoint_id=live)
         assert pair.serving == "live" and not pair.rollout_auto
         assert set(statuses) == {200}, Counter(statuses)
-        [rolled] = EndpointEvent.objects.filter(endpoint_id=live, kind="rollout", message__startswith="rollout rollback")
-        assert "rollout rollback: breach: P99 latency" in rolled.message and f"> {threshold_ms} ms" in rolled.message, \
+        [rolled] = EndpointEvent.objects.filter(
+            endpoint_id=live, kind="rollout", message__startswith="rollout rollback"
+        )
+        assert "rollout rollback: breach: P99 latency" in rolled.message and f"> {threshold_ms} ms" in rolled.message, (
             rolled.message
+        )
         assert AuditEvent.objects.filter(action="gateway.rollback", actor=None, via="controller").count() == 1
     finally:
         controller.terminate()

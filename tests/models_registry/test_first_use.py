@@ -1,6 +1,7 @@
 """What a new user meets on the registry's pages: an artifact page offers only the conversions and the
 launch that would be accepted (and says why not, in one line), and uploaded calibration datasets can be
 deleted (not the built-in defaults, not while a quantization reads them)."""
+
 import re
 
 import pytest
@@ -23,13 +24,15 @@ def modelslim_artifact(tiny_artifact, model_root):
     """A ModelSlim checkpoint quantized from the tiny float model (its files are not read by these pages)."""
     path = model_root / "tiny-w8a8"
     path.mkdir()
-    return Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, format="ascend-modelslim",
-                                   dtype="W8A8", path=str(path))
+    return Artifact.objects.create(
+        model=tiny_artifact.model, parent=tiny_artifact, format="ascend-modelslim", dtype="W8A8", path=str(path)
+    )
 
 
 @pytest.mark.django_db
-def test_modelslim_artifact_on_a_cpu_only_site_offers_no_convert_and_no_launch(modelslim_artifact, cpu_node,
-                                                                               as_operator):
+def test_modelslim_artifact_on_a_cpu_only_site_offers_no_convert_and_no_launch(
+    modelslim_artifact, cpu_node, as_operator
+):
     page = as_operator.get(f"/artifacts/{modelslim_artifact.pk}/").content.decode()
     assert 'id="convert-form"' not in page and "<select name=\"to\">" not in page
     refusal = re.search(r'id="convert-refusal">([^<]*)<', page).group(1)
@@ -40,8 +43,9 @@ def test_modelslim_artifact_on_a_cpu_only_site_offers_no_convert_and_no_launch(m
 
 
 @pytest.mark.django_db
-def test_modelslim_artifact_can_be_launched_once_an_ascend_node_is_registered(modelslim_artifact, cpu_node,
-                                                                              ascend_node, as_operator):
+def test_modelslim_artifact_can_be_launched_once_an_ascend_node_is_registered(
+    modelslim_artifact, cpu_node, ascend_node, as_operator
+):
     page = as_operator.get(f"/artifacts/{modelslim_artifact.pk}/").content.decode()
     assert LAUNCH_BUTTON in page and 'id="launch-refusal"' not in page
 
@@ -49,7 +53,7 @@ def test_modelslim_artifact_can_be_launched_once_an_ascend_node_is_registered(mo
 @pytest.mark.django_db
 def test_float_artifact_lists_the_conversions_the_service_accepts(tiny_artifact, cpu_node, as_operator, as_viewer):
     page = as_operator.get(f"/artifacts/{tiny_artifact.pk}/").content.decode()
-    targets = page[page.index('<select name="to">'):page.index("</select>", page.index('<select name="to">'))]
+    targets = page[page.index('<select name="to">') : page.index("</select>", page.index('<select name="to">'))]
     assert re.findall(r'<option value="(\w+)"', targets) == ["fp16", "bf16", "om"]
     assert LAUNCH_BUTTON in page and 'id="convert-refusal"' not in page
     viewer_page = as_viewer.get(f"/artifacts/{tiny_artifact.pk}/").content.decode()
@@ -67,6 +71,7 @@ def test_gguf_artifact_says_why_it_is_not_launched(model_root, cpu_node, as_oper
 
 
 # --- calibration datasets ------------------------------------------------------------------------
+
 
 def _upload(client, name="ops-logs", count=12):
     text = "\n\n".join(f"Paragraph {i} about serving models on Ascend." for i in range(count))
@@ -103,13 +108,16 @@ def test_builtin_defaults_cannot_be_deleted(as_admin):
 
 
 @pytest.mark.django_db
-def test_a_dataset_is_kept_while_a_queued_quantization_reads_it(tiny_artifact, operator, as_operator, redis_conn,
-                                                                settings):
+def test_a_dataset_is_kept_while_a_queued_quantization_reads_it(
+    tiny_artifact, operator, as_operator, redis_conn, settings
+):
     settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
     ds = _upload(as_operator)
     job = quantize_services.artifact_quantize(
-        artifact=tiny_artifact, user=operator,
-        options=QuantizeOptions(target="compressed-tensors", scheme="w8a8_dynamic", calibration=ds.pk))
+        artifact=tiny_artifact,
+        user=operator,
+        options=QuantizeOptions(target="compressed-tensors", scheme="w8a8_dynamic", calibration=ds.pk),
+    )
     assert job.status == "queued" and job.params["calibration"] == ds.pk
 
     response = as_operator.post(f"/calibration/{ds.pk}/delete", follow=True)

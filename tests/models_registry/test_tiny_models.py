@@ -30,8 +30,13 @@ def _logits(model, ids):
 
 def test_hf_dir_files_and_config(tiny_hf_dir):
     names = {p.name for p in tiny_hf_dir.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
     config = json.loads((tiny_hf_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (2, 64, 128)
@@ -57,8 +62,10 @@ def test_hf_model_loads_and_generates(tiny_hf_dir):
     tok = AutoTokenizer.from_pretrained(tiny_hf_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_hf_dir)
     assert model.dtype == torch.float32
-    assert sum(p.numel() for p in model.parameters()) == 2 * 512 * 64 + 2 * (
-        64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == 2 * 512 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    )
     enc = tok("Hello", return_tensors="pt")
     out = model.generate(**enc, max_new_tokens=5, do_sample=False)
     assert out.shape == (1, enc.input_ids.shape[1] + 5)
@@ -145,8 +152,14 @@ def test_gguf_from_scratch_with_tied_embeddings_and_bf16_source(tmp_path):
     assert (_logits(hf_model, ids) - _logits(g_model, ids)).abs().max().item() < 1e-4
 
     # hf_dir=None builds the HF model itself with the same seed -> same file
-    again = build_tiny_llama_gguf(tmp_path / "g" / "again.gguf", tensor_type="F32", dtype="bfloat16",
-                                  tie_word_embeddings=True, num_layers=1, seed=3)
+    again = build_tiny_llama_gguf(
+        tmp_path / "g" / "again.gguf",
+        tensor_type="F32",
+        dtype="bfloat16",
+        tie_word_embeddings=True,
+        num_layers=1,
+        seed=3,
+    )
     assert again.read_bytes() == path.read_bytes()
 
 

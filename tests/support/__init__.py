@@ -1,4 +1,5 @@
 """Helpers shared by the tests (fixtures live in tests/conftest.py)."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,5 @@
 """Test users: one password for every persona."""
+
 from django.contrib.auth import get_user_model
 
 from console.roles import set_role

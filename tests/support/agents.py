@@ -1,4 +1,5 @@
 """Running real node agents (subprocesses) against the test database."""
+
 import os
 import signal
 import subprocess
@@ -33,8 +34,14 @@ def engine_available() -> bool:
 def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
     full = {**env, **AGENT_ENV, "ENGINE_PYTHON": ENGINE_PYTHON, "PYTHONUNBUFFERED": "1", **(extra or {})}
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, "manage.py", "agent", "--node", node], cwd=ROOT, env=full,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", "agent", "--node", node],
+        cwd=ROOT,
+        env=full,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop_agent(proc: subprocess.Popen) -> None:
@@ -124,8 +131,12 @@ def assert_server_wants_its_key(*, url: str, api_key: str, model: str) -> None:
     completion = {"model": model, "prompt": "The capital of France is", "max_tokens": 1}
     keyed = {"Authorization": f"Bearer {api_key}"}
     with httpx.Client(base_url=url, timeout=60) as client:
-        for path, body in (("/invocations", completion), ("/v1/completions", completion),
-                           ("/generative_scoring", {}), ("/scale_elastic_ep", {"new_data_parallel_size": 2})):
+        for path, body in (
+            ("/invocations", completion),
+            ("/v1/completions", completion),
+            ("/generative_scoring", {}),
+            ("/scale_elastic_ep", {"new_data_parallel_size": 2}),
+        ):
             refused = client.post(path, json=body)
             assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}, (path, refused.text)
         served = client.post("/invocations", json=completion, headers=keyed)

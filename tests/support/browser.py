@@ -6,6 +6,7 @@ Playwright's own browser downloads are never used: the tests launch /usr/bin/chr
 
 Import the fixtures into a test module: `from tests.support.browser import browser, page  # noqa: F401`.
 """
+
 import os
 import shutil
 import signal
@@ -21,8 +22,14 @@ from tests.support.jobs import start_worker
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 LAUNCH_ARGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 TIMEOUT_MS = 15_000  # any one step; long waits (a conversion) pass their own
 
@@ -36,7 +43,9 @@ def browser():
     (fixtures, assertions) is plain synchronous code, so it is allowed for the module's
     lifetime only. The live server runs in its own thread and is unaffected."""
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium) to run browser tests")
+        pytest.skip(
+            f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium) to run browser tests"
+        )
     from playwright.sync_api import sync_playwright
 
     with pytest.MonkeyPatch.context() as mp:
@@ -122,15 +131,18 @@ def rq_worker(worker_env, settings, model_root, *queues):
     env = {**worker_env, "ARTIFACT_STORE": str(settings.ARTIFACT_STORE), "MODEL_ROOTS": str(model_root)}
     proc = start_worker(env, *queues)
     proc.output = bytearray()
-    drain = threading.Thread(target=lambda: [proc.output.extend(chunk) for chunk in iter(proc.stdout.readline, b"")],
-                             daemon=True)
+    drain = threading.Thread(
+        target=lambda: [proc.output.extend(chunk) for chunk in iter(proc.stdout.readline, b"")], daemon=True
+    )
     drain.start()
     try:
         yield proc
     finally:
         from workers.models import Job
 
-        horses = [pid for pid in Job.objects.filter(status__in=Job.ACTIVE, pid__isnull=False).values_list("pid", flat=True)]
+        horses = [
+            pid for pid in Job.objects.filter(status__in=Job.ACTIVE, pid__isnull=False).values_list("pid", flat=True)
+        ]
         for pid in horses:
             try:
                 os.kill(pid, signal.SIGKILL)

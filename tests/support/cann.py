@@ -1,5 +1,6 @@
 """Constructed CANN installs for the Ascend host checks (scripts/engine_preflight.py, manage.py doctor):
 the directory layout and the variables set_env.sh exports, with the fake npu-smi first on PATH."""
+
 import os
 import platform
 import subprocess
@@ -12,8 +13,7 @@ from workers.cann import KERNEL_DIR
 CANN = "9.1.0"  # the release vllm-ascend v0.23.0 (the Makefile's pin) is built for
 
 
-def cann_tree(root: Path, *, version: str = CANN, info: bool = True, kernels: bool = True,
-              nnal: bool = True) -> Path:
+def cann_tree(root: Path, *, version: str = CANN, info: bool = True, kernels: bool = True, nnal: bool = True) -> Path:
     """An installed CANN layout: …/Ascend/ascend-toolkit/{set_env.sh,latest/…}, nnal/atb beside it."""
     ascend = root / "Ascend"
     home = ascend / "ascend-toolkit" / "latest"
@@ -21,7 +21,8 @@ def cann_tree(root: Path, *, version: str = CANN, info: bool = True, kernels: bo
     arch_dir.mkdir(parents=True)
     if info:
         (arch_dir / "ascend_toolkit_install.info").write_text(
-            f"package_name=Ascend-cann-toolkit\nversion={version}\narch={platform.machine()}\nos=linux\n")
+            f"package_name=Ascend-cann-toolkit\nversion={version}\narch={platform.machine()}\nos=linux\n"
+        )
     (home / "lib64").mkdir()
     (ascend / "ascend-toolkit" / "set_env.sh").write_text("# stand-in\n")
     (home / "opp").mkdir()
@@ -47,11 +48,14 @@ def tools_dir(root: Path, names=("git", "gcc", "g++", "cmake")) -> Path:
 
 def sourced_env(home: Path, bin_dir: Path) -> dict:
     """The variables ascend-toolkit/set_env.sh and nnal/atb/set_env.sh export (those checked here)."""
-    return {"PATH": f"{FAKE_NPU_SMI}:{bin_dir}",
-            "ASCEND_TOOLKIT_HOME": str(home), "ASCEND_HOME_PATH": str(home),
-            "LD_LIBRARY_PATH": f"{home}/lib64:{home}/lib64/plugin/opskernel:/usr/local/Ascend/driver/lib64",
-            "ASCEND_OPP_PATH": str(home / "opp"),
-            "ATB_HOME_PATH": str(home.parent.parent / "nnal" / "atb" / "latest")}
+    return {
+        "PATH": f"{FAKE_NPU_SMI}:{bin_dir}",
+        "ASCEND_TOOLKIT_HOME": str(home),
+        "ASCEND_HOME_PATH": str(home),
+        "LD_LIBRARY_PATH": f"{home}/lib64:{home}/lib64/plugin/opskernel:/usr/local/Ascend/driver/lib64",
+        "ASCEND_OPP_PATH": str(home / "opp"),
+        "ATB_HOME_PATH": str(home.parent.parent / "nnal" / "atb" / "latest"),
+    }
 
 
 # The vllm-ascend v0.23.0 row of workers/data/vllm_ascend_compatibility_matrix.md.
@@ -65,8 +69,14 @@ def ascend_engine(root: Path, **versions: str) -> Path:
     modules that import and count 8 NPUs. Returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
-    purelib = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                  check=True, capture_output=True, text=True).stdout.strip())
+    purelib = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     wanted = {**ENGINE_ROW, **{name.replace("_", "-"): v for name, v in versions.items()}}
     for name, version in wanted.items():
         dist = purelib / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -78,5 +88,6 @@ def ascend_engine(root: Path, **versions: str) -> Path:
     (purelib / "torch_npu" / "__init__.py").write_text(
         "import types\nimport torch\n"
         f"__version__ = {wanted['torch-npu']!r}\n"
-        "torch.npu = types.SimpleNamespace(device_count=lambda: 8)\n")
+        "torch.npu = types.SimpleNamespace(device_count=lambda: 8)\n"
+    )
     return python

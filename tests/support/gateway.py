@@ -1,5 +1,6 @@
 """The gateway under test: a real `manage.py gateway` subprocess on the test database (GatewayProc), in
 front of FakeReplica, a small in-test HTTP server that speaks the OpenAI protocol."""
+
 import json
 import os
 import signal
@@ -60,10 +61,21 @@ class FakeReplica(ServerThread):
                     self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
                     self.close_connection = True
                     return
-                choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
-                self._send(200, {"id": "x", "object": "chat.completion" if chat else "text_completion",
-                                 "model": body.get("model"), "choices": [choice],
-                                 "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}})
+                choice = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}}
+                    if chat
+                    else {"index": 0, "text": text}
+                )
+                self._send(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion" if chat else "text_completion",
+                        "model": body.get("model"),
+                        "choices": [choice],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+                    },
+                )
 
             def _send(self, status, data):
                 raw = json.dumps(data).encode()
@@ -81,12 +93,18 @@ def make_endpoint(name, replicas, *, model="tiny", node=None):
     node = node or Node.objects.get_or_create(name="gw-node", defaults={"address": "127.0.0.1"})[0]
     m, _ = Model.objects.get_or_create(name="m")
     artifact = Artifact.objects.get_or_create(model=m, format="hf", path="/models/x")[0]
-    ep = Endpoint.objects.create(name=name, artifact=artifact, node=node, served_model_name=model,
-                                 replicas=max(1, len(replicas)),
-                                 state=Endpoint.State.READY if replicas else Endpoint.State.STARTING)
+    ep = Endpoint.objects.create(
+        name=name,
+        artifact=artifact,
+        node=node,
+        served_model_name=model,
+        replicas=max(1, len(replicas)),
+        state=Endpoint.State.READY if replicas else Endpoint.State.STARTING,
+    )
     for i, fake in enumerate(replicas):
-        Replica.objects.create(endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=fake.port,
-                               port_host=f"fake-{fake.port}")
+        Replica.objects.create(
+            endpoint=ep, index=i, node=node, state=Endpoint.State.READY, port=fake.port, port_host=f"fake-{fake.port}"
+        )
     return ep
 
 
@@ -94,11 +112,23 @@ class GatewayProc:
     def __init__(self, env, extra=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full = {**env, "GATEWAY_KEY_CACHE_SECONDS": "1", "GATEWAY_ROUTES_REFRESH_SECONDS": "0.3",
-                "GATEWAY_TELEMETRY_SECONDS": "1", "PYTHONUNBUFFERED": "1", "METRICS_TOKEN": HEALTH_TOKEN,
-                **(extra or {})}
-        self.proc = subprocess.Popen([sys.executable, "manage.py", "gateway", "--port", str(self.port)], cwd=ROOT,
-                                     env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        full = {
+            **env,
+            "GATEWAY_KEY_CACHE_SECONDS": "1",
+            "GATEWAY_ROUTES_REFRESH_SECONDS": "0.3",
+            "GATEWAY_TELEMETRY_SECONDS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "METRICS_TOKEN": HEALTH_TOKEN,
+            **(extra or {}),
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "manage.py", "gateway", "--port", str(self.port)],
+            cwd=ROOT,
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -1,11 +1,13 @@
 """In-test HTTP servers (stand-ins for a replica, its /metrics, a webhook receiver): one way to serve a
 handler on a free port of 127.0.0.1 from a thread, and the handler base of those that speak HTTP/1.1."""
+
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class QuietHandler(BaseHTTPRequestHandler):
     """HTTP/1.1 (kept-alive connections, as vLLM's server and the gateway's client use them), no request log."""
+
     protocol_version = "HTTP/1.1"
 
     def log_message(self, *args):

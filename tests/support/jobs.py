@@ -1,4 +1,5 @@
 """Running queued jobs in tests: in this process (SimpleWorker), or with a real worker subprocess."""
+
 import subprocess
 import sys
 
@@ -22,7 +23,11 @@ def start_worker(env, *queues, extra_env=None):
     env = {**env, **(extra_env or {})}
     return subprocess.Popen(
         [sys.executable, "manage.py", "rqworker", "--worker-class", "rq.Worker", *queues],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -35,10 +40,12 @@ def job_with_children(pid_file: str) -> None:
 
     from workers.jobs.children import start_job_child
 
-    code = ("import subprocess, sys, time\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
-            "print(p.pid, flush=True)\n"
-            "time.sleep(300)\n")
+    code = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
     child = start_job_child([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     grandchild = int(child.stdout.readline())
     Path(pid_file).write_text(f"{os.getpid()} {child.pid} {grandchild}")

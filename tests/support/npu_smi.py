@@ -1,4 +1,5 @@
 """What the npu-smi tests share: the captured outputs in tests/fixtures/npu-smi and the fake npu-smi."""
+
 import json
 import os
 import re
@@ -16,8 +17,10 @@ def fixture(name: str) -> str:
 
 def with_health(text: str, npu: int, health: str) -> str:
     """The sample with NPU `npu`'s Health cell changed, the table's widths kept."""
+
     def change(match):
         return match.group(1) + health.ljust(len(match.group(2)))
+
     pattern = re.compile(rf"^(\| {npu}\s+910B4\s+\| )(OK\s+)(?=\|)", re.MULTILINE)
     changed, count = pattern.subn(change, text)
     assert count == 1

@@ -1,4 +1,5 @@
 """Reading rendered pages in tests."""
+
 from html.parser import HTMLParser
 from urllib.parse import urlsplit
 

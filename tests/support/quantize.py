@@ -1,4 +1,5 @@
 """Quantize-job helpers shared by the quantization and ModelSlim-checker tests."""
+
 from pathlib import Path
 
 import torch
@@ -68,13 +69,24 @@ def _add_linear_biases(src: Path) -> None:
     model.to(cfg.dtype or torch.float32).save_pretrained(str(src))
 
 
-def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_outlier=None, float_layers=(),
-                    dtype="bfloat16", tied=False, bias=False, minmax_layers=()) -> Path:
+def make_checkpoint(
+    root: Path,
+    *,
+    scheme="w8a8_static",
+    method="minmax",
+    anti_outlier=None,
+    float_layers=(),
+    dtype="bfloat16",
+    tied=False,
+    bias=False,
+    minmax_layers=(),
+) -> Path:
     """A ModelSlim checkpoint of a tiny Llama, written by msModelSlim and finished as the quantize job does."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = build_tiny_llama_hf(root / "src", hidden_size=128, num_heads=4, num_kv_heads=2, dtype=dtype,
-                              tie_word_embeddings=tied)
+    src = build_tiny_llama_hf(
+        root / "src", hidden_size=128, num_heads=4, num_kv_heads=2, dtype=dtype, tie_word_embeddings=tied
+    )
     if bias:
         _add_linear_biases(src)
     tok = AutoTokenizer.from_pretrained(str(src))
@@ -82,8 +94,16 @@ def make_checkpoint(root: Path, *, scheme="w8a8_static", method="minmax", anti_o
     calib = [tok(t)["input_ids"][:64] for t in read_paragraphs(DATA / "calibration_source.txt")[:6]]
     out = root / "out"
     out.mkdir()
-    msmodelslim_run.quantize(model, calib, out, scheme=scheme, method=method, anti_outlier=anti_outlier,
-                             float_layers=list(float_layers), serve_dtype=DTYPES[dtype],
-                             minmax_layers=list(minmax_layers))
+    msmodelslim_run.quantize(
+        model,
+        calib,
+        out,
+        scheme=scheme,
+        method=method,
+        anti_outlier=anti_outlier,
+        float_layers=list(float_layers),
+        serve_dtype=DTYPES[dtype],
+        minmax_layers=list(minmax_layers),
+    )
     modelslim.finish(out, src, model_dtype=DTYPES[dtype], tied=tied)
     return out

@@ -85,13 +85,20 @@ TRAINING_TEXT = [
     "She sells sea shells by the sea shore, and the shells she sells are surely sea shells.",
 ] * 4
 
-DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-          "bfloat16": "bfloat16", "bf16": "bfloat16"}
+DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
 
 
 # --------------------------------------------------------------------------------------------
 # tokenizer
 # --------------------------------------------------------------------------------------------
+
 
 def build_tiny_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, chat_template: bool = True):
     """A byte-level BPE ``PreTrainedTokenizerFast`` of exactly ``vocab_size`` tokens, built offline.
@@ -156,6 +163,7 @@ def build_tiny_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, chat_template:
 # --------------------------------------------------------------------------------------------
 # Hugging Face directory
 # --------------------------------------------------------------------------------------------
+
 
 def build_tiny_llama_hf(
     directory,
@@ -228,8 +236,9 @@ def build_tiny_llama_hf(
     model.config.dtype = torch_dtype
     model.eval()
     model.save_pretrained(directory)
-    GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
-                     do_sample=False, max_new_tokens=16).save_pretrained(directory)
+    GenerationConfig(
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID, do_sample=False, max_new_tokens=16
+    ).save_pretrained(directory)
 
     if with_tokenizer:
         tokenizer = build_tiny_tokenizer(vocab_size, chat_template=chat_template)
@@ -240,13 +249,15 @@ def build_tiny_llama_hf(
 def build_slow_to_convert_hf(directory) -> Path:
     """A tiny Llama wide enough (about 33M parameters) that converting it takes seconds: long enough to kill
     its worker mid-run."""
-    return build_tiny_llama_hf(directory, num_layers=6, hidden_size=512, intermediate_size=2048, num_heads=8,
-                               num_kv_heads=8, vocab_size=8192)
+    return build_tiny_llama_hf(
+        directory, num_layers=6, hidden_size=512, intermediate_size=2048, num_heads=8, num_kv_heads=8, vocab_size=8192
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # GGUF
 # --------------------------------------------------------------------------------------------
+
 
 def _permute(weights, n_head: int, n_head_kv: int | None):
     """llama.cpp ``convert_hf_to_gguf.LlamaModel.permute`` (numpy version)."""
@@ -486,5 +497,6 @@ if pytest is not None:
     @pytest.fixture(scope="session")
     def tiny_gguf_file(tmp_path_factory, tiny_hf_dir) -> Path:
         """A session-wide tiny F16 GGUF holding the weights of ``tiny_hf_dir``. Do not modify it."""
-        return build_tiny_llama_gguf(tmp_path_factory.mktemp("tiny-gguf") / "tiny-llama-F16.gguf",
-                                     hf_dir=tiny_hf_dir, tensor_type="F16")
+        return build_tiny_llama_gguf(
+            tmp_path_factory.mktemp("tiny-gguf") / "tiny-llama-F16.gguf", hf_dir=tiny_hf_dir, tensor_type="F16"
+        )

@@ -2,6 +2,7 @@
 for a node whose agent beats (a second service, a hand-run agent beside it, a cloned host with the same
 name) waits for the lease to run out and then refuses; one restarted after a crash on the same host takes
 over at once; one that went silent and was replaced stops; a clean exit hands the node on at once."""
+
 import subprocess
 import sys
 import uuid
@@ -21,17 +22,25 @@ def agent(tmp_path, name="lease-node") -> NodeAgent:
 
 
 def held_elsewhere(name="lease-node", *, boot_id="another-boot", pid=4242, age_s=0.0) -> Node:
-    return Node.objects.create(name=name, hostname="clone-of-this-host", agent_instance=uuid.uuid4(),
-                               agent_boot_id=boot_id, agent_pid=pid,
-                               last_heartbeat=timezone.now() - timedelta(seconds=age_s))
+    return Node.objects.create(
+        name=name,
+        hostname="clone-of-this-host",
+        agent_instance=uuid.uuid4(),
+        agent_boot_id=boot_id,
+        agent_pid=pid,
+        last_heartbeat=timezone.now() - timedelta(seconds=age_s),
+    )
 
 
 @pytest.mark.django_db
 def test_a_node_whose_agent_beats_elsewhere_is_refused_by_name(tmp_path):
     holder = held_elsewhere()
     second = agent(tmp_path)
-    with pytest.raises(NodeHeld, match=r"node lease-node is run by another agent \(pid 4242 on clone-of-this-host, "
-                                       r"heartbeat 0 s ago\): stop that agent, or give this one another --node"):
+    with pytest.raises(
+        NodeHeld,
+        match=r"node lease-node is run by another agent \(pid 4242 on clone-of-this-host, "
+        r"heartbeat 0 s ago\): stop that agent, or give this one another --node",
+    ):
         second.claim(second.node_facts())
     node = Node.objects.get(pk=holder.pk)
     assert node.agent_instance == holder.agent_instance and node.hostname == "clone-of-this-host"  # nothing written
@@ -97,7 +106,9 @@ def test_an_agent_of_a_release_before_the_lease_that_still_beats_holds_its_node(
     newer = agent(tmp_path)
     with pytest.raises(NodeHeld, match="pid 4242"):
         newer.claim(newer.node_facts())
-    Node.objects.filter(pk=old.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=settings.NODE_OFFLINE_SECONDS + 1))
+    Node.objects.filter(pk=old.pk).update(
+        last_heartbeat=timezone.now() - timedelta(seconds=settings.NODE_OFFLINE_SECONDS + 1)
+    )
     assert newer.claim(newer.node_facts()).agent_instance == newer.instance  # it stopped: taken once offline
     newer.release()
     released = Node.objects.get(pk=old.pk)
@@ -113,8 +124,11 @@ def test_a_second_agent_process_for_a_running_node_exits_with_the_reason(worker_
     no_engine = {"ENGINE_PYTHON": str(tmp_path / "no-engine" / "python"), "NODE_OFFLINE_SECONDS": "3"}
     first = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "first.log")
     try:
-        node = wait_for(lambda: Node.objects.filter(name="lease-real", agent_pid=first.pid).first(), timeout=60,
-                        what="the first agent registered")
+        node = wait_for(
+            lambda: Node.objects.filter(name="lease-real", agent_pid=first.pid).first(),
+            timeout=60,
+            what="the first agent registered",
+        )
         second = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "second.log")
         assert second.wait(timeout=60) == 1
         log = (tmp_path / "second.log").read_text()
@@ -126,8 +140,11 @@ def test_a_second_agent_process_for_a_running_node_exits_with_the_reason(worker_
     assert first.returncode == 0 and Node.objects.get(pk=node.pk).agent_instance is None
     third = start_agent(worker_env, "lease-real", extra=no_engine, log_path=tmp_path / "third.log")
     try:
-        wait_for(lambda: Node.objects.filter(name="lease-real", agent_pid=third.pid).exists(), timeout=30,
-                 what="the next agent registered at once")
+        wait_for(
+            lambda: Node.objects.filter(name="lease-real", agent_pid=third.pid).exists(),
+            timeout=30,
+            what="the next agent registered at once",
+        )
     finally:
         stop_agent(third)
 
@@ -159,8 +176,12 @@ def test_the_heartbeat_goes_on_through_a_long_pass_but_not_a_stuck_one(tmp_path,
     try:
         before = Node.objects.get(pk=node.pk).last_heartbeat
         beat_at = []
-        watcher = threading.Thread(target=lambda: [beat_at.append(Node.objects.get(pk=node.pk).last_heartbeat)
-                                                    or time.sleep(0.25) for _ in range(16)], daemon=True)
+        watcher = threading.Thread(
+            target=lambda: [
+                beat_at.append(Node.objects.get(pk=node.pk).last_heartbeat) or time.sleep(0.25) for _ in range(16)
+            ],
+            daemon=True,
+        )
         watcher.start()
         runner.reconcile()
         watcher.join()
@@ -197,8 +218,9 @@ def test_an_agent_that_finds_its_lease_gone_runs_no_further_pass(tmp_path, monke
 
 @pytest.mark.parametrize("stuck_after_s", [30, 0.6], ids=["beating", "past-the-stuck-limit"])
 @pytest.mark.django_db(transaction=True)  # the heartbeat thread writes with its own connection
-def test_a_pass_under_way_when_the_lease_goes_starts_nothing_and_the_agent_stops(tmp_path, settings, monkeypatch,
-                                                                                stuck_after_s):
+def test_a_pass_under_way_when_the_lease_goes_starts_nothing_and_the_agent_stops(
+    tmp_path, settings, monkeypatch, stuck_after_s
+):
     """The lease checked between passes only: a pass blocked (a hung container CLI) while another agent took the
     node over went on when it came unstuck, starting replicas beside the new agent's and stopping what it ran.
     Now the supervisor is fenced the moment the heartbeat thread finds the lease gone, beating or (past

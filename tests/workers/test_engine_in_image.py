@@ -3,6 +3,7 @@ container of the image its replicas run in (endpoints.commands.container.probe_c
 host's engine venv, which such a host may not even have. The stand-in `docker` (tests/support/fake_docker.py)
 plays the image with a python of the test's choosing; the run with the real engine venv in the image (and
 its parser) is tests/e2e/test_container_runtime.py."""
+
 import os
 import sys
 import time
@@ -21,20 +22,43 @@ IMAGE = "quay.io/ascend/vllm-ascend:v0.23.0"
 
 
 def test_the_probe_runs_the_images_python_as_a_replica_would_without_devices_or_network():
-    argv = probe_container_command(runtime="podman", image=IMAGE, name="llm-console-probe-0a1b", env={"A": "1"},
-                                   python_args=["-c", "print(1)"])
+    argv = probe_container_command(
+        runtime="podman", image=IMAGE, name="llm-console-probe-0a1b", env={"A": "1"}, python_args=["-c", "print(1)"]
+    )
     assert argv[:7] == ["podman", "run", "--rm", "--pull=never", "--name", "llm-console-probe-0a1b", "--net=none"]
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
     assert mounts == list(ASCEND_DRIVER_MOUNTS) and "--device" not in argv and "-d" not in argv
-    assert argv[argv.index(IMAGE) - 2:] == ["-e", "A=1", IMAGE, "bash", "-ic", 'exec "$@"', "bash", "python3", "-c",
-                                            "print(1)"]
+    assert argv[argv.index(IMAGE) - 2 :] == [
+        "-e",
+        "A=1",
+        IMAGE,
+        "bash",
+        "-ic",
+        'exec "$@"',
+        "bash",
+        "python3",
+        "-c",
+        "print(1)",
+    ]
     with pytest.raises(CommandSpecError, match="image must be a reference"):
-        probe_container_command(runtime="docker", image="x;rm -rf /", name="llm-console-probe-0a1b", env={},
-                                python_args=[])
-    lowered = probe_container_command(runtime="docker", image=IMAGE, name="llm-console-probe-0a1b", env={},
-                                      python_args=["-c", "print(1)"], nice=10)
-    assert lowered[lowered.index(IMAGE) + 1:] == ["bash", "-ic", 'exec "$@"', "bash", "nice", "-n", "10", "python3",
-                                                  "-c", "print(1)"]
+        probe_container_command(
+            runtime="docker", image="x;rm -rf /", name="llm-console-probe-0a1b", env={}, python_args=[]
+        )
+    lowered = probe_container_command(
+        runtime="docker", image=IMAGE, name="llm-console-probe-0a1b", env={}, python_args=["-c", "print(1)"], nice=10
+    )
+    assert lowered[lowered.index(IMAGE) + 1 :] == [
+        "bash",
+        "-ic",
+        'exec "$@"',
+        "bash",
+        "nice",
+        "-n",
+        "10",
+        "python3",
+        "-c",
+        "print(1)",
+    ]
 
 
 def test_the_parser_probe_runs_lowered_inside_the_container(docker, tmp_path):
@@ -46,7 +70,7 @@ def test_the_parser_probe_runs_lowered_inside_the_container(docker, tmp_path):
     install(tmp_path / "bin", state=docker, image_python=str(image_python))
     probe_engine_cli(EngineSite(runtime="docker", image=IMAGE))
     [run] = calls(docker)
-    assert run[run.index(IMAGE) + 5:run.index(IMAGE) + 9] == ["nice", "-n", "10", "python3"]
+    assert run[run.index(IMAGE) + 5 : run.index(IMAGE) + 9] == ["nice", "-n", "10", "python3"]
     assert int((tmp_path / "niceness").read_text()) == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10)
 
 
@@ -54,13 +78,16 @@ def test_versions_are_read_in_the_image_and_a_missing_image_says_so(docker):
     site = EngineSite(runtime="docker", image=IMAGE)
     engine = probe_engine(site)
     # This run's python plays the image: its versions, and no vLLM in it.
-    assert engine["python"] == sys.version.split()[0] and engine["error"] == f"vLLM is not installed in the image {IMAGE}"
+    assert (
+        engine["python"] == sys.version.split()[0] and engine["error"] == f"vLLM is not installed in the image {IMAGE}"
+    )
     inspect, run = calls(docker)
     assert inspect == ["image", "inspect", "--format", "{{.Id}}", IMAGE]
     assert run[:3] == ["run", "--rm", "--pull=never"] and run[run.index("--name") + 1].startswith("llm-console-probe-")
     assert not list((docker / "containers").glob("*.json"))  # --rm: gone
-    assert engine_fingerprint(site, {"vllm": "0.11.0"}) != engine_fingerprint(EngineSite(python=sys.executable),
-                                                                              {"vllm": "0.11.0"})
+    assert engine_fingerprint(site, {"vllm": "0.11.0"}) != engine_fingerprint(
+        EngineSite(python=sys.executable), {"vllm": "0.11.0"}
+    )
 
     (docker / "images").write_text("quay.io/ascend/vllm-ascend:v0.11.0\n")  # only another tag was pulled
     assert probe_engine(site)["error"].startswith(f"engine probe failed ({IMAGE} under docker): ")
@@ -175,8 +202,9 @@ def test_an_image_the_runner_refuses_is_an_error_not_a_crash(docker):
 
 
 @pytest.mark.django_db
-def test_a_runtime_change_on_the_page_nudges_the_agent_to_read_the_engine_again(ascend_node, admin, monkeypatch,
-                                                                                django_capture_on_commit_callbacks):
+def test_a_runtime_change_on_the_page_nudges_the_agent_to_read_the_engine_again(
+    ascend_node, admin, monkeypatch, django_capture_on_commit_callbacks
+):
     """The engine probes run at the doctor's interval (10 min), and at once when the node's runtime or image
     changed: launches are not checked against the engine the node had."""
     from workers import nudges
@@ -190,7 +218,8 @@ def test_a_runtime_change_on_the_page_nudges_the_agent_to_read_the_engine_again(
     woken = []
     monkeypatch.setattr(nudges, "publish", woken.append)
     with django_capture_on_commit_callbacks(execute=True):
-        node_set_engine_runtime(node=Node.objects.get(pk=ascend_node.pk), engine_runtime="docker",
-                                engine_image_variant="a3", user=admin)
+        node_set_engine_runtime(
+            node=Node.objects.get(pk=ascend_node.pk), engine_runtime="docker", engine_image_variant="a3", user=admin
+        )
     assert woken == [ascend_node.name] and agent.doctor_due()
     assert agent.engine_site() == EngineSite(runtime="docker", image=IMAGE + "-a3")

@@ -1,6 +1,7 @@
 """scripts/engine_preflight.py: `make engine` on an Ascend host names the one missing piece and the
 upstream page, before any pip. Tested with constructed CANN directories, the fake npu-smi (replaying a
 real 910B4 sample) on PATH, and environment variations; then through `make` itself."""
+
 import os
 import shutil
 import subprocess
@@ -71,7 +72,8 @@ def test_no_toolkit_anywhere(host, tmp_path, monkeypatch):
     problem = missing(env)
     assert problem.piece == "the CANN 9.1.0 toolkit"
     assert "install Ascend-cann-toolkit_9.1.0" in problem.detail and "#configure-software-environment" in (
-        problem.message(tag="v0.23.0"))
+        problem.message(tag="v0.23.0")
+    )
 
 
 def test_toolkit_installed_but_set_env_not_sourced(host, monkeypatch):
@@ -102,8 +104,10 @@ def test_toolkit_of_another_cann_release(tmp_path):
     assert problem.piece == "CANN 9.1.0" and "holds CANN 8.5.1" in problem.detail
 
 
-@pytest.mark.parametrize("variable, says", [("LD_LIBRARY_PATH", "LD_LIBRARY_PATH does not contain"),
-                                            ("ASCEND_OPP_PATH", "ASCEND_OPP_PATH is unset")])
+@pytest.mark.parametrize(
+    "variable, says",
+    [("LD_LIBRARY_PATH", "LD_LIBRARY_PATH does not contain"), ("ASCEND_OPP_PATH", "ASCEND_OPP_PATH is unset")],
+)
 def test_environment_half_set(host, variable, says):
     home, env = host
     del env[variable]
@@ -142,8 +146,14 @@ def test_build_tools_missing(tmp_path):
 
 
 def make_engine(tmp_path, env, *extra):
-    return subprocess.run(["make", "-B", f"ENGINE_VENV={tmp_path / 'engine-venv'}", f"PYTHON={sys.executable}",
-                           *extra, "engine"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["make", "-B", f"ENGINE_VENV={tmp_path / 'engine-venv'}", f"PYTHON={sys.executable}", *extra, "engine"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.skipif(not shutil.which("make"), reason="make is not installed")
@@ -156,10 +166,12 @@ def test_make_engine_stops_with_one_message_before_any_pip(tmp_path, monkeypatch
     result = make_engine(tmp_path, env)
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if not line.startswith(("make:", "make["))]
-    assert said == ["make engine stopped: the CANN 9.1.0 toolkit is missing. ASCEND_TOOLKIT_HOME is unset and "
-                    "/usr/local/Ascend/ascend-toolkit/latest does not exist: install Ascend-cann-toolkit_9.1.0 "
-                    "(https://www.hiascend.com/cann/download).",
-                    f"Follow {PAGE}#configure-software-environment"]
+    assert said == [
+        "make engine stopped: the CANN 9.1.0 toolkit is missing. ASCEND_TOOLKIT_HOME is unset and "
+        "/usr/local/Ascend/ascend-toolkit/latest does not exist: install Ascend-cann-toolkit_9.1.0 "
+        "(https://www.hiascend.com/cann/download).",
+        f"Follow {PAGE}#configure-software-environment",
+    ]
     assert "Traceback" not in result.stderr + result.stdout and "pip" not in result.stdout
     assert not (tmp_path / "engine-venv").exists()
 
@@ -172,12 +184,14 @@ def test_make_engine_on_a_ready_host_follows_upstreams_source_build(host, tmp_pa
     result = make_engine(tmp_path, env, "-n")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.replace("\\\n\t", "").splitlines()  # continuation lines joined
-    order = ["scripts/engine_preflight.py --cann 9.1.0 --vllm-ascend v0.23.0",
-             "-r requirements/engine-ascend.txt --extra-index-url https://download.pytorch.org/whl/cpu",
-             "git clone --depth 1 --branch v0.23.0 https://github.com/vllm-project/vllm /",
-             "VLLM_TARGET_DEVICE=empty ",
-             "git clone --depth 1 --branch v0.23.0 https://github.com/vllm-project/vllm-ascend /",
-             "submodule update --init --recursive",
-             "triton-ascend==3.2.2"]
+    order = [
+        "scripts/engine_preflight.py --cann 9.1.0 --vllm-ascend v0.23.0",
+        "-r requirements/engine-ascend.txt --extra-index-url https://download.pytorch.org/whl/cpu",
+        "git clone --depth 1 --branch v0.23.0 https://github.com/vllm-project/vllm /",
+        "VLLM_TARGET_DEVICE=empty ",
+        "git clone --depth 1 --branch v0.23.0 https://github.com/vllm-project/vllm-ascend /",
+        "submodule update --init --recursive",
+        "triton-ascend==3.2.2",
+    ]
     positions = [next(i for i, line in enumerate(lines) if step in line) for step in order]
     assert positions == sorted(positions)

@@ -8,6 +8,7 @@ an explicit `--index-url https://pypi.org/simple` and no UV_*/PIP_* variables, s
 pip configuration (local find-links, extra file indexes, a torch cap in a constraints file) nor a uv.toml
 changes what is asked: the real index answers, as it would on CI's or a user's machine.
 """
+
 import os
 import re
 import shutil
@@ -53,24 +54,38 @@ def ascend_row() -> dict:
 
 # --- offline: the sets agree with upstream's matrix and with each other ---------------------------
 
+
 def test_matrix_is_the_same_file_for_the_agent_and_the_tests_and_is_dated():
     assert MATRIX_FILE.read_bytes() == FIXTURE_MATRIX.read_bytes()
     header = MATRIX_FILE.read_text().split("## Release compatibility matrix")[0]
-    assert re.search(r"Synced \d{4}-\d{2}-\d{2} from vllm-project/vllm-ascend "
-                     r"docs/source/community/versioning_policy.md", header)
+    assert re.search(
+        r"Synced \d{4}-\d{2}-\d{2} from vllm-project/vllm-ascend "
+        r"docs/source/community/versioning_policy.md",
+        header,
+    )
 
 
 def test_ascend_set_is_the_matrix_row_of_the_pinned_release():
     row = ascend_row()
-    assert row == {"vllm_ascend": "0.23.0", "vllm": "0.23.0", "python": ((3, 10), (3, 13)), "cann": "9.1.0",
-                   "torch": "2.10.0", "torch_npu": "2.10.0.post4"}
+    assert row == {
+        "vllm_ascend": "0.23.0",
+        "vllm": "0.23.0",
+        "python": ((3, 10), (3, 13)),
+        "cann": "9.1.0",
+        "torch": "2.10.0",
+        "torch_npu": "2.10.0.post4",
+    }
     ascend = pins(REQS / "engine-ascend.txt")
     assert ascend["torch"] == row["torch"] and ascend["torch-npu"] == row["torch_npu"]
     assert makefile_var("ASCEND_VLLM_TAG") == "v" + row["vllm"]
     assert makefile_var("ASCEND_CANN") == row["cann"]
     # What the agent will see on a host built from these pins: no compatibility warning.
-    built = {"vllm_ascend": row["vllm_ascend"], "vllm": row["vllm"] + "+empty",
-             "torch": ascend["torch"], "torch_npu": ascend["torch-npu"]}
+    built = {
+        "vllm_ascend": row["vllm_ascend"],
+        "vllm": row["vllm"] + "+empty",
+        "torch": ascend["torch"],
+        "torch_npu": ascend["torch-npu"],
+    }
     assert compat_warnings(built, cann=row["cann"]) == []
 
 
@@ -102,9 +117,11 @@ def test_cuda_set_pins_a_current_vllm_wheel():
 
 # --- network: the wheel parts resolve on the real index --------------------------------------------
 
+
 def uv_binary() -> str:
     try:
         from uv import find_uv_bin
+
         return find_uv_bin()
     except (ImportError, FileNotFoundError):
         found = shutil.which("uv")
@@ -123,34 +140,56 @@ def reachable(index: str) -> str | None:
         return f"{index} cannot be reached ({exc})"
 
 
-def compile_set(requirements: list[str], platform_tag: str, *, extra_index: str | None = None,
-                no_deps: bool = False) -> dict[str, str]:
+def compile_set(
+    requirements: list[str], platform_tag: str, *, extra_index: str | None = None, no_deps: bool = False
+) -> dict[str, str]:
     why = reachable(PYPI) or (extra_index and reachable(extra_index))
     if why:
         pytest.skip(f"{why}: this check resolves against the real registry")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "PIP_"))}
-    command = [uv_binary(), "pip", "compile", "-", "--no-config", "--index-url", PYPI,
-               "--python-platform", platform_tag, "--python-version", "3.11",
-               "--no-header", "--no-annotate", "--quiet"]
+    command = [
+        uv_binary(),
+        "pip",
+        "compile",
+        "-",
+        "--no-config",
+        "--index-url",
+        PYPI,
+        "--python-platform",
+        platform_tag,
+        "--python-version",
+        "3.11",
+        "--no-header",
+        "--no-annotate",
+        "--quiet",
+    ]
     if extra_index:
         # pip (the Makefile) merges all indexes; uv's equivalent is unsafe-best-match.
         command += ["--extra-index-url", extra_index, "--index-strategy", "unsafe-best-match"]
     if no_deps:
         command.append("--no-deps")
-    result = subprocess.run(command, input="\n".join(requirements) + "\n", capture_output=True, text=True,
-                            env=env, timeout=600)
+    result = subprocess.run(
+        command, input="\n".join(requirements) + "\n", capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, f"uv could not resolve for {platform_tag}:\n{result.stderr}"
-    return {m.group(1).lower(): m.group(2)
-            for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)$", result.stdout, re.M)}
+    return {m.group(1).lower(): m.group(2) for m in re.finditer(r"^([A-Za-z0-9_.-]+)==(\S+)$", result.stdout, re.M)}
 
 
 def requirement_lines(name: str) -> list[str]:
-    return [line.strip() for line in (REQS / name).read_text().splitlines()
-            if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line.strip()
+        for line in (REQS / name).read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
-ASCEND_PICKED = {"torch": "2.10.0", "torch-npu": "2.10.0.post4", "torchvision": "0.25.0",
-                 "torchaudio": "2.10.0", "ray": RAY}
+ASCEND_PICKED = {
+    "torch": "2.10.0",
+    "torch-npu": "2.10.0.post4",
+    "torchvision": "0.25.0",
+    "torchaudio": "2.10.0",
+    "ray": RAY,
+}
 CUDA_PICKED = {"vllm": "0.33.0", "torch": "2.14.0", "torchvision": "0.29.0", "ray": RAY}
 
 

@@ -1,5 +1,6 @@
 """workers.host_stats on this machine: host sample sanity, and a process tree (a parent with a
 busy child) summed, then gone."""
+
 import os
 import signal
 import subprocess
@@ -138,4 +139,5 @@ def test_numa_core_sets_follow_the_memory_nodes_this_process_may_use(tmp_path):
     assert numa_core_sets([0, 1, 2, 3, 4], str(sys_cpu), str(status)) == [[2, 3]]
     assert numa_core_sets([0, 1], str(sys_cpu), str(tmp_path / "missing")) == []
     from workers.host_stats import cpu_core_ids
+
     assert sum(numa_core_sets(cpu_core_ids()), []) == cpu_core_ids()  # this host: one node, every core

@@ -1,5 +1,6 @@
 """The job system on real Redis and real RQ workers: conversions end to end, progress,
 cancel, retry, duplicate and disk-space refusals, and reaping of a killed worker."""
+
 import os
 import signal
 import time
@@ -94,17 +95,26 @@ def test_precision_conversion_records_verification(operator, api_for, model_root
     assert facts["versions"]["torch"] == torch.__version__ and facts["versions"]["transformers"]
     [ready] = AuditEvent.objects.filter(object_type="artifact", object_id=str(out.pk))
     assert (ready.action, ready.via, ready.actor_id, ready.changes["status"], ready.changes["job"]) == (
-        "artifact.ready", "system", None, ["building", "ready"], job_id)
+        "artifact.ready",
+        "system",
+        None,
+        ["building", "ready"],
+        job_id,
+    )
     assert AuditEvent.objects.filter(action="job.succeeded.convert", object_id=str(job_id)).count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
-def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(operator, api_for, model_root, redis_conn, monkeypatch):
+def test_om_conversion_without_atc_keeps_onnx_and_says_what_to_do(
+    operator, api_for, model_root, redis_conn, monkeypatch
+):
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     api = api_for(operator)
     source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
-    job_id = api.post(f"/api/v1/artifacts/{source}/convert",
-                      {"to": "om", "soc_version": "Ascend910B4", "batch_size": 1, "seq_len": 16}).json()["job"]
+    job_id = api.post(
+        f"/api/v1/artifacts/{source}/convert",
+        {"to": "om", "soc_version": "Ascend910B4", "batch_size": 1, "seq_len": 16},
+    ).json()["job"]
     run_queued_jobs("convert", "default")
     job = api.get(f"/api/v1/jobs/{job_id}").json()
     assert job["status"] == "failed"
@@ -138,19 +148,24 @@ def _conversion_writing_on_a_real_worker(api, model_root, settings, worker_env):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("options,field,message", [
-    ({"to": "gif"}, "to", "Choose one of"),
-    ({"to": "hf"}, "to", "needs a GGUF artifact"),
-    ({"to": "fp32"}, "to", "Choose one of"),
-    ({"to": "om"}, "soc_version", "Name the target chip"),
-    ({"to": "om", "soc_version": "Ascend910B4; rm -rf /"}, "soc_version", "Invalid SoC version"),
-    ({"to": "om", "soc_version": "Ascend999"}, "soc_version", "Invalid SoC version"),  # not ATC's: refused here
-    ({"to": "om", "soc_version": "Ascend910B4", "batch_size": 0}, "batch_size", "between 1 and 64"),
-    ({"to": "om", "soc_version": "Ascend910B4", "precision_mode": "yolo"}, "precision_mode", "Choose one of"),
-    ({"to": "fp16", "dtype": "int3"}, "dtype", "applies to GGUF"),
-    ({"to": "fp16", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
-])
-def test_invalid_options_are_refused_before_anything_is_queued(options, field, message, operator, api_for, model_root, redis_conn):
+@pytest.mark.parametrize(
+    "options,field,message",
+    [
+        ({"to": "gif"}, "to", "Choose one of"),
+        ({"to": "hf"}, "to", "needs a GGUF artifact"),
+        ({"to": "fp32"}, "to", "Choose one of"),
+        ({"to": "om"}, "soc_version", "Name the target chip"),
+        ({"to": "om", "soc_version": "Ascend910B4; rm -rf /"}, "soc_version", "Invalid SoC version"),
+        ({"to": "om", "soc_version": "Ascend999"}, "soc_version", "Invalid SoC version"),  # not ATC's: refused here
+        ({"to": "om", "soc_version": "Ascend910B4", "batch_size": 0}, "batch_size", "between 1 and 64"),
+        ({"to": "om", "soc_version": "Ascend910B4", "precision_mode": "yolo"}, "precision_mode", "Choose one of"),
+        ({"to": "fp16", "dtype": "int3"}, "dtype", "applies to GGUF"),
+        ({"to": "fp16", "bogus": 1}, "bogus", "Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_options_are_refused_before_anything_is_queued(
+    options, field, message, operator, api_for, model_root, redis_conn
+):
     api = api_for(operator)
     source = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     Job.objects.all().delete()
@@ -173,8 +188,9 @@ def test_same_dtype_and_disk_space_refusals(operator, api_for, model_root, redis
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_conversion_whose_disk_filled_while_it_was_queued_fails_at_its_start(operator, api_for, model_root,
-                                                                               redis_conn, settings):
+def test_a_conversion_whose_disk_filled_while_it_was_queued_fails_at_its_start(
+    operator, api_for, model_root, redis_conn, settings
+):
     """Free space was checked when the conversion was asked for, not again when its job started: a disk filled
     meanwhile failed the job half-way through its write. Now the same check runs first in the job."""
     from models_registry.services import convert_output_bytes
@@ -309,10 +325,12 @@ def test_per_node_queue_runs_only_on_that_node(operator, api_for, model_root, re
     artifact_id = _register(api, "tiny", build_tiny_llama_hf(model_root / "tiny"))
     Job.objects.all().delete()
     artifact = Artifact.objects.get(pk=artifact_id)
-    here = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
-                       queue=settings.NODE_QUEUE)
-    elsewhere = job_enqueue(kind="hash_artifact", params={"artifact": artifact_id}, target=artifact,
-                            queue=node_queue("another-host"))
+    here = job_enqueue(
+        kind="hash_artifact", params={"artifact": artifact_id}, target=artifact, queue=settings.NODE_QUEUE
+    )
+    elsewhere = job_enqueue(
+        kind="hash_artifact", params={"artifact": artifact_id}, target=artifact, queue=node_queue("another-host")
+    )
     call_command("jobs_worker", "default", "--burst")
     assert Job.objects.get(pk=here.pk).status == "succeeded"
     assert Job.objects.get(pk=elsewhere.pk).status == "queued"
@@ -364,9 +382,15 @@ def test_migration_moves_job_links_to_the_generic_target_and_back():
     OldJob = old.get_model("workers", "Job")
     model = old.get_model("models_registry", "Model").objects.create(name="m")
     artifact = old.get_model("models_registry", "Artifact").objects.create(model=model, format="hf", path="/x")
-    on_artifact = OldJob.objects.create(kind="convert", queue="convert", rq_id="a", target_model=model,
-                                        target_artifact=artifact, result_artifact=artifact,
-                                        result={"artifact_id": artifact.pk})
+    on_artifact = OldJob.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="a",
+        target_model=model,
+        target_artifact=artifact,
+        result_artifact=artifact,
+        result={"artifact_id": artifact.pk},
+    )
     on_model = OldJob.objects.create(kind="hash_artifact", queue="default", rq_id="b", target_model=model)
     on_nothing = OldJob.objects.create(kind="bench", queue="bench", rq_id="c")
 
@@ -384,7 +408,10 @@ def test_migration_moves_job_links_to_the_generic_target_and_back():
     old = executor.loader.project_state(before).apps
     back = {j.rq_id: j for j in old.get_model("workers", "Job").objects.all()}
     assert (back["a"].target_artifact_id, back["a"].target_model_id, back["a"].result_artifact_id) == (
-        artifact.pk, model.pk, artifact.pk)
+        artifact.pk,
+        model.pk,
+        artifact.pk,
+    )
     assert (back["b"].target_artifact_id, back["b"].target_model_id) == (None, model.pk)
     assert (back["c"].target_artifact_id, back["c"].target_model_id) == (None, None)
     assert on_artifact.pk and on_model.pk and on_nothing.pk
@@ -403,7 +430,8 @@ def _job_with_children_running(tmp_path, queue):
 
     pid_file = tmp_path / "pids"
     rq_job = Queue(queue, connection=django_rq.get_connection("default")).enqueue(
-        job_with_children, str(pid_file), job_timeout=600)
+        job_with_children, str(pid_file), job_timeout=600
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not pid_file.exists():
         time.sleep(0.1)
@@ -421,8 +449,14 @@ def _job_worker(env, queue, command="jobs_worker"):
     from tests.support import ROOT
 
     argv = [queue] if command == "jobs_worker" else [queue, "--worker-class", "workers.jobs.worker.JobWorker"]
-    return subprocess.Popen([sys.executable, "manage.py", command, *argv], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "manage.py", command, *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _all_gone(pids, within=20.0) -> bool:
@@ -433,6 +467,7 @@ def _all_gone(pids, within=20.0) -> bool:
             return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
+
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if not any(running(p) for p in pids):
@@ -463,8 +498,7 @@ def test_a_cancelled_jobs_children_end_with_it(redis_conn, worker_env, tmp_path)
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("command, queue", [("jobs_worker", "children-test"), ("rqworker", "convert")])
-def test_stopping_the_job_worker_stops_its_job_and_the_jobs_children(redis_conn, worker_env, tmp_path, command,
-                                                                      queue):
+def test_stopping_the_job_worker_stops_its_job_and_the_jobs_children(redis_conn, worker_env, tmp_path, command, queue):
     """The console's workers (`jobs_worker`; the convert and quantize workers' `rqworker --worker-class
     workers.jobs.worker.JobWorker`) on SIGTERM take their running job down with them (RQ's cold shutdown): a
     supervisor kills the worker alone seconds later, and the job's work horse, in a process group of its own,
@@ -493,8 +527,13 @@ def test_the_heartbeat_outlives_a_database_error_and_a_reaped_job_commits_nothin
     from workers.jobs import runner
     from workers.jobs.context import JobCancelled, JobContext
 
-    job = Job.objects.create(kind="convert", queue="convert", rq_id="r", status=Job.Status.RUNNING,
-                             heartbeat_at=timezone.now() - timezone.timedelta(minutes=5))
+    job = Job.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="r",
+        status=Job.Status.RUNNING,
+        heartbeat_at=timezone.now() - timezone.timedelta(minutes=5),
+    )
     writes = []
 
     class FlakyRows:
@@ -533,8 +572,10 @@ def test_queued_jobs_whose_rq_job_is_gone_or_ended_unclaimed_are_failed(redis_co
     work horse died first: RQ keeps it in the failed registry 7 days), is failed with the reason, so its
     Retry is offered and its dedupe key stops blocking the same work. One still waiting in RQ stays queued."""
     old = timezone.now() - timezone.timedelta(minutes=5)
-    lost, unclaimed, waiting = (Job.objects.create(kind="hash_artifact", queue="default", rq_id=f"reaper-{name}",
-                                                   created_at=old) for name in ("lost", "unclaimed", "waiting"))
+    lost, unclaimed, waiting = (
+        Job.objects.create(kind="hash_artifact", queue="default", rq_id=f"reaper-{name}", created_at=old)
+        for name in ("lost", "unclaimed", "waiting")
+    )
     redis_conn.hset("rq:job:reaper-unclaimed", mapping={"status": "failed"})
     redis_conn.hset("rq:job:reaper-waiting", mapping={"status": "queued"})
     try:
@@ -549,7 +590,8 @@ def test_queued_jobs_whose_rq_job_is_gone_or_ended_unclaimed_are_failed(redis_co
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_whose_process_dies_between_failing_and_cleaning_up_is_cleaned_up_by_the_reaper(
-        tiny_artifact, monkeypatch, settings):
+    tiny_artifact, monkeypatch, settings
+):
     """Failing a job and its kind's cleanup (its 'building' artifact marked failed) were two steps: a process that
     died between them left the artifact 'building' for ever. The failure now sets cleanup_pending in the same
     UPDATE, and the reaper runs the cleanup once the worker has had its grace."""
@@ -567,9 +609,15 @@ def test_a_job_whose_process_dies_between_failing_and_cleaning_up_is_cleaned_up_
         queue = "default"
 
         def work(self, job, ctx):
-            Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="hf",
-                                    dtype="float32", path=str(tiny_artifact.path) + "-copy",
-                                    status=Artifact.Status.BUILDING)
+            Artifact.objects.create(
+                model=tiny_artifact.model,
+                parent=tiny_artifact,
+                producing_job=job,
+                format="hf",
+                dtype="float32",
+                path=str(tiny_artifact.path) + "-copy",
+                status=Artifact.Status.BUILDING,
+            )
             raise JobFailed("the conversion's output failed its check")
 
     class ProcessDied(BaseException):
@@ -599,22 +647,35 @@ def test_a_job_whose_process_dies_between_failing_and_cleaning_up_is_cleaned_up_
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_cancelled_jobs_late_writes_are_cleaned_up_once_its_process_has_gone(tiny_artifact, operator, settings,
-                                                                                redis_conn):
+def test_a_cancelled_jobs_late_writes_are_cleaned_up_once_its_process_has_gone(
+    tiny_artifact, operator, settings, redis_conn
+):
     """A Cancel cleans up at once, but the running job may write once more before RQ kills it (an OM conversion
     past its last cancel check makes its next artifact 'building'). The cleanup stays pending, and the reaper
     runs it again once the job's heartbeat, written whatever the row says, has stopped."""
     from workers.jobs.services import job_cancel
 
     started = timezone.now()
-    job = Job.objects.create(kind="convert", queue="convert", rq_id="cancel-race", status=Job.Status.RUNNING,
-                             started_at=started, heartbeat_at=started)
+    job = Job.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="cancel-race",
+        status=Job.Status.RUNNING,
+        started_at=started,
+        heartbeat_at=started,
+    )
     job_cancel(job=job, user=operator)
     job.refresh_from_db()
     assert job.status == "cancelled" and job.cleanup_pending
     Job.objects.filter(pk=job.pk).update(finished_at=started)  # the reaper's passes below are timed from here
-    late = Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="om",
-                                   path=str(tiny_artifact.path) + "-om", status=Artifact.Status.BUILDING)
+    late = Artifact.objects.create(
+        model=tiny_artifact.model,
+        parent=tiny_artifact,
+        producing_job=job,
+        format="om",
+        path=str(tiny_artifact.path) + "-om",
+        status=Artifact.Status.BUILDING,
+    )
     stale = timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1)
     Job.objects.filter(pk=job.pk).update(heartbeat_at=started + stale)  # its process still beats
     reap_jobs(now=started + stale + timezone.timedelta(seconds=2))
@@ -636,16 +697,23 @@ def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settin
     from workers.jobs.worker import JobWorker
 
     ended = dict(status=Job.Status.FAILED, finished_at=timezone.now())
-    elsewhere = Job.objects.create(kind="bench", queue="node-npu-2", rq_id="on-npu-2", node="npu-2",
-                                   staging_path=str(tmp_path / "on-npu-2" / ".staging-job1-7"), **ended)
+    elsewhere = Job.objects.create(
+        kind="bench",
+        queue="node-npu-2",
+        rq_id="on-npu-2",
+        node="npu-2",
+        staging_path=str(tmp_path / "on-npu-2" / ".staging-job1-7"),
+        **ended,
+    )
     reap_jobs()
     assert Job.objects.get(pk=elsewhere.pk).staging_path == elsewhere.staging_path
 
     staging = tmp_path / "runs" / ".staging-job2-8"
     (staging / "client.log").parent.mkdir(parents=True)
     (staging / "client.log").write_text("half a run")
-    here = Job.objects.create(kind="bench", queue="default", rq_id="here", node=settings.NODE_NAME,
-                              staging_path=str(staging), **ended)
+    here = Job.objects.create(
+        kind="bench", queue="default", rq_id="here", node=settings.NODE_NAME, staging_path=str(staging), **ended
+    )
     JobWorker([Queue("default", connection=redis_conn)], connection=redis_conn).run_maintenance_tasks()
     assert connection.connection is None  # RQ forks each job from the worker: it must hold no connection
     assert not staging.exists() and Job.objects.get(pk=here.pk).staging_path == ""
@@ -653,8 +721,9 @@ def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settin
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_started_meanwhile(operator, settings,
-                                                                                             redis_conn):
+def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_started_meanwhile(
+    operator, settings, redis_conn
+):
     """The heartbeat says the process lives whatever the row says (the reaper's cleanup waits for it to stop);
     a Cancel of a job read as queued that a worker claimed meanwhile cancels it running."""
     import threading
@@ -663,8 +732,9 @@ def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_star
     from workers.jobs.services import job_cancel
 
     old = timezone.now() - timezone.timedelta(minutes=5)
-    cancelled = Job.objects.create(kind="convert", queue="convert", rq_id="beats", status=Job.Status.CANCELLED,
-                                   finished_at=old, heartbeat_at=old)
+    cancelled = Job.objects.create(
+        kind="convert", queue="convert", rq_id="beats", status=Job.Status.CANCELLED, finished_at=old, heartbeat_at=old
+    )
     settings.JOB_HEARTBEAT_SECONDS = 0.05
     stop = threading.Event()
     beat = threading.Thread(target=runner._heartbeat, args=(cancelled.pk, stop))
@@ -677,8 +747,9 @@ def test_the_heartbeat_goes_on_after_a_cancel_and_a_cancel_takes_a_job_that_star
     assert Job.objects.get(pk=cancelled.pk).heartbeat_at > old
 
     read_queued = Job.objects.create(kind="convert", queue="convert", rq_id="claimed-meanwhile")
-    Job.objects.filter(pk=read_queued.pk).update(status=Job.Status.RUNNING, started_at=timezone.now(),
-                                                 heartbeat_at=timezone.now())
+    Job.objects.filter(pk=read_queued.pk).update(
+        status=Job.Status.RUNNING, started_at=timezone.now(), heartbeat_at=timezone.now()
+    )
     job = job_cancel(job=read_queued, user=operator)  # the object still says queued
     assert job.status == "cancelled" and Job.objects.get(pk=job.pk).cleanup_pending  # cancelled running: kept
 
@@ -703,8 +774,9 @@ def test_a_cancel_is_audited_with_its_status_even_when_the_cleanup_after_it_fail
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(operator, api_for, model_root, admin,
-                                                                            redis_conn, settings, monkeypatch):
+def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(
+    operator, api_for, model_root, admin, redis_conn, settings, monkeypatch
+):
     """The output was moved into the store, then a Cancel landed before the artifact was marked ready: the job
     marked it ready anyway (cancelled job, ready artifact), and a job killed there left a complete folder no row
     pointed at. Now ready is conditional on the job still running, and the cleanup removes the folder. An
@@ -732,8 +804,9 @@ def test_a_cancel_between_the_commit_and_ready_wins_and_removes_the_output(opera
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_source_deleted_after_its_conversion_was_queued_is_not_converted(operator, api_for, model_root, redis_conn,
-                                                                            settings):
+def test_a_source_deleted_after_its_conversion_was_queued_is_not_converted(
+    operator, api_for, model_root, redis_conn, settings
+):
     """The delete's check (no active job) and the conversion's (a ready source) ran at the same moment, both
     passed, and the job converted a deleted artifact into a ready child nobody could see."""
     source = _register(api_for(operator), "tiny", build_tiny_llama_hf(model_root / "tiny"))
@@ -741,14 +814,18 @@ def test_a_source_deleted_after_its_conversion_was_queued_is_not_converted(opera
     Artifact.objects.filter(pk=source).update(status="deleted", deleted_at=timezone.now())  # the delete won
     run_queued_jobs("convert")
     job = Job.objects.get(pk=job_id)
-    assert job.status == "failed" and job.error == f"Artifact #{source} was deleted after this job was queued: nothing was read."
+    assert (
+        job.status == "failed"
+        and job.error == f"Artifact #{source} was deleted after this job was queued: nothing was read."
+    )
     assert not Artifact.objects.filter(producing_job_id=job_id).exists()
     assert not _leftovers(Path(settings.ARTIFACT_STORE))
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_jobs_outcome_and_its_artifacts_ends_are_audited_once_as_the_system(tiny_artifact, operator, redis_conn,
-                                                                            settings, monkeypatch):
+def test_a_jobs_outcome_and_its_artifacts_ends_are_audited_once_as_the_system(
+    tiny_artifact, operator, redis_conn, settings, monkeypatch
+):
     """Job-made state changes were only in the job's log and on the rows: now a finished job and a failed job each
     leave one audit entry as the system (kind, target, error), and so does a 'building' artifact marked failed,
     however often the failure's cleanup runs (the worker, then the reaper); progress writes nothing."""
@@ -774,8 +851,14 @@ def test_a_jobs_outcome_and_its_artifacts_ends_are_audited_once_as_the_system(ti
 
         def work(self, job, ctx):
             ctx.progress(20, "building")
-            Artifact.objects.create(model=tiny_artifact.model, parent=tiny_artifact, producing_job=job, format="hf",
-                                    path=str(tiny_artifact.path) + "-copy", status=Artifact.Status.BUILDING)
+            Artifact.objects.create(
+                model=tiny_artifact.model,
+                parent=tiny_artifact,
+                producing_job=job,
+                format="hf",
+                path=str(tiny_artifact.path) + "-copy",
+                status=Artifact.Status.BUILDING,
+            )
             raise JobFailed("the output failed its check")
 
     done = job_enqueue(kind="test_counts", params={}, user=operator, target=tiny_artifact)
@@ -787,21 +870,37 @@ def test_a_jobs_outcome_and_its_artifacts_ends_are_audited_once_as_the_system(ti
     reap_jobs(now=timezone.now() + timezone.timedelta(seconds=settings.JOB_STALE_SECONDS + 1))
 
     def ends(job):
-        return list(AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))
-                    .exclude(action__startswith="job.enqueue"))
+        return list(
+            AuditEvent.objects.filter(object_type="job", object_id=str(job.pk)).exclude(
+                action__startswith="job.enqueue"
+            )
+        )
 
     [succeeded] = ends(done)
     assert (succeeded.action, succeeded.via, succeeded.actor_id, succeeded.actor_name) == (
-        "job.succeeded.test_counts", "system", None, "")
-    assert succeeded.changes == {"status": ["running", "succeeded"], "kind": "test_counts",
-                                 "target": {"type": "artifact", "id": tiny_artifact.pk}}
+        "job.succeeded.test_counts",
+        "system",
+        None,
+        "",
+    )
+    assert succeeded.changes == {
+        "status": ["running", "succeeded"],
+        "kind": "test_counts",
+        "target": {"type": "artifact", "id": tiny_artifact.pk},
+    }
     [failure] = ends(failed)
     assert failure.action == "job.failed.test_audit_fails" and failure.via == "system"
-    assert failure.changes["status"] == ["running", "failed"] and failure.changes["error"] == "the output failed its check"
+    assert (
+        failure.changes["status"] == ["running", "failed"] and failure.changes["error"] == "the output failed its check"
+    )
     built = Artifact.objects.get(producing_job=failed)
     [marked] = AuditEvent.objects.filter(object_type="artifact", object_id=str(built.pk))
     assert (marked.action, marked.via, marked.changes["status"], marked.changes["job"]) == (
-        "artifact.failed", "system", ["building", "failed"], failed.pk)
+        "artifact.failed",
+        "system",
+        ["building", "failed"],
+        failed.pk,
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -812,8 +911,15 @@ def test_a_reaped_job_is_audited_once_and_its_late_end_is_not(tiny_artifact, set
     from workers.jobs import runner
 
     old = timezone.now() - timezone.timedelta(minutes=5)
-    job = Job.objects.create(kind="convert", queue="convert", rq_id="reaped-audit", status=Job.Status.RUNNING,
-                             started_at=old, heartbeat_at=old, target=tiny_artifact)
+    job = Job.objects.create(
+        kind="convert",
+        queue="convert",
+        rq_id="reaped-audit",
+        status=Job.Status.RUNNING,
+        started_at=old,
+        heartbeat_at=old,
+        target=tiny_artifact,
+    )
     assert reap_jobs() == [job.pk]
     assert not runner._finish(job, Job.Status.SUCCEEDED, progress=100)
     [entry] = AuditEvent.objects.filter(object_type="job", object_id=str(job.pk))

@@ -1,6 +1,7 @@
 """The engine runtime on the node's page: Admins choose process, Docker or Podman (vllm-ascend's image,
 Ascend nodes only) and the image variant; the change is audited; bad input is named and changes nothing;
 other roles are refused on the server. The doctor then checks that node's runtime and image."""
+
 import os
 import sys
 
@@ -26,8 +27,11 @@ def test_an_admin_chooses_docker_and_the_image_and_it_is_audited(as_admin, admin
     assert node.engine_image() == "quay.io/ascend/vllm-ascend:v0.23.0-a3"
     event = AuditEvent.objects.get(action="node.engine_runtime")
     assert event.object_id == str(node.pk) and event.actor_name == admin.username
-    assert event.changes == {"engine_runtime": ["process", "docker"], "engine_image_variant": ["auto", "a3"],
-                             "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3"}
+    assert event.changes == {
+        "engine_runtime": ["process", "docker"],
+        "engine_image_variant": ["auto", "a3"],
+        "image": "quay.io/ascend/vllm-ascend:v0.23.0-a3",
+    }
     page = as_admin.get(f"/nodes/{ascend_node.pk}/")
     assert b"in <code>quay.io/ascend/vllm-ascend:v0.23.0-a3</code>" in page.content
     # The same again changes nothing and writes no second event.
@@ -35,14 +39,23 @@ def test_an_admin_chooses_docker_and_the_image_and_it_is_audited(as_admin, admin
     assert AuditEvent.objects.filter(action="node.engine_runtime").count() == 1
 
 
-@pytest.mark.parametrize("data, field, message", [
-    ({"engine_runtime": "lxc", "engine_image_variant": "auto"}, "engine_runtime",
-     "Engine runtime must be one of process, docker, podman; got &#x27;lxc&#x27;."),
-    ({"engine_runtime": "", "engine_image_variant": "auto"}, "engine_runtime", "Engine runtime must be one of"),
-    ({"engine_runtime": "podman", "engine_image_variant": "-950dt"}, "engine_image_variant",
-     "Image must be one of auto, a2, openeuler, a3, a3-openeuler, 310p, 310p-openeuler, a5, a5-openeuler; "
-     "got &#x27;-950dt&#x27;."),
-])
+@pytest.mark.parametrize(
+    "data, field, message",
+    [
+        (
+            {"engine_runtime": "lxc", "engine_image_variant": "auto"},
+            "engine_runtime",
+            "Engine runtime must be one of process, docker, podman; got &#x27;lxc&#x27;.",
+        ),
+        ({"engine_runtime": "", "engine_image_variant": "auto"}, "engine_runtime", "Engine runtime must be one of"),
+        (
+            {"engine_runtime": "podman", "engine_image_variant": "-950dt"},
+            "engine_image_variant",
+            "Image must be one of auto, a2, openeuler, a3, a3-openeuler, 310p, 310p-openeuler, a5, a5-openeuler; "
+            "got &#x27;-950dt&#x27;.",
+        ),
+    ],
+)
 def test_bad_input_is_named_and_changes_nothing(as_admin, ascend_node, data, field, message):
     response = post(as_admin, ascend_node, **data)
     assert response.status_code == 400 and message.encode() in response.content
@@ -54,8 +67,10 @@ def test_bad_input_is_named_and_changes_nothing(as_admin, ascend_node, data, fie
 def test_a_container_runtime_is_for_ascend_nodes_only(as_admin, cpu_node):
     response = post(as_admin, cpu_node, engine_runtime="docker", engine_image_variant="auto")
     assert response.status_code == 400
-    assert b"Docker (vllm-ascend&#x27;s image) runs vllm-ascend&#x27;s image, which serves Ascend NPUs; cpu-host is a " \
-           b"CPU node, so its replicas run as processes." in response.content
+    assert (
+        b"Docker (vllm-ascend&#x27;s image) runs vllm-ascend&#x27;s image, which serves Ascend NPUs; cpu-host is a "
+        b"CPU node, so its replicas run as processes." in response.content
+    )
     assert Node.objects.get(pk=cpu_node.pk).engine_runtime == "process"
 
 

@@ -21,9 +21,7 @@ def assert_shape(parsed):
 
 # --------------------------------------------------------------------------- fixtures: default table
 
-DEFAULT_TABLE_FIXTURES = sorted(
-    p.name for p in FIXTURES.glob("info_*.txt") if not p.name.startswith("info_-")
-)
+DEFAULT_TABLE_FIXTURES = sorted(p.name for p in FIXTURES.glob("info_*.txt") if not p.name.startswith("info_-"))
 
 
 def test_every_default_table_fixture_is_covered():
@@ -68,8 +66,14 @@ def test_910B4_8npu_idle():
     assert col(p, "hbm_used_mb") == [2654] * 7 + [2653]
     assert col(p, "hbm_total_mb") == [32768] * 8
     assert col(p, "bus_id") == [
-        "0000:C1:00.0", "0000:C2:00.0", "0000:81:00.0", "0000:82:00.0",
-        "0000:01:00.0", "0000:02:00.0", "0000:41:00.0", "0000:42:00.0",
+        "0000:C1:00.0",
+        "0000:C2:00.0",
+        "0000:81:00.0",
+        "0000:82:00.0",
+        "0000:01:00.0",
+        "0000:02:00.0",
+        "0000:41:00.0",
+        "0000:42:00.0",
     ]
     assert p["processes"] == []
 
@@ -87,8 +91,14 @@ def test_910ProB_8npu_idle():
     assert col(p, "hbm_used_mb") == [18, 8, 5, 4, 10, 14, 3, 2]
     assert col(p, "hbm_total_mb") == [32768] * 8
     assert col(p, "bus_id") == [
-        "0000:C1:00.0", "0000:81:00.0", "0000:41:00.0", "0000:01:00.0",
-        "0000:C2:00.0", "0000:82:00.0", "0000:42:00.0", "0000:02:00.0",
+        "0000:C1:00.0",
+        "0000:81:00.0",
+        "0000:41:00.0",
+        "0000:01:00.0",
+        "0000:C2:00.0",
+        "0000:82:00.0",
+        "0000:42:00.0",
+        "0000:02:00.0",
     ]
     assert p["processes"] == []
 
@@ -131,26 +141,50 @@ def test_910B4_2npu_busy_no_version_line():
 def test_310P3_power_na_no_hbm():
     p = parse_info(fixture("info_310P3_v25.3.rc1.txt"))
     assert p["version"] == "25.3.rc1"
-    assert p["chips"] == [{
-        "npu": 6, "chip": 0, "device_id": 0, "name": "310P3", "health": "OK",
-        "power_w": None, "temp_c": 50, "aicore_pct": 0,
-        "hugepages_used": 0, "hugepages_total": 0,
-        "memory_used_mb": 1839, "memory_total_mb": 21525,
-        "hbm_used_mb": None, "hbm_total_mb": None, "bus_id": "0000:84:00.0",
-    }]
+    assert p["chips"] == [
+        {
+            "npu": 6,
+            "chip": 0,
+            "device_id": 0,
+            "name": "310P3",
+            "health": "OK",
+            "power_w": None,
+            "temp_c": 50,
+            "aicore_pct": 0,
+            "hugepages_used": 0,
+            "hugepages_total": 0,
+            "memory_used_mb": 1839,
+            "memory_total_mb": 21525,
+            "hbm_used_mb": None,
+            "hbm_total_mb": None,
+            "bus_id": "0000:84:00.0",
+        }
+    ]
     assert p["processes"] == []
 
 
 def test_310_atlas300():
     p = parse_info(fixture("info_310_atlas300_v23.0.0.txt"))
     assert p["version"] == "23.0.0"
-    assert p["chips"] == [{
-        "npu": 0, "chip": 0, "device_id": 0, "name": "310", "health": "OK",
-        "power_w": 12.8, "temp_c": 61, "aicore_pct": 0,
-        "hugepages_used": 0, "hugepages_total": 969,
-        "memory_used_mb": 577, "memory_total_mb": 7759,
-        "hbm_used_mb": None, "hbm_total_mb": None, "bus_id": "0000:01:00.0",
-    }]
+    assert p["chips"] == [
+        {
+            "npu": 0,
+            "chip": 0,
+            "device_id": 0,
+            "name": "310",
+            "health": "OK",
+            "power_w": 12.8,
+            "temp_c": 61,
+            "aicore_pct": 0,
+            "hugepages_used": 0,
+            "hugepages_total": 969,
+            "memory_used_mb": 577,
+            "memory_total_mb": 7759,
+            "hbm_used_mb": None,
+            "hbm_total_mb": None,
+            "bus_id": "0000:01:00.0",
+        }
+    ]
     assert p["processes"] == []
 
 
@@ -178,13 +212,25 @@ def test_reordered_columns_and_extra_columns():
     p = parse_info(REORDERED_EXTRA)
     assert_shape(p)
     assert p["version"] == "26.0.rc1"
-    assert p["chips"] == [{
-        "npu": 3, "chip": 0, "device_id": None, "name": "910B3", "health": "Warning",
-        "power_w": 93.3, "temp_c": 51, "aicore_pct": 7,
-        "hugepages_used": 12, "hugepages_total": 1024,
-        "memory_used_mb": 10, "memory_total_mb": 15000,
-        "hbm_used_mb": 3403, "hbm_total_mb": 65536, "bus_id": "0000:42:00.0",
-    }]
+    assert p["chips"] == [
+        {
+            "npu": 3,
+            "chip": 0,
+            "device_id": None,
+            "name": "910B3",
+            "health": "Warning",
+            "power_w": 93.3,
+            "temp_c": 51,
+            "aicore_pct": 7,
+            "hugepages_used": 12,
+            "hugepages_total": 1024,
+            "memory_used_mb": 10,
+            "memory_total_mb": 15000,
+            "hbm_used_mb": 3403,
+            "hbm_total_mb": 65536,
+            "bus_id": "0000:42:00.0",
+        }
+    ]
     assert p["processes"] == [{"npu": 3, "chip": 0, "pid": 4242, "name": "vllm", "memory_mb": 3000}]
 
 
@@ -223,7 +269,10 @@ def test_310P_duo_two_chips_per_npu(second):
     p = parse_info(text)
     assert_shape(p)
     assert [(c["npu"], c["chip"], c["device_id"]) for c in p["chips"]] == [
-        (2, 0, 0), (2, 1, 1), (3, 0, 2), (3, 1, 3),
+        (2, 0, 0),
+        (2, 1, 1),
+        (3, 0, 2),
+        (3, 1, 3),
     ]
     assert col(p, "power_w") == [None] * 4
     assert col(p, "temp_c") == [70, 69, 69, 67]
@@ -232,19 +281,17 @@ def test_310P_duo_two_chips_per_npu(second):
     assert col(p, "memory_used_mb") == [1417, 1516, 1666, 35270]
     assert col(p, "memory_total_mb") == [44216, 43757, 44216, 43757]
     assert col(p, "hbm_used_mb") == [None] * 4
-    assert p["processes"] == [
-        {"npu": 3, "chip": 1, "pid": 3277562, "name": "mindie_llm_back", "memory_mb": 14513}
-    ]
+    assert p["processes"] == [{"npu": 3, "chip": 1, "pid": 3277562, "name": "mindie_llm_back", "memory_mb": 14513}]
 
 
 def test_310P_duo_pasted_without_separator_lines():
-    text = "\n".join(
-        line for line in DUO_310P.replace("{second}", "Device  ").splitlines()
-        if not line.startswith("+")
-    )
+    text = "\n".join(line for line in DUO_310P.replace("{second}", "Device  ").splitlines() if not line.startswith("+"))
     p = parse_info(text)
     assert [(c["npu"], c["chip"], c["device_id"]) for c in p["chips"]] == [
-        (2, 0, 0), (2, 1, 1), (3, 0, 2), (3, 1, 3),
+        (2, 0, 0),
+        (2, 1, 1),
+        (3, 0, 2),
+        (3, 1, 3),
     ]
     assert col(p, "temp_c") == [70, 69, 69, 67]
     assert len(p["processes"]) == 1
@@ -287,9 +334,7 @@ def test_ascend_950_layout():
     assert col(p, "hbm_total_mb") == [131072, 131072]
     assert col(p, "memory_used_mb") == [0, 0]
     assert col(p, "bus_id") == ["0000:01:00.0", None]  # "NA" -> None
-    assert p["processes"] == [
-        {"npu": 0, "chip": 0, "pid": 2066378, "name": "python", "memory_mb": 5120}
-    ]
+    assert p["processes"] == [{"npu": 0, "chip": 0, "pid": 2066378, "name": "python", "memory_mb": 5120}]
 
 
 WIDE_WITH_CONTAINER_PID = """\
@@ -323,8 +368,17 @@ def test_wide_table_with_container_pid_and_dashes():
     assert (c0["power_w"], c0["temp_c"], c0["aicore_pct"]) == (90.0, 44, 35)
     assert (c0["hbm_used_mb"], c0["hbm_total_mb"]) == (41842, 65536)
     # "-" means "not available" -> None everywhere.
-    for key in ("power_w", "temp_c", "aicore_pct", "hugepages_used", "hugepages_total",
-                "memory_used_mb", "memory_total_mb", "hbm_used_mb", "hbm_total_mb"):
+    for key in (
+        "power_w",
+        "temp_c",
+        "aicore_pct",
+        "hugepages_used",
+        "hugepages_total",
+        "memory_used_mb",
+        "memory_total_mb",
+        "hbm_used_mb",
+        "hbm_total_mb",
+    ):
         assert c1[key] is None, key
     assert c1["bus_id"] == "0000:C2:00.0"
     # The pid is the host "Process id", not "Process id in container".
@@ -380,18 +434,21 @@ def test_indented_output_is_accepted():
     assert parse_info(text) == parse_info(fixture("info_310P3_v25.3.rc1.txt"))
 
 
-@pytest.mark.parametrize("garbage", [
-    "",
-    "   \n\n",
-    "hello world",
-    "bash: npu-smi: command not found",
-    "dcmi module initialize failed. ret is -8005\n",
-    "<html><body><table><tr><td>NPU</td></tr></table></body></html>",
-    "| a | b |\n| 1 | 2 |\n",
-    # only a process table, no device table
-    "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
-    "| 0       0                 | 1406630       | mindie_llm_back          | 21835                   |\n",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        "",
+        "   \n\n",
+        "hello world",
+        "bash: npu-smi: command not found",
+        "dcmi module initialize failed. ret is -8005\n",
+        "<html><body><table><tr><td>NPU</td></tr></table></body></html>",
+        "| a | b |\n| 1 | 2 |\n",
+        # only a process table, no device table
+        "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
+        "| 0       0                 | 1406630       | mindie_llm_back          | 21835                   |\n",
+    ],
+)
 def test_garbage_is_rejected(garbage):
     with pytest.raises(NpuSmiParseError) as exc:
         parse_info(garbage)
@@ -399,9 +456,14 @@ def test_garbage_is_rejected(garbage):
     assert isinstance(exc.value, ValueError)
 
 
-@pytest.mark.parametrize("name", [
-    "info_-m_910B_8npu.txt", "info_-t_usages_-i_0_910B.txt", "info_-l_910B4_8npu.txt",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "info_-m_910B_8npu.txt",
+        "info_-t_usages_-i_0_910B.txt",
+        "info_-l_910B4_8npu.txt",
+    ],
+)
 def test_other_npu_smi_outputs_are_not_a_default_table(name):
     with pytest.raises(NpuSmiParseError):
         parse_info(fixture(name))

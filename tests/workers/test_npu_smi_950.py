@@ -2,7 +2,6 @@
 five-column map, and a 950 host collected end to end through the fake npu-smi. The 950 sample is written
 from the documented layout (tests/fixtures/npu-smi/SOURCES.md says where from): no real capture exists yet."""
 
-
 import pytest
 
 from tests.support.npu_smi import fixture
@@ -40,7 +39,10 @@ def test_chip_map_a3_has_logic_and_phy_ids():
     )
     rows = parse_chip_map(text)
     assert [(r["npu"], r["chip"], r["logic_id"], r["phy_id"]) for r in rows] == [
-        (0, 0, 0, 0), (0, 1, 1, 1), (0, 2, None, None)]
+        (0, 0, 0, 0),
+        (0, 1, 1, 1),
+        (0, 2, None, None),
+    ]
     assert "slot" not in rows[0]
 
 

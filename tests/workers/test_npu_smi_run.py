@@ -27,6 +27,7 @@ from workers.npu_smi import (
 
 # --------------------------------------------------------------------------- -t, -m, -l
 
+
 def test_usages_910B():
     kv = parse_key_values(fixture("info_-t_usages_-i_0_910B.txt"))
     assert kv["npu_id"] == 0 and kv["chip_count"] == 1 and kv["mcu"] is None
@@ -62,17 +63,19 @@ def test_usages_310P_two_chips():
 def test_common_910B_with_mcu_section():
     kv = parse_key_values(fixture("info_-t_common_-i_0_910B.txt"))
     assert kv["npu_id"] == 0 and kv["chip_count"] == 1
-    assert kv["chips"] == [{
-        "chip_id": 0,
-        "memory_usage_rate_pct": 6,
-        "hbm_usage_rate_pct": 0,
-        "aicore_usage_rate_pct": 0,
-        "aicore_freq_mhz": 1000,
-        "aicore_cur_freq_mhz": 1000,
-        "aicore_count": 32,
-        "temperature_c": 46,
-        "npu_real_time_power_w": 69.0,
-    }]
+    assert kv["chips"] == [
+        {
+            "chip_id": 0,
+            "memory_usage_rate_pct": 6,
+            "hbm_usage_rate_pct": 0,
+            "aicore_usage_rate_pct": 0,
+            "aicore_freq_mhz": 1000,
+            "aicore_cur_freq_mhz": 1000,
+            "aicore_count": 32,
+            "temperature_c": 46,
+            "npu_real_time_power_w": 69.0,
+        }
+    ]
     assert kv["mcu"] == {"chip_name": "mcu", "temperature_c": 48, "npu_real_time_power_w": 45.2}
 
 
@@ -92,8 +95,8 @@ def test_board_910B():
     assert chip["chip_id"] == 0
     assert chip["chip_type"] == "Ascend"
     assert chip["chip_name"] == "xxx"
-    assert chip["board_id"] == "0x02"          # hex stays a string
-    assert chip["pcb_id"] is None              # NA
+    assert chip["board_id"] == "0x02"  # hex stays a string
+    assert chip["pcb_id"] is None  # NA
     assert chip["bom_id"] == 1
     assert chip["vdie_id"] == "901421D4 02103514 1711E613 6DA7040A 00102001"
     assert chip["pcie_bus_info"] == "0000:81:00.0"
@@ -146,8 +149,7 @@ def test_chip_map_310P_duo():
     rows = parse_chip_map(fixture("info_-m_310P_duo.txt"))
     assert len(rows) == 12
     chips = [(r["npu"], r["chip"], r["logic_id"]) for r in rows if r["name"] != "Mcu"]
-    assert chips == [(1, 0, 0), (1, 1, 1), (2, 0, 2), (2, 1, 3),
-                     (4, 0, 4), (4, 1, 5), (5, 0, 6), (5, 1, 7)]
+    assert chips == [(1, 0, 0), (1, 1, 1), (2, 0, 2), (2, 1, 3), (4, 0, 4), (4, 1, 5), (5, 0, 6), (5, 1, 7)]
     mcus = [(r["npu"], r["chip"], r["logic_id"]) for r in rows if r["name"] == "Mcu"]
     assert mcus == [(1, 2, None), (2, 2, None), (4, 2, None), (5, 2, None)]
 
@@ -171,6 +173,7 @@ def test_npu_list():
 
 
 # --------------------------------------------------------------------------- management command
+
 
 def test_command_on_fixture():
     out = io.StringIO()
@@ -205,7 +208,10 @@ def test_command_exit_status(tmp_path):
     bad.write_text("not a table\n")
     proc = subprocess.run(
         [sys.executable, "manage.py", "parse_npu_smi", str(bad)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "not `npu-smi info` output" in proc.stderr
@@ -213,6 +219,7 @@ def test_command_exit_status(tmp_path):
 
 
 # --------------------------------------------------------------------------- fake npu-smi, run, collect
+
 
 def test_fake_is_executable():
     assert os.access(FAKE_DIR / "npu-smi", os.X_OK)
@@ -224,7 +231,9 @@ def test_run_npu_smi_replays_fixtures(fake_npu_smi):
     assert run_npu_smi(["info", "-m"], timeout=10) == fixture("info_-m_910B4_8npu.txt")
     assert run_npu_smi(["info", "-t", "usages", "-i", "5"], timeout=10) == fixture("info_-t_usages_-i_0_910B.txt")
     assert run_npu_smi(["info", "-t", "common", "-i", "0"], timeout=10) == fixture("info_-t_common_-i_0_910B.txt")
-    assert run_npu_smi(["info", "-t", "board", "-i", "0", "-c", "0"], timeout=10) == fixture("info_-t_board_-i_0_-c_0_910B.txt")
+    assert run_npu_smi(["info", "-t", "board", "-i", "0", "-c", "0"], timeout=10) == fixture(
+        "info_-t_board_-i_0_-c_0_910B.txt"
+    )
 
 
 def test_run_npu_smi_unknown_args(fake_npu_smi):
@@ -254,8 +263,11 @@ def test_npu_smi_gets_the_allow_listed_environment_not_the_consoles(tmp_path, mo
     monkeypatch.setenv("DATABASE_URL", "postgres://console:db-secret@db/console")
     monkeypatch.setenv("SECRET_KEY", "django-secret")
     monkeypatch.setenv("ASCEND_HOME_PATH", "/usr/local/Ascend/ascend-toolkit/latest")
-    seen = dict(line.split("=", 1) for line in run_npu_smi(["info"], timeout=10, binary=str(printenv)).splitlines()
-                if "=" in line)
+    seen = dict(
+        line.split("=", 1)
+        for line in run_npu_smi(["info"], timeout=10, binary=str(printenv)).splitlines()
+        if "=" in line
+    )
     assert "DATABASE_URL" not in seen and "SECRET_KEY" not in seen and "REDIS_URL" not in seen
     assert seen["ASCEND_HOME_PATH"] == "/usr/local/Ascend/ascend-toolkit/latest" and seen["PATH"] == os.environ["PATH"]
 

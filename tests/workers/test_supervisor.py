@@ -1,4 +1,5 @@
 """The agent's process runtime: a start finds what an earlier, unrecorded start of the same process left running."""
+
 import contextlib
 import dataclasses
 import os
@@ -28,8 +29,12 @@ def test_a_start_stops_the_engine_an_unrecorded_earlier_start_left_in_its_work_d
     work, elsewhere = tmp_path / "replica-0", tmp_path / "replica-1"
     work.mkdir()
     elsewhere.mkdir()
-    engine = [sys.executable, "-c", "import subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"]
+    engine = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)",
+    ]
     stray = subprocess.Popen(engine, cwd=work, start_new_session=True)
     neighbour = subprocess.Popen(engine, cwd=elsewhere, start_new_session=True)
     shell = subprocess.Popen(["sleep", "300"], cwd=work, start_new_session=True)  # not the engine's executable
@@ -37,8 +42,14 @@ def test_a_start_stops_the_engine_an_unrecorded_earlier_start_left_in_its_work_d
     stray_child = psutil.Process(stray.pid).children()[0].pid
     runtime = ProcessRuntime("test-node")
     try:
-        handle = runtime.start(ProcessSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={},
-                                           log_path=tmp_path / "replica-0.log", cwd=str(work)))
+        handle = runtime.start(
+            ProcessSpec(
+                argv=[sys.executable, "-c", "import time; time.sleep(300)"],
+                env={},
+                log_path=tmp_path / "replica-0.log",
+                cwd=str(work),
+            )
+        )
         stray.wait(timeout=10)
         assert not _running(stray.pid) and not _running(stray_child)  # its whole process group
         assert _running(handle.pid) and _running(neighbour.pid) and _running(shell.pid)
@@ -59,8 +70,11 @@ def test_a_stepped_wall_clock_leaves_a_running_replica_found_and_a_reused_pids_g
     unrelated = subprocess.Popen(["sleep", "300"], start_new_session=True)
     time.sleep(0.3)  # another start time: what a PID reused after a reboot has
     try:
-        handle = runtime.start(ProcessSpec(argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={},
-                                           log_path=tmp_path / "replica-0.log"))
+        handle = runtime.start(
+            ProcessSpec(
+                argv=[sys.executable, "-c", "import time; time.sleep(300)"], env={}, log_path=tmp_path / "replica-0.log"
+            )
+        )
         assert runtime.find(handle) is not None
         real_boot = psutil.boot_time()
         older_agents = dataclasses.replace(handle, create_time=psutil.Process(handle.pid).create_time())
@@ -84,9 +98,16 @@ def test_a_stepped_wall_clock_leaves_a_running_replica_found_and_a_reused_pids_g
 def test_a_crashed_leader_left_a_zombie_still_has_its_group_reaped(tmp_path):
     """Where init does not reap an orphan (a container's PID 1), a killed vLLM leader stays a zombie holding its
     PID: its engine core, in its group, must still go. (An earlier version of the reused-PID guard left it.)"""
-    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
-                               "time.sleep(300)"], start_new_session=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            "time.sleep(300)",
+        ],
+        start_new_session=True,
+    )
     time.sleep(0.5)
     engine_core = psutil.Process(parent.pid).children()[0].pid
     os.kill(parent.pid, signal.SIGKILL)

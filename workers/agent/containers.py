@@ -12,6 +12,7 @@ processes: the container's name and id stand in for the PID. The workload hands 
 
 Both CLIs take the same commands and answer `inspect` with the same JSON keys used here (Id, Name,
 State.Running/Pid/ExitCode)."""
+
 import json
 import logging
 import math
@@ -43,15 +44,27 @@ class ContainerRuntime:
     def _env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         return client_environment(base)
 
-    def _cli(self, *args: str, timeout: float | None = None, env: dict[str, str] | None = None,
-             ) -> subprocess.CompletedProcess:
+    def _cli(
+        self,
+        *args: str,
+        timeout: float | None = None,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         argv = [self.binary, *args]
         try:
-            return subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                  timeout=timeout or self.CLI_TIMEOUT, env=env or self._env())
+            return subprocess.run(
+                argv,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout or self.CLI_TIMEOUT,
+                env=env or self._env(),
+            )
         except FileNotFoundError:
-            raise RuntimeUnavailable(f"{self.binary} is not on this node's PATH: install it, or set the node's "
-                                     "engine runtime back to process") from None
+            raise RuntimeUnavailable(
+                f"{self.binary} is not on this node's PATH: install it, or set the node's "
+                "engine runtime back to process"
+            ) from None
         except subprocess.TimeoutExpired:
             waited = timeout or self.CLI_TIMEOUT
             raise RuntimeUnavailable(f"`{self.binary} {args[0]}` did not answer within {waited:.0f} s") from None
@@ -78,9 +91,15 @@ class ContainerRuntime:
     def _follow(self, name: str, log_path: str, *, from_now: bool) -> None:
         argv = [self.binary, "logs", "--follow", *(["--tail", "0"] if from_now else []), name]
         with open(log_path, "ab") as log_file:
-            self.followers[name] = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL, env=self._env(),
-                                                    start_new_session=True, close_fds=True)
+            self.followers[name] = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env(),
+                start_new_session=True,
+                close_fds=True,
+            )
 
     @staticmethod
     def _alive(follower) -> bool:
@@ -95,8 +114,13 @@ class ContainerRuntime:
         """A follower an earlier agent started (it outlives the agent, in its own session)."""
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
-            if len(cmd) > 2 and cmd[-1] == name and "logs" in cmd and "--follow" in cmd \
-                    and any(os.path.basename(part) == self.binary or part.endswith(f"/{self.binary}") for part in cmd):
+            if (
+                len(cmd) > 2
+                and cmd[-1] == name
+                and "logs" in cmd
+                and "--follow" in cmd
+                and any(os.path.basename(part) == self.binary or part.endswith(f"/{self.binary}") for part in cmd)
+            ):
                 return proc
         return None
 
@@ -140,14 +164,25 @@ class ContainerRuntime:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         rotate_log(spec.log_path, spec.log_keep)
         with open(spec.log_path, "ab") as log_file:
-            log_file.write(f"# {timezone.now():%Y-%m-%d %H:%M:%S} started by agent {self.owner} "
-                           f"in {self.binary} container {name}\n".encode())
+            log_file.write(
+                f"# {timezone.now():%Y-%m-%d %H:%M:%S} started by agent {self.owner} "
+                f"in {self.binary} container {name}\n".encode()
+            )
         try:
-            result = subprocess.run(spec.argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                                    env=self._env(spec.env), cwd=spec.cwd, timeout=self.RUN_TIMEOUT)
+            result = subprocess.run(
+                spec.argv,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                env=self._env(spec.env),
+                cwd=spec.cwd,
+                timeout=self.RUN_TIMEOUT,
+            )
         except FileNotFoundError:
-            raise RuntimeUnavailable(f"{self.binary} is not on this node's PATH: install it, or set the node's "
-                                     "engine runtime back to process") from None
+            raise RuntimeUnavailable(
+                f"{self.binary} is not on this node's PATH: install it, or set the node's "
+                "engine runtime back to process"
+            ) from None
         except subprocess.TimeoutExpired:
             raise RuntimeUnavailable(f"`{self.binary} run` did not answer within {self.RUN_TIMEOUT:.0f} s") from None
         if result.returncode != 0:
@@ -157,9 +192,15 @@ class ContainerRuntime:
         container_id = (result.stdout.strip().splitlines() or [""])[-1].strip()
         info = self.inspect(name) or {}
         self._follow(name, str(spec.log_path), from_now=False)
-        return ProcessHandle(pid=int((info.get("State") or {}).get("Pid") or 0), create_time=0.0,
-                             argv=list(spec.argv), runtime=self.binary, container_name=name,
-                             container_id=info.get("Id") or container_id, log_path=str(spec.log_path))
+        return ProcessHandle(
+            pid=int((info.get("State") or {}).get("Pid") or 0),
+            create_time=0.0,
+            argv=list(spec.argv),
+            runtime=self.binary,
+            container_name=name,
+            container_id=info.get("Id") or container_id,
+            log_path=str(spec.log_path),
+        )
 
     def find(self, handle: ProcessHandle) -> dict | None:
         """The container's facts while it runs under the handle's name and id; None when it has gone,
@@ -203,9 +244,14 @@ class ContainerRuntime:
         """The container's own last lines while it exists (the follower may not have caught up)."""
         if handle.container_name:
             try:
-                result = subprocess.run([self.binary, "logs", "--tail", str(count), handle.container_name],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        timeout=self.CLI_TIMEOUT, env=self._env())
+                result = subprocess.run(
+                    [self.binary, "logs", "--tail", str(count), handle.container_name],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    timeout=self.CLI_TIMEOUT,
+                    env=self._env(),
+                )
                 if result.returncode == 0:
                     return result.stdout.decode(errors="replace").rstrip("\n")
             except (OSError, subprocess.TimeoutExpired):

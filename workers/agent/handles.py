@@ -1,6 +1,7 @@
 """What the agent is handed to run and what it hands back, whatever runs it: a ProcessSpec in, a
 ProcessHandle out (a PID, or a container's name and id), Stopped at the end. The runtimes
 (supervisor.ProcessRuntime, containers.ContainerRuntime) each implement Runtime."""
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +13,7 @@ PROCESS = "process"
 class ProcessSpec:
     """What to run: argv (never a shell string), the child's whole environment, its log file. For a
     container runtime argv is the `docker run -d …` that starts it, named container_name."""
+
     argv: list[str]
     env: dict[str, str]
     log_path: Path
@@ -27,6 +29,7 @@ class ProcessHandle:
     container: its name and id (pid is the container's main process on this host, for telemetry).
     ``create_time``: seconds from the host's boot to the process's start (supervisor.started_since_boot); an
     epoch time in rows written by an agent before that; 0: not checked (a container)."""
+
     pid: int
     create_time: float
     argv: list[str] = field(default_factory=list)
@@ -39,6 +42,7 @@ class ProcessHandle:
 @dataclass(frozen=True)
 class Running:
     """A handle found alive, with what its runtime needs to stop it (psutil.Process, container facts)."""
+
     handle: ProcessHandle
     native: Any
 

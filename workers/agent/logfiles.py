@@ -1,4 +1,5 @@
 """Replica log files: rotation before each start, copy-and-truncate while running, the last lines."""
+
 import logging
 import os
 import shutil

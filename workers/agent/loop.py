@@ -1,6 +1,7 @@
 """The node agent's loop. Modelled on healthchecks' sendalerts: a long-running loop, a SIGTERM
 flag, race-safe `update()` writes. Processes run in their own sessions, so the agent can stop,
 crash or be upgraded without taking them down; a new agent re-adopts them (see supervisor)."""
+
 import logging
 import os
 import socket
@@ -120,17 +121,30 @@ class NodeAgent:
     def _claim(self, facts: dict) -> Node:
         with transaction.atomic():
             held = Node.objects.select_for_update().filter(name=self.node_name).first()
-            if held is not None and held.held_by_another_agent(instance=self.instance, boot_id=self.boot_id,
-                                                                pid_alive=psutil.pid_exists):
+            if held is not None and held.held_by_another_agent(
+                instance=self.instance, boot_id=self.boot_id, pid_alive=psutil.pid_exists
+            ):
                 age = (timezone.now() - held.last_heartbeat).total_seconds()
-                raise NodeHeld(f"node {self.node_name} is run by another agent (pid {held.agent_pid} on "
-                               f"{held.hostname or 'an unnamed host'}, heartbeat {age:.0f} s ago): stop that agent, "
-                               "or give this one another --node")
+                raise NodeHeld(
+                    f"node {self.node_name} is run by another agent (pid {held.agent_pid} on "
+                    f"{held.hostname or 'an unnamed host'}, heartbeat {age:.0f} s ago): stop that agent, "
+                    "or give this one another --node"
+                )
             now = timezone.now()
             # The host's interfaces for multi-node collectives (NODE_INTERFACES); endpoints checks them at launch.
-            node_settings = {**(held.settings if held is not None else {}), "interfaces": dict(settings.NODE_INTERFACES)}
-            fields = {**facts, "settings": node_settings, "agent_pid": os.getpid(), "agent_started_at": now,
-                      "last_heartbeat": now, "agent_instance": self.instance, "agent_boot_id": self.boot_id}
+            node_settings = {
+                **(held.settings if held is not None else {}),
+                "interfaces": dict(settings.NODE_INTERFACES),
+            }
+            fields = {
+                **facts,
+                "settings": node_settings,
+                "agent_pid": os.getpid(),
+                "agent_started_at": now,
+                "last_heartbeat": now,
+                "agent_instance": self.instance,
+                "agent_boot_id": self.boot_id,
+            }
             if held is None:  # a new node: the unique name refuses a second creator (claim then tries again)
                 with transaction.atomic():
                     node = Node.objects.create(name=self.node_name, **fields)
@@ -153,10 +167,19 @@ class NodeAgent:
         self.engine_cli_fingerprint = cli.get("fingerprint")
         cores = cpu_core_ids()
         return {
-            "hostname": socket.gethostname(), "address": self.address, "platform": platform,
-            "engine_python": self.engine_python, "engine": engine, "engine_cli": cli, "compat_warnings": warnings,
-            "host": {"cpus": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total,
-                     "cpu_cores": cores, "numa_cores": numa_core_sets(cores)},
+            "hostname": socket.gethostname(),
+            "address": self.address,
+            "platform": platform,
+            "engine_python": self.engine_python,
+            "engine": engine,
+            "engine_cli": cli,
+            "compat_warnings": warnings,
+            "host": {
+                "cpus": psutil.cpu_count(),
+                "memory_bytes": psutil.virtual_memory().total,
+                "cpu_cores": cores,
+                "numa_cores": numa_core_sets(cores),
+            },
         }
 
     def heartbeat(self) -> None:
@@ -168,7 +191,8 @@ class NodeAgent:
                 return
             now = timezone.now()
             if Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(
-                    last_heartbeat=now, agent_pid=os.getpid()):
+                last_heartbeat=now, agent_pid=os.getpid()
+            ):
                 self.node.last_heartbeat = now
                 return
             self.lose_lease()
@@ -185,19 +209,24 @@ class NodeAgent:
         self.supervisor.fence()
         self.lease_lost = self.stopping = True
         if Node.objects.filter(pk=self.node.pk).exists():
-            log.error("another agent took node %s over while this one was silent; this agent stops and leaves the "
-                      "replicas to it", self.node_name)
+            log.error(
+                "another agent took node %s over while this one was silent; this agent stops and leaves the "
+                "replicas to it",
+                self.node_name,
+            )
         else:
-            log.error("node %s was deleted; this agent stops (started again, it registers the node anew)",
-                      self.node_name)
+            log.error(
+                "node %s was deleted; this agent stops (started again, it registers the node anew)", self.node_name
+            )
 
     def release(self) -> None:
         """On a clean exit: the next agent (a restart, an upgrade) need not wait for the lease to run out."""
         with self._lease_lock:
             self.released = True
             # The pid too: a row naming no lease but a pid that beats is an agent of a release before the lease.
-            Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(agent_instance=None,
-                                                                                      agent_pid=None)
+            Node.objects.filter(pk=self.node.pk, agent_instance=self.instance).update(
+                agent_instance=None, agent_pid=None
+            )
 
     def collect_telemetry(self) -> None:
         """Devices, host and workload readings. Runs off the main loop: a hung npu-smi or a
@@ -218,7 +247,9 @@ class NodeAgent:
         try:
             node = Node.objects.get(pk=self.node.pk)  # its engine runtime may have changed on its page
             container = {"runtime": node.engine_runtime, "image": node.engine_image()} if node.containerised else {}
-            Node.objects.filter(pk=self.node.pk).update(doctor=host_report(engine_python=self.engine_python, **container))
+            Node.objects.filter(pk=self.node.pk).update(
+                doctor=host_report(engine_python=self.engine_python, **container)
+            )
         except Exception:  # never let the doctor kill the agent
             log.exception("doctor")
         try:
@@ -253,15 +284,20 @@ class NodeAgent:
         Node.objects.filter(pk=self.node.pk).update(engine_cli=cli)
         self.engine_cli_fingerprint = fingerprint  # a failed probe too: tried again when the engine changes
         if cli.get("error"):
-            log.warning("engine parser probe: %s; launches on %s are checked against the fixed allow-list only",
-                        cli["error"], self.node_name)
+            log.warning(
+                "engine parser probe: %s; launches on %s are checked against the fixed allow-list only",
+                cli["error"],
+                self.node_name,
+            )
         else:
             log.info("engine parser: vLLM %s, %d options", cli["vllm"], len(cli["options"]))
 
     def reconcile(self) -> None:
         self.pass_started = time.monotonic()
         try:
-            busy = [workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()]
+            busy = [
+                workload.reconcile(node=self.node, supervisor=self.supervisor) for workload in registered_workloads()
+            ]
         finally:
             self.pass_started = None
         self.busy = any(busy)
@@ -302,7 +338,9 @@ class NodeAgent:
 
     def run(self, *, once: bool = False) -> None:
         self.register()
-        log.info("agent %s up: platform %s, engine %s", self.node_name, self.node.platform, self.node.engine.get("vllm"))
+        log.info(
+            "agent %s up: platform %s, engine %s", self.node_name, self.node.platform, self.node.engine.get("vllm")
+        )
         if not once:
             threading.Thread(target=self.beat_during_long_passes, name="heartbeat", daemon=True).start()
         pubsub = None
@@ -314,8 +352,9 @@ class NodeAgent:
                     self.last_heartbeat = time.monotonic()
                     if self.lease_lost:  # not one more pass: the replicas are another agent's now
                         break
-                if (time.monotonic() - self.last_devices >= settings.TELEMETRY_INTERVAL_SECONDS
-                        and (self._device_thread is None or not self._device_thread.is_alive())):
+                if time.monotonic() - self.last_devices >= settings.TELEMETRY_INTERVAL_SECONDS and (
+                    self._device_thread is None or not self._device_thread.is_alive()
+                ):
                     self.last_devices = time.monotonic()
                     self._device_thread = threading.Thread(target=self.collect_telemetry, daemon=True)
                     self._device_thread.start()

@@ -3,6 +3,7 @@ them and keeps their logs, through the runtime each one names: a process of the 
 (ProcessRuntime, here: its own session, the whole process group stopped) or a container
 (containers.ContainerRuntime: Docker or Podman). It knows processes and containers, not what they
 serve: the workload that asked for one decides what its exit or silence means."""
+
 import logging
 import os
 import signal
@@ -15,12 +16,32 @@ from django.utils import timezone
 
 from workers.agent.containers import ContainerRuntime
 from workers.agent.handles import (
-    PROCESS, LeaseLost, ProcessHandle, ProcessSpec, Running, Runtime, RuntimeUnavailable, Stopped,
+    PROCESS,
+    LeaseLost,
+    ProcessHandle,
+    ProcessSpec,
+    Running,
+    Runtime,
+    RuntimeUnavailable,
+    Stopped,
 )
 from workers.agent.logfiles import rotate_if_large, rotate_log, tail_lines
 
-__all__ = ["ProcessHandle", "ProcessRuntime", "ProcessSpec", "Running", "RuntimeUnavailable", "Stopped", "Supervisor",
-           "port_is_free", "reap_process_group", "rotate_if_large", "rotate_log", "stop_strays", "tail_lines"]
+__all__ = [
+    "ProcessHandle",
+    "ProcessRuntime",
+    "ProcessSpec",
+    "Running",
+    "RuntimeUnavailable",
+    "Stopped",
+    "Supervisor",
+    "port_is_free",
+    "reap_process_group",
+    "rotate_if_large",
+    "rotate_log",
+    "stop_strays",
+    "tail_lines",
+]
 
 log = logging.getLogger("console.agent")
 
@@ -64,8 +85,12 @@ def stop_strays(spec: ProcessSpec) -> list[int]:
             continue
         reap_process_group(info["pid"])
         strays.append(proc)
-        log.warning("killed pid %s, an engine process left running in %s by an earlier start that was never "
-                    "recorded (the agent stopped in between)", info["pid"], spec.cwd)
+        log.warning(
+            "killed pid %s, an engine process left running in %s by an earlier start that was never "
+            "recorded (the agent stopped in between)",
+            info["pid"],
+            spec.cwd,
+        )
     psutil.wait_procs(strays, timeout=10)
     return [p.pid for p in strays]
 
@@ -111,8 +136,16 @@ class ProcessRuntime:
         with open(spec.log_path, "ab") as log_file:
             log_file.write(f"# {timezone.now():%Y-%m-%d %H:%M:%S} started by agent {self.owner}\n".encode())
             log_file.flush()
-            child = subprocess.Popen(spec.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=spec.env, cwd=spec.cwd, start_new_session=True, close_fds=True)
+            child = subprocess.Popen(
+                spec.argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=spec.env,
+                cwd=spec.cwd,
+                start_new_session=True,
+                close_fds=True,
+            )
         self.children[child.pid] = child
         return ProcessHandle(pid=child.pid, create_time=started_since_boot(child.pid), argv=list(spec.argv))
 
@@ -227,7 +260,9 @@ class Supervisor:
 
     def _unfenced(self) -> None:
         if self.fenced:
-            raise LeaseLost(f"agent {self.owner} no longer holds its node's lease: starting and stopping are the new agent's")
+            raise LeaseLost(
+                f"agent {self.owner} no longer holds its node's lease: starting and stopping are the new agent's"
+            )
 
     def start(self, spec: ProcessSpec) -> ProcessHandle:
         self._unfenced()

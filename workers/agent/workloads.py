@@ -1,5 +1,6 @@
 """What the agent runs is registered by the apps that own it (AppConfig.ready()): the agent
 calls each workload's reconcile on every tick and never reads their tables itself."""
+
 from typing import Protocol
 
 from workers.agent.supervisor import Supervisor

@@ -8,6 +8,7 @@ its own (``start_new_session``) escapes that kill and runs on, unseen, holding t
 so a job's children stay in its group, and the job stops one of them by its process tree, never by the
 group, which is the job's own.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """What a running job is handed: progress, cancel checks, staging directories; and the two ways it ends early."""
+
 import logging
 import os
 import shutil

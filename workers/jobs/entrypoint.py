@@ -1,4 +1,5 @@
 """RQ entrypoint. Thin: it takes a Job id and hands over to the runner."""
+
 from rq import get_current_job
 
 from workers.jobs.runner import run_job

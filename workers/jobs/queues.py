@@ -1,4 +1,5 @@
 """Where jobs are queued: the Redis connection and the queue names (one per kind, one per host)."""
+
 import django_rq
 from django.conf import settings
 from redis.exceptions import RedisError

@@ -1,5 +1,6 @@
 """Which job kinds exist and how the job list filters by target. Filled by the apps that own
 the work (their AppConfig.ready() imports their jobs module); the runtime keeps no table of its own."""
+
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,7 +11,9 @@ _runners: dict[str, type] = {}
 
 def register_runner(cls: type) -> None:
     if cls.name in _runners and _runners[cls.name] is not cls:
-        raise ValueError(f"Job kind {cls.name!r} is registered twice ({_runners[cls.name].__qualname__}, {cls.__qualname__}).")
+        raise ValueError(
+            f"Job kind {cls.name!r} is registered twice ({_runners[cls.name].__qualname__}, {cls.__qualname__})."
+        )
     _runners[cls.name] = cls
 
 

@@ -3,6 +3,7 @@ keep a heartbeat, report progress, honour cancel, and record the outcome.
 
 Modelled on NetBox's JobRunner: one class per kind, registered by defining it; the row is the
 truth, the RQ job only carries the id."""
+
 import logging
 import os
 import socket
@@ -44,8 +45,15 @@ class JobRunner:
 
     def resubmit(self, *, job: Job, user, request=None) -> Job:
         """What Retry submits: by default a new job with the same parameters and target."""
-        return job_enqueue(kind=job.kind, params=job.params, user=user, target=job.target,
-                           dedupe_key=job.dedupe_key, request=request, retry_of=job)
+        return job_enqueue(
+            kind=job.kind,
+            params=job.params,
+            user=user,
+            target=job.target,
+            dedupe_key=job.dedupe_key,
+            request=request,
+            retry_of=job,
+        )
 
     def on_failure(self, job: Job) -> None:
         """Clean up after a job that failed, was cancelled or was reaped (its staging is already gone)."""
@@ -116,8 +124,13 @@ def run_job(job_id: int, worker_name: str = "") -> str:
     now = timezone.now()
     # Race-safe claim: only a queued row becomes running, once.
     claimed = Job.objects.filter(pk=job_id, status=Job.Status.QUEUED).update(
-        status=Job.Status.RUNNING, started_at=now, heartbeat_at=now, pid=os.getpid(),
-        node=settings.NODE_NAME, worker_name=worker_name or socket.gethostname(), stage="starting",
+        status=Job.Status.RUNNING,
+        started_at=now,
+        heartbeat_at=now,
+        pid=os.getpid(),
+        node=settings.NODE_NAME,
+        worker_name=worker_name or socket.gethostname(),
+        stage="starting",
     )
     if not claimed:
         return "skipped"  # cancelled while queued, or already run
@@ -141,7 +154,9 @@ def run_job(job_id: int, worker_name: str = "") -> str:
         outcome = Job.Status.SUCCEEDED
     except JobCancelled:
         ended = Job.objects.filter(pk=job_id).values_list("status", flat=True).first()
-        log.warning("Cancelled." if ended == Job.Status.CANCELLED else f"Stopped: the job was ended meanwhile ({ended}).")
+        log.warning(
+            "Cancelled." if ended == Job.Status.CANCELLED else f"Stopped: the job was ended meanwhile ({ended})."
+        )
         outcome = Job.Status.CANCELLED
     except JobFailed as exc:
         log.error("%s", exc)
@@ -159,4 +174,3 @@ def run_job(job_id: int, worker_name: str = "") -> str:
         row_log.flush()
         handler.removeHandler(row_log)
     return outcome
-

@@ -1,4 +1,5 @@
 """Reads for jobs."""
+
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Q
 

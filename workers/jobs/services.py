@@ -1,5 +1,6 @@
 """Writes for jobs: enqueue (after commit), cancel, retry, reap. What differs per kind
 (queue, timeout, what a retry submits, what a failure leaves behind) is asked of the kind's runner."""
+
 import hashlib
 import logging
 import uuid
@@ -30,14 +31,21 @@ def _enqueue_now(job_id: int) -> None:
     try:
         # rq.Queue, not django_rq.get_queue: another node's queue is not in this host's settings.
         Queue(job.queue, connection=queues.redis_connection()).enqueue(
-            "workers.jobs.entrypoint.run", job.pk, job_id=job.rq_id, job_timeout=job.timeout_s,
-            result_ttl=24 * 3600, failure_ttl=7 * 24 * 3600,
+            "workers.jobs.entrypoint.run",
+            job.pk,
+            job_id=job.rq_id,
+            job_timeout=job.timeout_s,
+            result_ttl=24 * 3600,
+            failure_ttl=7 * 24 * 3600,
         )
     except RedisError as exc:
         error = f"Could not queue the job: Redis is unreachable ({exc})."
         with transaction.atomic():
             if Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-                status=Job.Status.FAILED, finished_at=timezone.now(), cleanup_pending=True, error=error,
+                status=Job.Status.FAILED,
+                finished_at=timezone.now(),
+                cleanup_pending=True,
+                error=error,
             ):
                 audit_job_end(job=job, was=Job.Status.QUEUED, status=Job.Status.FAILED, error=error)
         cleanup_after_failure(Job.objects.get(pk=job.pk))
@@ -86,9 +94,18 @@ def active_duplicate(dedupe_key: str) -> Job | None:
     return Job.objects.active().filter(dedupe_key=dedupe_key).order_by("created_at").first()
 
 
-def job_enqueue(*, kind: str, params: dict, user=None, target=None, dedupe_key: str = "",
-                queue: str | None = None, timeout_s: int | None = None, retry_of: Job | None = None,
-                request=None) -> Job:
+def job_enqueue(
+    *,
+    kind: str,
+    params: dict,
+    user=None,
+    target=None,
+    dedupe_key: str = "",
+    queue: str | None = None,
+    timeout_s: int | None = None,
+    retry_of: Job | None = None,
+    request=None,
+) -> Job:
     """Create the Job row and queue it once the surrounding transaction commits,
     so a worker never picks up a row it can't see yet. `queue` and `timeout_s` default to the kind's."""
     runner = runner_class(kind)
@@ -100,17 +117,30 @@ def job_enqueue(*, kind: str, params: dict, user=None, target=None, dedupe_key: 
     if duplicate is not None:
         raise Conflict(
             f"The same work is already {duplicate.status} as job #{duplicate.pk}.",
-            link=duplicate.get_absolute_url(), object_id=duplicate.pk,
+            link=duplicate.get_absolute_url(),
+            object_id=duplicate.pk,
         )
     job = Job.objects.create(
-        kind=kind, queue=queue or runner.queue, params=params, dedupe_key=dedupe_key,
-        created_by=user if user is not None and user.pk else None, target=target,
-        timeout_s=timeout_s or runner.timeout, rq_id=f"job-{uuid.uuid4().hex}", retry_of=retry_of,
+        kind=kind,
+        queue=queue or runner.queue,
+        params=params,
+        dedupe_key=dedupe_key,
+        created_by=user if user is not None and user.pk else None,
+        target=target,
+        timeout_s=timeout_s or runner.timeout,
+        rq_id=f"job-{uuid.uuid4().hex}",
+        retry_of=retry_of,
     )
     transaction.on_commit(lambda: _enqueue_now(job.pk))
     # Audited whoever queued it: a job the console queues itself (a checksum after a conversion) as the system.
-    audit_log(actor=user, action=f"job.enqueue.{kind}", obj=job, changes={"params": params}, request=request,
-              via="" if user is not None or request is not None else "system")
+    audit_log(
+        actor=user,
+        action=f"job.enqueue.{kind}",
+        obj=job,
+        changes={"params": params},
+        request=request,
+        via="" if user is not None or request is not None else "system",
+    )
     return job
 
 
@@ -124,15 +154,25 @@ def job_cancel(*, job: Job, user, request=None) -> Job:
         # call and the cleanup below may fail or outlast the request.
         with transaction.atomic():
             if Job.objects.filter(pk=job.pk, status=was).update(
-                status=Job.Status.CANCELLED, finished_at=now, cleanup_pending=True, error=f"Cancelled by {user.username}."
+                status=Job.Status.CANCELLED,
+                finished_at=now,
+                cleanup_pending=True,
+                error=f"Cancelled by {user.username}.",
             ):
-                audit_log(actor=user, action="job.cancel", obj=job, request=request,
-                          changes={"status": [was, Job.Status.CANCELLED], "kind": job.kind, "target": _target_of(job)})
+                audit_log(
+                    actor=user,
+                    action="job.cancel",
+                    obj=job,
+                    request=request,
+                    changes={"status": [was, Job.Status.CANCELLED], "kind": job.kind, "target": _target_of(job)},
+                )
                 break
         job.refresh_from_db()
     else:
-        raise Conflict(f"Job #{job.pk} changed while it was being cancelled ({job.status}): try again.",
-                       link=job.get_absolute_url())
+        raise Conflict(
+            f"Job #{job.pk} changed while it was being cancelled ({job.status}): try again.",
+            link=job.get_absolute_url(),
+        )
     try:
         conn = queues.redis_connection()
         if was == Job.Status.QUEUED:
@@ -204,12 +244,17 @@ def reap_jobs(*, now=None) -> list[int]:
             if rq_status is None:
                 error = "The job was lost from the queue (Redis restarted or was flushed). Retry it."
             elif rq_status in RQ_ENDED:
-                error = f"The worker took the job but it never started (RQ: {rq_status}; its process died first). Retry it."
+                error = (
+                    f"The worker took the job but it never started (RQ: {rq_status}; its process died first). Retry it."
+                )
             else:
                 continue
             with transaction.atomic():
                 took = Job.objects.filter(pk=job.pk, status=Job.Status.QUEUED).update(
-                    status=Job.Status.FAILED, finished_at=now, cleanup_pending=True, error=error,
+                    status=Job.Status.FAILED,
+                    finished_at=now,
+                    cleanup_pending=True,
+                    error=error,
                 )
                 if took:
                     audit_job_end(job=job, was=Job.Status.QUEUED, status=Job.Status.FAILED, error=error)
@@ -223,8 +268,10 @@ def reap_jobs(*, now=None) -> list[int]:
     # A job failed or cancelled whose process died before its kind's cleanup ran (a 'building' artifact, a
     # profile left recording), or ran on after a Cancel: run it now, once the process's heartbeat (written
     # whatever the row says) has stopped.
-    for job in gone(Job.objects.filter(cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before),
-                    stale_before=stale_before):
+    for job in gone(
+        Job.objects.filter(cleanup_pending=True, status__in=Job.FINISHED, finished_at__lt=stale_before),
+        stale_before=stale_before,
+    ):
         try:
             cleanup_after_failure(job)
             log.warning("Cleaned up after %s (%s): its process ended before it did", job, job.status)

@@ -1,5 +1,6 @@
 """The console's RQ worker class: `manage.py jobs_worker` runs it, and the convert and quantize workers name it
 (`rqworker convert quantize --worker-class workers.jobs.worker.JobWorker`: deploy/)."""
+
 import logging
 from datetime import timedelta
 
@@ -33,7 +34,8 @@ class JobWorker(Worker):
             log.warning("staging directories of this host's ended jobs not removed: %s", exc)
         else:
             if removed:
-                log.warning("removed %d staging director%s of this host's ended jobs", removed,
-                            "y" if removed == 1 else "ies")
+                log.warning(
+                    "removed %d staging director%s of this host's ended jobs", removed, "y" if removed == 1 else "ies"
+                )
         finally:
             connections.close_all()  # RQ forks each job from this process: it must not inherit a connection

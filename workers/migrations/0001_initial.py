@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -22,7 +21,21 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('kind', models.CharField(db_index=True, max_length=32)),
                 ('queue', models.CharField(max_length=64)),
-                ('status', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('cancelled', 'Cancelled')], db_index=True, default='queued', max_length=16)),
+                (
+                    'status',
+                    models.CharField(
+                        choices=[
+                            ('queued', 'Queued'),
+                            ('running', 'Running'),
+                            ('succeeded', 'Succeeded'),
+                            ('failed', 'Failed'),
+                            ('cancelled', 'Cancelled'),
+                        ],
+                        db_index=True,
+                        default='queued',
+                        max_length=16,
+                    ),
+                ),
                 ('stage', models.CharField(blank=True, max_length=200)),
                 ('progress', models.FloatField(default=0)),
                 ('params', models.JSONField(blank=True, default=dict)),
@@ -41,11 +54,56 @@ class Migration(migrations.Migration):
                 ('worker_name', models.CharField(blank=True, max_length=200)),
                 ('pid', models.IntegerField(blank=True, null=True)),
                 ('staging_path', models.CharField(blank=True, max_length=1024)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
-                ('result_artifact', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='models_registry.artifact')),
-                ('retry_of', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='retries', to='workers.job')),
-                ('target_artifact', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='jobs', to='models_registry.artifact')),
-                ('target_model', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='jobs', to='models_registry.model')),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    'result_artifact',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to='models_registry.artifact',
+                    ),
+                ),
+                (
+                    'retry_of',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='retries',
+                        to='workers.job',
+                    ),
+                ),
+                (
+                    'target_artifact',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='jobs',
+                        to='models_registry.artifact',
+                    ),
+                ),
+                (
+                    'target_model',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='jobs',
+                        to='models_registry.model',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-created_at', '-id'],

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('workers', '0001_initial'),
     ]
@@ -19,7 +18,14 @@ class Migration(migrations.Migration):
                 ('name', models.CharField(max_length=100, unique=True)),
                 ('hostname', models.CharField(blank=True, max_length=255)),
                 ('address', models.CharField(blank=True, max_length=255)),
-                ('platform', models.CharField(choices=[('ascend', 'Ascend NPU'), ('cuda', 'NVIDIA GPU'), ('cpu', 'CPU')], default='cpu', max_length=16)),
+                (
+                    'platform',
+                    models.CharField(
+                        choices=[('ascend', 'Ascend NPU'), ('cuda', 'NVIDIA GPU'), ('cpu', 'CPU')],
+                        default='cpu',
+                        max_length=16,
+                    ),
+                ),
                 ('engine_python', models.CharField(blank=True, max_length=1024)),
                 ('engine', models.JSONField(blank=True, default=dict)),
                 ('compat_warnings', models.JSONField(blank=True, default=list)),
@@ -47,7 +53,12 @@ class Migration(migrations.Migration):
                 ('bus_id', models.CharField(blank=True, max_length=64)),
                 ('latest', models.JSONField(blank=True, default=dict)),
                 ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('node', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='devices', to='workers.node')),
+                (
+                    'node',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='devices', to='workers.node'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['node_id', 'index'],

@@ -21,13 +21,20 @@ DEFAULT_RULES = [
 def seed_rules(apps, schema_editor):
     AlertRule = apps.get_model("workers", "AlertRule")
     for name, kind, metric, op, threshold, duration, severity in DEFAULT_RULES:
-        AlertRule.objects.get_or_create(name=name, defaults={
-            "kind": kind, "metric": metric, "op": op, "threshold": threshold, "duration_s": duration,
-            "severity": severity})
+        AlertRule.objects.get_or_create(
+            name=name,
+            defaults={
+                "kind": kind,
+                "metric": metric,
+                "op": op,
+                "threshold": threshold,
+                "duration_s": duration,
+                "severity": severity,
+            },
+        )
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0001_initial'),
         ('workers', '0002_node_device'),
@@ -39,9 +46,25 @@ class Migration(migrations.Migration):
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('name', models.CharField(max_length=100, unique=True)),
-                ('kind', models.CharField(choices=[('metric', 'metric above/below a threshold'), ('node_offline', 'node offline'), ('endpoint_not_ready', 'endpoint not ready')], default='metric', max_length=24)),
+                (
+                    'kind',
+                    models.CharField(
+                        choices=[
+                            ('metric', 'metric above/below a threshold'),
+                            ('node_offline', 'node offline'),
+                            ('endpoint_not_ready', 'endpoint not ready'),
+                        ],
+                        default='metric',
+                        max_length=24,
+                    ),
+                ),
                 ('metric', models.CharField(blank=True, max_length=64)),
-                ('op', models.CharField(choices=[('gt', '>'), ('ge', '≥'), ('lt', '<'), ('le', '≤')], default='gt', max_length=2)),
+                (
+                    'op',
+                    models.CharField(
+                        choices=[('gt', '>'), ('ge', '≥'), ('lt', '<'), ('le', '≤')], default='gt', max_length=2
+                    ),
+                ),
                 ('threshold', models.FloatField(default=0)),
                 ('duration_s', models.PositiveIntegerField(default=60)),
                 ('severity', models.CharField(default='warning', max_length=16)),
@@ -64,8 +87,26 @@ class Migration(migrations.Migration):
                 ('label', models.CharField(blank=True, max_length=200)),
                 ('last_ts', models.BigIntegerField(blank=True, null=True)),
                 ('last_value', models.FloatField(blank=True, null=True)),
-                ('endpoint', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='series', to='endpoints.endpoint')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='series', to='workers.node')),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='series',
+                        to='endpoints.endpoint',
+                    ),
+                ),
+                (
+                    'node',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='series',
+                        to='workers.node',
+                    ),
+                ),
             ],
             options={
                 'ordering': ['key'],
@@ -80,7 +121,15 @@ class Migration(migrations.Migration):
                 ('avg', models.FloatField()),
                 ('max', models.FloatField()),
                 ('count', models.IntegerField()),
-                ('series', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='workers.series')),
+                (
+                    'series',
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='+',
+                        to='workers.series',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -89,7 +138,15 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('ts', models.BigIntegerField()),
                 ('value', models.FloatField()),
-                ('series', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='workers.series')),
+                (
+                    'series',
+                    models.ForeignKey(
+                        db_index=False,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='+',
+                        to='workers.series',
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
@@ -98,16 +155,47 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('subject', models.CharField(max_length=200)),
                 ('label', models.CharField(blank=True, max_length=300)),
-                ('state', models.CharField(choices=[('pending', 'Pending'), ('firing', 'Firing'), ('resolved', 'Resolved')], db_index=True, default='pending', max_length=12)),
+                (
+                    'state',
+                    models.CharField(
+                        choices=[('pending', 'Pending'), ('firing', 'Firing'), ('resolved', 'Resolved')],
+                        db_index=True,
+                        default='pending',
+                        max_length=12,
+                    ),
+                ),
                 ('value', models.FloatField(blank=True, null=True)),
                 ('since', models.DateTimeField(default=django.utils.timezone.now)),
                 ('fired_at', models.DateTimeField(blank=True, null=True)),
                 ('resolved_at', models.DateTimeField(blank=True, null=True)),
                 ('updated_at', models.DateTimeField(default=django.utils.timezone.now)),
                 ('notify_error', models.TextField(blank=True)),
-                ('endpoint', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='endpoints.endpoint')),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='workers.node')),
-                ('rule', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='workers.alertrule')),
+                (
+                    'endpoint',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='+',
+                        to='endpoints.endpoint',
+                    ),
+                ),
+                (
+                    'node',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name='+',
+                        to='workers.node',
+                    ),
+                ),
+                (
+                    'rule',
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name='alerts', to='workers.alertrule'
+                    ),
+                ),
             ],
             options={
                 'ordering': ['-updated_at', '-id'],

@@ -6,7 +6,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("contenttypes", "0002_remove_content_type_name"),
         ("workers", "0003_telemetry"),
@@ -21,7 +20,12 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="target_type",
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL,
-                                    related_name="+", to="contenttypes.contenttype"),
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="+",
+                to="contenttypes.contenttype",
+            ),
         ),
     ]

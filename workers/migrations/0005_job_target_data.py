@@ -14,10 +14,12 @@ def forward(apps, schema_editor):
     jobs = Job.objects.all()
     if jobs.filter(target_artifact__isnull=False).exists():
         jobs.filter(target_artifact__isnull=False).update(
-            target_type=_content_type(apps, "artifact"), target_id=F("target_artifact_id"))
+            target_type=_content_type(apps, "artifact"), target_id=F("target_artifact_id")
+        )
     if jobs.filter(target_artifact__isnull=True, target_model__isnull=False).exists():
         jobs.filter(target_artifact__isnull=True, target_model__isnull=False).update(
-            target_type=_content_type(apps, "model"), target_id=F("target_model_id"))
+            target_type=_content_type(apps, "model"), target_id=F("target_model_id")
+        )
     for job in jobs.filter(result_artifact__isnull=False).only("pk", "result", "result_artifact_id"):
         if (job.result or {}).get("artifact_id") != job.result_artifact_id:
             job.result = {**(job.result or {}), "artifact_id": job.result_artifact_id}
@@ -28,14 +30,16 @@ def backward(apps, schema_editor):
     Job = apps.get_model("workers", "Job")
     Artifact = apps.get_model("models_registry", "Artifact")
     Model = apps.get_model("models_registry", "Model")
-    on_artifact = Job.objects.filter(target_type=_content_type(apps, "artifact"),
-                                     target_id__in=Artifact.objects.values("pk"))
+    on_artifact = Job.objects.filter(
+        target_type=_content_type(apps, "artifact"), target_id__in=Artifact.objects.values("pk")
+    )
     on_artifact.update(
         target_artifact_id=F("target_id"),
         target_model_id=Subquery(Artifact.objects.filter(pk=OuterRef("target_id")).values("model_id")[:1]),
     )
     Job.objects.filter(target_type=_content_type(apps, "model"), target_id__in=Model.objects.values("pk")).update(
-        target_model_id=F("target_id"))
+        target_model_id=F("target_id")
+    )
     artifact_ids = set(Artifact.objects.values_list("pk", flat=True))
     for job in Job.objects.exclude(result={}).only("pk", "result"):
         artifact_id = (job.result or {}).get("artifact_id") if isinstance(job.result, dict) else None
@@ -44,7 +48,6 @@ def backward(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("models_registry", "0003_calibrationdataset"),
         ("workers", "0004_job_target"),

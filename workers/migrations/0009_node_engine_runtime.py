@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('workers', '0008_node_engine_cli'),
     ]
@@ -18,6 +17,14 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='node',
             name='engine_runtime',
-            field=models.CharField(choices=[('process', 'process (the engine venv)'), ('docker', "Docker (vllm-ascend's image)"), ('podman', "Podman (vllm-ascend's image)")], default='process', max_length=16),
+            field=models.CharField(
+                choices=[
+                    ('process', 'process (the engine venv)'),
+                    ('docker', "Docker (vllm-ascend's image)"),
+                    ('podman', "Podman (vllm-ascend's image)"),
+                ],
+                default='process',
+                max_length=16,
+            ),
         ),
     ]

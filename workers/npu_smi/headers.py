@@ -7,6 +7,7 @@ import re
 
 # --------------------------------------------------------------------------- headers
 
+
 def _norm(name: str) -> str:
     """Header name -> comparison key: 'Bus-Id' -> 'busid', 'NPU Util(%)' -> 'npuutil(%)'."""
     return re.sub(r"[\s_\-]+", "", name.lower())
@@ -14,37 +15,73 @@ def _norm(name: str) -> str:
 
 # Default-table columns (normalised header name -> internal field).
 _DEVICE_COLUMNS = {
-    "npu": "npu", "npuid": "npu", "npuidx": "npu",
-    "chip": "chip", "chipid": "chip", "chipidx": "chip",
-    "device": "device_id", "deviceid": "device_id", "phyid": "device_id", "phy": "device_id",
-    "name": "name", "chipname": "name",
+    "npu": "npu",
+    "npuid": "npu",
+    "npuidx": "npu",
+    "chip": "chip",
+    "chipid": "chip",
+    "chipidx": "chip",
+    "device": "device_id",
+    "deviceid": "device_id",
+    "phyid": "device_id",
+    "phy": "device_id",
+    "name": "name",
+    "chipname": "name",
     "health": "health",
-    "power(w)": "power_w", "power": "power_w", "pwr(w)": "power_w",
-    "temp(c)": "temp_c", "temp": "temp_c", "temperature(c)": "temp_c", "temperature": "temp_c",
-    "aicore(%)": "aicore_pct", "aicore": "aicore_pct", "npuutil(%)": "aicore_pct",
-    "npuutil": "aicore_pct", "aicoreutil(%)": "aicore_pct",
-    "hugepagesusage(page)": "hugepages", "hugepagesusage": "hugepages",
-    "hugepages(page)": "hugepages", "hugepages": "hugepages",
-    "memoryusage(mb)": "memory", "memoryusage": "memory", "memory(mb)": "memory",
-    "hbmusage(mb)": "hbm", "hbmusage": "hbm", "hbm(mb)": "hbm",
-    "busid": "bus_id", "bus": "bus_id", "pcibusid": "bus_id",
+    "power(w)": "power_w",
+    "power": "power_w",
+    "pwr(w)": "power_w",
+    "temp(c)": "temp_c",
+    "temp": "temp_c",
+    "temperature(c)": "temp_c",
+    "temperature": "temp_c",
+    "aicore(%)": "aicore_pct",
+    "aicore": "aicore_pct",
+    "npuutil(%)": "aicore_pct",
+    "npuutil": "aicore_pct",
+    "aicoreutil(%)": "aicore_pct",
+    "hugepagesusage(page)": "hugepages",
+    "hugepagesusage": "hugepages",
+    "hugepages(page)": "hugepages",
+    "hugepages": "hugepages",
+    "memoryusage(mb)": "memory",
+    "memoryusage": "memory",
+    "memory(mb)": "memory",
+    "hbmusage(mb)": "hbm",
+    "hbmusage": "hbm",
+    "hbm(mb)": "hbm",
+    "busid": "bus_id",
+    "bus": "bus_id",
+    "pcibusid": "bus_id",
 }
 # Process-table columns.
 _PROCESS_COLUMNS = {
-    "npu": "npu", "npuid": "npu",
-    "chip": "chip", "chipid": "chip",
-    "processid": "pid", "pid": "pid",
+    "npu": "npu",
+    "npuid": "npu",
+    "chip": "chip",
+    "chipid": "chip",
+    "processid": "pid",
+    "pid": "pid",
     "processname": "name",
-    "processmemory(mb)": "memory_mb", "processmemory": "memory_mb",
+    "processmemory(mb)": "memory_mb",
+    "processmemory": "memory_mb",
     "processidincontainer": "container_pid",
 }
 _KNOWN_NAMES = set(_DEVICE_COLUMNS) | set(_PROCESS_COLUMNS)
 # Multi-word header names, longest first, used to split single-spaced headers.
 _KNOWN_PHRASES = sorted(
     {
-        "NPU ID", "Chip ID", "Chip Name", "NPU Util(%)", "AICore Util(%)",
-        "Process id in container", "Process id", "Process name", "Process memory(MB)",
-        "Process memory", "PCI Bus-Id",
+        "NPU ID",
+        "Chip ID",
+        "Chip Name",
+        "NPU Util(%)",
+        "AICore Util(%)",
+        "Process id in container",
+        "Process id",
+        "Process name",
+        "Process memory(MB)",
+        "Process memory",
+        "PCI Bus-Id",
     },
     key=lambda p: -len(p.split()),
 )
@@ -54,9 +91,7 @@ _PHRASE_MAX_WORDS = max(len(p.split()) for p in _KNOWN_PHRASES)
 _WORD_RE = re.compile(r"\S+")
 _CHUNK_RE = re.compile(r"\S+(?: \S+)*")  # runs separated by 2+ spaces
 # A value token: an "N / M" pair (kept as ONE token, also '26838/ 32768') or any word.
-_VALUE_TOKEN_RE = re.compile(
-    r"(?<!\S)(?:\d+(?:\.\d+)?|NA|-)\s*/\s*(?:\d+(?:\.\d+)?|NA|-)(?!\S)|\S+"
-)
+_VALUE_TOKEN_RE = re.compile(r"(?<!\S)(?:\d+(?:\.\d+)?|NA|-)\s*/\s*(?:\d+(?:\.\d+)?|NA|-)(?!\S)|\S+")
 _NUMERIC_TOKEN_RE = re.compile(r"[+-]?\d+(?:\.\d+)?(?:\s*/\s*\S+)?")
 
 
@@ -82,13 +117,13 @@ def _split_header_block(block: str) -> list[tuple[str, int]]:
         while i < len(words):
             matched = 0
             for n in range(min(_PHRASE_MAX_WORDS, len(words) - i), 1, -1):
-                phrase = _norm(" ".join(w for w, _ in words[i:i + n]))
+                phrase = _norm(" ".join(w for w, _ in words[i : i + n]))
                 if (phrase, n) in _KNOWN_PHRASE_NORMS:
                     matched = n
                     break
             if matched:
                 flush()
-                names.append((" ".join(w for w, _ in words[i:i + matched]), words[i][1]))
+                names.append((" ".join(w for w, _ in words[i : i + matched]), words[i][1]))
                 i += matched
                 continue
             word, off = words[i]

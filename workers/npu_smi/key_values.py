@@ -63,8 +63,7 @@ def parse_key_values(text: str) -> dict[str, Any]:
     records = _kv_records(text)
     if not any(r.keys() & (_HEADER_KEYS | {"chip_id"}) for r in records):
         raise NpuSmiParseError(
-            "not `npu-smi info -t ...` output: no 'NPU ID', 'Chip ID' or 'Chip Count' "
-            "key : value lines found"
+            "not `npu-smi info -t ...` output: no 'NPU ID', 'Chip ID' or 'Chip Count' key : value lines found"
         )
     result: dict[str, Any] = {"chips": [], "mcu": None}
     for rec in records:
@@ -98,12 +97,17 @@ def parse_npu_list(text: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- -m map
 
 _MAP_COLUMNS = {
-    "npuid": "npu", "npu": "npu",
-    "chipid": "chip", "chip": "chip",
-    "chiplogicid": "logic_id", "logicid": "logic_id",
-    "chipphyid": "phy_id", "phyid": "phy_id",
+    "npuid": "npu",
+    "npu": "npu",
+    "chipid": "chip",
+    "chip": "chip",
+    "chiplogicid": "logic_id",
+    "logicid": "logic_id",
+    "chipphyid": "phy_id",
+    "phyid": "phy_id",
     "slotid": "slot",
-    "chipname": "name", "name": "name",
+    "chipname": "name",
+    "name": "name",
 }
 # Header names as npu-smi prints them, for a header written with single spaces.
 _MAP_HEADER_RE = re.compile(r"NPU ID|Slot ID|Chip Logic ID|Chip Phy-ID|Chip ID|Chip Name", re.IGNORECASE)
@@ -114,8 +118,10 @@ def _map_header(line: str) -> list[tuple[str | None, int]] | None:
 
     Older layouts print ``NPU ID  Chip ID  Chip Logic ID  Chip Name``; the Ascend 950 prints
     ``NPU ID  Slot ID  Chip ID  Chip Phy-ID  Chip Name`` and no logic id."""
-    for cells in ([(m.group(), m.start()) for m in _CHUNK_RE.finditer(line)],
-                  [(m.group(), m.start()) for m in _MAP_HEADER_RE.finditer(line)]):
+    for cells in (
+        [(m.group(), m.start()) for m in _CHUNK_RE.finditer(line)],
+        [(m.group(), m.start()) for m in _MAP_HEADER_RE.finditer(line)],
+    ):
         fields = [_MAP_COLUMNS.get(_norm(c)) for c, _ in cells]
         if "npu" in fields and ("logic_id" in fields or "phy_id" in fields):
             return [(f, off) for (c, off), f in zip(cells, fields)]
@@ -146,8 +152,12 @@ def parse_chip_map(text: str) -> list[dict[str, Any]]:
             continue
         chip = _num(vals.get("chip"))
         name = _text(vals.get("name"))
-        row = {"npu": npu, "chip": chip if chip is not None else 0, "logic_id": _num(vals.get("logic_id")),
-               "name": name}
+        row = {
+            "npu": npu,
+            "chip": chip if chip is not None else 0,
+            "logic_id": _num(vals.get("logic_id")),
+            "name": name,
+        }
         columns = {f for f, _ in header}
         if "logic_id" not in columns and str(name or "").lower() != "mcu":
             # The 950 has one chip per NPU ID and vLLM/ACL number it by that id

@@ -134,9 +134,7 @@ def collect(*, timeout: float = 8.0, binary: str | None = None) -> dict[str, Any
             record(info_args, NpuSmiError(f"unexpected error: {exc!r}"))
 
         npus = sorted({c["npu"] for c in result["chips"] if c["npu"] is not None})
-        usage_futures = {
-            npu: pool.submit(run, ["info", "-t", "usages", "-i", str(npu)]) for npu in npus
-        }
+        usage_futures = {npu: pool.submit(run, ["info", "-t", "usages", "-i", str(npu)]) for npu in npus}
 
         try:
             chip_map = parse_chip_map(map_f.result())

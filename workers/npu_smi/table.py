@@ -10,9 +10,21 @@ from .headers import _DEVICE_COLUMNS, _Header, _is_header_row, _norm, _PROCESS_C
 from .values import _BUS_RE, _is_null, _num, _pair, _text
 
 CHIP_KEYS = (
-    "npu", "chip", "device_id", "name", "health", "power_w", "temp_c", "aicore_pct",
-    "hugepages_used", "hugepages_total", "memory_used_mb", "memory_total_mb",
-    "hbm_used_mb", "hbm_total_mb", "bus_id",
+    "npu",
+    "chip",
+    "device_id",
+    "name",
+    "health",
+    "power_w",
+    "temp_c",
+    "aicore_pct",
+    "hugepages_used",
+    "hugepages_total",
+    "memory_used_mb",
+    "memory_total_mb",
+    "hbm_used_mb",
+    "hbm_total_mb",
+    "bus_id",
 )
 PROCESS_KEYS = ("npu", "chip", "pid", "name", "memory_mb")
 
@@ -39,8 +51,8 @@ def parse_info(text: str) -> dict[str, Any]:
     processes: list[dict[str, Any]] = []
     saw_device_header = False
 
-    headers: list[_Header] = []     # header rows of the current table
-    kind: str | None = None         # "device", "process" or None (unknown table)
+    headers: list[_Header] = []  # header rows of the current table
+    kind: str | None = None  # "device", "process" or None (unknown table)
     prev_was_header = False
     first_in_group = True
     npu_ctx: dict[str, str] | None = None
@@ -72,9 +84,7 @@ def parse_info(text: str) -> dict[str, Any]:
             first_in_group = False
             prev_was_header = False
             continue
-        if len([b for b in blocks if b.strip()]) == 1 and (
-            _VERSION_RE.search(joined) or _SMI_VERSION_RE.match(joined)
-        ):
+        if len([b for b in blocks if b.strip()]) == 1 and (_VERSION_RE.search(joined) or _SMI_VERSION_RE.match(joined)):
             m = _VERSION_RE.search(joined) or _SMI_VERSION_RE.match(joined)
             version = version or m.group(1)
             continue
@@ -101,13 +111,15 @@ def parse_info(text: str) -> dict[str, Any]:
             if pid is None and npu is None:
                 continue
             chip = _num(vals.get("chip"))
-            processes.append({
-                "npu": npu,
-                "chip": chip if chip is not None else 0,
-                "pid": pid,
-                "name": _text(vals.get("name")),
-                "memory_mb": _num(vals.get("memory_mb")),
-            })
+            processes.append(
+                {
+                    "npu": npu,
+                    "chip": chip if chip is not None else 0,
+                    "pid": pid,
+                    "name": _text(vals.get("name")),
+                    "memory_mb": _num(vals.get("memory_mb")),
+                }
+            )
         elif kind == "device":
             if len(headers) == 1:
                 vals = headers[0].values(blocks, _DEVICE_COLUMNS)

@@ -1,4 +1,5 @@
 """Telemetry over the API: chart data, the fleet summary and alerts (Viewer)."""
+
 from ninja import Query, Router
 from ninja.errors import HttpError
 
@@ -11,9 +12,16 @@ router = Router(tags=["telemetry"])
 
 
 @api_route(router, "get", "/telemetry/series", role=VIEWER, response=dict)
-def series(request, metric: str, range_: str = Query(selectors.DEFAULT_RANGE, alias="range"),
-           node: int | None = None, endpoint: int | None = None, device: int | None = None,
-           gateway_key: int | None = None, since: int | None = None):
+def series(
+    request,
+    metric: str,
+    range_: str = Query(selectors.DEFAULT_RANGE, alias="range"),
+    node: int | None = None,
+    endpoint: int | None = None,
+    device: int | None = None,
+    gateway_key: int | None = None,
+    since: int | None = None,
+):
     """Chart data: every series of the given metric(s) (comma-separated, e.g.
     ``dev.temp_c`` or ``host.cpu_pct,host.mem_pct``), optionally of one node, endpoint,
     device or gateway key (``gateway_key``), over ``range`` (15m, 1h, 6h, 24h, 7d). Short ranges come from raw points, 6 h and
@@ -26,8 +34,7 @@ def series(request, metric: str, range_: str = Query(selectors.DEFAULT_RANGE, al
         selectors.plan(range_)
     except selectors.BadRange as exc:
         raise HttpError(400, str(exc)) from None
-    found = selectors.find_series(metrics=metrics, node=node, endpoint=endpoint, device=device,
-                                  gateway_key=gateway_key)
+    found = selectors.find_series(metrics=metrics, node=node, endpoint=endpoint, device=device, gateway_key=gateway_key)
     return selectors.series_data(found, range_, since=since)
 
 

@@ -6,6 +6,7 @@ threads, while the registered collectors (the endpoints app: its replicas' proce
 vLLM ``/metrics``) run in the calling thread -- each slow part with a timeout (a hung npu-smi
 costs at most TELEMETRY_NPU_SMI_TIMEOUT_SECONDS and is reported on the node). The worker
 threads do I/O only; every database write happens in the calling thread."""
+
 from __future__ import annotations
 
 import logging
@@ -52,6 +53,7 @@ def _pct(used, total):
 
 # --- accelerators --------------------------------------------------------------------------
 
+
 def sample_devices(platform: str) -> dict:
     """{"kind": "npu"|"gpu"|None, "devices": [normalised dicts], "processes": [...], "errors": [str],
     "complete": bool}. `complete` says the device list is the tool's whole answer, so a device known
@@ -69,14 +71,32 @@ def sample_devices(platform: str) -> dict:
             total = chip.get("hbm_total_mb") or chip.get("memory_total_mb") or usage.get("hbm_capacity_mb")
             used = chip.get("hbm_used_mb") if chip.get("hbm_total_mb") else chip.get("memory_used_mb")
             util = npu_utilization(chip)
-            devices.append({"index": index, "kind": "npu", "name": chip.get("name") or "", "health": chip.get("health") or "",
-                            "util_pct": util, "mem_used_mb": used, "mem_total_mb": total, "temp_c": chip.get("temp_c"),
-                            "power_w": chip.get("power_w"), "bus_id": chip.get("bus_id") or "", "raw": chip})
+            devices.append(
+                {
+                    "index": index,
+                    "kind": "npu",
+                    "name": chip.get("name") or "",
+                    "health": chip.get("health") or "",
+                    "util_pct": util,
+                    "mem_used_mb": used,
+                    "mem_total_mb": total,
+                    "temp_c": chip.get("temp_c"),
+                    "power_w": chip.get("power_w"),
+                    "bus_id": chip.get("bus_id") or "",
+                    "raw": chip,
+                }
+            )
         processes = []
         for proc in data.get("processes", []):
             index = index_of.get((proc.get("npu"), proc.get("chip")), proc.get("npu"))
-            processes.append({"device": index, "pid": proc.get("pid"), "name": proc.get("name") or "",
-                              "memory_mb": proc.get("memory_mb")})
+            processes.append(
+                {
+                    "device": index,
+                    "pid": proc.get("pid"),
+                    "name": proc.get("name") or "",
+                    "memory_mb": proc.get("memory_mb"),
+                }
+            )
         errors = [f"{e['command']}: {e['error']}" for e in data.get("errors", [])]
         # Without `-m` the indexes fall back to NPU ids, which differ from logic ids on duo cards.
         complete = not any(e["command"] in ("npu-smi info", "npu-smi info -m") for e in data.get("errors", []))
@@ -85,19 +105,38 @@ def sample_devices(platform: str) -> dict:
     try:
         gpus = nvml.sample_gpus()
     except Exception as exc:  # a broken driver must not stop the rest of the sample
-        return {"kind": "gpu", "devices": [], "processes": [], "errors": [f"NVML: {type(exc).__name__}: {exc}"],
-                "complete": False}
+        return {
+            "kind": "gpu",
+            "devices": [],
+            "processes": [],
+            "errors": [f"NVML: {type(exc).__name__}: {exc}"],
+            "complete": False,
+        }
     if gpus is None:
-        errors = ["NVML unavailable (no NVIDIA driver library or nvidia-ml-py)"] if platform == Node.Platform.CUDA else []
+        errors = (
+            ["NVML unavailable (no NVIDIA driver library or nvidia-ml-py)"] if platform == Node.Platform.CUDA else []
+        )
         return {"kind": None, "devices": [], "processes": [], "errors": errors, "complete": False}
     devices, processes = [], []
     for gpu in gpus:
-        devices.append({"index": gpu["index"], "kind": "gpu", "name": gpu["name"] or "", "health": gpu["health"],
-                        "util_pct": gpu["aicore_pct"], "mem_used_mb": gpu["memory_used_mb"],
-                        "mem_total_mb": gpu["memory_total_mb"], "temp_c": gpu["temp_c"], "power_w": gpu["power_w"],
-                        "bus_id": gpu["bus_id"] or "", "raw": {k: v for k, v in gpu.items() if k != "processes"}})
-        processes.extend({"device": gpu["index"], "pid": p["pid"], "name": "", "memory_mb": p["memory_mb"]}
-                         for p in gpu["processes"])
+        devices.append(
+            {
+                "index": gpu["index"],
+                "kind": "gpu",
+                "name": gpu["name"] or "",
+                "health": gpu["health"],
+                "util_pct": gpu["aicore_pct"],
+                "mem_used_mb": gpu["memory_used_mb"],
+                "mem_total_mb": gpu["memory_total_mb"],
+                "temp_c": gpu["temp_c"],
+                "power_w": gpu["power_w"],
+                "bus_id": gpu["bus_id"] or "",
+                "raw": {k: v for k, v in gpu.items() if k != "processes"},
+            }
+        )
+        processes.extend(
+            {"device": gpu["index"], "pid": p["pid"], "name": "", "memory_mb": p["memory_mb"]} for p in gpu["processes"]
+        )
     return {"kind": "gpu", "devices": devices, "processes": processes, "errors": [], "complete": True}
 
 
@@ -108,11 +147,22 @@ def _mark_missing(node: Node, *, kind: str, seen: set[int], now) -> list[Reading
     if not gone:
         return []
     Device.objects.filter(node=node, kind=kind, index__in=gone).update(health=Device.HEALTH_MISSING, updated_at=now)
-    return [Reading(f"n{node.pk}.d{i}.dev.health", "dev.health", HEALTH_CODES["MISSING"], "", node_id=node.pk, device=i,
-                    label=f"{kind.upper()} {i}") for i in gone]
+    return [
+        Reading(
+            f"n{node.pk}.d{i}.dev.health",
+            "dev.health",
+            HEALTH_CODES["MISSING"],
+            "",
+            node_id=node.pk,
+            device=i,
+            label=f"{kind.upper()} {i}",
+        )
+        for i in gone
+    ]
 
 
 # --- one pass ------------------------------------------------------------------------------
+
 
 def collect_node(node: Node) -> dict:
     """Sample everything of this node once and store it. Returns a summary (points written,
@@ -142,10 +192,15 @@ def collect_node(node: Node) -> dict:
         tx = max(net["bytes_sent"] - prev_net[1], 0) / dt
         rx = max(net["bytes_recv"] - prev_net[2], 0) / dt
     data_disk = host["disks"].get(str(settings.DATA_DIR)) or host["disks"].get("/") or {}
-    host_values = [("host.cpu_pct", "%", host["cpu_pct"]), ("host.mem_pct", "%", host["memory"]["pct"]),
-                   ("host.mem_used_bytes", "B", host["memory"]["used"]), ("host.load1", "", host["load_avg"][0]),
-                   ("host.disk_pct", "%", data_disk.get("pct")), ("host.net_rx_Bps", "B/s", rx),
-                   ("host.net_tx_Bps", "B/s", tx)]
+    host_values = [
+        ("host.cpu_pct", "%", host["cpu_pct"]),
+        ("host.mem_pct", "%", host["memory"]["pct"]),
+        ("host.mem_used_bytes", "B", host["memory"]["used"]),
+        ("host.load1", "", host["load_avg"][0]),
+        ("host.disk_pct", "%", data_disk.get("pct")),
+        ("host.net_rx_Bps", "B/s", rx),
+        ("host.net_tx_Bps", "B/s", tx),
+    ]
     utils = [d["util_pct"] for d in dev["devices"] if d["util_pct"] is not None]
     if utils:
         host_values.append(("host.dev_util_avg", "%", round(sum(utils) / len(utils), 2)))
@@ -161,24 +216,42 @@ def collect_node(node: Node) -> dict:
     by_device: dict[int, list[dict]] = {}
     for proc in dev["processes"]:
         serves = owner.get(proc["pid"]) or {}
-        by_device.setdefault(proc["device"], []).append({
-            **proc, "endpoint_id": serves.get("endpoint_id"), "endpoint": serves.get("endpoint"),
-            "replica": serves.get("replica")})
+        by_device.setdefault(proc["device"], []).append(
+            {
+                **proc,
+                "endpoint_id": serves.get("endpoint_id"),
+                "endpoint": serves.get("endpoint"),
+                "replica": serves.get("replica"),
+            }
+        )
     now = timezone.now()
     for d in dev["devices"]:
         i = d["index"]
         mem_pct = _pct(d["mem_used_mb"], d["mem_total_mb"])
         code = health_code(d["health"])
         latest = {**d["raw"], "processes": by_device.get(i, []), "mem_pct": mem_pct, "ts": int(ts)}
-        Device.objects.update_or_create(node=node, index=i, defaults={
-            "kind": d["kind"], "name": d["name"], "health": d["health"], "bus_id": d["bus_id"], "latest": latest,
-            "updated_at": now,
-            "memory_total_bytes": int(d["mem_total_mb"] * 1024 * 1024) if d["mem_total_mb"] else None,
-        })
+        Device.objects.update_or_create(
+            node=node,
+            index=i,
+            defaults={
+                "kind": d["kind"],
+                "name": d["name"],
+                "health": d["health"],
+                "bus_id": d["bus_id"],
+                "latest": latest,
+                "updated_at": now,
+                "memory_total_bytes": int(d["mem_total_mb"] * 1024 * 1024) if d["mem_total_mb"] else None,
+            },
+        )
         label = f"{d['kind'].upper()} {i}"
-        for metric, unit, value in (("dev.util_pct", "%", d["util_pct"]), ("dev.mem_used_mb", "MB", d["mem_used_mb"]),
-                                    ("dev.mem_pct", "%", mem_pct), ("dev.temp_c", "°C", d["temp_c"]),
-                                    ("dev.power_w", "W", d["power_w"]), ("dev.health", "", code)):
+        for metric, unit, value in (
+            ("dev.util_pct", "%", d["util_pct"]),
+            ("dev.mem_used_mb", "MB", d["mem_used_mb"]),
+            ("dev.mem_pct", "%", mem_pct),
+            ("dev.temp_c", "°C", d["temp_c"]),
+            ("dev.power_w", "W", d["power_w"]),
+            ("dev.health", "", code),
+        ):
             readings.append(Reading(f"n{nid}.d{i}.{metric}", metric, value, unit, node_id=nid, device=i, label=label))
 
     if dev.get("complete") and dev["kind"]:
@@ -189,10 +262,23 @@ def collect_node(node: Node) -> dict:
         errors += part.errors
 
     written = store(readings, ts)
-    latest_host = {"ts": int(ts), "cpu_pct": host["cpu_pct"], "mem_pct": host["memory"]["pct"],
-                   "mem_used_bytes": host["memory"]["used"], "mem_total_bytes": host["memory"]["total"],
-                   "load_avg": host["load_avg"], "disk_pct": data_disk.get("pct"), "net_rx_Bps": rx, "net_tx_Bps": tx}
-    Node.objects.filter(pk=nid).update(host={**(node.host or {}), "latest": latest_host},
-                                       telemetry_error="; ".join(errors)[:2000])
-    return {"points": written, "devices": len(dev["devices"]), "errors": errors,
-            "seconds": round(time.monotonic() - started, 3)}
+    latest_host = {
+        "ts": int(ts),
+        "cpu_pct": host["cpu_pct"],
+        "mem_pct": host["memory"]["pct"],
+        "mem_used_bytes": host["memory"]["used"],
+        "mem_total_bytes": host["memory"]["total"],
+        "load_avg": host["load_avg"],
+        "disk_pct": data_disk.get("pct"),
+        "net_rx_Bps": rx,
+        "net_tx_Bps": tx,
+    }
+    Node.objects.filter(pk=nid).update(
+        host={**(node.host or {}), "latest": latest_host}, telemetry_error="; ".join(errors)[:2000]
+    )
+    return {
+        "points": written,
+        "devices": len(dev["devices"]),
+        "errors": errors,
+        "seconds": round(time.monotonic() - started, 3),
+    }

@@ -2,6 +2,7 @@
 the latest fresh reading of every device, host, endpoint, gateway and gateway-key series, plus node up,
 endpoint ready and firing alerts, and each NPU's reading under npu-exporter's names (npu_exporter.py).
 deploy/grafana/llm-console-dashboard.json charts these names; tests check it uses no other."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,7 +29,11 @@ EXPOSED = {
     "proc.cpu_pct": ("console_replica_cpu_percent", "CPU of a replica's vLLM processes (100 = one core)", {}),
     "proc.rss_bytes": ("console_replica_rss_bytes", "Resident memory of a replica's vLLM processes", {}),
     "ep.qps": ("console_endpoint_requests_per_second", "Finished requests per second", {}),
-    "ep.p50_s": ("console_endpoint_latency_seconds", "End-to-end request latency over the last window", {"quantile": "0.5"}),
+    "ep.p50_s": (
+        "console_endpoint_latency_seconds",
+        "End-to-end request latency over the last window",
+        {"quantile": "0.5"},
+    ),
     "ep.p90_s": ("console_endpoint_latency_seconds", "", {"quantile": "0.9"}),
     "ep.p99_s": ("console_endpoint_latency_seconds", "", {"quantile": "0.99"}),
     "ep.ttft_p50_s": ("console_endpoint_ttft_seconds", "Time to first token over the last window", {"quantile": "0.5"}),
@@ -37,9 +42,16 @@ EXPOSED = {
     "ep.running": ("console_endpoint_requests_running", "Requests being processed", {}),
     "ep.waiting": ("console_endpoint_requests_waiting", "Requests waiting", {}),
     "ep.kv_cache_pct": ("console_endpoint_kv_cache_used_percent", "KV-cache in use", {}),
-    "ep.prefix_hit_pct": ("console_endpoint_prefix_cache_hit_percent",
-                          "Prompt tokens found in the prefix cache over the last window", {}),
-    "ep.error_rate": ("console_endpoint_error_ratio", "Errors / requests over the last window (failed scrapes and health checks count)", {}),
+    "ep.prefix_hit_pct": (
+        "console_endpoint_prefix_cache_hit_percent",
+        "Prompt tokens found in the prefix cache over the last window",
+        {},
+    ),
+    "ep.error_rate": (
+        "console_endpoint_error_ratio",
+        "Errors / requests over the last window (failed scrapes and health checks count)",
+        {},
+    ),
     # The gateway's figures per endpoint and per key (endpoints/gateway/services.py store_gateway_stats).
     "gw.qps": ("console_gateway_requests_per_second", "Requests per second through the gateway", {}),
     "gw.p50_s": ("console_gateway_latency_seconds", "Gateway request latency over the last flush", {"quantile": "0.5"}),
@@ -81,8 +93,11 @@ class _Collector:
     def collect(self):
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
         label_order = ["node", "device", "endpoint", "replica", "key_id", "key", "quantile"]
-        series = (Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
-                  .select_related("node", "endpoint").order_by("metric", "key"))
+        series = (
+            Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
+            .select_related("node", "endpoint")
+            .order_by("metric", "key")
+        )
         rows: dict[str, list] = {}
         for s in series:
             name, help_text, extra = EXPOSED[s.metric]
@@ -95,14 +110,19 @@ class _Collector:
             for labels, value, _ in items:
                 family.add_metric([labels.get(n, "") for n in names], value)
             families[name] = (family, names)
-        up = GaugeMetricFamily("console_node_up", "1 when the node's agent has a fresh heartbeat", labels=["node", "platform"])
+        up = GaugeMetricFamily(
+            "console_node_up", "1 when the node's agent has a fresh heartbeat", labels=["node", "platform"]
+        )
         for node in Node.objects.all():
             up.add_metric([node.name, node.platform], 1.0 if node.online else 0.0)
-        ready = GaugeMetricFamily("console_endpoint_ready", "1 when every replica is ready", labels=["endpoint", "state"])
+        ready = GaugeMetricFamily(
+            "console_endpoint_ready", "1 when every replica is ready", labels=["endpoint", "state"]
+        )
         for ep in served_facts():
             ready.add_metric([ep.name, ep.state], 1.0 if ep.ready else 0.0)
-        firing = GaugeMetricFamily("console_alerts_firing", "Alerts firing now", value=Alert.objects.filter(
-            state=Alert.State.FIRING).count())
+        firing = GaugeMetricFamily(
+            "console_alerts_firing", "Alerts firing now", value=Alert.objects.filter(state=Alert.State.FIRING).count()
+        )
         yield up
         yield ready
         yield firing

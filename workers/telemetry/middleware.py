@@ -4,6 +4,7 @@ LoginRequiredEverywhereMiddleware sends every sessionless request to the login p
 runs just before it and answers ``GET /metrics`` itself when the request carries
 ``Authorization: Bearer ...`` (METRICS_TOKEN, or a Viewer's API token). Every other request,
 /metrics without a bearer token included, goes on unchanged (session + Viewer role)."""
+
 from workers.telemetry.views import metrics_with_token
 
 

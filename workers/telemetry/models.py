@@ -3,6 +3,7 @@
 
 Times are integer Unix seconds (UTC), not DateTimeFields: bucketing for charts is then
 ``ts / step * step`` in SQL, the same on SQLite and PostgreSQL, and the rows stay small."""
+
 from django.db import models
 from django.utils import timezone
 
@@ -11,13 +12,38 @@ __all__ = ["Series", "Point", "Rollup", "AlertRule", "Alert"]
 
 # The metrics telemetry records and their units (charts label axes with them; alert rules name them).
 METRIC_UNITS = {
-    "dev.util_pct": "%", "dev.mem_used_mb": "MB", "dev.mem_pct": "%", "dev.temp_c": "°C", "dev.power_w": "W",
-    "dev.health": "", "host.cpu_pct": "%", "host.mem_pct": "%", "host.mem_used_bytes": "B", "host.load1": "",
-    "host.disk_pct": "%", "host.net_rx_Bps": "B/s", "host.net_tx_Bps": "B/s", "host.dev_util_avg": "%",
-    "proc.cpu_pct": "%", "proc.rss_bytes": "B", "ep.qps": "req/s", "ep.p50_s": "s", "ep.p90_s": "s",
-    "ep.p99_s": "s", "ep.ttft_p50_s": "s", "ep.ttft_p99_s": "s", "ep.itl_p50_s": "s", "ep.gen_tps": "tok/s",
-    "ep.prompt_tps": "tok/s", "ep.running": "", "ep.waiting": "", "ep.kv_cache_pct": "%", "ep.prefix_hit_pct": "%", "ep.errors": "",
-    "ep.error_rate": "ratio", "ep.scrape_ok": "",
+    "dev.util_pct": "%",
+    "dev.mem_used_mb": "MB",
+    "dev.mem_pct": "%",
+    "dev.temp_c": "°C",
+    "dev.power_w": "W",
+    "dev.health": "",
+    "host.cpu_pct": "%",
+    "host.mem_pct": "%",
+    "host.mem_used_bytes": "B",
+    "host.load1": "",
+    "host.disk_pct": "%",
+    "host.net_rx_Bps": "B/s",
+    "host.net_tx_Bps": "B/s",
+    "host.dev_util_avg": "%",
+    "proc.cpu_pct": "%",
+    "proc.rss_bytes": "B",
+    "ep.qps": "req/s",
+    "ep.p50_s": "s",
+    "ep.p90_s": "s",
+    "ep.p99_s": "s",
+    "ep.ttft_p50_s": "s",
+    "ep.ttft_p99_s": "s",
+    "ep.itl_p50_s": "s",
+    "ep.gen_tps": "tok/s",
+    "ep.prompt_tps": "tok/s",
+    "ep.running": "",
+    "ep.waiting": "",
+    "ep.kv_cache_pct": "%",
+    "ep.prefix_hit_pct": "%",
+    "ep.errors": "",
+    "ep.error_rate": "ratio",
+    "ep.scrape_ok": "",
 }
 
 
@@ -29,8 +55,9 @@ class Series(models.Model):
     metric = models.CharField(max_length=64, db_index=True)
     unit = models.CharField(max_length=16, blank=True)
     node = models.ForeignKey("workers.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="series")
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE,
-                                 related_name="series")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="series"
+    )
     device = models.IntegerField(null=True, blank=True)  # accelerator index on the node
     replica = models.IntegerField(null=True, blank=True)  # replica index of the endpoint
     label = models.CharField(max_length=200, blank=True)
@@ -40,8 +67,10 @@ class Series(models.Model):
 
     class Meta:
         ordering = ["key"]
-        indexes = [models.Index(fields=["node", "metric"], name="tm_series_node_metric"),
-                   models.Index(fields=["endpoint", "metric"], name="tm_series_ep_metric")]
+        indexes = [
+            models.Index(fields=["node", "metric"], name="tm_series_node_metric"),
+            models.Index(fields=["endpoint", "metric"], name="tm_series_ep_metric"),
+        ]
 
     def __str__(self):
         return self.key
@@ -55,8 +84,10 @@ class Point(models.Model):
     value = models.FloatField()
 
     class Meta:
-        indexes = [models.Index(fields=["series", "ts"], name="tm_point_series_ts"),
-                   models.Index(fields=["ts"], name="tm_point_ts")]
+        indexes = [
+            models.Index(fields=["series", "ts"], name="tm_point_series_ts"),
+            models.Index(fields=["ts"], name="tm_point_ts"),
+        ]
 
 
 class Rollup(models.Model):
@@ -105,8 +136,12 @@ class AlertRule(models.Model):
     def breaches(self, value) -> bool:
         if value is None:
             return False
-        return {"gt": value > self.threshold, "ge": value >= self.threshold,
-                "lt": value < self.threshold, "le": value <= self.threshold}[self.op]
+        return {
+            "gt": value > self.threshold,
+            "ge": value >= self.threshold,
+            "lt": value < self.threshold,
+            "le": value <= self.threshold,
+        }[self.op]
 
     @property
     def condition(self) -> str:
@@ -130,8 +165,9 @@ class Alert(models.Model):
     subject = models.CharField(max_length=200)  # series key, "node:3" or "endpoint:7"
     label = models.CharField(max_length=300, blank=True)
     node = models.ForeignKey("workers.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    endpoint = models.ForeignKey("endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE,
-                                 related_name="+")
+    endpoint = models.ForeignKey(
+        "endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
     state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING, db_index=True)
     value = models.FloatField(null=True, blank=True)
     since = models.DateTimeField(default=timezone.now)  # the breach began
@@ -146,4 +182,3 @@ class Alert(models.Model):
 
     def __str__(self):
         return f"{self.rule.name} {self.label or self.subject} {self.state}"
-

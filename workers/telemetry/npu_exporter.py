@@ -26,6 +26,7 @@ Label values, from what npu-smi prints:
 Not exposed, since npu-smi's table does not give them: voltage, AI-core frequency, HBM temperature and
 bandwidth, network health, error codes, vdie ids. A device missing from npu-smi's latest answer has no
 reading (npu-exporter drops the chip too); ``console_device_health`` says 4 (Missing) for it."""
+
 from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
@@ -42,14 +43,19 @@ CHIP_GAUGES = {
     "npu_chip_info_power": ("the npu power", lambda chip: chip.get("power_w")),
     "npu_chip_info_health_status": (
         "the npu health status",
-        lambda chip: (1 if chip["health"].strip().upper() == Device.HEALTH_OK else 0) if chip.get("health") else None),
+        lambda chip: (1 if chip["health"].strip().upper() == Device.HEALTH_OK else 0) if chip.get("health") else None,
+    ),
     # HBM (910 series); npu-smi prints no HBM column on 310/310P.
     "npu_chip_info_hbm_used_memory": (
-        "the npu hbm used memory", lambda chip: chip.get("hbm_used_mb") if chip.get("hbm_total_mb") else None),
+        "the npu hbm used memory",
+        lambda chip: chip.get("hbm_used_mb") if chip.get("hbm_total_mb") else None,
+    ),
     "npu_chip_info_hbm_total_memory": ("the npu hbm total memory", lambda chip: chip.get("hbm_total_mb") or None),
     # DDR: npu-smi's Memory-Usage(MB), "0 / 0" on chips without DDR.
     "npu_chip_info_used_memory": (
-        "the npu used memory", lambda chip: chip.get("memory_used_mb") if chip.get("memory_total_mb") else None),
+        "the npu used memory",
+        lambda chip: chip.get("memory_used_mb") if chip.get("memory_total_mb") else None,
+    ),
     "npu_chip_info_total_memory": ("the npu total memory", lambda chip: chip.get("memory_total_mb") or None),
 }
 
@@ -61,8 +67,10 @@ def _chip_ids(devices: list[Device]) -> dict[int, str]:
     for device in devices:
         by_node.setdefault(device.node_id, []).append(device)
     for node_devices in by_node.values():
-        wanted = {d.pk: d.latest.get("device_id") if d.latest.get("device_id") is not None else d.latest.get("npu")
-                  for d in node_devices}
+        wanted = {
+            d.pk: d.latest.get("device_id") if d.latest.get("device_id") is not None else d.latest.get("npu")
+            for d in node_devices
+        }
         unique = None not in wanted.values() and len(set(wanted.values())) == len(wanted)
         ids.update({d.pk: str(wanted[d.pk] if unique else d.index) for d in node_devices})
     return ids
@@ -70,16 +78,30 @@ def _chip_ids(devices: list[Device]) -> dict[int, str]:
 
 def npu_chip_families(fresh_after: int) -> list[GaugeMetricFamily]:
     """The ``npu_chip_info_*`` families of every NPU with a reading newer than ``fresh_after`` (Unix s)."""
-    devices = [d for d in Device.objects.filter(kind="npu").exclude(health=Device.HEALTH_MISSING)
-               .select_related("node").order_by("node__name", "index")
-               if (d.latest or {}).get("ts", 0) >= fresh_after]
+    devices = [
+        d
+        for d in Device.objects.filter(kind="npu")
+        .exclude(health=Device.HEALTH_MISSING)
+        .select_related("node")
+        .order_by("node__name", "index")
+        if (d.latest or {}).get("ts", 0) >= fresh_after
+    ]
     ids = _chip_ids(devices)
-    families = {name: GaugeMetricFamily(name, help_text, labels=CARD_LABELS)
-                for name, (help_text, _) in CHIP_GAUGES.items()}
+    families = {
+        name: GaugeMetricFamily(name, help_text, labels=CARD_LABELS) for name, (help_text, _) in CHIP_GAUGES.items()
+    }
     for device in devices:
         chip = device.latest
-        labels = [ids[device.pk], chip.get("name") or device.name, "", chip.get("bus_id") or device.bus_id,
-                  "", "", "", device.node.name]
+        labels = [
+            ids[device.pk],
+            chip.get("name") or device.name,
+            "",
+            chip.get("bus_id") or device.bus_id,
+            "",
+            "",
+            "",
+            device.node.name,
+        ]
         for name, (_, value_of) in CHIP_GAUGES.items():
             value = value_of(chip)
             if value is not None:

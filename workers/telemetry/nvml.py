@@ -3,6 +3,7 @@
 Pure Python, no Django.  :func:`sample_gpus` returns ``None`` when there is no NVML (package,
 driver library or GPU missing), else one dict per GPU with the same field names as the
 npu-smi chips where they mean the same thing (``aicore_pct`` is the GPU utilisation)."""
+
 from __future__ import annotations
 
 import threading
@@ -46,9 +47,18 @@ def sample_gpus() -> list[dict] | None:
     gpus = []
     for index in range(pynvml.nvmlDeviceGetCount()):
         handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        gpu: dict = {"index": index, "name": None, "health": "OK", "aicore_pct": None, "temp_c": None,
-                     "power_w": None, "memory_used_mb": None, "memory_total_mb": None, "bus_id": None,
-                     "processes": []}
+        gpu: dict = {
+            "index": index,
+            "name": None,
+            "health": "OK",
+            "aicore_pct": None,
+            "temp_c": None,
+            "power_w": None,
+            "memory_used_mb": None,
+            "memory_total_mb": None,
+            "bus_id": None,
+            "processes": [],
+        }
 
         def read(fn, *args):
             try:

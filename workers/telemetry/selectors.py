@@ -1,6 +1,7 @@
 """Reading telemetry: chart data for a range (raw points for short ranges, minute rollups for
 long ones, bucketed in SQL to at most MAX_POINTS per series), fleet summary cards, and the
 latest values for the Prometheus exposition."""
+
 from __future__ import annotations
 
 import math
@@ -42,24 +43,33 @@ def _bucket(field: str, step: int):
 
 def _raw_buckets(ids, start: int, end: int, step: int):
     """(series_id, bucket, sum, count, min, max) of raw points."""
-    rows = (Point.objects.filter(series_id__in=ids, ts__gte=start, ts__lt=end).annotate(b=_bucket("ts", step))
-            .values("series_id", "b")
-            .annotate(s=Sum("value"), n=Count("id"), mn=Min("value"), mx=Max("value")).order_by()
-            .values_list("series_id", "b", "s", "n", "mn", "mx"))
+    rows = (
+        Point.objects.filter(series_id__in=ids, ts__gte=start, ts__lt=end)
+        .annotate(b=_bucket("ts", step))
+        .values("series_id", "b")
+        .annotate(s=Sum("value"), n=Count("id"), mn=Min("value"), mx=Max("value"))
+        .order_by()
+        .values_list("series_id", "b", "s", "n", "mn", "mx")
+    )
     return list(rows)
 
 
 def _rollup_buckets(ids, start: int, end: int, step: int):
     weighted = ExpressionWrapper(F("avg") * F("count"), output_field=FloatField())
-    rows = (Rollup.objects.filter(series_id__in=ids, minute__gte=start, minute__lt=end)
-            .annotate(b=_bucket("minute", step)).values("series_id", "b")
-            .annotate(s=Sum(weighted), n=Sum("count"), mn=Min("min"), mx=Max("max")).order_by()
-            .values_list("series_id", "b", "s", "n", "mn", "mx"))
+    rows = (
+        Rollup.objects.filter(series_id__in=ids, minute__gte=start, minute__lt=end)
+        .annotate(b=_bucket("minute", step))
+        .values("series_id", "b")
+        .annotate(s=Sum(weighted), n=Sum("count"), mn=Min("min"), mx=Max("max"))
+        .order_by()
+        .values_list("series_id", "b", "s", "n", "mn", "mx")
+    )
     return list(rows)
 
 
-def series_data(series: list[Series], range_key: str = DEFAULT_RANGE, *, since: int | None = None,
-                now: float | None = None) -> dict:
+def series_data(
+    series: list[Series], range_key: str = DEFAULT_RANGE, *, since: int | None = None, now: float | None = None
+) -> dict:
     """Chart data of ``series`` over the range ending now. With ``since`` (a bucket time the
     client already has), only buckets from that one on (the last may have grown).
 
@@ -101,13 +111,24 @@ def series_data(series: list[Series], range_key: str = DEFAULT_RANGE, *, since: 
         per_series[sid].append((b, total / n, mn, mx))
     for s in series:
         rows = sorted(per_series[s.pk])
-        out.append({
-            "id": s.pk, "key": s.key, "metric": s.metric, "label": s.label or s.key, "unit": s.unit,
-            "node": s.node_id, "endpoint": s.endpoint_id, "device": s.device, "replica": s.replica,
-            "last": {"t": s.last_ts, "v": s.last_value},
-            "t": [r[0] for r in rows], "v": [_round(r[1]) for r in rows],
-            "min": [_round(r[2]) for r in rows], "max": [_round(r[3]) for r in rows],
-        })
+        out.append(
+            {
+                "id": s.pk,
+                "key": s.key,
+                "metric": s.metric,
+                "label": s.label or s.key,
+                "unit": s.unit,
+                "node": s.node_id,
+                "endpoint": s.endpoint_id,
+                "device": s.device,
+                "replica": s.replica,
+                "last": {"t": s.last_ts, "v": s.last_value},
+                "t": [r[0] for r in rows],
+                "v": [_round(r[1]) for r in rows],
+                "min": [_round(r[2]) for r in rows],
+                "max": [_round(r[3]) for r in rows],
+            }
+        )
     return {"range": range_key, "step": step, "resolution": resolution, "start": start, "end": end, "series": out}
 
 
@@ -115,8 +136,14 @@ def _round(value):
     return None if value is None else round(value, 4)
 
 
-def find_series(*, metrics: list[str], node: int | None = None, endpoint: int | None = None,
-                device: int | None = None, gateway_key: int | None = None) -> list[Series]:
+def find_series(
+    *,
+    metrics: list[str],
+    node: int | None = None,
+    endpoint: int | None = None,
+    device: int | None = None,
+    gateway_key: int | None = None,
+) -> list[Series]:
     qs = Series.objects.filter(metric__in=metrics)
     if gateway_key is not None:  # the gateway's per-key series are keyed gk<id>.<metric>
         qs = qs.filter(key__startswith=f"gk{gateway_key}.")
@@ -130,6 +157,7 @@ def find_series(*, metrics: list[str], node: int | None = None, endpoint: int | 
 
 
 # --- fleet ---------------------------------------------------------------------------------
+
 
 def fresh_cutoff() -> int:
     return int(time.time() - stale_seconds())
@@ -148,9 +176,9 @@ def fleet_summary() -> dict:
     ready = sum(1 for ep in endpoints if ep.ready)
     cutoff = fresh_cutoff()
     latest: dict[str, dict[int, float]] = {}
-    for metric, key, value in (Series.objects.filter(metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"),
-                                                     last_ts__gte=cutoff)
-                               .values_list("metric", "key", "last_value")):
+    for metric, key, value in Series.objects.filter(
+        metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"), last_ts__gte=cutoff
+    ).values_list("metric", "key", "last_value"):
         latest.setdefault(metric, {})[key.rsplit(".", 2)[0]] = value
     qps = latest.get("ep.qps", {})
     total_qps = sum(v for v in qps.values() if v is not None)
@@ -162,9 +190,15 @@ def fleet_summary() -> dict:
     else:
         error_rate = max((r for r in rates.values() if r is not None), default=None)
     return {
-        "nodes": nodes, "nodes_online": len(online), "nodes_total": len(nodes),
-        "devices_healthy": healthy, "devices_total": len(devices),
-        "endpoints_ready": ready, "endpoints_running": running,
-        "qps": round(total_qps, 3), "worst_p99": max(p99s) if p99s else None,
-        "error_rate": error_rate, "error_rate_pct": None if error_rate is None else 100 * error_rate,
+        "nodes": nodes,
+        "nodes_online": len(online),
+        "nodes_total": len(nodes),
+        "devices_healthy": healthy,
+        "devices_total": len(devices),
+        "endpoints_ready": ready,
+        "endpoints_running": running,
+        "qps": round(total_qps, 3),
+        "worst_p99": max(p99s) if p99s else None,
+        "error_rate": error_rate,
+        "error_rate_pct": None if error_rate is None else 100 * error_rate,
     }

@@ -1,5 +1,6 @@
 """Writing telemetry: storing readings, rolling raw points up into minutes, pruning by age,
 and evaluating alert rules (with an optional webhook on each change)."""
+
 from __future__ import annotations
 
 import json
@@ -54,10 +55,22 @@ def store(readings: list[Reading], ts: float | None = None) -> int:
         series = {s.key: s for s in Series.objects.filter(key__in=list(by_key))}
         missing = [r for k, r in by_key.items() if k not in series]
         if missing:
-            Series.objects.bulk_create([
-                Series(key=r.key, metric=r.metric, unit=r.unit, node_id=r.node_id, endpoint_id=r.endpoint_id,
-                       device=r.device, replica=r.replica, label=r.label[:200]) for r in missing
-            ], ignore_conflicts=True)
+            Series.objects.bulk_create(
+                [
+                    Series(
+                        key=r.key,
+                        metric=r.metric,
+                        unit=r.unit,
+                        node_id=r.node_id,
+                        endpoint_id=r.endpoint_id,
+                        device=r.device,
+                        replica=r.replica,
+                        label=r.label[:200],
+                    )
+                    for r in missing
+                ],
+                ignore_conflicts=True,
+            )
             series = {s.key: s for s in Series.objects.filter(key__in=list(by_key))}
         points = []
         changed = []
@@ -75,6 +88,7 @@ def store(readings: list[Reading], ts: float | None = None) -> int:
 
 
 # --- rollups and retention ---------------------------------------------------------------
+
 
 def _minute_of(field: str):
     return ExpressionWrapper(F(field) / 60 * 60, output_field=BigIntegerField())
@@ -99,14 +113,25 @@ def rollup(now: float | None = None, *, lookback_s: int = 300, chunk_s: int = 6 
     written = 0
     while start < end:
         stop = min(start + chunk_s, end)
-        rows = (Point.objects.filter(ts__gte=start, ts__lt=stop).annotate(m=_minute_of("ts"))
-                .values("series_id", "m").annotate(mn=Min("value"), av=Avg("value"), mx=Max("value"), n=Count("id"))
-                .order_by())
-        objs = [Rollup(series_id=r["series_id"], minute=r["m"], min=r["mn"], avg=r["av"], max=r["mx"], count=r["n"])
-                for r in rows]
+        rows = (
+            Point.objects.filter(ts__gte=start, ts__lt=stop)
+            .annotate(m=_minute_of("ts"))
+            .values("series_id", "m")
+            .annotate(mn=Min("value"), av=Avg("value"), mx=Max("value"), n=Count("id"))
+            .order_by()
+        )
+        objs = [
+            Rollup(series_id=r["series_id"], minute=r["m"], min=r["mn"], avg=r["av"], max=r["mx"], count=r["n"])
+            for r in rows
+        ]
         if objs:
-            Rollup.objects.bulk_create(objs, batch_size=2000, update_conflicts=True,
-                                       unique_fields=["series", "minute"], update_fields=["min", "avg", "max", "count"])
+            Rollup.objects.bulk_create(
+                objs,
+                batch_size=2000,
+                update_conflicts=True,
+                unique_fields=["series", "minute"],
+                update_fields=["min", "avg", "max", "count"],
+            )
         written += len(objs)
         start = stop
     return written
@@ -131,8 +156,10 @@ def prune(now: float | None = None) -> dict:
     rolled = Rollup.objects.aggregate(m=Max("minute"))["m"]
     raw_cutoff = min(raw_cutoff, rolled + 60) if rolled is not None else min(raw_cutoff, 0)
     rollup_cutoff = now - settings.TELEMETRY_ROLLUP_RETENTION_DAYS * 86400
-    return {"points": _delete_before(Point, "ts", raw_cutoff, 3600),
-            "rollups": _delete_before(Rollup, "minute", rollup_cutoff, 86400)}
+    return {
+        "points": _delete_before(Point, "ts", raw_cutoff, 3600),
+        "rollups": _delete_before(Rollup, "minute", rollup_cutoff, 86400),
+    }
 
 
 def rollup_and_prune(now: float | None = None) -> dict:
@@ -167,19 +194,31 @@ def _breaching(rule: AlertRule, now) -> dict[str, dict]:
         for s in Series.objects.filter(metric=rule.metric, last_ts__gte=fresh).select_related("node", "endpoint"):
             if rule.breaches(s.last_value):
                 where = s.endpoint.name if s.endpoint else (s.node.name if s.node else "")
-                found[s.key] = {"value": s.last_value, "label": f"{where} {s.label}".strip(),
-                                "node_id": s.node_id, "endpoint_id": s.endpoint_id}
+                found[s.key] = {
+                    "value": s.last_value,
+                    "label": f"{where} {s.label}".strip(),
+                    "node_id": s.node_id,
+                    "endpoint_id": s.endpoint_id,
+                }
     elif rule.kind == AlertRule.Kind.NODE_OFFLINE:
         for node in Node.objects.all():
             if not node.online:
                 age = (now - node.last_heartbeat).total_seconds() if node.last_heartbeat else None
-                found[f"node:{node.pk}"] = {"value": age, "label": f"node {node.name}", "node_id": node.pk,
-                                            "endpoint_id": None}
+                found[f"node:{node.pk}"] = {
+                    "value": age,
+                    "label": f"node {node.name}",
+                    "node_id": node.pk,
+                    "endpoint_id": None,
+                }
     elif rule.kind == AlertRule.Kind.ENDPOINT_NOT_READY:
         for ep in served_facts():
             if not ep.ready:
-                found[f"endpoint:{ep.id}"] = {"value": None, "label": f"endpoint {ep.name} is {ep.state}",
-                                              "node_id": ep.node_id, "endpoint_id": ep.id}
+                found[f"endpoint:{ep.id}"] = {
+                    "value": None,
+                    "label": f"endpoint {ep.name} is {ep.state}",
+                    "node_id": ep.node_id,
+                    "endpoint_id": ep.id,
+                }
     return found
 
 
@@ -192,7 +231,9 @@ def evaluate_alerts(now=None, *, notify: bool = True) -> list[Alert]:
     for rule in AlertRule.objects.all():
         current = _breaching(rule, now) if rule.enabled else {}
         with transaction.atomic():
-            open_alerts = {a.subject: a for a in Alert.objects.select_for_update().filter(rule=rule, state__in=Alert.OPEN)}
+            open_alerts = {
+                a.subject: a for a in Alert.objects.select_for_update().filter(rule=rule, state__in=Alert.OPEN)
+            }
             for subject, info in current.items():
                 alert = open_alerts.get(subject)
                 if alert is None:
@@ -221,10 +262,18 @@ def evaluate_alerts(now=None, *, notify: bool = True) -> list[Alert]:
 def alert_payload(alert: Alert) -> dict:
     rule = alert.rule
     return {
-        "status": alert.state, "rule": rule.name, "severity": rule.severity, "condition": rule.condition,
-        "subject": alert.subject, "label": alert.label, "value": alert.value, "threshold": rule.threshold,
-        "node_id": alert.node_id, "endpoint_id": alert.endpoint_id,
-        "since": alert.since.isoformat(), "fired_at": alert.fired_at.isoformat() if alert.fired_at else None,
+        "status": alert.state,
+        "rule": rule.name,
+        "severity": rule.severity,
+        "condition": rule.condition,
+        "subject": alert.subject,
+        "label": alert.label,
+        "value": alert.value,
+        "threshold": rule.threshold,
+        "node_id": alert.node_id,
+        "endpoint_id": alert.endpoint_id,
+        "since": alert.since.isoformat(),
+        "fired_at": alert.fired_at.isoformat() if alert.fired_at else None,
         "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
     }
 
@@ -236,8 +285,9 @@ def send_webhook(alert: Alert, url: str | None = None) -> bool:
     if not url:
         return False
     body = json.dumps(alert_payload(alert)).encode()
-    request = urllib.request.Request(url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "inference-console"})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": "application/json", "User-Agent": "inference-console"}
+    )
     error = ""
     try:
         with urllib.request.urlopen(request, timeout=settings.TELEMETRY_ALERT_WEBHOOK_TIMEOUT_SECONDS) as response:  # noqa: S310 (configured by the operator)
@@ -265,9 +315,20 @@ def _checked_limits(*, op, threshold, duration_s, defaults: tuple) -> tuple[str,
     return op, threshold, duration_s
 
 
-def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt", threshold=None, duration_s=None,
-                      severity: str = "warning", enabled: bool = True, actor=None, request=None,
-                      via: str = "") -> AlertRule:
+def alert_rule_create(
+    *,
+    name: str,
+    kind: str,
+    metric: str = "",
+    op: str = "gt",
+    threshold=None,
+    duration_s=None,
+    severity: str = "warning",
+    enabled: bool = True,
+    actor=None,
+    request=None,
+    via: str = "",
+) -> AlertRule:
     """A new alert rule; a ValidationError keyed by the first bad field changes nothing."""
     name = (name or "").strip()
     if not name or len(name) > 100:
@@ -280,33 +341,67 @@ def alert_rule_create(*, name: str, kind: str, metric: str = "", op: str = "gt",
     if kind == AlertRule.Kind.METRIC and metric not in METRIC_UNITS:
         raise ValidationError({"metric": "Choose a metric the console records (e.g. dev.temp_c, ep.p99_s)."})
     # Rules of the other kinds have no operator to give.
-    op, threshold, duration_s = _checked_limits(op=op, threshold=threshold, duration_s=duration_s,
-                                                defaults=(AlertRule.Op.GT, 0.0, 60))
+    op, threshold, duration_s = _checked_limits(
+        op=op, threshold=threshold, duration_s=duration_s, defaults=(AlertRule.Op.GT, 0.0, 60)
+    )
     if severity not in ALERT_SEVERITIES:
         raise ValidationError({"severity": f"Choose one of: {', '.join(ALERT_SEVERITIES)}."})
     try:
         with transaction.atomic():
-            rule = AlertRule.objects.create(name=name, kind=kind, metric=metric, op=op, threshold=threshold,
-                                            duration_s=duration_s, severity=severity, enabled=bool(enabled))
-            audit_log(actor=actor, action="alert_rule.create", obj=rule, request=request, via=via, changes={
-                "name": name, "kind": kind, "metric": metric, "op": op, "threshold": threshold,
-                "duration_s": duration_s, "severity": severity, "enabled": rule.enabled})
+            rule = AlertRule.objects.create(
+                name=name,
+                kind=kind,
+                metric=metric,
+                op=op,
+                threshold=threshold,
+                duration_s=duration_s,
+                severity=severity,
+                enabled=bool(enabled),
+            )
+            audit_log(
+                actor=actor,
+                action="alert_rule.create",
+                obj=rule,
+                request=request,
+                via=via,
+                changes={
+                    "name": name,
+                    "kind": kind,
+                    "metric": metric,
+                    "op": op,
+                    "threshold": threshold,
+                    "duration_s": duration_s,
+                    "severity": severity,
+                    "enabled": rule.enabled,
+                },
+            )
     except IntegrityError as exc:  # the same name created at the same moment: the unique index decides
         raise ValidationError({"name": f"A rule named “{name}” exists already."}) from exc
     return rule
 
 
-def alert_rule_update(*, rule: AlertRule, threshold, duration_s, op: str, enabled: bool, actor=None, request=None,
-                      via: str = "") -> AlertRule:
+def alert_rule_update(
+    *, rule: AlertRule, threshold, duration_s, op: str, enabled: bool, actor=None, request=None, via: str = ""
+) -> AlertRule:
     """A rule's threshold, duration, operator and switch; a ValidationError keyed by the first bad field
     changes nothing."""
-    op, threshold, duration_s = _checked_limits(op=op, threshold=threshold, duration_s=duration_s,
-                                                defaults=(rule.op, rule.threshold, rule.duration_s))
+    op, threshold, duration_s = _checked_limits(
+        op=op, threshold=threshold, duration_s=duration_s, defaults=(rule.op, rule.threshold, rule.duration_s)
+    )
     before = {"threshold": rule.threshold, "duration_s": rule.duration_s, "op": rule.op, "enabled": rule.enabled}
     rule.threshold, rule.duration_s, rule.op, rule.enabled = threshold, duration_s, op, bool(enabled)
     rule.save(update_fields=["threshold", "duration_s", "op", "enabled"])
-    audit_log(actor=actor, action="alert_rule.update", obj=rule, request=request, via=via, changes={
-        "before": before, "after": {"threshold": threshold, "duration_s": duration_s, "op": op, "enabled": rule.enabled}})
+    audit_log(
+        actor=actor,
+        action="alert_rule.update",
+        obj=rule,
+        request=request,
+        via=via,
+        changes={
+            "before": before,
+            "after": {"threshold": threshold, "duration_s": duration_s, "op": op, "enabled": rule.enabled},
+        },
+    )
     return rule
 
 
@@ -314,9 +409,17 @@ def ensure_default_rules() -> int:
     """Create the default rules that do not exist yet (by name). The migration seeds the same."""
     created = 0
     for name, kind, metric, op, threshold, duration, severity in DEFAULT_RULES:
-        _, new = AlertRule.objects.get_or_create(name=name, defaults={
-            "kind": kind, "metric": metric, "op": op, "threshold": threshold, "duration_s": duration,
-            "severity": severity})
+        _, new = AlertRule.objects.get_or_create(
+            name=name,
+            defaults={
+                "kind": kind,
+                "metric": metric,
+                "op": op,
+                "threshold": threshold,
+                "duration_s": duration,
+                "severity": severity,
+            },
+        )
         created += new
     return created
 
@@ -324,5 +427,7 @@ def ensure_default_rules() -> int:
 def recent_alerts(hours: int = 24):
     since = timezone.now() - timedelta(hours=hours)
     firing = list(Alert.objects.filter(state=Alert.State.FIRING).select_related("rule")[:50])
-    resolved = list(Alert.objects.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20])
+    resolved = list(
+        Alert.objects.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20]
+    )
     return firing, resolved

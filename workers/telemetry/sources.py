@@ -1,6 +1,7 @@
 """What telemetry learns from the apps above it, by registration (AppConfig.ready()):
 collectors that add readings to a node's pass, and the facts about served things that the
 alert rules, the fleet summary and the Prometheus exposition report."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from workers.models import Node
 class Contribution:
     """A collector's part of one pass. `owners` maps a PID to what it serves
     ({"endpoint_id", "endpoint", "replica"}), so device processes can be attributed."""
+
     readings: list = field(default_factory=list)  # of workers.telemetry.services.Reading
     errors: list[str] = field(default_factory=list)
     owners: dict[int, dict] = field(default_factory=dict)
@@ -21,6 +23,7 @@ class Contribution:
 @dataclass(frozen=True)
 class ServedFact:
     """One endpoint that should be serving: its id, name, state, node, and whether it is ready."""
+
     id: int
     name: str
     state: str

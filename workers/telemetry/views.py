@@ -23,8 +23,9 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def fleet_panel(request):
     """The Overview's live part (fleet cards and alerts), polled by htmx."""
     firing, resolved = services.recent_alerts()
-    return render(request, "telemetry/_fleet.html", {"fleet": selectors.fleet_summary(), "firing": firing,
-                                                     "resolved": resolved})
+    return render(
+        request, "telemetry/_fleet.html", {"fleet": selectors.fleet_summary(), "firing": firing, "resolved": resolved}
+    )
 
 
 @require_role(VIEWER)
@@ -49,11 +50,22 @@ def alert_list(request):
 
 
 def _alerts_page(request, *, values=None, errors=None, status: int = 200):
-    return render(request, "telemetry/alerts.html", {
-        "rules": AlertRule.objects.all(), "alerts": Alert.objects.select_related("rule")[:200],
-        "ops": AlertRule.Op.choices, "kinds": AlertRule.Kind.choices, "metrics": sorted(selectors.METRIC_UNITS),
-        "severities": services.ALERT_SEVERITIES, "values": values or {"kind": "metric", "severity": "warning"},
-        "errors": errors or {}, "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL)}, status=status)
+    return render(
+        request,
+        "telemetry/alerts.html",
+        {
+            "rules": AlertRule.objects.all(),
+            "alerts": Alert.objects.select_related("rule")[:200],
+            "ops": AlertRule.Op.choices,
+            "kinds": AlertRule.Kind.choices,
+            "metrics": sorted(selectors.METRIC_UNITS),
+            "severities": services.ALERT_SEVERITIES,
+            "values": values or {"kind": "metric", "severity": "warning"},
+            "errors": errors or {},
+            "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL),
+        },
+        status=status,
+    )
 
 
 @require_role(OPERATOR)
@@ -62,9 +74,18 @@ def alert_rule_create(request):
     post = request.POST
     try:
         rule = services.alert_rule_create(
-            name=post.get("name", ""), kind=post.get("kind", ""), metric=post.get("metric", ""), op=post.get("op", ""),
-            threshold=post.get("threshold"), duration_s=post.get("duration_s"), severity=post.get("severity", ""),
-            enabled=post.get("enabled") == "on", actor=request.user, request=request, via="web")
+            name=post.get("name", ""),
+            kind=post.get("kind", ""),
+            metric=post.get("metric", ""),
+            op=post.get("op", ""),
+            threshold=post.get("threshold"),
+            duration_s=post.get("duration_s"),
+            severity=post.get("severity", ""),
+            enabled=post.get("enabled") == "on",
+            actor=request.user,
+            request=request,
+            via="web",
+        )
     except ValidationError as exc:
         return _alerts_page(request, values=post.dict(), errors=field_errors(exc), status=400)
     messages.success(request, f"Rule “{rule.name}” created.")
@@ -77,9 +98,16 @@ def alert_rule_update(request, rule_id: int):
     rule = get_object_or_404(AlertRule, pk=rule_id)
     post = request.POST
     try:
-        services.alert_rule_update(rule=rule, threshold=post.get("threshold"), duration_s=post.get("duration_s"),
-                                   op=post.get("op", ""), enabled=post.get("enabled") == "on", actor=request.user,
-                                   request=request, via="web")
+        services.alert_rule_update(
+            rule=rule,
+            threshold=post.get("threshold"),
+            duration_s=post.get("duration_s"),
+            op=post.get("op", ""),
+            enabled=post.get("enabled") == "on",
+            actor=request.user,
+            request=request,
+            via="web",
+        )
     except ValidationError as exc:
         messages.error(request, f"Rule “{rule.name}” not saved: {error_text(exc)}")
         return redirect("alert_list")
@@ -104,13 +132,17 @@ def metrics_with_token(request):
     login redirect): 401 for an unknown token, 403 for a user below Viewer."""
     if request.method not in ("GET", "HEAD"):
         return HttpResponse("Method not allowed\n", status=405, content_type="text/plain", headers={"Allow": "GET"})
-    raw = request.headers.get("Authorization", "")[len("Bearer "):].strip()
+    raw = request.headers.get("Authorization", "")[len("Bearer ") :].strip()
     expected = settings.METRICS_TOKEN
     if not (expected and hmac.compare_digest(raw.encode(), expected.encode())):
         user = _token_user(request, raw) if raw else None
         if user is None:
-            return HttpResponse("Unknown or expired token\n", status=401, content_type="text/plain",
-                                headers={"WWW-Authenticate": "Bearer"})
+            return HttpResponse(
+                "Unknown or expired token\n",
+                status=401,
+                content_type="text/plain",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         try:
             check_role(user, VIEWER)
         except PermissionDenied:

@@ -7,14 +7,21 @@ from console.services import api_token_create
 
 
 class Command(BaseCommand):
-    help = ("Create an API token for USERNAME and print it (alone, on the last line). It is shown only once, "
-            "and expires after API_TOKEN_DEFAULT_DAYS days unless --expires-in says otherwise.")
+    help = (
+        "Create an API token for USERNAME and print it (alone, on the last line). It is shown only once, "
+        "and expires after API_TOKEN_DEFAULT_DAYS days unless --expires-in says otherwise."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--name", default="cli")
-        parser.add_argument("--expires-in", dest="expires_days", metavar="DAYS", default=None,
-                            help="days until it expires (default: the API_TOKEN_DEFAULT_DAYS setting)")
+        parser.add_argument(
+            "--expires-in",
+            dest="expires_days",
+            metavar="DAYS",
+            default=None,
+            help="days until it expires (default: the API_TOKEN_DEFAULT_DAYS setting)",
+        )
         parser.add_argument("--expires-days", dest="expires_days", help="the same as --expires-in")
 
     def handle(self, *args, username, name, expires_days, **options):

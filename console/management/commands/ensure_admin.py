@@ -11,8 +11,10 @@ from console.roles import ADMIN, set_role
 
 
 class Command(BaseCommand):
-    help = ("Create the first Admin account if no user exists. Password from CONSOLE_ADMIN_PASSWORD "
-            "(or CONSOLE_ADMIN_PASSWORD_FILE), else generated and printed once.")
+    help = (
+        "Create the first Admin account if no user exists. Password from CONSOLE_ADMIN_PASSWORD "
+        "(or CONSOLE_ADMIN_PASSWORD_FILE), else generated and printed once."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--username", default="admin")
@@ -34,8 +36,11 @@ class Command(BaseCommand):
         set_role(user, ADMIN)
         audit_log(actor=None, action="user.create", obj=user, via="cli", changes={"role": ADMIN, "first_admin": True})
         if generated:
-            self.stdout.write(self.style.WARNING(
-                f"Created the Admin account {username!r} with password: {password}\n"
-                f"(shown once; set CONSOLE_ADMIN_PASSWORD to choose it)"))
+            self.stdout.write(
+                self.style.WARNING(
+                    f"Created the Admin account {username!r} with password: {password}\n"
+                    f"(shown once; set CONSOLE_ADMIN_PASSWORD to choose it)"
+                )
+            )
         else:
             self.stdout.write(f"Created the Admin account {username!r} (password from CONSOLE_ADMIN_PASSWORD).")

@@ -1,4 +1,5 @@
 """Create a gateway API key for an application; the key is printed alone on the last line."""
+
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
@@ -18,8 +19,15 @@ class Command(BaseCommand):
 
     def handle(self, *args, name, models, endpoints, expires_days, rpm, tpm, **options):
         try:
-            key, raw = key_create(name=name, models=models, endpoints=endpoints, expires_days=expires_days,
-                                  rpm_limit=rpm, tpm_limit=tpm, via="cli")
+            key, raw = key_create(
+                name=name,
+                models=models,
+                endpoints=endpoints,
+                expires_days=expires_days,
+                rpm_limit=rpm,
+                tpm_limit=tpm,
+                via="cli",
+            )
         except ValidationError as exc:
             raise CommandError(" ".join(exc.messages)) from exc
         self.stderr.write(f"Gateway key {key.pk} for {key.name} ({key.scope_text}). Shown once:")

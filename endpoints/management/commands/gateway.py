@@ -1,5 +1,6 @@
 """Run the gateway (endpoints/gateway/asgi.py) on GATEWAY_URL's host and port, its HTTP done by the compiled
 data path (endpoints/gateway/dataplane/) or by uvicorn and aiohttp in this process (GATEWAY_DATAPLANE)."""
+
 import sys
 from urllib.parse import urlsplit
 
@@ -22,11 +23,15 @@ class Command(BaseCommand):
     def handle(self, *args, host, port, log_level, **options):
         chosen = dataplane.chosen()
         if chosen == "rust" and not dataplane.binary().is_file():
-            raise CommandError(f"GATEWAY_DATAPLANE=rust, but {dataplane.binary()} is not built: run `make dataplane`, "
-                               "or set GATEWAY_DATAPLANE=python")
+            raise CommandError(
+                f"GATEWAY_DATAPLANE=rust, but {dataplane.binary()} is not built: run `make dataplane`, "
+                "or set GATEWAY_DATAPLANE=python"
+            )
         if settings.GATEWAY_DATAPLANE == "auto" and chosen == "python":
-            self.stderr.write(f"gateway: {dataplane.binary()} is not built (`make dataplane`): serving with the "
-                              "Python data path, which costs about twice the CPU per request")
+            self.stderr.write(
+                f"gateway: {dataplane.binary()} is not built (`make dataplane`): serving with the "
+                "Python data path, which costs about twice the CPU per request"
+            )
         cpu = None
         if chosen == "rust":
             try:
@@ -34,7 +39,9 @@ class Command(BaseCommand):
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
         where = f", on CPU {cpu}" if cpu is not None else ""
-        self.stdout.write(f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/; {chosen} data path{where})")
+        self.stdout.write(
+            f"gateway listening on http://{host}:{port}/ (OpenAI API under /v1/; {chosen} data path{where})"
+        )
         self.stdout.flush()
         if chosen == "rust":
             import uvloop
@@ -44,6 +51,17 @@ class Command(BaseCommand):
 
         # No proxy-headers middleware (the gateway reads no client address) and no Server header:
         # per-request work that serves nothing here.
-        uvicorn.run(Gateway(), host=host, port=port, loop="uvloop", http="httptools", lifespan="on",
-                    access_log=False, log_level=log_level, timeout_keep_alive=30, backlog=4096,
-                    proxy_headers=False, server_header=False)
+        uvicorn.run(
+            Gateway(),
+            host=host,
+            port=port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            access_log=False,
+            log_level=log_level,
+            timeout_keep_alive=30,
+            backlog=4096,
+            proxy_headers=False,
+            server_header=False,
+        )

@@ -9,15 +9,21 @@ from endpoints.gateway.controller import run_once
 
 
 class Command(BaseCommand):
-    help = ("The serving controller, in a loop: every SERVING_CONTROLLER_INTERVAL_SECONDS, each evaluator "
-            "(SLO-gated rollouts, autoscaling) reads the stored telemetry and applies its decisions: a canary's "
-            "next share, its promotion (switch) or its rollback; an endpoint's replica count. Several may run: a "
-            "decision is applied once.")
+    help = (
+        "The serving controller, in a loop: every SERVING_CONTROLLER_INTERVAL_SECONDS, each evaluator "
+        "(SLO-gated rollouts, autoscaling) reads the stored telemetry and applies its decisions: a canary's "
+        "next share, its promotion (switch) or its rollback; an endpoint's replica count. Several may run: a "
+        "decision is applied once."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one pass, then exit")
-        parser.add_argument("--interval", type=float, default=None,
-                            help="seconds between passes (default SERVING_CONTROLLER_INTERVAL_SECONDS)")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=None,
+            help="seconds between passes (default SERVING_CONTROLLER_INTERVAL_SECONDS)",
+        )
 
     def handle(self, *args, once, interval, **options):
         interval = settings.SERVING_CONTROLLER_INTERVAL_SECONDS if interval is None else interval
@@ -35,8 +41,10 @@ class Command(BaseCommand):
                     if applied or verbose:
                         # A rollout decides for a GatewayEndpoint pair, autoscaling for an Endpoint.
                         endpoint = getattr(subject, "endpoint", subject)
-                        self.stdout.write(f"{name}: {endpoint.name}: {decision.action}"
-                                          f"{'' if applied else ' (not applied)'}: {decision.reason}")
+                        self.stdout.write(
+                            f"{name}: {endpoint.name}: {decision.action}"
+                            f"{'' if applied else ' (not applied)'}: {decision.reason}"
+                        )
             if once or self.stopping:
                 return
             deadline = time.monotonic() + interval

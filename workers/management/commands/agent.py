@@ -10,8 +10,10 @@ from workers.agent.loop import NodeHeld
 
 
 class Command(BaseCommand):
-    help = ("Run the node agent for this host: register the node, keep its heartbeat, and start, "
-            "supervise and stop its endpoint replicas. Stopping the agent leaves them running.")
+    help = (
+        "Run the node agent for this host: register the node, keep its heartbeat, and start, "
+        "supervise and stop its endpoint replicas. Stopping the agent leaves them running."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--node", default=settings.NODE_NAME or socket.gethostname())

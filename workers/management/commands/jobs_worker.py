@@ -11,8 +11,10 @@ from workers.jobs.worker import JobWorker
 
 
 class Command(BaseCommand):
-    help = ("Run an RQ worker on the given queues plus this host's own queue (node-NODE_NAME), where "
-            "work that must run on this host is sent.")
+    help = (
+        "Run an RQ worker on the given queues plus this host's own queue (node-NODE_NAME), where "
+        "work that must run on this host is sent."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("queues", nargs="*", default=["default"])
@@ -21,8 +23,11 @@ class Command(BaseCommand):
     def handle(self, *args, queues, burst, **options):
         conn = redis_connection()
         names = list(dict.fromkeys([*queues, settings.NODE_QUEUE]))
-        worker = JobWorker([Queue(n, connection=conn) for n in names], connection=conn,
-                           name=f"{socket.gethostname()}.{os.getpid()}.{'-'.join(queues)}")
+        worker = JobWorker(
+            [Queue(n, connection=conn) for n in names],
+            connection=conn,
+            name=f"{socket.gethostname()}.{os.getpid()}.{'-'.join(queues)}",
+        )
         self.stdout.write(f"worker on queues: {', '.join(names)}")
         # Each job runs in a forked work horse: it must not share this process's database
         # connection (as django-rq's rqworker does, close it before forking).

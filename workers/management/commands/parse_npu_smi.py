@@ -1,6 +1,6 @@
 """Parse saved `npu-smi info` output and print it as JSON.
 
-    python manage.py parse_npu_smi FILE      # or '-' for stdin
+python manage.py parse_npu_smi FILE      # or '-' for stdin
 """
 
 import json

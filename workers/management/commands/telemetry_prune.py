@@ -9,9 +9,11 @@ from workers.telemetry.services import evaluate_alerts, rollup_and_prune
 
 
 class Command(BaseCommand):
-    help = ("Telemetry housekeeping, in a loop: roll raw points up into 1-minute min/avg/max, prune raw "
-            "points and rollups past their retention (every TELEMETRY_PRUNE_INTERVAL_SECONDS) and evaluate "
-            "alert rules, POSTing changes to the webhook (every TELEMETRY_ALERT_INTERVAL_SECONDS).")
+    help = (
+        "Telemetry housekeeping, in a loop: roll raw points up into 1-minute min/avg/max, prune raw "
+        "points and rollups past their retention (every TELEMETRY_PRUNE_INTERVAL_SECONDS) and evaluate "
+        "alert rules, POSTing changes to the webhook (every TELEMETRY_ALERT_INTERVAL_SECONDS)."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="one rollup/prune and one alert pass, then exit")
