@@ -64,6 +64,7 @@ from django.core.management import call_command  # noqa: E402
 
 from endpoints.gateway import services as gateway_services  # noqa: E402
 from endpoints.models import Endpoint, EndpointEvent, Replica  # noqa: E402
+from endpoints.endpoint_spec import EndpointSpec  # noqa: E402
 from endpoints.services import endpoint_create, endpoint_stop  # noqa: E402
 from models_registry.services import model_register  # noqa: E402
 from tests.support.agents import ENGINE_PYTHON, kill_leftovers, start_agent, stop_agent, wait_for  # noqa: E402
@@ -86,23 +87,25 @@ def empty(directory: Path):
 def run_arm(arm: str, *, artifact: int, user, gateway: GatewayProc, key: str, args) -> dict:
     eager = arm == "eager"
     endpoint = endpoint_create(
-        name=f"bench-{arm}",
-        artifact=artifact,
-        node=NODE,
-        served_model_name=MODEL,
-        enforce_eager=eager,
-        dtype="float32",
-        max_model_len=1024,
-        max_num_seqs=1,
+        spec=EndpointSpec(
+            name=f"bench-{arm}",
+            artifact=artifact,
+            node=NODE,
+            served_model_name=MODEL,
+            enforce_eager=eager,
+            dtype="float32",
+            max_model_len=1024,
+            max_num_seqs=1,
+            autoscale={
+                "min_replicas": 1,
+                "max_replicas": 2,
+                "target_waiting": 1,
+                "scale_up_window_s": args.window,
+                "scale_down_window_s": 3600,
+                "cooldown_s": 0,
+            },
+        ),
         user=user,
-        autoscale={
-            "min_replicas": 1,
-            "max_replicas": 2,
-            "target_waiting": 1,
-            "scale_up_window_s": args.window,
-            "scale_down_window_s": 3600,
-            "cooldown_s": 0,
-        },
     )
     t0 = time.monotonic()
     try:

@@ -46,6 +46,7 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
 from endpoints.models import Endpoint, Replica  # noqa: E402
+from endpoints.endpoint_spec import EndpointSpec  # noqa: E402
 from endpoints.services import endpoint_create, endpoint_stop  # noqa: E402
 from models_registry.services import model_register  # noqa: E402
 from workers.models import Node  # noqa: E402
@@ -127,12 +128,14 @@ def main():
             name = f"bench-{run}"
             t0 = time.monotonic()
             endpoint = endpoint_create(
-                name=name,
-                artifact=artifact.pk,
-                node="bench-node",
-                enforce_eager=True,
-                dtype="float32",
-                max_model_len=1024,
+                spec=EndpointSpec(
+                    name=name,
+                    artifact=artifact.pk,
+                    node="bench-node",
+                    enforce_eager=True,
+                    dtype="float32",
+                    max_model_len=1024,
+                ),
                 user=user,
             )
             wait(lambda: Endpoint.objects.get(pk=endpoint.pk).state == "ready", step=0.05)

@@ -6,53 +6,20 @@ from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR, VIEWER
 from endpoints import selectors, services
 from endpoints.commands import PROFILER_FLAG
-from endpoints.forms import time_of_day
+from endpoints.endpoint_spec import CONFIG_FIELDS, EndpointSpec
+from endpoints.preview import endpoint_preview
+from endpoints.recipes import recipe_list, recipe_save
 from endpoints.models import Endpoint
 
 router = Router(tags=["endpoints"])
 
 
-class EndpointIn(Schema):
-    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+class RecipeSaveIn(Schema):
+    model_config = ConfigDict(extra="forbid")
 
+    endpoint: int
     name: str
-    artifact: int
-    node: str | int | None = None
-    devices: list[int] = []
-    replicas: int = 1
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    gpu_memory_utilization: float | None = None
-    dtype: str = ""
-    quantization: str = ""
-    enforce_eager: bool = False
-    profiling: StrictBool = False  # vLLM's profiler configured, so profiles can be recorded (some overhead)
-    served_model_name: str = ""
-    env: dict = {}
-    extra_args: dict = {}
-    share_devices: bool = False
-    capacity_override: str = ""
-    restart_every_hours: int | None = None
-    restart_daily_at: str | None = None  # HH:MM, UTC
-    distributed: str = ""  # "" (one node), "ray" or "dp": one replica on `node` and `worker_nodes`
-    worker_nodes: list[str | int] = []
-    data_parallel_size: int | None = None  # dp: ranks over all nodes (default: one per node)
-    routing: str = ""  # the gateway's policy: "least-outstanding" (default) or "prefix"
-    # {"min_replicas", "max_replicas", "target_waiting", "scale_up_window_s", "scale_down_window_s",
-    #  "cooldown_s", "schedule": [...]} (endpoints/autoscale.py); null is off
-    autoscale: dict | None = None
-
-    def launch_values(self) -> dict:
-        """endpoint_create's keyword arguments: the typed fields, names and reasons trimmed."""
-        return {
-            **self.dict(),
-            "name": self.name.strip(),
-            "served_model_name": self.served_model_name.strip(),
-            "capacity_override": self.capacity_override.strip(),
-            "restart_daily_at": time_of_day(self.restart_daily_at),
-        }
+    title: str = ""
 
 
 class EndpointPatch(Schema):
@@ -128,6 +95,12 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "max_model_len": endpoint.max_model_len,
         "max_num_seqs": endpoint.max_num_seqs,
         "enforce_eager": endpoint.enforce_eager,
+        "trust_remote_code": endpoint.trust_remote_code,
+        "recipe": endpoint.recipe or None,
+        **{name: (endpoint.engine_configs or {}).get(name) for name in CONFIG_FIELDS},
+        "draft_artifact": endpoint.draft_artifact_id,
+        "async_scheduling": endpoint.async_scheduling,
+        "distributed_executor_backend": endpoint.distributed_executor_backend,
         "profiling": endpoint.profiling,
         "quantization": endpoint.quantization or None,
         "distributed": endpoint.distributed,
@@ -145,9 +118,31 @@ def _get(endpoint_id):
 
 
 @api_route(router, "post", "/endpoints", role=OPERATOR, response={201: dict})
-def create_endpoint(request, payload: EndpointIn):
-    endpoint = services.endpoint_create(**payload.launch_values(), user=request.user, request=request)
+def create_endpoint(request, payload: EndpointSpec):
+    """Launch an endpoint; `recipe` fills every field not given beside it."""
+    endpoint = services.endpoint_create(spec=payload, user=request.user, request=request)
     return 201, endpoint_json(endpoint)
+
+
+@api_route(router, "post", "/endpoints/preview", role=OPERATOR, response=dict)
+def preview_endpoint(request, payload: EndpointSpec):
+    """The exact commands a launch of this body would start, per node, with their checks; nothing is launched."""
+    return endpoint_preview(spec=payload, user=request.user)
+
+
+@api_route(router, "get", "/recipes", role=VIEWER, response=list[dict])
+def list_recipes(request):
+    """The shipped recipes (each citing its vllm-ascend tutorial) and the saved ones, newest version each."""
+    return [recipe.as_json() for recipe in recipe_list()]
+
+
+@api_route(router, "post", "/recipes", role=OPERATOR, response={201: dict})
+def save_recipe(request, payload: RecipeSaveIn):
+    """Save an endpoint's launch as a recipe (a new version of `name` if it exists)."""
+    endpoint = _get(payload.endpoint)
+    return 201, recipe_save(
+        endpoint=endpoint, name=payload.name, title=payload.title, user=request.user, request=request
+    ).as_json()
 
 
 @api_route(router, "get", "/endpoints", role=VIEWER, response=list[dict])

@@ -99,6 +99,13 @@ def launch_spec(
         cpu_kvcache_gib=settings.VLLM_CPU_KVCACHE_GIB,
         env={**cpu_threads_env(endpoint=endpoint, replica=replica, node=node), **endpoint.env},
         distributed=distributed_spec(replica=replica, node_rank=node_rank, node=node),
+        interfaces=node_interfaces(node) if not endpoint.distributed else {},
+        trust_remote_code=endpoint.trust_remote_code,
+        data_parallel_size=endpoint.data_parallel_size if not endpoint.distributed else 1,
+        engine_configs=dict(endpoint.engine_configs or {}),
+        draft_model_path=endpoint.draft_artifact.path if endpoint.draft_artifact_id else None,
+        async_scheduling=endpoint.async_scheduling,
+        distributed_executor_backend=endpoint.distributed_executor_backend or None,
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
         # Not for a Ray replica: vLLM copies the server's VLLM_* variables to its Ray workers on every node
         # (vllm/v1/executor/ray_executor.py get_env_vars_to_copy), so they would all compile into the head

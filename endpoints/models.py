@@ -66,6 +66,18 @@ class Endpoint(models.Model):
     share_devices = models.BooleanField(default=False)
     distributed = models.CharField(max_length=8, choices=Distributed.choices, blank=True)
     data_parallel_size = models.PositiveIntegerField(default=1)  # dp: ranks over all nodes (an equal share each)
+    trust_remote_code = models.BooleanField(default=False)
+    # vLLM's JSON-valued options by the launch spec's names (endpoints.commands.ENGINE_CONFIG_FLAGS):
+    # speculative, compilation, ascend (vllm-ascend's additional config), hf_overrides, kv_transfer.
+    engine_configs = models.JSONField(default=dict, blank=True)
+    # The speculative config's draft model or EAGLE head: an artifact of the registry, never a path.
+    draft_artifact = models.ForeignKey(
+        "models_registry.Artifact", null=True, blank=True, on_delete=models.PROTECT, related_name="drafting_endpoints"
+    )
+    async_scheduling = models.BooleanField(null=True, blank=True)  # null: vLLM's default
+    distributed_executor_backend = models.CharField(max_length=8, blank=True)
+    # The recipe the launch started from, as name@version (endpoints.recipes), for people.
+    recipe = models.CharField(max_length=100, blank=True)
     capacity_override = models.TextField(blank=True)  # an Admin's reason to launch past the estimate
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
     routing = models.CharField(max_length=24, choices=Routing.choices, default=Routing.LEAST_OUTSTANDING)
@@ -255,3 +267,28 @@ class EndpointEvent(models.Model):
 from endpoints.bench.models import *  # noqa: E402,F401,F403
 from endpoints.gateway.models import *  # noqa: E402,F401,F403
 from endpoints.profiling.models import *  # noqa: E402,F401,F403
+
+
+class Recipe(models.Model):
+    """A launch template an operator saved (from a running endpoint): a partial launch spec under a name, one row
+    per version. The shipped recipes are files (endpoints/recipe_files/); endpoints.recipes lists both."""
+
+    name = models.CharField(max_length=63, validators=[ENDPOINT_NAME])
+    version = models.PositiveIntegerField(default=1)
+    title = models.CharField(max_length=200, blank=True)
+    platform = models.CharField(max_length=8)
+    hardware = models.CharField(max_length=200, blank=True)
+    nodes = models.PositiveIntegerField(default=1)
+    spec = models.JSONField(default=dict)
+    source = models.CharField(max_length=300, blank=True)  # where it came from, for people
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name", "-version"]
+        constraints = [models.UniqueConstraint(fields=["name", "version"], name="unique_recipe_version")]
+
+    def __str__(self):
+        return f"{self.name}@{self.version}"

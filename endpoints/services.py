@@ -23,16 +23,16 @@ from endpoints.autoscale import AutoscaleSettings, parse_settings
 from console.roles import ADMIN, has_role
 from endpoints.commands import (
     DP_PLACEMENT_FLAGS,
+    EXECUTOR_BACKENDS,
     FORMAT_QUANTIZATION,
     PROFILER_FLAG,
     QUANTIZATION_METHODS,
-    CommandSpecError,
-    env_unknown_to,
     flags_unknown_to,
     platforms_for_format,
-    validate_env,
-    validate_extra_args,
 )
+from endpoints.endpoint_spec import EndpointSpec
+from endpoints.launch_checks import checked_engine_configs, checked_engine_options, named, spec_option_flags
+from endpoints.recipes import with_recipe
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
 from endpoints.replica_state import refresh_endpoint_state
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
@@ -246,52 +246,6 @@ def default_dtype(*, artifact: Artifact, platform: str) -> str:
     return ""
 
 
-def _named(names: list[str], one: str, many: str) -> str:
-    return f"{', '.join(names)} {one if len(names) == 1 else many}"
-
-
-def checked_engine_options(*, nodes: Sequence[Node], extra_args: dict, env: dict) -> dict:
-    """The command builder's allow-lists, then the vLLM of every node the spec runs on: a flag or a
-    VLLM_* variable that a node's own parser lacks (Node.engine_cli, which its agent reports) is
-    refused, naming the node and its vLLM release. A node whose agent has not reported a parser
-    (not probed yet, or the probe failed) is held to the allow-lists alone. Returns env with its
-    values as text."""
-    try:
-        argv = validate_extra_args(extra_args)
-    except CommandSpecError as exc:
-        raise ValidationError({"extra_args": str(exc)}) from exc
-    placed = [flag for flag in DP_PLACEMENT_FLAGS if flag in argv]
-    if placed:
-        raise ValidationError(
-            {
-                "extra_args": f"{', '.join(placed)}: data parallelism is set with distributed 'dp', "
-                "worker_nodes and data_parallel_size; the console gives each node its "
-                "flags and ranks."
-            }
-        )
-    try:
-        env = validate_env(env)
-    except CommandSpecError as exc:
-        raise ValidationError({"env": str(exc)}) from exc
-    errors: dict[str, list[str]] = {}
-    for node in nodes:
-        cli = node.engine_cli or {}
-        if not cli.get("options"):
-            continue
-        where = f"vLLM {cli.get('vllm') or '(version unknown)'} on node {node.name}"
-        if unknown := flags_unknown_to(argv, cli["options"]):
-            errors.setdefault("extra_args", []).append(
-                f"{_named(unknown, 'is not a flag', 'are not flags')} of {where}."
-            )
-        if "env" in cli and (unknown := env_unknown_to(env, cli["env"])):
-            errors.setdefault("env", []).append(
-                f"{_named(unknown, 'is not a variable', 'are not variables')} of {where}: it would do nothing."
-            )
-    if errors:
-        raise ValidationError(errors)
-    return env
-
-
 @dataclass(frozen=True)
 class _Layout:
     """How the endpoint's replica spans nodes (nothing for a one-node endpoint)."""
@@ -300,6 +254,11 @@ class _Layout:
     nodes: tuple[Node, ...] = ()  # besides the head node
     data_parallel_size: int = 1
     ranks_per_device_set: float = 1  # TP x PP groups on one node's `devices` (a share of one over Ray)
+
+    @property
+    def local_dp(self) -> int:
+        """Data-parallel ranks of one node-local replica (one node's DP); 1 across nodes."""
+        return 1 if self.distributed else self.data_parallel_size
 
     def members(self, head: Node) -> list[tuple[Node, str]]:
         """(node, member role) by rank; the head node of a data-parallel replica runs the server alone."""
@@ -326,14 +285,14 @@ def _multi_node_layout(
             raise ValidationError(
                 {"worker_nodes": "Only a multi-node endpoint (distributed ray or dp) has worker nodes."}
             )
-        if data_parallel_size not in (None, "", 1):
+        size = int_in_range(data_parallel_size, "data_parallel_size", low=1, high=64, default=1)
+        if size > 1 and node.platform == "cpu":
             raise ValidationError(
-                {
-                    "data_parallel_size": "Data parallelism spans nodes (distributed dp with worker "
-                    "nodes); on one node, use replicas."
-                }
+                {"data_parallel_size": "CPU nodes serve one process per replica: use replicas instead."}
             )
-        return _Layout()
+        # One API server over `size` engine ranks of TP x PP each on the replica's devices (vllm-ascend's
+        # DeepSeek-R1 single-node tutorial: DP4 x TP4 on 16 NPUs).
+        return _Layout(data_parallel_size=size, ranks_per_device_set=size)
     nodes = [_launch_node(ref, "worker_nodes") for ref in worker_nodes if ref not in (None, "")]
     if not nodes:
         raise ValidationError({"worker_nodes": "Name the other node(s) the replica spans besides its head node."})
@@ -394,7 +353,7 @@ def _placed_flags_known(*, layout: _Layout, head: Node) -> None:
         cli = node.engine_cli or {}
         if cli.get("options") and (unknown := flags_unknown_to(flags, cli["options"])):
             refusals.append(
-                f"{_named(unknown, 'is not a flag', 'are not flags')} of vLLM "
+                f"{named(unknown, 'is not a flag', 'are not flags')} of vLLM "
                 f"{cli.get('vllm') or '(version unknown)'} on node {node.name}, which a "
                 f"{layout.distributed} replica needs there."
             )
@@ -421,63 +380,38 @@ def _checked_profiling(enabled, *, nodes: Sequence[Node]) -> bool:
     return True
 
 
-def endpoint_create(
-    *,
-    name: str,
-    artifact: int | None,
-    node: str | int | None = None,
-    devices: Sequence[int] = (),
-    replicas: int | None = None,
-    tensor_parallel_size: int | None = None,
-    pipeline_parallel_size: int | None = None,
-    max_model_len: int | None = None,
-    max_num_seqs: int | None = None,
-    gpu_memory_utilization: float | None = None,
-    dtype: str = "",
-    quantization: str = "",
-    enforce_eager: bool = False,
-    profiling: bool = False,
-    served_model_name: str = "",
-    env: dict | None = None,
-    extra_args: dict | None = None,
-    share_devices: bool = False,
-    capacity_override: str = "",
-    restart_every_hours: int | None = None,
-    restart_daily_at: datetime.time | None = None,
-    distributed: str = "",
-    worker_nodes: Sequence[str | int] = (),
-    data_parallel_size: int | None = None,
-    routing: str = "",
-    autoscale: dict | None = None,
-    user,
-    request=None,
-) -> Endpoint:
-    """Check a launch request (parsed by the form or the API schema; blank numbers are None and
-    get their defaults here) and create the endpoint with its replicas (desired: running). A
+def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
+    """Check a launch spec (parsed by the form or the API schema; blank numbers are None and get their defaults
+    here; a recipe's fields under the ones given) and create the endpoint with its replicas (desired: running). A
     multi-node endpoint (`distributed` "ray" or "dp") runs one replica on `node` and `worker_nodes`."""
+    spec, recipe = with_recipe(spec)
+    name = spec.name
     try:
         ENDPOINT_NAME(name)
     except ValidationError as exc:
         raise ValidationError({"name": exc.messages}) from exc
     if Endpoint.objects.filter(name=name).exists():
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
-    artifact = _launchable_artifact(artifact)
-    node = _launch_node(node)
+    artifact = _launchable_artifact(spec.artifact)
+    node = _launch_node(spec.node)
     if refusal := platform_refusal(artifact, node.platform):
         raise ValidationError({"artifact": refusal})
-    tp = int_in_range(tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
-    pp = int_in_range(pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
-    replicas = int_in_range(replicas, "replicas", low=1, high=64, default=1)
-    devices = list(devices)
+    tp = int_in_range(spec.tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
+    pp = int_in_range(spec.pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
+    replicas = int_in_range(spec.replicas, "replicas", low=1, high=64, default=1)
+    devices = list(spec.devices)
+    distributed = spec.distributed
     layout = _multi_node_layout(
         distributed=distributed,
         node=node,
-        worker_nodes=worker_nodes,
+        worker_nodes=spec.worker_nodes,
         replicas=replicas,
         tp_pp=tp * pp,
-        data_parallel_size=data_parallel_size,
+        data_parallel_size=spec.data_parallel_size,
     )
-    scaling = _checked_autoscale(autoscale, node=node, devices=devices, tp_pp=tp * pp, distributed=distributed)
+    scaling = _checked_autoscale(
+        spec.autoscale, node=node, devices=devices, tp_pp=tp * pp * layout.local_dp, distributed=distributed
+    )
     if scaling is not None:  # it starts within its bounds; its devices are held for max_replicas
         replicas = min(max(replicas, scaling.min_replicas), scaling.max_replicas)
     held_for = scaling.max_replicas if scaling is not None else replicas
@@ -488,49 +422,65 @@ def endpoint_create(
             tp=tp,
             pp=pp,
             replicas=held_for,
-            share=share_devices,
+            share=spec.share_devices,
             ranks_per_device_set=layout.ranks_per_device_set,
             multi_node=bool(layout.distributed),
         )
     model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
-    max_model_len = int_in_range(max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max))
-    util = float_in_range(
-        gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99, message="Between 0.1 and 0.99."
+    max_model_len = int_in_range(
+        spec.max_model_len, "max_model_len", low=16, high=model_max, default=min(8192, model_max)
     )
+    util = float_in_range(
+        spec.gpu_memory_utilization, "gpu_memory_utilization", low=0.1, high=0.99, message="Between 0.1 and 0.99."
+    )
+    dtype = spec.dtype
     if dtype not in DTYPES:
         raise ValidationError({"dtype": f"Choose one of {', '.join(d for d in DTYPES if d)}."})
     dtype = dtype or default_dtype(artifact=artifact, platform=node.platform)
     if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
         # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
         raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
+    capacity_override = spec.capacity_override
     estimate = _checked_capacity(
         artifact=artifact,
         node=node,
         devices=devices,
-        tp_pp=tp * pp,
+        tp_pp=tp * pp * layout.local_dp,
         max_model_len=max_model_len,
         util=util,
         override=capacity_override,
         user=user,
     )
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
-    max_num_seqs = int_in_range(max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
-    extra_args = extra_args or {}
-    env = checked_engine_options(nodes=[node, *layout.nodes], extra_args=extra_args, env=env or {})
+    max_num_seqs = int_in_range(spec.max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
+    extra_args = spec.extra_args
+    configs, draft = checked_engine_configs(spec=spec, nodes=[node, *layout.nodes])
+    backend = spec.distributed_executor_backend
+    if backend and backend not in EXECUTOR_BACKENDS:
+        raise ValidationError({"distributed_executor_backend": f"Choose {', '.join(EXECUTOR_BACKENDS)} or blank."})
+    if backend and distributed == Endpoint.Distributed.RAY and backend != "ray":
+        raise ValidationError({"distributed_executor_backend": "A Ray cluster runs the ray executor."})
+    env = checked_engine_options(
+        nodes=[node, *layout.nodes], extra_args=extra_args, env=spec.env, typed_flags=spec_option_flags(spec, configs)
+    )
+    if spec.async_scheduling is not None and {"--async-scheduling", "async_scheduling", "async-scheduling"} & set(
+        extra_args
+    ):
+        raise ValidationError({"extra_args": "--async-scheduling is set by the async_scheduling field."})
     _placed_flags_known(layout=layout, head=node)
-    profiling = _checked_profiling(profiling, nodes=[node, *layout.nodes])
-    quantization = FORMAT_QUANTIZATION.get(artifact.format, quantization)
+    profiling = _checked_profiling(spec.profiling, nodes=[node, *layout.nodes])
+    quantization = FORMAT_QUANTIZATION.get(artifact.format, spec.quantization)
     if quantization and node.platform not in QUANTIZATION_METHODS.get(quantization, ()):
         allowed = ", ".join(q for q, platforms in QUANTIZATION_METHODS.items() if node.platform in platforms)
         raise ValidationError(
             {"quantization": f"Choose a quantization method vLLM has on {node.platform} nodes: {allowed} (or none)."}
         )
-    served = served_model_name or name
+    served = spec.served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
-    restart_hours = int_in_range(restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
-    routing = _checked_routing(routing)
-    per_replica = tp * pp
+    restart_hours = int_in_range(spec.restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
+    routing = _checked_routing(spec.routing)
+    per_replica = tp * pp * layout.local_dp
     try:
         with transaction.atomic():
             endpoint = Endpoint.objects.create(
@@ -546,17 +496,23 @@ def endpoint_create(
                 gpu_memory_utilization=util,
                 dtype=dtype,
                 quantization=quantization,
-                enforce_eager=enforce_eager,
+                enforce_eager=spec.enforce_eager,
+                trust_remote_code=spec.trust_remote_code,
+                engine_configs=configs,
+                draft_artifact=draft,
+                async_scheduling=spec.async_scheduling,
+                distributed_executor_backend=backend,
+                recipe=recipe.ref if recipe else "",
                 profiling=profiling,
                 served_model_name=served,
                 env=env,
                 extra_args=extra_args,
-                share_devices=share_devices,
+                share_devices=spec.share_devices,
                 capacity_override=capacity_override,
                 distributed=distributed,
                 data_parallel_size=layout.data_parallel_size,
                 restart_every_hours=restart_hours,
-                restart_daily_at=restart_daily_at,
+                restart_daily_at=spec.restart_daily_at,
                 routing=routing,
                 autoscale=scaling.as_json() if scaling is not None else None,
                 created_by=user if user is not None and user.pk else None,
@@ -593,6 +549,9 @@ def endpoint_create(
                     "max_num_seqs": max_num_seqs,
                     "profiling": profiling,
                     "routing": routing,
+                    **({"recipe": recipe.ref} if recipe else {}),
+                    **({"engine_configs": configs} if configs else {}),
+                    **({"data_parallel_size": layout.data_parallel_size} if layout.local_dp > 1 else {}),
                     **({"autoscale": scaling.as_json()} if scaling is not None else {}),
                     **(
                         {

@@ -53,7 +53,7 @@ def endpoint_launch(request):
             errors = _errors(ValidationError(form.errors.as_data()))
         else:
             try:
-                endpoint = services.endpoint_create(**form.cleaned_data, user=request.user, request=request)
+                endpoint = services.endpoint_create(spec=form.spec(), user=request.user, request=request)
             except ValidationError as exc:
                 errors = _errors(exc)
                 # autoscale.<setting> errors show under the one autoscale box, each naming its setting.

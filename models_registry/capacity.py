@@ -29,6 +29,9 @@ Device memory: :data:`ASCEND_DEVICE_MEMORY_GIB` holds nominal HBM per chip for t
 have seen (npu-smi reports MB, e.g. 910B4 shows 32768 MB = 32 GiB, so table values are GiB).
 NVIDIA GPUs and CPU hosts are sized by what they report: pass it to :func:`device_memory_bytes`
 as ``reported_bytes`` or straight to :func:`estimate_capacity`.
+
+Mixture-of-Experts and MLA models, quantized weights and TP / DP / expert-parallel layouts are sized per
+device from the HF config by :mod:`models_registry.capacity_moe` (``deployment_capacity``).
 """
 
 from __future__ import annotations

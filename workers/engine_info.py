@@ -232,14 +232,157 @@ def _keep(path: Path, report: dict) -> None:
             spare.unlink()
 
 
+# The JSON Schema of the config classes that vLLM's JSON-valued flags are parsed into, as the engine's own vLLM
+# defines them (pydantic dataclasses; vllm/config/utils.py `config` forbids unknown keys). vLLM 0.32.0,
+# vllm/engine/arg_utils.py: --compilation-config and --kv-transfer-config are TypeAdapter(cls).validate_json'ed
+# at parse time (_compute_kwargs, parse_dataclass), --speculative-config is json.loads'ed and given to
+# SpeculativeConfig(**...) with the target model's config (create_speculative_config): the fields' own checks
+# (types, bounds, Literal and enum values, field validators) are what a schema can say; __post_init__ and the
+# model validators (cross-field rules, the draft model) are not in it. What the generated schema would say
+# otherwise than the class checks is put right from the class itself: fields vLLM skips (SkipValidation) take
+# any value, and a field validator that runs before the type's own check (an enum's member names, None) is
+# asked value by value what it takes. A type with no JSON Schema (a callable, a torch type) is {}: any value.
+# A class this vLLM lacks is left out; one whose schema fails is named in config_errors, the rest still come.
+_CONFIG_SCHEMAS_PROBE = """
+def config_schemas():
+    import enum, types, typing
+    import vllm.config
+    from pydantic import SkipValidation, TypeAdapter, ValidationError
+    from pydantic.json_schema import GenerateJsonSchema
+
+    class AnyValue(GenerateJsonSchema):
+        def handle_invalid_for_json_schema(self, schema, error_info):
+            return {}
+
+    class FieldsPassed(Exception):
+        pass
+
+    def stop(self):
+        raise FieldsPassed
+
+    def leaves(tp):
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is typing.Annotated:
+            return leaves(args[0])
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            return [leaf for arg in args for leaf in leaves(arg)]
+        return [tp]
+
+    def nested(tp, found):
+        if isinstance(tp, type) and hasattr(tp, "__pydantic_fields__") and tp not in found:
+            found.append(tp)
+        for arg in typing.get_args(tp):
+            nested(arg, found)
+
+    def accepts(cls, name, value, as_json):
+        own = cls.__dict__.get("__post_init__")
+        cls.__post_init__ = stop
+        try:
+            if as_json:
+                TypeAdapter(cls).validate_json(json.dumps({name: value}))
+            else:
+                cls(**{name: value})
+        except FieldsPassed:
+            return True
+        except ValidationError as exc:
+            return not any(tuple(e["loc"][:1]) == (name,) for e in exc.errors())
+        except Exception:
+            return False
+        finally:
+            if own is None:
+                del cls.__post_init__
+            else:
+                cls.__post_init__ = own
+        return True
+
+    def nullable(prop):
+        return prop == {} or prop.get("type") == "null" or any(nullable(p) for p in prop.get("anyOf", []))
+
+    def fix(cls, props, as_json, found):
+        validators = [d.info for d in cls.__pydantic_decorators__.field_validators.values()]
+        for name, info in cls.__pydantic_fields__.items():
+            if name not in props:
+                continue
+            if any(isinstance(m, SkipValidation) for m in info.metadata):
+                props[name] = {}
+                continue
+            nested(info.annotation, found)
+            if not any(v.mode != "after" and (name in v.fields or "*" in v.fields) for v in validators):
+                continue
+            kinds = leaves(info.annotation)
+            enums = [tp for tp in kinds if isinstance(tp, type) and issubclass(tp, enum.Enum)]
+            tried = [None] + (["auto"] if enums else [])
+            for tp in enums:
+                for member in tp:
+                    try:
+                        tried.append(json.loads(json.dumps(member.value)))
+                    except (TypeError, ValueError):
+                        pass
+                    tried += [member.name, member.name.lower()]
+            took = []
+            for value in tried:
+                if value not in took and accepts(cls, name, value, as_json):
+                    took.append(value)
+            prop = props[name]
+            keep = {k: prop.pop(k) for k in ("title", "default", "description") if k in prop}
+            if enums and all(tp in enums or tp is type(None) for tp in kinds):
+                props[name] = {"enum": took, **keep}
+            elif None in took and not nullable(prop):
+                props[name] = {"anyOf": [prop, {"type": "null"}], **keep}
+            else:
+                props[name] = {**prop, **keep}
+
+    def schema_of(cls, as_json):
+        schema = TypeAdapter(cls).json_schema(mode="validation", schema_generator=AnyValue)
+        defs = schema.get("$defs", {})
+        found = [cls]
+        for klass in found:
+            node = schema if klass is cls else defs.get(klass.__name__)
+            if node and node.get("title") == klass.__name__ and "properties" in node:
+                fix(klass, node["properties"], as_json, found)
+        used, todo = set(), [{k: v for k, v in schema.items() if k != "$defs"}]
+        while todo:
+            item = todo.pop()
+            if isinstance(item, dict):
+                ref = item.get("$ref", "")
+                if ref.startswith("#/$defs/") and ref[8:] not in used:
+                    used.add(ref[8:])
+                    todo.append(defs.get(ref[8:]))
+                todo += list(item.values())
+            elif isinstance(item, list):
+                todo += item
+        if defs:
+            schema["$defs"] = {k: v for k, v in defs.items() if k in used}
+            if not schema["$defs"]:
+                del schema["$defs"]
+        return schema
+
+    schemas, failed = {}, {}
+    for flag, name, as_json in (
+        ("--speculative-config", "SpeculativeConfig", False),
+        ("--compilation-config", "CompilationConfig", True),
+        ("--kv-transfer-config", "KVTransferConfig", True),
+    ):
+        cls = getattr(vllm.config, name, None)
+        if cls is None:
+            continue
+        try:
+            schemas[flag] = schema_of(cls, as_json)
+        except Exception as exc:
+            failed[flag] = (type(exc).__name__ + ": " + str(exc))[:300]
+    return schemas, failed
+"""
+
 # Builds the OpenAI server's own argument parser, as `python -m vllm.entrypoints.openai.api_server` does,
-# and prints vLLM's version, every option string and the variables vllm/envs.py declares. vLLM 0.32.0:
+# and prints vLLM's version, every option string, the variables vllm/envs.py declares and the config classes'
+# schemas (above). vLLM 0.32.0:
 # make_arg_parser in vllm/entrypoints/launchers/cli_args.py, FlexibleArgumentParser in
 # vllm/utils/argparse_utils.py (see vllm/entrypoints/launchers/api_server/entry.py: main); vLLM 0.11.0
 # (vllm-ascend v0.11.0's pair): vllm/entrypoints/openai/cli_args.py and vllm.utils (vllm-ascend v0.11.0
 # vllm_ascend/platform.py imports it from there). make_arg_parser calls the platform's
 # pre_register_and_update(parser), so an Ascend node's list includes what vllm-ascend adds.
-_CLI_PROBE = """
+_CLI_PROBE = (
+    """
 import json, warnings
 warnings.simplefilter("ignore")
 try:
@@ -254,11 +397,22 @@ import vllm
 import vllm.envs
 
 parser = make_arg_parser(FlexibleArgumentParser())
-print()
-print(json.dumps({"vllm": vllm.__version__,
-                  "options": sorted({s for a in parser._actions for s in a.option_strings}),
-                  "env": sorted(vllm.envs.environment_variables)}))
+report = {"vllm": vllm.__version__,
+          "options": sorted({s for a in parser._actions for s in a.option_strings}),
+          "env": sorted(vllm.envs.environment_variables)}
 """
+    + _CONFIG_SCHEMAS_PROBE
+    + """
+try:
+    report["configs"], failed = config_schemas()
+except Exception as exc:
+    report["configs"], failed = {}, {"*": (type(exc).__name__ + ": " + str(exc))[:300]}
+if failed:
+    report["config_errors"] = failed
+print()
+print(json.dumps(report))
+"""
+)
 
 
 def engine_fingerprint(site: "EngineSite | str", engine: dict) -> str:
@@ -277,7 +431,8 @@ def engine_fingerprint(site: "EngineSite | str", engine: dict) -> str:
 
 
 def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
-    """{"vllm": version, "options": [...], "env": [...]} from the engine's own parser, or
+    """{"vllm": version, "options": [...], "env": [...], "configs": {flag: JSON Schema}} from the engine's own
+    parser and config classes (with "config_errors": {flag: why} for a class whose schema failed), or
     {"error": why}. Imports vLLM (and torch) in a child process, seconds of CPU: the agent runs it
     off its loop, at a lower priority than the replicas, and keeps the answer per fingerprint."""
     site = _site(site)
@@ -296,13 +451,25 @@ def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
         return {"error": f"vLLM parser probe failed: {last[-500:]}"}
     try:
         found = json.loads(out.strip().splitlines()[-1])
-        return {"vllm": str(found["vllm"]), "options": list(found["options"]), "env": list(found["env"])}
+        report = {"vllm": str(found["vllm"]), "options": list(found["options"]), "env": list(found["env"])}
     except (ValueError, IndexError, KeyError, TypeError):
         return {"error": f"vLLM parser probe printed no report: {out[-300:]!r}"}
+    # An engine probed by an older console's script prints no "configs": the typed configs are then held to
+    # being JSON objects (endpoints.commands.engine_configs, schema None).
+    configs = found.get("configs")
+    if isinstance(configs, dict):
+        report["configs"] = {flag: schema for flag, schema in configs.items() if isinstance(schema, dict)}
+    failed = found.get("config_errors")
+    if isinstance(failed, dict) and failed:
+        report["config_errors"] = {str(flag): str(why) for flag, why in failed.items()}
+    return report
 
 
 def _cli_cache_path(fingerprint: str) -> Path:
-    return Path(settings.DATA_DIR) / "engine-cli" / f"{fingerprint}.json"
+    """Keyed by the probe too (as probe_engine's): a report kept by an older console, whose probe read less (no
+    "configs"), is probed again once rather than kept for as long as the engine stays the same."""
+    probe = hashlib.sha256(_CLI_PROBE.encode()).hexdigest()[:8]
+    return Path(settings.DATA_DIR) / "engine-cli" / f"{fingerprint}-{probe}.json"
 
 
 def cached_engine_cli(fingerprint: str) -> dict | None:

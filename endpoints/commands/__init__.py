@@ -99,11 +99,22 @@ from endpoints.commands.platforms import (
 from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell
-from endpoints.commands.spec import LaunchSpec, build_command, emittable_flags, spec_warnings
+from endpoints.commands.spec import (
+    ENGINE_CONFIG_FLAGS,
+    EXECUTOR_BACKENDS,
+    LaunchSpec,
+    build_command,
+    emittable_flags,
+    engine_config_json,
+    spec_warnings,
+)
 
 __all__ = [
     "CommandSpecError",
     "LaunchSpec",
+    "ENGINE_CONFIG_FLAGS",
+    "EXECUTOR_BACKENDS",
+    "engine_config_json",
     "PLATFORMS",
     "DTYPES",
     "QUANTIZATION_METHODS",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -64,11 +65,93 @@ class LaunchSpec:
     # of the same artifact with the same settings loads what an earlier start compiled
     # (endpoints.commands.cache).
     engine_cache_dir: str | None = None
+    # One node's data parallelism: this many API-server-less engine ranks of TP x PP each on `devices`
+    # (--data-parallel-size; vllm-ascend's DeepSeek-R1 single-node tutorial runs DP4 x TP4 on 16 NPUs).
+    # A multi-node group's sizes come from `distributed` instead.
+    data_parallel_size: int = 1
+    # vLLM's JSON-valued options, by the spec's field name (ENGINE_CONFIG_FLAGS): {"speculative": {...},
+    # "compilation": {...}, "ascend": {...} (vllm-ascend's --additional-config), "hf_overrides": {...},
+    # "kv_transfer": {...}}; checked against the node's own config classes by the service.
+    engine_configs: dict = field(default_factory=dict)
+    async_scheduling: bool | None = None  # None: vLLM's default
+    distributed_executor_backend: str | None = None  # "mp" | "uni" | "ray"; a Ray cluster sets "ray" itself
+    # The draft model or EAGLE head of `speculative`: an artifact's path, resolved by the console (never an
+    # operator's text); rendered as the config's "model".
+    draft_model_path: str | None = None
+    # One node's interface variables (HCCL_IF_IP, GLOO_SOCKET_IFNAME, ...: NODE_INTERFACES), set on ascend and cuda
+    # as vllm-ascend's single-node tutorials export them (DeepSeek-R1.md 5.1); a multi-node spec's come with
+    # `distributed`.
+    interfaces: dict = field(default_factory=dict)
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 _CHIP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9 _.()-]{0,63}")
 _THREADS_BIND_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
+
+
+#: The spec's JSON-valued fields and the vLLM option each renders (vllm/engine/arg_utils.py at 0.32.0 parses
+#: them as JSON into SpeculativeConfig, CompilationConfig, KVTransferConfig, a dict for --hf-overrides and
+#: --additional-config, the platform's own settings: vllm_ascend/ascend_config.py reads them on Ascend).
+ENGINE_CONFIG_FLAGS = {
+    "speculative": "--speculative-config",
+    "compilation": "--compilation-config",
+    "ascend": "--additional-config",
+    "hf_overrides": "--hf-overrides",
+    "kv_transfer": "--kv-transfer-config",
+}
+#: Keys that name a path or a module to load: never from an operator (a draft model comes from the registry,
+#: as the service's draft_artifact; caches and dumps go where the console puts them).
+_CONFIG_KEYS_REFUSED = {
+    "speculative": {
+        "model": "name the draft model or head as draft_artifact (an artifact of the registry), never a path",
+        "tokenizer": "the draft uses its artifact's own tokenizer",
+        "draft_model_path": "name the draft model as draft_artifact",
+    },
+    "compilation": {
+        "cache_dir": "the console sets the engine cache (its folder per node)",
+        "debug_dump_path": "a dump path writes files where the console does not manage them",
+        "local_cache_dir": "the console sets the engine cache (its folder per node)",
+    },
+    "kv_transfer": {"kv_connector_module_path": "a module path loads code: use a connector vLLM registers"},
+    "hf_overrides": {"auto_map": "auto_map names code to load"},
+}
+_CONFIG_MAX_BYTES = 16384
+EXECUTOR_BACKENDS = ("mp", "uni", "ray")
+
+
+def engine_config_json(name: str, value: Any, *, platform: str, draft_model_path: str | None = None) -> str:
+    """One config as the JSON text its flag takes: a JSON object with text keys, no path keys, at most 16 KiB;
+    ``ascend`` on Ascend nodes only. Its keys and values are vLLM's to judge (the service checks them against the
+    node's config classes). The speculative draft's path, resolved from the registry, goes in as "model"."""
+    if name not in ENGINE_CONFIG_FLAGS:
+        raise CommandSpecError(f"{name!r} is not an engine config; allowed: {', '.join(ENGINE_CONFIG_FLAGS)}")
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise CommandSpecError(f"{name} must be a JSON object (text keys), got {type(value).__name__}")
+    if name == "ascend" and platform != "ascend":
+        raise CommandSpecError(f"ascend (vllm-ascend's --additional-config) applies to ascend nodes, not {platform}")
+    for key, why in _CONFIG_KEYS_REFUSED.get(name, {}).items():
+        if key in value:
+            raise CommandSpecError(f"{name}.{key} is not accepted: {why}")
+    if name == "speculative" and draft_model_path is not None:
+        value = {**value, "model": _check_text(draft_model_path, "draft_model_path")}
+    try:
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CommandSpecError(f"{name} is not plain JSON: {exc}") from None
+    if len(text) > _CONFIG_MAX_BYTES:
+        raise CommandSpecError(f"{name} is longer than {_CONFIG_MAX_BYTES} bytes as JSON")
+    return text
+
+
+def _check_engine_configs(spec: "LaunchSpec") -> dict[str, str]:
+    configs = spec.engine_configs or {}
+    if not isinstance(configs, Mapping):
+        raise CommandSpecError("engine_configs must be a mapping of config name to JSON object")
+    return {
+        name: engine_config_json(name, value, platform=spec.platform, draft_model_path=spec.draft_model_path)
+        for name, value in configs.items()
+        if value is not None
+    }
 
 
 def _chip(spec: LaunchSpec) -> str:
@@ -217,6 +300,12 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
     # cpu_kvcache_gib / cpu_threads_bind are ignored on ascend and cuda.
 
     dist = _validate_distributed(spec.distributed, spec.platform)
+    if spec.data_parallel_size != 1:
+        _strict_int(spec.data_parallel_size, "data_parallel_size", 1, 1024)
+        if dist is not None:
+            raise CommandSpecError("data_parallel_size is for one node; a multi-node group's comes from distributed")
+        if spec.platform == "cpu":
+            raise CommandSpecError("data_parallel_size above 1 is for ascend and cuda nodes; on cpu use replicas")
     if dist is None or not dist.headless:  # a headless rank serves no HTTP
         _check_port(spec.port)
     if spec.platform in ("ascend", "cuda"):
@@ -233,11 +322,14 @@ def _validate_spec(spec: LaunchSpec) -> _Distributed | None:
                 )
             return dist
         nnodes = dist.nnodes if dist else 1
+        world *= 1 if dist else spec.data_parallel_size
         if world != len(spec.devices) * nnodes:
             per_node = f" x {nnodes} nodes" if dist else ""
             raise CommandSpecError(
                 f"tensor_parallel_size ({spec.tensor_parallel_size}) x pipeline_parallel_size "
-                f"({spec.pipeline_parallel_size}) = {world} must equal the number of {kind}s: "
+                f"({spec.pipeline_parallel_size})"
+                + (f" x data_parallel_size ({spec.data_parallel_size})" if spec.data_parallel_size > 1 else "")
+                + f" = {world} must equal the number of {kind}s: "
                 f"{len(spec.devices)} device(s) {list(spec.devices)}{per_node} = {len(spec.devices) * nnodes}"
             )
     return dist
@@ -252,6 +344,22 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     dist = _validate_spec(spec)
     extra = validate_extra_args(spec.extra_args)
     user_env = validate_env(spec.env)
+    configs = _check_engine_configs(spec)
+    if spec.draft_model_path is not None and "speculative" not in configs:
+        raise CommandSpecError("draft_model_path is the speculative config's draft: give a speculative config")
+    backend = spec.distributed_executor_backend
+    if backend is not None and backend not in EXECUTOR_BACKENDS:
+        raise CommandSpecError(
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, got {backend!r}"
+        )
+    if dist is not None and dist.backend == "ray":
+        if backend not in (None, "ray"):
+            raise CommandSpecError(f"a Ray cluster runs the ray executor, not {backend!r}")
+        backend = "ray"
+    if spec.async_scheduling is not None and not isinstance(spec.async_scheduling, bool):
+        raise CommandSpecError(f"async_scheduling must be true, false or unset, got {spec.async_scheduling!r}")
+    if spec.async_scheduling is not None and ("--async-scheduling" in extra or "--no-async-scheduling" in extra):
+        raise CommandSpecError("--async-scheduling is set by the async_scheduling field; leave it out of extra_args")
     given = [flag for flag in DP_PLACEMENT_FLAGS if flag in extra]
     if dist is not None and given:
         raise CommandSpecError(f"{', '.join(given)} come from distributed (set per node); leave them out of extra_args")
@@ -261,7 +369,11 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     dtype = spec.dtype
     enforce_eager = spec.enforce_eager
     if _is_310p(spec):
-        dtype, enforce_eager = "float16", True  # Atlas 300I: float16, eager mode only
+        # Atlas 300I runs float16 only. Its graph mode runs as vllm-ascend's 300I DUO tutorials run it, with a
+        # compilation config that bounds the capture sizes (Qwen3-30B-A3B.md, Qwen3-Dense.md at v0.23.0:
+        # {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 32]}); without one, eager.
+        dtype = "float16"
+        enforce_eager = enforce_eager or "compilation" not in configs
 
     argv = [spec.engine_python, "-m", CLI_MODULE, "serve"] if headless else [spec.engine_python, "-m", SERVER_MODULE]
     argv += ["--model", spec.model_path, "--served-model-name", spec.served_model_name]
@@ -270,10 +382,12 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
     if spec.pipeline_parallel_size > 1:
         argv += ["--pipeline-parallel-size", str(spec.pipeline_parallel_size)]
-    if dist is not None and dist.backend == "ray":
-        argv += ["--distributed-executor-backend", "ray"]
+    if backend is not None:
+        argv += ["--distributed-executor-backend", backend]
     if dist is not None and dist.backend == "dp":
         argv += _dp_flags(dist)
+    elif spec.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(spec.data_parallel_size)]
     if spec.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(spec.max_num_seqs)]
     if spec.max_model_len is not None:
@@ -288,6 +402,10 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         argv.append("--enforce-eager")
     if spec.trust_remote_code:
         argv.append("--trust-remote-code")
+    if spec.async_scheduling is not None:
+        argv.append("--async-scheduling" if spec.async_scheduling else "--no-async-scheduling")
+    for name, text in configs.items():
+        argv += [ENGINE_CONFIG_FLAGS[name], text]
     argv += profiler_args(spec.profiler_dir)
     argv += extra
 
@@ -299,6 +417,8 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(kv)
         if spec.cpu_threads_bind is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_threads_bind
+    if dist is None and spec.platform != "cpu":
+        env.update(_validate_interfaces(spec.interfaces, spec.platform))
     if dist is not None:
         if spec.platform == "ascend" and dist.backend == "ray":
             env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] = "1"
@@ -365,6 +485,9 @@ def emittable_flags() -> set[str]:
         "--data-parallel-start-rank",
         "--data-parallel-address",
         "--data-parallel-rpc-port",
+        "--async-scheduling",
+        "--no-async-scheduling",
+        *ENGINE_CONFIG_FLAGS.values(),
         PROFILER_FLAG,
     }
     for flag, rule in EXTRA_ARG_RULES.items():

@@ -1,8 +1,10 @@
 """Would vllm-ascend load this ModelSlim checkpoint? The loader's rules, applied to a directory
 (quant_model_description.json + quant_model_weight_*.safetensors + config.json) without an NPU.
 
-Upstream read at the pinned engine (requirements/engine-ascend.txt: vllm-ascend v0.23.0, vLLM v0.23.0),
-paths relative to vllm-project/vllm-ascend at tag v0.23.0 unless they start with ``vllm/``:
+The release the rules are for is the console's pinned one, settings.VLLM_ASCEND_VERSION (the Makefile's
+VLLM_ASCEND_TAG; tests/workers/test_engine_requirements.py keeps the two equal): it decides which rules apply
+(an undescribed lm_head) and every text names it. Upstream was read at tag v0.23.0 (the pin when this was
+written), paths relative to vllm-project/vllm-ascend unless they start with ``vllm/``:
 * quantization/modelslim_config.py: AscendModelSlimConfig.get_quant_method, get_linear_quant_type,
   is_layer_skipped_ascend, create_scheme_for_layer (how a description entry becomes a layer method);
 * quantization/methods/registry.py + methods/__init__.py: the (quant_type, "linear") scheme table;
@@ -13,9 +15,19 @@ paths relative to vllm-project/vllm-ascend at tag v0.23.0 unless they start with
 * vllm/model_executor/models/llama.py, qwen2.py: the Linear prefixes, packed_modules_mapping, biases,
   ParallelLMHead(prefix="lm_head") built with the quant config even when tied;
 * vllm/model_executor/model_loader/default_loader.py: the strict "weights not initialized" check runs
-  only for unquantized models, so a missing quantized tensor loads as uninitialized memory.
+  only for unquantized models, so a missing quantized tensor loads as uninitialized memory;
+* ops/linear.py lines 338-343 and 431-436: AscendLinearMethod is not in vLLM's WEIGHT_LOADER_V2_SUPPORTED, so
+  every parameter the method creates (method_adapters.py lines 70-98) is filled by the layer's v1
+  ``weight_loader`` (vllm/model_executor/layers/linear.py: a shape assert, then ``param_data.copy_(loaded_weight)``;
+  embeddings and norms: weight_utils.py default_weight_loader, the same ``copy_``). ``copy_`` casts: a tensor
+  stored in another dtype loads as its value in the parameter's dtype. Only deq_scale's dtype carries meaning
+  (w8a8_static.py lines 66-69: float32 values for a bfloat16 model, the float32 bits packed in int64 for a
+  float16 one), so only there is a dtype difference an error; raw msModelSlim output (float32 scales,
+  an integral float input_offset) loads as its values.
 
-``check(directory)`` returns findings (rule, subject, message); an empty list means it loads.
+``check(directory)`` returns findings (rule, subject, message, severity): "error" means vllm-ascend would not
+load it, or would load something other than what was calibrated; "warning" means it loads as meant, with a
+remark. ``errors(findings)`` is what fails a job or the command.
 """
 
 from __future__ import annotations
@@ -24,9 +36,23 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings
+from packaging.version import InvalidVersion, Version
+
 DESCRIPTION = "quant_model_description.json"
 
-# Linear schemes registered with @register_scheme(<type>, "linear") at v0.23.0 (methods/*.py).
+ERROR, WARNING = "error", "warning"
+# The first release whose modelslim_config.py get_quant_method gives a VocabParallelEmbedding with no
+# "<prefix>.weight" entry UnquantizedEmbeddingMethod (v0.23.0rc1 and v0.23.0: lines 665-671; at v0.22.1rc1 the
+# same layer went to create_scheme_for_layer, whose get_linear_quant_type raised KeyError 'lm_head.weight').
+LM_HEAD_FLOAT_SINCE = "0.23.0rc1"
+# A parameter whose dtype says how its bits are read (w8a8_static.py get_perchannel_param), not just its precision.
+DTYPE_CARRIES_MEANING = ("deq_scale",)
+# deq_scale's dtype in a W8A8 static checkpoint, per model dtype (w8a8_static.py lines 66-69).
+DEQ_SCALE_DTYPE = {"bfloat16": "float32", "float16": "int64"}
+CHECKPOINT_DTYPE = {v: k for k, v in DEQ_SCALE_DTYPE.items()}
+
+# Linear schemes registered with @register_scheme(<type>, "linear") at tag v0.23.0 (methods/*.py).
 REGISTERED_LINEAR = {
     "W8A8",
     "W8A8_DYNAMIC",
@@ -55,19 +81,22 @@ RULES = {
     "(modelslim_config.py maybe_update_config)",
     "weight-files": "the weights are in *.safetensors beside the description",
     "architecture": "an architecture whose Linear layers this checker knows (vLLM llama.py / qwen2.py)",
-    "scheme-supported": "every quant type has a (type, 'linear') scheme at v0.23.0 (methods/registry.py); "
+    "scheme-supported": "every quant type has a (type, 'linear') scheme in the pinned release (methods/registry.py); "
     "W8A8 static needs a float16 or bfloat16 model (w8a8_static.py creates no deq_scale "
     "otherwise)",
-    "linear-described": "every Linear prefix vLLM builds has '<prefix>.weight' in the description, lm_head "
-    "included (modelslim_config.py get_linear_quant_type looks it up)",
+    "linear-described": "every Linear prefix vLLM builds has '<prefix>.weight' in the description "
+    "(modelslim_config.py get_linear_quant_type looks it up); an undescribed lm_head is a warning from "
+    f"v{LM_HEAD_FLOAT_SINCE} on (it loads as float), an error before",
     "packed-one-type": "the shards of a packed module share one quant type (modelslim_config.py "
     "is_layer_skipped_ascend / get_linear_quant_type raise ValueError otherwise)",
     "tensor-present": "every parameter the layer's method creates is in the files (default_loader.py: no "
     "strict check for quantized models, a missing one stays uninitialized)",
-    "tensor-dtype": "each tensor has the dtype upstream creates its parameter with",
+    "tensor-dtype": "deq_scale has the dtype upstream creates it with (its packing depends on it: an error); "
+    "any other tensor in another dtype is cast by the loader's copy_ (a warning)",
     "tensor-shape": "each tensor has the shape upstream creates its parameter with",
-    "tensor-described": "every tensor in the files has a description entry (msModelSlim's ascendV1 format; "
-    "ops/layernorm.py reads norm biases from the description)",
+    "tensor-described": "every tensor in the files has a description entry, as msModelSlim's ascendV1 format "
+    "writes it: a warning, not a loader rule (the loader looks up only '<layer>.weight' entries and any key "
+    "containing 'norm.bias')",
     "tensor-unexpected": "every tensor in the files is a parameter vLLM creates for this checkpoint",
     "shared-input-scale": "W8A8 static: input_scale/input_offset equal across the shards of a packed module "
     "(method_adapters.py: one parameter per fused layer, the last shard loaded wins)",
@@ -81,9 +110,33 @@ class Finding:
     rule: str
     subject: str
     message: str
+    severity: str = ERROR
 
     def __str__(self) -> str:
+        if self.severity == WARNING:
+            return f"[{self.rule}] warning: {self.subject}: {self.message}"
         return f"[{self.rule}] {self.subject}: {self.message}"
+
+
+def errors(findings: list[Finding]) -> list[Finding]:
+    """The findings that mean vllm-ascend would not load the checkpoint as calibrated."""
+    return [f for f in findings if f.severity == ERROR]
+
+
+def warnings(findings: list[Finding]) -> list[Finding]:
+    return [f for f in findings if f.severity == WARNING]
+
+
+def pinned_version() -> str:
+    """The vllm-ascend release the rules are for: the console's pin (one place, settings.VLLM_ASCEND_VERSION)."""
+    return str(settings.VLLM_ASCEND_VERSION).removeprefix("v")
+
+
+def _at_least(version: str, since: str) -> bool:
+    try:
+        return Version(version) >= Version(since)
+    except InvalidVersion:
+        return True  # an unparsable pin (a dev build's name): the rules as read
 
 
 @dataclass(frozen=True)
@@ -138,7 +191,7 @@ def linear_layers(config: dict) -> list[Linear]:
 
 def method_params(qtype: str, layer: Linear, params_dtype: str) -> dict[str, Expected]:
     """Parameter name → dtype/shape, as the scheme's get_weight / get_pertensor_param /
-    get_perchannel_param create them at v0.23.0 (the per-shard slice for packed layers)."""
+    get_perchannel_param create them (read at tag v0.23.0; the per-shard slice for packed layers)."""
     n, k = layer.out_features, layer.in_features
     params = {"weight": Expected("int8", (n, k))}  # all three: torch.empty(out, in, dtype=torch.int8)
     if qtype == "FLOAT":
@@ -204,8 +257,10 @@ def _safetensors_dtype(code: str) -> str:
     }.get(code, code)
 
 
-def check(directory: Path) -> list[Finding]:
-    """Every rule in RULES over one checkpoint directory; [] when vllm-ascend v0.23.0 would load it."""
+def check(directory: Path, *, version: str | None = None) -> list[Finding]:
+    """Every rule in RULES over one checkpoint directory, for vllm-ascend ``version`` (default: the pinned
+    release); no errors() when it would load it."""
+    version = (version or pinned_version()).removeprefix("v")
     desc, config, tensors, findings = read_directory(directory)
     if desc is None or not config:
         return findings
@@ -220,17 +275,17 @@ def check(directory: Path) -> list[Finding]:
     params_dtype = _dtype_name(config)
     tied = bool(config.get("tie_word_embeddings"))
     layers = linear_layers(config)
-    findings += _check_schemes(desc, params_dtype)
+    findings += _check_schemes(desc, params_dtype, version)
     expected: dict[str, Expected] = {}
     unchecked = []
     for layer in layers:
         qtype = desc.get(f"{layer.prefix}.weight")
         if qtype is None:
-            findings.append(_undescribed(layer.prefix))
+            findings.append(_undescribed(layer.prefix, version))
             if layer.prefix != "lm_head":
                 unchecked.append(f"{layer.prefix}.")  # loading stops at the KeyError: one finding is enough
                 continue
-            qtype = "FLOAT"  # what v0.23.0 makes of an undescribed lm_head
+            qtype = "FLOAT"  # what v0.23.0rc1 and later make of an undescribed lm_head (before: named above)
         if qtype != "FLOAT" and qtype not in KNOWN_LAYOUTS:
             unchecked.append(f"{layer.prefix}.")  # named by scheme-supported; its tensors are not known here
             continue
@@ -243,26 +298,35 @@ def check(directory: Path) -> list[Finding]:
     return findings
 
 
-def _undescribed(prefix: str) -> Finding:
+def _undescribed(prefix: str, version: str) -> Finding:
     if prefix == "lm_head":
-        # v0.23.0 falls back to UnquantizedEmbeddingMethod for an undescribed lm_head (modelslim_config.py,
-        # VocabParallelEmbedding branch, added by ebad45e366 for Qwen3-Omni); up to v0.22.1rc1 the same
-        # lookup raised KeyError. msModelSlim itself writes "lm_head.weight": "FLOAT", tied or not.
+        # From v0.23.0rc1 an undescribed lm_head gets UnquantizedEmbeddingMethod (modelslim_config.py lines
+        # 665-671, added by ebad45e366 for Qwen3-Omni): it loads as float, as msModelSlim's own "FLOAT" entry would
+        # have it. Up to v0.22.1rc1 the same lookup raised KeyError. msModelSlim writes "lm_head.weight": "FLOAT".
+        if _at_least(version, LM_HEAD_FLOAT_SINCE):
+            return Finding(
+                "linear-described",
+                "lm_head.weight",
+                f"not in the description: vllm-ascend v{version} loads lm_head as float "
+                f"(UnquantizedEmbeddingMethod), as a 'FLOAT' entry would; releases before v{LM_HEAD_FLOAT_SINCE} "
+                "raise KeyError 'lm_head.weight'. Describe it as FLOAT to load everywhere.",
+                WARNING,
+            )
         return Finding(
             "linear-described",
             "lm_head.weight",
-            "not in the description: vLLM builds lm_head with the quant config even when tied "
-            "(v0.23.0 then guesses float; earlier vllm-ascend raises KeyError 'lm_head.weight'); "
+            f"not in the description: vllm-ascend v{version} raises KeyError 'lm_head.weight' (vLLM builds "
+            f"lm_head with the quant config even when tied; v{LM_HEAD_FLOAT_SINCE} and later load it as float); "
             "describe it as FLOAT",
         )
     return Finding(
         "linear-described",
         f"{prefix}.weight",
-        "not in the description: vllm-ascend raises KeyError in get_linear_quant_type",
+        f"not in the description: vllm-ascend v{version} raises KeyError in get_linear_quant_type",
     )
 
 
-def _check_schemes(desc: dict, params_dtype: str) -> list[Finding]:
+def _check_schemes(desc: dict, params_dtype: str, version: str) -> list[Finding]:
     findings = []
     types = {v for k, v in desc.items() if k.endswith(".weight") and v != "FLOAT"}
     model_type = desc.get("model_quant_type")
@@ -274,7 +338,8 @@ def _check_schemes(desc: dict, params_dtype: str) -> list[Finding]:
                 Finding(
                     "scheme-supported",
                     qtype,
-                    "vllm-ascend v0.23.0 has no linear scheme for it (NotImplementedError in create_scheme_for_layer)",
+                    f"vllm-ascend v{version} has no linear scheme for it "
+                    "(NotImplementedError in create_scheme_for_layer)",
                 )
             )
         elif qtype not in KNOWN_LAYOUTS:
@@ -364,12 +429,21 @@ def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, unchec
             continue
         dtype, shape, _ = tensors[name]
         if dtype != exp.dtype:
-            findings.append(Finding("tensor-dtype", name, f"{dtype} where upstream creates {exp.dtype}"))
+            findings.append(_dtype_finding(name, dtype, exp.dtype))
         if shape != exp.shape:
             findings.append(Finding("tensor-shape", name, f"{list(shape)} where upstream creates {list(exp.shape)}"))
     for name, (dtype, shape, file) in sorted(tensors.items()):
         if name not in desc:
-            findings.append(Finding("tensor-described", name, f"in {file} but not in {DESCRIPTION}"))
+            findings.append(
+                Finding(
+                    "tensor-described",
+                    name,
+                    f"in {file} but not in {DESCRIPTION}: msModelSlim describes every tensor, but this is not a "
+                    "loader rule (vllm-ascend looks up '<layer>.weight' entries and any key containing "
+                    "'norm.bias' only), so it loads",
+                    WARNING,
+                )
+            )
         if name not in expected and not name.startswith(unchecked):
             if name == "lm_head.weight" and tied:
                 continue  # skipped by the loader; finish() unties the config when it differs
@@ -380,6 +454,25 @@ def _check_tensors(desc: dict, tensors: dict, expected: dict, tied: bool, unchec
             )
             findings.append(Finding("tensor-unexpected", name, f"{dtype} {list(shape)} in {file}: {why}"))
     return findings
+
+
+def _dtype_finding(name: str, dtype: str, expected: str) -> Finding:
+    if name.rsplit(".", 1)[-1] in DTYPE_CARRIES_MEANING:
+        model = CHECKPOINT_DTYPE.get(expected, expected)
+        written = CHECKPOINT_DTYPE.get(dtype)
+        why = f" (written for a {written} model)" if written else ""
+        return Finding(
+            "tensor-dtype",
+            name,
+            f"{dtype}{why} where upstream creates {expected} for this {model} model (w8a8_static.py "
+            "get_perchannel_param): the loader's copy_ casts it silently, so it loads and computes garbage",
+        )
+    return Finding(
+        "tensor-dtype",
+        name,
+        f"{dtype} where upstream creates {expected}: the loader's copy_ casts it to {expected} (loads as its values)",
+        WARNING,
+    )
 
 
 def _check_shared_input_scale(directory: Path, desc: dict, tensors: dict, layers: list[Linear]) -> list[Finding]:

@@ -18,6 +18,7 @@ from endpoints.gateway.controller import evaluate_autoscaling, run_once
 from endpoints.gateway.selectors import routing_table
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from endpoints.reconcile import ReplicaWorkload
+from endpoints.endpoint_spec import EndpointSpec
 from endpoints.services import _checked_autoscale, endpoint_create
 from tests.endpoints.test_npu_faults import StandInSupervisor
 from workers.models import Device
@@ -432,11 +433,14 @@ def test_multi_node_endpoints_cannot_autoscale_and_cpu_ones_share_the_cores(
     assert "cannot autoscale" in exc.value.message_dict["autoscale"][0]
     # CPU replicas are processes sharing the node's cores: no device count bounds them.
     assert _checked_autoscale({"max_replicas": 3}, node=cpu_node, devices=[], tp_pp=1, distributed="").max_replicas == 3
-    made = endpoint_create(name="cpu-two", artifact=tiny_artifact.pk, node=cpu_node.name, replicas=2, user=operator)
+    made = endpoint_create(
+        spec=EndpointSpec(name="cpu-two", artifact=tiny_artifact.pk, node=cpu_node.name, replicas=2), user=operator
+    )
     assert made.replicas == 2 and made.replica_set.count() == 2
     with pytest.raises(ValidationError) as exc:  # but one process per replica: no TP on a CPU node
         endpoint_create(
-            name="cpu-tp", artifact=tiny_artifact.pk, node=cpu_node.name, tensor_parallel_size=2, user=operator
+            spec=EndpointSpec(name="cpu-tp", artifact=tiny_artifact.pk, node=cpu_node.name, tensor_parallel_size=2),
+            user=operator,
         )
     assert "one process per replica" in exc.value.message_dict["tensor_parallel_size"][0]
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from console.models import AuditEvent
 from endpoints.commands import ENV_VARIABLES, EXTRA_ARG_RULES, emittable_flags, env_unknown_to, flags_unknown_to
 from endpoints.models import Endpoint, Replica
-from endpoints.services import checked_engine_options
+from endpoints.launch_checks import checked_engine_options
 from tests.support import FIXTURES
 from workers.models import Device, Node
 

@@ -341,10 +341,12 @@ class KeyedReplica(ServerThread):
 @pytest.mark.django_db
 def test_each_replica_starts_with_its_own_key_in_its_environment_only(ascend_node, tiny_artifact, operator, settings):
     from endpoints.launch import replica_process
+    from endpoints.endpoint_spec import EndpointSpec
     from endpoints.services import endpoint_create
 
     endpoint = endpoint_create(
-        name="keyed", artifact=tiny_artifact.pk, node=ascend_node.pk, devices=[0, 1], replicas=2, user=operator
+        spec=EndpointSpec(name="keyed", artifact=tiny_artifact.pk, node=ascend_node.pk, devices=[0, 1], replicas=2),
+        user=operator,
     )
     first, second = endpoint.replica_set.order_by("index")
     spec, shown = replica_process(replica=first, node=ascend_node, port=8581)
