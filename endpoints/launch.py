@@ -409,7 +409,7 @@ def check_node_parser(*, node: Node, argv: list[str], env_keys) -> None:
     if not cli.get("options"):
         return
     flags = flags_unknown_to(argv, cli["options"])
-    env = env_unknown_to(list(env_keys), cli["env"]) if "env" in cli else []
+    env = env_unknown_to(list(env_keys), cli["env"], cli.get("ascend_env")) if "env" in cli else []
     if not flags and not env:
         return
     what = []

@@ -170,7 +170,7 @@ def checked_engine_options(
             )
         for flag in flags_unknown_to(list(typed_flags or {}), cli["options"]):
             errors.setdefault(typed_flags[flag], []).append(f"{flag} is not a flag of {where}.")
-        if "env" in cli and (unknown := env_unknown_to(env, cli["env"])):
+        if "env" in cli and (unknown := env_unknown_to(env, cli["env"], cli.get("ascend_env"))):
             errors.setdefault("env", []).append(
                 f"{named(unknown, 'is not a variable', 'are not variables')} of {where}: it would do nothing."
             )

@@ -160,8 +160,15 @@ def endpoint_preview(*, spec: EndpointSpec, user) -> dict:
         with transaction.atomic():
             endpoint = endpoint_create(spec=spec, user=user)
             replica = endpoint.replica_set.select_related("node").order_by("index").first()
+            if endpoint.distributed:  # the group's rendezvous on its head node, as the agent claims it first
+                replica.cluster_port = claim_port(replica.node, replica, field="cluster_port")
             nodes = [_replica_entry(endpoint, replica)]
-            nodes += [_member_entry(endpoint, m) for m in replica.members.select_related("node").order_by("rank")]
+            nodes += [
+                _member_entry(endpoint, m)
+                for m in ReplicaMember.objects.filter(replica=replica)
+                .select_related("node", "replica", "replica__node", "replica__endpoint")
+                .order_by("rank")
+            ]
             result = {
                 "endpoint": endpoint.name,
                 "recipe": endpoint.recipe or None,

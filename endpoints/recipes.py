@@ -20,6 +20,7 @@ from pydantic import ValidationError as SpecError
 from console.audit import audit_log
 from endpoints.endpoint_spec import EndpointSpec
 from endpoints.models import ENDPOINT_NAME, Endpoint, Recipe
+from models_registry.capacity_moe import deployment_capacity
 
 SHIPPED_DIR = Path(__file__).parent / "recipe_files"
 _REF = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(@(?P<version>[0-9]{1,6}))?")
@@ -49,6 +50,9 @@ class RecipeInfo:
     shipped: bool = True
     # For the capacity estimate of a shipped recipe: the model's config.json keys and the weight scheme.
     model: dict = field(default_factory=dict)
+    devices_per_node: int = 0  # the devices the recipe's hardware gives each node (0: a CPU host)
+    device_memory_gib: float = 0  # each device's memory on that hardware
+    notes: tuple[str, ...] = ()  # where the recipe departs from its tutorial, and why
 
     @property
     def ref(self) -> str:
@@ -65,7 +69,33 @@ class RecipeInfo:
             "source": self.source,
             "shipped": self.shipped,
             "spec": self.spec,
+            "devices_per_node": self.devices_per_node,
+            "notes": list(self.notes),
+            "capacity": self.capacity(),
         }
+
+    def capacity(self) -> dict | None:
+        """Does the recipe fit its stated hardware, and with how much KV room (models_registry.capacity_moe: MoE
+        experts under EP, MLA's compressed KV, the weight scheme); None where the recipe names no model."""
+        if not self.model or not self.devices_per_node:
+            return None
+        spec = self.spec
+        return deployment_capacity(
+            hf_config=self.model["hf_config"],
+            quantization=self.model["quantization"],
+            device_memory_gib=self.device_memory_gib,
+            devices_per_node=self.devices_per_node,
+            nodes=self.nodes,
+            tensor_parallel_size=spec.get("tensor_parallel_size") or 1,
+            data_parallel_size=spec.get("data_parallel_size") or 1,
+            enable_expert_parallel=bool((spec.get("extra_args") or {}).get("--enable-expert-parallel")),
+            max_model_len=spec["max_model_len"],
+            max_num_seqs=spec.get("max_num_seqs") or 256,
+            gpu_memory_utilization=spec.get("gpu_memory_utilization") or 0.9,
+            speculative_tokens=(spec.get("speculative") or {}).get("num_speculative_tokens", 0)
+            if (spec.get("speculative") or {}).get("method") == "mtp"
+            else 0,
+        )
 
 
 def _checked_spec(spec: dict, where: str) -> dict:
@@ -94,6 +124,9 @@ def shipped_recipes() -> dict[str, RecipeInfo]:
             spec=_checked_spec(data["spec"], path.name),
             source=data["source"],
             model=data.get("model", {}),
+            devices_per_node=int(data.get("devices_per_node", 0)),
+            device_memory_gib=float(data.get("device_memory_gib", 0)),
+            notes=tuple(data.get("notes", ())),
         )
         if path.stem != info.name:
             raise ValueError(f"{path.name}: its name is {info.name!r}")

@@ -80,6 +80,16 @@ ENV_VARIABLES: dict[str, Callable[[str, str], str]] = {
     "VLLM_DO_NOT_TRACK": _flag,
     "VLLM_USE_V1": _flag,
     "VLLM_ENABLE_V1_MULTIPROCESSING": _flag,
+    # vllm-ascend's own (vllm_ascend/envs.py at v0.23.0, read with bool(int(...)) or int(...); the tutorials
+    # export the first two, which envs.py marks deprecated in favour of --additional-config keys)
+    "VLLM_ASCEND_BALANCE_SCHEDULING": _one_of("0", "1"),
+    "VLLM_ASCEND_ENABLE_FLASHCOMM1": _one_of("0", "1"),
+    "VLLM_ASCEND_ENABLE_MLAPO": _one_of("0", "1"),
+    "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": _one_of("0", "1"),
+    "VLLM_ASCEND_ENABLE_BATCH_MEMCPY": _one_of("0", "1"),
+    "VLLM_ASCEND_ENABLE_FUSED_MC2": _int_in(0, 2),
+    "VLLM_ASCEND_ENABLE_NZ": _int_in(0, 2),
+    "VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE": _int_in(0, 1024),
     # CANN, HCCL (vllm-ascend's documentation)
     "ASCEND_RT_VISIBLE_DEVICES": _device_list,  # accepted, but always replaced by LaunchSpec.devices
     "ASCEND_LAUNCH_BLOCKING": _flag,
@@ -100,6 +110,7 @@ ENV_VARIABLES: dict[str, Callable[[str, str], str]] = {
     "USING_LCCL_COM": _flag,
     # CPU threads, CUDA, NCCL, Ray, Hugging Face
     "OMP_NUM_THREADS": _int_in(1, 4096),
+    "OMP_PROC_BIND": _one_of("false", "true", "close", "spread", "master", "primary"),
     "PYTORCH_CUDA_ALLOC_CONF": _options,
     "GLOO_SOCKET_IFNAME": _check_ifname,
     "TP_SOCKET_IFNAME": _check_ifname,
@@ -198,10 +209,26 @@ def validate_env(d: Mapping[str, Any] | None) -> dict[str, str]:
 VLLM_ENV_PREFIX = "VLLM_"
 
 
-def env_unknown_to(keys: Collection[str], known: Collection[str]) -> list[str]:
-    """The ``VLLM_*`` names among ``keys`` that a vLLM, given by its envs.py names, does not read."""
+#: vllm-ascend's own variables (vllm_ascend/envs.py), not vLLM's: checked against the plugin's names where a node's
+#: probe reported them (Node.engine_cli["ascend_env"]), never against vllm/envs.py.
+VLLM_ASCEND_ENV_PREFIX = "VLLM_ASCEND_"
+
+
+def env_unknown_to(
+    keys: Collection[str], known: Collection[str], ascend_known: Collection[str] | None = None
+) -> list[str]:
+    """The ``VLLM_*`` names among ``keys`` that a vLLM, given by its envs.py names, does not read; ``VLLM_ASCEND_*``
+    names against vllm-ascend's envs.py names where those are known (``ascend_known``)."""
     known = set(known)
-    return [k for k in keys if k.startswith(VLLM_ENV_PREFIX) and k not in known]
+    ascend = set(ascend_known) if ascend_known is not None else None
+    unknown = []
+    for key in keys:
+        if key.startswith(VLLM_ASCEND_ENV_PREFIX):
+            if ascend is not None and key not in ascend:
+                unknown.append(key)
+        elif key.startswith(VLLM_ENV_PREFIX) and key not in known:
+            unknown.append(key)
+    return unknown
 
 
 #: Interface variables a multi-node spec may set, with their checks and platforms.
