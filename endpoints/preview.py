@@ -65,7 +65,8 @@ def _replica_entry(endpoint: Endpoint, replica: Replica) -> dict:
     try:
         argv, env = build_command(launch)
         argv = guarded_argv(argv)
-        process, _ = replica_process(replica=replica, node=node, port=port)
+        # As the agent records it (endpoints.launch.as_applied): the console's variables as the child gets them.
+        process, applied = replica_process(replica=replica, node=node, port=port)
     except CommandSpecError as exc:
         if not checks[0]["ok"]:  # the model files' refusal, said once
             return {**entry, "checks": checks}
@@ -95,6 +96,7 @@ def _replica_entry(endpoint: Endpoint, replica: Replica) -> dict:
         )
     checks += [{"name": "advice", "ok": True, "level": "warning", "message": w} for w in spec_warnings(launch)]
     container_argv = process.argv if node.containerised else None
+    env = env if node.containerised else applied  # a container's travel as -e flags in its argv
     return {
         **entry,
         "argv": argv,
