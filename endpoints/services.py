@@ -76,9 +76,12 @@ def capacity_check(
     if not per_device or not all(per_device):
         return None
     kv_dtype_bytes = dtype_bytes(inspection.get("dtype")) if dtype_bytes(inspection.get("dtype")) in (2, 4) else 2
+    kv_per_token = kv_bytes_per_token(inspection, kv_dtype_bytes)
+    if inspection.get("kv_lora_rank"):  # MLA's latent is whole on every rank: the estimate splits KV over `tp`
+        kv_per_token *= tp
     return estimate_capacity(
         weight_bytes=inspection.get("weight_bytes") or artifact.size_bytes or 0,
-        kv_bytes_per_token=kv_bytes_per_token(inspection, kv_dtype_bytes),
+        kv_bytes_per_token=kv_per_token,
         device_memory_bytes=min(per_device),
         num_devices=tp,
         memory_utilization=util,

@@ -208,6 +208,10 @@ def inspect_hf_dir(path) -> dict:
     if head_dim is None and info["hidden_size"] and info["num_attention_heads"]:
         head_dim = info["hidden_size"] // info["num_attention_heads"]
     info["head_dim"] = head_dim
+    # Multi-head latent attention (DeepSeek-V2/V3/R1): one compressed latent per token and layer in the KV cache.
+    if _first_int(text, "kv_lora_rank") and _first_int(text, "qk_rope_head_dim"):
+        info["kv_lora_rank"] = _first_int(text, "kv_lora_rank")
+        info["qk_rope_head_dim"] = _first_int(text, "qk_rope_head_dim")
     info["vocab_size"] = _first_int(text, "vocab_size", "padded_vocab_size")
     info["max_position_embeddings"] = _first_int(
         text, "max_position_embeddings", "n_positions", "max_sequence_length", "seq_length", "n_ctx"
@@ -571,10 +575,15 @@ def kv_bytes_per_token(inspection: dict, kv_dtype_bytes: int | float = 2) -> int
     """Bytes of KV cache one token takes: layers x KV heads x head_dim x 2 (K and V) x dtype size.
 
     ``kv_dtype_bytes`` is 2 for a bf16/fp16 cache, 1 for an int8/fp8 cache.  This is the standard
-    GQA/MHA layout; it overestimates MLA models (DeepSeek-V2/V3) and sliding-window layers.
+    GQA/MHA layout, or MLA's compressed latent (DeepSeek-V2/V3/R1) where the inspection recorded one; it
+    overestimates sliding-window layers.
     Raises ValueError if the inspection lacks one of the numbers.
     """
     layers = inspection.get("num_layers")
+    if layers and inspection.get("kv_lora_rank") and inspection.get("qk_rope_head_dim"):
+        # MLA: vLLM caches (kv_lora_rank + qk_rope_head_dim) values per token and layer, whole on every TP rank
+        # (models_registry/capacity_moe.py); DeepSeek-V3: 61 x 576 x 2 = 70,272 bytes in bf16.
+        return int(layers * (inspection["kv_lora_rank"] + inspection["qk_rope_head_dim"]) * kv_dtype_bytes)
     kv_heads = inspection.get("num_kv_heads") or inspection.get("num_attention_heads")
     head_dim = inspection.get("head_dim")
     if not head_dim and inspection.get("hidden_size") and inspection.get("num_attention_heads"):

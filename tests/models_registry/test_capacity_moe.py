@@ -424,3 +424,21 @@ def test_int8_kv_cache_doubles_the_tokens():
     assert math.isclose(int8["kv_tokens_per_dp_rank"], 2 * bf16["kv_tokens_per_dp_rank"], rel_tol=0.01)
     no_mtp = deploy(DEEPSEEK_R1, "w8a8", A3, **{**DEEPSEEK_R1_COMMAND, "speculative_tokens": 0})
     assert no_mtp["includes_mtp"] is False and no_mtp["weight_bytes_per_device"] < bf16["weight_bytes_per_device"]
+
+
+def test_the_launch_estimate_sizes_mla_models_by_their_latent(tmp_path, settings):
+    """The artifact's inspection records MLA's latent (kv_lora_rank, qk_rope_head_dim), so the launch's estimate
+    (endpoints.services.capacity_check) sizes DeepSeek's cache as vLLM keeps it, not as 128 full KV heads."""
+    import torch
+    from safetensors.torch import save_file
+
+    from models_registry.inspection import inspect_hf_dir, kv_bytes_per_token
+
+    settings.MODEL_ROOTS = [tmp_path.resolve()]
+    config = json.loads((FIXTURES / "model_configs" / "DeepSeek-R1.config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4, dtype=torch.bfloat16)}, tmp_path / "model.safetensors")
+    info = inspect_hf_dir(tmp_path)
+    assert (info["kv_lora_rank"], info["qk_rope_head_dim"]) == (512, 64)
+    assert kv_bytes_per_token(info, 2) == 61 * 576 * 2 == 70_272
+    assert kv_bytes_per_token({**info, "kv_lora_rank": None}, 2) > 20 * 70_272  # what it was sized as before
