@@ -368,6 +368,12 @@ GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush 
 # token ids), the bounded-load factor c = 1 + epsilon, and the requests a replica may run above that bound.
 GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)
 GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)
+# GATEWAY_PREFIX_LOAD_SLACK: requests a replica may run above that bound before a prefix overflows to its next replica. The
+# factor alone is tight at the small concurrencies of LLM serving (4 in flight on 2 replicas: a
+# bound of 3), where recomputing a long prefix on the second replica costs far more than one more
+# sequence in the first one's continuous batch, and makes both replicas hold the prefix (measured:
+# benchmarks/routing.py, README). vllm-router's cache_aware rebalances only past 64 requests of
+# imbalance (its --balance-abs-threshold); 8 keeps a bound on a hot prefix at any scale.
 GATEWAY_PREFIX_LOAD_SLACK = env_int("GATEWAY_PREFIX_LOAD_SLACK", 8)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
 # SLO-gated rollouts (endpoints/gateway/rollout.py): the fewest requests to the staged side in a window

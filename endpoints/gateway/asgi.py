@@ -15,8 +15,8 @@ hyper), which runs each request through this app over a private socket and does 
 itself (endpoints/gateway/dataplane.py: Forwarder), or this process alone (uvicorn with uvloop and
 httptools; aiohttp with pooled keep-alive connections to the replicas). The rules are this module's
 either way. At concurrency 1 a proxy's added latency is its CPU per request, and this process
-alone took 2-2.5x what vLLM's Rust router does; with the compiled data path it is within 1.5x
-(benchmarks/gateway.py, README "Gateway").
+alone took 2-2.5x what vLLM's Rust router does; with the compiled data path it is level with it within the
+measurements' noise (benchmarks/gateway.py, README "Gateway").
 
 Why not vLLM's Rust router (vllm-router 0.1.17) as the data path behind this layer? It installs
 cleanly, but it does not fit here:
@@ -944,10 +944,3 @@ async def _json(send, status: int, data, extra=()):
 async def _error(send, status: int, message: str, code: str, retry_after: int | None = None):
     extra = [(b"retry-after", str(retry_after).encode())] if retry_after is not None else []
     return await _json(send, status, {"error": {"message": message, "type": code, "code": status}}, extra)
-
-
-def get_application():
-    import django
-
-    django.setup()
-    return Gateway()

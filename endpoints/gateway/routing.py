@@ -45,13 +45,6 @@ PREFIX_CHARS = 512
 PREFIX_TOKENS = 128
 #: Bounded-load factor c = 1 + epsilon (Mirrokni et al.); 1.25 is KubeAI's default for the same rule.
 LOAD_FACTOR = 1.25
-#: Requests a replica may run above that bound before a prefix overflows to its next replica. The
-#: factor alone is tight at the small concurrencies of LLM serving (4 in flight on 2 replicas: a
-#: bound of 3), where recomputing a long prefix on the second replica costs far more than one more
-#: sequence in the first one's continuous batch, and makes both replicas hold the prefix (measured:
-#: benchmarks/routing.py, README). vllm-router's cache_aware rebalances only past 64 requests of
-#: imbalance (its --balance-abs-threshold); 8 keeps a bound on a hot prefix at any scale.
-LOAD_SLACK = 8
 #: A key's home is forgotten this long after its last request: a prefix unused for 10 minutes has
 #: most likely left a busy replica's cache, and the homes then count only the keys in use.
 HOME_IDLE_SECONDS = 600.0
@@ -160,7 +153,7 @@ def rendezvous_order(key_digest: bytes, candidates: Sequence[B]) -> list[B]:
 
 def load_bound(candidates: Sequence[B], load: Mapping[str, int], *, factor: float, slack: int) -> int:
     """The most requests one replica may run, this one included: ceil(factor * (requests in flight
-    + 1) / replicas) + slack (Mirrokni et al., plus an absolute slack: see LOAD_SLACK)."""
+    + 1) / replicas) + slack (Mirrokni et al., plus an absolute slack: GATEWAY_PREFIX_LOAD_SLACK)."""
     total = sum(load.get(b.url, 0) for b in candidates)
     return math.ceil(factor * (total + 1) / len(candidates)) + slack
 

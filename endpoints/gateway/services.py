@@ -135,24 +135,6 @@ def endpoint_settings(endpoint: Endpoint) -> GatewayEndpoint:
     return GatewayEndpoint.objects.get_or_create(endpoint=endpoint)[0]
 
 
-def set_queue_depth(
-    *, endpoint: Endpoint, queue_depth: int | None, actor=None, request=None, via: str = ""
-) -> GatewayEndpoint:
-    gw = endpoint_settings(endpoint)
-    before = gw.queue_depth
-    gw.queue_depth = _limit(queue_depth, "queue_depth", "Queue depth")
-    gw.save(update_fields=["queue_depth"])
-    audit_log(
-        actor=actor,
-        action="gateway.queue_depth",
-        obj=endpoint,
-        request=request,
-        via=via,
-        changes={"before": before, "after": gw.queue_depth},
-    )
-    return gw
-
-
 # --- telemetry of the gateway (called by the gateway process) ----------------------------
 
 

@@ -294,8 +294,3 @@ def group_ranking(errors: list[dict]) -> list[list[str]]:
     for e in errors:
         members.setdefault(fused_group(e["layer"]), []).append(e["layer"])
     return [members[g] for g in sorted(members, key=lambda g: -score[g])]
-
-
-def ranking(errors: list[dict]) -> list[str]:
-    """Layers, most sensitive group first (a group's members together, in model order)."""
-    return [layer for group in group_ranking(errors) for layer in group]
