@@ -298,10 +298,16 @@ def config_schemas():
     def nullable(prop):
         return prop == {} or prop.get("type") == "null" or any(nullable(p) for p in prop.get("anyOf", []))
 
-    def fix(cls, props, as_json, found):
+    def fix(cls, node, as_json, found):
+        props = node["properties"]
         validators = [d.info for d in cls.__pydantic_decorators__.field_validators.values()]
         for name, info in cls.__pydantic_fields__.items():
             if name not in props:
+                continue
+            if getattr(info, "init", None) is False:  # set by the class itself: an unexpected keyword to it
+                del props[name]
+                if name in node.get("required", []):
+                    node["required"].remove(name)
                 continue
             if any(isinstance(m, SkipValidation) for m in info.metadata):
                 props[name] = {}
@@ -338,8 +344,9 @@ def config_schemas():
         found = [cls]
         for klass in found:
             node = schema if klass is cls else defs.get(klass.__name__)
-            if node and node.get("title") == klass.__name__ and "properties" in node:
-                fix(klass, node["properties"], as_json, found)
+            pydantic = hasattr(klass, "__pydantic_fields__") and hasattr(klass, "__pydantic_decorators__")
+            if pydantic and node and node.get("title") == klass.__name__ and "properties" in node:
+                fix(klass, node, as_json, found)
         used, todo = set(), [{k: v for k, v in schema.items() if k != "$defs"}]
         while todo:
             item = todo.pop()
