@@ -416,6 +416,11 @@ except Exception as exc:
     report["configs"], failed = {}, {"*": (type(exc).__name__ + ": " + str(exc))[:300]}
 if failed:
     report["config_errors"] = failed
+try:  # vllm-ascend's own variables (vllm_ascend/envs.py: env_variables at v0.23.0), where the plugin is there
+    import vllm_ascend.envs
+    report["ascend_env"] = sorted(vllm_ascend.envs.env_variables)
+except Exception:
+    pass
 print()
 print(json.dumps(report))
 """
@@ -466,6 +471,8 @@ def probe_engine_cli(site: "EngineSite | str", *, timeout: float = 300) -> dict:
     configs = found.get("configs")
     if isinstance(configs, dict):
         report["configs"] = {flag: schema for flag, schema in configs.items() if isinstance(schema, dict)}
+    if isinstance(found.get("ascend_env"), list):  # VLLM_ASCEND_* names are checked against these, not vLLM's
+        report["ascend_env"] = [str(name) for name in found["ascend_env"]]
     failed = found.get("config_errors")
     if isinstance(failed, dict) and failed:
         report["config_errors"] = {str(flag): str(why) for flag, why in failed.items()}

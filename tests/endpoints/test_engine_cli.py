@@ -439,3 +439,16 @@ def test_agent_probes_the_real_engine_and_the_console_checks_against_it(
         {"name": "c", "artifact": tiny_artifact.pk, "node": "cpu-probe", "extra_args": {"--async-scheduling": True}},
     )
     assert accepted.status_code == 201, accepted.content
+
+
+def test_vllm_ascend_variables_are_checked_against_the_plugins_names_not_vllms():
+    """VLLM_ASCEND_* are vllm-ascend's (vllm_ascend/envs.py), which vllm/envs.py never lists: against vLLM's names
+    alone every one was refused. A node whose probe reported the plugin's names is held to them."""
+    from endpoints.commands import env_unknown_to
+
+    vllm_names = ["VLLM_LOGGING_LEVEL"]
+    keys = ["VLLM_ASCEND_BALANCE_SCHEDULING", "VLLM_LOGGING_LEVEL", "HCCL_BUFFSIZE"]
+    assert env_unknown_to(keys, vllm_names) == []  # no plugin names reported: the allow-list decides
+    assert env_unknown_to(keys, vllm_names, ["VLLM_ASCEND_BALANCE_SCHEDULING"]) == []
+    assert env_unknown_to(keys, vllm_names, ["VLLM_ASCEND_ENABLE_NZ"]) == ["VLLM_ASCEND_BALANCE_SCHEDULING"]
+    assert env_unknown_to(["VLLM_USE_V1"], vllm_names, []) == ["VLLM_USE_V1"]
