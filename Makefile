@@ -46,11 +46,15 @@ ENGINE_REQS := $(shell if command -v npu-smi >/dev/null 2>&1; then echo requirem
 	elif command -v nvidia-smi >/dev/null 2>&1; then echo requirements/engine-cuda.txt; \
 	else echo requirements/engine-cpu.txt; fi)
 
-# Ascend: the vllm-ascend v0.23.0 release row (requirements/engine-ascend.txt says where each pin comes from).
-# vLLM and vllm-ascend are built from these tags as upstream's installation page and Dockerfile do.
+# Ascend: what vllm-ascend v0.23.0's own requirements.txt, pyproject.toml and Dockerfile pin at the tag
+# (requirements/engine-ascend.txt cites the lines). vLLM and vllm-ascend are built from these tags as upstream's
+# installation page and Dockerfile do. triton-ascend: requirements.txt line 20, Dockerfile line 71, installed last
+# from Huawei's index; none on Atlas 300I (310P), whose Dockerfile.310p (line 63) and installation.md (lines 38,
+# 255) remove triton and triton-ascend, so there the preflight asks for no clang either.
 VLLM_ASCEND_TAG := v0.23.0
 ASCEND_VLLM_TAG := v0.23.0
 ASCEND_CANN := 9.1.0
+ASCEND_TRITON := 3.2.2
 ASCEND_SRC := $(ENGINE_VENV)/src
 ENGINE_PIP := $(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check
 # x86_64 torch-npu needs torch 2.10.0+cpu from PyTorch's CPU index; Huawei's index has triton-ascend.
@@ -68,7 +72,7 @@ ifeq ($(ENGINE_REQS),requirements/engine-ascend.txt)
 	$(ENGINE_PIP) -r $(ENGINE_REQS) --extra-index-url $(PYTORCH_CPU_INDEX)
 	test -d $(ASCEND_SRC)/vllm || git clone --depth 1 --branch $(ASCEND_VLLM_TAG) \
 		https://github.com/vllm-project/vllm $(ASCEND_SRC)/vllm
-	VLLM_TARGET_DEVICE=empty $(ENGINE_PIP) -e $(ASCEND_SRC)/vllm --extra-index-url $(PYTORCH_CPU_INDEX)
+	VLLM_TARGET_DEVICE=empty $(ENGINE_PIP) -e "$(ASCEND_SRC)/vllm[audio]" --extra-index-url $(PYTORCH_CPU_INDEX)
 	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q triton || true
 	test -d $(ASCEND_SRC)/vllm-ascend || git clone --depth 1 --branch $(VLLM_ASCEND_TAG) \
 		https://github.com/vllm-project/vllm-ascend $(ASCEND_SRC)/vllm-ascend
@@ -76,7 +80,8 @@ ifeq ($(ENGINE_REQS),requirements/engine-ascend.txt)
 	$(ENGINE_PIP) -e $(ASCEND_SRC)/vllm-ascend \
 		--extra-index-url $(PYTORCH_CPU_INDEX) --extra-index-url $(HUAWEI_ASCEND_INDEX)
 	$(ENGINE_VENV)/bin/python -m pip uninstall -y -q triton triton-ascend || true
-	$(ENGINE_PIP) triton-ascend==3.2.2 --extra-index-url $(HUAWEI_ASCEND_INDEX)
+	if npu-smi info 2>/dev/null | grep -q 310P; then echo "Atlas 300I (310P): no triton-ascend, as upstream"; \
+	else $(ENGINE_PIP) triton-ascend==$(ASCEND_TRITON) --extra-index-url $(HUAWEI_ASCEND_INDEX); fi
 else
 	$(ENGINE_PIP) -r $(ENGINE_REQS)
 endif

@@ -19,6 +19,8 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
+from endpoints.ascend_rules import launch_refusal as ascend_launch_refusal
+from endpoints.ascend_rules import refusal_errors
 from endpoints.autoscale import AutoscaleSettings, parse_settings
 from console.roles import ADMIN, has_role
 from endpoints.commands import (
@@ -443,6 +445,12 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     if dtype == "float32" and artifact.format in (Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM):
         # vLLM's int8 kernels take 16-bit activations only (int8_scaled_mm: "expect A to be bfloat16 or half").
         raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
+    # vllm-ascend's loader rules for a ModelSlim checkpoint on each node's chips (endpoints/ascend_rules.py): what
+    # 310P cannot load, and a W8A8 checkpoint whose deq_scale was written for another dtype than the endpoint's.
+    for member_node in [node, *layout.nodes]:
+        chip = member_node.devices.filter(index__in=devices).values_list("name", flat=True).first()
+        if refusal := ascend_launch_refusal(artifact=artifact, chip_name=chip, endpoint_dtype=dtype):
+            raise ValidationError(refusal_errors(refusal))
     capacity_override = spec.capacity_override
     estimate = _checked_capacity(
         artifact=artifact,

@@ -8,7 +8,8 @@ What it checks mirrors vllm-ascend's installation page (docs/source/installation
 the driver answers `npu-smi info`; Python is in the release's range; the CANN toolkit of the
 release's version is installed and its set_env.sh has been sourced (ASCEND_TOOLKIT_HOME /
 ASCEND_HOME_PATH, LD_LIBRARY_PATH, ASCEND_OPP_PATH); the ops (kernels) package is installed;
-NNAL's set_env.sh has been sourced (ATB_HOME_PATH, for libatb.so); the build tools are on PATH.
+NNAL's set_env.sh has been sourced (ATB_HOME_PATH, for libatb.so); the build tools are on PATH, and clang
+where the Makefile installs triton-ascend (every chip but Atlas 300I / 310P).
 The checks themselves live in workers/cann.py (standard library only), which `manage.py doctor` uses too.
 """
 
@@ -27,6 +28,11 @@ from workers.cann import PYTHON_SETUP, REQUIREMENTS, Missing, check_cann, check_
 
 # installation.md, "Set up using Python": apt-get install -y gcc g++ cmake libnuma-dev wget git.
 BUILD_TOOLS = ("git", "gcc", "g++", "cmake")
+# triton-ascend compiles with clang: vllm-ascend's Dockerfile at tag v0.23.0, lines 24-29 ("Install clang-15 (for
+# triton-ascend)": apt-get install clang-15, update-alternatives makes it `clang`; Dockerfile.a3 lines 26-31 and
+# Dockerfile.openEuler lines 26-29 alike). installation.md does not list it; Dockerfile.310p installs neither clang
+# nor triton-ascend (line 63 removes it), and the Makefile installs triton-ascend only off 310P.
+TRITON_TOOLS = ("clang",)
 
 
 def find_missing(
@@ -61,7 +67,25 @@ def find_missing(
             "libnuma-dev git (yum install gcc g++ cmake numactl-devel git).",
             PYTHON_SETUP,
         )
+    if not atlas_300i(env, which, run) and not all(which(tool, path=env.get("PATH", "")) for tool in TRITON_TOOLS):
+        return Missing(
+            "clang (for triton-ascend)",
+            "clang not on PATH: apt-get install -y clang-15 && update-alternatives --install /usr/bin/clang clang "
+            "/usr/bin/clang-15 20 (yum install clang), as vllm-ascend's Dockerfile does for triton-ascend.",
+            PYTHON_SETUP,
+        )
     return None
+
+
+def atlas_300i(env: Mapping[str, str], which: Callable, run: Callable) -> bool:
+    """Does `npu-smi info` name a 310P chip (Atlas 300I), where upstream runs no triton-ascend? The Makefile asks
+    the same question (grep 310P) before installing triton-ascend."""
+    npu_smi = which("npu-smi", path=env.get("PATH", ""))
+    try:
+        result = run([npu_smi, "info"], capture_output=True, text=True, timeout=60, env=dict(env))
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "310P" in (result.stdout or "")
 
 
 def main(argv: list[str] | None = None) -> int:

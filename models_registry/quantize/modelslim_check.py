@@ -238,11 +238,11 @@ def read_directory(directory: Path) -> tuple[dict | None, dict, dict, list[Findi
         with safe_open(str(path), "pt") as f:
             for name in f.keys():
                 sl = f.get_slice(name)
-                tensors[name] = (_safetensors_dtype(sl.get_dtype()), tuple(sl.get_shape()), path.name)
+                tensors[name] = (safetensors_dtype(sl.get_dtype()), tuple(sl.get_shape()), path.name)
     return desc, config, tensors, findings
 
 
-def _safetensors_dtype(code: str) -> str:
+def safetensors_dtype(code: str) -> str:
     return {
         "BF16": "bfloat16",
         "F16": "float16",

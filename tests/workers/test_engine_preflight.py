@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.engine_preflight import find_missing, main
-from tests.support import FAKE_NPU_SMI, ROOT
+from scripts.engine_preflight import BUILD_TOOLS, TRITON_TOOLS, find_missing, main
+from tests.support import FAKE_NPU_SMI, FIXTURES, ROOT
 from tests.support.cann import CANN, cann_tree, sourced_env, tools_dir
+from tests.support.npu_smi import FakeNpuSmi
 from workers import cann as cann_checks
 
 PAGE = "https://github.com/vllm-project/vllm-ascend/blob/v0.23.0/docs/source/installation.md"
@@ -21,7 +22,7 @@ PAGE = "https://github.com/vllm-project/vllm-ascend/blob/v0.23.0/docs/source/ins
 @pytest.fixture
 def host(tmp_path):
     home = cann_tree(tmp_path)
-    return home, sourced_env(home, tools_dir(tmp_path))
+    return home, sourced_env(home, tools_dir(tmp_path, names=(*BUILD_TOOLS, *TRITON_TOOLS)))
 
 
 def missing(env, **kwargs):
@@ -143,6 +144,22 @@ def test_build_tools_missing(tmp_path):
     problem = missing(sourced_env(home, tools_dir(tmp_path, names=("git", "gcc"))))
     assert problem.piece == "build tools" and problem.detail.startswith("g++, cmake not on PATH")
     assert problem.section == "#set-up-using-python"
+
+
+def test_clang_missing_where_triton_ascend_is_installed(tmp_path):
+    """vllm-ascend's Dockerfile (lines 24-29 at v0.23.0) installs clang-15 as clang "for triton-ascend"."""
+    home = cann_tree(tmp_path)
+    problem = missing(sourced_env(home, tools_dir(tmp_path, names=BUILD_TOOLS)))
+    assert problem.piece == "clang (for triton-ascend)" and "apt-get install -y clang-15" in problem.detail
+
+
+def test_atlas_300i_needs_no_clang(tmp_path):
+    """Dockerfile.310p installs neither clang nor triton-ascend, and the Makefile installs no triton-ascend there."""
+    home = cann_tree(tmp_path)
+    env = sourced_env(home, tools_dir(tmp_path, names=BUILD_TOOLS))
+    fake = FakeNpuSmi(tmp_path / "npu-310p", dir=FIXTURES / "npu-smi", default="info_310P3_v25.3.rc1.txt")
+    env["PATH"] = fake.path_first(env["PATH"])
+    assert missing(env) is None
 
 
 def make_engine(tmp_path, env, *extra):

@@ -99,8 +99,43 @@ def test_vllm_and_vllm_ascend_are_built_from_source_not_pinned_as_wheels():
     ascend = pins(REQS / "engine-ascend.txt")
     assert "vllm" not in ascend and "vllm-ascend" not in ascend
     makefile = (ROOT / "Makefile").read_text()
-    assert "VLLM_TARGET_DEVICE=empty $(ENGINE_PIP) -e $(ASCEND_SRC)/vllm" in makefile
+    # with the [audio] extra, as the tag's Dockerfile (line 52) installs vLLM
+    assert 'VLLM_TARGET_DEVICE=empty $(ENGINE_PIP) -e "$(ASCEND_SRC)/vllm[audio]"' in makefile
     assert "scripts/engine_preflight.py --cann $(ASCEND_CANN)" in makefile
+
+
+# What vllm-ascend's own files pin at tag v0.23.0 (requirements.txt lines 16-20, pyproject.toml lines 21-22 and 32,
+# Dockerfile lines 18 and 71, installation.md lines 19-22). The release matrix at the tag (versioning_policy.md
+# line 26) says CANN 9.0.1 / torch-npu 2.10.0.post2 / triton-ascend 3.2.1: the rc1 row's, corrected after the tag.
+TAG_FILES = {"torch": "2.10.0", "torch-npu": "2.10.0.post4", "torchvision": "0.25.0", "torchaudio": "2.10.0"}
+TAG_CANN, TAG_TRITON_ASCEND = "9.1.0", "3.2.2"
+
+
+def test_ascend_pins_are_the_tags_own_files_and_say_where_they_come_from():
+    ascend = pins(REQS / "engine-ascend.txt")
+    assert {name: ascend.get(name) for name in TAG_FILES} == TAG_FILES
+    assert makefile_var("ASCEND_CANN") == TAG_CANN and makefile_var("ASCEND_TRITON") == TAG_TRITON_ASCEND
+    assert "triton-ascend==$(ASCEND_TRITON)" in (ROOT / "Makefile").read_text()
+    header = (REQS / "engine-ascend.txt").read_text().split("\ntorch==")[0]
+    for cited in (
+        "requirements.txt lines 16-20",
+        "pyproject.toml lines 21-22, 32",
+        "Dockerfile line 18",
+        "Dockerfile lines 24-29",
+        "Dockerfile line 52",
+        "installation.md lines 19-22",
+        "versioning_policy.md line 26",
+    ):
+        assert cited in header, cited
+    # the matrix at the tag is named as what differs, not as the source of the pins
+    assert "CANN 9.0.1, torch-npu 2.10.0.post2, triton-ascend 3.2.1" in header
+    assert "release row in upstream's compatibility matrix" not in header
+
+
+def test_no_triton_ascend_on_atlas_300i_as_upstream():
+    """Dockerfile.310p line 63 and installation.md lines 38 and 255: Atlas 300I (310P) runs without triton-ascend."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert "if npu-smi info 2>/dev/null | grep -q 310P; then" in makefile
 
 
 def test_ray_is_in_every_engine_set_at_upstreams_version():

@@ -24,9 +24,7 @@ class Command(BaseCommand):
             self.stdout.write(str(finding))
         failed = errors(findings)
         if failed:
-            raise CommandError(
-                f"{len(failed)} error(s): vllm-ascend v{version} would not load {directory} as written"
-            )
+            raise CommandError(f"{len(failed)} error(s): vllm-ascend v{version} would not load {directory} as written")
         warned = len(findings) - len(failed)
         self.stdout.write(
             f"{directory}: no errors, vllm-ascend v{version}'s loader rules hold"
