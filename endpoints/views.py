@@ -1,4 +1,4 @@
-from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
@@ -7,12 +7,13 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import error_text
-from endpoints import selectors, services
+from endpoints import launch_page, selectors, services
 from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
 from endpoints.launch import recorded_log
 from endpoints.models import Endpoint
-from models_registry.models import Artifact
+from endpoints.preview import endpoint_preview
+from endpoints.recipes import recipe_save
 from models_registry.views import _errors
 from workers.agent.supervisor import tail_lines
 from workers.models import Node
@@ -27,55 +28,39 @@ def endpoint_list(request):
 @require_role(OPERATOR)
 @require_http_methods(["GET", "POST"])
 def endpoint_launch(request):
-    artifacts = (
-        Artifact.objects.alive()
-        .filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS)
-        .select_related("model")
-    )
-    values = {
-        "replicas": 1,
-        "tensor_parallel_size": 1,
-        "pipeline_parallel_size": 1,
-        "enforce_eager": True,
-        "artifact": request.GET.get("artifact", ""),
-    }
+    values = {**launch_page.DEFAULTS, "artifact": request.GET.get("artifact", "")}
     errors = {}
     if request.method == "POST":
         form = EndpointLaunchForm(request.POST)
-        # What the operator typed, shown again with the errors.
-        values = {
-            name: request.POST.get(name) == "on"
-            if isinstance(field, forms.BooleanField)
-            else request.POST.get(name, "").strip()
-            for name, field in form.fields.items()
-        }
-        if not form.is_valid():
-            errors = _errors(ValidationError(form.errors.as_data()))
+        values = launch_page.posted_values(form, request.POST)  # shown again with the errors
+        try:
+            endpoint = services.endpoint_create(spec=launch_page.parsed_spec(form), user=request.user, request=request)
+        except ValidationError as exc:
+            errors = launch_page.launch_errors(exc)
         else:
-            try:
-                endpoint = services.endpoint_create(spec=form.spec(), user=request.user, request=request)
-            except ValidationError as exc:
-                errors = _errors(exc)
-                # autoscale.<setting> errors show under the one autoscale box, each naming its setting.
-                for key in [k for k in errors if k.startswith("autoscale.")]:
-                    errors.setdefault("autoscale", []).extend(f"{key}: {m}" for m in errors.pop(key))
-            else:
-                messages.success(request, f"Launching {endpoint.name}.")
-                return redirect(endpoint)
+            messages.success(request, f"Launching {endpoint.name}.")
+            return redirect(endpoint)
     return render(
         request,
         "endpoints/endpoint_launch.html",
-        {
-            "artifacts": artifacts,
-            "nodes": Node.objects.all(),
-            "values": values,
-            "errors": errors,
-            "dtypes": services.DTYPES,
-            "distributed_choices": Endpoint.Distributed.choices,
-            "routing_choices": Endpoint.Routing.choices,
-        },
+        launch_page.page_context(values=values, errors=errors),
         status=400 if errors else 200,
     )
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_launch_preview(request):
+    """The launch page's "Show command": the commands the form's launch would run, per node, with their checks.
+    Nothing is stored (endpoints.preview), so nothing is audited. A refusal is shown in the fragment, naming the
+    fields (200, so that htmx swaps it in)."""
+    form = EndpointLaunchForm(request.POST)
+    context = {}
+    try:
+        context["preview"] = endpoint_preview(spec=launch_page.parsed_spec(form), user=request.user)
+    except ValidationError as exc:
+        context["errors"] = launch_page.labelled_errors(launch_page.launch_errors(exc))
+    return render(request, "endpoints/_launch_preview.html", context)
 
 
 def _detail_context(endpoint):
@@ -93,12 +78,7 @@ def _detail_context(endpoint):
     }
 
 
-@require_role(VIEWER)
-@require_GET
-def endpoint_detail(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
-    from django.conf import settings
-
+def _detail_page(request, endpoint, *, status=200, **extra):
     return render(
         request,
         "endpoints/endpoint_detail.html",
@@ -110,8 +90,39 @@ def endpoint_detail(request, endpoint_id: int):
                 served_model_name=endpoint.served_model_name
             ),
             "routing_choices": Endpoint.Routing.choices,
+            "recipe_values": {"name": "", "title": ""},
+            "recipe_errors": {},
+            **extra,
         },
+        status=status,
     )
+
+
+@require_role(VIEWER)
+@require_GET
+def endpoint_detail(request, endpoint_id: int):
+    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
+    return _detail_page(request, endpoint)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_recipe_save(request, endpoint_id: int):
+    """The endpoint page's "Save as recipe": its settings as the operator's recipe (a new version of a name saved
+    before), audited by recipe_save. Refused: the page again, the errors under their fields."""
+    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
+    values = {"name": request.POST.get("name", "").strip(), "title": request.POST.get("title", "").strip()}
+    try:
+        recipe = recipe_save(
+            endpoint=endpoint, name=values["name"], title=values["title"], user=request.user, request=request
+        )
+    except ValidationError as exc:
+        messages.error(request, "The recipe was not saved: see Save as recipe below.")
+        return _detail_page(request, endpoint, status=400, recipe_values=values, recipe_errors=_errors(exc))
+    messages.success(
+        request, f"Saved recipe {recipe.ref} from {endpoint.name}: the launch page's recipe picker offers it."
+    )
+    return redirect(endpoint)
 
 
 @require_role(VIEWER)

@@ -8,7 +8,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0012_endpoint_autoscale'),
         ('models_registry', '0003_calibrationdataset'),
@@ -29,7 +28,13 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='endpoint',
             name='draft_artifact',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='drafting_endpoints', to='models_registry.artifact'),
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name='drafting_endpoints',
+                to='models_registry.artifact',
+            ),
         ),
         migrations.AddField(
             model_name='endpoint',
@@ -50,7 +55,18 @@ class Migration(migrations.Migration):
             name='Recipe',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=63, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9-]{0,62}$', "Use lower-case letters, digits and '-' (URL-safe, up to 63).")])),
+                (
+                    'name',
+                    models.CharField(
+                        max_length=63,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                '^[a-z0-9][a-z0-9-]{0,62}$',
+                                "Use lower-case letters, digits and '-' (URL-safe, up to 63).",
+                            )
+                        ],
+                    ),
+                ),
                 ('version', models.PositiveIntegerField(default=1)),
                 ('title', models.CharField(blank=True, max_length=200)),
                 ('platform', models.CharField(max_length=8)),
@@ -59,7 +75,16 @@ class Migration(migrations.Migration):
                 ('spec', models.JSONField(default=dict)),
                 ('source', models.CharField(blank=True, max_length=300)),
                 ('created_at', models.DateTimeField(default=django.utils.timezone.now)),
-                ('created_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    'created_by',
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name='+',
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
                 'ordering': ['name', '-version'],

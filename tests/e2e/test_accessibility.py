@@ -56,6 +56,8 @@ NOT_PAGES = {
     "endpoint_restart": "POST only",
     "endpoint_delete": "POST only",
     "endpoint_try": "POST only",
+    "endpoint_recipe_save": "POST only (its form is on the endpoint page, checked there)",
+    "endpoint_launch_preview": "POST only: the launch page's fragment (checked shown, below)",
     "alert_rule_update": "POST only",
     "alert_rule_create": "POST only",
     "calibration_delete": "POST only",
@@ -428,3 +430,29 @@ def test_every_page_has_no_axe_violations_for_an_admin(page, admin, site):
     assert not found, "\n".join(f"{page_}:\n  " + "\n  ".join(v) for page_, v in found.items())
     assert not page.js_errors, page.js_errors
     assert not console_errors, "\n".join(console_errors)
+
+
+def test_the_launch_page_with_its_command_shown_has_no_axe_violations(page, admin, site):
+    """The launch page after "Show command": the fragment refused (errors naming the fields), then the commands,
+    environment and checks; and with the launch's own errors under its fields."""
+    login(page, admin)
+    page.goto("/endpoints/launch")
+    page.select_option("#id_recipe", "cpu-demo@1")
+    page.select_option("#id_node", str(site["cpu"].pk))
+    page.fill("#id_max_model_len", "9")
+    page.click("#show-command")
+    page.wait_for_selector("#preview-errors")
+    found = {"refused": _axe_violations(page)}
+    page.fill("#id_max_model_len", "")
+    page.click("#show-command")
+    page.wait_for_selector("#preview-command-1")
+    _settled(page)
+    found["shown"] = _axe_violations(page)
+    page.fill("#id_name", "Not A Name")
+    page.fill("#id_speculative", "[1]")
+    with page.expect_navigation():
+        page.click("#launch-button")
+    assert page.locator(".field-error").count() >= 1
+    found["launch refused"] = _axe_violations(page)
+    assert not any(found.values()), "\n".join(f"{k}:\n  " + "\n  ".join(v) for k, v in found.items() if v)
+    assert not page.js_errors, page.js_errors

@@ -1,0 +1,270 @@
+"""The launch page: the launch form's fields in their sections, each with its label, the vLLM option it becomes, its
+choices, the value shown and its errors; the recipes for the picker; a refusal's errors by the field they name.
+
+The launch (endpoints.views.endpoint_launch) and its preview (endpoint_launch_preview, the "Show command" button)
+parse the same form the same way (parsed_spec) and read a refusal the same way (launch_errors)."""
+
+import re
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from endpoints import services
+from endpoints.commands.platforms import QUANTIZATION_METHODS
+from endpoints.commands.spec import EXECUTOR_BACKENDS
+from endpoints.endpoint_spec import EndpointSpec
+from endpoints.forms import CONFIG_INPUTS, FLAGS, EndpointLaunchForm
+from endpoints.models import Endpoint
+from endpoints.recipes import NOT_IN_RECIPES, RecipeInfo, recipe_list
+from models_registry.models import Artifact
+from models_registry.views import _errors
+from workers.models import Node
+
+#: (id, title, folded, the fields in the order shown). Every field of EndpointLaunchForm is in one section.
+SECTIONS = (
+    (
+        "model",
+        "Model and node",
+        False,
+        ("recipe", "name", "artifact", "node", "worker_nodes", "devices", "served_model_name"),
+    ),
+    (
+        "parallelism",
+        "Parallelism",
+        False,
+        (
+            "replicas",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "data_parallel_size",
+            "distributed",
+            "distributed_executor_backend",
+        ),
+    ),
+    (
+        "engine",
+        "Engine",
+        False,
+        (
+            "max_model_len",
+            "max_num_seqs",
+            "gpu_memory_utilization",
+            "dtype",
+            "quantization",
+            "async_scheduling",
+            "enforce_eager",
+            "trust_remote_code",
+        ),
+    ),
+    (
+        "speculative",
+        "Speculative decoding",
+        False,
+        ("speculative_method", "num_speculative_tokens", "draft_artifact", "speculative"),
+    ),
+    ("compilation", "Compilation", False, ("cudagraph_mode", "cudagraph_capture_sizes", "compilation")),
+    ("configs", "Ascend and config overrides", False, ("ascend", "hf_overrides", "kv_transfer")),
+    ("gateway", "Gateway and scaling", False, ("routing", "autoscale")),
+    ("restarts", "Restarts", False, ("restart_every_hours", "restart_daily_at")),
+    ("advanced", "Advanced", True, ("extra_args", "env", "share_devices", "capacity_override", "profiling")),
+)
+#: What a new launch page shows.
+DEFAULTS = {"replicas": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True}
+#: Input attributes beyond name, id and value (keys are this module's; values are escaped by the template).
+ATTRS = {
+    "replicas": {"placeholder": "1"},
+    "tensor_parallel_size": {"placeholder": "1"},
+    "pipeline_parallel_size": {"placeholder": "1"},
+    "name": {"pattern": "[a-z0-9][a-z0-9-]*", "autocomplete": "off"},
+    "devices": {"placeholder": "0,1"},
+    "worker_nodes": {"placeholder": "npu-2,npu-3"},
+    "gpu_memory_utilization": {"placeholder": "0.9", "inputmode": "decimal"},
+    "restart_daily_at": {"placeholder": "03:30"},
+    "cudagraph_capture_sizes": {"placeholder": "1,2,4,8"},
+    "extra_args": {"placeholder": '{"--enable-prefix-caching": true}'},
+    "env": {"placeholder": '{"VLLM_LOGGING_LEVEL": "INFO"}'},
+    "autoscale": {
+        "placeholder": '{"min_replicas": 1, "max_replicas": 4, "target_waiting": 4, "schedule": [{"days": "mon-fri", '
+        '"from": "08:00", "to": "20:00", "min_replicas": 2}]}'
+    },
+}
+_MIN_ONE = {
+    "replicas",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "restart_every_hours",
+    "num_speculative_tokens",
+}
+_INPUT_OF = {(config, key): field for field, (config, key) in CONFIG_INPUTS.items()}
+_CONFIG_MESSAGE = re.compile(r"(?P<config>[a-z_]+)\.(?P<key>[a-z_]+)\b")
+
+
+def launchable_artifacts():
+    return (
+        Artifact.objects.alive()
+        .filter(status=Artifact.Status.READY, format__in=services.LAUNCHABLE_FORMATS)
+        .select_related("model")
+    )
+
+
+def parsed_spec(form: EndpointLaunchForm) -> EndpointSpec:
+    """The form's launch spec; a field the form refuses raises ValidationError naming it, as the service does."""
+    if not form.is_valid():
+        raise ValidationError(form.errors.as_data())
+    return form.spec()
+
+
+def posted_values(form: EndpointLaunchForm, data) -> dict:
+    """What the operator typed, to show again with the errors."""
+    return {
+        name: data.get(name) == "on" if isinstance(field, forms.BooleanField) else data.get(name, "").strip()
+        for name, field in form.fields.items()
+    }
+
+
+def launch_errors(exc: ValidationError) -> dict[str, list[str]]:
+    """A refusal's messages by the field they go under: "autoscale.min_replicas" under autoscale, naming its setting;
+    a config key with an input of its own ("speculative.draft_artifact: ...") under that input."""
+    found: dict[str, list[str]] = {}
+    for key, messages in _errors(exc).items():
+        head, dot, rest = key.partition(".")
+        for message in messages:
+            if dot:
+                target = _INPUT_OF.get((head, rest.split(".")[0]), head)
+                message = f"{key}: {message}"
+            else:
+                named = _CONFIG_MESSAGE.match(message)
+                target = _INPUT_OF.get((key, named["key"])) if named and named["config"] == key else None
+            found.setdefault(target or key, []).append(message)
+    return found
+
+
+def labelled_errors(errors: dict[str, list[str]]) -> list[dict]:
+    """The errors as [{"field", "label", "id", "messages"}], in the page's order, those of no field last."""
+    fields = EndpointLaunchForm.base_fields
+    order = [name for *_, names in SECTIONS for name in names]
+    keys = sorted(errors, key=lambda k: order.index(k) if k in order else len(order))
+    return [
+        {
+            "field": key,
+            "label": fields[key].label if key in fields else ("Launch" if key == "general" else key),
+            "id": f"id_{key}" if key in fields else "",
+            "messages": errors[key],
+        }
+        for key in keys
+    ]
+
+
+def _recipe_source(info: RecipeInfo, *, short: bool = False) -> str:
+    """Where a recipe comes from: a tutorial's file @ tag (and section), what it was made for, or the endpoint it
+    was saved from."""
+    source = info.source
+    if not info.shipped:
+        return f"saved from {source.get('saved_from') or 'an endpoint'}"
+    if source.get("file"):
+        file = (
+            source["file"].rsplit("/", 1)[-1]
+            if short
+            else " ".join(filter(None, [source.get("repository"), source["file"]]))
+        )
+        where = f"source: {file} @ {source.get('tag', '?')}"
+        return where if short or not source.get("section") else f"{where}, section “{source['section']}”"
+    return f"source: {source.get('made_for', 'shipped with the console')}"
+
+
+def _recipe_about(info: RecipeInfo) -> str:
+    nodes = f"{info.nodes} node{'s' if info.nodes != 1 else ''}"
+    return f"{info.title} · {_recipe_source(info)} · hardware: {info.hardware} · {nodes} · platform {info.platform}"
+
+
+def _choices(artifacts, nodes, recipes) -> dict[str, list[tuple]]:
+    """Each select's options as (value, text)."""
+    artifact_options = [(a.pk, str(a)) for a in artifacts]
+    return {
+        "recipe": [("", "none: fill the form by hand")]
+        + [(r.ref, f"{r.title or r.name} — {r.hardware} — {_recipe_source(r, short=True)}") for r in recipes],
+        "artifact": artifact_options or [("", "No servable artifact: convert one first")],
+        "node": [(n.pk, f"{n.name} ({n.platform}{'' if n.online else ', offline'})") for n in nodes],
+        "draft_artifact": [("", "none")] + artifact_options,
+        "dtype": [(d, d or "(model default)") for d in services.DTYPES],
+        "quantization": [("", "(the checkpoint's own)")] + [(q, q) for q in QUANTIZATION_METHODS],
+        "distributed": list(Endpoint.Distributed.choices),
+        "distributed_executor_backend": [("", "(vLLM's choice)")] + [(b, b) for b in EXECUTOR_BACKENDS],
+        "routing": list(Endpoint.Routing.choices),
+    }
+
+
+def _field(name: str, field: forms.Field, value, errors: list[str], options) -> dict:
+    if isinstance(field, forms.BooleanField):
+        kind = "checkbox"
+    elif options is not None:
+        kind = "select"
+    elif isinstance(field.widget, forms.Textarea):
+        kind = "textarea"
+    else:
+        kind = "number" if isinstance(field, forms.IntegerField) else "text"
+    value = "" if value is None else value
+    attrs = dict(ATTRS.get(name, {}))
+    if name in _MIN_ONE:
+        attrs["min"] = "1"
+    described_by = ([f"id_{name}-help"] if FLAGS.get(name) or field.help_text else []) + (
+        [f"id_{name}-errors"] if errors else []
+    )
+    return {
+        "name": name,
+        "id": f"id_{name}",
+        "described_by": " ".join(described_by),
+        "label": field.label,
+        "flag": FLAGS.get(name, ""),
+        "help": field.help_text,
+        "kind": kind,
+        "value": value,
+        "errors": errors,
+        "options": [(str(v), text, str(v) == str(value)) for v, text in options] if options is not None else None,
+        "attrs": attrs,
+        "rows": field.widget.attrs.get("rows", 2),
+        # Long help and JSON boxes take the section's whole width.
+        "wide": kind == "textarea" or len(field.help_text) > 110 or name == "recipe",
+        "required": name in ("name", "artifact"),
+    }
+
+
+def page_context(*, values: dict, errors: dict[str, list[str]]) -> dict:
+    """The launch template's context."""
+    artifacts = list(launchable_artifacts())
+    recipes = recipe_list()
+    choices = _choices(artifacts, Node.objects.all(), recipes)
+    fields = EndpointLaunchForm.base_fields
+    for name, field in fields.items():
+        if isinstance(field, forms.ChoiceField):
+            choices.setdefault(name, list(field.choices))
+    sections = [
+        {
+            "id": section_id,
+            "title": title,
+            "folded": folded,
+            "open": folded and any(name in errors for name in names),
+            "fields": [
+                _field(name, fields[name], values.get(name), errors.get(name, []), choices.get(name)) for name in names
+            ],
+        }
+        for section_id, title, folded, names in SECTIONS
+    ]
+    shown = {name for *_, names in SECTIONS for name in names}
+    about = {r.ref: _recipe_about(r) for r in recipes}
+    return {
+        "sections": sections,
+        "errors": errors,
+        "error_list": labelled_errors(errors),
+        "unplaced_errors": [e for e in labelled_errors(errors) if e["field"] not in shown],
+        "recipe_about": about.get(values.get("recipe") or "", ""),
+        "recipe_data": {
+            "recipes": {r.ref: {"spec": r.spec, "about": about[r.ref]} for r in recipes},
+            "inputs": {
+                config: {key: field for field, (c, key) in CONFIG_INPUTS.items() if c == config}
+                for config in {c for c, _ in CONFIG_INPUTS.values()}
+            },
+            "fillable": sorted(name for name in shown if name not in NOT_IN_RECIPES),
+        },
+    }
