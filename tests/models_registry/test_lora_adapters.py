@@ -141,3 +141,14 @@ def test_viewer_cannot_register_an_adapter(viewer, api_for, tiny_artifact, model
         f"/api/v1/models/{tiny_artifact.model_id}/adapters", {"name": "x", "path": str(path)}
     )
     assert response.status_code == 403
+
+
+@pytest.mark.django_db
+def test_model_and_adapter_pages_show_an_adapter(as_viewer, tiny_artifact, model_root):
+    path = build_tiny_lora(model_root / "lora")
+    adapter = Artifact.objects.create(
+        model=tiny_artifact.model, name="sql", format="lora", path=str(path), inspection=inspect_lora_dir(path)
+    )
+    assert as_viewer.get(f"/models/{tiny_artifact.model_id}/").status_code == 200
+    page = as_viewer.get(adapter.get_absolute_url())
+    assert page.status_code == 200 and "LoRA adapter" in page.content.decode()
