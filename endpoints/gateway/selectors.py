@@ -134,6 +134,7 @@ def routing_table() -> RoutingTable:
                 canary_percent=canary.get(ep.pk, 0),
             )
         )
+    _add_adapters(backends, known)
     ready = {b.endpoint_id for bs in backends.values() for b in bs}
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
@@ -152,6 +153,25 @@ def routing_table() -> RoutingTable:
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
     )
+
+
+def _add_adapters(backends: dict[str, list[Backend]], known: dict[str, set[str]]) -> None:
+    """LoRA: each adapter an endpoint holds (Endpoint.adapters, endpoints.lora) is a model of its own, served by
+    that endpoint's ready replicas; the request's "model" reaches vLLM unchanged, which picks the adapter. Its key
+    scope is the adapter's name (models) or the endpoint's (endpoints), as for any model."""
+    endpoint_names = {name for names in known.values() for name in names}
+    held: dict[int, list[str]] = {}
+    through = Endpoint.adapters.through.objects.filter(endpoint__name__in=endpoint_names).exclude(
+        artifact__status="deleted"
+    )
+    for endpoint_id, endpoint_name, adapter in through.values_list("endpoint_id", "endpoint__name", "artifact__name"):
+        held.setdefault(endpoint_id, []).append(adapter)
+        known.setdefault(adapter, set()).add(endpoint_name)
+    if not held:
+        return
+    for backend in [b for bs in backends.values() for b in bs]:
+        for adapter in held.get(backend.endpoint_id, ()):
+            backends.setdefault(adapter, []).append(backend)
 
 
 @dataclass(frozen=True)
