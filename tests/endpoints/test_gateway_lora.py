@@ -1,6 +1,7 @@
 """The gateway and LoRA adapters: an adapter's name routes to the replicas of the endpoints holding it (the request's
 "model" reaches vLLM unchanged, and vLLM picks the adapter), /v1/models lists the adapters a key may use, and a key
-scoped to the base model's name may not use an adapter unless scoped to it or to the endpoint."""
+scoped to the base model's name may not use an adapter unless scoped to it or to the endpoint; usage is counted per
+adapter (telemetry series per endpoint and adapter)."""
 
 import time
 
@@ -9,6 +10,7 @@ import pytest
 from endpoints.gateway import services
 from models_registry.models import Artifact
 from tests.support.gateway import chat, make_endpoint
+from workers.telemetry.models import Point, Series
 
 
 def _adapter(endpoint, name, **kw):
@@ -48,6 +50,17 @@ def test_adapter_names_route_to_the_endpoints_holding_them(fakes, gateway, admin
 
     assert listed(all_raw) == ["bob", "other", "tiny"]
     assert listed(bob_raw) == ["bob"] and listed(tiny_raw) == ["tiny"]
+    # usage per adapter: requests and tokens per minute of each (endpoint, adapter), none for the base model's
+    deadline = time.monotonic() + 15
+    while not Series.objects.filter(key=f"e{ep_a.pk}.lora.requests_pm.bob").exists():
+        assert time.monotonic() < deadline, "no usage series for the adapter"
+        time.sleep(0.3)
+    series = Series.objects.get(key=f"e{ep_a.pk}.lora.requests_pm.bob")
+    assert series.endpoint_id == ep_a.pk and series.label == "bob"
+    assert sum(Point.objects.filter(series=series).values_list("value", flat=True)) > 0
+    assert Series.objects.filter(key=f"e{ep_a.pk}.lora.tokens_pm.bob").exists()
+    assert not Series.objects.filter(key__contains=".lora.").exclude(key__endswith=".bob").exists()
+
     # unloaded: the name leaves routing at the next refresh
     ep_a.adapters.clear()
     deadline = time.monotonic() + 10
