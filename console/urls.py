@@ -49,6 +49,7 @@ urlpatterns = [
     path("endpoints/<int:endpoint_id>/restart", endpoints.endpoint_restart, name="endpoint_restart"),
     path("endpoints/<int:endpoint_id>/profiling", endpoints.endpoint_profiling, name="endpoint_profiling"),
     path("endpoints/<int:endpoint_id>/routing", endpoints.endpoint_routing, name="endpoint_routing"),
+    path("endpoints/<int:endpoint_id>/adapters", endpoints.endpoint_adapter, name="endpoint_adapter"),
     path("endpoints/<int:endpoint_id>/delete", endpoints.endpoint_delete, name="endpoint_delete"),
     path("endpoints/<int:endpoint_id>/try", endpoints.endpoint_try, name="endpoint_try"),
     path("endpoints/<int:endpoint_id>/save-recipe", endpoints.endpoint_recipe_save, name="endpoint_recipe_save"),

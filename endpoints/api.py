@@ -7,6 +7,7 @@ from console.roles import ADMIN, OPERATOR, VIEWER
 from endpoints import selectors, services
 from endpoints.commands import PROFILER_FLAG
 from endpoints.endpoint_spec import CONFIG_FIELDS, EndpointSpec
+from endpoints.lora import endpoint_adapter_change
 from endpoints.preview import endpoint_preview
 from endpoints.recipes import recipe_list, recipe_save
 from endpoints.models import Endpoint
@@ -32,6 +33,13 @@ class EndpointPatch(Schema):
 
 class ProfilingIn(Schema):
     enabled: StrictBool
+
+
+class AdapterChangeIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    adapter: int
+    action: str  # "load" | "unload"
 
 
 class ChatIn(Schema):
@@ -99,6 +107,12 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "recipe": endpoint.recipe or None,
         **{name: (endpoint.engine_configs or {}).get(name) for name in CONFIG_FIELDS},
         "draft_artifact": endpoint.draft_artifact_id,
+        "adapters": [
+            {"id": a.pk, "name": a.name, "rank": (a.inspection or {}).get("rank")} for a in endpoint.adapters.all()
+        ],
+        "max_loras": endpoint.max_loras,
+        "max_lora_rank": endpoint.max_lora_rank,
+        "max_cpu_loras": endpoint.max_cpu_loras,
         "async_scheduling": endpoint.async_scheduling,
         "distributed_executor_backend": endpoint.distributed_executor_backend,
         "profiling": endpoint.profiling,
@@ -187,6 +201,19 @@ def set_endpoint_profiling(request, endpoint_id: int, payload: ProfilingIn):
         services.endpoint_set_profiling(
             endpoint=_get(endpoint_id), enabled=payload.enabled, user=request.user, request=request
         )
+    )
+
+
+@api_route(router, "post", "/endpoints/{endpoint_id}/adapters", role=OPERATOR, response=dict)
+def change_endpoint_adapter(request, endpoint_id: int, payload: AdapterChangeIn):
+    """Load a LoRA adapter of the served model into every ready replica, or unload one; later starts load the
+    endpoint's list as it is then. Nothing restarts."""
+    return endpoint_adapter_change(
+        endpoint=_get(endpoint_id),
+        adapter_id=payload.adapter,
+        action=payload.action,
+        user=request.user,
+        request=request,
     )
 
 

@@ -66,6 +66,13 @@ class EndpointSpec(BaseModel):
     kv_transfer: dict[str, Any] | None = None  # vLLM's KVTransferConfig
     async_scheduling: bool | None = None  # None: vLLM's default
     distributed_executor_backend: str = ""  # "mp", "uni" or "ray" ("" : vLLM's choice)
+    # LoRA: adapter artifacts (registry ids) of the served model, loaded at start and servable by their names;
+    # LoRA is on with any adapter or a max_lora_rank (then adapters may be loaded at run time). Blank limits get
+    # defaults from the adapters (endpoints.lora).
+    adapters: list[int] = []
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = None
     share_devices: bool = False
     capacity_override: str = ""
     restart_every_hours: int | None = None

@@ -30,6 +30,7 @@ from endpoints.commands import (
     ray_worker_command,
     validate_extra_args,
 )
+from endpoints.lora import launch_lora
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
 from endpoints.replica_state import ENGINE_REFUSED
@@ -107,6 +108,7 @@ def launch_spec(
         async_scheduling=endpoint.async_scheduling,
         distributed_executor_backend=endpoint.distributed_executor_backend or None,
         profiler_dir=str(replica_profile_dir(replica)) if endpoint.profiling else None,
+        lora=launch_lora(endpoint),
         # Not for a Ray replica: vLLM copies the server's VLLM_* variables to its Ray workers on every node
         # (vllm/v1/executor/ray_executor.py get_env_vars_to_copy), so they would all compile into the head
         # node's folder; unset, each host keeps vLLM's own default cache (~/.cache/vllm), which is its own.
@@ -389,6 +391,8 @@ def check_model_files(*, endpoint: Endpoint, node: Node) -> None:
     A link planted after registration would otherwise have the engine read any file the agent's user can."""
     try:
         check_tree(endpoint.artifact.path)
+        for adapter in endpoint.adapters.alive():  # loaded at start by path too (--lora-modules)
+            check_tree(adapter.path)
     except PathRefused as exc:
         raise ModelFilesRefused(
             f"{ENGINE_REFUSED}: the model's files on node {node.name}: {exc} Remove the link, "

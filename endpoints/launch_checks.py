@@ -23,6 +23,7 @@ from endpoints.commands import (
 )
 from endpoints.commands.engine_configs import check_engine_config
 from endpoints.endpoint_spec import EndpointSpec
+from endpoints.lora import lora_option_flags
 from models_registry.models import Artifact
 from workers.models import Node
 
@@ -132,7 +133,7 @@ def spec_option_flags(spec: EndpointSpec, configs: dict) -> dict[str, str]:
         flags["--distributed-executor-backend"] = "distributed_executor_backend"
     if (spec.data_parallel_size or 1) > 1 and not spec.distributed:
         flags["--data-parallel-size"] = "data_parallel_size"
-    return flags
+    return flags | lora_option_flags(spec)
 
 
 def checked_engine_options(

@@ -75,6 +75,12 @@ class Endpoint(models.Model):
         "models_registry.Artifact", null=True, blank=True, on_delete=models.PROTECT, related_name="drafting_endpoints"
     )
     async_scheduling = models.BooleanField(null=True, blank=True)  # null: vLLM's default
+    # LoRA (endpoints.lora): on when max_lora_rank is set. `adapters` are the registry's LoRA artifacts of the
+    # served model that every replica loads at start (--lora-modules); a run-time load or unload changes them.
+    adapters = models.ManyToManyField("models_registry.Artifact", blank=True, related_name="adapter_endpoints")
+    max_loras = models.PositiveIntegerField(null=True, blank=True)
+    max_lora_rank = models.PositiveIntegerField(null=True, blank=True)
+    max_cpu_loras = models.PositiveIntegerField(null=True, blank=True)
     distributed_executor_backend = models.CharField(max_length=8, blank=True)
     # The recipe the launch started from, as name@version (endpoints.recipes), for people.
     recipe = models.CharField(max_length=100, blank=True)
@@ -105,6 +111,10 @@ class Endpoint(models.Model):
 
     def get_absolute_url(self):
         return reverse("endpoint_detail", args=[self.pk])
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.max_lora_rank is not None
 
 
 class Replica(models.Model):

@@ -2,6 +2,8 @@
 whether an artifact can be launched here, which endpoints use an artifact, how much memory the live
 accelerators have free, and which engine versions serve a quantized format here."""
 
+from django.db.models import Q
+
 from endpoints.models import Endpoint
 from endpoints.services import launch_refusal as artifact_refusal
 from endpoints.services import platform_refusal
@@ -11,7 +13,10 @@ from workers.models import Device, Node
 def artifact_users(artifact) -> list[str]:
     """Names of the endpoints that use the artifact and are not stopped."""
     return list(
-        Endpoint.objects.filter(artifact=artifact).exclude(state=Endpoint.State.STOPPED).values_list("name", flat=True)
+        Endpoint.objects.filter(Q(artifact=artifact) | Q(adapters=artifact))
+        .exclude(state=Endpoint.State.STOPPED)
+        .distinct()
+        .values_list("name", flat=True)
     )
 
 

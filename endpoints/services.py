@@ -33,6 +33,7 @@ from endpoints.commands import (
     platforms_for_format,
 )
 from endpoints.endpoint_spec import EndpointSpec
+from endpoints.lora import checked_lora
 from endpoints.launch_checks import checked_engine_configs, checked_engine_options, named, spec_option_flags
 from endpoints.recipes import with_recipe
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
@@ -489,6 +490,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     served = spec.served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
+    lora = checked_lora(spec=spec, artifact=artifact, served_model_name=served)
     restart_hours = int_in_range(spec.restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
     routing = _checked_routing(spec.routing)
     per_replica = tp * pp * layout.local_dp
@@ -512,6 +514,9 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                 engine_configs=configs,
                 draft_artifact=draft,
                 async_scheduling=spec.async_scheduling,
+                max_loras=lora.max_loras if lora else None,
+                max_lora_rank=lora.max_lora_rank if lora else None,
+                max_cpu_loras=lora.max_cpu_loras if lora else None,
                 distributed_executor_backend=backend,
                 recipe=recipe.ref if recipe else "",
                 profiling=profiling,
@@ -529,6 +534,8 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                 created_by=user if user is not None and user.pk else None,
                 state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
             )
+            if lora is not None:
+                endpoint.adapters.set(lora.adapters)
             for index in range(replicas):
                 replica = Replica.objects.create(
                     endpoint=endpoint,
@@ -562,6 +569,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                     "routing": routing,
                     **({"recipe": recipe.ref} if recipe else {}),
                     **({"engine_configs": configs} if configs else {}),
+                    **({"lora": lora.as_json()} if lora else {}),
                     **({"data_parallel_size": layout.data_parallel_size} if layout.local_dp > 1 else {}),
                     **({"autoscale": scaling.as_json()} if scaling is not None else {}),
                     **(

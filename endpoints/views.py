@@ -11,6 +11,7 @@ from endpoints import launch_page, selectors, services
 from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
 from endpoints.launch import recorded_log
+from endpoints.lora import adapter_choices, endpoint_adapter_change
 from endpoints.models import Endpoint
 from endpoints.preview import endpoint_preview
 from endpoints.recipes import recipe_save
@@ -92,6 +93,8 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             "routing_choices": Endpoint.Routing.choices,
             "recipe_values": {"name": "", "title": ""},
             "recipe_errors": {},
+            "adapters": list(endpoint.adapters.all()),
+            "adapter_choices": adapter_choices(endpoint),
             **extra,
         },
         status=status,
@@ -203,6 +206,32 @@ def endpoint_routing(request, endpoint_id: int):
         messages.success(
             request, f"{endpoint.name}: the gateway routes by {endpoint.get_routing_display()} within seconds."
         )
+    return redirect(endpoint)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_adapter(request, endpoint_id: int):
+    """The endpoint page's LoRA section: load an adapter into the ready replicas, or unload one."""
+    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model"), pk=endpoint_id)
+    action = request.POST.get("action", "")
+    try:
+        result = endpoint_adapter_change(
+            endpoint=endpoint,
+            adapter_id=int(request.POST.get("adapter") or 0),
+            action=action,
+            user=request.user,
+            request=request,
+        )
+    except (ValueError, TypeError):
+        messages.error(request, "Choose an adapter.")
+    except ValidationError as exc:
+        messages.error(request, error_text(exc))
+    except Conflict as exc:
+        messages.error(request, exc.message)
+    else:
+        where = ", ".join(str(r["replica"]) for r in result["replicas"]) or "no replica ready; at the next start"
+        messages.success(request, f"{endpoint.name}: adapter {result['name']} {action}ed (replicas: {where}).")
     return redirect(endpoint)
 
 

@@ -20,6 +20,13 @@ class ModelIn(Schema):
     description: str = ""
 
 
+class AdapterIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    path: str
+
+
 class ConvertIn(Schema):
     model_config = ConfigDict(extra="forbid")  # an unknown option is an error, not silently dropped
 
@@ -36,6 +43,7 @@ def artifact_json(artifact: Artifact) -> dict:
         "id": artifact.pk,
         "model": artifact.model_id,
         "format": artifact.format,
+        "name": artifact.name or None,  # a LoRA adapter's
         "dtype": artifact.dtype,
         "status": artifact.status,
         "parent": artifact.parent_id,
@@ -82,6 +90,22 @@ def register_model(request, payload: ModelIn):
 @api_route(router, "get", "/models/{model_id}", role=VIEWER, response=dict)
 def get_model(request, model_id: int):
     return model_json(get_object_or_404(Model.objects.alive(), pk=model_id))
+
+
+@api_route(router, "post", "/models/{model_id}/adapters", role=OPERATOR, response={201: dict})
+def register_adapter(request, model_id: int, payload: AdapterIn):
+    """Register a LoRA adapter (a PEFT directory inside MODEL_ROOTS) for this model; it must fit its checkpoints."""
+    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    adapter = services.adapter_register(
+        model=model, name=payload.name, path=payload.path, user=request.user, request=request
+    )
+    return 201, artifact_json(adapter)
+
+
+@api_route(router, "get", "/models/{model_id}/adapters", role=VIEWER, response=list[dict])
+def list_adapters(request, model_id: int):
+    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    return [artifact_json(a) for a in model.artifacts.alive().filter(format=Artifact.Format.LORA)]
 
 
 @api_route(router, "delete", "/models/{model_id}", role=ADMIN, response={204: None})

@@ -51,6 +51,7 @@ class Artifact(models.Model):
         COMPRESSED_TENSORS = "compressed-tensors", "compressed-tensors"
         ONNX = "onnx", "ONNX"
         OM = "om", "Ascend OM"
+        LORA = "lora", "LoRA adapter"  # a PEFT directory for its model's base artifacts (models_registry.lora)
 
     class Status(models.TextChoices):
         READY = "ready"
@@ -64,6 +65,8 @@ class Artifact(models.Model):
     QUANTIZED_FORMATS = {Format.MODELSLIM, Format.COMPRESSED_TENSORS}
 
     model = models.ForeignKey(Model, on_delete=models.CASCADE, related_name="artifacts")
+    # A LoRA adapter's name, the "model" requests name it by (unique among adapters not deleted); "" otherwise.
+    name = models.CharField(max_length=100, blank=True, validators=[NAME_VALIDATOR])
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     producing_job = models.ForeignKey("workers.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     params = models.JSONField(default=dict, blank=True)  # the conversion/quantization parameters
@@ -89,6 +92,13 @@ class Artifact(models.Model):
 
     class Meta:
         ordering = ["model_id", "created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=models.Q(format="lora") & ~models.Q(status="deleted"),
+                name="unique_adapter_name",
+            )
+        ]
 
     def __str__(self):
         return f"{self.model.name} [{self.format}{' ' + self.dtype if self.dtype else ''}] #{self.pk}"
@@ -103,6 +113,10 @@ class Artifact(models.Model):
     @property
     def is_quantized(self) -> bool:
         return self.format in self.QUANTIZED_FORMATS or bool((self.inspection or {}).get("quantization"))
+
+    @property
+    def is_adapter(self) -> bool:
+        return self.format == self.Format.LORA
 
     @property
     def is_original(self) -> bool:

@@ -14,6 +14,7 @@ from models_registry.convert.atc import ATC_PRECISION_MODES, normalize_soc
 from models_registry.convert.common import ConversionError
 from models_registry.convert.sizes import estimate_output_bytes
 from models_registry.inspection import InspectionError, inspect_path
+from models_registry.lora import LoraError, base_mismatch, inspect_lora_dir
 from models_registry.models import NAME_VALIDATOR, Artifact, Model
 from models_registry.options import ConvertOptions
 from models_registry.paths import PathRefused, validate_model_path
@@ -82,6 +83,76 @@ def model_register(*, name: str, path: str, user, description: str = "", request
     except IntegrityError as exc:  # a concurrent register of the same name
         raise ValidationError({"name": f"A model named {name!r} already exists."}) from exc
     return model
+
+
+#: The artifacts an adapter is checked against: the model's own checkpoints (not its adapters, nor ONNX/OM exports).
+ADAPTER_BASE_FORMATS = (Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Artifact.Format.MODELSLIM)
+
+
+def adapter_bases(model: Model) -> list[Artifact]:
+    """The model's ready checkpoints an adapter must fit (each with config.json's sizes)."""
+    return list(
+        model.artifacts.alive().filter(status=Artifact.Status.READY, format__in=ADAPTER_BASE_FORMATS).order_by("pk")
+    )
+
+
+def adapter_register(*, model: Model, name: str, path: str, user, request=None) -> Artifact:
+    """Register a LoRA adapter (a PEFT directory on the server) for `model`: an Artifact of format lora, refused
+    unless its weights fit every ready checkpoint of the model (architecture, layers, each adapted module's widths)."""
+    name = (name or "").strip()
+    if not name:
+        raise ValidationError({"name": "Enter the adapter's name (requests name it as their model)."})
+    try:
+        NAME_VALIDATOR(name)
+    except ValidationError as exc:
+        raise ValidationError({"name": exc.messages}) from exc
+    if Artifact.objects.alive().filter(format=Artifact.Format.LORA, name=name).exists():
+        raise ValidationError({"name": f"An adapter named {name!r} exists already."})
+    try:
+        resolved = validate_model_path(path)
+    except ValidationError as exc:
+        raise ValidationError({"path": exc.messages}) from exc
+    try:
+        inspection = inspect_lora_dir(resolved)
+    except (LoraError, PathRefused) as exc:
+        raise ValidationError({"path": str(exc)}) from exc
+    bases = adapter_bases(model)
+    if not bases:
+        raise ValidationError({"path": f"{model.name} has no ready checkpoint to check the adapter against."})
+    for base in bases:
+        why = base_mismatch(
+            inspection,
+            base.inspection or {},
+            adapter_name=f"Adapter {name!r} ({resolved})",
+            base_name=f"{model.name} (artifact #{base.pk}, {base.path})",
+        )
+        if why:
+            raise ValidationError({"path": why})
+    try:
+        with transaction.atomic():
+            artifact = Artifact.objects.create(
+                model=model,
+                name=name,
+                format=Artifact.Format.LORA,
+                dtype=inspection.get("dtype") or "",
+                path=str(resolved),
+                size_bytes=inspection.get("size_bytes"),
+                inspection=inspection,
+                params={"checked_against": [b.pk for b in bases]},
+                status=Artifact.Status.READY,
+                created_by=user,
+            )
+            audit_log(
+                actor=user,
+                action="adapter.register",
+                obj=artifact,
+                request=request,
+                changes={"model": model.pk, "name": name, "path": str(resolved), "rank": inspection["rank"]},
+            )
+            artifact_hash_enqueue(artifact=artifact)
+    except IntegrityError as exc:  # the same name registered at the same moment
+        raise ValidationError({"name": f"An adapter named {name!r} exists already."}) from exc
+    return artifact
 
 
 def artifact_hash_enqueue(*, artifact: Artifact, user=None) -> Job | None:

@@ -62,6 +62,7 @@ from typing import Iterable, Mapping
 
 from endpoints.commands.cache import engine_cache_dir_in
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.lora import lora_paths_in
 from endpoints.commands.platforms import DEVICE_ENV
 from endpoints.commands.profiler import profiler_dir_in
 
@@ -148,6 +149,9 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     for mount in ASCEND_DRIVER_MOUNTS:
         run += ["-v", mount]
     run += ["-v", f"{model}:{model}:ro"]
+    for adapter in lora_paths_in(argv):  # LoRA adapters loaded at start; run-time loads need theirs mounted too
+        adapter = _mountable("lora path", adapter)
+        run += ["-v", f"{adapter}:{adapter}:ro"]
     if profiles := profiler_dir_in(argv):
         run += ["-v", f"{profiles}:{profiles}:rw"]
     if cache := engine_cache_dir_in(env):

@@ -21,6 +21,7 @@ from endpoints.commands.checks import (
 )
 from endpoints.commands.environment import _validate_interfaces, validate_env
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, validate_extra_args
+from endpoints.commands.lora import LORA_FLAGS, lora_args
 from endpoints.commands.platforms import (
     _CPU_DEFAULT_KVCACHE_GIB,
     CLI_MODULE,
@@ -82,6 +83,9 @@ class LaunchSpec:
     # as vllm-ascend's single-node tutorials export them (DeepSeek-R1.md 5.1); a multi-node spec's come with
     # `distributed`.
     interfaces: dict = field(default_factory=dict)
+    # LoRA on: {"max_loras", "max_lora_rank", "max_cpu_loras", "modules": [{"name", "path"}]} (the endpoint's
+    # registry adapters, loaded at start; endpoints.commands.lora). None: no LoRA.
+    lora: dict | None = None
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
@@ -345,6 +349,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     extra = validate_extra_args(spec.extra_args)
     user_env = validate_env(spec.env)
     configs = _check_engine_configs(spec)
+    lora_argv, lora_env = lora_args(spec.lora)
     if spec.draft_model_path is not None and "speculative" not in configs:
         raise CommandSpecError("draft_model_path is the speculative config's draft: give a speculative config")
     backend = spec.distributed_executor_backend
@@ -407,6 +412,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     for name, text in configs.items():
         argv += [ENGINE_CONFIG_FLAGS[name], text]
     argv += profiler_args(spec.profiler_dir)
+    argv += lora_argv
     argv += extra
 
     env = _platform_env(spec.platform, spec.devices)
@@ -426,6 +432,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
             env["RAY_ADDRESS"] = f"{dist.head_host}:{dist.head_port}"
         env.update(dist.interfaces)
     env.update(user_env)
+    env.update(lora_env)  # the console's, after the operator's (who may not set it: environment.ENV_DENYLIST)
     if spec.platform in DEVICE_ENV:  # the device variable always comes from devices
         env[DEVICE_ENV[spec.platform]] = ",".join(map(str, spec.devices))
     return argv, env
@@ -488,6 +495,7 @@ def emittable_flags() -> set[str]:
         "--async-scheduling",
         "--no-async-scheduling",
         *ENGINE_CONFIG_FLAGS.values(),
+        *LORA_FLAGS,
         PROFILER_FLAG,
     }
     for flag, rule in EXTRA_ARG_RULES.items():

@@ -39,6 +39,7 @@ benchmark client uses) costs a fraction of that (benchmarks/gateway.py, README).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import hmac
 import json
@@ -62,6 +63,8 @@ from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
 from endpoints.services import endpoint_wake
 
+#: The "model" of the request a task serves (each request runs in a task of its own, on both data paths).
+REQUEST_MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway_request_model", default=None)
 log = logging.getLogger("console.gateway")
 
 HOP_BY_HOP = {
@@ -345,6 +348,7 @@ class Gateway:
             model = self.default_model(key)
         if not isinstance(model, str) or not model:
             return await _error(send, 400, "Say which model: \"model\" is missing.", "invalid_request_error")
+        REQUEST_MODEL.set(model)  # this request's task only: finish() counts a LoRA adapter's usage by it
         if model not in self.table.known:
             return await self.finish(
                 send,
@@ -574,6 +578,9 @@ class Gateway:
             ttft=ttft,
             tokens=tokens,
         )
+        model = REQUEST_MODEL.get()
+        if endpoint_id is not None and endpoint_id in self.table.adapters.get(model, ()):
+            self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
         if reservation is not None:
             reservation[1] = tokens  # settled: the real usage replaces the estimate
         return status

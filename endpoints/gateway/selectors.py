@@ -54,6 +54,7 @@ class RoutingTable:
     prefix: set[str] = field(default_factory=set)  # served model names with a prefix-routed endpoint
     wakeable: dict[str, list[Wakeable]] = field(default_factory=dict)  # model -> its endpoints scaled to zero
     drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
+    adapters: dict[str, set[int]] = field(default_factory=dict)  # LoRA adapter name -> the endpoints holding it
 
 
 def model_name(endpoint) -> str:
@@ -134,6 +135,7 @@ def routing_table() -> RoutingTable:
                 canary_percent=canary.get(ep.pk, 0),
             )
         )
+    adapters = _add_adapters(backends, known)
     ready = {b.endpoint_id for bs in backends.values() for b in bs}
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
@@ -149,9 +151,31 @@ def routing_table() -> RoutingTable:
         max_queue=max_queue,
         wakeable=wakeable,
         drain_due_at=min(drains, default=None),
+        adapters=adapters,
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
     )
+
+
+def _add_adapters(backends: dict[str, list[Backend]], known: dict[str, set[str]]) -> dict[str, set[int]]:
+    """LoRA: each adapter an endpoint holds (Endpoint.adapters, endpoints.lora) is a model of its own, served by
+    that endpoint's ready replicas; the request's "model" reaches vLLM unchanged, which picks the adapter. Its key
+    scope is the adapter's name (models) or the endpoint's (endpoints), as for any model. Returns {adapter name:
+    endpoint ids} (for the usage counted per adapter)."""
+    endpoint_names = {name for names in known.values() for name in names}
+    held: dict[int, list[str]] = {}
+    adapters: dict[str, set[int]] = {}
+    through = Endpoint.adapters.through.objects.filter(endpoint__name__in=endpoint_names).exclude(
+        artifact__status="deleted"
+    )
+    for endpoint_id, endpoint_name, adapter in through.values_list("endpoint_id", "endpoint__name", "artifact__name"):
+        held.setdefault(endpoint_id, []).append(adapter)
+        known.setdefault(adapter, set()).add(endpoint_name)
+        adapters.setdefault(adapter, set()).add(endpoint_id)
+    for backend in [b for bs in backends.values() for b in bs] if held else []:
+        for adapter in held.get(backend.endpoint_id, ()):
+            backends.setdefault(adapter, []).append(backend)
+    return adapters
 
 
 @dataclass(frozen=True)

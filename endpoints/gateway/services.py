@@ -142,7 +142,8 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
     """Store one flush of the gateway's figures: per endpoint QPS, latency P50/P99, TTFT
     P50/P99, error rate and the requests held for a wake now (series e<id>.gw.*; an endpoint with
     requests held but none finished gets gw.waiting alone); per key requests, tokens and errors per
-    minute, latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals."""
+    minute, latency and TTFT P50/P99 (series gk<id>.gk.*), and add the counts to the key's running totals; per LoRA
+    adapter requests, tokens and errors per minute (series e<id>.lora.*.<adapter>, labelled with its name)."""
     readings = []
     held = {ep_id: n for ep_id, n in (held or {}).items() if n}
     existing = set(Endpoint.objects.filter(pk__in=list(stats.ep) + list(held)).values_list("pk", flat=True))
@@ -168,6 +169,26 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
                     endpoint_id=ep_id,
                     unit="s" if metric.endswith("_s") else "",
                     label="gateway",
+                )
+            )
+    # LoRA adapters: requests, tokens and errors per minute, per (endpoint, adapter): series e<id>.lora.<name>.*
+    per_minute = 60.0 / interval_s
+    for (ep_id, name), a in stats.adapter.items():
+        if ep_id not in existing:
+            continue
+        for metric, value in {
+            "lora.requests_pm": a["n"] * per_minute,
+            "lora.tokens_pm": a["tokens"] * per_minute,
+            "lora.errors_pm": a["errors"] * per_minute,
+        }.items():
+            readings.append(
+                Reading(
+                    key=f"e{ep_id}.{metric}.{name}",
+                    metric=metric,
+                    value=value,
+                    endpoint_id=ep_id,
+                    unit="/min",
+                    label=name,
                 )
             )
     # Totals and points in one transaction: a reader never sees a key's total without its points.

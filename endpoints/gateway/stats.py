@@ -1,5 +1,5 @@
 """The gateway's figures between two flushes: counts, latencies and TTFTs per endpoint and per
-key, and the percentile used to summarise them. Pure Python: the gateway process fills it,
+key (and counts per LoRA adapter), and the percentile used to summarise them. Pure Python: the gateway process fills it,
 the services store it."""
 
 from __future__ import annotations
@@ -22,6 +22,15 @@ class Stats:
     def __init__(self):
         self.ep = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
         self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []})
+        # LoRA adapters, by (endpoint id, adapter name): requests, tokens and errors
+        self.adapter = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0})
+
+    def record_adapter(self, *, endpoint_id, name, status, tokens):
+        a = self.adapter[(endpoint_id, name)]
+        a["n"] += 1
+        a["tokens"] += tokens
+        if status >= 400:
+            a["errors"] += 1
 
     def record(self, *, endpoint_id, key_id, status, latency, ttft, tokens):
         if endpoint_id is not None:

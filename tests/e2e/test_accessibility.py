@@ -22,10 +22,12 @@ from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from models_registry.inspection import inspect_path
+from models_registry.lora import inspect_lora_dir
 from models_registry.models import Artifact, Model
 from models_registry.quantize.models import CalibrationDataset
 from tests.support import FIXTURES
 from tests.support.browser import browser, login, page  # noqa: F401
+from tests.support.lora import build_tiny_lora
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Device, Job, Node
 from workers.telemetry.models import Alert, AlertRule
@@ -71,6 +73,7 @@ NOT_PAGES = {
     "node_engine_runtime": "POST only",
     "endpoint_profiling": "POST only",
     "endpoint_routing": "POST only",
+    "endpoint_adapter": "POST only (its forms are on the endpoint page, checked there)",
     "gateway_rollout": "POST only (its form is on the endpoint page, checked there)",
     "profile_new": "POST only",
     "profile_delete": "POST only",
@@ -235,7 +238,16 @@ def site(admin, operator, viewer, model_root, redis_conn):
         state="ready",
         created_by=operator,
         profiling=True,
+        max_loras=1,
+        max_lora_rank=16,  # LoRA on: the page's adapters section, its unload and load forms
     )
+    for name in ("sql", "chat"):
+        lora = build_tiny_lora(model_root / f"lora-{name}")
+        adapter = Artifact.objects.create(
+            model=model, name=name, format="lora", path=str(lora), inspection=inspect_lora_dir(lora)
+        )
+        if name == "sql":
+            endpoint.adapters.add(adapter)
     Replica.objects.create(
         endpoint=endpoint,
         index=0,

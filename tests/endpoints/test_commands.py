@@ -22,6 +22,7 @@ import pytest
 from endpoints.commands import (
     DTYPES,
     EXTRA_ARG_RULES,
+    LORA_RANKS,
     QUANTIZATION_METHODS,
     SERVER_MODULE,
     CommandSpecError,
@@ -548,6 +549,10 @@ from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 from vllm.config.model import TokenizerMode
 import vllm
+try:
+    from vllm.config.lora import MaxLoRARanks
+except ImportError:
+    MaxLoRARanks = None
 
 parser = make_arg_parser(FlexibleArgumentParser())
 options = sorted({s for a in parser._actions for s in a.option_strings})
@@ -564,6 +569,10 @@ print("\n" + json.dumps({
     "choices": {k: [c for c in v if isinstance(c, str)] for k, v in choices.items()},
     "quantization": list(QUANTIZATION_METHODS),
     "tokenizer_modes": list(typing.get_args(TokenizerMode)),
+    "lora_ranks": list(typing.get_args(MaxLoRARanks)) if MaxLoRARanks else None,
+    "lora_modules": [
+        [vars(m) for m in parser.parse_args(argv).lora_modules or []] for argv in json.load(open(sys.argv[1]))
+    ] if len(sys.argv) > 1 else [],
     "errors": errors,
 }))
 """
@@ -620,6 +629,7 @@ def _sample_argvs():
         extra_args=every_value,
     )
     out.append(build_command(cpu)[0][3:])
+    out.append(build_command(spec(platform="cpu", devices=[], lora=LORA))[0][3:])
     out.append(
         build_command(
             spec(
@@ -648,16 +658,28 @@ def _sample_argvs():
     return out
 
 
+#: LoRA on, two adapters loaded at start, one of them in a folder whose name has a comma and an '=' (vLLM's
+#: name=path form would split it; the JSON form the console writes does not).
+LORA = {
+    "max_loras": 2,
+    "max_lora_rank": 16,
+    "max_cpu_loras": 4,
+    "modules": [{"name": "sql", "path": "/models/lora/sql"}, {"name": "chat.v2", "path": "/models/lora/a,b=c"}],
+}
+
+
 @pytest.mark.slow  # imports the real vLLM (tens of seconds on CI); no database: once is enough
-def test_installed_vllm_parser_accepts_every_flag_we_emit(settings):
+def test_installed_vllm_parser_accepts_every_flag_we_emit(settings, tmp_path):
     engine_python = Path(settings.ENGINE_PYTHON)  # the engine the console launches (ENGINE_PYTHON)
     if not engine_python.exists():
         # CI builds the engine venv (`make test`), so there a missing one is a failure.
         assert not os.environ.get("CI"), f"no engine python at {engine_python}: run `make engine`"
         pytest.skip(f"no engine python at {engine_python} (ENGINE_PYTHON): run `make engine`")
     argvs = _sample_argvs()
+    lora_argv = tmp_path / "lora-argv.json"
+    lora_argv.write_text(json.dumps([a for a in argvs if "--lora-modules" in a]))
     proc = subprocess.run(
-        [str(engine_python), "-c", _PARSER_PROBE],
+        [str(engine_python), "-c", _PARSER_PROBE, str(lora_argv)],
         input=json.dumps(argvs),
         capture_output=True,
         text=True,
@@ -673,6 +695,9 @@ def test_installed_vllm_parser_accepts_every_flag_we_emit(settings):
     for argv in argvs:
         assert {a for a in argv if a.startswith("--")} <= options
     assert report["errors"] == [], report["errors"]
+    assert tuple(report["lora_ranks"]) == LORA_RANKS  # vllm/config/lora.py MaxLoRARanks
+    [modules] = report["lora_modules"]
+    assert [(m["name"], m["path"]) for m in modules] == [(m["name"], m["path"]) for m in LORA["modules"]]
 
     # value allow-lists must be values this vLLM accepts
     choices = report["choices"]

@@ -452,7 +452,7 @@ def test_routing_table_reads_a_fixed_number_of_queries_however_many_replicas(dja
         )
     Endpoint.objects.filter(pk=blue.pk).update(replicas=3)
     Device.objects.create(node=blue.node, index=2, kind="npu", health="Alarm")  # replica 2's device: not routed
-    with django_assert_num_queries(6):  # pairs, names, endpoints, replicas, unhealthy devices, members
+    with django_assert_num_queries(7):  # pairs, names, endpoints, replicas, unhealthy devices, members, adapters
         table = routing_table()
     assert {
         (b.endpoint_name, b.replica_index, b.url, b.node_name, b.prefix) for bs in table.backends.values() for b in bs

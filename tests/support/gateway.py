@@ -32,6 +32,7 @@ class FakeReplica(ServerThread):
 
     def __init__(self, name: str, delay: float = 0.0):
         self.name, self.delay, self.served = name, delay, 0
+        self.models: list = []  # the "model" of each request, as the gateway forwarded it
         self.lock = threading.Lock()
         outer = self
 
@@ -43,6 +44,7 @@ class FakeReplica(ServerThread):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 with outer.lock:
                     outer.served += 1
+                    outer.models.append(body.get("model"))
                 if outer.delay:
                     time.sleep(outer.delay)
                 text = f"hello from {outer.name}"
