@@ -108,6 +108,12 @@ def endpoint_readings(
         ("ep.errors", "", float(errors)),
         ("ep.error_rate", "ratio", errors / total if total else 0.0),
     ]
+    if snap.spec_drafts is not None:  # a server started with --speculative-config: vLLM's own two figures
+        rate = stats.get("spec_acceptance_rate")
+        out += [
+            ("ep.spec_accept_pct", "%", None if rate is None else round(rate * 100, 3)),
+            ("ep.spec_mean_len", "tok", stats.get("spec_mean_accepted_length")),
+        ]
     return out, None
 
 

