@@ -21,9 +21,12 @@ run: setup
 	@echo "  Console: http://$(CONSOLE_BIND)/   (Ctrl-C stops the console; endpoints keep serving)"
 	@echo "  Logs: $(DATA_DIR)/logs/NAME.log   (status: make status)"
 	@echo ""
+	@# The first Admin's password is for ensure_admin (`make migrate`, above) alone: supervisord and every
+	@# process under it start without it (tests/console/test_admin_password.py).
 	umask 077 && mkdir -p $(DATA_DIR)/logs && \
 		WORKERS=$(WORKERS) CONVERT_WORKERS=$(CONVERT_WORKERS) WEB_WORKERS=$(WEB_WORKERS) \
-		exec $(VENV)/bin/supervisord -n -c deploy/supervisord.conf
+		exec env -u CONSOLE_ADMIN_PASSWORD -u CONSOLE_ADMIN_PASSWORD_FILE \
+		$(VENV)/bin/supervisord -n -c deploy/supervisord.conf
 
 # What `make run` is running (another terminal): each process's state, pid and uptime.
 status:

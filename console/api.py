@@ -3,13 +3,14 @@
 Auth (console.api_auth): `Authorization: Bearer <token>` (per-user API tokens) or the
 browser session (with CSRF); every route names its role. Errors are JSON: {"detail": ..., "errors"?: {...}, "link"?: ...}."""
 
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, ValidationError
+from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, RequestDataTooBig, ValidationError
+from django.http import Http404
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError
 
 from console.api_accounts import router as accounts_router
-from console.api_auth import BearerToken, Session
+from console.api_auth import NOT_FOUND, UNAUTHENTICATED, BearerToken, Session, docs_access
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import VIEWER
 from console.validation import field_errors
@@ -31,9 +32,9 @@ api = NinjaAPI(
     auth=[BearerToken(VIEWER), Session(VIEWER)],
     docs_url="/docs",
     openapi_url="/openapi.json",
-    # The docs and the schema are for logged-in users (anonymous: the login page); the docs page
-    # loads swagger-ui from ninja's own static files ("ninja" is an installed app), not a CDN.
-    docs_decorator=login_required,
+    # The docs and the schema are for Viewers, by API token (a client generator) or session; anonymous: the
+    # JSON 401. The docs page loads swagger-ui from ninja's own static files ("ninja" is an installed app).
+    docs_decorator=docs_access,
 )
 
 
@@ -48,7 +49,7 @@ def _forbidden(request, exc):
 
 @api.exception_handler(AuthenticationError)
 def _unauthenticated(request, exc):
-    return _error(request, 401, "Authentication required: send 'Authorization: Bearer <API token>' or log in.")
+    return _error(request, 401, UNAUTHENTICATED)
 
 
 @api.exception_handler(ValidationError)
@@ -73,8 +74,20 @@ def _unavailable(request, exc):
 
 
 @api.exception_handler(ObjectDoesNotExist)
+@api.exception_handler(Http404)
 def _not_found(request, exc):
-    return _error(request, 404, "Not found.")
+    return _error(request, 404, NOT_FOUND)
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    """Django refuses the body before reading it (its Content-Length); the role check ran before."""
+    return _error(request, 413, too_big_detail())
+
+
+def too_big_detail() -> str:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return f"The request body is larger than {limit} bytes ({limit / 2**20:.1f} MiB, DATA_UPLOAD_MAX_MEMORY_SIZE)."
 
 
 def _register_routers():

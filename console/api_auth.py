@@ -3,12 +3,18 @@
 The role is checked inside authentication, before the body is parsed: a caller without
 the role gets 403 whatever it sent, and learns nothing from validation errors."""
 
+from functools import wraps
+
 from django.core.exceptions import PermissionDenied
+from django.http import JsonResponse
 from django.utils import timezone
 from ninja.security import APIKeyCookie, HttpBearer
 
 from console.models import ApiToken, hash_token
-from console.roles import check_role, require_role
+from console.roles import VIEWER, check_role, require_role
+
+UNAUTHENTICATED = "Authentication required: send 'Authorization: Bearer <API token>' or log in."
+NOT_FOUND = "Not found."
 
 
 def _token_user(request, raw):
@@ -62,6 +68,36 @@ class Session(APIKeyCookie):
         return None
 
 
+def request_user(request):
+    """The caller of an API path outside the API's operations: the session's user, else the bearer token's
+    (None: anonymous, or a token that is unknown, expired or revoked)."""
+    if request.user.is_authenticated:
+        return request.user
+    scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not raw.strip():
+        return None
+    return _token_user(request, raw.strip())
+
+
+def docs_access(view):
+    """django-ninja's docs_decorator: the schema and the docs page to a Viewer, by API token or session, so that
+    a client generator reads the schema with its token; anonymous callers get the API's JSON 401, a user
+    without a role its JSON 403 (never the login page)."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        user = request_user(request)
+        if user is None:
+            return JsonResponse({"detail": UNAUTHENTICATED}, status=401)
+        try:
+            check_role(user, VIEWER)
+        except PermissionDenied as exc:
+            return JsonResponse({"detail": str(exc)}, status=403)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
 def api_route(router, method: str, path: str, *, role: str, **kwargs):
     """Register an API operation that needs `role` (Viewer, Operator or Admin)."""
 
@@ -73,4 +109,4 @@ def api_route(router, method: str, path: str, *, role: str, **kwargs):
     return decorator
 
 
-__all__ = ["api_route", "PermissionDenied"]
+__all__ = ["NOT_FOUND", "UNAUTHENTICATED", "PermissionDenied", "api_route", "docs_access", "request_user"]

@@ -64,6 +64,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "console.middleware.LoginRequiredEverywhereMiddleware",
+    "console.middleware.ApiNotFoundMiddleware",  # an unknown /api/ path: JSON 404 (401 without credentials)
     "csp.middleware.CSPMiddleware",
     "axes.middleware.AxesMiddleware",  # last, as django-axes asks: it answers a locked-out login
 ]

@@ -5,7 +5,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
-from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from console.roles import ADMIN, OPERATOR, VIEWER, has_role, require_role
 from console.validation import error_text
 from endpoints import launch_page, selectors, services
 from endpoints.commands import format_for_shell
@@ -64,15 +64,21 @@ def endpoint_launch_preview(request):
     return render(request, "endpoints/_launch_preview.html", context)
 
 
-def _detail_context(endpoint):
+def _detail_context(endpoint, user):
+    """The endpoint page's live part. The replica log's lines (the tail, and the last lines before a failure)
+    go to Operators only: an Operator may have turned on request logging (VLLM_LOGGING_LEVEL=DEBUG,
+    --enable-log-requests), which writes prompts; a Viewer is told that a log exists, and nothing is read."""
     replicas = list(selectors.replicas_of(endpoint))
     log_replica = next((r for r in replicas if r.log_path), None)
+    show_logs = has_role(user, OPERATOR)
 
     return {
         "endpoint": endpoint,
         "replicas": replicas,
         "events": endpoint.events.all()[:40],
-        "log_tail": tail_lines(recorded_log(log_replica.log_path), 30) if log_replica else "",
+        "show_logs": show_logs,
+        "log_replica": log_replica,
+        "log_tail": tail_lines(recorded_log(log_replica.log_path), 30) if log_replica and show_logs else "",
         "commands": [(r, format_for_shell(r.argv, r.env)) for r in replicas if r.argv]
         + [(m, format_for_shell(m.argv, m.env)) for r in replicas for m in r.members.all() if m.argv],
         "failed_logs": [r for r in replicas if r.state == Endpoint.State.FAILED and r.last_log],
@@ -84,7 +90,7 @@ def _detail_page(request, endpoint, *, status=200, **extra):
         request,
         "endpoints/endpoint_detail.html",
         {
-            **_detail_context(endpoint),
+            **_detail_context(endpoint, request.user),
             "gateway_url": settings.GATEWAY_URL,
             # Candidates to stage beside this one: other endpoints serving the same model name.
             "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(
@@ -133,7 +139,7 @@ def endpoint_recipe_save(request, endpoint_id: int):
 def endpoint_live(request, endpoint_id: int):
     """The live part of the endpoint page (state, replicas, events, log), polled by htmx."""
     endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "node"), pk=endpoint_id)
-    return render(request, "endpoints/_endpoint_live.html", _detail_context(endpoint))
+    return render(request, "endpoints/_endpoint_live.html", _detail_context(endpoint, request.user))
 
 
 def _action(request, endpoint_id, service, done):

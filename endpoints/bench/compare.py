@@ -146,4 +146,23 @@ def _cell(value):
         return ""
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, str):
+        return csv_text(value)
     return value
+
+
+#: What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection"): = + - @, and a tab or carriage
+#: return before one.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell of an exported CSV, inert in a spreadsheet: one that would start a formula gets a leading
+    single quote, which Excel, LibreOffice and Google Sheets show as text (numbers are not text: not changed)."""
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
+def plotly_text(value: str) -> str:
+    """A label for a Plotly trace name, tick or annotation: Plotly renders <a href>, <b> and others in them, and
+    turns &amp; &lt; &gt; back into the characters after it has looked for tags, so a label shows as typed."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

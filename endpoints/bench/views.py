@@ -242,7 +242,7 @@ def bench_compare(request):
                 for t in types
             ],
             "chart": {
-                "labels": [f"#{r['id']} {r['setup']}" for r in table["rows"]],
+                "labels": [compare.plotly_text(f"#{r['id']} {r['setup']}") for r in table["rows"]],
                 "qps": [r["request_throughput"] for r in table["rows"]],
                 "p99": [r["p99_e2el_ms"] for r in table["rows"]],
                 "efficiency": [r["cost_efficiency"] for r in table["rows"]],

@@ -177,6 +177,10 @@ def _is_trace_name(name: str) -> bool:
     return name.endswith(_TRACE_SUFFIXES) or name == _ASCEND_TRACE
 
 
+class NoOperatorEvents(ValueError):
+    """A readable trace that holds no operator: the worker ran no step in the window (no request came)."""
+
+
 @dataclass
 class _Worker:
     """One trace file reduced to its device timeline."""
@@ -194,7 +198,8 @@ def analyse(paths: list[Path], *, tensor_parallel_size: int = 1) -> dict:
 
     With several workers (tensor parallelism: one trace per rank) seconds are per-worker means, so the
     categories still sum to one recorded window; call counts are totals.
-    Raises ValueError naming the file when a trace is missing, unreadable or has no operator events.
+    Raises ValueError naming the file when a trace is missing or unreadable, and NoOperatorEvents (a ValueError)
+    when it holds no operator: nothing ran in the window.
     """
     workers = [_read_worker(path) for path in find_traces(paths)]
     n = len(workers)
@@ -268,7 +273,7 @@ def _read_worker(path: Path) -> _Worker:
         device = "npu"
         device_events = _ascend_device_events(events, complete, processes)
         if not device_events:
-            raise ValueError(
+            raise NoOperatorEvents(
                 f"trace {path}: no operator events (the Ascend Hardware process has no compute or copy task)"
             )
     if device_events:
@@ -281,7 +286,7 @@ def _read_worker(path: Path) -> _Worker:
         for e in operators:
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
         if not by_thread:
-            raise ValueError(f"trace {path}: no operator events (cpu_op, kernel or Ascend Hardware tasks)")
+            raise NoOperatorEvents(f"trace {path}: no operator events (cpu_op, kernel or Ascend Hardware tasks)")
         # The worker's compute thread: the one with the most operator time (others are helpers).
         lane_events = max(by_thread.values(), key=lambda evs: _union_us(evs))
         lanes = [lane_events]
@@ -525,3 +530,47 @@ def advice(result: dict, *, context: dict | None = None) -> list[dict]:
         if value is not None and value > rule.threshold:
             rows.append({"rule": rule.rule, "figure": rule.figure(value), "text": rule.text(value, context)})
     return rows
+
+
+# The category a rule of RULES measures, for saying how far the largest share is from firing one.
+_RULE_OF_CATEGORY = {
+    MATMUL: "compute-bound",
+    MEMORY: "memory-bound",
+    HOST_IDLE: "host-bound",
+    COMMUNICATION: "communication-bound",
+}
+
+
+def quiet_advice(result: dict) -> dict | None:
+    """The row shown where no rule of RULES fires: that nothing crossed a threshold, and the largest share (with
+    the threshold of the rule that measures its category). None without a breakdown."""
+    rows = [row for row in result.get("breakdown") or [] if row.get("share") is not None]
+    if not rows:
+        return None
+    largest = max(rows, key=lambda row: float(row["share"]))
+    category, share = largest["category"], float(largest["share"])
+    rule = next((r for r in RULES if r.rule == _RULE_OF_CATEGORY.get(category)), None)
+    bound = f", under the {rule.rule} rule's {rule.threshold * 100:.0f} %" if rule else ""
+    return {
+        "rule": "none",
+        "figure": f"largest share: {category} {_percent(share)} of the traced time",
+        "text": f"No figure crossed a rule's threshold: nothing in this window stands out. The largest share is "
+        f"{category} at {_percent(share)}{bound}.",
+    }
+
+
+def idle_advice(seconds: float, *, under_load: bool) -> dict:
+    """The row of a recording whose trace holds no operator (NoOperatorEvents): no request ran in the window."""
+    window = f"{seconds:.0f} s"
+    if under_load:
+        text = (
+            f"No request ran on the replica in the {window} window, although the console's load was on: the "
+            "load client's lines in the profile job's log say why. The trace is kept."
+        )
+    else:
+        text = (
+            f"No request ran on the replica in the {window} window (no traffic came), so the trace, kept, has "
+            "nothing to analyse. Record again with the console's own load (the profile form's load option; the "
+            'API\'s "load": true) to make the replica work while it records.'
+        )
+    return {"rule": "no-requests", "figure": f"no operator ran in {window}", "text": text}

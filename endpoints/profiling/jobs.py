@@ -323,16 +323,21 @@ def _collect(
     ctx.progress(75, f"analysing {len(files)} file(s), {total / 2**20:.1f} MiB")
     try:
         result = analysis.analyse([staging], tensor_parallel_size=endpoint.tensor_parallel_size)  # finds the traces
+    except analysis.NoOperatorEvents as exc:  # an idle replica: not a failure, the trace is kept
+        ctx.log.info("%s", exc)
+        result = {"breakdown": [], "top_ops": [], "traced_seconds": None}
+        rows = [analysis.idle_advice(window.get("seconds") or profile.duration_s, under_load=bool(profile.load))]
     except ValueError as exc:
         raise JobFailed(f"The trace could not be read: {exc}") from exc
-    context = {
-        "kv_cache_usage_peak": window.get("kv_cache_usage_peak"),
-        "tensor_parallel_size": endpoint.tensor_parallel_size,
-        "max_num_seqs": endpoint.max_num_seqs,
-        "enforce_eager": endpoint.enforce_eager,
-        "artifact": endpoint.artifact_id,
-    }
-    rows = analysis.advice(result, context=context)
+    else:
+        context = {
+            "kv_cache_usage_peak": window.get("kv_cache_usage_peak"),
+            "tensor_parallel_size": endpoint.tensor_parallel_size,
+            "max_num_seqs": endpoint.max_num_seqs,
+            "enforce_eager": endpoint.enforce_eager,
+            "artifact": endpoint.artifact_id,
+        }
+        rows = analysis.advice(result, context=context) or [analysis.quiet_advice(result)]
     ctx.commit_staging(staging, destination)
     finished = timezone.now()
     telemetry = telemetry_window(endpoint, replica, started_at, finished)

@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_text
+from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.models import Endpoint
@@ -83,7 +84,7 @@ def profile_detail(request, profile_id: int):
 def _chart_data(profile: Profile) -> dict:
     return {
         "id": profile.pk,
-        "setup": profile.title,
+        "setup": plotly_text(profile.title),  # a Plotly trace name: no tags of the label rendered
         "breakdown": profile.breakdown or [],
         "telemetry": profile.telemetry or {},
     }

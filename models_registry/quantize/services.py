@@ -61,6 +61,24 @@ def parse_samples(content: str, *, filename: str = "") -> list[str]:
     return [" ".join(p.split()) for p in content.split("\n\n") if p.strip()]
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def dataset_upload_check(size: int | None) -> None:
+    """An uploaded file, by its size (the upload's .size, known before it is read): at most
+    QUANTIZE_MAX_DATASET_CHARS bytes, the limit on its text in characters (a UTF-8 text has at least as many
+    bytes as characters), so a file too large is refused without being read into memory."""
+    limit = settings.QUANTIZE_MAX_DATASET_CHARS
+    if size is not None and size > limit:
+        raise ValidationError(
+            {
+                "file": f"The file is {_size(size)}: an uploaded set may have at most {limit} bytes "
+                f"({_size(limit)}, QUANTIZE_MAX_DATASET_CHARS)."
+            }
+        )
+
+
 def dataset_create(
     *,
     name: str,
@@ -83,8 +101,10 @@ def dataset_create(
         limit = CalibrationDataset._meta.get_field(field).max_length
         if limit and len(text or "") > limit:
             raise ValidationError({field: f"Keep the {field} under {limit} characters."})
-    if len(content) > settings.QUANTIZE_MAX_DATASET_CHARS:
-        raise ValidationError({"file": f"The text is larger than {settings.QUANTIZE_MAX_DATASET_CHARS} characters."})
+    limit = settings.QUANTIZE_MAX_DATASET_CHARS
+    if len(content) > limit:
+        message = f"The text has {len(content)} characters: at most {limit} (QUANTIZE_MAX_DATASET_CHARS)."
+        raise ValidationError({"file": message})
     samples = parse_samples(content, filename=filename)
     if not samples:
         raise ValidationError({"file": "The upload holds no text."})

@@ -69,8 +69,10 @@ def calibration_delete(request, dataset_id: int):
 @require_POST
 def calibration_upload(request):
     upload = request.FILES.get("file")
-    content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")
     try:
+        if upload is not None:
+            services.dataset_upload_check(upload.size)  # before the file is read into memory
+        content = upload.read().decode("utf-8", errors="replace") if upload else request.POST.get("content", "")
         ds = services.dataset_create(
             name=request.POST.get("name", ""),
             content=content,

@@ -110,11 +110,13 @@ def test_ensure_admin_creates_the_first_admin_once(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_ensure_admin_generates_and_prints_a_password(monkeypatch):
+def test_ensure_admin_generates_a_password_into_a_file(monkeypatch, settings, tmp_path):
+    """Not printed (issue 39): tests/console/test_admin_password.py checks the file's mode and the output."""
     monkeypatch.delenv("CONSOLE_ADMIN_PASSWORD", raising=False)
-    out = io.StringIO()
-    call_command("ensure_admin", stdout=out)
-    password = out.getvalue().split("password: ")[1].split()[0]
+    monkeypatch.delenv("CONSOLE_ADMIN_PASSWORD_FILE", raising=False)
+    settings.DATA_DIR = tmp_path
+    call_command("ensure_admin", stdout=io.StringIO())
+    password = (tmp_path / "initial_admin_password").read_text().strip()
     assert get_user_model().objects.get(username="admin").check_password(password)
 
 
