@@ -68,7 +68,11 @@ def test_launch_request_checks(operator, api_for, cpu_pair, tiny_artifact):
         ({"distributed": "dp", "pipeline_parallel_size": 1}, "distributed", "No package metadata was found for vllm"),
         ({"distributed": "", "pipeline_parallel_size": 1}, "worker_nodes", "Only a multi-node endpoint"),
         ({"data_parallel_size": 2}, "data_parallel_size", "use distributed dp"),
-        ({"extra_args": {"--headless": True}}, "extra_args", "--headless: data parallelism is set with data_parallel_size"),
+        (
+            {"extra_args": {"--headless": True}},
+            "extra_args",
+            "--headless: data parallelism is set with data_parallel_size",
+        ),
         ({"extra_args": {"data_parallel_rpc_port": 13389}}, "extra_args", "the console gives each node its flags"),
     ]:
         response = _create(api, **{**base, **values})
