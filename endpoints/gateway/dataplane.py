@@ -63,13 +63,41 @@ def chosen() -> str:
     return wanted
 
 
+def cpu_quota(root: Path = Path("/")) -> float | None:
+    """The CPUs this process's cgroup may use (its CFS quota / period), None where no quota is set: cgroup v2's
+    cpu.max ("max 100000" or "150000 100000"), else v1's cpu.cfs_quota_us / cpu.cfs_period_us (-1: none)."""
+    fs = root / "sys" / "fs" / "cgroup"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        quota, period = (fs / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    with contextlib.suppress(OSError, ValueError):
+        quota = int((fs / "cpu" / "cpu.cfs_quota_us").read_text())
+        return None if quota < 0 else quota / int((fs / "cpu" / "cpu.cfs_period_us").read_text())
+    return None
+
+
+def auto_pin_refusal(*, root: Path = Path("/"), environ=os.environ) -> str:
+    """Why GATEWAY_CPU=auto pins nothing here, or "". Under Kubernetes the process may run on every CPU of the node
+    (its affinity) while the kubelet grants it a share of them (a quota): the node's last core is then everybody's,
+    not the gateway's. Under a quota of less than two CPUs the two halves share what they are granted anyway."""
+    if environ.get("KUBERNETES_SERVICE_HOST"):
+        return "under Kubernetes the node's last core is not this pod's"
+    quota = cpu_quota(root)
+    if quota is not None and quota < 2:
+        return f"the cgroup grants {quota:g} CPU(s), under two"
+    return ""
+
+
 def bind_cpu() -> int | None:
     """Pin this process, every thread of it and the data path it will start (which inherits the binding) to
-    GATEWAY_CPU: the CPU, or None where it is "none". The two halves then take turns on one core instead of waking
-    each other across two (settings.GATEWAY_CPU says what that costs). ValueError names a CPU this process may not
-    run on."""
+    GATEWAY_CPU: the CPU, or None where it is "none", or "auto" where auto_pin_refusal says why not. The two halves
+    then take turns on one core instead of waking each other across two (settings.GATEWAY_CPU says what that costs).
+    ValueError names a CPU this process may not run on."""
     wanted = settings.GATEWAY_CPU
     if wanted == "none":
+        return None
+    if wanted == "auto" and (why := auto_pin_refusal()):
+        log.info("GATEWAY_CPU=auto pins nothing: %s", why)
         return None
     allowed = sorted(os.sched_getaffinity(0))
     cpu = allowed[-1] if wanted == "auto" else int(wanted)

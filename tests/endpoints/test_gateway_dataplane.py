@@ -435,3 +435,28 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
             child.wait()
         ours.close()
         replica.stop()
+
+
+def test_auto_pins_nothing_under_kubernetes_or_a_quota_under_two_cpus(tmp_path):
+    """GATEWAY_CPU=auto: a pod may run on every core of its node while it is granted a share (the kubelet's quota),
+    so the node's last core is nobody's own: no pinning under Kubernetes, nor under a cgroup quota below two CPUs
+    (v2's cpu.max, v1's cfs files). A container without a quota (this machine) keeps the measured default."""
+    from endpoints.gateway.dataplane import auto_pin_refusal, cpu_quota
+
+    assert "Kubernetes" in auto_pin_refusal(root=tmp_path, environ={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+    assert auto_pin_refusal(root=tmp_path, environ={}) == "" and cpu_quota(tmp_path) is None
+    v2 = tmp_path / "v2" / "sys" / "fs" / "cgroup"
+    v2.mkdir(parents=True)
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cpu_quota(tmp_path / "v2") == 1.5 and "1.5 CPU(s), under two" in auto_pin_refusal(
+        root=tmp_path / "v2", environ={}
+    )
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert auto_pin_refusal(root=tmp_path / "v2", environ={}) == ""
+    v1 = tmp_path / "v1" / "sys" / "fs" / "cgroup" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    (v1 / "cpu.cfs_quota_us").write_text("400000\n")
+    assert cpu_quota(tmp_path / "v1") == 4 and auto_pin_refusal(root=tmp_path / "v1", environ={}) == ""
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(tmp_path / "v1") is None
