@@ -1,6 +1,13 @@
 # The two commands everything hangs on: `make run` and `make test` (see README.md).
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# The first Python that vLLM and the console both run on (3.10-3.13), 3.11 first (the CPU torch wheel's); `make`
+# says which it chose. Override with PYTHON=python3.12.
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.10 python3; do \
+	command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(not (3, 10) <= sys.version_info[:2] <= (3, 13))' \
+	2>/dev/null && { echo $$p; break; }; done)
+# System packages through sudo when not root (the console and vLLM themselves never run as root from here).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 VENV := .venv
 ENGINE_VENV := .venv-engine
 PY := $(VENV)/bin/python
@@ -35,8 +42,10 @@ status:
 setup: venv dataplane engine redis migrate demo
 
 $(VENV)/.installed: requirements.txt requirements/dev.txt
-	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3.11 (apt-get install python3.11 python3.11-venv)"; exit 1; }
-	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || (apt-get update -qq && apt-get install -y -qq python3-venv)
+	@test -n "$(PYTHON)" || { echo "No Python 3.10-3.13 found: install one (apt-get install python3 python3-venv)"; exit 1; }
+	@echo "Python for the venvs: $(PYTHON) ($$($(PYTHON) -c 'import sys; print(sys.version.split()[0])'))"
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || ($(APT) update -qq && \
+		($(APT) install -y -qq $(notdir $(PYTHON))-venv || $(APT) install -y -qq python3-venv))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
@@ -103,8 +112,8 @@ DATAPLANE_CRATES := librust-hyper-dev librust-tokio-dev
 
 $(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(DATAPLANE)/src/main.rs
 	@ls -d /usr/share/cargo/registry/hyper-0.14.* /usr/share/cargo/registry/tokio-1.* >/dev/null 2>&1 \
-		|| (apt-get update -qq && apt-get install -y -qq $(DATAPLANE_CRATES))
-	@command -v cargo >/dev/null || (apt-get update -qq && apt-get install -y -qq cargo)
+		|| ($(APT) update -qq && $(APT) install -y -qq $(DATAPLANE_CRATES))
+	@command -v cargo >/dev/null || ($(APT) update -qq && $(APT) install -y -qq cargo)
 	cd $(DATAPLANE) && cargo build --release --offline --quiet
 	touch $@
 
@@ -114,7 +123,7 @@ redis: venv
 	@if $(PY) -c "import redis,sys; redis.Redis.from_url('$(REDIS_URL)', socket_timeout=2).ping()" 2>/dev/null; then \
 		echo "Redis is reachable at $(REDIS_URL)"; \
 	else \
-		command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server); \
+		command -v redis-server >/dev/null || ($(APT) update -qq && $(APT) install -y -qq redis-server); \
 		mkdir -p $(DATA_DIR)/redis; \
 		redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --dir $(DATA_DIR)/redis --appendonly yes \
 			--logfile $(DATA_DIR)/redis/redis.log; \
@@ -181,10 +190,10 @@ test-postgres: venv
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
-	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v chromium >/dev/null || ($(APT) update -qq && $(APT) install -y -qq chromium)
 
 # Debian's systemd for `systemd-analyze verify/security` and `systemd-sysusers` on deploy/systemd
 # (tests/deploy); they read unit files and need no running systemd. The other linters come from PyPI.
 .PHONY: systemd-analyze
 systemd-analyze:
-	command -v systemd-analyze >/dev/null || (apt-get update -qq && apt-get install -y -qq systemd)
+	command -v systemd-analyze >/dev/null || ($(APT) update -qq && $(APT) install -y -qq systemd)
