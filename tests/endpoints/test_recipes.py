@@ -71,6 +71,12 @@ CORRECTIONS = [
         "weight_prefetch_config.enabled",
     ),  # ascend_config.py:719
 ]
+#: (tutorial, flag, key path, type): values the tutorial writes as text where vLLM's class declares another type
+#: (KVTransferConfig.kv_port: int, which vLLM coerces from "30000"; the console takes the type itself).
+TYPE_CORRECTIONS = [
+    ("pd-mooncake-single-node-prefill.sh", "--kv-transfer-config", "kv_port", int),
+    ("pd-mooncake-single-node-decode.sh", "--kv-transfer-config", "kv_port", int),
+]
 JSON_FLAGS = {
     "--speculative-config",
     "--compilation-config",
@@ -87,8 +93,15 @@ def parse_tutorial(name: str, *, local_ip: str, node0_ip: str = HEAD_IP) -> tupl
     text = text.replace("\\\n", " ")
     values = {"$nic_name": NIC, "$local_ip": local_ip, "$node0_ip": node0_ip}
     env, flags, model = {}, {}, ""
+    pending = ""
     for line in text.splitlines():
-        tokens = [values.get(t, t) for t in shlex.split(line, comments=True)]
+        pending += line
+        try:
+            tokens = [values.get(t, t) for t in shlex.split(pending, comments=True)]
+        except ValueError:  # a quoted JSON value that spans lines (the PD tutorial's --kv-transfer-config)
+            pending += "\n"
+            continue
+        pending = ""
         if tokens[:1] == ["export"]:
             key, _, value = tokens[1].partition("=")
             env[key] = values.get(value, value)
@@ -150,6 +163,9 @@ def assert_same_command(fixture: str, entry: dict, *, local_ip: str, artifact: A
             for file, fixed_flag, old, new in CORRECTIONS:
                 if file == fixture and fixed_flag == flag:
                     expected = _rename(expected, old, new)
+            for file, fixed_flag, key, kind in TYPE_CORRECTIONS:
+                if file == fixture and fixed_flag == flag:
+                    expected[key] = kind(expected[key])
             if flag == "--speculative-config" and "model" in expected:
                 assert got.pop("model") == draft.path  # the draft comes from the registry, never a typed path
                 expected.pop("model")
@@ -166,7 +182,7 @@ def assert_same_command(fixture: str, entry: dict, *, local_ip: str, artifact: A
     )
 
 
-def _node(name: str, address: str, *, devices: int, chip: str, gib: int) -> Node:
+def _node(name: str, address: str, *, devices: int, chip: str, gib: int, interfaces: dict | None = None) -> Node:
     node = Node.objects.create(
         name=name,
         hostname=name,
@@ -174,7 +190,7 @@ def _node(name: str, address: str, *, devices: int, chip: str, gib: int) -> Node
         platform="ascend",
         engine_python="/opt/engine/bin/python",
         last_heartbeat=timezone.now(),
-        settings={"interfaces": {"HCCL_IF_IP": address, **INTERFACES}},
+        settings={"interfaces": interfaces or {"HCCL_IF_IP": address, **INTERFACES}},
     )
     for index in range(devices):
         Device.objects.create(
@@ -379,3 +395,40 @@ def test_recipe_files_are_launch_specs_citing_a_vendored_tutorial():
         assert fixture.is_file(), recipe.name
         header = fixture.read_text().split(MARK)[0]
         assert recipe.source["file"] in header and "v0.23.0" in header
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("role", "device"), [("prefill", 0), ("decode", 1)])
+def test_pd_recipes_are_the_mooncake_tutorials_two_instances(role, device, operator, api_for, checkpoints):
+    """vllm-ascend's 1P1D Mooncake tutorial on one A2 node: each instance is an endpoint from its role's recipe, with
+    the tutorial's kv-transfer config, NPU and variables (its fixed 192.0.0.1 and eth0 are the node's interfaces)."""
+    fixture = f"pd-mooncake-single-node-{role}.sh"
+    tutorial_ip = "192.0.0.1"
+    node = _node(
+        "a2-pd",
+        tutorial_ip,
+        devices=8,
+        chip="910B1",
+        gib=64,
+        interfaces={
+            "HCCL_IF_IP": tutorial_ip,
+            "GLOO_SOCKET_IFNAME": "eth0",
+            "TP_SOCKET_IFNAME": "eth0",
+            "HCCL_SOCKET_IFNAME": "eth0",
+        },
+    )
+    body = {
+        "name": f"pd-{role}",
+        "recipe": f"qwen2-5-vl-pd-mooncake-{role}",
+        "artifact": checkpoints["bf16"].pk,
+        "node": node.name,
+        "devices": [device],
+        "served_model_name": "qwen25vl",
+    }
+    preview = api_for(operator).post("/api/v1/endpoints/preview", body)
+    assert preview.status_code == 200, preview.json()
+    [entry] = preview.json()["nodes"]
+    assert all(c["level"] != "error" for c in entry["checks"]), entry["checks"]
+    assert_same_command(fixture, entry, local_ip=tutorial_ip, artifact=checkpoints["bf16"], draft=None)
+    config = json.loads(argv_flags(entry["argv"])["--kv-transfer-config"])
+    assert config["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer")
