@@ -432,3 +432,25 @@ def test_pd_recipes_are_the_mooncake_tutorials_two_instances(role, device, opera
     assert_same_command(fixture, entry, local_ip=tutorial_ip, artifact=checkpoints["bf16"], draft=None)
     config = json.loads(argv_flags(entry["argv"])["--kv-transfer-config"])
     assert config["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", sorted(n for n, r in shipped_recipes().items() if r.model))
+def test_each_recipe_fits_the_hardware_its_tutorial_states(name):
+    """The MoE/MLA-aware estimate (models_registry/capacity_moe.py) of each shipped recipe on the hardware it states
+    (its tutorial's: devices per node, their memory, nodes) fits, with KV room for one full sequence per DP rank."""
+    capacity = shipped_recipes()[name].capacity()
+    assert capacity["fits"], capacity["summary"]
+    assert capacity["kv_room_gib_per_device"] > 0 and capacity["needed_devices"] <= capacity["available_devices"]
+
+
+@pytest.mark.django_db
+def test_deepseek_r1_needs_two_a2_nodes_and_fits_one_a3():
+    """DeepSeek-R1.md at v0.23.0 (3.1): "1 Atlas 800 A3 (64G x 16) or 2 Atlas 800 A2 (64G x 8)": the single-node
+    recipe does not fit one A2 node, the two-node one fits two."""
+    from dataclasses import replace
+
+    a3 = shipped_recipes()["deepseek-r1-w8a8-a3"]
+    assert a3.capacity()["fits"]
+    assert not replace(a3, devices_per_node=8).capacity()["fits"]  # one A2: 8 NPUs
+    assert shipped_recipes()["deepseek-r1-w8a8-a2-two-nodes"].capacity()["fits"]
