@@ -97,10 +97,11 @@ def test_a_sweep_that_fails_leaves_the_agents_pass_alone(cpu_node, monkeypatch, 
 
 @pytest.mark.django_db
 def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(
-    settings, tmp_path, cpu_node, tiny_artifact, as_viewer
+    settings, tmp_path, cpu_node, tiny_artifact, as_operator
 ):
     """Rows are the agent's own writes; an edited one must not make the web show, or the agent tail, rotate or
-    append to, any other file (a link out of the folder included)."""
+    append to, any other file (a link out of the folder included). The log tail is an Operator's to read
+    (tests/endpoints/test_log_tail_roles.py)."""
     from endpoints.launch import endpoint_log_root, recorded_log
     from endpoints.reconcile import handle_of
 
@@ -121,7 +122,7 @@ def test_a_log_path_read_back_from_a_row_is_confined_to_the_endpoint_log_folder(
     endpoint = Endpoint.objects.create(name="e", artifact=tiny_artifact, node=cpu_node, served_model_name="e")
     replica = Replica.objects.create(endpoint=endpoint, index=0, node=cpu_node, log_path=str(secret))
     assert handle_of(replica).log_path == ""
-    page = as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    page = as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
     assert "top secret" not in page
     Replica.objects.filter(pk=replica.pk).update(log_path=str(own))
-    assert "vLLM says hello" in as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    assert "vLLM says hello" in as_operator.get(f"/endpoints/{endpoint.pk}/").content.decode()
