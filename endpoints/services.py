@@ -553,6 +553,18 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
             EndpointEvent.objects.create(
                 endpoint=endpoint, kind="created", message=f"launch requested by {getattr(user, 'username', 'system')}"
             )
+            if bare := [n.name for n in [node, *layout.nodes] if layout.distributed and not n.interfaces]:
+                # The preview says it too (endpoints.preview): a group whose nodes may pick the wrong network.
+                EndpointEvent.objects.create(
+                    endpoint=endpoint,
+                    kind="created",
+                    level="warning",
+                    message=(
+                        f"{', '.join(bare)} recorded no interface variables (NODE_INTERFACES: HCCL_IF_IP, "
+                        "GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, ...): a multi-node group may pick the wrong network and "
+                        "hang at its first collective"
+                    ),
+                )
             audit_log(
                 actor=user,
                 action="endpoint.launch",

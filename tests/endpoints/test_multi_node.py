@@ -376,3 +376,36 @@ def test_a_member_started_for_an_endpoint_deleted_meanwhile_is_stopped(
     ReplicaWorkload().reconcile(node=head, supervisor=supervisor)
     assert len(supervisor.started) == 1 and supervisor.terminated == [supervisor.next_pid] and not supervisor.running
     assert not ReplicaMember.objects.exists() and "its row was deleted while it started" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_multi_node_launch_whose_nodes_recorded_no_interfaces_warns_before_it_starts(
+    operator, api_for, tiny_artifact
+):
+    """The preview's check and the endpoint's first events name the nodes with no interface variables recorded
+    (NODE_INTERFACES); a one-node launch and a group whose nodes recorded theirs say nothing of it."""
+    from endpoints.models import EndpointEvent
+
+    api = api_for(operator)
+    _node("npu-a", "10.0.0.1", "ascend", devices=8)
+    bare = _node("npu-b", "10.0.0.2", "ascend", devices=8)
+    Node.objects.filter(pk=bare.pk).update(settings={})
+    body = {
+        "artifact": tiny_artifact.pk,
+        "node": "npu-a",
+        "distributed": "dp",
+        "worker_nodes": ["npu-b"],
+        "tensor_parallel_size": 2,
+        "data_parallel_size": 4,
+        "devices": [0, 1, 2, 3],
+    }
+    preview = api.post("/api/v1/endpoints/preview", {"name": "multi", **body}).json()
+    warned = [c for n in preview["nodes"] for c in n["checks"] if c["name"] == "interfaces"]
+    assert [c["level"] for c in warned] == ["warning"] and "npu-b" in warned[0]["message"]
+    made = _create(api, **body).json()
+    events = EndpointEvent.objects.filter(endpoint_id=made["id"], level="warning")
+    assert [e.message.split(" recorded")[0] for e in events] == ["npu-b"]
+    one = api.post(
+        "/api/v1/endpoints", {"name": "single", "artifact": tiny_artifact.pk, "node": "npu-b", "devices": [4]}
+    ).json()
+    assert not EndpointEvent.objects.filter(endpoint_id=one["id"], level="warning").exists()
