@@ -26,18 +26,16 @@ from jsonschema.validators import validator_for
 from referencing.exceptions import Unresolvable
 
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.spec import ENGINE_CONFIG_FLAGS as ALL_CONFIG_FLAGS
 
 #: The typed fields and the vLLM flag each renders. vLLM 0.32.0 (vllm/engine/arg_utils.py) parses them into
 #: SpeculativeConfig (json.loads, then SpeculativeConfig(**...) with the target model's config:
 #: create_speculative_config), CompilationConfig and KVTransferConfig (TypeAdapter(cls).validate_json at parse
 #: time) and, for --hf-overrides, a plain dict (union_dict_and_str) that ModelConfig applies to the Hugging Face
 #: config (config.update, nested dicts to nested configs): no class, so no schema.
-ENGINE_CONFIG_FLAGS: dict[str, str] = {
-    "speculative": "--speculative-config",
-    "compilation": "--compilation-config",
-    "kv_transfer": "--kv-transfer-config",
-    "hf_overrides": "--hf-overrides",
-}
+#: vllm-ascend's "ascend" (--additional-config) is no vLLM class: endpoints.launch_checks holds it to the keys
+#: vllm_ascend/ascend_config.py reads. One table of flags, the launch spec's.
+ENGINE_CONFIG_FLAGS: dict[str, str] = {field: flag for field, flag in ALL_CONFIG_FLAGS.items() if field != "ascend"}
 
 _MAX_MESSAGES = 5
 _MAX_CHOICES = 12

@@ -99,9 +99,9 @@ _THREADS_BIND_RE = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")
 ENGINE_CONFIG_FLAGS = {
     "speculative": "--speculative-config",
     "compilation": "--compilation-config",
-    "ascend": "--additional-config",
-    "hf_overrides": "--hf-overrides",
     "kv_transfer": "--kv-transfer-config",
+    "hf_overrides": "--hf-overrides",
+    "ascend": "--additional-config",
 }
 #: Keys that name a path or a module to load: never from an operator (a draft model comes from the registry,
 #: as the service's draft_artifact; caches and dumps go where the console puts them).
