@@ -16,10 +16,6 @@ ENV_OBJECT = 'Environment: a JSON object like {"VLLM_LOGGING_LEVEL": "INFO"}.'
 CONFIG_OBJECT = "{label}: a JSON object like {{\"key\": value}}, or blank."
 
 
-def _parsed_json(text: str):
-    return json.loads(text) if text else {}
-
-
 def _json_object(text: str, message: str, *, blank=None):
     """The text as a JSON object; blank gives `blank`."""
     text = (text or "").strip()
@@ -312,22 +308,10 @@ class EndpointLaunchForm(forms.Form):
             raise ValidationError("Devices are numbers, e.g. 0,1.") from None
 
     def clean_extra_args(self):
-        try:
-            parsed = _parsed_json(self.cleaned_data["extra_args"])
-        except json.JSONDecodeError as exc:
-            raise ValidationError(str(exc)) from None
-        if not isinstance(parsed, dict):
-            raise ValidationError(EXTRA_ARGS_OBJECT)
-        return parsed
+        return _json_object(self.cleaned_data["extra_args"], EXTRA_ARGS_OBJECT, blank={})
 
     def clean_env(self):
-        try:
-            parsed = _parsed_json(self.cleaned_data["env"])
-        except json.JSONDecodeError as exc:
-            raise ValidationError(str(exc)) from None
-        if not isinstance(parsed, dict):
-            raise ValidationError(ENV_OBJECT)
-        return parsed
+        return _json_object(self.cleaned_data["env"], ENV_OBJECT, blank={})
 
     def clean_restart_daily_at(self):
         try:
