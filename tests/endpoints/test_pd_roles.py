@@ -1,0 +1,189 @@
+"""Endpoints with prefill/decode roles: the API's "roles" beside the connector (kv_transfer), the replicas each role
+gets (Replica.role, its node and devices), the --kv-transfer-config and variables each replica starts with on each
+platform (Ascend's Mooncake against vllm-ascend's tutorial is tests/endpoints/test_recipes.py; CUDA's NIXL against
+vLLM's NixlConnector guide here; CPU's ExampleConnector as it ran here, docs/pd-disaggregation.md), the preview's
+roles, and refusals that name the field and change nothing."""
+
+import json
+
+import pytest
+from django.utils import timezone
+
+from endpoints.commands import build_command
+from endpoints.commands.pd import check_connector, pd_connector_env, role_launch
+from endpoints.commands.checks import CommandSpecError
+from endpoints.launch import endpoint_kv_dir, launch_spec
+from endpoints.models import Endpoint, Replica
+from tests.endpoints.test_recipes import argv_flags
+from workers.models import Device, Node
+
+CPU_ROLES = {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}
+
+
+def _body(artifact, **extra):
+    return {"name": "pd", "artifact": artifact.pk, "dtype": "float32", "max_model_len": 512, **extra}
+
+
+def _gpu_node(name="gpu-host", address="10.0.0.7", gpus=4) -> Node:
+    node = Node.objects.create(
+        name=name,
+        hostname=name,
+        address=address,
+        platform="cuda",
+        engine_python="/opt/engine/bin/python",
+        last_heartbeat=timezone.now(),
+    )
+    for index in range(gpus):
+        Device.objects.create(
+            node=node, index=index, kind="gpu", name="H100", memory_total_bytes=80 * 1024**3, health="OK"
+        )
+    return node
+
+
+@pytest.mark.django_db
+def test_a_cpu_endpoint_with_roles_runs_example_connector_replicas_of_each_role(
+    cpu_node, tiny_artifact, operator, api_for
+):
+    created = api_for(operator).post("/api/v1/endpoints", _body(tiny_artifact, roles=CPU_ROLES))
+    assert created.status_code == 201, created.json()
+    endpoint = Endpoint.objects.get(pk=created.json()["id"])
+    assert endpoint.replicas == 3 and endpoint.disaggregated
+    assert endpoint.roles == {
+        "prefill": {"replicas": 1, "node": "cpu-host", "devices": []},
+        "decode": {"replicas": 2, "node": "cpu-host", "devices": []},
+    }
+    assert endpoint.engine_configs["kv_transfer"] == {"kv_connector": "ExampleConnector"}
+    shown = api_for(operator).get(f"/api/v1/endpoints/{endpoint.pk}").json()
+    assert [r["role"] for r in shown["replicas"]] == ["prefill", "decode", "decode"] and shown[
+        "roles"
+    ] == endpoint.roles
+    folder = str(endpoint_kv_dir(endpoint))
+    for replica in endpoint.replica_set.order_by("index"):
+        argv, env = build_command(launch_spec(endpoint=endpoint, replica=replica, node=cpu_node, port=9000))
+        config = json.loads(argv_flags(argv)["--kv-transfer-config"])
+        assert config == {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_producer" if replica.role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"shared_storage_path": folder},
+        }
+        assert argv.count("--kv-transfer-config") == 1
+
+
+@pytest.mark.django_db
+def test_cuda_roles_start_as_vllms_nixl_guide_says(tiny_artifact, operator, api_for):
+    """docs/features/nixl_connector_usage.md, "Basic Usage (on the same host)": prefiller and decoder each with
+    UCX_NET_DEVICES=all, its own VLLM_NIXL_SIDE_CHANNEL_PORT (5600, 5601) and
+    --kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":...,"kv_load_failure_policy":"fail"}' (the guide's
+    same-host example writes kv_both, its multi-host one kv_producer / kv_consumer: "NixlConnector currently does not
+    distinguish kv_role", the console states the role); the host the decode side reaches is the node's address."""
+    node = _gpu_node()
+    body = _body(
+        tiny_artifact,
+        dtype="bfloat16",
+        roles={"prefill": {"replicas": 1, "devices": [0]}, "decode": {"replicas": 1, "devices": [1]}},
+    )
+    preview = api_for(operator).post("/api/v1/endpoints/preview", body)
+    assert preview.status_code == 200, preview.json()
+    prefill, decode = preview.json()["nodes"]
+    for entry, role, port, device in ((prefill, "kv_producer", "5600", "0"), (decode, "kv_consumer", "5601", "1")):
+        config = json.loads(argv_flags(entry["argv"])["--kv-transfer-config"])
+        assert config == {"kv_connector": "NixlConnector", "kv_role": role, "kv_load_failure_policy": "fail"}
+        assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] == port and entry["env"]["UCX_NET_DEVICES"] == "all"
+        assert entry["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == node.address
+        assert entry["env"]["CUDA_VISIBLE_DEVICES"] == device
+    roles = preview.json()["roles"]
+    assert roles["prefill"]["nodes"] == [{"node": "gpu-host", "replicas": [0], "devices": [[0]]}]
+    assert roles["decode"]["nodes"] == [{"node": "gpu-host", "replicas": [1], "devices": [[1]]}]
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
+def test_roles_on_two_gpu_nodes_each_take_their_nodes_devices(tiny_artifact, operator, api_for):
+    first, second = _gpu_node(), _gpu_node("gpu-2", "10.0.0.8")
+    roles = {
+        "prefill": {"replicas": 2, "devices": [0, 1], "node": first.name},
+        "decode": {"replicas": 1, "devices": [3], "node": second.name},
+    }
+    created = api_for(operator).post("/api/v1/endpoints", _body(tiny_artifact, dtype="bfloat16", roles=roles))
+    assert created.status_code == 201, created.json()
+    rows = list(Replica.objects.order_by("index").values_list("role", "node__name", "devices"))
+    assert rows == [("prefill", "gpu-host", [0]), ("prefill", "gpu-host", [1]), ("decode", "gpu-2", [3])]
+
+
+REFUSALS = [
+    ({"roles": CPU_ROLES, "node": "cpu-host"}, "node", "each role names its node"),
+    ({"roles": CPU_ROLES, "replicas": 2}, "replicas", "each role names its replicas"),
+    ({"roles": {"prefill": {"replicas": 0}, "decode": {}}}, "roles.prefill.replicas", ""),
+    ({"roles": {"prefill": {"devices": [0]}, "decode": {}}}, "roles.prefill.devices", "CPU node"),
+    ({"roles": {"prefill": {}, "decode": {"node": "nowhere"}}}, "roles.decode.node", "No node 'nowhere'"),
+    ({"roles": CPU_ROLES, "kv_transfer": {"kv_connector": "NixlConnector"}}, "kv_transfer", "ExampleConnector"),
+    ({"roles": CPU_ROLES, "kv_transfer": {"kv_role": "kv_both"}}, "kv_transfer", "kv_role is set by the console"),
+    (
+        {"roles": CPU_ROLES, "kv_transfer": {"kv_connector_extra_config": {"shared_storage_path": "/etc"}}},
+        "kv_transfer",
+        "shared_storage_path is set by the console",
+    ),
+    ({"roles": CPU_ROLES, "autoscale": {"min_replicas": 1, "max_replicas": 2}}, "autoscale", "per role"),
+    ({"roles": CPU_ROLES, "distributed": "ray"}, "distributed", "one node"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("extra", "field", "words"), REFUSALS)
+def test_a_bad_roles_launch_is_refused_naming_the_field(
+    extra, field, words, cpu_node, tiny_artifact, operator, api_for
+):
+    response = api_for(operator).post("/api/v1/endpoints", _body(tiny_artifact, **extra))
+    assert response.status_code == 400, response.json()
+    errors = response.json()["errors"] if "errors" in response.json() else response.json()
+    assert field in json.dumps(errors), errors
+    assert words in json.dumps(errors), errors
+    assert not Endpoint.objects.exists() and not Replica.objects.exists()
+
+
+@pytest.mark.django_db
+def test_roles_refusals_across_nodes_and_devices(cpu_node, tiny_artifact, operator, api_for):
+    other_cpu = Node.objects.create(name="cpu-2", hostname="cpu-2", platform="cpu", last_heartbeat=timezone.now())
+    gpu = _gpu_node()
+    api = api_for(operator)
+    split = {"prefill": {"node": cpu_node.name}, "decode": {"node": other_cpu.name}}
+    answer = api.post("/api/v1/endpoints", _body(tiny_artifact, roles=split)).json()
+    assert "roles.decode.node" in json.dumps(answer) and "ExampleConnector" in json.dumps(answer)
+    mixed = {"prefill": {"node": cpu_node.name}, "decode": {"node": gpu.name, "devices": [0]}}
+    answer = api.post("/api/v1/endpoints", _body(tiny_artifact, roles=mixed)).json()
+    assert "roles.decode.node" in json.dumps(answer) and "one platform" in json.dumps(answer)
+    shared = {"prefill": {"node": gpu.name, "devices": [0]}, "decode": {"node": gpu.name, "devices": [0]}}
+    answer = api.post("/api/v1/endpoints", _body(tiny_artifact, dtype="bfloat16", roles=shared)).json()
+    assert "roles.decode.devices" in json.dumps(answer) and "prefill role's" in json.dumps(answer)
+    unknown = api.post("/api/v1/endpoints", _body(tiny_artifact, roles={"prefill": {"gpus": 1}, "decode": {}}))
+    assert unknown.status_code in (400, 422) and "gpus" in unknown.text
+    missing = api.post("/api/v1/endpoints", _body(tiny_artifact, roles={"prefill": {}}))
+    assert missing.status_code in (400, 422) and "decode" in missing.text
+    assert not Endpoint.objects.exists()
+
+
+def test_the_connector_rules_and_each_platforms_per_replica_keys():
+    assert check_connector(None, platform="ascend") == {"kv_connector": "MooncakeConnectorV1"}
+    with pytest.raises(CommandSpecError, match="kv_transfer.kv_connector: 'ExampleConnector' does not run"):
+        check_connector({"kv_connector": "ExampleConnector"}, platform="cuda")
+    with pytest.raises(CommandSpecError, match="kv_port must be a whole number"):
+        check_connector({"kv_port": "30000"}, platform="ascend")
+    with pytest.raises(CommandSpecError, match="extra_config.prefill is set by the console"):
+        check_connector({"kv_connector_extra_config": {"prefill": {"tp_size": 2}}}, platform="ascend")
+    sizes = {"prefill": {"dp_size": 2, "tp_size": 8}, "decode": {"dp_size": 1, "tp_size": 4}}
+    made = [
+        role_launch(
+            platform="ascend",
+            role=r,
+            connector={"kv_connector": "MooncakeConnectorV1"},
+            replica_index=i,
+            parallel=sizes,
+        )
+        for i, r in enumerate(["prefill", "prefill", "decode"])
+    ]
+    assert [m["kv_transfer"]["kv_port"] for m in made] == [30000, 30100, 30200]  # each its own kv_port range
+    assert made[2]["kv_transfer"]["kv_connector_extra_config"] == sizes and made[2]["env"] == {}
+    with pytest.raises(CommandSpecError, match="not a connector variable"):
+        pd_connector_env({"LD_PRELOAD": "/x.so"})
+    with pytest.raises(CommandSpecError, match="host name or address"):
+        pd_connector_env({"VLLM_NIXL_SIDE_CHANNEL_HOST": "a b; rm"})
