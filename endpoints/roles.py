@@ -1,7 +1,8 @@
 """Prefill/decode disaggregation at launch: the spec's roles checked into where each role's replicas run, and the
 connector both share (endpoints.commands.pd renders each replica's --kv-transfer-config from it).
 
-Each role names its node, devices and replica count; the endpoint's TP x PP applies to both. The checks a plain
+Each role names its node, devices and replica count; the endpoint's TP x PP applies to both. Autoscaled (per
+role, endpoints.autoscale.parse_role_settings), a role's devices are held for its max_replicas. The checks a plain
 launch makes of its node and devices are made per role, their refusals naming the role's field
 ("roles.decode.devices"); the two roles' devices on one node must not overlap."""
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from django.core.exceptions import ValidationError
 
 from console.validation import int_in_range
+from endpoints.autoscale import RoleSettings, parse_role_settings
 from endpoints.commands import CommandSpecError
 from endpoints.commands.engine_configs import ENGINE_CONFIG_FLAGS, check_engine_config
 from endpoints.commands.pd import ROLES, check_connector, role_launch
@@ -36,6 +38,7 @@ class RolesLayout:
     prefill: RolePlacement
     decode: RolePlacement
     connector: dict  # the shared kv_transfer (no kv_role: each role's is set per replica)
+    scaling: dict[str, RoleSettings] | None = None  # per-role autoscaling (endpoints.autoscale), None: off
 
     @property
     def placements(self) -> tuple[RolePlacement, RolePlacement]:
@@ -51,6 +54,9 @@ class RolesLayout:
 
     def as_json(self) -> dict:
         return {p.role: p.as_json() for p in self.placements}
+
+    def scaling_json(self) -> dict | None:
+        return None if self.scaling is None else {role: s.as_json() for role, s in self.scaling.items()}
 
 
 def _rekeyed(error: ValidationError, prefix: str) -> ValidationError:
@@ -86,10 +92,7 @@ def checked_roles(
         raise ValidationError(
             {"distributed": "A disaggregated endpoint runs each replica on one node: leave distributed blank."}
         )
-    if spec.autoscale:
-        raise ValidationError(
-            {"autoscale": "Autoscaling a disaggregated endpoint is set per role: not yet; leave it off."}
-        )
+    scaling = parse_role_settings(spec.autoscale)  # per role; ValidationError names autoscale.<role>.<name>
     if spec.adapters or spec.max_lora_rank:
         raise ValidationError({"adapters": "LoRA adapters are not served by a disaggregated endpoint here."})
     placements = []
@@ -98,9 +101,14 @@ def checked_roles(
         prefix = f"roles.{role}"
         node = launch_node(given.node, f"{prefix}.node")
         replicas = int_in_range(given.replicas, f"{prefix}.replicas", low=1, high=32, default=1)
+        held_for = replicas
+        if scaling is not None:  # it starts within its bounds, its devices held for its max_replicas
+            bounds = scaling[role].settings
+            replicas = min(max(replicas, bounds.min_replicas), bounds.max_replicas)
+            held_for = bounds.max_replicas
         try:
             check_devices(
-                node=node, devices=list(given.devices), tp=tp, pp=pp, replicas=replicas, share=spec.share_devices
+                node=node, devices=list(given.devices), tp=tp, pp=pp, replicas=held_for, share=spec.share_devices
             )
         except ValidationError as exc:
             raise _rekeyed(exc, prefix) from exc
@@ -129,7 +137,7 @@ def checked_roles(
                 "roles.decode.node": f"ExampleConnector passes the KV through a folder on one node: run both roles on {prefill.node.name}."
             }
         )
-    return RolesLayout(prefill=prefill, decode=decode, connector=connector)
+    return RolesLayout(prefill=prefill, decode=decode, connector=connector, scaling=scaling)
 
 
 def check_role_configs(layout: RolesLayout, *, nodes: Sequence[Node], tp: int, dp: int = 1) -> None:

@@ -421,8 +421,12 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         tp_pp=tp * pp,
         data_parallel_size=spec.data_parallel_size,
     )
-    scaling = _checked_autoscale(
-        spec.autoscale, node=node, devices=devices, tp_pp=tp * pp * layout.local_dp, distributed=distributed
+    scaling = (
+        None  # a role's are checked with it
+        if roles
+        else _checked_autoscale(
+            spec.autoscale, node=node, devices=devices, tp_pp=tp * pp * layout.local_dp, distributed=distributed
+        )
     )
     if scaling is not None:  # it starts within its bounds; its devices are held for max_replicas
         replicas = min(max(replicas, scaling.min_replicas), scaling.max_replicas)
@@ -543,7 +547,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                 restart_every_hours=restart_hours,
                 restart_daily_at=spec.restart_daily_at,
                 routing=routing,
-                autoscale=scaling.as_json() if scaling is not None else None,
+                autoscale=roles.scaling_json() if roles else (scaling.as_json() if scaling is not None else None),
                 roles=roles.as_json() if roles else None,
                 created_by=user if user is not None and user.pk else None,
                 state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
@@ -611,6 +615,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                     **({"data_parallel_size": layout.data_parallel_size} if layout.local_dp > 1 else {}),
                     **({"autoscale": scaling.as_json()} if scaling is not None else {}),
                     **({"roles": roles.as_json()} if roles else {}),
+                    **({"autoscale": roles.scaling_json()} if roles and roles.scaling else {}),
                     **(
                         {
                             "distributed": distributed,
@@ -922,6 +927,95 @@ def endpoint_scale(
         transaction.on_commit(lambda: nudge(node))
     endpoint.refresh_from_db()
     return endpoint, True
+
+
+def endpoint_scale_role(
+    *,
+    endpoint: Endpoint,
+    role: str,
+    replicas: int,
+    user=None,
+    via: str = "",
+    reason: str = "",
+    figures: dict | None = None,
+    at: datetime.datetime | None = None,
+) -> tuple[Endpoint, bool, str]:
+    """Set how many replicas one role of a disaggregated endpoint runs (the autoscaler's write). A replica is
+    wanted while its index is below the endpoint's count (Replica.wanted), so a role grows at the end (a new
+    replica of the role, on its node, on the first of its devices no replica of the role holds) and shrinks by the
+    last replica only: a step down of a role whose replica is not the last waits, and says so. One step at a time,
+    claimed like endpoint_scale on the count and scaled_at the caller read: (endpoint, applied, why not)."""
+    placement = (endpoint.roles or {}).get(role)
+    if placement is None:
+        return endpoint, False, f"{endpoint.name} has no {role} role"
+    current = placement["replicas"]
+    if replicas == current:
+        return endpoint, False, ""
+    rows = {r.index: r for r in endpoint.replica_set.select_related("node")}
+    last = rows.get(endpoint.replicas - 1)
+    per = endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size
+    node = Node.objects.filter(name=placement["node"]).first() or endpoint.node
+    if replicas < current:
+        if last is None or last.role != role:
+            return (
+                endpoint,
+                False,
+                f"the last replica (#{endpoint.replicas - 1}) is not a {role} replica: it goes first",
+            )
+        step, total = -1, endpoint.replicas - 1
+    else:
+        held = {d for r in rows.values() if r.role == role and r.index < endpoint.replicas for d in r.devices}
+        free = [d for d in placement["devices"] if d not in held]
+        if node.platform != "cpu" and len(free) < per:
+            return endpoint, False, f"no free {role} devices (the role holds {placement['devices']})"
+        step, total = 1, endpoint.replicas + 1
+        devices = [] if node.platform == "cpu" else free[:per]
+    new_roles = {**endpoint.roles, role: {**placement, "replicas": current + step}}
+    with transaction.atomic():
+        claim = Endpoint.objects.filter(
+            pk=endpoint.pk,
+            replicas=endpoint.replicas,
+            scaled_at=endpoint.scaled_at,
+            desired_state=Endpoint.Desired.RUNNING,
+        )
+        if not claim.update(replicas=total, roles=new_roles, scaled_at=at or timezone.now()):
+            endpoint.refresh_from_db()
+            return endpoint, False, "another writer changed the endpoint first"
+        if step > 0:  # a row at that index may be left from a step down: it becomes this role's, afresh
+            Replica.objects.update_or_create(
+                endpoint=endpoint,
+                index=total - 1,
+                defaults={
+                    "role": role,
+                    "node": node,
+                    "devices": devices,
+                    "state": Endpoint.State.PENDING,
+                    "crashes_in_a_row": 0,
+                    "next_start_at": None,
+                    "state_reason": "",
+                },
+            )
+        else:
+            Endpoint.objects.filter(pk=endpoint.pk).update(state_reason=f"draining 1 {role} replica")
+        text = f"scaled {role} {'up' if step > 0 else 'down'} {current} → {current + step}" + (
+            f": {reason}" if reason else ""
+        )
+        EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", message=text[:2000])
+        audit_log(
+            actor=user,
+            action="endpoint.scale",
+            obj=endpoint,
+            via=via,
+            changes={
+                "role": role,
+                "replicas": [current, current + step],
+                "reason": reason,
+                **({"figures": figures} if figures else {}),
+            },
+        )
+        transaction.on_commit(lambda: nudge(node))
+    endpoint.refresh_from_db()
+    return endpoint, True, ""
 
 
 def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -> tuple[Endpoint, bool]:

@@ -5,21 +5,26 @@ vLLM's NixlConnector guide here; CPU's ExampleConnector as it ran here, docs/pd-
 roles, and refusals that name the field and change nothing."""
 
 import dataclasses
+import datetime
 import json
+import time
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
-from endpoints import telemetry
+from endpoints import autoscale, telemetry
+from endpoints.autoscale import Sample, decide_role, parse_role_settings
 from endpoints.commands import build_command
-from endpoints.commands.pd import check_connector, pd_connector_env, role_launch
 from endpoints.commands.checks import CommandSpecError
+from endpoints.commands.pd import check_connector, pd_connector_env, role_launch
+from endpoints.gateway.controller import evaluate_autoscaling
 from endpoints.launch import endpoint_kv_dir, launch_spec
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Endpoint, EndpointEvent, Replica
 from endpoints.vllm_metrics import parse_metrics
 from tests.endpoints.test_recipes import argv_flags
 from workers.models import Device, Node
+from workers.telemetry.models import Point, Series
 
 CPU_ROLES = {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}
 
@@ -71,6 +76,7 @@ def test_a_cpu_endpoint_with_roles_runs_example_connector_replicas_of_each_role(
             "kv_connector_extra_config": {"shared_storage_path": folder},
         }
         assert argv.count("--kv-transfer-config") == 1
+        assert not {k for k in env if "NIXL" in k or k.startswith("UCX")}  # ExampleConnector needs no transport
 
 
 @pytest.mark.django_db
@@ -127,7 +133,7 @@ REFUSALS = [
         "kv_transfer",
         "shared_storage_path is set by the console",
     ),
-    ({"roles": CPU_ROLES, "autoscale": {"min_replicas": 1, "max_replicas": 2}}, "autoscale", "per role"),
+    ({"roles": CPU_ROLES, "autoscale": {"min_replicas": 1, "max_replicas": 2}}, "autoscale", "Per role"),
     ({"roles": CPU_ROLES, "distributed": "ray"}, "distributed", "one node"),
 ]
 
@@ -230,3 +236,155 @@ def test_each_roles_replicas_report_their_own_figures(cpu_node, tiny_artifact, o
     for chart in ("prefill-ttft", "decode-itl", "kv-in", "kv-in-pct"):
         assert f'id="chart-endpoint-{endpoint.pk}-{chart}"' in page
     assert "prefill: 1 on cpu-host" in page and "connector ExampleConnector" in page
+
+
+# --- per-role autoscaling ----------------------------------------------------------------------------------
+
+ROLE_AUTOSCALE = {
+    "prefill": {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_waiting": 2,
+        "scale_up_window_s": 30,
+        "scale_down_window_s": 60,
+        "cooldown_s": 0,
+    },
+    "decode": {
+        "min_replicas": 1,
+        "max_replicas": 3,
+        "target_running": 2,
+        "target_kv_pct": 50,
+        "scale_up_window_s": 30,
+        "scale_down_window_s": 60,
+        "cooldown_s": 0,
+    },
+}
+
+
+def _store(endpoint, replica: int, metric: str, *, start: int, seconds: int, value: float, every: int = 10):
+    series, _ = Series.objects.get_or_create(
+        key=f"e{endpoint.pk}.r{replica}.{metric}",
+        defaults={"metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node},
+    )
+    Point.objects.bulk_create(
+        [Point(series=series, ts=start + every * i, value=value) for i in range(seconds // every + 1)]
+    )
+
+
+def test_decode_scales_on_running_requests_or_kv_use_and_prefill_on_waiting():
+    roles = parse_role_settings(ROLE_AUTOSCALE)
+    assert roles["decode"].as_json()["target_kv_pct"] == 50.0 and "target_running" not in roles["prefill"].as_json()
+    now = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.UTC)
+    ts = now.timestamp()
+
+    def samples(**values):
+        return [Sample(ts=ts - 30 + 10 * i, waiting=0.0, running=0.0, **values) for i in range(4)]
+
+    common = {"now": now, "current": 1, "last_change_at": None, "max_gap_s": 30}
+    # 4 running on one replica at target 2: two replicas; KV 120 % summed at target 50 %: three (the max).
+    assert (
+        decide_role(
+            role=roles["decode"], samples=[dataclasses.replace(s, running=4.0) for s in samples()], **common
+        ).wanted
+        == 2
+    )
+    busy_kv = decide_role(role=roles["decode"], samples=samples(kv_pct=120.0), **common)
+    assert (busy_kv.action, busy_kv.wanted) == (autoscale.UP, 3) and busy_kv.reason.startswith(
+        "decode (running requests"
+    )
+    # Prefill reads the queue only: a full KV cache on its replicas is no reason.
+    assert decide_role(role=roles["prefill"], samples=samples(kv_pct=120.0), **common).action == autoscale.HOLD
+    queued = [dataclasses.replace(s, waiting=5.0) for s in samples()]
+    assert decide_role(role=roles["prefill"], samples=queued, **common).wanted == 2  # capped at max_replicas
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("autoscale_body", "field"),
+    [
+        ({"min_replicas": 1, "max_replicas": 2}, "autoscale"),
+        (
+            {**ROLE_AUTOSCALE, "decode": {**ROLE_AUTOSCALE["decode"], "min_replicas": 0}},
+            "autoscale.decode.min_replicas",
+        ),
+        (
+            {**ROLE_AUTOSCALE, "decode": {**ROLE_AUTOSCALE["decode"], "target_kv_pct": 150}},
+            "autoscale.decode.target_kv_pct",
+        ),
+        ({**ROLE_AUTOSCALE, "prefill": {"max_replicas": 0}}, "autoscale.prefill.max_replicas"),
+    ],
+)
+def test_bad_per_role_autoscale_is_refused_naming_the_field(
+    autoscale_body, field, cpu_node, tiny_artifact, operator, api_for
+):
+    response = api_for(operator).post(
+        "/api/v1/endpoints", _body(tiny_artifact, roles=CPU_ROLES, autoscale=autoscale_body)
+    )
+    assert response.status_code == 400 and f'"{field}"' in response.text, response.text
+    assert not Endpoint.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_controller_scales_each_role_on_its_own_replicas_signal(
+    ascend_node, tiny_artifact, operator, api_for, settings
+):
+    settings.TELEMETRY_INTERVAL_SECONDS = 10
+    roles = {"prefill": {"replicas": 1, "devices": [0, 1]}, "decode": {"replicas": 1, "devices": [2, 3, 4]}}
+    created = api_for(operator).post(
+        "/api/v1/endpoints", _body(tiny_artifact, dtype="bfloat16", roles=roles, autoscale=ROLE_AUTOSCALE)
+    )
+    assert created.status_code == 201, created.json()
+    endpoint = Endpoint.objects.get(pk=created.json()["id"])
+    assert endpoint.autoscale["decode"]["target_running"] == 2.0
+    Replica.objects.filter(endpoint=endpoint).update(
+        state=Endpoint.State.READY, ready_at=timezone.now() - datetime.timedelta(hours=1)
+    )
+    now = int(time.time())
+    # The decode replica runs 3 requests with its KV cache 60 % full (at 2 per replica and 50 %: two replicas);
+    # the prefill replica's queue is empty.
+    for metric, value in (("ep.running", 3.0), ("ep.kv_cache_pct", 60.0), ("ep.waiting", 0.0)):
+        _store(endpoint, 1, metric, start=now - 60, seconds=60, value=value)
+    _store(endpoint, 0, "ep.waiting", start=now - 60, seconds=60, value=0.0)
+    _store(endpoint, 0, "ep.running", start=now - 60, seconds=60, value=0.0)
+    results = {d.figures["role"]: (d.action, applied) for _, d, applied in evaluate_autoscaling(now)}
+    assert results == {"prefill": (autoscale.HOLD, False), "decode": (autoscale.UP, True)}
+    endpoint.refresh_from_db()
+    assert endpoint.replicas == 3 and endpoint.roles["decode"]["replicas"] == 2
+    new = Replica.objects.get(endpoint=endpoint, index=2)
+    assert (new.role, new.devices, new.state) == ("decode", [3], Endpoint.State.PENDING)
+    assert "scaled decode up 1 → 2" in EndpointEvent.objects.filter(kind="autoscale").latest("pk").message
+    # Prompts queue on the prefill replica (5 waiting at target 2): it grows at the end too.
+    Series.objects.filter(endpoint=endpoint, replica=0, metric="ep.waiting").delete()
+    _store(endpoint, 0, "ep.waiting", start=now - 50, seconds=60, value=5.0)
+    Replica.objects.filter(endpoint=endpoint).update(
+        state=Endpoint.State.READY, ready_at=timezone.now() - datetime.timedelta(hours=1)
+    )
+    results = {d.figures["role"]: (d.action, applied) for _, d, applied in evaluate_autoscaling(now + 10)}
+    assert results["prefill"] == (autoscale.UP, True)
+    endpoint.refresh_from_db()
+    assert (
+        endpoint.roles["prefill"]["replicas"] == 2 and Replica.objects.get(endpoint=endpoint, index=3).role == "prefill"
+    )
+    assert Replica.objects.get(endpoint=endpoint, index=3).devices == [1]
+    # Decode's load is gone, but its replicas are not the last index: it waits, and says why.
+    Series.objects.filter(endpoint=endpoint).delete()
+    for replica in range(4):
+        for metric in ("ep.running", "ep.kv_cache_pct", "ep.waiting"):
+            _store(
+                endpoint,
+                replica,
+                metric,
+                start=now - 60,
+                seconds=140,
+                value=0.0 if metric != "ep.waiting" or replica else 5.0,
+            )
+    Replica.objects.filter(endpoint=endpoint).update(
+        state=Endpoint.State.READY, ready_at=timezone.now() - datetime.timedelta(hours=1)
+    )
+    results = {d.figures["role"]: (d.action, applied) for _, d, applied in evaluate_autoscaling(now + 80)}
+    assert results["decode"] == (autoscale.DOWN, False)
+    assert (
+        "the last replica (#3) is not a decode replica"
+        in EndpointEvent.objects.filter(kind="autoscale").latest("pk").message
+    )
+    assert Endpoint.objects.get(pk=endpoint.pk).roles["decode"]["replicas"] == 2
