@@ -421,3 +421,17 @@ def test_the_controller_scales_each_role_on_its_own_replicas_signal(
         in EndpointEvent.objects.filter(kind="autoscale").latest("pk").message
     )
     assert Endpoint.objects.get(pk=endpoint.pk).roles["decode"]["replicas"] == 2
+
+
+@pytest.mark.django_db
+def test_a_disaggregated_endpoint_saved_as_a_recipe_keeps_its_roles(cpu_node, tiny_artifact, operator, api_for):
+    api = api_for(operator)
+    created = api.post("/api/v1/endpoints", _body(tiny_artifact, roles=CPU_ROLES))
+    saved = api.post("/api/v1/recipes", {"endpoint": created.json()["id"], "name": "my-pd"})
+    assert saved.status_code in (200, 201), saved.json()
+    spec = saved.json()["spec"]
+    assert spec["roles"] == {"prefill": {"replicas": 1}, "decode": {"replicas": 2}}
+    assert "node" not in spec and "replicas" not in spec and spec["kv_transfer"] == {"kv_connector": "ExampleConnector"}
+    again = api.post("/api/v1/endpoints/preview", {"name": "pd-2", "recipe": "my-pd", "artifact": tiny_artifact.pk})
+    assert again.status_code == 200, again.json()
+    assert [n["role"] for n in again.json()["nodes"]] == ["prefill", "decode"]
