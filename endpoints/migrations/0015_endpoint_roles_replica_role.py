@@ -4,7 +4,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ('endpoints', '0014_lora_adapters'),
     ]
@@ -18,6 +17,11 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='replica',
             name='role',
-            field=models.CharField(blank=True, choices=[('', 'whole requests'), ('prefill', 'prefill'), ('decode', 'decode')], default='', max_length=8),
+            field=models.CharField(
+                blank=True,
+                choices=[('', 'whole requests'), ('prefill', 'prefill'), ('decode', 'decode')],
+                default='',
+                max_length=8,
+            ),
         ),
     ]
