@@ -70,6 +70,7 @@ def replica_json(replica) -> dict:
     )
     return {
         "index": replica.index,
+        "role": replica.role or None,  # prefill / decode on a disaggregated endpoint
         "node": replica.node.name,
         "url": replica.url,
         "pid": replica.pid,
@@ -121,6 +122,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "data_parallel_size": endpoint.data_parallel_size,
         "routing": endpoint.routing,
         "autoscale": endpoint.autoscale,
+        "roles": endpoint.roles,
         "replica_count": endpoint.replicas,
         "autoscale_wanted": endpoint.autoscale_wanted,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],

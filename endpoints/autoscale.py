@@ -45,6 +45,7 @@ wakes an endpoint scaled to zero (`gw.waiting`). The rules, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import itertools
 import math
@@ -239,6 +240,7 @@ class Sample:
     running: float | None = 0.0  # requests vLLM runs, summed; None where a replica did not say
     served: float = 0.0  # requests per second served (vLLM's ep.qps plus the gateway's gw.qps)
     scraped: bool = True  # vLLM's figures are in it (a pass with the gateway's alone is not)
+    kv_pct: float = 0.0  # KV cache use (%) summed over the replicas (a disaggregated endpoint's decode signal)
 
     @property
     def idle(self) -> bool:
@@ -385,3 +387,112 @@ def decide(
     if current > low and not down_covered:
         return out(HOLD, current, "no complete scale-down window of waiting-request samples: holding")
     return out(HOLD, current, "load within target")
+
+
+# --- prefill/decode roles ------------------------------------------------------------------------------
+# A disaggregated endpoint (endpoints.roles) scales each role on its own signal, with this module's policy:
+# prefill on its replicas' queue (vLLM's ep.waiting: prompts waiting for a prefill), decode on what its replicas
+# carry (ep.running, and ep.kv_cache_pct: decode holds every running request's KV until it ends, so a full KV
+# cache is what stops it taking more). Settings: {"prefill": {<the settings above>}, "decode": {<the same>,
+# "target_running", "target_kv_pct"}}; the two roles share the endpoint's cooldown (one change at a time).
+
+ROLE_NAMES = ("prefill", "decode")
+DECODE_KNOWN = {"target_running", "target_kv_pct"}
+DECODE_DEFAULTS = {"target_running": 8, "target_kv_pct": 80}
+
+
+@dataclass(frozen=True)
+class RoleSettings:
+    role: str
+    settings: AutoscaleSettings
+    target_running: float | None = None  # decode: running requests per replica that call for another one
+    target_kv_pct: float | None = None  # decode: KV cache use (%) per replica that calls for another one
+
+    def as_json(self) -> dict:
+        extra = (
+            {}
+            if self.role == "prefill"
+            else {"target_running": self.target_running, "target_kv_pct": self.target_kv_pct}
+        )
+        return {**self.settings.as_json(), **extra}
+
+
+def _rekey(exc: ValidationError, role: str) -> ValidationError:
+    return ValidationError(
+        {
+            key.replace("autoscale", f"autoscale.{role}", 1): [m for e in errs for m in e.messages]
+            for key, errs in exc.error_dict.items()
+        }
+    )
+
+
+def parse_role_settings(raw) -> dict[str, RoleSettings] | None:
+    """A disaggregated endpoint's autoscale settings, per role (both required); None or {} is off. Errors name the
+    field as autoscale.<role>.<name>. min_replicas 0 is refused: a role scaled to zero leaves every request
+    unanswerable (the gateway wakes whole endpoints, not roles)."""
+    if raw in (None, {}, ""):
+        return None
+    if not isinstance(raw, dict) or set(raw) != set(ROLE_NAMES):
+        raise ValidationError(
+            {
+                "autoscale": 'Per role: {"prefill": {"max_replicas": 2, ...}, "decode": {"max_replicas": 2, ...}}, or null (off).'
+            }
+        )
+    out = {}
+    for role in ROLE_NAMES:
+        given = raw[role]
+        if not isinstance(given, dict):
+            raise ValidationError({f"autoscale.{role}": "An object like {\"min_replicas\": 1, \"max_replicas\": 4}."})
+        extra = {k: given[k] for k in DECODE_KNOWN if k in given} if role == "decode" else {}
+        try:
+            settings = parse_settings({k: v for k, v in given.items() if k not in extra})
+        except ValidationError as exc:
+            raise _rekey(exc, role) from None
+        if settings is None:
+            raise ValidationError({f"autoscale.{role}.max_replicas": "Say how many replicas at most."})
+        if settings.min_replicas < 1:
+            raise ValidationError(
+                {f"autoscale.{role}.min_replicas": "At least 1: a role at 0 replicas answers nothing."}
+            )
+        targets = {}
+        if role == "decode":
+            for key, high in (("target_running", 10_000), ("target_kv_pct", 100)):
+                value = {**DECODE_DEFAULTS, **extra}[key]
+                if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
+                    raise ValidationError({f"autoscale.decode.{key}": f"Above 0, up to {high}."})
+                targets[key] = float(value)
+        out[role] = RoleSettings(role=role, settings=settings, **targets)
+    return out
+
+
+def decode_samples(samples: list[Sample], role: RoleSettings) -> list[Sample]:
+    """Decode's samples as the policy's queue: per sample, max(running requests, KV use summed over the replicas ×
+    target_running / target_kv_pct), so that ceil(it / target_running) is the replicas that keep both under
+    their targets. An unscraped sample stays unscraped."""
+    ratio = role.target_running / role.target_kv_pct
+    return [
+        Sample(
+            ts=s.ts,
+            waiting=max(s.running or 0.0, s.kv_pct * ratio),
+            running=s.running,
+            served=s.served,
+            scraped=s.scraped,
+            kv_pct=s.kv_pct,
+        )
+        for s in samples
+    ]
+
+
+def decide_role(*, role: RoleSettings, samples: list[Sample], **kwargs) -> Decision:
+    """The wanted count of one role's replicas: decide() on the role's own samples (decode's as decode_samples
+    makes them, against target_running), its reason saying which role and signal."""
+    if role.role == "decode":
+        settings = dataclasses.replace(role.settings, target_waiting=role.target_running)
+        decision = decide(settings=settings, samples=decode_samples(samples, role), **kwargs)
+        signal = f"decode (running requests, KV use {role.target_kv_pct:g} % ≙ {role.target_running:g} running)"
+    else:
+        decision = decide(settings=role.settings, samples=samples, **kwargs)
+        signal = "prefill (waiting requests)"
+    return dataclasses.replace(
+        decision, reason=f"{signal}: {decision.reason}", figures={**decision.figures, "role": role.role}
+    )

@@ -31,6 +31,27 @@ def time_of_day(value: Any) -> datetime.time | None:
         raise ValidationError({"restart_daily_at": TIME_OF_DAY_MESSAGE}) from None
 
 
+class RoleSpec(BaseModel):
+    """One role of a disaggregated endpoint: how many replicas, on which node, on which of its devices (TP x PP
+    each, in order; none on a CPU node)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    replicas: int | None = None
+    node: str | int | None = None
+    devices: list[int] = []
+
+
+class Roles(BaseModel):
+    """Prefill/decode disaggregation (endpoints.roles): both roles, each with its replicas. The connector is the
+    spec's kv_transfer (its kv_connector and settings; blank: the platform's, endpoints.commands.pd)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill: RoleSpec
+    decode: RoleSpec
+
+
 class EndpointSpec(BaseModel):
     """One launch. Field names are the API's; a misspelt one is refused, not dropped."""
 
@@ -63,7 +84,9 @@ class EndpointSpec(BaseModel):
     compilation: dict[str, Any] | None = None  # vLLM's CompilationConfig
     ascend: dict[str, Any] | None = None  # vllm-ascend's --additional-config (vllm_ascend/ascend_config.py)
     hf_overrides: dict[str, Any] | None = None  # laid over the model's config.json (e.g. YaRN rope scaling)
-    kv_transfer: dict[str, Any] | None = None  # vLLM's KVTransferConfig
+    kv_transfer: dict[str, Any] | None = None  # vLLM's KVTransferConfig; with roles, the connector both share
+    # Prefill/decode disaggregation: replicas per role (then `node`, `devices` and `replicas` are the roles').
+    roles: Roles | None = None
     async_scheduling: bool | None = None  # None: vLLM's default
     distributed_executor_backend: str = ""  # "mp", "uni" or "ray" ("" : vLLM's choice)
     # LoRA: adapter artifacts (registry ids) of the served model, loaded at start and servable by their names;

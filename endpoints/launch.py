@@ -30,6 +30,7 @@ from endpoints.commands import (
     ray_worker_command,
     validate_extra_args,
 )
+from endpoints.commands.pd import role_launch
 from endpoints.lora import launch_lora
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.profiling.paths import replica_profile_dir
@@ -103,7 +104,10 @@ def launch_spec(
         interfaces=node_interfaces(node) if not endpoint.distributed else {},
         trust_remote_code=endpoint.trust_remote_code,
         data_parallel_size=endpoint.data_parallel_size if not endpoint.distributed else 1,
-        engine_configs=dict(endpoint.engine_configs or {}),
+        engine_configs={
+            k: v for k, v in (endpoint.engine_configs or {}).items() if not (replica.role and k == "kv_transfer")
+        },
+        pd=role_launch_of(endpoint=endpoint, replica=replica, node=node),
         draft_model_path=endpoint.draft_artifact.path if endpoint.draft_artifact_id else None,
         async_scheduling=endpoint.async_scheduling,
         distributed_executor_backend=endpoint.distributed_executor_backend or None,
@@ -113,6 +117,30 @@ def launch_spec(
         # (vllm/v1/executor/ray_executor.py get_env_vars_to_copy), so they would all compile into the head
         # node's folder; unset, each host keeps vLLM's own default cache (~/.cache/vllm), which is its own.
         engine_cache_dir=None if endpoint.distributed == Endpoint.Distributed.RAY else str(engine_cache_dir(node)),
+    )
+
+
+def endpoint_kv_dir(endpoint: Endpoint) -> Path:
+    """A disaggregated CPU endpoint's KV folder on its node (ExampleConnector's shared_storage_path): its prefill
+    replicas write each prompt's KV there and its decode replicas read it. Under the endpoint's work folder, so it
+    goes with the endpoint's files."""
+    return endpoint_work_root() / endpoint.name / "kv"
+
+
+def role_launch_of(*, endpoint: Endpoint, replica: Replica, node: Node) -> dict | None:
+    """The role's connector config and variables of a disaggregated endpoint's replica (endpoints.commands.pd);
+    None for a replica with no role."""
+    if not replica.role or not endpoint.roles:
+        return None
+    sizes = {"dp_size": endpoint.data_parallel_size or 1, "tp_size": endpoint.tensor_parallel_size}
+    return role_launch(
+        platform=node.platform,
+        role=replica.role,
+        connector=(endpoint.engine_configs or {}).get("kv_transfer") or {},
+        replica_index=replica.index,
+        parallel={"prefill": sizes, "decode": sizes},
+        storage_dir=str(endpoint_kv_dir(endpoint)),
+        host=node.address or None,
     )
 
 

@@ -88,6 +88,10 @@ class Endpoint(models.Model):
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
     routing = models.CharField(max_length=24, choices=Routing.choices, default=Routing.LEAST_OUTSTANDING)
     restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
+    # Prefill/decode disaggregation (endpoints.roles): {"prefill": {"replicas", "node", "devices"}, "decode": {...}}, the
+    # replicas of each role (Replica.role) started with that role's --kv-transfer-config; `replicas` is their sum and
+    # `node` the prefill role's. Null: one kind of replica, the gateway sends each request to one of them.
+    roles = models.JSONField(null=True, blank=True)
     # Autoscaling settings (endpoints.autoscale.parse_settings reads them; null is off) and when the
     # controller last changed `replicas` (its cooldown, and the claim two controllers race on).
     autoscale = models.JSONField(null=True, blank=True)
@@ -116,12 +120,25 @@ class Endpoint(models.Model):
     def lora_enabled(self) -> bool:
         return self.max_lora_rank is not None
 
+    @property
+    def disaggregated(self) -> bool:
+        """Prefill and decode run on replicas of their own (roles), the gateway relaying between them."""
+        return bool(self.roles)
+
 
 class Replica(models.Model):
     """One vLLM process of an endpoint: its own node, devices and port."""
 
+    class Role(models.TextChoices):
+        """Its part in a disaggregated endpoint (Endpoint.roles); blank: it serves whole requests."""
+
+        NONE = "", "whole requests"
+        PREFILL = "prefill", "prefill"
+        DECODE = "decode", "decode"
+
     endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="replica_set")
     index = models.PositiveIntegerField()
+    role = models.CharField(max_length=8, choices=Role.choices, blank=True, default="")
     node = models.ForeignKey("workers.Node", on_delete=models.PROTECT, related_name="replicas")
     devices = models.JSONField(default=list, blank=True)
     state = models.CharField(max_length=16, choices=Endpoint.State.choices, default=Endpoint.State.PENDING)

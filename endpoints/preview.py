@@ -54,7 +54,7 @@ def _replica_entry(endpoint: Endpoint, replica: Replica) -> dict:
     launch = launch_spec(endpoint=endpoint, replica=replica, node=node, port=port)
     entry = {
         "node": node.name,
-        "role": "server",
+        "role": replica.role or "server",  # a disaggregated endpoint's: prefill / decode
         "replica": replica.index,
         "argv": [],
         "env": {},
@@ -150,10 +150,37 @@ def _member_entry(endpoint: Endpoint, member: ReplicaMember) -> dict:
     }
 
 
+def _roles_of(endpoint: Endpoint) -> dict | None:
+    """A disaggregated endpoint's roles: {"prefill": {"replicas", "nodes": [{"node", "replicas": [index, ...],
+    "devices": [[...], ...]}], "connector"}, "decode": {...}}; None for one kind of replica."""
+    if not endpoint.roles:
+        return None
+    out: dict = {}
+    for replica in endpoint.replica_set.select_related("node").order_by("index"):
+        role = out.setdefault(
+            replica.role,
+            {
+                "replicas": 0,
+                "nodes": [],
+                "connector": (endpoint.engine_configs or {}).get("kv_transfer", {}).get("kv_connector"),
+            },
+        )
+        role["replicas"] += 1
+        on = next((n for n in role["nodes"] if n["node"] == replica.node.name), None)
+        if on is None:
+            on = {"node": replica.node.name, "replicas": [], "devices": []}
+            role["nodes"].append(on)
+        on["replicas"].append(replica.index)
+        on["devices"].append(list(replica.devices))
+    return out
+
+
 def endpoint_preview(*, spec: EndpointSpec, user) -> dict:
     """{"endpoint": the name, "recipe", "replicas", "nodes": [{"node", "role", "replica", "argv", "env" (secrets
     masked), "container_argv", "command" (one shell line, for reading and copying), "checks": [{"name", "ok",
-    "level", "message"}]}]}: replica 0's processes, the server first, then its members by rank. A spec the launch
+    "level", "message"}]}], "roles": each role's nodes (endpoint_preview's _roles_of; None without roles)}: replica 0's
+    processes, the server first, then its members by rank; with roles, replica 0 (prefill) and the first decode
+    replica, each "role" saying which. A spec the launch
     would refuse raises the same ValidationError, naming the field."""
     if not spec.name:
         spec = spec.model_copy(update={"name": "preview"})
@@ -165,6 +192,9 @@ def endpoint_preview(*, spec: EndpointSpec, user) -> dict:
             if endpoint.distributed:  # the group's rendezvous on its head node, as the agent claims it first
                 replica.cluster_port = claim_port(replica.node, replica, field="cluster_port")
             nodes = [_replica_entry(endpoint, replica)]
+            if endpoint.roles:  # and the decode role's first replica: both roles' commands
+                first_decode = endpoint.replica_set.select_related("node").filter(role=Replica.Role.DECODE).first()
+                nodes.append(_replica_entry(endpoint, first_decode))
             nodes += [
                 _member_entry(endpoint, m)
                 for m in ReplicaMember.objects.filter(replica=replica)
@@ -175,6 +205,7 @@ def endpoint_preview(*, spec: EndpointSpec, user) -> dict:
                 "endpoint": endpoint.name,
                 "recipe": endpoint.recipe or None,
                 "replicas": endpoint.replicas,
+                "roles": _roles_of(endpoint),
                 "nodes": nodes,
             }
             raise _RolledBack

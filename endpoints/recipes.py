@@ -192,13 +192,17 @@ def spec_of(endpoint: Endpoint) -> EndpointSpec:
     configs = dict(endpoint.engine_configs or {})
     if endpoint.draft_artifact_id and "speculative" in configs:
         configs["speculative"] = {**configs["speculative"], "draft_artifact": endpoint.draft_artifact_id}
+    # A disaggregated endpoint's node, devices and replicas are its roles' (endpoints.roles).
+    placed = (
+        {"roles": endpoint.roles}
+        if endpoint.roles
+        else {"node": endpoint.node.name, "devices": endpoint.devices, "replicas": endpoint.replicas}
+    )
     return EndpointSpec(
         name=endpoint.name,
         recipe=endpoint.recipe,
         artifact=endpoint.artifact_id,
-        node=endpoint.node.name,
-        devices=endpoint.devices,
-        replicas=endpoint.replicas,
+        **placed,
         tensor_parallel_size=endpoint.tensor_parallel_size,
         pipeline_parallel_size=endpoint.pipeline_parallel_size,
         data_parallel_size=endpoint.data_parallel_size,
@@ -238,6 +242,8 @@ def recipe_save(*, endpoint: Endpoint, name: str, title: str = "", user, request
     if len(title) > 200:
         raise ValidationError({"title": "At most 200 characters."})
     spec = spec_of(endpoint).model_dump(mode="json", exclude=set(NOT_IN_RECIPES), exclude_defaults=True)
+    for role in (spec.get("roles") or {}).values():  # where each role runs belongs to a launch too
+        role.pop("node", None)
     members = endpoint.replica_set.first()
     nodes = 1 + (members.members.filter(rank__gt=0).count() if members else 0)
     for _ in range(3):  # two saves of one name at once: the unique version decides, the loser takes the next

@@ -1,3 +1,5 @@
+from collections.abc import Collection
+
 from django.conf import settings
 
 from endpoints.autoscale import Sample
@@ -58,18 +60,25 @@ _LOAD_METRICS = {
     "ep.qps": "served",
     "gw.qps": "served",
 }
+_ROLE_METRICS = {"ep.kv_cache_pct": "kv_pct"}
 
 
-def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample]:
+def load_samples(
+    endpoint_id: int, *, since: float, until: float, replicas: Collection[int] | None = None
+) -> list[Sample]:
     """The endpoint's load in (since, until] as the autoscaler reads it, one sample per telemetry pass:
     queued requests (vLLM's num_requests_waiting, each replica's `ep.waiting`, plus the gateway's held
     ones, `gw.waiting`), running ones (`ep.running`) and requests served (`ep.qps`, `gw.qps`), each summed
     over the replicas (and gateways). Readings are bucketed by TELEMETRY_INTERVAL_SECONDS (a series'
     several readings in one bucket count once, the last); a bucket without vLLM's `ep.waiting` is not
-    `scraped`."""
-    series = dict(
-        Series.objects.filter(endpoint_id=endpoint_id, metric__in=list(_LOAD_METRICS)).values_list("pk", "metric")
-    )
+    `scraped`. `replicas`: those replica indexes' series only (one role of a disaggregated endpoint, whose
+    samples also sum the replicas' KV cache use, `ep.kv_cache_pct`, into kv_pct), the gateway's left out."""
+    rows = Series.objects.filter(endpoint_id=endpoint_id, metric__in=[*_LOAD_METRICS, *_ROLE_METRICS])
+    if replicas is None:
+        rows = rows.exclude(metric__in=list(_ROLE_METRICS))
+    else:
+        rows = rows.filter(replica__in=list(replicas))
+    series = dict(rows.values_list("pk", "metric"))
     step = max(1, int(settings.TELEMETRY_INTERVAL_SECONDS))
     buckets: dict[int, dict[int, float]] = {}
     for series_id, ts, value in (
@@ -80,15 +89,20 @@ def load_samples(endpoint_id: int, *, since: float, until: float) -> list[Sample
         buckets.setdefault(ts // step * step, {})[series_id] = value
     out = []
     for ts, values in sorted(buckets.items()):
-        sums = {"waiting": 0.0, "running": 0.0, "served": 0.0}
+        sums = {"waiting": 0.0, "running": 0.0, "served": 0.0, "kv_pct": 0.0}
         for pk, value in values.items():
-            sums[_LOAD_METRICS[series[pk]]] += value
+            sums[_LOAD_METRICS.get(series[pk]) or _ROLE_METRICS[series[pk]]] += value
         metrics = {series[pk] for pk in values}
         # vLLM not saying how many it runs is not "none running".
         running = sums["running"] if "ep.running" in metrics or "ep.waiting" not in metrics else None
         out.append(
             Sample(
-                ts=ts, waiting=sums["waiting"], running=running, served=sums["served"], scraped="ep.waiting" in metrics
+                ts=ts,
+                waiting=sums["waiting"],
+                running=running,
+                served=sums["served"],
+                scraped="ep.waiting" in metrics,
+                kv_pct=sums["kv_pct"],
             )
         )
     return out

@@ -38,6 +38,7 @@ from endpoints.launch_checks import checked_engine_configs, checked_engine_optio
 from endpoints.recipes import with_recipe
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
 from endpoints.replica_state import refresh_endpoint_state
+from endpoints.roles import check_role_configs, checked_roles
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
 from models_registry.inspection import kv_bytes_per_token
 from models_registry.models import Artifact
@@ -137,7 +138,7 @@ def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
         if nodes.count() != 1:
             raise ValidationError(
                 {
-                    "node": "Choose a node."
+                    field: "Choose a node."
                     if nodes.exists()
                     else "No node has registered: start the agent (`manage.py agent`)."
                 }
@@ -399,13 +400,18 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     if Endpoint.objects.filter(name=name).exists():
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
     artifact = _launchable_artifact(spec.artifact)
-    node = _launch_node(spec.node)
-    if refusal := platform_refusal(artifact, node.platform):
-        raise ValidationError({"artifact": refusal})
     tp = int_in_range(spec.tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
     pp = int_in_range(spec.pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
-    replicas = int_in_range(spec.replicas, "replicas", low=1, high=64, default=1)
-    devices = list(spec.devices)
+    roles = None
+    if spec.roles is not None:  # prefill/decode disaggregation: node, devices and replicas per role
+        roles = checked_roles(spec, tp=tp, pp=pp, launch_node=_launch_node, check_devices=_check_devices)
+        node = roles.prefill.node
+    else:
+        node = _launch_node(spec.node)
+    if refusal := platform_refusal(artifact, node.platform):
+        raise ValidationError({"artifact": refusal})
+    replicas = roles.replicas if roles else int_in_range(spec.replicas, "replicas", low=1, high=64, default=1)
+    devices = [*roles.prefill.devices, *roles.decode.devices] if roles else list(spec.devices)
     distributed = spec.distributed
     layout = _multi_node_layout(
         distributed=distributed,
@@ -415,13 +421,17 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         tp_pp=tp * pp,
         data_parallel_size=spec.data_parallel_size,
     )
-    scaling = _checked_autoscale(
-        spec.autoscale, node=node, devices=devices, tp_pp=tp * pp * layout.local_dp, distributed=distributed
+    scaling = (
+        None  # a role's are checked with it
+        if roles
+        else _checked_autoscale(
+            spec.autoscale, node=node, devices=devices, tp_pp=tp * pp * layout.local_dp, distributed=distributed
+        )
     )
     if scaling is not None:  # it starts within its bounds; its devices are held for max_replicas
         replicas = min(max(replicas, scaling.min_replicas), scaling.max_replicas)
     held_for = scaling.max_replicas if scaling is not None else replicas
-    for member_node in [node, *layout.nodes]:
+    for member_node in [node, *layout.nodes] if roles is None else ():  # a role's were checked with it
         _check_devices(
             node=member_node,
             devices=devices,
@@ -448,15 +458,16 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         raise ValidationError({"dtype": "INT8 (W8A8) artifacts run with bfloat16 or float16 activations, not float32."})
     # vllm-ascend's loader rules for a ModelSlim checkpoint on each node's chips (endpoints/ascend_rules.py): what
     # 310P cannot load, and a W8A8 checkpoint whose deq_scale was written for another dtype than the endpoint's.
-    for member_node in [node, *layout.nodes]:
-        chip = member_node.devices.filter(index__in=devices).values_list("name", flat=True).first()
+    placed = [(p.node, p.devices) for p in roles.placements] if roles else [(n, devices) for n in [node, *layout.nodes]]
+    for member_node, member_devices in placed:
+        chip = member_node.devices.filter(index__in=member_devices).values_list("name", flat=True).first()
         if refusal := ascend_launch_refusal(artifact=artifact, chip_name=chip, endpoint_dtype=dtype):
             raise ValidationError(refusal_errors(refusal))
     capacity_override = spec.capacity_override
     estimate = _checked_capacity(
         artifact=artifact,
         node=node,
-        devices=devices,
+        devices=roles.prefill.devices if roles else devices,
         tp_pp=tp * pp * layout.local_dp,
         max_model_len=max_model_len,
         util=util,
@@ -466,14 +477,20 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     default_seqs = (estimate or {}).get("recommended_max_num_seqs") or (16 if node.platform != "cpu" else 8)
     max_num_seqs = int_in_range(spec.max_num_seqs, "max_num_seqs", low=1, high=4096, default=default_seqs)
     extra_args = spec.extra_args
-    configs, draft = checked_engine_configs(spec=spec, nodes=[node, *layout.nodes])
+    configs, draft = checked_engine_configs(spec=spec, nodes=roles.nodes if roles else [node, *layout.nodes])
+    if roles is not None:  # the connector both roles share; each replica's kv_role and ports come at its start
+        configs["kv_transfer"] = roles.connector
+        check_role_configs(roles, nodes=roles.nodes, tp=tp)
     backend = spec.distributed_executor_backend
     if backend and backend not in EXECUTOR_BACKENDS:
         raise ValidationError({"distributed_executor_backend": f"Choose {', '.join(EXECUTOR_BACKENDS)} or blank."})
     if backend and distributed == Endpoint.Distributed.RAY and backend != "ray":
         raise ValidationError({"distributed_executor_backend": "A Ray cluster runs the ray executor."})
     env = checked_engine_options(
-        nodes=[node, *layout.nodes], extra_args=extra_args, env=spec.env, typed_flags=spec_option_flags(spec, configs)
+        nodes=roles.nodes if roles else [node, *layout.nodes],
+        extra_args=extra_args,
+        env=spec.env,
+        typed_flags=spec_option_flags(spec, configs),
     )
     if spec.async_scheduling is not None and {"--async-scheduling", "async_scheduling", "async-scheduling"} & set(
         extra_args
@@ -530,13 +547,26 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                 restart_every_hours=restart_hours,
                 restart_daily_at=spec.restart_daily_at,
                 routing=routing,
-                autoscale=scaling.as_json() if scaling is not None else None,
+                autoscale=roles.scaling_json() if roles else (scaling.as_json() if scaling is not None else None),
+                roles=roles.as_json() if roles else None,
                 created_by=user if user is not None and user.pk else None,
                 state_reason="" if node.online else f"waiting for the agent of node {node.name} (offline)",
             )
             if lora is not None:
                 endpoint.adapters.set(lora.adapters)
-            for index in range(replicas):
+            if roles is not None:  # prefill replicas first, then decode, each role's devices in turn
+                index = 0
+                for placement in roles.placements:
+                    for n in range(placement.replicas):
+                        Replica.objects.create(
+                            endpoint=endpoint,
+                            index=index,
+                            role=placement.role,
+                            node=placement.node,
+                            devices=placement.devices[n * per_replica : (n + 1) * per_replica],
+                        )
+                        index += 1
+            for index in range(replicas) if roles is None else ():
                 replica = Replica.objects.create(
                     endpoint=endpoint,
                     index=index,
@@ -584,6 +614,8 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                     **({"lora": lora.as_json()} if lora else {}),
                     **({"data_parallel_size": layout.data_parallel_size} if layout.local_dp > 1 else {}),
                     **({"autoscale": scaling.as_json()} if scaling is not None else {}),
+                    **({"roles": roles.as_json()} if roles else {}),
+                    **({"autoscale": roles.scaling_json()} if roles and roles.scaling else {}),
                     **(
                         {
                             "distributed": distributed,
@@ -596,7 +628,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                     **({"capacity_override": capacity_override} if capacity_override else {}),
                 },
             )
-            transaction.on_commit(lambda: [nudge(n) for n in [node, *layout.nodes]])
+            transaction.on_commit(lambda: [nudge(n) for n in (roles.nodes if roles else [node, *layout.nodes])])
     except IntegrityError as exc:  # the same name launched at the same moment: the unique index decides
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."}) from exc
     return endpoint
@@ -895,6 +927,95 @@ def endpoint_scale(
         transaction.on_commit(lambda: nudge(node))
     endpoint.refresh_from_db()
     return endpoint, True
+
+
+def endpoint_scale_role(
+    *,
+    endpoint: Endpoint,
+    role: str,
+    replicas: int,
+    user=None,
+    via: str = "",
+    reason: str = "",
+    figures: dict | None = None,
+    at: datetime.datetime | None = None,
+) -> tuple[Endpoint, bool, str]:
+    """Set how many replicas one role of a disaggregated endpoint runs (the autoscaler's write). A replica is
+    wanted while its index is below the endpoint's count (Replica.wanted), so a role grows at the end (a new
+    replica of the role, on its node, on the first of its devices no replica of the role holds) and shrinks by the
+    last replica only: a step down of a role whose replica is not the last waits, and says so. One step at a time,
+    claimed like endpoint_scale on the count and scaled_at the caller read: (endpoint, applied, why not)."""
+    placement = (endpoint.roles or {}).get(role)
+    if placement is None:
+        return endpoint, False, f"{endpoint.name} has no {role} role"
+    current = placement["replicas"]
+    if replicas == current:
+        return endpoint, False, ""
+    rows = {r.index: r for r in endpoint.replica_set.select_related("node")}
+    last = rows.get(endpoint.replicas - 1)
+    per = endpoint.tensor_parallel_size * endpoint.pipeline_parallel_size
+    node = Node.objects.filter(name=placement["node"]).first() or endpoint.node
+    if replicas < current:
+        if last is None or last.role != role:
+            return (
+                endpoint,
+                False,
+                f"the last replica (#{endpoint.replicas - 1}) is not a {role} replica: it goes first",
+            )
+        step, total = -1, endpoint.replicas - 1
+    else:
+        held = {d for r in rows.values() if r.role == role and r.index < endpoint.replicas for d in r.devices}
+        free = [d for d in placement["devices"] if d not in held]
+        if node.platform != "cpu" and len(free) < per:
+            return endpoint, False, f"no free {role} devices (the role holds {placement['devices']})"
+        step, total = 1, endpoint.replicas + 1
+        devices = [] if node.platform == "cpu" else free[:per]
+    new_roles = {**endpoint.roles, role: {**placement, "replicas": current + step}}
+    with transaction.atomic():
+        claim = Endpoint.objects.filter(
+            pk=endpoint.pk,
+            replicas=endpoint.replicas,
+            scaled_at=endpoint.scaled_at,
+            desired_state=Endpoint.Desired.RUNNING,
+        )
+        if not claim.update(replicas=total, roles=new_roles, scaled_at=at or timezone.now()):
+            endpoint.refresh_from_db()
+            return endpoint, False, "another writer changed the endpoint first"
+        if step > 0:  # a row at that index may be left from a step down: it becomes this role's, afresh
+            Replica.objects.update_or_create(
+                endpoint=endpoint,
+                index=total - 1,
+                defaults={
+                    "role": role,
+                    "node": node,
+                    "devices": devices,
+                    "state": Endpoint.State.PENDING,
+                    "crashes_in_a_row": 0,
+                    "next_start_at": None,
+                    "state_reason": "",
+                },
+            )
+        else:
+            Endpoint.objects.filter(pk=endpoint.pk).update(state_reason=f"draining 1 {role} replica")
+        text = f"scaled {role} {'up' if step > 0 else 'down'} {current} → {current + step}" + (
+            f": {reason}" if reason else ""
+        )
+        EndpointEvent.objects.create(endpoint=endpoint, kind="autoscale", message=text[:2000])
+        audit_log(
+            actor=user,
+            action="endpoint.scale",
+            obj=endpoint,
+            via=via,
+            changes={
+                "role": role,
+                "replicas": [current, current + step],
+                "reason": reason,
+                **({"figures": figures} if figures else {}),
+            },
+        )
+        transaction.on_commit(lambda: nudge(node))
+    endpoint.refresh_from_db()
+    return endpoint, True, ""
 
 
 def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -> tuple[Endpoint, bool]:

@@ -108,6 +108,18 @@ def endpoint_readings(
         ("ep.errors", "", float(errors)),
         ("ep.error_rate", "ratio", errors / total if total else 0.0),
     ]
+    if replica.role:  # a disaggregated endpoint's: each role's own figures, charted per role
+        share = stats.get("kv_external_share")
+        out += (
+            [("ep.prefill_ttft_p50_s", "s", ttft.get("p50")), ("ep.prefill_ttft_p99_s", "s", ttft.get("p99"))]
+            if replica.role == Replica.Role.PREFILL
+            else [
+                ("ep.decode_itl_p50_s", "s", itl.get("p50")),
+                ("ep.decode_itl_p99_s", "s", itl.get("p99")),
+                ("ep.kv_in_tps", "tok/s", stats.get("kv_external_hits_per_s")),
+                ("ep.kv_in_pct", "%", None if share is None else round(share * 100, 3)),
+            ]
+        )
     if snap.spec_drafts is not None:  # a server started with --speculative-config: vLLM's own two figures
         rate = stats.get("spec_acceptance_rate")
         out += [
@@ -166,7 +178,7 @@ def collect_replicas(node: Node) -> Contribution:
     for replica in to_scrape:
         text, error = scraped[replica.pk]
         readings, unparsable = endpoint_readings(replica, text, scraped_at)
-        label = f"{replica.endpoint.name}#{replica.index}"
+        label = f"{replica.endpoint.name}#{replica.index}" + (f" ({replica.role})" if replica.role else "")
         if error or unparsable:
             part.errors.append(f"scrape {label}: {error or unparsable}")
         base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=label)

@@ -54,6 +54,9 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         # V1 engines before the rename to vllm:prefix_cache_* (both were exposed for a while).
         "prefix_cache_queries": "vllm:gpu_prefix_cache_queries_total",
         "prefix_cache_hits": "vllm:gpu_prefix_cache_hits_total",
+        # No KV connector counters before the current names (a scrape without them reads None).
+        "kv_external_queries": "vllm:external_prefix_cache_queries_total",
+        "kv_external_hits": "vllm:external_prefix_cache_hits_total",
         # The V1 engine's spec-decode counters kept their names (the V0 engine's had no num_drafts).
         "spec_drafts": "vllm:spec_decode_num_drafts_total",
         "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
@@ -74,6 +77,11 @@ METRIC_NAMES_BY_VERSION: dict[str, dict[str, str]] = {
         # Counted in tokens: queried prompt tokens, and those found in the (local) prefix cache.
         "prefix_cache_queries": "vllm:prefix_cache_queries_total",
         "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+        # A KV connector's (vllm/v1/metrics/loggers.py at 0.32.0, "cross-instance cache sharing"): prompt tokens
+        # looked up through the connector, and those it loaded from another instance (a disaggregated endpoint's
+        # decode side: the KV its prefill side made) instead of computing them.
+        "kv_external_queries": "vllm:external_prefix_cache_queries_total",
+        "kv_external_hits": "vllm:external_prefix_cache_hits_total",
         # Speculative decoding (vllm/v1/spec_decode/metrics.py SpecDecodingProm at 0.32.0), exposed only by a
         # server started with --speculative-config: drafts proposed (one per request per step that drafted), the
         # draft tokens in them, the draft tokens the target model accepted, and (label ``position``, 0 ..
@@ -106,6 +114,8 @@ COUNTER_KEYS = (
     "generation_tokens",
     "prefix_cache_queries",
     "prefix_cache_hits",
+    "kv_external_queries",
+    "kv_external_hits",
     "spec_drafts",
     "spec_draft_tokens",
     "spec_accepted_tokens",
@@ -161,6 +171,8 @@ class Snapshot:
     generation_tokens: float | None = None
     prefix_cache_queries: float | None = None  # prompt tokens looked up in the prefix cache
     prefix_cache_hits: float | None = None  # of those, found there
+    kv_external_queries: float | None = None  # prompt tokens looked up through a KV connector
+    kv_external_hits: float | None = None  # of those, loaded from another instance (None: no connector metrics)
     finished_by_reason: dict[str, float] = field(default_factory=dict)
     spec_drafts: float | None = None  # speculative decoding: drafts proposed (None: the server does not speculate)
     spec_draft_tokens: float | None = None  # draft tokens proposed
@@ -337,7 +349,9 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     None without requests) and ``finished_by_reason`` (see :data:`SUCCESS_REASONS`: abort and
     error are errors, stop/length succeed); ``prompt_tokens``, ``generation_tokens`` and their
     ``*_per_s``; ``prefix_cache_queries`` and ``prefix_cache_hits`` (prompt tokens) and
-    ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries);
+    ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries); a KV connector's
+    ``kv_external_queries`` and ``kv_external_hits`` (prompt tokens loaded from another instance) and
+    ``kv_external_share`` (those / prompt tokens over the window);
     ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
     whole entry None when the metric is not exposed); speculative decoding's ``spec_drafts``,
     ``spec_draft_tokens``, ``spec_accepted_tokens`` (and their ``*_per_s``), ``spec_acceptance_rate``,
@@ -390,6 +404,9 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     queries, hits = out["prefix_cache_queries"], out["prefix_cache_hits"]
     out["prefix_cache_hit_rate"] = min(max(hits / queries, 0.0), 1.0) if queries and hits is not None else None
 
+    # Prompt tokens a KV connector loaded from another instance / prompt tokens over the window.
+    loaded, prompt = out["kv_external_hits"], out["prompt_tokens"]
+    out["kv_external_share"] = min(max(loaded / prompt, 0.0), 1.0) if prompt and loaded is not None else None
     out.update(_spec_decode_stats(previous, current, out))
 
     out["requests"] = requests

@@ -22,6 +22,7 @@ from endpoints.commands.checks import (
 from endpoints.commands.environment import _validate_interfaces, validate_env
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, validate_extra_args
 from endpoints.commands.lora import LORA_FLAGS, lora_args
+from endpoints.commands.pd import pd_connector_env
 from endpoints.commands.platforms import (
     _CPU_DEFAULT_KVCACHE_GIB,
     CLI_MODULE,
@@ -86,6 +87,10 @@ class LaunchSpec:
     # LoRA on: {"max_loras", "max_lora_rank", "max_cpu_loras", "modules": [{"name", "path"}]} (the endpoint's
     # registry adapters, loaded at start; endpoints.commands.lora). None: no LoRA.
     lora: dict | None = None
+    # A replica of a disaggregated endpoint: {"role": "prefill" | "decode", "kv_transfer": its KVTransferConfig,
+    # "env": its connector's variables}, built by the console (endpoints.commands.pd.role_launch); the role's
+    # config replaces the endpoint's shared kv_transfer.
+    pd: dict | None = None
 
 
 _SERVED_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
@@ -349,6 +354,10 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
     extra = validate_extra_args(spec.extra_args)
     user_env = validate_env(spec.env)
     configs = _check_engine_configs(spec)
+    pd_env = {}
+    if spec.pd is not None:
+        configs["kv_transfer"] = engine_config_json("kv_transfer", spec.pd["kv_transfer"], platform=spec.platform)
+        pd_env = pd_connector_env(spec.pd.get("env") or {})
     lora_argv, lora_env = lora_args(spec.lora)
     if spec.draft_model_path is not None and "speculative" not in configs:
         raise CommandSpecError("draft_model_path is the speculative config's draft: give a speculative config")
@@ -433,6 +442,7 @@ def build_command(spec: LaunchSpec) -> tuple[list[str], dict[str, str]]:
         env.update(dist.interfaces)
     env.update(user_env)
     env.update(lora_env)  # the console's, after the operator's (who may not set it: environment.ENV_DENYLIST)
+    env.update(pd_env)  # the role's connector variables, the console's too
     if spec.platform in DEVICE_ENV:  # the device variable always comes from devices
         env[DEVICE_ENV[spec.platform]] = ",".join(map(str, spec.devices))
     return argv, env

@@ -56,7 +56,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from endpoints.gateway import routing
+from endpoints.gateway import disagg, routing
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
@@ -455,8 +455,10 @@ class Gateway:
         # The compiled data path says itself when a client leaves: it watches, with no task to spare.
         forwarder = scope.get("extensions", {}).get(DATAPLANE_EXTENSION)
         watch = forwarder.watch(send) if forwarder is not None else _ClientWatch(receive, send)
+        # A disaggregated endpoint's request goes to a prefill replica, then a decode one (proxy_disaggregated).
+        relay = self.proxy_disaggregated if any(b.role for b in backends) else self.proxy
         try:
-            return await self.proxy(
+            return await relay(
                 watch.send,
                 key,
                 model,
@@ -714,6 +716,148 @@ class Gateway:
             finally:
                 self.outstanding[backend.url] -= 1
                 self.ep_outstanding[backend.endpoint_id] -= 1
+
+    async def proxy_disaggregated(
+        self,
+        send,
+        key,
+        model,
+        backends,
+        path,
+        headers,
+        body,
+        start,
+        generate,
+        reservation=None,
+        payload=None,
+        forwarder=None,
+    ):
+        """A request for a disaggregated endpoint (endpoints/gateway/disagg.py says how it is split): its prefill on
+        the least-loaded prefill replica (another one if that one cannot be reached, fails or times out; a 4xx, the
+        request's own fault, is answered as it came), then proxy() sends it to the least-loaded decode replica with
+        the prefill's kv_transfer_params and relays that answer (streamed if asked; another decode replica if one
+        cannot be reached). No replica of a role left: a 503 or 502 naming the role."""
+        prefills = [b for b in backends if b.role == "prefill"]
+        decodes = [b for b in backends if b.role == "decode"]
+        missing = [role for role, ready in (("prefill", prefills), ("decode", decodes)) if not ready]
+        if missing:
+            return await self.finish(
+                send,
+                key,
+                backends[0].endpoint_id,
+                start,
+                await _error(
+                    send,
+                    503,
+                    f"No {' or '.join(missing)} replica of {model!r} is ready; try again shortly.",
+                    "unavailable",
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
+                ),
+                reservation=reservation,
+            )
+        prefill_request = disagg.prefill_body(payload or {})
+        tried: set = set()
+        failures: list[str] = []
+        while True:
+            backend = self.pick(prefills, tried)
+            if backend is None:
+                if not tried:  # every prefill replica is at its endpoint's queue depth
+                    return await self.finish(
+                        send,
+                        key,
+                        prefills[0].endpoint_id,
+                        start,
+                        await _error(
+                            send,
+                            429,
+                            f"The queue of {model!r} is full; try again shortly.",
+                            "queue_full",
+                            retry_after=1,
+                        ),
+                        reservation=reservation,
+                    )
+                return await self.finish(
+                    send,
+                    key,
+                    prefills[0].endpoint_id,
+                    start,
+                    await _error(
+                        send,
+                        502,
+                        f"No prefill replica of {model!r} could prefill the request ({'; '.join(failures)}).",
+                        "bad_gateway",
+                    ),
+                    reservation=reservation,
+                )
+            tried.add(backend.url)
+            self.outstanding[backend.url] += 1
+            self.ep_outstanding[backend.endpoint_id] += 1
+            try:
+                status, answer, error = await self._prefill(backend, path, headers, prefill_request, forwarder)
+            finally:
+                self.outstanding[backend.url] -= 1
+                self.ep_outstanding[backend.endpoint_id] -= 1
+            where = f"{backend.endpoint_name}#{backend.replica_index}"
+            if error:
+                log.warning(
+                    "gateway: prefill on %s (%s) failed: %s; trying another prefill replica", backend.url, where, error
+                )
+                failures.append(f"{where}: {error}")
+                continue
+            if 400 <= status < 500:  # the request's own fault: another replica would say the same
+                await _answer_whole(send, status, answer, "application/json", False)
+                return await self.finish(send, key, backend.endpoint_id, start, status, reservation=reservation)
+            try:
+                if status != 200:
+                    raise ValueError(f"HTTP {status}")
+                kv_params = disagg.kv_params_of(answer)
+            except ValueError as exc:  # RecursionError and JSON's errors are ValueErrors
+                log.warning(
+                    "gateway: prefill on %s (%s) answered %s; trying another prefill replica", backend.url, where, exc
+                )
+                failures.append(f"{where}: {exc}")
+                continue
+            break
+        return await self.proxy(
+            send,
+            key,
+            model,
+            decodes,
+            path,
+            headers,
+            disagg.decode_body(payload or {}, kv_params),
+            start,
+            generate,
+            reservation,
+            payload,
+            forwarder,
+        )
+
+    async def _prefill(self, backend, path, headers, body, forwarder) -> tuple[int, bytes, str]:
+        """(status, whole answer, "") of one prefill request, or (0, b"", why) where none came: not reached,
+        cut off, timed out. Through the compiled data path when it carries the request (a whole answer comes
+        back here; it waits for the next step), else this process's client."""
+        if forwarder is not None:
+            outcome = await forwarder.forward(backend.url + path, backend.api_key, body, whole=True)
+            if outcome.kind != "done":
+                if outcome.kind == "connect":
+                    self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
+                return 0, b"", outcome.error or outcome.kind
+            return outcome.status, outcome.data, ""
+        fwd = [
+            (k.decode("latin-1"), v.decode("latin-1"))
+            for k, v in headers.items()
+            if k not in HOP_BY_HOP and k != b"content-type"
+        ]
+        fwd += [("Content-Type", "application/json"), ("Authorization", f"Bearer {backend.api_key}")]
+        try:
+            async with self.client.post(backend.url + path, data=body, headers=fwd) as response:
+                return response.status, await response.read(), ""
+        except RETRYABLE as exc:
+            self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
+            return 0, b"", type(exc).__name__
+        except UPSTREAM_ERRORS as exc:
+            return 0, b"", type(exc).__name__ or "timeout"
 
     async def relay(self, send, key, backend, response, start, generate, reservation=None):
         status = response.status

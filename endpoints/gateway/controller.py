@@ -27,7 +27,7 @@ from endpoints.gateway.selectors import auto_rollouts, gateway_samples
 from endpoints.models import Endpoint, EndpointEvent
 from endpoints.replica_state import DEVICE_FAULT, event, refresh_endpoint_state
 from endpoints.selectors import autoscaled_endpoints, load_samples
-from endpoints.services import endpoint_scale
+from endpoints.services import endpoint_scale, endpoint_scale_role
 from workers.telemetry.services import Reading, store
 
 log = logging.getLogger("console.controller")
@@ -161,6 +161,9 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
     now = time.time() if now is None else now
     out = []
     for endpoint in autoscaled_endpoints():
+        if endpoint.roles:  # prefill and decode, each on its own signal
+            out += evaluate_role_autoscaling(endpoint, now)
+            continue
         try:
             decision = autoscale_decision(endpoint, now)
         except ValidationError as exc:  # stored settings that no longer parse: say so once, leave it
@@ -183,6 +186,60 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
             )
             refresh_endpoint_state(endpoint)
         record_scaling(endpoint, decision, now)
+        out.append((endpoint, decision, applied))
+    return out
+
+
+def evaluate_role_autoscaling(endpoint: Endpoint, now: float) -> list[tuple[Endpoint, autoscale.Decision, bool]]:
+    """One pass over a disaggregated endpoint's roles (endpoints.autoscale.decide_role): each role's samples from its
+    own replicas' series, its count from Endpoint.roles; the first change goes through
+    endpoints.services.endpoint_scale_role (one step; the endpoint's cooldown then holds the other role too)."""
+    try:
+        roles = autoscale.parse_role_settings(endpoint.autoscale)
+    except ValidationError as exc:
+        message = f"autoscale settings refused: {error_text(exc)}"
+        last = EndpointEvent.objects.filter(endpoint_id=endpoint.pk, kind="autoscale").order_by("-pk").first()
+        if last is None or last.message != message:
+            event(endpoint.pk, "autoscale", message, level="warning")
+        return []
+    gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS
+    out = []
+    for name, role in roles.items():
+        counted = list(
+            endpoint.replica_set.filter(index__lt=endpoint.replicas, role=name).values_list(
+                "index", "state", "ready_at"
+            )
+        )
+        since = now - max(role.settings.scale_up_window_s, role.settings.scale_down_window_s) - gap
+        decision = autoscale.decide_role(
+            role=role,
+            samples=load_samples(endpoint.pk, since=since, until=now, replicas=[i for i, _, _ in counted]),
+            now=datetime.fromtimestamp(now, UTC),
+            current=endpoint.roles[name]["replicas"],
+            last_change_at=endpoint.scaled_at,
+            tz=settings.TIME_ZONE,
+            max_gap_s=gap,
+            starting=sum(1 for _, state, _ in counted if state in (Endpoint.State.STARTING, Endpoint.State.PENDING)),
+            serving_since=max((ready for *_, ready in counted if ready), default=None),
+        )
+        applied = False
+        if decision.action != autoscale.HOLD:
+            endpoint, applied, why_not = endpoint_scale_role(
+                endpoint=endpoint,
+                role=name,
+                replicas=decision.wanted,
+                via=VIA,
+                reason=decision.reason,
+                figures={k: v for k, v in decision.figures.items() if v is not None},
+                at=datetime.fromtimestamp(now, UTC),
+            )
+            if why_not:
+                last = EndpointEvent.objects.filter(endpoint_id=endpoint.pk, kind="autoscale").order_by("-pk").first()
+                message = f"{name} wants {decision.wanted}, has {decision.current}: {why_not}"
+                if last is None or last.message != message:
+                    event(endpoint.pk, "autoscale", message, level="warning")
+            if applied:
+                refresh_endpoint_state(endpoint)
         out.append((endpoint, decision, applied))
     return out
 

@@ -32,6 +32,7 @@ class Backend:
     prefix: bool = False  # its endpoint routes prefix-aware (Endpoint.routing), else least outstanding
     staged: bool = False  # the staged side of a blue-green pair taking a canary share
     canary_percent: int = 0  # that share (on the staged side's backends)
+    role: str = ""  # "prefill" / "decode" on a disaggregated endpoint (the gateway relays P then D), else ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ def routing_table() -> RoutingTable:
         .select_related("endpoint", "node")
         .only(
             "index",
+            "role",
             "port",
             "devices",
             "node__name",
@@ -133,6 +135,7 @@ def routing_table() -> RoutingTable:
                 prefix=ep.routing == Endpoint.Routing.PREFIX,
                 staged=ep.pk in canary,
                 canary_percent=canary.get(ep.pk, 0),
+                role=r.role,
             )
         )
     adapters = _add_adapters(backends, known)

@@ -269,6 +269,25 @@ def site(admin, operator, viewer, model_root, redis_conn):
     )
     Replica.objects.create(endpoint=green, index=0, node=cpu, state="ready", port=8302, pid=4244)
     GatewayEndpoint.objects.create(endpoint=endpoint, staged=green, canary_percent=25)
+    # Prefill/decode roles: the page's roles, the replicas' roles and the per-role charts.
+    disaggregated = Endpoint.objects.create(
+        name="tiny-pd",
+        artifact=hf,
+        node=cpu,
+        served_model_name="tiny-pd",
+        state="ready",
+        created_by=operator,
+        replicas=2,
+        roles={
+            "prefill": {"replicas": 1, "node": cpu.name, "devices": []},
+            "decode": {"replicas": 1, "node": cpu.name, "devices": []},
+        },
+        engine_configs={"kv_transfer": {"kv_connector": "ExampleConnector"}},
+    )
+    for index, role in enumerate(("prefill", "decode")):
+        Replica.objects.create(
+            endpoint=disaggregated, index=index, role=role, node=cpu, state="ready", port=8303 + index
+        )
     analysis = {
         "breakdown": [
             {"category": "matrix multiply", "seconds": 0.5, "share": 0.5},
@@ -348,6 +367,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
         "model": model,
         "job": job,
         "endpoint": endpoint,
+        "disaggregated": disaggregated,
         "cpu": cpu,
         "npu": npu,
         "run": run,
@@ -374,6 +394,7 @@ def _pages(site) -> dict[str, str]:
         "endpoint_list": "/endpoints/",
         "endpoint_launch": "/endpoints/launch",
         "endpoint_detail": f"/endpoints/{site['endpoint'].pk}/",
+        "endpoint_detail (prefill/decode roles)": f"/endpoints/{site['disaggregated'].pk}/",
         "node_list": "/nodes/",
         "node_detail": f"/nodes/{site['cpu'].pk}/",
         "node_detail (Ascend)": f"/nodes/{site['npu'].pk}/",

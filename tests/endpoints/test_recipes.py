@@ -398,11 +398,11 @@ def test_recipe_files_are_launch_specs_citing_a_vendored_tutorial():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("role", "device"), [("prefill", 0), ("decode", 1)])
-def test_pd_recipes_are_the_mooncake_tutorials_two_instances(role, device, operator, api_for, checkpoints):
-    """vllm-ascend's 1P1D Mooncake tutorial on one A2 node: each instance is an endpoint from its role's recipe, with
-    the tutorial's kv-transfer config, NPU and variables (its fixed 192.0.0.1 and eth0 are the node's interfaces)."""
-    fixture = f"pd-mooncake-single-node-{role}.sh"
+def test_pd_recipe_is_the_mooncake_tutorials_two_instances_as_one_endpoint_with_roles(operator, api_for, checkpoints):
+    """vllm-ascend's 1P1D Mooncake tutorial on one A2 node is one endpoint with roles: the preview's prefill replica
+    is the tutorial's Prefiller and its decode replica the Decoder, flag for flag and variable for variable (kv_role,
+    kv_port 30000 / 30100 and the extra config's sizes set by the console; its fixed 192.0.0.1 and eth0 are the
+    node's interfaces), and the preview lists each role's node and devices."""
     tutorial_ip = "192.0.0.1"
     node = _node(
         "a2-pd",
@@ -417,21 +417,39 @@ def test_pd_recipes_are_the_mooncake_tutorials_two_instances(role, device, opera
             "HCCL_SOCKET_IFNAME": "eth0",
         },
     )
+    recipe = shipped_recipes()["qwen2-5-vl-pd-mooncake"]
+    assert [f.rsplit("/", 1)[1] for f in recipe.source["fixtures"]] == [
+        "pd-mooncake-single-node-prefill.sh",
+        "pd-mooncake-single-node-decode.sh",
+    ]
     body = {
-        "name": f"pd-{role}",
-        "recipe": f"qwen2-5-vl-pd-mooncake-{role}",
+        "name": "pd",
+        "recipe": "qwen2-5-vl-pd-mooncake",
         "artifact": checkpoints["bf16"].pk,
-        "node": node.name,
-        "devices": [device],
         "served_model_name": "qwen25vl",
     }
     preview = api_for(operator).post("/api/v1/endpoints/preview", body)
     assert preview.status_code == 200, preview.json()
-    [entry] = preview.json()["nodes"]
-    assert all(c["level"] != "error" for c in entry["checks"]), entry["checks"]
-    assert_same_command(fixture, entry, local_ip=tutorial_ip, artifact=checkpoints["bf16"], draft=None)
-    config = json.loads(argv_flags(entry["argv"])["--kv-transfer-config"])
-    assert config["kv_role"] == ("kv_producer" if role == "prefill" else "kv_consumer")
+    prefill, decode = preview.json()["nodes"]
+    for role, entry in (("prefill", prefill), ("decode", decode)):
+        assert entry["role"] == role
+        assert all(c["level"] != "error" for c in entry["checks"]), entry["checks"]
+        assert_same_command(
+            f"pd-mooncake-single-node-{role}.sh", entry, local_ip=tutorial_ip, artifact=checkpoints["bf16"], draft=None
+        )
+    assert preview.json()["roles"] == {
+        "prefill": {
+            "replicas": 1,
+            "connector": "MooncakeConnectorV1",
+            "nodes": [{"node": node.name, "replicas": [0], "devices": [[0]]}],
+        },
+        "decode": {
+            "replicas": 1,
+            "connector": "MooncakeConnectorV1",
+            "nodes": [{"node": node.name, "replicas": [1], "devices": [[1]]}],
+        },
+    }
+    assert not Endpoint.objects.exists()
 
 
 @pytest.mark.django_db

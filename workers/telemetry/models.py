@@ -43,6 +43,14 @@ METRIC_UNITS = {
     "ep.prefix_hit_pct": "%",
     "ep.spec_accept_pct": "%",  # speculative decoding: accepted / draft tokens over the window
     "ep.spec_mean_len": "tok",  # speculative decoding: 1 + accepted tokens / drafts (tokens per target step)
+    # A disaggregated endpoint's per role (endpoints.telemetry): TTFT of its prefill replicas, ITL of its decode
+    # replicas, and the prompt tokens its decode replicas loaded through the KV connector (per s, % of prompt).
+    "ep.prefill_ttft_p50_s": "s",
+    "ep.prefill_ttft_p99_s": "s",
+    "ep.decode_itl_p50_s": "s",
+    "ep.decode_itl_p99_s": "s",
+    "ep.kv_in_tps": "tok/s",
+    "ep.kv_in_pct": "%",
     "ep.errors": "",
     "ep.error_rate": "ratio",
     "ep.scrape_ok": "",
