@@ -4,6 +4,7 @@ import json
 import math
 import shutil
 
+import gguf
 import pytest
 
 from models_registry.gguf_reader import read_gguf_header
@@ -21,8 +22,6 @@ from tests.support.tiny_models import (
     tiny_gguf_file,  # noqa: F401  (fixture)
     tiny_hf_dir,  # noqa: F401  (fixture)
 )
-
-gguf = pytest.importorskip("gguf")
 
 V, H, I, L, NH, NKV, HD = 512, 64, 128, 2, 4, 2, 16  # the tiny defaults
 PER_LAYER = H * NH * HD + 2 * H * NKV * HD + NH * HD * H + 3 * H * I + 2 * H  # q,k,v,o + mlp + 2 norms
