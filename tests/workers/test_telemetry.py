@@ -695,7 +695,9 @@ def test_series_and_alerts_keep_an_endpoints_id_named_and_removed_by_the_endpoin
     )
     text = exposition().decode()
     assert 'console_endpoint_requests_per_second{endpoint="named-here",replica="0"} 3.0' in text, text
-    rule = AlertRule.objects.create(name="busy", kind=AlertRule.Kind.METRIC, metric="ep.qps", op=AlertRule.Op.GT, threshold=2, duration_s=0)
+    rule = AlertRule.objects.create(
+        name="busy", kind=AlertRule.Kind.METRIC, metric="ep.qps", op=AlertRule.Op.GT, threshold=2, duration_s=0
+    )
     services.evaluate_alerts(notify=False)
     [alert] = Alert.objects.filter(rule=rule)
     assert alert.endpoint_id == ep.pk and alert.label.startswith("named-here"), alert.label
