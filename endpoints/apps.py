@@ -9,15 +9,20 @@ class EndpointsConfig(AppConfig):
         # The node agent and telemetry sit below endpoints: serving registers itself with them.
         from endpoints.commands.container import probe_container_command
         from endpoints.reconcile import ReplicaWorkload
-        from endpoints.telemetry import collect_replicas, served_facts
+        from django.db.models.signals import post_delete
+
+        from endpoints.models import Endpoint
+        from endpoints.telemetry import collect_replicas, endpoint_names, forget_endpoint_telemetry, served_facts
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
-        from workers.telemetry.sources import register_collector, register_served_facts
+        from workers.telemetry.sources import register_collector, register_endpoint_names, register_served_facts
 
         register_workload("endpoints", ReplicaWorkload())
         register_image_runner(probe_container_command)  # a containerised node's engine is probed in its image
         register_collector("endpoints", collect_replicas)
         register_served_facts(served_facts)
+        register_endpoint_names(endpoint_names)
+        post_delete.connect(forget_endpoint_telemetry, sender=Endpoint, dispatch_uid="endpoints.forget_telemetry")
         # Defining the job kind registers it with the job runtime (workers.jobs).
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts

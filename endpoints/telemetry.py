@@ -19,6 +19,7 @@ from endpoints.models import Endpoint, Replica
 from endpoints.vllm_metrics import Snapshot, parse_metrics, window_stats
 from workers.host_stats import sample_process_tree
 from workers.models import Node
+from workers.telemetry.models import Alert, Series
 from workers.telemetry.services import Reading
 from workers.telemetry.sources import Contribution, ServedFact
 
@@ -201,3 +202,14 @@ def served_facts() -> list[ServedFact]:
         ServedFact(id=ep.pk, name=ep.name, state=ep.state, node_id=ep.node_id, ready=ep.state == Endpoint.State.READY)
         for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, replicas__gt=0)
     ]
+
+
+def endpoint_names(ids: set[int]) -> dict[int, str]:
+    """The names of the endpoints among ids (registered with telemetry: its series keep an endpoint's id)."""
+    return dict(Endpoint.objects.filter(pk__in=ids).values_list("pk", "name"))
+
+
+def forget_endpoint_telemetry(sender, instance, **kwargs) -> None:
+    """An endpoint's series (with their points) and alerts go with it, as the foreign keys' cascade did."""
+    Series.objects.filter(endpoint_id=instance.pk).delete()
+    Alert.objects.filter(endpoint_id=instance.pk).delete()

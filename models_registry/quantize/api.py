@@ -1,9 +1,10 @@
+from dataclasses import fields
 from typing import Literal
 
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, create_model
 
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
@@ -16,23 +17,17 @@ from models_registry.quantize.models import CalibrationDataset
 router = Router(tags=["quantization"])
 
 
-class QuantizeIn(Schema):
+class _StrictSchema(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    scheme: str = "w8a8_dynamic"
-    target: str = "compressed-tensors"
-    calibration: int | str | None = None
-    evaluation: int | str | None = None
-    method: str = "kl"
-    smoothing: float | None = None
-    anti_outlier: str | None = None  # msModelSlim outlier suppression m1–m6 (Ascend ModelSlim target)
-    gate_pct: float | None = None
-    fallback: bool | None = None
-    max_fallback_layers: int | None = None
-    num_samples: int | None = None
-    max_seq_len: int | None = None
-    gptq: bool | None = None
-    serve_check: bool | None = None
+
+# One declaration of the options (models_registry/options.py): the API's body is QuantizeOptions' fields, each
+# optional (absent: the service's default, quantize_options_clean), and no other key.
+QuantizeIn = create_model(
+    "QuantizeIn",
+    __base__=_StrictSchema,
+    **{option.name: (option.type, option.default) for option in fields(QuantizeOptions)},
+)
 
 
 class DatasetIn(Schema):
@@ -69,7 +64,10 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
 def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
     artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
     job = services.artifact_quantize(
-        artifact=artifact, user=request.user, options=QuantizeOptions(**payload.dict()), request=request
+        artifact=artifact,
+        user=request.user,
+        options=QuantizeOptions(**payload.dict(exclude_unset=True)),
+        request=request,
     )
     return 202, {"job": job.pk}
 

@@ -7,9 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.support import ROOT
+from tests.support.needs import missing
 
 DEPLOY = ROOT / "deploy"
 VENV_BIN = Path(sys.executable).parent
@@ -26,7 +25,7 @@ def tool(name: str) -> str:
 def systemd_tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} not found: `make systemd-analyze` installs Debian's systemd package")
+        missing(f"{name} not found: `make systemd-analyze` installs Debian's systemd package")
     return found
 
 

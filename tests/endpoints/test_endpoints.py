@@ -693,8 +693,8 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
     """A process appending to its log keeps writing to the same file after rotation."""
     import subprocess
     import sys
-    import time
 
+    from tests.support.agents import wait_for
     from workers.agent.supervisor import rotate_if_large
 
     settings.ENDPOINT_LOG_MAX_BYTES = 300
@@ -709,7 +709,10 @@ def test_running_replica_logs_are_copied_and_truncated(tmp_path, settings):
             ],
             stdout=out,
         )
-    time.sleep(0.5)
+    # Rotated once the log is past the limit while the writer still writes (waited for, not slept: a loaded
+    # machine may take a second to start the writer's Python).
+    wait_for(lambda: log.stat().st_size > settings.ENDPOINT_LOG_MAX_BYTES, timeout=60, interval=0.01, what="the log")
+    assert writer.poll() is None, "the writer finished before the rotation: nothing was rotated under it"
     rotate_if_large(str(log), max_bytes=settings.ENDPOINT_LOG_MAX_BYTES, keep=settings.ENDPOINT_LOG_KEEP)
     writer.wait()
     first = (tmp_path / "replica-0.log.1").read_text()

@@ -244,7 +244,7 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
             break
         time.sleep(0.3)
     assert key.requests_total == 162 and key.tokens_total >= 1600 and key.errors_total == 0
-    assert Series.objects.filter(key=f"e{ep.pk}.gw.qps", endpoint=ep).exists()
+    assert Series.objects.filter(key=f"e{ep.pk}.gw.qps", endpoint_id=ep.pk).exists()
     assert Series.objects.filter(key=f"e{ep.pk}.gw.ttft_p50_s").exists()
     # Per-key usage is stored as per-minute rates and charted on the key's page.
     from django.test import Client

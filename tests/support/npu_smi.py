@@ -32,7 +32,7 @@ class FakeNpuSmi:
     `fake-npu-smi.json` beside the link: the console gives npu-smi an allow-listed environment, so no
     variable of the test's reaches it (tests/fake_npu_smi/npu-smi reads the file)."""
 
-    KEYS = frozenset({"dir", "default", "map", "hang"})
+    KEYS = frozenset({"dir", "default", "map", "hang", "calls"})
 
     def __init__(self, bin_dir: Path, **settings):
         bin_dir.mkdir(parents=True, exist_ok=True)

@@ -677,3 +677,54 @@ def test_grafana_dashboard_uses_only_metrics_that_metrics_exposes(fake_npu_smi, 
     assert families["console_gateway_error_ratio"].samples[0].value == pytest.approx(1 / 3)
     tokens = families["console_gateway_key_tokens_per_minute"].samples[0]
     assert tokens.labels == {"key_id": str(key.pk), "key": "chat-app"} and tokens.value == 90 * 60 / 2.0
+
+
+def test_series_and_alerts_keep_an_endpoints_id_named_and_removed_by_the_endpoints_app(cpu_node, db):
+    """No foreign key from telemetry up to serving (issue 39: the schema keeps the layers): a series or alert keeps the
+    endpoint's id, the exposition and alert labels get its name from what the endpoints app registered, and deleting
+    the endpoint removes its series (with their points) and alerts, as the cascade did."""
+    from workers.telemetry.exposition import exposition
+
+    ep = _endpoint(cpu_node, name="named-here")
+    other = _endpoint(cpu_node, name="stays")
+    services.store(
+        [
+            Reading(key=f"e{ep.pk}.r0.ep.qps", metric="ep.qps", value=3.0, endpoint_id=ep.pk, replica=0),
+            Reading(key=f"e{other.pk}.r0.ep.qps", metric="ep.qps", value=1.0, endpoint_id=other.pk, replica=0),
+        ]
+    )
+    text = exposition().decode()
+    assert 'console_endpoint_requests_per_second{endpoint="named-here",replica="0"} 3.0' in text, text
+    rule = AlertRule.objects.create(
+        name="busy", kind=AlertRule.Kind.METRIC, metric="ep.qps", op=AlertRule.Op.GT, threshold=2, duration_s=0
+    )
+    services.evaluate_alerts(notify=False)
+    [alert] = Alert.objects.filter(rule=rule)
+    assert alert.endpoint_id == ep.pk and alert.label.startswith("named-here"), alert.label
+    series_pk = Series.objects.get(key=f"e{ep.pk}.r0.ep.qps").pk
+    assert Point.objects.filter(series_id=series_pk).exists()
+
+    ep.delete()
+    assert not Series.objects.filter(endpoint_id=ep.pk).exists() and not Alert.objects.filter(endpoint_id=ep.pk)
+    assert not Point.objects.filter(series_id=series_pk).exists()
+    assert Series.objects.filter(endpoint_id=other.pk).exists()
+
+
+def test_no_model_points_up_the_layers():
+    """The import layers (.importlinter) hold at the schema level too: no model's relation points to an app above
+    its own (workers' telemetry once had foreign keys to endpoints.Endpoint)."""
+    from django.apps import apps
+
+    order = ["console", "workers", "models_registry", "endpoints"]  # bottom to top, as .importlinter's layers
+    upward = [
+        f"{model._meta.label}.{field.name} -> {field.related_model._meta.label}"
+        for model in apps.get_models()
+        if model._meta.app_label in order
+        for field in model._meta.get_fields()
+        if field.is_relation
+        and field.concrete
+        and field.related_model is not None
+        and field.related_model._meta.app_label in order
+        and order.index(field.related_model._meta.app_label) > order.index(model._meta.app_label)
+    ]
+    assert upward == []

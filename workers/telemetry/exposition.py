@@ -12,7 +12,7 @@ from workers.models import Node
 from workers.telemetry.models import Alert, Series
 from workers.telemetry.npu_exporter import npu_chip_families
 from workers.telemetry.selectors import fresh_cutoff
-from workers.telemetry.sources import served_facts
+from workers.telemetry.sources import endpoint_names, served_facts
 
 # metric -> (exposed name, help, extra labels)
 EXPOSED = {
@@ -80,14 +80,14 @@ EXPOSED = {
 }
 
 
-def _labels(s: Series) -> dict[str, str]:
+def _labels(s: Series, endpoints: dict[int, str]) -> dict[str, str]:
     labels = {}
     if s.node_id:
         labels["node"] = s.node.name
     if s.device is not None:
         labels["device"] = str(s.device)
     if s.endpoint_id:
-        labels["endpoint"] = s.endpoint.name
+        labels["endpoint"] = endpoints.get(s.endpoint_id, f"endpoint {s.endpoint_id}")
     if s.replica is not None:
         labels["replica"] = str(s.replica)
     if s.metric.startswith("gk."):  # keyed gk<id>.<metric>, labelled with the key's name (names may repeat)
@@ -103,15 +103,16 @@ class _Collector:
     def collect(self):
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
         label_order = ["node", "device", "endpoint", "replica", "key_id", "key", "quantile"]
-        series = (
+        series = list(
             Series.objects.filter(metric__in=list(EXPOSED), last_ts__gte=self.fresh_after)
-            .select_related("node", "endpoint")
+            .select_related("node")
             .order_by("metric", "key")
         )
+        endpoints = endpoint_names({s.endpoint_id for s in series if s.endpoint_id})
         rows: dict[str, list] = {}
         for s in series:
             name, help_text, extra = EXPOSED[s.metric]
-            labels = {**_labels(s), **extra}
+            labels = {**_labels(s, endpoints), **extra}
             rows.setdefault(name, []).append((labels, s.last_value, help_text))
         for name, items in rows.items():
             names = [n for n in label_order if any(n in labels for labels, _, _ in items)]

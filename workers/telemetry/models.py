@@ -65,9 +65,9 @@ class Series(models.Model):
     metric = models.CharField(max_length=64, db_index=True)
     unit = models.CharField(max_length=16, blank=True)
     node = models.ForeignKey("workers.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="series")
-    endpoint = models.ForeignKey(
-        "endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="series"
-    )
+    # The endpoint's id, not a foreign key: serving sits above telemetry, at the schema level too (the endpoints
+    # app owns the link: it names the endpoint, endpoints.telemetry, and removes its series with it, endpoints.apps).
+    endpoint_id = models.BigIntegerField(null=True, blank=True, db_index=True)
     device = models.IntegerField(null=True, blank=True)  # accelerator index on the node
     replica = models.IntegerField(null=True, blank=True)  # replica index of the endpoint
     label = models.CharField(max_length=200, blank=True)
@@ -79,7 +79,7 @@ class Series(models.Model):
         ordering = ["key"]
         indexes = [
             models.Index(fields=["node", "metric"], name="tm_series_node_metric"),
-            models.Index(fields=["endpoint", "metric"], name="tm_series_ep_metric"),
+            models.Index(fields=["endpoint_id", "metric"], name="tm_series_ep_metric"),
         ]
 
     def __str__(self):
@@ -175,9 +175,7 @@ class Alert(models.Model):
     subject = models.CharField(max_length=200)  # series key, "node:3" or "endpoint:7"
     label = models.CharField(max_length=300, blank=True)
     node = models.ForeignKey("workers.Node", null=True, blank=True, on_delete=models.CASCADE, related_name="+")
-    endpoint = models.ForeignKey(
-        "endpoints.Endpoint", null=True, blank=True, on_delete=models.CASCADE, related_name="+"
-    )
+    endpoint_id = models.BigIntegerField(null=True, blank=True, db_index=True)  # as Series.endpoint_id
     state = models.CharField(max_length=12, choices=State.choices, default=State.PENDING, db_index=True)
     value = models.FloatField(null=True, blank=True)
     since = models.DateTimeField(default=timezone.now)  # the breach began

@@ -23,7 +23,7 @@ from console.audit import audit_log
 from console.validation import float_in_range, int_in_range
 from workers.models import Node
 from workers.telemetry.models import METRIC_UNITS, Alert, AlertRule, Point, Rollup, Series
-from workers.telemetry.sources import served_facts
+from workers.telemetry.sources import endpoint_names, served_facts
 
 log = logging.getLogger("console.telemetry")
 
@@ -191,15 +191,20 @@ def _breaching(rule: AlertRule, now) -> dict[str, dict]:
     found: dict[str, dict] = {}
     if rule.kind == AlertRule.Kind.METRIC:
         fresh = int(now.timestamp() - stale_seconds())
-        for s in Series.objects.filter(metric=rule.metric, last_ts__gte=fresh).select_related("node", "endpoint"):
-            if rule.breaches(s.last_value):
-                where = s.endpoint.name if s.endpoint else (s.node.name if s.node else "")
-                found[s.key] = {
-                    "value": s.last_value,
-                    "label": f"{where} {s.label}".strip(),
-                    "node_id": s.node_id,
-                    "endpoint_id": s.endpoint_id,
-                }
+        breaching = [
+            s
+            for s in Series.objects.filter(metric=rule.metric, last_ts__gte=fresh).select_related("node")
+            if rule.breaches(s.last_value)
+        ]
+        endpoints = endpoint_names({s.endpoint_id for s in breaching if s.endpoint_id})
+        for s in breaching:
+            where = endpoints.get(s.endpoint_id, "") if s.endpoint_id else (s.node.name if s.node else "")
+            found[s.key] = {
+                "value": s.last_value,
+                "label": f"{where} {s.label}".strip(),
+                "node_id": s.node_id,
+                "endpoint_id": s.endpoint_id,
+            }
     elif rule.kind == AlertRule.Kind.NODE_OFFLINE:
         for node in Node.objects.all():
             if not node.online:

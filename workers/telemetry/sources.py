@@ -34,6 +34,7 @@ class ServedFact:
 Collector = Callable[[Node], Contribution]
 _collectors: dict[str, Collector] = {}
 _served_facts: list[Callable[[], list[ServedFact]]] = []
+_endpoint_names: list[Callable[[set[int]], dict[int, str]]] = []
 
 
 def register_collector(name: str, collector: Collector) -> None:
@@ -52,3 +53,16 @@ def register_served_facts(provider: Callable[[], list[ServedFact]]) -> None:
 
 def served_facts() -> list[ServedFact]:
     return [fact for provider in _served_facts for fact in provider()]
+
+
+def register_endpoint_names(provider: Callable[[set[int]], dict[int, str]]) -> None:
+    """provider(ids) -> {id: name} of the endpoints that exist among ids (series and alerts keep an endpoint's id)."""
+    if provider not in _endpoint_names:
+        _endpoint_names.append(provider)
+
+
+def endpoint_names(ids: set[int]) -> dict[int, str]:
+    names: dict[int, str] = {}
+    for provider in _endpoint_names:
+        names.update(provider(ids))
+    return names
