@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
 
 from console import services
+from console.form_layout import errors_by_field
 from console.models import AuditEvent
 from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
 from console.selectors import overview_counts
@@ -132,9 +133,8 @@ def token_create(request):
             expires_days=request.POST.get("expires_days") or None,
             request=request,
         )
-    except ValidationError as exc:  # the list again, with the message, as a 400
-        messages.error(request, " ".join(exc.messages))
-        return _tokens_page(request, status=400)
+    except ValidationError as exc:  # the list again, each message beside its field, as a 400
+        return _tokens_page(request, status=400, errors=errors_by_field(exc), values=request.POST)
     # Shown once: only the hash is kept.
     return _tokens_page(request, new_token=raw, new_token_obj=token)
 
@@ -157,10 +157,21 @@ def user_list(request):
     return _users_page(request)
 
 
-def _users_page(request, *, status: int = 200):
+def _users_page(request, *, status: int = 200, errors: dict | None = None, values=None):
     users = User.objects.order_by("username").prefetch_related("groups")
     rows = [(u, user_role(u)) for u in users]
-    return render(request, "console/users.html", {"rows": rows, "roles": ROLES}, status=status)
+    return render(
+        request,
+        "console/users.html",
+        {
+            "rows": rows,
+            "roles": ROLES,
+            "role_options": [(r, r) for r in ROLES],
+            "errors": errors or {},
+            "values": values or {},
+        },
+        status=status,
+    )
 
 
 @require_role(ADMIN)
@@ -174,9 +185,8 @@ def user_create(request):
             actor=request.user,
             request=request,
         )
-    except ValidationError as exc:  # the list again, with the message, as a 400
-        messages.error(request, " ".join(exc.messages))
-        return _users_page(request, status=400)
+    except ValidationError as exc:  # the list again, each message beside its field, as a 400
+        return _users_page(request, status=400, errors=errors_by_field(exc), values=request.POST)
     if password:
         messages.success(request, f"User {user.username} created. Initial password (shown once): {password}")
     else:

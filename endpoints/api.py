@@ -7,10 +7,11 @@ from console.roles import ADMIN, OPERATOR, VIEWER
 from endpoints import selectors, services
 from endpoints.commands import PROFILER_FLAG
 from endpoints.endpoint_spec import CONFIG_FIELDS, EndpointSpec
+from endpoints.gateway import services as gateway_services
 from endpoints.lora import endpoint_adapter_change
+from endpoints.models import Endpoint
 from endpoints.preview import endpoint_preview
 from endpoints.recipes import recipe_list, recipe_save
-from endpoints.models import Endpoint
 
 router = Router(tags=["endpoints"])
 
@@ -114,6 +115,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "max_loras": endpoint.max_loras,
         "max_lora_rank": endpoint.max_lora_rank,
         "max_cpu_loras": endpoint.max_cpu_loras,
+        "adapters_on_demand": endpoint.adapters_on_demand,
         "async_scheduling": endpoint.async_scheduling,
         "distributed_executor_backend": endpoint.distributed_executor_backend,
         "profiling": endpoint.profiling,
@@ -135,8 +137,9 @@ def _get(endpoint_id):
 
 @api_route(router, "post", "/endpoints", role=OPERATOR, response={201: dict})
 def create_endpoint(request, payload: EndpointSpec):
-    """Launch an endpoint; `recipe` fills every field not given beside it."""
-    endpoint = services.endpoint_create(spec=payload, user=request.user, request=request)
+    """Launch an endpoint; `recipe` fills every field not given beside it; `stage_beside` (an endpoint's name)
+    launches a blue-green standby of that endpoint, staged beside it."""
+    endpoint = gateway_services.endpoint_launch(spec=payload, user=request.user, request=request)
     return 201, endpoint_json(endpoint)
 
 

@@ -96,12 +96,17 @@ class EndpointSpec(BaseModel):
     max_loras: int | None = None
     max_lora_rank: int | None = None
     max_cpu_loras: int | None = None
+    # The gateway loads a registered adapter of the model that no replica holds when a request names it.
+    adapters_on_demand: bool = False
     share_devices: bool = False
     capacity_override: str = ""
     restart_every_hours: int | None = None
     restart_daily_at: datetime.time | None = None  # HH:MM, UTC
     distributed: str = ""  # "" (one node), "ray" or "dp": one replica on `node` and `worker_nodes`
     worker_nodes: list[str | int] = []
+    # Blue-green: the endpoint (by name) this launch is the standby of. It may repeat that endpoint's served model
+    # name (no other endpoint's) and is staged beside it at once (endpoints.gateway.services.endpoint_launch).
+    stage_beside: str = ""
     routing: str = ""  # the gateway's policy: "least-outstanding" (default) or "prefix"
     # {"min_replicas", "max_replicas", "target_waiting", ...} (endpoints/autoscale.py); null is off
     autoscale: dict[str, Any] | None = None
@@ -111,7 +116,9 @@ class EndpointSpec(BaseModel):
     def _time_of_day(cls, value):
         return time_of_day(value)
 
-    @field_validator("name", "served_model_name", "capacity_override", "recipe", "distributed_executor_backend")
+    @field_validator(
+        "name", "served_model_name", "capacity_override", "recipe", "distributed_executor_backend", "stage_beside"
+    )
     @classmethod
     def _trimmed(cls, value: str) -> str:
         return value.strip()

@@ -8,6 +8,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from pydantic import ValidationError as SpecError
 
+from endpoints.commands import LORA_RANKS
 from endpoints.endpoint_spec import TIME_OF_DAY_MESSAGE, EndpointSpec, time_of_day
 
 EXTRA_ARGS_OBJECT = 'Extra vLLM args: a JSON object like {"--enable-prefix-caching": true}.'
@@ -40,6 +41,9 @@ CONFIG_INPUTS = {
     "draft_artifact": ("speculative", "draft_artifact"),
     "cudagraph_mode": ("compilation", "cudagraph_mode"),
     "cudagraph_capture_sizes": ("compilation", "cudagraph_capture_sizes"),
+    "autoscale_min_replicas": ("autoscale", "min_replicas"),
+    "autoscale_max_replicas": ("autoscale", "max_replicas"),
+    "autoscale_target_waiting": ("autoscale", "target_waiting"),
 }
 #: The vLLM option each field becomes, shown under its label.
 FLAGS = {
@@ -68,7 +72,23 @@ FLAGS = {
     "hf_overrides": "--hf-overrides",
     "kv_transfer": "--kv-transfer-config",
     "profiling": "--profiler-config",
+    "adapters": "--enable-lora --lora-modules",
+    "max_lora_rank": "--max-lora-rank",
+    "max_loras": "--max-loras",
+    "max_cpu_loras": "--max-cpu-loras",
 }
+
+
+class AdapterIdsField(forms.Field):
+    """Every adapter chosen in a multi-select, as artifact ids (the service checks each against the served model)."""
+
+    widget = forms.SelectMultiple
+
+    def to_python(self, value):
+        try:
+            return [int(v) for v in value or [] if v != ""]
+        except (TypeError, ValueError):
+            raise ValidationError("Choose registered LoRA adapters.", code="invalid") from None
 
 
 def _json_box(label, help_text="", rows=2):
@@ -171,14 +191,18 @@ class EndpointLaunchForm(forms.Form):
         "with the same system prompt or conversation go to the replica that has it in its prefix cache, within a "
         "bound on load). Can be changed later.",
     )
+    stage_beside = forms.CharField(  # the page lists the endpoints
+        required=False,
+        label="Blue-green standby of",
+        help_text="an endpoint whose served model name this one repeats: staged beside it, it takes no traffic until "
+        "a canary or a switch. Any other endpoint's name is refused.",
+    )
     autoscale = _json_box(  # JSON; the service (endpoints.autoscale) checks it
-        "Autoscaling (JSON, blank = off)",
-        "Replicas follow the queued requests between min_replicas and max_replicas (one-node endpoints; list devices "
-        "for max_replicas replicas); min_replicas 0 scales to zero when idle, and the next request through the gateway "
-        "starts a replica. Also target_waiting (queued requests per replica), scale_up_window_s (60), "
-        "scale_down_window_s (600), cooldown_s (300), and schedule floors in the console's time zone. Can be changed "
-        "later.",
-        rows=3,
+        "Other autoscaling keys (JSON)",
+        "Replicas follow the queued requests between the min and max above (one-node endpoints); at 0 the next "
+        "request through the gateway starts a replica. Also scale_up_window_s (60), scale_down_window_s (600), "
+        "cooldown_s (300), and schedule floors in the console's time zone. Can be changed later.",
+        rows=2,
     )
     recipe = forms.CharField(
         required=False,
@@ -225,8 +249,50 @@ class EndpointLaunchForm(forms.Form):
     cudagraph_mode = forms.ChoiceField(
         required=False, label="CUDA graph mode", choices=[("", "vLLM's default")] + [(m, m) for m in CUDAGRAPH_MODES]
     )
+    # Autoscaling's common keys (endpoints.autoscale checks them): any of them turns it on.
+    autoscale_min_replicas = forms.IntegerField(
+        required=False, label="Min replicas", min_value=0, help_text="0 scales to zero when idle; blank: off."
+    )
+    autoscale_max_replicas = forms.IntegerField(
+        required=False, label="Max replicas", min_value=1, help_text="list devices for this many on NPU/GPU nodes."
+    )
+    autoscale_target_waiting = forms.FloatField(
+        required=False,
+        label="Queued requests per replica",
+        min_value=0.1,
+        help_text="scale up above this many waiting per replica; default 4.",
+    )
     cudagraph_capture_sizes = forms.CharField(
         required=False, label="Capture sizes", help_text="batch sizes, e.g. 1,2,4,8."
+    )
+
+    # LoRA (endpoints.lora): on with adapters or a max rank; blank limits come from the adapters chosen.
+    adapters = AdapterIdsField(
+        required=False,
+        label="LoRA adapters",
+        help_text="registered adapters of the model, loaded at start and served by their names; more can be loaded "
+        "while it runs.",
+    )
+    max_lora_rank = forms.TypedChoiceField(
+        required=False,
+        label="Largest adapter rank",
+        coerce=int,
+        empty_value=None,
+        choices=[("", "from the adapters chosen")] + [(r, r) for r in LORA_RANKS],
+        help_text="set it (without adapters) to turn LoRA on for adapters loaded later.",
+    )
+    max_loras = forms.IntegerField(
+        required=False, label="Adapters per batch", min_value=1, help_text="default: the adapters chosen, 1 to 4."
+    )
+    max_cpu_loras = forms.IntegerField(
+        required=False, label="Adapters kept in memory", min_value=1, help_text="default: vLLM's (adapters per batch)."
+    )
+
+    adapters_on_demand = forms.BooleanField(
+        required=False,
+        label="Load adapters on request",
+        help_text="a request naming a registered adapter of the model that no replica holds makes the gateway load it "
+        "(held meanwhile).",
     )
 
     # Sent by the launch page, whose boxes are all shown (a recipe's ticked, by static/launch_form.js): an unticked box

@@ -9,6 +9,7 @@ import re
 from django import forms
 from django.core.exceptions import ValidationError
 
+from console.form_layout import field_context
 from endpoints import services
 from endpoints.commands.platforms import QUANTIZATION_METHODS
 from endpoints.commands.spec import EXECUTOR_BACKENDS
@@ -56,6 +57,7 @@ SECTIONS = (
             "trust_remote_code",
         ),
     ),
+    ("lora", "LoRA adapters", False, ("adapters", "max_lora_rank", "max_loras", "max_cpu_loras", "adapters_on_demand")),
     (
         "speculative",
         "Speculative decoding",
@@ -64,7 +66,19 @@ SECTIONS = (
     ),
     ("compilation", "Compilation", False, ("cudagraph_mode", "cudagraph_capture_sizes", "compilation")),
     ("configs", "Ascend and config overrides", False, ("ascend", "hf_overrides", "kv_transfer")),
-    ("gateway", "Gateway and scaling", False, ("routing", "autoscale")),
+    (
+        "gateway",
+        "Gateway and scaling",
+        False,
+        (
+            "routing",
+            "stage_beside",
+            "autoscale_min_replicas",
+            "autoscale_max_replicas",
+            "autoscale_target_waiting",
+            "autoscale",
+        ),
+    ),
     ("restarts", "Restarts", False, ("restart_every_hours", "restart_daily_at")),
     ("advanced", "Advanced", True, ("extra_args", "env", "share_devices", "capacity_override", "profiling")),
 )
@@ -84,9 +98,9 @@ ATTRS = {
     "extra_args": {"placeholder": '{"--enable-prefix-caching": true}'},
     "env": {"placeholder": '{"VLLM_LOGGING_LEVEL": "INFO"}'},
     "autoscale": {
-        "placeholder": '{"min_replicas": 1, "max_replicas": 4, "target_waiting": 4, "schedule": [{"days": "mon-fri", '
-        '"from": "08:00", "to": "20:00", "min_replicas": 2}]}'
+        "placeholder": '{"schedule": [{"days": "mon-fri", "from": "08:00", "to": "20:00", "min_replicas": 2}]}'
     },
+    "autoscale_target_waiting": {"placeholder": "4", "inputmode": "decimal"},
 }
 _MIN_ONE = {
     "replicas",
@@ -95,6 +109,8 @@ _MIN_ONE = {
     "data_parallel_size",
     "restart_every_hours",
     "num_speculative_tokens",
+    "max_loras",
+    "max_cpu_loras",
 }
 _INPUT_OF = {(config, key): field for field, (config, key) in CONFIG_INPUTS.items()}
 _CONFIG_MESSAGE = re.compile(r"(?P<config>[a-z_]+)\.(?P<key>[a-z_]+)\b")
@@ -108,6 +124,16 @@ def launchable_artifacts():
     )
 
 
+def adapter_artifacts():
+    """The registry's ready LoRA adapters (the service refuses one of another model, naming both)."""
+    return (
+        Artifact.objects.alive()
+        .filter(status=Artifact.Status.READY, format=Artifact.Format.LORA)
+        .select_related("model")
+        .order_by("model__name", "name")
+    )
+
+
 def parsed_spec(form: EndpointLaunchForm) -> EndpointSpec:
     """The form's launch spec; a field the form refuses raises ValidationError naming it, as the service does."""
     if not form.is_valid():
@@ -118,7 +144,11 @@ def parsed_spec(form: EndpointLaunchForm) -> EndpointSpec:
 def posted_values(form: EndpointLaunchForm, data) -> dict:
     """What the operator typed, to show again with the errors."""
     return {
-        name: data.get(name) == "on" if isinstance(field, forms.BooleanField) else data.get(name, "").strip()
+        name: data.get(name) == "on"
+        if isinstance(field, forms.BooleanField)
+        else data.getlist(name)
+        if isinstance(field.widget, forms.SelectMultiple)
+        else data.get(name, "").strip()
         for name, field in form.fields.items()
     }
 
@@ -178,20 +208,28 @@ def _recipe_about(info: RecipeInfo) -> str:
     return f"{info.title} · {_recipe_source(info)} · hardware: {info.hardware} · {nodes} · platform {info.platform}"
 
 
-def _choices(artifacts, nodes, recipes) -> dict[str, list[tuple]]:
-    """Each select's options as (value, text)."""
-    artifact_options = [(a.pk, str(a)) for a in artifacts]
+def _choices(artifacts, nodes, recipes, adapters, endpoints) -> dict[str, list[tuple]]:
+    """Each select's options as (value, text) or (value, text, the artifact's model id: static/launch_form.js shows
+    the adapters of the chosen artifact's model alone)."""
+    artifact_options = [(a.pk, str(a), a.model_id) for a in artifacts]
     return {
         "recipe": [("", "none: fill the form by hand")]
         + [(r.ref, f"{r.title or r.name} — {r.hardware} — {_recipe_source(r, short=True)}") for r in recipes],
         "artifact": artifact_options or [("", "No servable artifact: convert one first")],
         "node": [(n.pk, f"{n.name} ({n.platform}{'' if n.online else ', offline'})") for n in nodes],
-        "draft_artifact": [("", "none")] + artifact_options,
+        "draft_artifact": [("", "none")] + [(a.pk, str(a)) for a in artifacts],
         "dtype": [(d, d or "(model default)") for d in services.DTYPES],
         "quantization": [("", "(the checkpoint's own)")] + [(q, q) for q in QUANTIZATION_METHODS],
         "distributed": list(Endpoint.Distributed.choices),
         "distributed_executor_backend": [("", "(vLLM's choice)")] + [(b, b) for b in EXECUTOR_BACKENDS],
         "routing": list(Endpoint.Routing.choices),
+        "stage_beside": [("", "none: a model name of its own")]
+        + [(e.name, f"{e.name} (serves {e.served_model_name or e.name})") for e in endpoints],
+        "adapters": [
+            (a.pk, f"{a.name} (rank {(a.inspection or {}).get('rank', '?')}, for {a.model.name})", a.model_id)
+            for a in adapters
+        ]
+        or [("", "none registered (API: POST /api/v1/models/ID/adapters)")],
     }
 
 
@@ -199,42 +237,36 @@ def _field(name: str, field: forms.Field, value, errors: list[str], options) -> 
     if isinstance(field, forms.BooleanField):
         kind = "checkbox"
     elif options is not None:
-        kind = "select"
+        kind = "multiple" if isinstance(field.widget, forms.SelectMultiple) else "select"
     elif isinstance(field.widget, forms.Textarea):
         kind = "textarea"
     else:
         kind = "number" if isinstance(field, forms.IntegerField) else "text"
-    value = "" if value is None else value
     attrs = dict(ATTRS.get(name, {}))
     if name in _MIN_ONE:
         attrs["min"] = "1"
-    described_by = ([f"id_{name}-help"] if FLAGS.get(name) or field.help_text else []) + (
-        [f"id_{name}-errors"] if errors else []
-    )
-    return {
-        "name": name,
-        "id": f"id_{name}",
-        "described_by": " ".join(described_by),
-        "label": field.label,
-        "flag": FLAGS.get(name, ""),
-        "help": field.help_text,
-        "kind": kind,
-        "value": value,
-        "errors": errors,
-        "options": [(str(v), text, str(v) == str(value)) for v, text in options] if options is not None else None,
-        "attrs": attrs,
-        "rows": field.widget.attrs.get("rows", 2),
+    return field_context(
+        name=name,
+        label=field.label,
+        kind=kind,
+        value=value,
+        help_text=field.help_text,
+        flag=FLAGS.get(name, ""),
+        errors=errors,
+        options=options,
+        attrs=attrs,
+        rows=field.widget.attrs.get("rows", 2),
         # Long help and JSON boxes take the section's whole width.
-        "wide": kind == "textarea" or len(field.help_text) > 110 or name == "recipe",
-        "required": name in ("name", "artifact"),
-    }
+        wide=kind == "textarea" or len(field.help_text) > 110 or name == "recipe",
+        required=name in ("name", "artifact"),
+    )
 
 
 def page_context(*, values: dict, errors: dict[str, list[str]]) -> dict:
     """The launch template's context."""
     artifacts = list(launchable_artifacts())
     recipes = recipe_list()
-    choices = _choices(artifacts, Node.objects.all(), recipes)
+    choices = _choices(artifacts, Node.objects.all(), recipes, adapter_artifacts(), Endpoint.objects.order_by("name"))
     fields = EndpointLaunchForm.base_fields
     for name, field in fields.items():
         if isinstance(field, forms.ChoiceField):

@@ -80,8 +80,8 @@ def checked_lora(*, spec, artifact: Artifact, served_model_name: str) -> LoraCho
     number of adapters (1 to 4)."""
     ids = list(spec.adapters)
     if not ids and spec.max_lora_rank is None:
-        for name in ("max_loras", "max_cpu_loras"):
-            if getattr(spec, name) is not None:
+        for name in ("max_loras", "max_cpu_loras", "adapters_on_demand"):
+            if getattr(spec, name) not in (None, False):
                 raise ValidationError({name: "LoRA is off: give adapters or max_lora_rank to turn it on."})
         return None
     if len(set(ids)) != len(ids):
@@ -190,7 +190,9 @@ def _unload(replica: Replica, adapter: Artifact) -> tuple[bool, str]:
     return False, f"HTTP {status}: {text}" if status else text
 
 
-def endpoint_adapter_change(*, endpoint: Endpoint, adapter_id: int, action: str, user, request=None) -> dict:
+def endpoint_adapter_change(
+    *, endpoint: Endpoint, adapter_id: int, action: str, user, request=None, via: str = ""
+) -> dict:
     """Load an adapter into, or unload it from, every ready replica, and add it to or remove it from the endpoint's
     adapters (so later starts load the same). A load that a ready replica refuses is undone on the others and
     changes nothing (vLLM's answer is the Conflict's message); an unload always leaves the list without it.
@@ -242,7 +244,8 @@ def endpoint_adapter_change(*, endpoint: Endpoint, adapter_id: int, action: str,
             endpoint.adapters.add(adapter)
         else:
             endpoint.adapters.remove(adapter)
-        message = f"{_adapter_label(adapter)} {action}ed by {getattr(user, 'username', 'system')} (replicas: {where})"
+        who = getattr(user, "username", None) or via or "system"
+        message = f"{_adapter_label(adapter)} {action}ed by {who} (replicas: {where})"
         if failed:
             message += "; " + "; ".join(f"replica {r['replica']}: {r['message']}" for r in failed)
         EndpointEvent.objects.create(
@@ -253,6 +256,7 @@ def endpoint_adapter_change(*, endpoint: Endpoint, adapter_id: int, action: str,
             action=f"endpoint.adapter.{action}",
             obj=endpoint,
             request=request,
+            via=via,
             changes={"adapter": adapter.pk, "name": adapter.name, "replicas": results},
         )
     return {"adapter": adapter.pk, "name": adapter.name, "action": action, "replicas": results}

@@ -81,6 +81,9 @@ class Endpoint(models.Model):
     max_loras = models.PositiveIntegerField(null=True, blank=True)
     max_lora_rank = models.PositiveIntegerField(null=True, blank=True)
     max_cpu_loras = models.PositiveIntegerField(null=True, blank=True)
+    # The gateway may load a registered adapter of the served model that no replica holds when a request names it
+    # (endpoints.gateway.asgi: held until every ready replica has it, then routed; recorded and audited as a load).
+    adapters_on_demand = models.BooleanField(default=False)
     distributed_executor_backend = models.CharField(max_length=8, blank=True)
     # The recipe the launch started from, as name@version (endpoints.recipes), for people.
     recipe = models.CharField(max_length=100, blank=True)

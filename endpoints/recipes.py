@@ -24,9 +24,13 @@ from models_registry.capacity_moe import deployment_capacity
 
 SHIPPED_DIR = Path(__file__).parent / "recipe_files"
 _REF = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(@(?P<version>[0-9]{1,6}))?")
-#: A recipe is a template: where and as what an endpoint runs is the launch's own.
+#: A recipe is a template: where and as what an endpoint runs is the launch's own. LoRA adapters too: they are
+#: artifacts of one model, and a recipe names no artifact; the LoRA limits (max_lora_rank, max_loras, max_cpu_loras)
+#: are engine settings and stay, so a launch from the recipe can load adapters of its own model.
 NOT_IN_RECIPES = (
     "name",
+    "adapters",
+    "stage_beside",
     "recipe",
     "artifact",
     "node",
@@ -225,6 +229,11 @@ def spec_of(endpoint: Endpoint) -> EndpointSpec:
         distributed=endpoint.distributed,
         routing=endpoint.routing,
         autoscale=endpoint.autoscale,
+        adapters=sorted(endpoint.adapters.values_list("pk", flat=True)),
+        max_loras=endpoint.max_loras,
+        max_lora_rank=endpoint.max_lora_rank,
+        max_cpu_loras=endpoint.max_cpu_loras,
+        adapters_on_demand=endpoint.adapters_on_demand,
         **configs,
     )
 

@@ -387,6 +387,45 @@ def _checked_profiling(enabled, *, nodes: Sequence[Node]) -> bool:
     return True
 
 
+def _served_name_free(served: str, *, stage_beside: str) -> None:
+    """Refuse a served model name another endpoint has (stopped ones too: started again, they serve it): the gateway
+    pools the endpoints of one name, so the new one would take a share of the other's traffic and keys. A blue-green
+    standby repeats the name of the endpoint it is launched beside (stage_beside), which has no standby yet; the
+    launch stages it there (endpoints.gateway.services.endpoint_launch)."""
+    live = None
+    if stage_beside:
+        live = Endpoint.objects.filter(name=stage_beside).first()
+        if live is None:
+            raise ValidationError({"stage_beside": f"No endpoint named {stage_beside!r}."})
+        if (live.served_model_name or live.name) != served:
+            raise ValidationError(
+                {
+                    "stage_beside": f"{live.name} serves {live.served_model_name or live.name!r}, not {served!r}: a "
+                    "blue-green standby has the same served model name."
+                }
+            )
+        standby = Endpoint.objects.filter(staged_for__endpoint=live).first()
+        if standby is not None:
+            raise ValidationError(
+                {
+                    "stage_beside": f"{live.name} has a blue-green standby already: {standby.name}. Switch or delete it first."
+                }
+            )
+    clash = (
+        Endpoint.objects.filter(Q(served_model_name=served) | Q(served_model_name="", name=served))
+        .exclude(pk=getattr(live, "pk", None))
+        .first()
+    )
+    if clash is not None:
+        raise ValidationError(
+            {
+                "served_model_name": f"{served!r} is the served model name of endpoint {clash.name}: this endpoint would "
+                f"join its gateway pool. Choose another name, or launch it as {clash.name}'s blue-green standby "
+                "(stage_beside)."
+            }
+        )
+
+
 def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     """Check a launch spec (parsed by the form or the API schema; blank numbers are None and get their defaults
     here; a recipe's fields under the ones given) and create the endpoint with its replicas (desired: running). A
@@ -507,6 +546,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     served = spec.served_model_name or name
     if not re.fullmatch(r"[A-Za-z0-9._/-]{1,100}", served):
         raise ValidationError({"served_model_name": "Letters, digits and . _ / - only."})
+    _served_name_free(served, stage_beside=spec.stage_beside)
     lora = checked_lora(spec=spec, artifact=artifact, served_model_name=served)
     restart_hours = int_in_range(spec.restart_every_hours, "restart_every_hours", low=1, high=24 * 30, default=None)
     routing = _checked_routing(spec.routing)
@@ -534,6 +574,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                 max_loras=lora.max_loras if lora else None,
                 max_lora_rank=lora.max_lora_rank if lora else None,
                 max_cpu_loras=lora.max_cpu_loras if lora else None,
+                adapters_on_demand=spec.adapters_on_demand,
                 distributed_executor_backend=backend,
                 recipe=recipe.ref if recipe else "",
                 profiling=profiling,

@@ -10,6 +10,7 @@ from console.validation import error_text
 from endpoints import launch_page, selectors, services
 from endpoints.commands import format_for_shell
 from endpoints.forms import EndpointLaunchForm
+from endpoints.gateway import services as gateway_services
 from endpoints.launch import recorded_log
 from endpoints.lora import adapter_choices, endpoint_adapter_change
 from endpoints.models import Endpoint
@@ -35,7 +36,9 @@ def endpoint_launch(request):
         form = EndpointLaunchForm(request.POST)
         values = launch_page.posted_values(form, request.POST)  # shown again with the errors
         try:
-            endpoint = services.endpoint_create(spec=launch_page.parsed_spec(form), user=request.user, request=request)
+            endpoint = gateway_services.endpoint_launch(
+                spec=launch_page.parsed_spec(form), user=request.user, request=request
+            )
         except ValidationError as exc:
             errors = launch_page.launch_errors(exc)
         else:
@@ -86,6 +89,7 @@ def _detail_context(endpoint, user):
 
 
 def _detail_page(request, endpoint, *, status=200, **extra):
+    choices = adapter_choices(endpoint)
     return render(
         request,
         "endpoints/endpoint_detail.html",
@@ -93,14 +97,19 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             **_detail_context(endpoint, request.user),
             "gateway_url": settings.GATEWAY_URL,
             # Candidates to stage beside this one: other endpoints serving the same model name.
-            "other_endpoints": Endpoint.objects.exclude(pk=endpoint.pk).filter(
-                served_model_name=endpoint.served_model_name
-            ),
+            "staged_options": [
+                (other.pk, f"{other.name} ({other.state})")
+                for other in Endpoint.objects.exclude(pk=endpoint.pk).filter(
+                    served_model_name=endpoint.served_model_name
+                )
+            ]
+            or [("", "no other endpoint")],
             "routing_choices": Endpoint.Routing.choices,
             "recipe_values": {"name": "", "title": ""},
             "recipe_errors": {},
             "adapters": list(endpoint.adapters.all()),
-            "adapter_choices": adapter_choices(endpoint),
+            "adapter_choices": choices,
+            "adapter_options": [(a.pk, f"{a.name} (rank {(a.inspection or {}).get('rank')})") for a in choices],
             **extra,
         },
         status=status,

@@ -43,7 +43,13 @@ def model_register(request):
     return render(
         request,
         "models_registry/model_register.html",
-        {"values": values, "errors": errors, "roots": settings.MODEL_ROOTS},
+        {
+            "values": values,
+            "errors": errors,
+            "roots": settings.MODEL_ROOTS,
+            "path_help": "A Hugging Face directory (config.json, safetensors or bin weights, tokenizer) or a .gguf "
+            f"file, inside: {', '.join(map(str, settings.MODEL_ROOTS))}.",
+        },
         status=400 if errors else 200,
     )
 
@@ -78,11 +84,52 @@ def _jobs_context(artifact) -> dict:
     return {"artifact": artifact, "jobs": jobs, "jobs_active": any(j.is_active for j in jobs)}
 
 
+#: The convert form's targets, as people read them (services.convert_targets says which an artifact has).
+CONVERT_TARGET_TEXT = {
+    "hf": "Hugging Face safetensors (dequantised)",
+    "fp16": "float16 (Ascend, 310P)",
+    "bf16": "bfloat16",
+    "om": "OM offline model (ONNX + ATC)",
+}
+
+
+def _quantize_choices(schemes: dict) -> dict[str, list[tuple[str, str]]]:
+    """The quantize form's selects (models_registry.options.QuantizeOptions checks the values)."""
+    w8a16 = "" if schemes["w8a16"].supported else " — compressed-tensors only here"
+    return {
+        "target": [
+            ("compressed-tensors", "compressed-tensors (vLLM on GPU/CPU)"),
+            ("ascend-modelslim", "Ascend ModelSlim (vllm-ascend)"),
+        ],
+        "scheme": [
+            ("w8a8_dynamic", "W8A8 dynamic (per-token activations)"),
+            ("w8a8_static", "W8A8 static (per-tensor activations, calibrated)"),
+            ("w8a16", f"W8A16 (weights only){w8a16}"),
+        ],
+        "method": [
+            ("kl", "KL divergence"),
+            ("minmax", "min-max"),
+            ("histogram", "histogram"),
+            ("auto", "library automatic"),
+        ],
+        "anti_outlier": [
+            ("", "off"),
+            ("m1", "m1 SmoothQuant"),
+            ("m2", "m2 outlier suppression"),
+            ("m3", "m3 weight-aware (AWQ-like)"),
+            ("m4", "m4 iterative smoothing"),
+            ("m5", "m5 SmoothQuant (fast)"),
+            ("m6", "m6 flex smoothing"),
+        ],
+    }
+
+
 def _artifact_context(request, artifact, *, convert_values=None, convert_errors=None):
     convert_targets, convert_refusal = services.convert_targets(artifact=artifact)
     return {
         **_jobs_context(artifact),
         "precision_modes": services.ATC_PRECISION_MODES,
+        "convert_dtypes": ["bfloat16", "float16"],
         "model": artifact.model,
         "children": artifact.children.alive(),
         # the live devices' rows come from serving's fragment (endpoints.fragments.artifact_capacity_live)
@@ -100,10 +147,12 @@ def _artifact_context(request, artifact, *, convert_values=None, convert_errors=
         },
         "convert_errors": convert_errors or {},
         "convert_targets": convert_targets,
+        "convert_options": [(t, text) for t, text in CONVERT_TARGET_TEXT.items() if t in convert_targets],
         "convert_refusal": convert_refusal,
         # serving answers through a hook (the registry does not import it): no Launch button it would refuse
         "launch_refusal": hooks.launch_refusal(artifact),
-        "modelslim_schemes": modelslim_scheme_support(),
+        "modelslim_schemes": (schemes := modelslim_scheme_support()),
+        "quantize_choices": _quantize_choices(schemes),
     }
 
 

@@ -3,6 +3,7 @@
      {"recipes": {"name@version": {"spec": {...}, "about": "..."}}, "inputs": {"speculative": {"method":
      "speculative_method", ...}, "compilation": {...}}, "fillable": [the fields a recipe may set]}.
      The fields a recipe may set are cleared first, so nothing of a recipe picked before stays.
+   - The adapters' multi-select lists the chosen artifact's model's alone.
    - "Copy" beside a command of the "Show command" fragment: the clipboard, or else the text selected. */
 (function () {
   "use strict";
@@ -56,10 +57,26 @@
     });
   }
 
+  // The adapters of the chosen artifact's model alone (each option's data-model); others are unticked and hidden.
+  function showAdapters(form) {
+    var artifact = form.elements.namedItem("artifact");
+    var adapters = form.elements.namedItem("adapters");
+    if (!artifact || !adapters || artifact.selectedIndex < 0) { return; }
+    var model = artifact.options[artifact.selectedIndex].dataset.model;
+    Array.prototype.forEach.call(adapters.options, function (o) {
+      var other = o.dataset.model && model && o.dataset.model !== model;
+      o.hidden = !!other;
+      if (other) { o.selected = false; }
+    });
+  }
+
   function init() {
     var form = document.getElementById("launch-form");
     if (!form) { return; }
     var d = data();
+    var artifactSelect = form.elements.namedItem("artifact");
+    if (artifactSelect) { artifactSelect.addEventListener("change", function () { showAdapters(form); }); }
+    showAdapters(form);
     var picker = form.elements.namedItem("recipe");
     var about = document.getElementById("recipe-about");
     if (picker) {

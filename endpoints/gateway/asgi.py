@@ -61,6 +61,8 @@ from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
+from endpoints.lora import endpoint_adapter_change
+from endpoints.models import Endpoint
 from endpoints.services import endpoint_wake
 
 #: The "model" of the request a task serves (each request runs in a task of its own, on both data paths).
@@ -126,6 +128,11 @@ def _db(fn, *args):
     return asyncio.get_running_loop().run_in_executor(_DB_THREAD, call)
 
 
+def _load_adapter(*, endpoint_id: int, adapter_id: int):
+    endpoint = Endpoint.objects.select_related("artifact__model").get(pk=endpoint_id)
+    return endpoint_adapter_change(endpoint=endpoint, adapter_id=adapter_id, action="load", user=None, via="gateway")
+
+
 class Gateway:
     def __init__(self, *, dataplane: str = "python"):
         self.dataplane = dataplane  # which program does the HTTP: this one (uvicorn, aiohttp) or the compiled one
@@ -135,6 +142,9 @@ class Gateway:
         self.down_until: dict[str, float] = {}
         self.held: dict[int, int] = defaultdict(int)  # endpoint id -> requests held while it wakes
         self.waking: dict[int, asyncio.Task] = {}  # endpoint id -> its wake in flight (one, shared)
+        # (endpoint id, adapter id) -> its on-demand LoRA load in flight (one, shared), or the failed one's message
+        self.loading: dict[tuple[int, int], asyncio.Task] = {}
+        self.load_failed: dict[tuple[int, int], str] = {}
         self.poller: asyncio.Task | None = None  # refreshes the routes often while anything is held
         self.routes_changed = asyncio.Event()  # set (and replaced) at each routing table refresh
         self.key_cache: dict[str, tuple[float, object]] = {}
@@ -368,6 +378,9 @@ class Gateway:
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
         # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
         asleep = [] if backends else [w for w in self.table.wakeable.get(model, ()) if key.allows_backend(w, model)]
+        # None ready holds this LoRA adapter, but an endpoint that loads adapters on request may: load it and wait.
+        if not backends and not asleep:
+            asleep = [w for w in self.table.loadable.get(model, ()) if key.allows_backend(w, model)]
         if not backends and not asleep:
             return await self.finish(
                 send,
@@ -430,11 +443,28 @@ class Gateway:
                     ),
                     reservation=reservation,
                 )
-            backends = await self.hold(receive, key, model, target.endpoint_id)
+            adapter_id = getattr(target, "adapter_id", None)  # a LoRA adapter to load (selectors.Loadable)
+            backends = await self.hold(receive, key, model, target.endpoint_id, adapter_id=adapter_id)
             if backends is GONE:  # the client left: nothing to answer, nothing used
                 if reservation is not None:
                     reservation[1] = 0
                 return None
+            if backends is None and adapter_id is not None:
+                why = self.load_failed.get((target.endpoint_id, adapter_id), "it was not loaded in time")
+                return await self.finish(
+                    send,
+                    key,
+                    target.endpoint_id,
+                    start,
+                    await _error(
+                        send,
+                        503,
+                        f"The LoRA adapter {model!r} could not be loaded on {target.endpoint_name}: {why}",
+                        "unavailable",
+                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
+                    ),
+                    reservation=reservation,
+                )
             if backends is None:
                 timeout = settings.GATEWAY_WAKE_TIMEOUT_SECONDS
                 return await self.finish(
@@ -482,12 +512,14 @@ class Gateway:
         finally:
             watch.close()
 
-    async def hold(self, receive, key, model: str, endpoint_id: int):
+    async def hold(self, receive, key, model: str, endpoint_id: int, *, adapter_id: int | None = None):
         """Hold a request for `model` while its endpoint `endpoint_id`, scaled to zero, wakes: ask for a
         replica once (one wake in flight per endpoint, shared by the requests held for it), look again at
         each routing table refresh (every GATEWAY_WAKE_POLL_SECONDS while anything is held) until a replica
         the key may use is ready. The backends; None after GATEWAY_WAKE_TIMEOUT_SECONDS; GONE if the
-        client disconnected. Counted in self.held meanwhile (flushed as gw.waiting)."""
+        client disconnected. Counted in self.held meanwhile (flushed as gw.waiting).
+        With `adapter_id`, the endpoint is up and `model` is a LoRA adapter it does not hold: load it instead (one
+        load in flight per endpoint and adapter); None at once if the load failed (self.load_failed says why)."""
         self.held[endpoint_id] += 1
         if self.poller is None or self.poller.done():
             self.poller = asyncio.create_task(self._poll_while_held())
@@ -498,7 +530,13 @@ class Gateway:
                 backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
                 if backends:
                     return backends
-                asleep = any(
+                if adapter_id is not None:
+                    loading = (endpoint_id, adapter_id)
+                    if loading in self.load_failed:
+                        return None
+                    if loading not in self.loading:
+                        self.loading[loading] = asyncio.create_task(self.load_adapter(endpoint_id, adapter_id))
+                asleep = adapter_id is None and any(
                     w.endpoint_id == endpoint_id and w.replicas == 0 for w in self.table.wakeable.get(model, ())
                 )
                 if asleep and endpoint_id not in self.waking:
@@ -528,6 +566,26 @@ class Gateway:
             log.exception("gateway: waking endpoint %s failed", endpoint_id)
         finally:
             self.waking.pop(endpoint_id, None)
+        await self.refresh_table()
+
+    async def load_adapter(self, endpoint_id: int, adapter_id: int):
+        """Load a LoRA adapter on every ready replica of the endpoint (endpoints.lora.endpoint_adapter_change:
+        recorded and audited as the gateway's), then read the routes at once so the held requests find it. A
+        refusal is kept for GATEWAY_RETRY_AFTER_SECONDS, so the requests held for it answer at once."""
+        loading = (endpoint_id, adapter_id)
+        try:
+            await _db(
+                functools.partial(_load_adapter, endpoint_id=endpoint_id, adapter_id=adapter_id),
+            )
+            log.info("gateway: loaded LoRA adapter %s on endpoint %s on request", adapter_id, endpoint_id)
+        except Exception as exc:  # noqa: BLE001 (any refusal is the held requests' answer)
+            self.load_failed[loading] = " ".join(getattr(exc, "messages", None) or [str(exc)])
+            asyncio.get_running_loop().call_later(
+                settings.GATEWAY_RETRY_AFTER_SECONDS, self.load_failed.pop, loading, None
+            )
+            log.warning("gateway: loading LoRA adapter %s on endpoint %s failed: %s", adapter_id, endpoint_id, exc)
+        finally:
+            self.loading.pop(loading, None)
         await self.refresh_table()
 
     async def _poll_while_held(self):

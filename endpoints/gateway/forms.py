@@ -13,15 +13,42 @@ class NamesField(forms.Field):
 
 
 class KeyLimitsForm(forms.Form):
-    rpm_limit = forms.IntegerField(required=False, label="Requests per minute")
-    tpm_limit = forms.IntegerField(required=False, label="Tokens per minute")
+    # The bounds are the service's (its messages name the field); min only helps the browser's spinner.
+    rpm_limit = forms.IntegerField(
+        required=False, label="Requests per minute", help_text="blank: no limit.", widget=forms.NumberInput({"min": 1})
+    )
+    tpm_limit = forms.IntegerField(
+        required=False,
+        label="Tokens per minute",
+        help_text="prompt and completion; blank: no limit.",
+        widget=forms.NumberInput({"min": 1}),
+    )
 
 
-class KeyCreateForm(KeyLimitsForm):
-    name = forms.CharField(required=False)
-    models = NamesField(required=False)
-    endpoints = NamesField(required=False)
-    expires_days = forms.FloatField(required=False, label="Expiry (days)")
+class KeyCreateForm(forms.Form):
+    # The page's order: who, what it may reach, for how long, how much.
+    name = forms.CharField(
+        label="Application",
+        max_length=100,
+        help_text="what will use the key; shown in usage and the audit log.",
+        error_messages={"required": "Give the key a name (the application that will use it)."},
+    )
+    models = NamesField(
+        required=False,
+        label="Models",
+        help_text="served model or LoRA adapter names it may ask for; none chosen: all.",
+    )
+    endpoints = NamesField(
+        required=False, label="Endpoints", help_text="endpoints whose models it may ask for; none chosen: all."
+    )
+    expires_days = forms.FloatField(
+        required=False,
+        label="Expires in (days)",
+        help_text="blank: never; up to 3650.",
+        widget=forms.NumberInput({"min": 0, "max": 3650, "step": "any"}),
+    )
+    rpm_limit = KeyLimitsForm.base_fields["rpm_limit"]
+    tpm_limit = KeyLimitsForm.base_fields["tpm_limit"]
 
 
 class BlueGreenForm(forms.Form):

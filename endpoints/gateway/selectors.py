@@ -14,6 +14,7 @@ from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
 from endpoints.selectors import unhealthy_replica_ids
+from models_registry.models import Artifact
 from workers.telemetry.models import Point, Series
 
 
@@ -46,6 +47,17 @@ class Wakeable:
     scope_names: frozenset = field(default_factory=frozenset)  # as Backend's, for a key's scope
 
 
+@dataclass(frozen=True)
+class Loadable:
+    """A registered LoRA adapter that no replica of this endpoint holds, which the endpoint lets the gateway load on
+    request (Endpoint.adapters_on_demand): a request naming it is held while it loads on every ready replica."""
+
+    endpoint_id: int
+    endpoint_name: str
+    adapter_id: int
+    scope_names: frozenset = field(default_factory=frozenset)  # as Backend's, for a key's scope
+
+
 @dataclass
 class RoutingTable:
     backends: dict[str, list[Backend]]  # served model name -> ready replicas taking traffic
@@ -56,6 +68,7 @@ class RoutingTable:
     wakeable: dict[str, list[Wakeable]] = field(default_factory=dict)  # model -> its endpoints scaled to zero
     drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
     adapters: dict[str, set[int]] = field(default_factory=dict)  # LoRA adapter name -> the endpoints holding it
+    loadable: dict[str, list[Loadable]] = field(default_factory=dict)  # adapter name -> where it may be loaded
 
 
 def model_name(endpoint) -> str:
@@ -80,10 +93,13 @@ def routing_table() -> RoutingTable:
     asleep = []
     # Only the columns used: the gateway reads this every second, and building whole rows was most of its
     # idle CPU (benchmarks/gateway.py).
+    on_demand: dict[int, tuple[str, int]] = {}  # endpoint id -> (name, artifact id) of those loading adapters
     for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only(
-        "name", "served_model_name", "autoscale", "distributed", "replicas"
+        "name", "served_model_name", "autoscale", "distributed", "replicas", "adapters_on_demand", "artifact"
     ):
         known.setdefault(model_name(ep), set()).add(ep.name)
+        if ep.adapters_on_demand and ep.pk not in idle:
+            on_demand[ep.pk] = (ep.name, ep.artifact_id)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
@@ -140,6 +156,7 @@ def routing_table() -> RoutingTable:
         )
     adapters = _add_adapters(backends, known)
     ready = {b.endpoint_id for bs in backends.values() for b in bs}
+    loadable = _loadable({pk: v for pk, v in on_demand.items() if pk in ready}, adapters, known, public_of, names)
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
         if ep.pk not in ready:
@@ -155,9 +172,35 @@ def routing_table() -> RoutingTable:
         wakeable=wakeable,
         drain_due_at=min(drains, default=None),
         adapters=adapters,
+        loadable=loadable,
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
     )
+
+
+def _loadable(on_demand, adapters, known, public_of, names) -> dict[str, list[Loadable]]:
+    """The registered, ready adapters of each on-demand endpoint's model that it does not hold (two queries, made
+    only when an endpoint with ready replicas loads adapters on demand). Each name is known (a 403 or a hold, not
+    a 404) through its endpoint."""
+    if not on_demand:
+        return {}
+    model_of = dict(Artifact.objects.filter(pk__in={a for _, a in on_demand.values()}).values_list("pk", "model_id"))
+    found = (
+        Artifact.objects.alive()
+        .filter(format=Artifact.Format.LORA, status=Artifact.Status.READY, model_id__in=set(model_of.values()))
+        .values_list("pk", "name", "model_id")
+    )
+    loadable: dict[str, list[Loadable]] = {}
+    for adapter_id, name, model_id in found:
+        for endpoint_id, (endpoint_name, artifact_id) in on_demand.items():
+            if model_of.get(artifact_id) != model_id or endpoint_id in adapters.get(name, ()):
+                continue
+            scope = {endpoint_name, names.get(public_of.get(endpoint_id), "")} - {""}
+            loadable.setdefault(name, []).append(
+                Loadable(endpoint_id, endpoint_name, adapter_id, scope_names=frozenset(scope))
+            )
+            known.setdefault(name, set()).add(endpoint_name)
+    return loadable
 
 
 def _add_adapters(backends: dict[str, list[Backend]], known: dict[str, set[str]]) -> dict[str, set[int]]:

@@ -16,12 +16,13 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.models import hash_token
 from console.validation import float_in_range, int_in_range
+from endpoints.endpoint_spec import EndpointSpec
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey, default_rollout_steps
 from endpoints.gateway.selectors import model_name
 from endpoints.gateway.stats import percentile
 from endpoints.models import Endpoint
 from endpoints.replica_state import in_flight
-from endpoints.services import endpoint_stop
+from endpoints.services import endpoint_create, endpoint_stop
 from workers.telemetry.services import Reading, store
 
 
@@ -287,6 +288,20 @@ def staged_endpoint(staged_id) -> Endpoint:
             {"staged": f"No endpoint #{staged_id}: give the id of an endpoint serving the same model."}
         )
     return found
+
+
+def endpoint_launch(*, spec: EndpointSpec, user, request=None) -> Endpoint:
+    """Launch an endpoint (endpoints.services.endpoint_create); a blue-green standby (spec.stage_beside) is staged
+    beside its live side in the same transaction, so it never serves that name outside the pair."""
+    with transaction.atomic():
+        endpoint = endpoint_create(spec=spec, user=user, request=request)
+        if spec.stage_beside:
+            live = Endpoint.objects.get(name=spec.stage_beside)
+            try:
+                stage(endpoint=live, staged=endpoint, actor=user, request=request)
+            except ValidationError as exc:  # the pair's rules, under the launch's field
+                raise ValidationError({"stage_beside": exc.messages}) from exc
+    return endpoint
 
 
 def stage(

@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
-from console.validation import error_text
+from console.validation import error_text, field_errors
 from endpoints.gateway import services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
 from endpoints.gateway.models import GatewayKey
@@ -21,7 +21,11 @@ def key_list(request):
     return _key_list_page(request)
 
 
-def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str = ""):
+def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str = "", form: KeyCreateForm | None = None):
+    endpoints = Endpoint.objects.order_by("name")
+    # A key's model scope may name a served model or a LoRA adapter an endpoint holds (gateway.selectors).
+    models = set(endpoints.exclude(served_model_name="").values_list("served_model_name", flat=True))
+    models |= set(Endpoint.adapters.through.objects.values_list("artifact__name", flat=True))
     return render(
         request,
         "gateway/keys.html",
@@ -30,26 +34,27 @@ def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str =
             "new_key": new_raw,
             "new_key_obj": new_key,
             "gateway_url": settings.GATEWAY_URL,
-            "endpoints": Endpoint.objects.all(),
-            "models": sorted(
-                set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))
-            ),
+            "form": form or KeyCreateForm(),
+            "model_options": [(m, m) for m in sorted(models)],
+            "endpoint_options": [(e.name, e.name) for e in endpoints],
         },
+        status=400 if form is not None and form.errors else 200,
     )
 
 
 @require_role(ADMIN)
 @require_POST
 def key_create(request):
+    """A refused key is shown again with each error beside its field; nothing is stored."""
     form = KeyCreateForm(request.POST)
     if not form.is_valid():
-        messages.error(request, form_error_text(form))
-        return redirect("gateway_key_list")
+        return _key_list_page(request, form=form)
     try:
         key, raw = services.key_create(**form.cleaned_data, actor=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-        return redirect("gateway_key_list")
+        for field, errors in field_errors(exc).items():
+            form.add_error(field if field in form.fields else None, errors)
+        return _key_list_page(request, form=form)
     # Shown once, in this answer only: only the hash is kept (not in the session either).
     return _key_list_page(request, new_key=key, new_raw=raw)
 
@@ -66,24 +71,30 @@ def key_revoke(request, key_id: int):
 @require_role(ADMIN)
 @require_POST
 def key_limits(request, key_id: int):
+    """A refused limit is shown beside its field on the key's page (400); nothing is changed."""
     key = get_object_or_404(GatewayKey, pk=key_id)
     form = KeyLimitsForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, form_error_text(form))
-        return redirect("gateway_key_detail", key_id=key.pk)
-    try:
-        services.key_update_limits(key=key, **form.cleaned_data, actor=request.user, request=request)
-        messages.success(request, "Limits saved.")
-    except ValidationError as exc:
-        messages.error(request, " ".join(exc.messages))
-    return redirect("gateway_key_detail", key_id=key.pk)
+    if form.is_valid():
+        try:
+            services.key_update_limits(key=key, **form.cleaned_data, actor=request.user, request=request)
+        except ValidationError as exc:
+            for field, errors in field_errors(exc).items():
+                form.add_error(field if field in form.fields else None, errors)
+        else:
+            messages.success(request, "Limits saved.")
+            return redirect("gateway_key_detail", key_id=key.pk)
+    return _key_page(request, key, form=form)
 
 
 @require_role(ADMIN)
 @require_GET
 def key_detail(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
-    return render(request, "gateway/key_detail.html", {"key": key})
+    return _key_page(request, get_object_or_404(GatewayKey, pk=key_id))
+
+
+def _key_page(request, key: GatewayKey, *, form: KeyLimitsForm | None = None):
+    limits = form or KeyLimitsForm(initial={"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit})
+    return render(request, "gateway/key_detail.html", {"key": key, "form": limits}, status=400 if form else 200)
 
 
 @require_role(OPERATOR)

@@ -4,6 +4,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
+from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_lines
 from models_registry.models import Artifact
@@ -36,8 +37,21 @@ def artifact_quantize(request, artifact_id: int):
 @require_role(VIEWER)
 @require_GET
 def calibration_list(request):
+    return _calibration_page(request)
+
+
+def _calibration_page(request, *, values=None, errors=None):
     return render(
-        request, "quantize/calibration_list.html", {"datasets": selectors.dataset_list(), "guidance": services.GUIDANCE}
+        request,
+        "quantize/calibration_list.html",
+        {
+            "datasets": selectors.dataset_list(),
+            "guidance": services.GUIDANCE,
+            "purposes": ["calibration", "evaluation"],
+            "values": values or {},
+            "errors": errors or {},
+        },
+        status=400 if errors else 200,
     )
 
 
@@ -83,9 +97,10 @@ def calibration_upload(request):
             description=request.POST.get("description", ""),
             source=request.POST.get("source", ""),
         )
-    except ValidationError as exc:
-        for m in error_lines(exc):
-            messages.error(request, m)
-        return redirect("calibration_list")
+    except ValidationError as exc:  # the page again, each message beside its field (the file's under "file")
+        errors = errors_by_field(exc)
+        if "content" in errors:
+            errors.setdefault("file", []).extend(errors.pop("content"))
+        return _calibration_page(request, values=request.POST, errors=errors)
     messages.success(request, f"Dataset {ds.name} added with {ds.sample_count} samples.")
     return redirect(ds)

@@ -1,5 +1,6 @@
 """Every page of the console, as an Admin sees it (all controls shown), checked with axe-core in
-Chromium: no violation of any impact. axe is the vendored copy in tests/fixtures/axe (see its
+Chromium: no violation of any impact. Each page is also kept as a screenshot (tests.support.browser.SCREENSHOTS,
+var/test-artifacts/screenshots by default) for people to look at. axe is the vendored copy in tests/fixtures/axe (see its
 PROVENANCE.md), so the check needs no network.
 
 axe is put into each page with `page.evaluate` of its source: that goes through the DevTools
@@ -26,7 +27,7 @@ from models_registry.lora import inspect_lora_dir
 from models_registry.models import Artifact, Model
 from models_registry.quantize.models import CalibrationDataset
 from tests.support import FIXTURES
-from tests.support.browser import browser, login, page  # noqa: F401
+from tests.support.browser import browser, login, page, screenshot  # noqa: F401
 from tests.support.lora import build_tiny_lora
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Device, Job, Node
@@ -446,6 +447,7 @@ def test_every_page_is_listed(site):
 def test_login_page_has_no_axe_violations(page, live_server):
     page.goto("/login/")
     assert _axe_violations(page) == []
+    screenshot(page, "login")
 
 
 def test_every_page_has_no_axe_violations_for_an_admin(page, admin, site):
@@ -460,6 +462,7 @@ def test_every_page_has_no_axe_violations_for_an_admin(page, admin, site):
         violations = _axe_violations(page)
         if violations:
             found[f"{name} {url}"] = violations
+        assert screenshot(page, name).stat().st_size > 0
     assert not found, "\n".join(f"{page_}:\n  " + "\n  ".join(v) for page_, v in found.items())
     assert not page.js_errors, page.js_errors
     assert not console_errors, "\n".join(console_errors)
@@ -487,5 +490,26 @@ def test_the_launch_page_with_its_command_shown_has_no_axe_violations(page, admi
         page.click("#launch-button")
     assert page.locator(".field-error").count() >= 1
     found["launch refused"] = _axe_violations(page)
+    screenshot(page, "endpoint_launch (refused)")
     assert not any(found.values()), "\n".join(f"{k}:\n  " + "\n  ".join(v) for k, v in found.items() if v)
     assert not page.js_errors, page.js_errors
+
+
+def test_the_gateway_key_form_refused_shows_each_error_beside_its_field(page, admin, site):
+    """The shared form layout on the gateway page: visible labels (no placeholders for labels), the refusal beside
+    its field and tied to it, what was typed kept; axe-clean, and kept as a screenshot."""
+    login(page, admin)
+    page.goto("/gateway/")
+    for field in ("name", "models", "endpoints", "expires_days", "rpm_limit", "tpm_limit"):
+        label = page.locator(f'#key-create-form label[for="id_{field}"]')
+        assert label.is_visible() and label.inner_text().strip(), field
+    page.fill("#id_name", "web-app")
+    page.fill("#id_rpm_limit", "0")
+    with page.expect_navigation():
+        page.click("#key-create-form button[type=submit]")
+    error = page.locator("#id_rpm_limit-errors")
+    assert error.is_visible() and "between 1 and 10000000" in error.inner_text()
+    assert "id_rpm_limit-errors" in page.get_attribute("#id_rpm_limit", "aria-describedby")
+    assert page.input_value("#id_name") == "web-app"
+    assert _axe_violations(page) == []
+    screenshot(page, "gateway_key_list (refused)")

@@ -30,7 +30,7 @@ def test_register_demo_model_through_the_form(page, operator, model_root, redis_
     page.fill("#register-form input[name=name]", "smol")
     page.fill("#register-form input[name=path]", str(model_root / "missing.gguf"))
     page.click("#register-form button[type=submit]")
-    error = page.wait_for_selector("#path-error")
+    error = page.wait_for_selector("#id_path-errors")
     assert error.is_visible() and error.inner_text().strip()
     assert page.input_value("#register-form input[name=name]") == "smol"  # what was typed is kept
     assert not Model.objects.exists() and not Artifact.objects.exists()

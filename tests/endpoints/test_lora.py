@@ -368,3 +368,65 @@ def test_the_endpoint_page_lists_adapters_and_loads_them_for_operators(
     assert all("chat" in handler.loaded for _, handler in replicas)
     response = as_operator.post(url, {"adapter": adapters["foreign"].pk, "action": "load"}, follow=True)
     assert "belongs to model other" in response.content.decode()
+
+
+# ------------------------------------------------------------------ the launch page and recipes
+
+
+@pytest.mark.django_db
+def test_the_launch_page_chooses_adapters_with_their_flag_and_launches_them(
+    as_operator, cpu_node, tiny_artifact, adapters
+):
+    """The launch form's LoRA section: a multi-select of the registry's adapters (each tagged with its model, so the
+    page lists the chosen artifact's alone), human labels with the vLLM flag as help; a launch with two adapters
+    and a refused one of another model, its error beside the field."""
+    page = as_operator.get("/endpoints/launch").content.decode()
+    field = page.split('id="field-adapters"')[1].split("</div>")[0]
+    assert 'multiple' in field and "LoRA adapters" in field and "<code>--enable-lora --lora-modules</code>" in field
+    for name in ("sql", "chat", "foreign"):
+        assert f'<option value="{adapters[name].pk}"' in field
+    assert f'value="{adapters["foreign"].pk}" data-model="{adapters["foreign"].model_id}"' in field
+    assert f'value="{tiny_artifact.pk}" data-model="{tiny_artifact.model_id}"' in page
+    assert "<code>--max-lora-rank</code>" in page and 'id="section-lora"' in page
+
+    base = {"name": "ep", "artifact": tiny_artifact.pk, "max_model_len": "256", "boxes_shown": "1"}
+    refused = as_operator.post("/endpoints/launch", {**base, "adapters": [adapters["foreign"].pk]})
+    assert refused.status_code == 400 and not Endpoint.objects.exists()
+    beside = refused.content.decode().split('id="id_adapters-errors">')[1].split("</div>")[0]
+    assert "belongs to model other; the endpoint serves tiny" in beside
+    # what was chosen is chosen again
+    assert f'<option value="{adapters["foreign"].pk}" selected' in refused.content.decode()
+
+    made = as_operator.post(
+        "/endpoints/launch", {**base, "adapters": [adapters["sql"].pk, adapters["chat"].pk], "max_cpu_loras": "4"}
+    )
+    assert made.status_code == 302, made.content.decode()[-2000:]
+    endpoint = Endpoint.objects.get(name="ep")
+    assert {a.name for a in endpoint.adapters.all()} == {"sql", "chat"}
+    assert (endpoint.max_lora_rank, endpoint.max_loras, endpoint.max_cpu_loras) == (16, 2, 4)
+
+
+@pytest.mark.django_db
+def test_a_saved_recipe_keeps_the_lora_limits_not_the_adapters(operator, api_for, cpu_node, tiny_artifact, adapters):
+    """Adapters are artifacts of one model and a recipe names no artifact: a saved recipe keeps the LoRA limits
+    (so its launches can load adapters of their own model) and drops the adapters."""
+    from endpoints.recipes import recipe_get
+
+    api = api_for(operator)
+    made = _launch(api, tiny_artifact, adapters=[adapters["sql"].pk], max_loras=3, max_model_len=256)
+    assert made.status_code == 201, made.content
+    saved = api.post("/api/v1/recipes", {"endpoint": made.json()["id"], "name": "tiny-lora"})
+    assert saved.status_code == 201, saved.content
+    spec = recipe_get("tiny-lora").spec
+    assert spec["max_lora_rank"] == 8 and spec["max_loras"] == 3 and "adapters" not in spec
+    again = api.post(
+        "/api/v1/endpoints",
+        {"name": "again", "recipe": "tiny-lora", "artifact": tiny_artifact.pk, "share_devices": True},
+    )
+    assert again.status_code == 201, again.content
+    assert again.json()["adapters"] == [] and (again.json()["max_lora_rank"], again.json()["max_loras"]) == (8, 3)
+    # a recipe naming adapters is refused (they belong to a launch)
+    from endpoints.recipes import _checked_spec
+
+    with pytest.raises(ValueError, match="adapters belong to a launch"):
+        _checked_spec({"adapters": [adapters["sql"].pk]}, "x.json")

@@ -161,7 +161,9 @@ def speculating_endpoint(db, tmp_path, settings, servers):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_benchmark_of_a_speculating_endpoint_stores_the_figures(speculating_endpoint, operator, api_for, redis_conn):
+def test_benchmark_of_a_speculating_endpoint_stores_the_figures(
+    speculating_endpoint, operator, api_for, redis_conn, as_viewer
+):
     endpoint, server = speculating_endpoint
     api = api_for(operator)
     created = api.post("/api/v1/benchmarks", {"endpoint": endpoint.pk, **SMALL}).json()
@@ -179,6 +181,8 @@ def test_benchmark_of_a_speculating_endpoint_stores_the_figures(speculating_endp
     assert server.gets == 2
     run = BenchmarkRun.objects.get(pk=created["id"])
     assert run.detail["spec_acceptance_by_position"] == [0.75, 0.75, 0.75]
+    page = as_viewer.get(f"/benchmarks/{run.pk}/").content.decode()  # shown with the run's other figures
+    assert 'id="bench-spec-accept">75 %<' in page and 'id="bench-spec-length">3.25<' in page
 
 
 @pytest.mark.django_db(transaction=True)

@@ -162,11 +162,13 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         ], audits
 
         # A staged deployment for the canary below (the demo model: slower per token), launched now so that it
-        # loads meanwhile; staged at once, it takes no traffic until the canary.
+        # loads meanwhile; launched as live's blue-green standby (the only way to repeat its served model name), it is
+        # staged at once and takes no traffic until the canary.
         made = api.post(
             "/api/v1/endpoints",
             {
                 "name": "green",
+                "stage_beside": "live",
                 "artifact": demo_id,
                 "served_model_name": MODEL,
                 "enforce_eager": True,
@@ -176,7 +178,7 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
         )
         assert made.status_code == 201, made.content
         green = made.json()["id"]
-        assert api.post(f"/api/v1/gateway/endpoints/{live}/stage", {"staged": green}).status_code == 200
+        assert GatewayEndpoint.objects.get(endpoint_id=live).staged_id == green
 
         # --- scale to zero: min 0, idle for a whole window → no replica; a request through the gateway wakes one --
         patched = api.patch(

@@ -8,6 +8,7 @@ Import the fixtures into a test module: `from tests.support.browser import brows
 """
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -22,6 +23,10 @@ from tests.support.jobs import start_worker
 from tests.support.needs import missing
 
 CHROMIUM = Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
+#: Where the browser tests keep their screenshots (kept after the run, for people and CI artifacts to look at).
+SCREENSHOTS = Path(
+    os.environ.get("TEST_SCREENSHOTS", Path(__file__).resolve().parents[2] / "var" / "test-artifacts" / "screenshots")
+)
 LAUNCH_ARGS = [
     "--headless=new",
     "--no-sandbox",
@@ -100,6 +105,14 @@ def _wait_for_function(page, expression, *, arg=None, timeout=None, polling=None
         if time.monotonic() > deadline:
             raise TimeoutError(f"wait_for_function: {expression} still false after {timeout or TIMEOUT_MS} ms")
         page.wait_for_timeout(interval)
+
+
+def screenshot(page, name: str) -> Path:
+    """The whole page as SCREENSHOTS/<name>.png (overwritten by the next run); its path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / (re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + ".png")
+    page.screenshot(path=str(path), full_page=True)
+    return path
 
 
 def login(page, user, password=PASSWORD):

@@ -33,6 +33,7 @@ class FakeReplica(ServerThread):
     def __init__(self, name: str, delay: float = 0.0):
         self.name, self.delay, self.served = name, delay, 0
         self.models: list = []  # the "model" of each request, as the gateway forwarded it
+        self.posts: list = []  # (path, body) of each POST
         self.lock = threading.Lock()
         outer = self
 
@@ -45,6 +46,9 @@ class FakeReplica(ServerThread):
                 with outer.lock:
                     outer.served += 1
                     outer.models.append(body.get("model"))
+                    outer.posts.append((self.path, body))
+                if self.path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+                    return self._send(200, {"status": "ok"})  # as vLLM answers (a text; JSON is fine here)
                 if outer.delay:
                     time.sleep(outer.delay)
                 text = f"hello from {outer.name}"

@@ -88,7 +88,7 @@ def test_bad_rule_input_is_a_400_naming_the_field(as_operator, field, value):
     response = as_operator.post("/alerts/rules/create", {**GOOD_RULE, field: value})
     assert response.status_code == 400
     body = response.content.decode()
-    assert f'id="rule-{field}-error"' in body, body[body.find("alert-rule-create") :][:1500]
+    assert f'id="id_{field}-errors"' in body, body[body.find("alert-rule-create") :][:1500]
     if field != "name":  # what was typed is kept
         assert 'value="KV cache almost full"' in body
     assert set(AlertRule.objects.values_list("pk", flat=True)) == before

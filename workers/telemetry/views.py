@@ -8,8 +8,9 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.api_auth import _token_user
+from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, check_role, require_role
-from console.validation import error_text, field_errors
+from console.validation import error_text
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -59,6 +60,9 @@ def _alerts_page(request, *, values=None, errors=None, status: int = 200):
             "ops": AlertRule.Op.choices,
             "kinds": AlertRule.Kind.choices,
             "metrics": sorted(selectors.METRIC_UNITS),
+            "metric_options": [("", "—")] + sorted(selectors.METRIC_UNITS),
+            # A new rule is on; a refused one keeps its box as it was sent.
+            "enabled": values.get("enabled") == "on" if values is not None else True,
             "severities": services.ALERT_SEVERITIES,
             "values": values or {"kind": "metric", "severity": "warning"},
             "errors": errors or {},
@@ -87,7 +91,7 @@ def alert_rule_create(request):
             via="web",
         )
     except ValidationError as exc:
-        return _alerts_page(request, values=post.dict(), errors=field_errors(exc), status=400)
+        return _alerts_page(request, values=post.dict(), errors=errors_by_field(exc), status=400)
     messages.success(request, f"Rule “{rule.name}” created.")
     return redirect("alert_list")
 

@@ -1,0 +1,13 @@
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [("endpoints", "0014_lora_adapters")]
+
+    operations = [
+        migrations.AddField(
+            model_name="endpoint",
+            name="adapters_on_demand",
+            field=models.BooleanField(default=False),
+        ),
+    ]
