@@ -192,9 +192,13 @@ class KeyInfo:
         return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)
 
     def allows_backend(self, backend: Backend, model: str) -> bool:
+        """An endpoint scope also admits the staged side of the pair it names (its replicas carry the public
+        name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/)."""
         if not self.models and not self.endpoints:
             return True
-        return model in self.models or bool(self.endpoints & backend.scope_names)
+        if model in self.models or bool(self.endpoints & backend.scope_names):
+            return True
+        return f"={backend.endpoint_name}" in self.endpoints
 
 
 def key_info(raw: str) -> KeyInfo | None:
