@@ -133,7 +133,7 @@ def registry_datasets() -> dict[str, str]:
             continue
         dataset = found.get("dataset_path")
         if not dataset and found.get("include"):  # one level of include, as most families use
-            dataset = keys.get((path.parent / found["include"]).resolve(), {}).get("dataset_path")
+            dataset = keys.get(path.parent / found["include"], {}).get("dataset_path")
         if dataset:
             out[task] = dataset
     return out
