@@ -187,6 +187,11 @@ class KeyInfo:
     rpm_limit: int | None
     tpm_limit: int | None
 
+    @property
+    def endpoint_names(self) -> frozenset:
+        """The endpoints the scope names, "=name" (that endpoint alone) as its name."""
+        return frozenset(e.removeprefix("=") for e in self.endpoints)
+
     def allows_model(self, model: str) -> bool:
         # A key scoped to endpoints may name their model; its backends are then filtered.
         return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)

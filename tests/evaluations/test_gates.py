@@ -12,6 +12,7 @@ from endpoints.gateway import services as gateway
 from endpoints.gateway.controller import evaluate_rollouts
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK
+from endpoints.gateway.selectors import Backend, KeyInfo
 from endpoints.gateway.stats import Stats
 from endpoints.models import EndpointEvent
 from evaluations import gates
@@ -221,3 +222,33 @@ def test_no_evaluation_where_no_node_can_serve_the_artifact(quantized_pair):
     assert not GateRun.objects.exists()
     quantized.refresh_from_db()
     assert quantized.recommended  # the perplexity gate's verdict stands
+
+
+def test_an_exact_endpoint_scope_admits_one_side_of_a_canary_pair_alone():
+    """An evaluation's key ("=name") reaches that endpoint only; a plain endpoint scope also admits the staged side,
+    whose replicas carry the public name."""
+    live = Backend(
+        url="http://a",
+        endpoint_id=1,
+        endpoint_name="blue",
+        replica_index=0,
+        queue_depth=8,
+        scope_names=frozenset({"blue"}),
+    )
+    staged = Backend(
+        url="http://b",
+        endpoint_id=2,
+        endpoint_name="green",
+        replica_index=0,
+        queue_depth=8,
+        scope_names=frozenset({"green", "blue"}),
+        staged=True,
+    )
+
+    def key(*scope):
+        return KeyInfo(id=1, name="k", models=frozenset(), endpoints=frozenset(scope), rpm_limit=None, tpm_limit=None)
+
+    assert [key("blue").allows_backend(b, "demo") for b in (live, staged)] == [True, True]
+    assert [key("=blue").allows_backend(b, "demo") for b in (live, staged)] == [True, False]
+    assert [key("=green").allows_backend(b, "demo") for b in (live, staged)] == [False, True]
+    assert key("=green").endpoint_names == {"green"}
