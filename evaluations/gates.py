@@ -15,11 +15,13 @@ import logging
 from dataclasses import replace
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
 from console.audit import audit_log
-from console.validation import float_in_range
+from console.exceptions import Conflict, ServiceUnavailable
+from console.validation import error_text, float_in_range
 from endpoints.gateway.eval_gate import register_rollout_gate
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision
 from endpoints.gateway.services import endpoint_settings
@@ -96,8 +98,15 @@ def on_quantized(artifact: Artifact, source: Artifact) -> GateRun | None:
         return None
     kwargs = {"tasks": list(catalogue.DEFAULT_SUITE), "limit": _limit(), "node": node.name}
     purpose = Evaluation.Purpose.QUANTIZE_GATE
-    baseline = services.evaluation_create(artifact=source, purpose=purpose, label=f"{source}", **kwargs)
-    candidate = services.evaluation_create(artifact=artifact, purpose=purpose, label=f"{artifact}", **kwargs)
+    try:
+        with transaction.atomic():  # both or neither
+            baseline = services.evaluation_create(artifact=source, purpose=purpose, label=f"{source}", **kwargs)
+            candidate = services.evaluation_create(artifact=artifact, purpose=purpose, label=f"{artifact}", **kwargs)
+    except (ValidationError, Conflict, ServiceUnavailable) as exc:
+        # The quantization itself is done and kept: the gate's absence is said in the note, not as its failure.
+        note = f"No accuracy evaluation served by an engine: {error_text(exc) if isinstance(exc, ValidationError) else exc}"
+        Artifact.objects.filter(pk=artifact.pk).update(note=_joined(artifact.note, note))
+        return None
     run = GateRun.objects.create(
         kind=GateRun.Kind.QUANTIZE,
         baseline=baseline,

@@ -108,10 +108,11 @@ def test_evaluate_the_live_demo_through_the_gateway(serving, viewer, page):  # n
     # takes `prompt` as a list of token ids, `echo` and `logprobs`).
     _, raw = gateway.key_create(name="relay-check", endpoints=["demo-eval"])
     proxy.wait_routes("demo", 1)
-    ids = httpx.post(f"{replica.url}/tokenize", json={"prompt": "The capital of France is Paris"}).json()["tokens"]
+    tokenized = httpx.post(f"{replica.url}/tokenize", json={"prompt": "The capital of France is Paris"}, timeout=60)
+    ids = tokenized.json()["tokens"]
     body = {"model": "demo", "prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1, "seed": 1}
     direct = httpx.post(
-        f"{replica.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {replica.api_key}"}, timeout=120
+        f"{replica.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {replica.api_key}"}, timeout=600
     ).json()
     relayed = proxy.post("/v1/completions", raw, body)
     assert relayed.status_code == 200, relayed.text
@@ -164,7 +165,12 @@ def _traffic(proxy, endpoint: Endpoint, n: int = 12) -> None:
     _, raw = gateway.key_create(name=f"traffic to {endpoint.name}", endpoints=[f"={endpoint.name}"])
     time.sleep(2)  # the gateway's key cache
     for _ in range(n):
-        answer = proxy.post("/v1/completions", raw, {"model": "demo", "prompt": "Count: one two", "max_tokens": 2})
+        answer = proxy.client.post(  # the first request warms the engine up: minutes on a loaded host
+            "/v1/completions",
+            json={"model": "demo", "prompt": "Count: one two", "max_tokens": 2},
+            headers={"Authorization": f"Bearer {raw}"},
+            timeout=600,
+        )
         assert answer.status_code == 200, answer.text
     time.sleep(3)  # flushed every second
 
