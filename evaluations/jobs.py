@@ -149,6 +149,7 @@ def _launch(evaluation: Evaluation, ctx) -> Endpoint:
     endpoint = endpoint_create(spec=spec, user=evaluation.created_by)
     Evaluation.objects.filter(pk=evaluation.pk).update(endpoint=endpoint, endpoint_name=endpoint.name)
     deadline = time.monotonic() + settings.EVALUATION_LAUNCH_TIMEOUT_SECONDS
+    ctx.progress(2, f"waiting for {endpoint.name} to be ready")
     while True:
         endpoint.refresh_from_db()
         if endpoint.state == Endpoint.State.READY:
@@ -160,7 +161,7 @@ def _launch(evaluation: Evaluation, ctx) -> Endpoint:
                 f"The endpoint launched for {evaluation.artifact_label} was not ready within "
                 f"{settings.EVALUATION_LAUNCH_TIMEOUT_SECONDS} s (EVALUATION_LAUNCH_TIMEOUT_SECONDS)."
             )
-        ctx.progress(2, f"waiting for {endpoint.name} to be ready ({endpoint.state})")
+        ctx.check_cancelled()
         time.sleep(2)
 
 
@@ -183,6 +184,7 @@ def _wait_for_route(raw_key: str, served: str, endpoint: Endpoint, ctx) -> None:
     """Until the gateway knows the key and routes the model (its caches refresh every second or two)."""
     deadline = time.monotonic() + ROUTE_WAIT_SECONDS
     last = ""
+    ctx.progress(3, "waiting for the gateway to route the endpoint")
     with httpx.Client(base_url=settings.GATEWAY_URL, timeout=10) as client:
         while time.monotonic() < deadline:
             try:
@@ -192,7 +194,7 @@ def _wait_for_route(raw_key: str, served: str, endpoint: Endpoint, ctx) -> None:
                 last = f"HTTP {answer.status_code}"
             except httpx.HTTPError as exc:
                 last = str(exc) or type(exc).__name__
-            ctx.progress(3, "waiting for the gateway to route the endpoint")
+            ctx.check_cancelled()
             time.sleep(1)
     raise JobFailed(
         f"The gateway at {settings.GATEWAY_URL} did not route {served!r} ({endpoint.name}) within "
@@ -233,9 +235,10 @@ def _run_harness(evaluation: Evaluation, *, endpoint: Endpoint, served: str, raw
     log.info("lm-eval %s on %s (%s) through %s", ",".join(evaluation.tasks), served, endpoint.name, spec["base_url"])
     with open(directory / "harness.log", "wb") as out:
         proc = start_job_child(argv, cwd=directory, env=env, stdout=out, stderr=subprocess.STDOUT)
+        ctx.progress(10, f"scoring {', '.join(evaluation.tasks)} (lm-eval's log: {directory / 'harness.log'})")
         try:
             while proc.poll() is None:
-                ctx.progress(10, f"scoring {', '.join(evaluation.tasks)}")
+                ctx.check_cancelled()
                 time.sleep(2)
         finally:
             stop_job_child(proc, grace=10)
