@@ -144,8 +144,8 @@ def test_evaluate_the_live_demo_through_the_gateway(serving, viewer, page):  # n
     print("evaluation of the live demo:", json.dumps(got["results"]))
 
     login(page, viewer)
-    page.goto(f"/evaluations/{evaluation_id}/")
-    page.wait_for_selector("#chart-results .main-svg")
+    page.goto(f"/evaluations/{evaluation_id}/", timeout=120_000)  # Plotly (3.5 MB) on a host busy with vLLM
+    page.wait_for_selector("#chart-results .main-svg", timeout=120_000)
     assert page.locator("#evaluation-results tbody tr").count() == len(got["results"])
     assert "served by an engine" in page.inner_text("#evaluation-measured")
     samples = page.request.get(f"/evaluations/{evaluation_id}/samples.jsonl")
