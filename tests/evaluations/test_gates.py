@@ -177,7 +177,9 @@ def quantized_pair(db, tokenizer_dir, redis_conn):
 
 
 @pytest.mark.django_db
-def test_the_quantize_hook_evaluates_both_and_keeps_a_worse_artifact_marked(quantized_pair, recorded_rows):
+def test_the_quantize_hook_evaluates_both_and_keeps_a_worse_artifact_marked(
+    quantized_pair, recorded_rows, client, viewer
+):
     source, quantized = quantized_pair
     hooks.quantized(quantized, source)  # what the quantize job calls once its perplexity gate passed
     run = GateRun.objects.get()
@@ -198,6 +200,13 @@ def test_the_quantize_hook_evaluates_both_and_keeps_a_worse_artifact_marked(quan
     assert figures["measured_by"] == "served by an engine" and figures["verdict"] == "failed"
     assert quantized.accuracy["measured_by"] == "simulated"  # the perplexity's own label stays
     assert AuditEvent.objects.filter(action="artifact.accuracy_gate").count() == 1
+    client.force_login(viewer)
+    page = client.get(f"/artifacts/{quantized.pk}/").content.decode()
+    assert 'id="accuracy-evaluation"' in page and "dropped beyond 1.0 points" in page
+    assert (
+        "measured by: <strong>served by an engine</strong>" in page
+        and "measured by: <strong>simulated</strong>" in page
+    )
 
 
 @pytest.mark.django_db
