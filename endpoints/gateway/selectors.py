@@ -233,14 +233,23 @@ class KeyInfo:
     rpm_limit: int | None
     tpm_limit: int | None
 
+    @property
+    def endpoint_names(self) -> frozenset:
+        """The endpoints the scope names, "=name" (that endpoint alone) as its name."""
+        return frozenset(e.removeprefix("=") for e in self.endpoints)
+
     def allows_model(self, model: str) -> bool:
         # A key scoped to endpoints may name their model; its backends are then filtered.
         return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)
 
     def allows_backend(self, backend: Backend, model: str) -> bool:
+        """An endpoint scope also admits the staged side of the pair it names (its replicas carry the public
+        name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/)."""
         if not self.models and not self.endpoints:
             return True
-        return model in self.models or bool(self.endpoints & backend.scope_names)
+        if model in self.models or bool(self.endpoints & backend.scope_names):
+            return True
+        return f"={backend.endpoint_name}" in self.endpoints
 
 
 def key_info(raw: str) -> KeyInfo | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from models_registry import hooks
 from models_registry.inspection import inspect_path
 from models_registry.jobs import (
     ArtifactJobRunner,
@@ -134,6 +135,7 @@ def quantize_artifact(job, ctx) -> dict:
     log.info("accuracy: %s", {k: acc[k] for k in ("ppl_before", "ppl_after", "ppl_change_pct", "passed")})
     if not passed:
         raise JobFailed(f"{rejection(acc)} Artifact #{out.pk} is kept, marked not recommended.")
+    hooks.quantized(Artifact.objects.get(pk=out.pk), source)  # the accuracy gate served by an engine, if any
     return {
         "artifact_id": out.pk,
         "ppl_change_pct": acc["ppl_change_pct"],

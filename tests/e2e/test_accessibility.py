@@ -9,6 +9,7 @@ protocol, which the console's Content-Security-Policy does not govern, so the po
 on any CSP violation."""
 
 import hashlib
+import json
 import re
 
 import pytest
@@ -22,6 +23,8 @@ from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
+from evaluations.models import Evaluation, GateRun
+from evaluations.services import results_rows
 from models_registry.inspection import inspect_path
 from models_registry.lora import inspect_lora_dir
 from models_registry.models import Artifact, Model
@@ -96,6 +99,9 @@ NOT_PAGES = {
     "telemetry_overview_nodes": "overview",
     "telemetry_node_panel": "node page",
     "bench_status": "benchmark page",
+    "evaluation_new": "POST only (its form is on the evaluations page, checked there)",
+    "evaluation_task_upload": "POST only (its form is on the evaluations page, checked there)",
+    "evaluation_samples": "JSON lines",
 }
 
 
@@ -360,6 +366,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
         rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90, fired_at=now
     )
     key, _ = key_create(name="app", rpm_limit=60, actor=admin)
+    evaluations = _evaluations(endpoint, hf, operator)
     api_token_create(user=admin, name="laptop")
     audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
     return {
@@ -376,7 +383,36 @@ def site(admin, operator, viewer, model_root, redis_conn):
         "dataset": dataset,
         "key": key,
         "profiles": profiles,
+        "evaluations": evaluations,
     }
+
+
+def _evaluations(endpoint, artifact, operator) -> list[Evaluation]:
+    """Two finished evaluations (the recorded lm-eval figures of tests/fixtures/evaluations, one with a lower
+    accuracy) and the gate that compared them."""
+    rows = results_rows(json.loads((FIXTURES / "evaluations" / "demo_f32_default_suite.results.json").read_text()))
+    lower = [{**r, "value": 0.3} if r["metric"] == "acc,none" else r for r in rows]
+    made = [
+        Evaluation.objects.create(
+            endpoint=endpoint,
+            endpoint_name=endpoint.name,
+            artifact=artifact,
+            artifact_label=str(artifact),
+            tasks=["console_mc", "console_gen"],
+            status="succeeded",
+            results=figures,
+            versions={"lm_eval": "0.4.13", "console_mc": "1.0", "console_gen": "1.0"},
+            engine={"vllm": "0.32.0"},
+            spec={"dtype": "float32", "tensor_parallel_size": 1, "node": "cpu-host", "platform": "cpu"},
+            label=label,
+            created_by=operator,
+        )
+        for label, figures in (("bf16", rows), ("<b>w8a8</b>", lower))
+    ]
+    GateRun.objects.create(
+        kind="quantize", baseline=made[0], candidate=made[1], max_drop_points=1.0, verdict="failed", reason="dropped"
+    )
+    return made
 
 
 def _pages(site) -> dict[str, str]:
@@ -410,6 +446,9 @@ def _pages(site) -> dict[str, str]:
         "gateway_key_detail": f"/gateway/keys/{site['key'].pk}/",
         "profile_detail": f"/profiles/{site['profiles'][0].pk}/",
         "profile_compare": f"/profiles/compare?ids={site['profiles'][0].pk},{site['profiles'][1].pk}",
+        "evaluation_list": "/evaluations/",
+        "evaluation_detail": f"/evaluations/{site['evaluations'][0].pk}/",
+        "evaluation_compare": f"/evaluations/compare?ids={site['evaluations'][0].pk},{site['evaluations'][1].pk}",
     }
 
 
