@@ -1,3 +1,5 @@
+from django.conf import settings
+
 from console.roles import ADMIN, OPERATOR, has_role, user_role
 
 
@@ -7,4 +9,13 @@ def roles(request):
         "role": user_role(user),
         "is_operator": has_role(user, OPERATOR) if user else False,
         "is_admin": has_role(user, ADMIN) if user else False,
+    }
+
+
+def sso(request):
+    """What the login page offers: the OpenID Connect button, and whether the password may be a directory's."""
+    return {
+        "oidc_enabled": settings.OIDC_ENABLED,
+        "oidc_login_label": settings.OIDC_LOGIN_LABEL,
+        "ldap_enabled": settings.LDAP_ENABLED,
     }

@@ -80,3 +80,24 @@ class ApiToken(RevocableSecret):
     @staticmethod
     def generate_raw() -> str:
         return settings.API_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+class ExternalIdentity(models.Model):
+    """A console account that logs in through single sign-on (console/sso.py): the identity provider's subject
+    for it (OIDC's `sub`, the LDAP username), and the groups the provider gave at the last login, which decided
+    its role and teams then."""
+
+    OIDC, LDAP = "oidc", "ldap"
+    PROVIDERS = [(OIDC, "OpenID Connect"), (LDAP, "LDAP")]
+
+    provider = models.CharField(max_length=8, choices=PROVIDERS)
+    subject = models.CharField(max_length=255)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="external_identities")
+    groups = models.JSONField(default=list, blank=True)
+    last_login_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "subject"], name="external_identity_unique")]
+
+    def __str__(self):
+        return f"{self.provider}:{self.subject}"

@@ -52,6 +52,11 @@ def require_role(role: str):
     return decorator
 
 
+def role_for_groups(groups, mapping: dict[str, str]) -> str | None:
+    """The highest role that an identity provider's groups give through `mapping` (group name → role), or None."""
+    return max((mapping[g] for g in groups if g in mapping), key=_RANK.get, default=None)
+
+
 def set_role(user, role: str | None) -> None:
     from django.contrib.auth.models import Group
 

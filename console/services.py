@@ -11,8 +11,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.audit import audit_log
-from console.models import ApiToken, hash_token
-from console.roles import ADMIN, ROLES, set_role, user_role
+from console.models import ApiToken, ExternalIdentity, hash_token
+from console.roles import ADMIN, ROLES, role_for_groups, set_role, user_role
 from console.validation import int_in_range
 
 User = get_user_model()
@@ -127,3 +127,51 @@ def user_update(*, target, role: str | None = None, active: bool | None = None, 
         if changes:
             audit_log(actor=actor, action="user.update", obj=target, request=request, changes=changes)
     return target
+
+
+def sso_account(*, provider: str, subject: str, username: str, email: str = ""):
+    """The console account of an identity provider's user, made on the first login (no usable password: it logs
+    in through the provider alone). None where the account is deactivated, or where the name is a local account's
+    or another provider's: an identity provider never takes over an account it did not make."""
+    identity = ExternalIdentity.objects.select_related("user").filter(provider=provider, subject=subject).first()
+    if identity is not None:
+        return identity.user if identity.user.is_active else None
+    username = (username or "").strip()[:150]
+    if not username or User.objects.filter(username__iexact=username).exists():
+        return None
+    try:
+        with transaction.atomic():
+            user = User(username=username, email=email[:254])
+            user.set_unusable_password()
+            user.save()
+            ExternalIdentity.objects.create(provider=provider, subject=subject, user=user)
+            audit_log(action="user.create", obj=user, via=provider, changes={"provider": provider})
+    except IntegrityError:  # the same first login twice at once: the unique index decides
+        return None
+    return user
+
+
+def sso_login_sync(*, user, provider: str, groups, request=None) -> bool:
+    """At each single sign-on login, the provider's groups decide the account's console role
+    (settings.SSO_GROUP_ROLES): raised, lowered or taken away. An account that the groups give no role is refused,
+    and its API tokens are revoked, so that removing someone from the provider's group ends their access at their
+    next login. Returns whether the login may go on."""
+    groups = sorted({str(g) for g in groups})
+    role = role_for_groups(groups, settings.SSO_GROUP_ROLES)
+    changes = {}
+    with transaction.atomic():
+        ExternalIdentity.objects.filter(user=user, provider=provider).update(
+            groups=groups, last_login_at=timezone.now()
+        )
+        old = user_role(user)
+        if old != role:
+            set_role(user, role)
+            changes["role"] = [old, role]
+        if role is None:
+            revoked = user.api_tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+            if revoked:
+                changes["api_tokens_revoked"] = revoked
+        if changes:
+            changes["groups"] = groups
+            audit_log(action="user.sso_sync", obj=user, request=request, via=provider, changes=changes)
+    return role is not None

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_GET, require_POST
@@ -22,6 +22,18 @@ from workers.jobs.queues import redis_connection
 
 log = logging.getLogger(__name__)
 User = get_user_model()
+
+
+def oidc_only(view_class):
+    """mozilla-django-oidc's login views, where OpenID Connect is configured (settings.OIDC_ENABLED); else 404."""
+    view = view_class.as_view()
+
+    def wrapped(request, *args, **kwargs):
+        if not settings.OIDC_ENABLED:
+            raise Http404("Single sign-on by OpenID Connect is not configured.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
 
 
 @require_GET
