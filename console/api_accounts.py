@@ -58,12 +58,12 @@ def token_json(token) -> dict:
     }
 
 
-@api_route(router, "get", "/users", role=ADMIN, response=list[dict])
+@api_route(router, "get", "/users", role=ADMIN, whole_console=True, response=list[dict])
 def list_users(request):
     return [user_json(u) for u in User.objects.order_by("username")]
 
 
-@api_route(router, "post", "/users", role=ADMIN, response={201: dict})
+@api_route(router, "post", "/users", role=ADMIN, whole_console=True, response={201: dict})
 def create_user(request, payload: UserIn):
     user, generated = services.user_create(
         username=payload.username, role=payload.role, password=payload.password, actor=request.user, request=request
@@ -71,7 +71,7 @@ def create_user(request, payload: UserIn):
     return 201, user_json(user) | ({"password": generated} if generated else {})
 
 
-@api_route(router, "post", "/users/{user_id}", role=ADMIN, response=dict)
+@api_route(router, "post", "/users/{user_id}", role=ADMIN, whole_console=True, response=dict)
 def update_user(request, user_id: int, payload: UserUpdate):
     target = get_object_or_404(User, pk=user_id)
     services.user_update(target=target, role=payload.role, active=payload.active, actor=request.user, request=request)

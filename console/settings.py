@@ -190,6 +190,15 @@ SSO_GROUP_ROLES = env_pairs("SSO_GROUP_ROLES")
 for _group, _role in SSO_GROUP_ROLES.items():
     if _role not in ("Viewer", "Operator", "Admin"):
         raise ImproperlyConfigured(f"SSO_GROUP_ROLES: {_group}={_role}: the role must be Viewer, Operator or Admin")
+# The provider's groups that give team roles, "GROUP=TEAM-SLUG:ROLE" e.g. "research-ops=research:Operator": at every
+# login an SSO account's team memberships become exactly these (a team named by its slug is made if missing); the
+# default team's role is the console role above. Team roles alone let someone in (they see their teams' objects).
+SSO_GROUP_TEAMS = {}
+for _group, _target in env_pairs("SSO_GROUP_TEAMS").items():
+    _slug, _, _role = _target.partition(":")
+    if not _slug.strip() or _role.strip() not in ("Viewer", "Operator", "Admin"):
+        raise ImproperlyConfigured(f"SSO_GROUP_TEAMS: {_group}={_target}: write GROUP=TEAM-SLUG:Viewer|Operator|Admin")
+    SSO_GROUP_TEAMS[_group] = (_slug.strip(), _role.strip())
 # OpenID Connect (mozilla-django-oidc): on when OIDC_RP_CLIENT_ID is set. The provider's endpoints are those of its
 # /.well-known/openid-configuration (authorization_endpoint, token_endpoint, userinfo_endpoint, jwks_uri and,
 # for RP-initiated logout, end_session_endpoint). Authorization code flow with PKCE (S256) and a nonce.

@@ -163,7 +163,7 @@ def token_revoke(request, token_id: int):
 # --- Users (Admin) --------------------------------------------------------------------
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_GET
 def user_list(request):
     return _users_page(request)
@@ -175,7 +175,7 @@ def _users_page(request, *, status: int = 200):
     return render(request, "console/users.html", {"rows": rows, "roles": ROLES}, status=status)
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_POST
 def user_create(request):
     try:
@@ -196,7 +196,7 @@ def user_create(request):
     return redirect("user_list")
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_POST
 def user_update(request, user_id: int):
     target = get_object_or_404(User, pk=user_id)

@@ -4,15 +4,15 @@ is shown once), each key's usage, and the blue-green and canary controls of an e
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
 from console.validation import error_text
-from endpoints.gateway import services
+from endpoints.gateway import selectors, services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
 from endpoints.gateway.models import GatewayKey
-from endpoints.models import Endpoint
+from endpoints.selectors import endpoint_get, endpoint_list
 
 
 @require_role(ADMIN)
@@ -26,13 +26,17 @@ def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str =
         request,
         "gateway/keys.html",
         {
-            "keys": GatewayKey.objects.all(),
+            "keys": selectors.key_list(user=request.user),
             "new_key": new_raw,
             "new_key_obj": new_key,
             "gateway_url": settings.GATEWAY_URL,
-            "endpoints": Endpoint.objects.all(),
+            "endpoints": endpoint_list(user=request.user),
             "models": sorted(
-                set(Endpoint.objects.exclude(served_model_name="").values_list("served_model_name", flat=True))
+                set(
+                    endpoint_list(user=request.user)
+                    .exclude(served_model_name="")
+                    .values_list("served_model_name", flat=True)
+                )
             ),
         },
     )
@@ -57,7 +61,7 @@ def key_create(request):
 @require_role(ADMIN)
 @require_POST
 def key_revoke(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     services.key_revoke(key=key, actor=request.user, request=request)
     messages.success(request, f"Key {key} revoked: the gateway refuses it within seconds.")
     return redirect("gateway_key_list")
@@ -66,7 +70,7 @@ def key_revoke(request, key_id: int):
 @require_role(ADMIN)
 @require_POST
 def key_limits(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     form = KeyLimitsForm(request.POST)
     if not form.is_valid():
         messages.error(request, form_error_text(form))
@@ -82,14 +86,14 @@ def key_limits(request, key_id: int):
 @require_role(ADMIN)
 @require_GET
 def key_detail(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     return render(request, "gateway/key_detail.html", {"key": key})
 
 
 @require_role(OPERATOR)
 @require_POST
 def endpoint_bluegreen(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     form = BlueGreenForm(request.POST)
     if not form.is_valid():
         messages.error(request, form_error_text(form))
@@ -116,7 +120,7 @@ def endpoint_bluegreen(request, endpoint_id: int):
 @require_role(OPERATOR)
 @require_POST
 def endpoint_rollout(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     form = RolloutForm(request.POST)
     if not form.is_valid():
         messages.error(request, form_error_text(form))

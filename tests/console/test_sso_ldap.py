@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 from django_auth_ldap.config import GroupOfNamesType, LDAPSearch
 
-from console.models import ApiToken, AuditEvent, ExternalIdentity
+from console.models import ApiToken, AuditEvent, ExternalIdentity, TeamMembership
 from console.roles import ADMIN, OPERATOR, VIEWER, user_role
 from console.services import api_token_create
 from tests.support import ROOT
@@ -91,6 +91,7 @@ def test_a_bad_group_type_or_role_is_refused_at_start(slapd):  # noqa: F811
     for extra, message in (
         ({"LDAP_GROUP_TYPE": "groupOfPeople"}, "LDAP_GROUP_TYPE='groupOfPeople'"),
         ({"SSO_GROUP_ROLES": "ml-ops=Boss"}, "SSO_GROUP_ROLES: ml-ops=Boss"),
+        ({"SSO_GROUP_TEAMS": "ml-ops=research"}, "SSO_GROUP_TEAMS: ml-ops=research"),
         ({"LDAP_GROUP_SEARCH_BASE": ""}, "set LDAP_GROUP_SEARCH_BASE too"),
     ):
         env = {**os.environ, **ldap_env(slapd), **extra, "DJANGO_SETTINGS_MODULE": "console.settings"}
@@ -190,3 +191,32 @@ def test_a_deactivated_directory_account_stays_out(ldap_login):
     client, response = log_in("bob")
     assert response.status_code == 200
     assert client.get("/").status_code == 302
+
+
+@pytest.mark.django_db
+def test_directory_groups_give_teams(ldap_login, settings):
+    """SSO_GROUP_TEAMS: carol's only group gives her a team role and no console role: she logs in and sees her
+    team; out of the group, her team membership goes at her next login, and she is refused."""
+    settings.SSO_GROUP_TEAMS = {"unrelated": ("research", VIEWER), "ml-ops": ("research", OPERATOR)}
+    client, response = log_in("carol")
+    assert response.status_code == 302
+    carol = ExternalIdentity.objects.get(subject="carol").user
+    assert list(TeamMembership.objects.filter(user=carol).values_list("team__slug", "role")) == [("research", VIEWER)]
+    assert role_of(carol) == VIEWER and client.get("/api/v1/teams").json()[0]["slug"] == "research"
+    _, response = log_in("bob")  # ml-ops: Operator of research too, beside his console role
+    bob = ExternalIdentity.objects.get(subject="bob").user
+    assert TeamMembership.objects.get(user=bob, team__slug="research").role == OPERATOR
+
+    ldap_login.modify(
+        f"cn=unrelated,ou=groups,{ldap_login.suffix}",
+        [(ldap.MOD_DELETE, "member", [f"uid=carol,ou=people,{ldap_login.suffix}".encode()])],
+    )
+    _, response = log_in("carol")
+    assert response.status_code == 200
+    assert not TeamMembership.objects.filter(user=carol).exists() and role_of(carol) is None
+    sync = AuditEvent.objects.filter(action="user.sso_sync", object_id=str(carol.pk)).first()
+    assert sync.changes["teams"] == {"research": [VIEWER, None]}
+    ldap_login.modify(
+        f"cn=unrelated,ou=groups,{ldap_login.suffix}",
+        [(ldap.MOD_ADD, "member", [f"uid=carol,ou=people,{ldap_login.suffix}".encode()])],
+    )
