@@ -9,6 +9,7 @@ from console import services
 from console.api_auth import api_route
 from console.models import AuditEvent
 from console.roles import ADMIN, VIEWER, user_role
+from console.teams import visible_audit
 
 router = Router(tags=["accounts"])
 User = get_user_model()
@@ -105,7 +106,7 @@ def revoke_token(request, token_id: int):
 def list_audit(
     request, actor: str = "", action: str = "", object_type: str = "", limit: int = Query(100, ge=1, le=1000)
 ):
-    events = AuditEvent.objects.all()
+    events = visible_audit(AuditEvent.objects.all(), request.user)
     if actor:
         events = events.filter(actor_name=actor)
     if action:

@@ -22,6 +22,8 @@ class AuditEvent(models.Model):
     changes = models.JSONField(default=dict, blank=True)
     source_ip = models.GenericIPAddressField(null=True, blank=True)
     via = models.CharField(max_length=16, blank=True)  # web | api | cli | agent | job | gateway | controller | system
+    # The team of the object, where a team owns it (console.teams): its rows are that team's members' to read.
+    team = models.ForeignKey("console.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -6,7 +6,7 @@ selectors read through `visible` and `visible_get`, so that lists, pages and API
 another team is a 404 (its existence is not told), never a 403."""
 
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from console.models import Team, TeamMembership
@@ -75,3 +75,12 @@ def team_for_new(user, team_id: int | None, *, role: str = OPERATOR) -> int:
         if at_least(held, role):
             return candidate
     raise ValidationError({"team": f"You hold the {role} role in no team."})
+
+
+def visible_audit(events: QuerySet, user) -> QuerySet:
+    """Audit rows: those about another team's objects (a gateway key, an endpoint, ...) are left out; rows about
+    no team's object (users, nodes, logins) stay, as before teams."""
+    team_ids = visible_team_ids(user)
+    if team_ids is None:
+        return events
+    return events.filter(Q(team__isnull=True) | Q(team_id__in=team_ids))

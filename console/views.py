@@ -17,6 +17,7 @@ from console import services
 from console.models import AuditEvent
 from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
 from console.selectors import overview_counts
+from console.teams import visible_audit
 from console.validation import error_lines, int_in_range
 from workers.jobs.queues import redis_connection
 
@@ -64,7 +65,7 @@ def overview(request):
 @require_role(VIEWER)
 @require_GET
 def audit_list(request):
-    events = AuditEvent.objects.select_related("actor")
+    events = visible_audit(AuditEvent.objects.select_related("actor"), request.user)
     filters = {k: request.GET.get(k, "").strip() for k in ("actor", "action", "object_type", "since")}
     if filters["actor"]:
         events = events.filter(actor_name=filters["actor"])

@@ -136,6 +136,17 @@ def test_lists_show_the_users_teams_only(two_teams):
     assert [row["id"] for row in compare["rows"]] == [ours["run"].pk]
 
 
+def test_audit_rows_about_another_teams_objects_are_hidden(two_teams, as_admin):
+    ana = _client_for(two_teams["ana"])
+    theirs, ours = two_teams["theirs"]["key"], two_teams["ours"]["key"]
+    about = {(e["object_type"], e["object_id"]) for e in ana.get("/api/v1/audit?limit=1000").json()}
+    assert ("gatewaykey", str(ours.pk)) in about and ("gatewaykey", str(theirs.pk)) not in about
+    page = ana.get("/audit/?object_type=gatewaykey").content.decode()
+    assert "app-ours" in page and "app-theirs" not in page
+    everything = {(e["object_type"], e["object_id"]) for e in as_admin.get("/api/v1/audit?limit=1000").json()}
+    assert ("gatewaykey", str(theirs.pk)) in everything
+
+
 def test_the_console_admin_sees_every_team(two_teams, as_admin):
     names = {m["name"] for m in as_admin.get("/api/v1/models").json()}
     assert {"model-ours", "model-theirs"} <= names
