@@ -12,12 +12,14 @@ class EndpointsConfig(AppConfig):
         from endpoints.telemetry import collect_replicas, served_facts
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
-        from workers.telemetry.sources import register_collector, register_served_facts
+        from endpoints.gateway.selectors import key_teams
+        from workers.telemetry.sources import register_collector, register_key_teams, register_served_facts
 
         register_workload("endpoints", ReplicaWorkload())
         register_image_runner(probe_container_command)  # a containerised node's engine is probed in its image
         register_collector("endpoints", collect_replicas)
         register_served_facts(served_facts)
+        register_key_teams(key_teams)  # per-key series and /metrics labels: the key's team's to read
         # Defining the job kind registers it with the job runtime (workers.jobs).
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts

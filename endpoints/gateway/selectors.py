@@ -261,3 +261,8 @@ def key_list(*, user):
 def key_get(key_id: int, *, user, role: str = ADMIN) -> GatewayKey:
     """A key is its team's Admins' to see and manage (and the console Admin's): 404 for another team's key."""
     return visible_get(GatewayKey.objects.all(), user, role=role, pk=key_id)
+
+
+def key_teams() -> dict[int, int]:
+    """Each gateway key's team, for telemetry (workers.telemetry.sources.register_key_teams)."""
+    return dict(GatewayKey.objects.values_list("pk", "team_id"))

@@ -3,6 +3,8 @@ only; another team's object is a 404 on every page and API path that names it (n
 exists), and lists leave it out; a team Admin manages their team's gateway keys and no other's; the teams API; the
 migration that puts existing data in the default team, reversed and applied again."""
 
+import time
+
 import pytest
 from django.core.management import call_command
 from django.db import connection
@@ -10,7 +12,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
 from console.models import AuditEvent, Team, TeamMembership
-from console.roles import ADMIN, OPERATOR, VIEWER, user_role
+from console.roles import ADMIN, VIEWER, user_role
+from console.services import api_token_create
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint
@@ -18,6 +21,7 @@ from endpoints.profiling.models import Profile
 from models_registry.models import Artifact, Model
 from tests.conftest import ApiClient, _client_for
 from tests.support.accounts import make_user
+from workers.telemetry.models import Series
 
 
 def objects_of(team: Team, node, suffix: str) -> dict:
@@ -145,6 +149,33 @@ def test_audit_rows_about_another_teams_objects_are_hidden(two_teams, as_admin):
     assert "app-ours" in page and "app-theirs" not in page
     everything = {(e["object_type"], e["object_id"]) for e in as_admin.get("/api/v1/audit?limit=1000").json()}
     assert ("gatewaykey", str(theirs.pk)) in everything
+
+
+def test_per_key_series_and_metrics_labels_are_the_keys_teams(two_teams, as_admin, settings):
+    """The gateway's per-key telemetry (gk<id>.*), in the series API and on /metrics: a member of another team sees
+    neither the series nor the key's name and id; the console Admin and the shared METRICS_TOKEN see both."""
+    now = int(time.time())
+    keys = {"ours": two_teams["ours"]["key"], "theirs": two_teams["theirs"]["key"]}
+    for key in keys.values():
+        Series.objects.create(
+            key=f"gk{key.pk}.gk.requests_pm", metric="gk.requests_pm", label=key.name, last_ts=now, last_value=7.0
+        )
+    ana = _client_for(two_teams["ana"])
+    found = ana.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "range": "15m"}).json()
+    assert [s["label"] for s in found["series"]] == ["app-ours"], found
+    theirs = ana.get("/api/v1/telemetry/series", {"metric": "gk.requests_pm", "gateway_key": keys["theirs"].pk})
+    assert theirs.json()["series"] == []
+    metrics = ana.get("/metrics").content.decode()
+    assert (
+        'key="app-ours"' in metrics and "app-theirs" not in metrics and f'key_id="{keys["theirs"].pk}"' not in metrics
+    )
+    _, raw = api_token_create(user=two_teams["ana"], name="prometheus")
+    by_token = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}").content.decode()
+    assert "app-ours" in by_token and "app-theirs" not in by_token
+    assert "app-theirs" in as_admin.get("/metrics").content.decode()
+    settings.METRICS_TOKEN = "shared-scrape-token"
+    fleet = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer shared-scrape-token").content.decode()
+    assert "app-ours" in fleet and "app-theirs" in fleet
 
 
 def test_the_console_admin_sees_every_team(two_teams, as_admin):
