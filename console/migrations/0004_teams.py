@@ -21,11 +21,6 @@ def default_team_with_members(apps, schema_editor):
         membership.objects.get_or_create(team_id=team_id, user=user, defaults={"role": role})
 
 
-def no_teams(apps, schema_editor):
-    apps.get_model("console", "TeamMembership").objects.all().delete()
-    apps.get_model("console", "Team").objects.all().delete()
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ('console', '0003_external_identity'),
@@ -74,5 +69,6 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(fields=('team', 'user'), name='team_membership_unique')],
             },
         ),
-        migrations.RunPython(default_team_with_members, no_teams),
+        # Reversed, the tables are dropped with their rows (see console/migrations/_teams.py on PostgreSQL).
+        migrations.RunPython(default_team_with_members, migrations.RunPython.noop),
     ]

@@ -1,6 +1,7 @@
 """What the migrations that give objects a team share (a name starting with "_": not a migration itself). The
-default team is made here as console.models.Team.default_id makes it; existing objects go to it, and back to no
-team when the migration is reversed."""
+default team is made here as console.models.Team.default_id makes it; existing objects go to it. Reversed, the
+`team` column is dropped with its values (no update first: on PostgreSQL, rows changed in the migration's
+transaction leave deferred foreign-key triggers pending, and the column cannot be dropped then)."""
 
 from django.db import migrations
 
@@ -18,8 +19,4 @@ def into_default_team(app_label: str, *model_names: str) -> migrations.RunPython
         for name in model_names:
             apps.get_model(app_label, name).objects.filter(team__isnull=True).update(team_id=team_id)
 
-    def backward(apps, schema_editor):
-        for name in model_names:
-            apps.get_model(app_label, name).objects.update(team=None)
-
-    return migrations.RunPython(forward, backward)
+    return migrations.RunPython(forward, migrations.RunPython.noop)
