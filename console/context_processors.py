@@ -1,6 +1,6 @@
 from django.conf import settings
 
-from console.roles import ADMIN, OPERATOR, has_role, user_role
+from console.roles import ADMIN, OPERATOR, has_role, is_console_admin, user_role
 
 
 def roles(request):
@@ -8,7 +8,8 @@ def roles(request):
     return {
         "role": user_role(user),
         "is_operator": has_role(user, OPERATOR) if user else False,
-        "is_admin": has_role(user, ADMIN) if user else False,
+        "is_admin": has_role(user, ADMIN) if user else False,  # of the console, or of a team (its keys, deletes)
+        "is_console_admin": is_console_admin(user) if user else False,  # users, node settings
     }
 
 

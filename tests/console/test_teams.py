@@ -197,6 +197,7 @@ def test_team_roles_decide_what_a_member_may_do(two_teams):
     ana = Client()
     ana.force_login(two_teams["ana"])
     assert ana.get("/users/").status_code == 403
+    assert 'href="/users/"' not in ana.get("/").content.decode()  # nor the link to them
     assert ana.get("/api/v1/users").status_code == 403
     # Their own team's key: revoked by its team Admin.
     assert ana.post(f"/gateway/keys/{ours['key'].pk}/revoke").status_code == 302
