@@ -32,7 +32,7 @@ SAY_TORCH = -c 'import torch; print("torch", torch.__version__, "(CUDA " + torch
 	if torch.version.cuda else "(CPU build)", "from", "$(or $(TORCH_SOURCE),pip'"'"'s own sources)")'
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format format-check lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format format-check lint-imports test-sqlite test-postgres browser sso-servers clean-test
 
 run: setup
 	@echo ""
@@ -57,6 +57,9 @@ $(VENV)/.installed: requirements.txt requirements/dev.txt
 	@echo "Python for the venvs: $(PYTHON) ($$($(PYTHON) -c 'import sys; print(sys.version.split()[0])'))"
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || ($(APT) update -qq && \
 		($(APT) install -y -qq $(notdir $(PYTHON))-venv || $(APT) install -y -qq python3-venv))
+	@# python-ldap (requirements/sso-ldap.txt, LDAP single sign-on) builds against OpenLDAP's and SASL's headers.
+	@test -e /usr/include/ldap.h -a -e /usr/include/sasl/sasl.h -a -n "$$(command -v gcc)" || ($(APT) update -qq && \
+		$(APT) install -y -qq libldap2-dev libsasl2-dev gcc $(notdir $(PYTHON))-dev)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements/dev.txt $(TORCH_SOURCE)
@@ -200,7 +203,7 @@ demo: migrate redis
 TEST_PASSES ?= parallel
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-test: venv dataplane engine browser systemd-analyze redis postgres format-check lint-imports test-passes
+test: venv dataplane engine browser sso-servers systemd-analyze redis postgres format-check lint-imports test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
@@ -258,6 +261,21 @@ test-postgres: venv
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || ($(APT) update -qq && $(APT) install -y -qq chromium)
+
+# The single sign-on tests' real servers (tests/support/slapd.py, tests/support/oidc.py): Debian's OpenLDAP slapd and
+# ldap-utils, which the tests run as their own child process (the service the package may start is stopped and
+# disabled: nothing listens on 389), and node for oidc-provider, installed by `npm ci` from the committed lock into
+# the git-ignored tests/support/oidc_provider/node_modules (oidc-provider 9 wants node 20 or newer).
+SSO_PROVIDER := tests/support/oidc_provider
+sso-servers: $(SSO_PROVIDER)/node_modules/.package-lock.json
+	@test -x /usr/sbin/slapd -a -n "$$(command -v ldapmodify)" || { $(APT) update -qq && \
+		$(APT) install -y -qq slapd ldap-utils && { $(SUDO) systemctl disable --now slapd 2>/dev/null || true; }; }
+
+$(SSO_PROVIDER)/node_modules/.package-lock.json: $(SSO_PROVIDER)/package-lock.json
+	@command -v npm >/dev/null || ($(APT) update -qq && $(APT) install -y -qq nodejs npm)
+	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
+		{ echo "oidc-provider 9 needs node 20 or newer, this is $$(node --version): install a newer nodejs"; exit 1; }
+	cd $(SSO_PROVIDER) && npm ci --no-audit --no-fund --loglevel=error
 
 # Debian's systemd for `systemd-analyze verify/security` and `systemd-sysusers` on deploy/systemd
 # (tests/deploy); they read unit files and need no running systemd. The other linters come from PyPI.

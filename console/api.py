@@ -10,6 +10,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError
 
 from console.api_accounts import router as accounts_router
+from console.api_teams import router as teams_router
 from console.api_auth import NOT_FOUND, UNAUTHENTICATED, BearerToken, Session, docs_access
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import VIEWER
@@ -93,6 +94,7 @@ def too_big_detail() -> str:
 
 def _register_routers():
     api.add_router("/", accounts_router)
+    api.add_router("/", teams_router)
     api.add_router("/", registry_router)
     api.add_router("/", jobs_router)
     api.add_router("/", endpoints_router)

@@ -9,6 +9,7 @@ from console import services
 from console.api_auth import api_route
 from console.models import AuditEvent
 from console.roles import ADMIN, VIEWER, user_role
+from console.teams import visible_audit
 
 router = Router(tags=["accounts"])
 User = get_user_model()
@@ -58,12 +59,12 @@ def token_json(token) -> dict:
     }
 
 
-@api_route(router, "get", "/users", role=ADMIN, response=list[dict])
+@api_route(router, "get", "/users", role=ADMIN, whole_console=True, response=list[dict])
 def list_users(request):
     return [user_json(u) for u in User.objects.order_by("username")]
 
 
-@api_route(router, "post", "/users", role=ADMIN, response={201: dict})
+@api_route(router, "post", "/users", role=ADMIN, whole_console=True, response={201: dict})
 def create_user(request, payload: UserIn):
     user, generated = services.user_create(
         username=payload.username, role=payload.role, password=payload.password, actor=request.user, request=request
@@ -71,7 +72,7 @@ def create_user(request, payload: UserIn):
     return 201, user_json(user) | ({"password": generated} if generated else {})
 
 
-@api_route(router, "post", "/users/{user_id}", role=ADMIN, response=dict)
+@api_route(router, "post", "/users/{user_id}", role=ADMIN, whole_console=True, response=dict)
 def update_user(request, user_id: int, payload: UserUpdate):
     target = get_object_or_404(User, pk=user_id)
     services.user_update(target=target, role=payload.role, active=payload.active, actor=request.user, request=request)
@@ -105,7 +106,7 @@ def revoke_token(request, token_id: int):
 def list_audit(
     request, actor: str = "", action: str = "", object_type: str = "", limit: int = Query(100, ge=1, le=1000)
 ):
-    events = AuditEvent.objects.all()
+    events = visible_audit(AuditEvent.objects.all(), request.user)
     if actor:
         events = events.filter(actor_name=actor)
     if action:

@@ -31,14 +31,14 @@ def _token_user(request, raw):
 
 
 class BearerToken(HttpBearer):
-    def __init__(self, role: str):
+    def __init__(self, role: str, whole_console: bool = False):
         super().__init__()
-        self.role = role
+        self.role, self.whole_console = role, whole_console
 
     def authenticate(self, request, token):
         user = _token_user(request, token)
         if user is not None:
-            check_role(user, self.role)  # PermissionDenied -> 403
+            check_role(user, self.role, whole_console=self.whole_console)  # PermissionDenied -> 403
         return user
 
 
@@ -47,12 +47,12 @@ class Session(APIKeyCookie):
 
     param_name = "sessionid"
 
-    def __init__(self, role: str):
+    def __init__(self, role: str, whole_console: bool = False):
         from django.conf import settings
 
         self.param_name = settings.SESSION_COOKIE_NAME
         super().__init__(csrf=True)
-        self.role = role
+        self.role, self.whole_console = role, whole_console
 
     def _get_key(self, request):
         # No logged-in session: there is nothing for CSRF to protect, so no 403 "CSRF check
@@ -63,7 +63,7 @@ class Session(APIKeyCookie):
 
     def authenticate(self, request, key):
         if request.user.is_authenticated:
-            check_role(request.user, self.role)
+            check_role(request.user, self.role, whole_console=self.whole_console)
             return request.user
         return None
 
@@ -98,12 +98,14 @@ def docs_access(view):
     return wrapped
 
 
-def api_route(router, method: str, path: str, *, role: str, **kwargs):
-    """Register an API operation that needs `role` (Viewer, Operator or Admin)."""
+def api_route(router, method: str, path: str, *, role: str, whole_console: bool = False, **kwargs):
+    """Register an API operation that needs `role` (Viewer, Operator or Admin; of the console itself where
+    `whole_console`, else the highest a user holds: console.teams narrows it to an object's team)."""
 
     def decorator(func):
-        view = require_role(role)(func)
-        router.api_operation([method.upper()], path, auth=[BearerToken(role), Session(role)], **kwargs)(view)
+        view = require_role(role, whole_console=whole_console)(func)
+        auth = [BearerToken(role, whole_console), Session(role, whole_console)]
+        router.api_operation([method.upper()], path, auth=auth, **kwargs)(view)
         return view
 
     return decorator

@@ -61,4 +61,5 @@ def audit_log(
         changes=changes or {},
         source_ip=client_ip(request),
         via=via or "cli",
+        team_id=getattr(obj, "team_id", None),
     )

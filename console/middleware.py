@@ -6,8 +6,9 @@ from console.api_auth import NOT_FOUND, UNAUTHENTICATED, request_user
 
 API_PREFIX = "/api/"
 # Paths reachable without a session. The API authenticates itself (bearer token or
-# session) and answers 401 in JSON, so it must not be redirected to the login page.
-PUBLIC_PREFIXES = ("/login/", "/healthz", "/static/", API_PREFIX)
+# session) and answers 401 in JSON, so it must not be redirected to the login page; /oidc/ starts and ends an
+# OpenID Connect login (console/sso.py).
+PUBLIC_PREFIXES = ("/login/", "/healthz", "/static/", "/oidc/", API_PREFIX)
 
 
 class LoginRequiredEverywhereMiddleware:

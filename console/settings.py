@@ -5,6 +5,7 @@ Redis) make `make run` work with no configuration at all."""
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -85,6 +86,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "console.context_processors.roles",
+                "console.context_processors.sso",
             ],
         },
     },
@@ -179,6 +181,107 @@ CONTENT_SECURITY_POLICY = {
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "overview"
 LOGOUT_REDIRECT_URL = "login"
+LOGIN_URL_PATH = "/login/"  # where RP-initiated logout at an OpenID provider sends the browser back to
+
+# --- Single sign-on (console/sso.py, docs/sso-and-teams.md): each half on where configured ----------------------
+# The provider's groups (OIDC: the OIDC_GROUPS_CLAIM claim; LDAP: the groups' names, their cn) decide an SSO
+# account's role at every login, e.g. "console-admins=Admin,ml-ops=Operator,ml-staff=Viewer": the highest role
+# wins; no mapped group, no access (and its API tokens are revoked). Local accounts are unaffected.
+SSO_GROUP_ROLES = env_pairs("SSO_GROUP_ROLES")
+for _group, _role in SSO_GROUP_ROLES.items():
+    if _role not in ("Viewer", "Operator", "Admin"):
+        raise ImproperlyConfigured(f"SSO_GROUP_ROLES: {_group}={_role}: the role must be Viewer, Operator or Admin")
+# The provider's groups that give team roles, "GROUP=TEAM-SLUG:ROLE" e.g. "research-ops=research:Operator": at every
+# login an SSO account's team memberships become exactly these (a team named by its slug is made if missing); the
+# default team's role is the console role above. Team roles alone let someone in (they see their teams' objects).
+SSO_GROUP_TEAMS = {}
+for _group, _target in env_pairs("SSO_GROUP_TEAMS").items():
+    _slug, _, _role = _target.partition(":")
+    if not _slug.strip() or _role.strip() not in ("Viewer", "Operator", "Admin"):
+        raise ImproperlyConfigured(f"SSO_GROUP_TEAMS: {_group}={_target}: write GROUP=TEAM-SLUG:Viewer|Operator|Admin")
+    SSO_GROUP_TEAMS[_group] = (_slug.strip(), _role.strip())
+# OpenID Connect (mozilla-django-oidc): on when OIDC_RP_CLIENT_ID is set. The provider's endpoints are those of its
+# /.well-known/openid-configuration (authorization_endpoint, token_endpoint, userinfo_endpoint, jwks_uri and,
+# for RP-initiated logout, end_session_endpoint). Authorization code flow with PKCE (S256) and a nonce.
+OIDC_ENABLED = bool(env_str("OIDC_RP_CLIENT_ID"))
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID")
+OIDC_RP_CLIENT_SECRET = env_secret("OIDC_RP_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT")
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")
+OIDC_OP_LOGOUT_ENDPOINT = env_str("OIDC_OP_LOGOUT_ENDPOINT")  # optional: RP-initiated logout at the provider
+OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile groups")
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
+OIDC_LOGIN_LABEL = env_str("OIDC_LOGIN_LABEL", "Log in with single sign-on")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_STORE_ID_TOKEN = True  # the hint of RP-initiated logout
+OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10)
+OIDC_VERIFY_SSL = env_bool("OIDC_VERIFY_SSL", True)
+OIDC_CREATE_USER = True
+OIDC_OP_LOGOUT_URL_METHOD = "console.sso.oidc_logout_url"
+OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
+LOGIN_REDIRECT_URL_FAILURE = "/login/?sso=refused"
+if OIDC_ENABLED:
+    _required = ["OIDC_OP_AUTHORIZATION_ENDPOINT", "OIDC_OP_TOKEN_ENDPOINT", "OIDC_OP_USER_ENDPOINT"]
+    if not OIDC_RP_SIGN_ALGO.startswith("HS"):  # an asymmetric signature is checked with the provider's keys
+        _required.append("OIDC_OP_JWKS_ENDPOINT")
+    _missing = [name for name in _required if not globals()[name]]
+    if _missing:
+        raise ImproperlyConfigured(f"OIDC_RP_CLIENT_ID is set: set {', '.join(_missing)} too")
+    AUTHENTICATION_BACKENDS.append("console.sso.ConsoleOIDCBackend")
+    if OIDC_OP_LOGOUT_ENDPOINT:
+        # The Log out form's answer redirects to the provider, and a page's form-action governs the redirects
+        # after its forms too (CSP Level 3): the provider's origin joins 'self' there.
+        _logout = urlsplit(OIDC_OP_LOGOUT_ENDPOINT)
+        CONTENT_SECURITY_POLICY["DIRECTIVES"]["form-action"].append(f"{_logout.scheme}://{_logout.netloc}")
+# LDAP (django-auth-ldap; python-ldap from requirements/sso-ldap.txt): on when LDAP_SERVER_URI is set. The user is
+# found by LDAP_USER_FILTER under LDAP_USER_SEARCH_BASE (bound as LDAP_BIND_DN, or anonymously), then bound as
+# themself with the password typed on the login page; their groups are those under LDAP_GROUP_SEARCH_BASE that
+# name them (LDAP_GROUP_TYPE: groupOfNames, groupOfUniqueNames or posixGroup).
+LDAP_ENABLED = bool(env_str("LDAP_SERVER_URI"))
+if LDAP_ENABLED:
+    try:
+        import ldap as _ldap
+        from django_auth_ldap import config as _ldap_config
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"LDAP_SERVER_URI is set but django-auth-ldap cannot be imported ({exc}): "
+            "pip install -r requirements/sso-ldap.txt (needs libldap2-dev and libsasl2-dev to build)"
+        ) from exc
+    _group_types = {
+        "groupOfNames": _ldap_config.GroupOfNamesType,
+        "groupOfUniqueNames": _ldap_config.GroupOfUniqueNamesType,
+        "posixGroup": _ldap_config.PosixGroupType,
+    }
+    _group_type = env_str("LDAP_GROUP_TYPE", "groupOfNames")
+    if _group_type not in _group_types:
+        raise ImproperlyConfigured(f"LDAP_GROUP_TYPE={_group_type!r}: use one of {', '.join(_group_types)}")
+    for _name in ("LDAP_USER_SEARCH_BASE", "LDAP_GROUP_SEARCH_BASE"):
+        if not env_str(_name):
+            raise ImproperlyConfigured(f"LDAP_SERVER_URI is set: set {_name} too")
+    AUTH_LDAP_SERVER_URI = env_str("LDAP_SERVER_URI")
+    AUTH_LDAP_BIND_DN = env_str("LDAP_BIND_DN")
+    AUTH_LDAP_BIND_PASSWORD = env_secret("LDAP_BIND_PASSWORD")
+    AUTH_LDAP_START_TLS = env_bool("LDAP_START_TLS", False)
+    AUTH_LDAP_USER_SEARCH = _ldap_config.LDAPSearch(
+        env_str("LDAP_USER_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
+    )
+    AUTH_LDAP_GROUP_SEARCH = _ldap_config.LDAPSearch(
+        env_str("LDAP_GROUP_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, f"(objectClass={_group_type})"
+    )
+    AUTH_LDAP_GROUP_TYPE = _group_types[_group_type]()
+    AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
+    AUTH_LDAP_MIRROR_GROUPS = False  # groups map to roles through SSO_GROUP_ROLES, never copied as Django groups
+    AUTH_LDAP_FIND_GROUP_PERMS = False
+    AUTH_LDAP_CACHE_TIMEOUT = 0  # group changes count at the next login
+    AUTH_LDAP_CONNECTION_OPTIONS = {_ldap.OPT_NETWORK_TIMEOUT: env_float("LDAP_TIMEOUT_SECONDS", 10)}
+    if env_str("LDAP_CA_CERT_FILE"):
+        AUTH_LDAP_GLOBAL_OPTIONS = {_ldap.OPT_X_TLS_CACERTFILE: env_str("LDAP_CA_CERT_FILE")}
+    AUTHENTICATION_BACKENDS.append("console.sso_ldap.ConsoleLDAPBackend")
 
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

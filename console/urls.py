@@ -1,5 +1,6 @@
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+from mozilla_django_oidc import views as oidc
 
 from console import views
 from console.api import api
@@ -10,7 +11,10 @@ from workers import views as jobs
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # Ends the console session, and the provider's too (RP-initiated logout) after an OIDC login: console.sso.
+    path("logout/", oidc.OIDCLogoutView.as_view(), name="logout"),
+    path("oidc/authenticate/", views.oidc_only(oidc.OIDCAuthenticationRequestView), name="oidc_authentication_init"),
+    path("oidc/callback/", views.oidc_only(oidc.OIDCAuthenticationCallbackView), name="oidc_authentication_callback"),
     path("healthz", views.healthz, name="healthz"),
     path("", views.overview, name="overview"),
     path("audit/", views.audit_list, name="audit_list"),

@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connection
-from django.http import HttpResponse, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_GET, require_POST
@@ -18,11 +18,24 @@ from console.form_layout import errors_by_field
 from console.models import AuditEvent
 from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
 from console.selectors import overview_counts
+from console.teams import visible_audit
 from console.validation import error_lines, int_in_range
 from workers.jobs.queues import redis_connection
 
 log = logging.getLogger(__name__)
 User = get_user_model()
+
+
+def oidc_only(view_class):
+    """mozilla-django-oidc's login views, where OpenID Connect is configured (settings.OIDC_ENABLED); else 404."""
+    view = view_class.as_view()
+
+    def wrapped(request, *args, **kwargs):
+        if not settings.OIDC_ENABLED:
+            raise Http404("Single sign-on by OpenID Connect is not configured.")
+        return view(request, *args, **kwargs)
+
+    return wrapped
 
 
 @require_GET
@@ -53,7 +66,7 @@ def overview(request):
 @require_role(VIEWER)
 @require_GET
 def audit_list(request):
-    events = AuditEvent.objects.select_related("actor")
+    events = visible_audit(AuditEvent.objects.select_related("actor"), request.user)
     filters = {k: request.GET.get(k, "").strip() for k in ("actor", "action", "object_type", "since")}
     if filters["actor"]:
         events = events.filter(actor_name=filters["actor"])
@@ -151,7 +164,7 @@ def token_revoke(request, token_id: int):
 # --- Users (Admin) --------------------------------------------------------------------
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_GET
 def user_list(request):
     return _users_page(request)
@@ -174,7 +187,7 @@ def _users_page(request, *, status: int = 200, errors: dict | None = None, value
     )
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_POST
 def user_create(request):
     try:
@@ -194,7 +207,7 @@ def user_create(request):
     return redirect("user_list")
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_POST
 def user_update(request, user_id: int):
     target = get_object_or_404(User, pk=user_id)

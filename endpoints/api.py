@@ -1,4 +1,3 @@
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict, StrictBool
 
@@ -93,6 +92,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
     return {
         "id": endpoint.pk,
         "name": endpoint.name,
+        "team": endpoint.team_id,
         "state": endpoint.state,
         "reason": endpoint.state_reason,
         "desired_state": endpoint.desired_state,
@@ -131,8 +131,8 @@ def endpoint_json(endpoint: Endpoint) -> dict:
     }
 
 
-def _get(endpoint_id):
-    return get_object_or_404(Endpoint.objects.select_related("node"), pk=endpoint_id)
+def _get(request, endpoint_id: int, role: str):
+    return selectors.endpoint_get(endpoint_id, user=request.user, role=role)
 
 
 @api_route(router, "post", "/endpoints", role=OPERATOR, response={201: dict})
@@ -158,7 +158,7 @@ def list_recipes(request):
 @api_route(router, "post", "/recipes", role=OPERATOR, response={201: dict})
 def save_recipe(request, payload: RecipeSaveIn):
     """Save an endpoint's launch as a recipe (a new version of `name` if it exists)."""
-    endpoint = _get(payload.endpoint)
+    endpoint = _get(request, payload.endpoint, OPERATOR)
     return 201, recipe_save(
         endpoint=endpoint, name=payload.name, title=payload.title, user=request.user, request=request
     ).as_json()
@@ -166,12 +166,12 @@ def save_recipe(request, payload: RecipeSaveIn):
 
 @api_route(router, "get", "/endpoints", role=VIEWER, response=list[dict])
 def list_endpoints(request):
-    return [endpoint_json(e) for e in selectors.endpoint_list()]
+    return [endpoint_json(e) for e in selectors.endpoint_list(user=request.user)]
 
 
 @api_route(router, "get", "/endpoints/{endpoint_id}", role=VIEWER, response=dict)
 def get_endpoint(request, endpoint_id: int):
-    return endpoint_json(_get(endpoint_id))
+    return endpoint_json(_get(request, endpoint_id, VIEWER))
 
 
 @api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
@@ -179,24 +179,33 @@ def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
     """Change the given settings (`routing`, `autoscale`); a bad value is refused and nothing changes."""
     return endpoint_json(
         services.endpoint_update(
-            endpoint=_get(endpoint_id), user=request.user, request=request, **payload.dict(exclude_unset=True)
+            endpoint=_get(request, endpoint_id, OPERATOR),
+            user=request.user,
+            request=request,
+            **payload.dict(exclude_unset=True),
         )
     )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/start", role=OPERATOR, response=dict)
 def start_endpoint(request, endpoint_id: int):
-    return endpoint_json(services.endpoint_start(endpoint=_get(endpoint_id), user=request.user, request=request))
+    return endpoint_json(
+        services.endpoint_start(endpoint=_get(request, endpoint_id, OPERATOR), user=request.user, request=request)
+    )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/stop", role=OPERATOR, response=dict)
 def stop_endpoint(request, endpoint_id: int):
-    return endpoint_json(services.endpoint_stop(endpoint=_get(endpoint_id), user=request.user, request=request))
+    return endpoint_json(
+        services.endpoint_stop(endpoint=_get(request, endpoint_id, OPERATOR), user=request.user, request=request)
+    )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/restart", role=OPERATOR, response=dict)
 def restart_endpoint(request, endpoint_id: int):
-    return endpoint_json(services.endpoint_restart(endpoint=_get(endpoint_id), user=request.user, request=request))
+    return endpoint_json(
+        services.endpoint_restart(endpoint=_get(request, endpoint_id, OPERATOR), user=request.user, request=request)
+    )
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/profiling", role=OPERATOR, response=dict)
@@ -204,7 +213,7 @@ def set_endpoint_profiling(request, endpoint_id: int, payload: ProfilingIn):
     """Profiling on or off; running replicas restart one at a time to apply it."""
     return endpoint_json(
         services.endpoint_set_profiling(
-            endpoint=_get(endpoint_id), enabled=payload.enabled, user=request.user, request=request
+            endpoint=_get(request, endpoint_id, OPERATOR), enabled=payload.enabled, user=request.user, request=request
         )
     )
 
@@ -214,7 +223,7 @@ def change_endpoint_adapter(request, endpoint_id: int, payload: AdapterChangeIn)
     """Load a LoRA adapter of the served model into every ready replica, or unload one; later starts load the
     endpoint's list as it is then. Nothing restarts."""
     return endpoint_adapter_change(
-        endpoint=_get(endpoint_id),
+        endpoint=_get(request, endpoint_id, OPERATOR),
         adapter_id=payload.adapter,
         action=payload.action,
         user=request.user,
@@ -225,7 +234,7 @@ def change_endpoint_adapter(request, endpoint_id: int, payload: AdapterChangeIn)
 @api_route(router, "post", "/endpoints/{endpoint_id}/chat", role=OPERATOR, response=dict)
 def chat_endpoint(request, endpoint_id: int, payload: ChatIn):
     return services.endpoint_chat(
-        endpoint=_get(endpoint_id),
+        endpoint=_get(request, endpoint_id, OPERATOR),
         message=payload.message,
         max_tokens=payload.max_tokens,
         user=request.user,
@@ -235,5 +244,5 @@ def chat_endpoint(request, endpoint_id: int, payload: ChatIn):
 
 @api_route(router, "delete", "/endpoints/{endpoint_id}", role=ADMIN, response={204: None})
 def delete_endpoint(request, endpoint_id: int):
-    services.endpoint_delete(endpoint=_get(endpoint_id), user=request.user, request=request)
+    services.endpoint_delete(endpoint=_get(request, endpoint_id, ADMIN), user=request.user, request=request)
     return 204, None

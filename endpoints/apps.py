@@ -15,7 +15,13 @@ class EndpointsConfig(AppConfig):
         from endpoints.telemetry import collect_replicas, endpoint_names, forget_endpoint_telemetry, served_facts
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
-        from workers.telemetry.sources import register_collector, register_endpoint_names, register_served_facts
+        from endpoints.gateway.selectors import key_teams
+        from workers.telemetry.sources import (
+            register_collector,
+            register_endpoint_names,
+            register_key_teams,
+            register_served_facts,
+        )
 
         register_workload("endpoints", ReplicaWorkload())
         register_image_runner(probe_container_command)  # a containerised node's engine is probed in its image
@@ -23,6 +29,7 @@ class EndpointsConfig(AppConfig):
         register_served_facts(served_facts)
         register_endpoint_names(endpoint_names)
         post_delete.connect(forget_endpoint_telemetry, sender=Endpoint, dispatch_uid="endpoints.forget_telemetry")
+        register_key_teams(key_teams)  # per-key series and /metrics labels: the key's team's to read
         # Defining the job kind registers it with the job runtime (workers.jobs).
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts

@@ -7,14 +7,18 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 ENDPOINT_NAME_PATTERN = r"[a-z0-9][a-z0-9-]{0,62}"  # also an endpoint's directories on its nodes (node_files)
 ENDPOINT_NAME = RegexValidator(
     rf"^{ENDPOINT_NAME_PATTERN}$", "Use lower-case letters, digits and '-' (URL-safe, up to 63)."
 )
 
 
-class Endpoint(models.Model):
+class Endpoint(TeamOwned):
     """The desired state of one served model. Node agents make their replicas match it."""
+
+    TEAM_PARENTS = ("artifact",)
 
     class Desired(models.TextChoices):
         RUNNING = "running"

@@ -2,14 +2,24 @@ from collections.abc import Collection
 
 from django.conf import settings
 
+from console.roles import VIEWER
+from console.teams import visible, visible_get
 from endpoints.autoscale import Sample
 from endpoints.models import Endpoint, ReplicaMember
 from workers.models import Device
 from workers.telemetry.models import Point, Series
 
 
-def endpoint_list():
-    return Endpoint.objects.select_related("artifact", "artifact__model", "node").prefetch_related("replica_set")
+def endpoint_list(*, user):
+    """The endpoints of the user's teams (every team's for the console Admin)."""
+    endpoints = Endpoint.objects.select_related("artifact", "artifact__model", "node").prefetch_related("replica_set")
+    return visible(endpoints, user)
+
+
+def endpoint_get(endpoint_id: int, *, user, role: str = VIEWER) -> Endpoint:
+    """404 for another team's endpoint; 403 where the user's role in its team is below `role`."""
+    endpoints = Endpoint.objects.select_related("artifact", "artifact__model", "node")
+    return visible_get(endpoints, user, role=role, pk=endpoint_id)
 
 
 def replicas_of(endpoint: Endpoint):

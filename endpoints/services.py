@@ -17,6 +17,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.audit import audit_log
+from console.roles import OPERATOR, at_least
+from console.teams import team_role, visible
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import float_in_range, int_in_range
 from endpoints.ascend_rules import launch_refusal as ascend_launch_refusal
@@ -95,11 +97,15 @@ def capacity_check(
     )
 
 
-def _launchable_artifact(artifact_id: int | None) -> Artifact:
-    try:
-        artifact = Artifact.objects.alive().select_related("model").get(pk=artifact_id)
-    except Artifact.DoesNotExist:
-        raise ValidationError({"artifact": "Choose an existing artifact."}) from None
+def _launchable_artifact(artifact_id: int | None, *, user) -> Artifact:
+    """An artifact of a team where `user` is an Operator (any, for a launch without a user: the system's); the new
+    endpoint joins its team (console.models.TeamOwned)."""
+    artifacts = Artifact.objects.alive().select_related("model")
+    artifact = (visible(artifacts, user) if user is not None else artifacts).filter(pk=artifact_id).first()
+    if artifact is None:
+        raise ValidationError({"artifact": "Choose an existing artifact."})
+    if user is not None and not at_least(team_role(user, artifact.team_id), OPERATOR):
+        raise ValidationError({"artifact": "Launching this artifact needs the Operator role in its team."})
     refusal = launch_refusal(artifact)
     if refusal:
         raise ValidationError({"artifact": refusal})
@@ -438,7 +444,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         raise ValidationError({"name": exc.messages}) from exc
     if Endpoint.objects.filter(name=name).exists():
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
-    artifact = _launchable_artifact(spec.artifact)
+    artifact = _launchable_artifact(spec.artifact, user=user)
     tp = int_in_range(spec.tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
     pp = int_in_range(spec.pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     roles = None

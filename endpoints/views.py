@@ -24,7 +24,7 @@ from workers.models import Node
 @require_role(VIEWER)
 @require_GET
 def endpoint_list(request):
-    return render(request, "endpoints/endpoint_list.html", {"endpoints": selectors.endpoint_list()})
+    return render(request, "endpoints/endpoint_list.html", {"endpoints": selectors.endpoint_list(user=request.user)})
 
 
 @require_role(OPERATOR)
@@ -99,9 +99,9 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             # Candidates to stage beside this one: other endpoints serving the same model name.
             "staged_options": [
                 (other.pk, f"{other.name} ({other.state})")
-                for other in Endpoint.objects.exclude(pk=endpoint.pk).filter(
-                    served_model_name=endpoint.served_model_name
-                )
+                for other in selectors.endpoint_list(user=request.user)
+                .exclude(pk=endpoint.pk)
+                .filter(served_model_name=endpoint.served_model_name)
             ]
             or [("", "no other endpoint")],
             "routing_choices": Endpoint.Routing.choices,
@@ -119,7 +119,7 @@ def _detail_page(request, endpoint, *, status=200, **extra):
 @require_role(VIEWER)
 @require_GET
 def endpoint_detail(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=VIEWER)
     return _detail_page(request, endpoint)
 
 
@@ -128,7 +128,7 @@ def endpoint_detail(request, endpoint_id: int):
 def endpoint_recipe_save(request, endpoint_id: int):
     """The endpoint page's "Save as recipe": its settings as the operator's recipe (a new version of a name saved
     before), audited by recipe_save. Refused: the page again, the errors under their fields."""
-    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model", "node"), pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     values = {"name": request.POST.get("name", "").strip(), "title": request.POST.get("title", "").strip()}
     try:
         recipe = recipe_save(
@@ -147,12 +147,12 @@ def endpoint_recipe_save(request, endpoint_id: int):
 @require_GET
 def endpoint_live(request, endpoint_id: int):
     """The live part of the endpoint page (state, replicas, events, log), polled by htmx."""
-    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "node"), pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=VIEWER)
     return render(request, "endpoints/_endpoint_live.html", _detail_context(endpoint, request.user))
 
 
 def _action(request, endpoint_id, service, done):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     try:
         service(endpoint=endpoint, user=request.user, request=request)
         messages.success(request, f"{endpoint.name}: {done}.")
@@ -183,7 +183,7 @@ def endpoint_restart(request, endpoint_id: int):
 @require_POST
 def endpoint_profiling(request, endpoint_id: int):
     """The endpoint page's Enable / Disable profiling button (its form posts enabled=1 or 0)."""
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     raw = request.POST.get("enabled", "")
     if raw not in ("0", "1"):  # never read as "disable": that restarts every replica
         messages.error(request, f"enabled must be 1 or 0, not {raw[:40]!r}: profiling is unchanged.")
@@ -210,7 +210,7 @@ def endpoint_profiling(request, endpoint_id: int):
 @require_POST
 def endpoint_routing(request, endpoint_id: int):
     """The endpoint page's gateway routing policy (least outstanding or prefix-aware)."""
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     try:
         endpoint = services.endpoint_update(
             endpoint=endpoint, routing=request.POST.get("routing", ""), user=request.user, request=request
@@ -228,7 +228,7 @@ def endpoint_routing(request, endpoint_id: int):
 @require_POST
 def endpoint_adapter(request, endpoint_id: int):
     """The endpoint page's LoRA section: load an adapter into the ready replicas, or unload one."""
-    endpoint = get_object_or_404(Endpoint.objects.select_related("artifact", "artifact__model"), pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     action = request.POST.get("action", "")
     try:
         result = endpoint_adapter_change(
@@ -253,7 +253,7 @@ def endpoint_adapter(request, endpoint_id: int):
 @require_role(ADMIN)
 @require_POST
 def endpoint_delete(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=ADMIN)
     try:
         services.endpoint_delete(endpoint=endpoint, user=request.user, request=request)
     except Conflict as exc:
@@ -266,7 +266,7 @@ def endpoint_delete(request, endpoint_id: int):
 @require_role(OPERATOR)
 @require_POST
 def endpoint_try(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     context = {"endpoint": endpoint, "message": request.POST.get("message", "")}
     try:
         context["answer"] = services.endpoint_chat(

@@ -1,4 +1,3 @@
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
@@ -18,6 +17,7 @@ class ModelIn(Schema):
     name: str
     path: str
     description: str = ""
+    team: int | None = None  # a team where the caller is an Operator; none: console.teams.team_for_new
 
 
 class AdapterIn(Schema):
@@ -42,6 +42,7 @@ def artifact_json(artifact: Artifact) -> dict:
     return {
         "id": artifact.pk,
         "model": artifact.model_id,
+        "team": artifact.team_id,
         "format": artifact.format,
         "name": artifact.name or None,  # a LoRA adapter's
         "dtype": artifact.dtype,
@@ -66,6 +67,7 @@ def model_json(model: Model, *, with_artifacts=True) -> dict:
     data = {
         "id": model.pk,
         "name": model.name,
+        "team": model.team_id,
         "description": model.description,
         "created_at": model.created_at.isoformat(),
     }
@@ -76,26 +78,34 @@ def model_json(model: Model, *, with_artifacts=True) -> dict:
 
 @api_route(router, "get", "/models", role=VIEWER, response=list[dict])
 def list_models(request):
-    return [model_json(m, with_artifacts=False) | {"artifact_count": m.artifact_count} for m in selectors.model_list()]
+    return [
+        model_json(m, with_artifacts=False) | {"artifact_count": m.artifact_count}
+        for m in selectors.model_list(user=request.user)
+    ]
 
 
 @api_route(router, "post", "/models", role=OPERATOR, response={201: dict})
 def register_model(request, payload: ModelIn):
     model = services.model_register(
-        name=payload.name, path=payload.path, description=payload.description, user=request.user, request=request
+        name=payload.name,
+        path=payload.path,
+        description=payload.description,
+        team_id=payload.team,
+        user=request.user,
+        request=request,
     )
     return 201, model_json(model)
 
 
 @api_route(router, "get", "/models/{model_id}", role=VIEWER, response=dict)
 def get_model(request, model_id: int):
-    return model_json(get_object_or_404(Model.objects.alive(), pk=model_id))
+    return model_json(selectors.model_get(model_id, user=request.user, role=VIEWER))
 
 
 @api_route(router, "post", "/models/{model_id}/adapters", role=OPERATOR, response={201: dict})
 def register_adapter(request, model_id: int, payload: AdapterIn):
     """Register a LoRA adapter (a PEFT directory inside MODEL_ROOTS) for this model; it must fit its checkpoints."""
-    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    model = selectors.model_get(model_id, user=request.user, role=OPERATOR)
     adapter = services.adapter_register(
         model=model, name=payload.name, path=payload.path, user=request.user, request=request
     )
@@ -104,40 +114,40 @@ def register_adapter(request, model_id: int, payload: AdapterIn):
 
 @api_route(router, "get", "/models/{model_id}/adapters", role=VIEWER, response=list[dict])
 def list_adapters(request, model_id: int):
-    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    model = selectors.model_get(model_id, user=request.user, role=VIEWER)
     return [artifact_json(a) for a in model.artifacts.alive().filter(format=Artifact.Format.LORA)]
 
 
 @api_route(router, "delete", "/models/{model_id}", role=ADMIN, response={204: None})
 def delete_model(request, model_id: int):
     services.model_delete(
-        model=get_object_or_404(Model.objects.alive(), pk=model_id), user=request.user, request=request
+        model=selectors.model_get(model_id, user=request.user, role=ADMIN), user=request.user, request=request
     )
     return 204, None
 
 
 @api_route(router, "get", "/artifacts/{artifact_id}", role=VIEWER, response=dict)
 def get_artifact(request, artifact_id: int):
-    return artifact_json(get_object_or_404(Artifact.objects.alive(), pk=artifact_id))
+    return artifact_json(selectors.artifact_get(artifact_id, user=request.user, role=VIEWER))
 
 
 @api_route(router, "get", "/artifacts/{artifact_id}/capacity", role=VIEWER, response=dict)
 def get_capacity(request, artifact_id: int, memory_utilization: float | None = None):
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=VIEWER)
     return artifact_capacity(artifact, memory_utilization=memory_utilization)
 
 
 @api_route(router, "delete", "/artifacts/{artifact_id}", role=ADMIN, response={204: None})
 def delete_artifact(request, artifact_id: int):
     services.artifact_delete(
-        artifact=get_object_or_404(Artifact.objects.alive(), pk=artifact_id), user=request.user, request=request
+        artifact=selectors.artifact_get(artifact_id, user=request.user, role=ADMIN), user=request.user, request=request
     )
     return 204, None
 
 
 @api_route(router, "post", "/artifacts/{artifact_id}/convert", role=OPERATOR, response={202: dict})
 def convert_artifact(request, artifact_id: int, payload: ConvertIn):
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=OPERATOR)
     job = services.artifact_convert(
         artifact=artifact, user=request.user, options=ConvertOptions(**payload.dict()), request=request
     )

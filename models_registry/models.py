@@ -4,6 +4,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 NAME_VALIDATOR = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
     "Use letters, digits, '.', '_' and '-' (up to 100), starting with a letter or digit.",
@@ -15,7 +17,7 @@ class ModelQuerySet(models.QuerySet):
         return self.filter(deleted_at__isnull=True)
 
 
-class Model(models.Model):
+class Model(TeamOwned):
     """A model as ops staff name it; its files are Artifacts (the original and every derivative)."""
 
     name = models.CharField(max_length=100, unique=True, validators=[NAME_VALIDATOR])
@@ -43,7 +45,9 @@ class ArtifactQuerySet(models.QuerySet):
         return self.exclude(status=Artifact.Status.DELETED)
 
 
-class Artifact(models.Model):
+class Artifact(TeamOwned):
+    TEAM_PARENTS = ("model",)
+
     class Format(models.TextChoices):
         HF = "hf", "Hugging Face"
         GGUF = "gguf", "GGUF"

@@ -6,30 +6,34 @@ from django.conf import settings
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Count, Q
 
+from console.roles import VIEWER
+from console.teams import visible, visible_get
 from models_registry import hooks
 from models_registry.models import Artifact, Model
 from workers.jobs.context import free_bytes
 from workers.jobs.selectors import jobs_on
 
 
-def model_list():
-    return Model.objects.alive().annotate(
+def model_list(*, user):
+    """The models of the user's teams (every team's for the console Admin)."""
+    return visible(Model.objects.alive(), user).annotate(
         artifact_count=Count("artifacts", filter=~Q(artifacts__status=Artifact.Status.DELETED))
     )
 
 
-def model_get(model_id: int) -> Model:
-    return Model.objects.alive().get(pk=model_id)
+def model_get(model_id: int, *, user, role: str = VIEWER) -> Model:
+    """404 for another team's model; 403 where the user's role in its team is below `role`."""
+    return visible_get(Model.objects.alive(), user, role=role, pk=model_id)
 
 
 def artifacts_of(model: Model):
     return model.artifacts.alive().select_related("parent", "producing_job").order_by("created_at", "id")
 
 
-def artifact_get(artifact_id: int) -> Artifact:
-    return (
-        Artifact.objects.alive().select_related("model", "parent").get(pk=artifact_id, model__deleted_at__isnull=True)
-    )
+def artifact_get(artifact_id: int, *, user, role: str = VIEWER) -> Artifact:
+    """404 for another team's artifact; 403 where the user's role in its team is below `role`."""
+    artifacts = Artifact.objects.alive().select_related("model", "parent")
+    return visible_get(artifacts, user, role=role, pk=artifact_id)
 
 
 def artifact_jobs(artifact: Artifact):

@@ -8,6 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.audit import audit_log
+from console.teams import team_for_new
 from console.exceptions import Conflict, ServiceUnavailable
 from console.validation import int_in_range
 from models_registry.convert.atc import ATC_PRECISION_MODES, normalize_soc
@@ -40,8 +41,12 @@ def _dtype_of(inspection: dict) -> str:
     return str(quant.get("scheme") or inspection.get("dtype") or "")
 
 
-def model_register(*, name: str, path: str, user, description: str = "", request=None) -> Model:
-    """Register a model from a path on the server. Nothing is written unless every check passes."""
+def model_register(
+    *, name: str, path: str, user, description: str = "", team_id: int | None = None, request=None
+) -> Model:
+    """Register a model from a path on the server, for a team of the user's (console.teams.team_for_new). Nothing
+    is written unless every check passes."""
+    team_id = team_for_new(user, team_id)
     name = (name or "").strip()
     if not name:
         raise ValidationError({"name": "Enter a name."})
@@ -61,7 +66,7 @@ def model_register(*, name: str, path: str, user, description: str = "", request
         raise ValidationError({"path": str(exc)}) from exc
     try:
         with transaction.atomic():
-            model = Model.objects.create(name=name, description=description, created_by=user)
+            model = Model.objects.create(name=name, description=description, created_by=user, team_id=team_id)
             artifact = Artifact.objects.create(
                 model=model,
                 format=_format_of(inspection),

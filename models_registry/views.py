@@ -1,6 +1,6 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
@@ -9,7 +9,6 @@ from console.validation import NumberError, field_errors, parse_float
 from models_registry import hooks, selectors, services
 from models_registry.capacity_view import artifact_capacity, reference_devices
 from models_registry.forms import ConvertForm
-from models_registry.models import Artifact, Model
 from models_registry.quantize.selectors import modelslim_scheme_support
 
 
@@ -21,7 +20,7 @@ def _errors(exc: ValidationError) -> dict:
 @require_role(VIEWER)
 @require_GET
 def model_list(request):
-    return render(request, "models_registry/model_list.html", {"models": selectors.model_list()})
+    return render(request, "models_registry/model_list.html", {"models": selectors.model_list(user=request.user)})
 
 
 @require_role(OPERATOR)
@@ -57,7 +56,7 @@ def model_register(request):
 @require_role(VIEWER)
 @require_GET
 def model_detail(request, model_id: int):
-    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    model = selectors.model_get(model_id, user=request.user, role=VIEWER)
     return render(
         request, "models_registry/model_detail.html", {"model": model, "artifacts": selectors.artifacts_of(model)}
     )
@@ -66,7 +65,7 @@ def model_detail(request, model_id: int):
 @require_role(ADMIN)
 @require_POST
 def model_delete(request, model_id: int):
-    model = get_object_or_404(Model.objects.alive(), pk=model_id)
+    model = selectors.model_get(model_id, user=request.user, role=ADMIN)
     if request.POST.get("confirm") != model.name:
         messages.error(request, f"Type the model's name ({model.name}) to confirm the delete.")
         return redirect(model)
@@ -167,14 +166,14 @@ def _float(raw):
 @require_role(VIEWER)
 @require_GET
 def artifact_detail(request, artifact_id: int):
-    artifact = get_object_or_404(Artifact.objects.alive().select_related("model", "parent"), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=VIEWER)
     return render(request, "models_registry/artifact_detail.html", _artifact_context(request, artifact))
 
 
 @require_role(OPERATOR)
 @require_POST
 def artifact_convert(request, artifact_id: int):
-    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=OPERATOR)
     form = ConvertForm(request.POST, artifact=artifact)
     try:
         job = services.artifact_convert(artifact=artifact, user=request.user, options=form.options(), request=request)
@@ -193,7 +192,7 @@ def artifact_convert(request, artifact_id: int):
 @require_role(ADMIN)
 @require_POST
 def artifact_delete(request, artifact_id: int):
-    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=ADMIN)
     if request.POST.get("confirm") != "delete":
         messages.error(request, "Type 'delete' to confirm.")
         return redirect(artifact)
@@ -210,5 +209,5 @@ def artifact_delete(request, artifact_id: int):
 @require_GET
 def artifact_jobs(request, artifact_id: int):
     """The artifact page's job table, polled while a job on it is active."""
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = selectors.artifact_get(artifact_id, user=request.user, role=VIEWER)
     return render(request, "models_registry/_artifact_jobs.html", _jobs_context(artifact))

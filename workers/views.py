@@ -115,7 +115,7 @@ def node_detail(request, node_id: int):
     return _node_page(request, get_object_or_404(Node, pk=node_id))
 
 
-@require_role(ADMIN)
+@require_role(ADMIN, whole_console=True)
 @require_POST
 def node_engine_runtime(request, node_id: int):
     """Admin: how this node's agent runs replicas (process, or vllm-ascend's image under Docker/Podman)."""

@@ -2,7 +2,6 @@
 read results (vLLM's own field names), compare runs, cancel."""
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
@@ -118,7 +117,7 @@ def create_benchmark(request, payload: BenchmarkIn):
 
 @api_route(router, "get", "/benchmarks", role=VIEWER, response=list[dict])
 def list_benchmarks(request, endpoint: str = "", status: str = "", limit: int = 100):
-    runs = selectors.run_list(endpoint=endpoint or None, state=status)
+    runs = selectors.run_list(user=request.user, endpoint=endpoint or None, state=status)
     return [run_json(r) for r in list(runs[: max(1, min(limit, 500))])]
 
 
@@ -132,7 +131,9 @@ def compare_benchmarks(request, runs: str, baseline: int | None = None):
         from django.core.exceptions import ValidationError
 
         raise ValidationError({"cost": str(exc)}) from None
-    return compare.compare_rows(selectors.runs_by_ids(selectors.parse_ids(runs)), baseline_id=baseline, rates=rates)
+    return compare.compare_rows(
+        selectors.runs_by_ids(selectors.parse_ids(runs), user=request.user), baseline_id=baseline, rates=rates
+    )
 
 
 # Before /benchmarks/{run_id}: ninja's path parameters match any segment.
@@ -144,13 +145,13 @@ def create_sweep(request, payload: SweepIn):
 
 @api_route(router, "get", "/benchmarks/sweeps/{sweep_id}", role=VIEWER, response=dict)
 def get_sweep(request, sweep_id: int):
-    return sweep_json(get_object_or_404(BenchmarkSweep, pk=sweep_id))
+    return sweep_json(selectors.sweep_get(sweep_id, user=request.user))
 
 
 @api_route(router, "get", "/benchmarks/{run_id}", role=VIEWER, response=dict)
 def get_benchmark(request, run_id: int, detail: bool = False):
     try:
-        run = selectors.run_get(run_id)
+        run = selectors.run_get(run_id, user=request.user)
     except BenchmarkRun.DoesNotExist:
         raise Http404 from None
     return run_json(run, detail=detail)
@@ -158,8 +159,8 @@ def get_benchmark(request, run_id: int, detail: bool = False):
 
 @api_route(router, "post", "/benchmarks/{run_id}/cancel", role=OPERATOR, response=dict)
 def cancel_benchmark(request, run_id: int):
-    run = get_object_or_404(BenchmarkRun.objects.select_related("job"), pk=run_id)
+    run = selectors.run_get(run_id, user=request.user, role=OPERATOR)
     if run.job is None:
         raise Conflict(f"Benchmark #{run.pk} has no job to cancel.")
     services.benchmark_cancel(job=run.job, user=request.user, request=request)
-    return run_json(selectors.run_get(run.pk))
+    return run_json(selectors.run_get(run.pk, user=request.user))

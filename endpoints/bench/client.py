@@ -64,6 +64,7 @@ def gateway_key(run: BenchmarkRun, endpoint: Endpoint):
         name=f"benchmark #{run.pk}",
         endpoints=[endpoint.name],
         actor=run.created_by,
+        team_id=endpoint.team_id,
         via="job",
         expires_at=timezone.now() + timedelta(seconds=run.timeout_s + 600),
     )

@@ -9,6 +9,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 __all__ = ["BENCH_ENDED", "BenchStatus", "BenchmarkRun", "BenchmarkSweep"]
 
 
@@ -23,8 +25,10 @@ class BenchStatus(models.TextChoices):
 BENCH_ENDED = (BenchStatus.SUCCEEDED, BenchStatus.FAILED, BenchStatus.CANCELLED)
 
 
-class BenchmarkSweep(models.Model):
+class BenchmarkSweep(TeamOwned):
     """A concurrency sweep: one job runs one BenchmarkRun per concurrency level, in order."""
+
+    TEAM_PARENTS = ("endpoint",)
 
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="benchmark_sweeps"
@@ -85,7 +89,8 @@ class BenchmarkRunManager(models.Manager):
         return super().get_queryset().defer("detail", "telemetry")
 
 
-class BenchmarkRun(models.Model):
+class BenchmarkRun(TeamOwned):
+    TEAM_PARENTS = ("sweep", "endpoint")
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="benchmarks"
     )

@@ -2,13 +2,17 @@
 
 from django.db.models import Q
 
+from console.roles import VIEWER
+from console.teams import visible, visible_get
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep, BenchStatus
 
 STATES = [s.value for s in BenchStatus]
 
 
-def run_list(*, endpoint: str | int | None = None, state: str = "", sweeps: bool = True):
+def run_list(*, user, endpoint: str | int | None = None, state: str = "", sweeps: bool = True):
+    """The benchmarks of the user's teams (every team's for the console Admin)."""
     runs = BenchmarkRun.objects.select_related("job", "endpoint", "created_by", "sweep").defer("detail", "telemetry")
+    runs = visible(runs, user)
     if endpoint not in (None, ""):
         if str(endpoint).isdigit():
             runs = runs.filter(Q(endpoint_id=int(endpoint)) | Q(endpoint_name=str(endpoint)))
@@ -40,15 +44,17 @@ def active_for_endpoint(endpoint):
     )
 
 
-def run_get(run_id: int) -> BenchmarkRun:
-    return BenchmarkRun.objects.select_related("job", "endpoint", "created_by", "sweep").get(pk=run_id)
+def run_get(run_id: int, *, user, role: str = VIEWER) -> BenchmarkRun:
+    """404 for another team's benchmark; 403 where the user's role in its team is below `role`."""
+    runs = BenchmarkRun.objects.select_related("job", "endpoint", "created_by", "sweep")
+    return visible_get(runs, user, role=role, pk=run_id)
 
 
-def runs_by_ids(ids) -> list[BenchmarkRun]:
+def runs_by_ids(ids, *, user) -> list[BenchmarkRun]:
+    """The user's teams' runs among `ids`, in that order (another team's are left out, as if they did not exist)."""
     ids = [int(i) for i in ids]
-    found = {
-        r.pk: r for r in BenchmarkRun.objects.filter(pk__in=ids).select_related("job").defer("detail", "telemetry")
-    }
+    runs = visible(BenchmarkRun.objects.filter(pk__in=ids), user).select_related("job").defer("detail", "telemetry")
+    found = {r.pk: r for r in runs}
     seen, ordered = set(), []
     for i in ids:
         if i in found and i not in seen:
@@ -57,12 +63,15 @@ def runs_by_ids(ids) -> list[BenchmarkRun]:
     return ordered
 
 
-def sweep_list(limit: int = 20):
-    return BenchmarkSweep.objects.select_related("job", "created_by").prefetch_related("runs__job")[:limit]
+def sweep_list(*, user, limit: int = 20):
+    sweeps = BenchmarkSweep.objects.select_related("job", "created_by").prefetch_related("runs__job")
+    return visible(sweeps, user)[:limit]
 
 
-def sweep_get(sweep_id: int) -> BenchmarkSweep:
-    return BenchmarkSweep.objects.select_related("job", "endpoint", "created_by").get(pk=sweep_id)
+def sweep_get(sweep_id: int, *, user, role: str = VIEWER) -> BenchmarkSweep:
+    """404 for another team's sweep; 403 where the user's role in its team is below `role`."""
+    sweeps = BenchmarkSweep.objects.select_related("job", "endpoint", "created_by")
+    return visible_get(sweeps, user, role=role, pk=sweep_id)
 
 
 def sweep_points(sweep: BenchmarkSweep) -> list[dict]:

@@ -8,6 +8,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.audit import audit_log
+from console.roles import OPERATOR, at_least
+from console.teams import team_role
 from endpoints.bench.models import BENCH_ENDED, BenchmarkRun, BenchmarkSweep, BenchStatus
 from endpoints.bench.workload import (
     DEDUPE,
@@ -71,9 +73,12 @@ def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeo
     )
 
 
-def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_file_name: str):
-    """(endpoint, prompt rows, the prompt file's path, its name, an upload's content still to store)."""
+def _prepare(endpoint_ref, prompt_file, stored_prompt_path: str | None, prompt_file_name: str, *, user):
+    """(endpoint, prompt rows, the prompt file's path, its name, an upload's content still to store). Only an
+    endpoint of a team where `user` is an Operator: another team's is refused as if it did not exist."""
     endpoint = resolve_endpoint(endpoint_ref)
+    if user is not None and not at_least(team_role(user, endpoint.team_id), OPERATOR):
+        raise ValidationError({"endpoint": "Choose an endpoint of this console (its id or name)."})
     rows, path, file_name, upload = None, None, "", None
     if stored_prompt_path:  # a retry: the file the first run stored
         path = Path(stored_prompt_path)
@@ -109,7 +114,9 @@ def benchmark_create(
 ) -> BenchmarkRun:
     """Validate one benchmark of an endpoint (its id or name) and queue it on the endpoint's node.
     `prompt_file`: uploaded JSONL (a file or its content); a retry passes the stored file instead."""
-    endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    endpoint, rows, path, file_name, upload = _prepare(
+        endpoint, prompt_file, stored_prompt_path, prompt_file_name, user=user
+    )
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows)
     _check_ready(endpoint, cleaned["replica"])
     params = {
@@ -168,7 +175,9 @@ def sweep_create(
     prompt_file_name: str = "",
 ) -> BenchmarkSweep:
     """A concurrency sweep (1, 2, 4, … N) in one job: one run per level, in order."""
-    endpoint, rows, path, file_name, upload = _prepare(endpoint, prompt_file, stored_prompt_path, prompt_file_name)
+    endpoint, rows, path, file_name, upload = _prepare(
+        endpoint, prompt_file, stored_prompt_path, prompt_file_name, user=user
+    )
     cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows, sweep=True)
     if cleaned["request_rate"] is not None:
         raise ValidationError({"request_rate": "A sweep varies the concurrency; leave the request rate empty."})

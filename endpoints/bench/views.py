@@ -5,7 +5,7 @@ from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
@@ -23,7 +23,7 @@ from endpoints.models import Endpoint
 @require_GET
 def bench_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("endpoint", "state")}
-    runs = selectors.run_list(endpoint=filters["endpoint"] or None, state=filters["state"])
+    runs = selectors.run_list(user=request.user, endpoint=filters["endpoint"] or None, state=filters["state"])
     page = Paginator(runs, 50).get_page(request.GET.get("page"))
     return render(
         request,
@@ -32,7 +32,7 @@ def bench_list(request):
             "page": page,
             "filters": filters,
             "states": selectors.STATES,
-            "sweeps": selectors.sweep_list(),
+            "sweeps": selectors.sweep_list(user=request.user),
             "endpoints": Endpoint.objects.order_by("name"),
         },
     )
@@ -77,11 +77,8 @@ def _back(endpoint_ref: str):
     return redirect(endpoint) if endpoint else redirect("bench_list")
 
 
-def _run(run_id) -> BenchmarkRun:
-    try:
-        return selectors.run_get(run_id)
-    except BenchmarkRun.DoesNotExist:
-        raise Http404 from None
+def _run(request, run_id) -> BenchmarkRun:
+    return selectors.run_get(run_id, user=request.user)
 
 
 def _charts(run: BenchmarkRun) -> dict:
@@ -104,7 +101,7 @@ LATENCY_ROWS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "En
 @require_role(VIEWER)
 @require_GET
 def bench_detail(request, run_id: int):
-    run = _run(run_id)
+    run = _run(request, run_id)
 
     result = run.result or {}
     latency = [
@@ -131,7 +128,7 @@ def bench_detail(request, run_id: int):
 @require_GET
 def bench_status(request, run_id: int):
     """The live part of a run's page, polled by htmx; the page reloads (charts) when it ends."""
-    run = _run(run_id)
+    run = _run(request, run_id)
     response = render(request, "bench/_run_status.html", {"run": run})
     if not run.is_active and request.GET.get("was") == "active":
         response["HX-Refresh"] = "true"
@@ -142,7 +139,7 @@ def bench_status(request, run_id: int):
 @require_GET
 def bench_result_json(request, run_id: int):
     """vLLM's saved result, as written (per-request arrays included)."""
-    run = _run(run_id)
+    run = _run(request, run_id)
     if run.result_path:
         try:
             response = FileResponse(open(run.result_path, "rb"), content_type="application/json")
@@ -173,14 +170,14 @@ def _cancel(request, job, what, target):
 @require_role(OPERATOR)
 @require_POST
 def bench_cancel(request, run_id: int):
-    run = get_object_or_404(BenchmarkRun.objects.select_related("job"), pk=run_id)
+    run = selectors.run_get(run_id, user=request.user, role=OPERATOR)
     return _cancel(request, run.job, f"Benchmark #{run.pk}", run)
 
 
 @require_role(OPERATOR)
 @require_POST
 def bench_sweep_cancel(request, sweep_id: int):
-    sweep = get_object_or_404(BenchmarkSweep.objects.select_related("job"), pk=sweep_id)
+    sweep = selectors.sweep_get(sweep_id, user=request.user, role=OPERATOR)
     return _cancel(request, sweep.job, f"Sweep #{sweep.pk}", sweep)
 
 
@@ -188,7 +185,7 @@ def bench_sweep_cancel(request, sweep_id: int):
 @require_GET
 def bench_sweep_detail(request, sweep_id: int):
     try:
-        sweep = selectors.sweep_get(sweep_id)
+        sweep = selectors.sweep_get(sweep_id, user=request.user)
     except BenchmarkSweep.DoesNotExist:
         raise Http404 from None
     points = selectors.sweep_points(sweep)
@@ -214,7 +211,7 @@ def _compare_table(request):
         error = ""
     except ValueError as exc:
         rates, error = compare.cost_rates(), f"Costs: {exc}. Using the configured costs."
-    runs = selectors.runs_by_ids(ids)
+    runs = selectors.runs_by_ids(ids, user=request.user)
     table = compare.compare_rows(runs, baseline_id=int(baseline) if baseline.isdigit() else None, rates=rates)
     return ids, table, overrides, error
 

@@ -1,15 +1,14 @@
 """API of the gateway: application keys (Admin) and blue-green moves, canary shares and SLO-gated
 rollouts (Operator)."""
 
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
 from console.api_auth import api_route
 from console.roles import ADMIN, OPERATOR
-from endpoints.gateway import services
+from endpoints.gateway import selectors, services
 from endpoints.gateway.models import GatewayKey
-from endpoints.models import Endpoint
+from endpoints.selectors import endpoint_get
 
 router = Router(tags=["gateway"])
 
@@ -23,6 +22,7 @@ class KeyIn(Schema):
     expires_days: float | None = None
     rpm_limit: int | None = None
     tpm_limit: int | None = None
+    team: int | None = None  # a team where the caller is an Admin; none: console.teams.team_for_new
 
 
 class LimitsIn(Schema):
@@ -62,6 +62,7 @@ def key_json(k: GatewayKey) -> dict:
     return {
         "id": k.pk,
         "name": k.name,
+        "team": k.team_id,
         "prefix": k.prefix,
         "models": k.models_scope,
         "endpoints": k.endpoints_scope,
@@ -104,7 +105,7 @@ def rollout_json(gw) -> dict:
 
 @api_route(router, "GET", "/gateway/keys", role=ADMIN)
 def list_keys(request):
-    return [key_json(k) for k in GatewayKey.objects.all()]
+    return [key_json(k) for k in selectors.key_list(user=request.user)]
 
 
 @api_route(router, "POST", "/gateway/keys", role=ADMIN, response={201: dict})
@@ -116,6 +117,7 @@ def create_key(request, data: KeyIn):
         expires_days=data.expires_days,
         rpm_limit=data.rpm_limit,
         tpm_limit=data.tpm_limit,
+        team_id=data.team,
         actor=request.user,
         request=request,
     )
@@ -124,7 +126,7 @@ def create_key(request, data: KeyIn):
 
 @api_route(router, "GET", "/gateway/keys/{key_id}", role=ADMIN)
 def get_key(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     # Per-minute usage lives in the telemetry store (requests, tokens, errors, latency): the series API charts it.
     return {
         **key_json(key),
@@ -137,13 +139,13 @@ def get_key(request, key_id: int):
 @api_route(router, "POST", "/gateway/keys/{key_id}/revoke", role=ADMIN)
 def revoke_key(request, key_id: int):
     return key_json(
-        services.key_revoke(key=get_object_or_404(GatewayKey, pk=key_id), actor=request.user, request=request)
+        services.key_revoke(key=selectors.key_get(key_id, user=request.user), actor=request.user, request=request)
     )
 
 
 @api_route(router, "POST", "/gateway/keys/{key_id}/limits", role=ADMIN)
 def key_limits(request, key_id: int, data: LimitsIn):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     given = {"rpm_limit": key.rpm_limit, "tpm_limit": key.tpm_limit, **data.model_dump(exclude_unset=True)}
     return key_json(
         services.key_update_limits(
@@ -154,7 +156,7 @@ def key_limits(request, key_id: int, data: LimitsIn):
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/stage", role=OPERATOR)
 def stage(request, endpoint_id: int, data: StageIn):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     staged = services.staged_endpoint(data.staged)
     return pair_json(
         services.stage(
@@ -166,14 +168,18 @@ def stage(request, endpoint_id: int, data: StageIn):
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/switch", role=OPERATOR)
 def switch(request, endpoint_id: int):
     return pair_json(
-        services.switch(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user, request=request)
+        services.switch(
+            endpoint=endpoint_get(endpoint_id, user=request.user, role=OPERATOR), actor=request.user, request=request
+        )
     )
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollback", role=OPERATOR)
 def rollback(request, endpoint_id: int):
     return pair_json(
-        services.rollback(endpoint=get_object_or_404(Endpoint, pk=endpoint_id), actor=request.user, request=request)
+        services.rollback(
+            endpoint=endpoint_get(endpoint_id, user=request.user, role=OPERATOR), actor=request.user, request=request
+        )
     )
 
 
@@ -182,7 +188,7 @@ def canary(request, endpoint_id: int, data: CanaryIn):
     """A share of the requests (percent) to the staged deployment, the rest to the live one."""
     return pair_json(
         services.set_canary(
-            endpoint=get_object_or_404(Endpoint, pk=endpoint_id),
+            endpoint=endpoint_get(endpoint_id, user=request.user, role=OPERATOR),
             percent=data.percent,
             actor=request.user,
             request=request,
@@ -193,7 +199,7 @@ def canary(request, endpoint_id: int, data: CanaryIn):
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollout", role=OPERATOR)
 def rollout(request, endpoint_id: int, data: RolloutIn):
     """SLO thresholds, window, step plan and automatic rollout (`manage.py serving_controller` applies it)."""
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     current = rollout_json(services.endpoint_settings(endpoint))
     given = {**current, **data.model_dump(exclude_unset=True)}
     return pair_json(

@@ -7,12 +7,12 @@ import secrets
 from django.conf import settings
 from django.db import models
 
-from console.models import RevocableSecret
+from console.models import RevocableSecret, TeamOwned
 
 __all__ = ["GatewayKey", "GatewayEndpoint"]
 
 
-class GatewayKey(RevocableSecret):
+class GatewayKey(RevocableSecret, TeamOwned):
     """A key one application sends to the gateway (`Authorization: Bearer gk_…`). Only its
     SHA-256 is stored; the raw key is shown once. Empty scopes mean every model."""
 

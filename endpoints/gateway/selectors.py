@@ -10,6 +10,8 @@ from django.conf import settings
 from django.db.models import F
 
 from console.models import hash_token
+from console.roles import ADMIN
+from console.teams import visible, visible_get
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
@@ -304,3 +306,18 @@ def auto_rollouts():
     return GatewayEndpoint.objects.filter(
         rollout_auto=True, staged__isnull=False, serving=GatewayEndpoint.Serving.LIVE
     ).select_related("endpoint", "staged")
+
+
+def key_list(*, user):
+    """The gateway keys of the user's teams (every team's for the console Admin)."""
+    return visible(GatewayKey.objects.all(), user)
+
+
+def key_get(key_id: int, *, user, role: str = ADMIN) -> GatewayKey:
+    """A key is its team's Admins' to see and manage (and the console Admin's): 404 for another team's key."""
+    return visible_get(GatewayKey.objects.all(), user, role=role, pk=key_id)
+
+
+def key_teams() -> dict[int, int]:
+    """Each gateway key's team, for telemetry (workers.telemetry.sources.register_key_teams)."""
+    return dict(GatewayKey.objects.values_list("pk", "team_id"))

@@ -14,6 +14,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.audit import audit_log
+from console.roles import ADMIN
+from console.teams import team_for_new
 from console.models import hash_token
 from console.validation import float_in_range, int_in_range
 from endpoints.endpoint_spec import EndpointSpec
@@ -50,11 +52,16 @@ def key_create(
     expires_at: datetime | None = None,
     rpm_limit: int | None = None,
     tpm_limit: int | None = None,
+    team_id: int | None = None,
     actor=None,
     request=None,
     via: str = "",
 ) -> tuple[GatewayKey, str]:
-    """Create a gateway key; returns (key, raw). The raw key is not stored anywhere."""
+    """Create a gateway key for a team where `actor` is an Admin (console.teams.team_for_new); returns (key, raw).
+    The raw key is not stored anywhere."""
+    # A job's key (a benchmark's own, endpoints.bench.client) is made for the system in the endpoint's team, which
+    # the run's Operator could use: only a person's key needs their Admin role in its team.
+    team_id = team_id if via == "job" and team_id is not None else team_for_new(actor, team_id, role=ADMIN)
     name = name.strip()
     if not name:
         raise ValidationError("Give the key a name (the application that will use it).")
@@ -81,6 +88,7 @@ def key_create(
         tpm_limit=_limit(tpm_limit, "tpm_limit", "Tokens per minute"),
         expires_at=expires_at,
         created_by=actor if actor is not None and getattr(actor, "pk", None) else None,
+        team_id=team_id,
     )
     audit_log(
         actor=actor,

@@ -4,15 +4,16 @@ is shown once), each key's usage, and the blue-green and canary controls of an e
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
 from console.validation import error_text, field_errors
-from endpoints.gateway import services
+from endpoints.gateway import selectors, services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
 from endpoints.gateway.models import GatewayKey
 from endpoints.models import Endpoint
+from endpoints.selectors import endpoint_get, endpoint_list
 
 
 @require_role(ADMIN)
@@ -22,15 +23,17 @@ def key_list(request):
 
 
 def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str = "", form: KeyCreateForm | None = None):
-    endpoints = Endpoint.objects.order_by("name")
+    endpoints = endpoint_list(user=request.user).order_by("name")
     # A key's model scope may name a served model or a LoRA adapter an endpoint holds (gateway.selectors).
     models = set(endpoints.exclude(served_model_name="").values_list("served_model_name", flat=True))
-    models |= set(Endpoint.adapters.through.objects.values_list("artifact__name", flat=True))
+    models |= set(
+        Endpoint.adapters.through.objects.filter(endpoint__in=endpoints).values_list("artifact__name", flat=True)
+    )
     return render(
         request,
         "gateway/keys.html",
         {
-            "keys": GatewayKey.objects.all(),
+            "keys": selectors.key_list(user=request.user),
             "new_key": new_raw,
             "new_key_obj": new_key,
             "gateway_url": settings.GATEWAY_URL,
@@ -62,7 +65,7 @@ def key_create(request):
 @require_role(ADMIN)
 @require_POST
 def key_revoke(request, key_id: int):
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     services.key_revoke(key=key, actor=request.user, request=request)
     messages.success(request, f"Key {key} revoked: the gateway refuses it within seconds.")
     return redirect("gateway_key_list")
@@ -72,7 +75,7 @@ def key_revoke(request, key_id: int):
 @require_POST
 def key_limits(request, key_id: int):
     """A refused limit is shown beside its field on the key's page (400); nothing is changed."""
-    key = get_object_or_404(GatewayKey, pk=key_id)
+    key = selectors.key_get(key_id, user=request.user)
     form = KeyLimitsForm(request.POST)
     if form.is_valid():
         try:
@@ -89,7 +92,7 @@ def key_limits(request, key_id: int):
 @require_role(ADMIN)
 @require_GET
 def key_detail(request, key_id: int):
-    return _key_page(request, get_object_or_404(GatewayKey, pk=key_id))
+    return _key_page(request, selectors.key_get(key_id, user=request.user))
 
 
 def _key_page(request, key: GatewayKey, *, form: KeyLimitsForm | None = None):
@@ -100,7 +103,7 @@ def _key_page(request, key: GatewayKey, *, form: KeyLimitsForm | None = None):
 @require_role(OPERATOR)
 @require_POST
 def endpoint_bluegreen(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     form = BlueGreenForm(request.POST)
     if not form.is_valid():
         messages.error(request, form_error_text(form))
@@ -127,7 +130,7 @@ def endpoint_bluegreen(request, endpoint_id: int):
 @require_role(OPERATOR)
 @require_POST
 def endpoint_rollout(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     form = RolloutForm(request.POST)
     if not form.is_valid():
         messages.error(request, form_error_text(form))

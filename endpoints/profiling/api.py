@@ -2,14 +2,13 @@
 load), read the breakdown, top operators and advice, delete."""
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
-from endpoints.models import Endpoint
 from endpoints.profiling import selectors, services
+from endpoints.selectors import endpoint_get
 from endpoints.profiling.models import Profile
 
 router = Router(tags=["profiles"])
@@ -57,8 +56,8 @@ def profile_json(profile: Profile, *, detail: bool = True) -> dict:
     return data
 
 
-def _profile(endpoint_id: int, profile_id: int) -> Profile:
-    profile = get_object_or_404(Profile.objects.select_related("job", "created_by"), pk=profile_id)
+def _profile(request, endpoint_id: int, profile_id: int, role: str) -> Profile:
+    profile = selectors.profile_get(profile_id, user=request.user, role=role)
     if profile.endpoint_id != endpoint_id:
         raise Http404
     return profile
@@ -66,7 +65,7 @@ def _profile(endpoint_id: int, profile_id: int) -> Profile:
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/profiles", role=OPERATOR, response={202: dict})
 def create_profile(request, endpoint_id: int, payload: ProfileIn):
-    endpoint = get_object_or_404(Endpoint.objects.select_related("node", "artifact"), pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     profile = services.profile_create(
         endpoint=endpoint,
         replica=payload.replica,
@@ -81,7 +80,7 @@ def create_profile(request, endpoint_id: int, payload: ProfileIn):
 
 @api_route(router, "get", "/endpoints/{endpoint_id}/profiles", role=VIEWER, response=list[dict])
 def list_profiles(request, endpoint_id: int, limit: int = 50):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=VIEWER)
     return [
         profile_json(p, detail=False) for p in selectors.profiles_for_endpoint(endpoint, limit=max(1, min(limit, 500)))
     ]
@@ -89,10 +88,12 @@ def list_profiles(request, endpoint_id: int, limit: int = 50):
 
 @api_route(router, "get", "/endpoints/{endpoint_id}/profiles/{profile_id}", role=VIEWER, response=dict)
 def get_profile(request, endpoint_id: int, profile_id: int):
-    return profile_json(_profile(endpoint_id, profile_id))
+    return profile_json(_profile(request, endpoint_id, profile_id, VIEWER))
 
 
 @api_route(router, "delete", "/endpoints/{endpoint_id}/profiles/{profile_id}", role=OPERATOR, response={204: None})
 def delete_profile(request, endpoint_id: int, profile_id: int):
-    services.profile_delete(profile=_profile(endpoint_id, profile_id), user=request.user, request=request)
+    services.profile_delete(
+        profile=_profile(request, endpoint_id, profile_id, OPERATOR), user=request.user, request=request
+    )
     return 204, None

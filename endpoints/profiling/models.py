@@ -8,6 +8,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 __all__ = ["PROFILE_ACTIVE", "PROFILE_ENDED", "Profile", "ProfileStatus"]
 
 
@@ -23,7 +25,8 @@ PROFILE_ENDED = (ProfileStatus.SUCCEEDED, ProfileStatus.FAILED)
 PROFILE_ACTIVE = (ProfileStatus.QUEUED, ProfileStatus.RECORDING, ProfileStatus.ANALYSING)
 
 
-class Profile(models.Model):
+class Profile(TeamOwned):
+    TEAM_PARENTS = ("endpoint",)
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="profiles"
     )

@@ -1,10 +1,13 @@
 """Reads for profiles."""
 
+from console.roles import VIEWER
+from console.teams import visible, visible_get
 from endpoints.profiling.models import PROFILE_ACTIVE, Profile
 
 
-def profile_get(profile_id: int) -> Profile:
-    return Profile.objects.select_related("job", "endpoint", "created_by").get(pk=profile_id)
+def profile_get(profile_id: int, *, user, role: str = VIEWER) -> Profile:
+    """404 for another team's profile; 403 where the user's role in its team is below `role`."""
+    return visible_get(Profile.objects.select_related("job", "endpoint", "created_by"), user, role=role, pk=profile_id)
 
 
 def profiles_for_endpoint(endpoint, limit: int = 20):
@@ -21,8 +24,8 @@ def active_profile_of_replica(endpoint, replica_index: int) -> Profile | None:
     return None
 
 
-def profiles_by_ids(ids) -> list[Profile]:
-    found = {p.pk: p for p in Profile.objects.filter(pk__in=list(ids)).select_related("job")}
+def profiles_by_ids(ids, *, user) -> list[Profile]:
+    found = {p.pk: p for p in visible(Profile.objects.filter(pk__in=list(ids)), user).select_related("job")}
     return [found[i] for i in ids if i in found]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
@@ -18,24 +18,21 @@ from console.validation import error_text
 from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
-from endpoints.models import Endpoint
 from endpoints.profiling import selectors, services, storage
+from endpoints.selectors import endpoint_get
 from endpoints.profiling.models import Profile
 
 LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency", "request_rate")
 
 
-def _profile(profile_id: int) -> Profile:
-    try:
-        return selectors.profile_get(profile_id)
-    except Profile.DoesNotExist:
-        raise Http404 from None
+def _profile(request, profile_id: int, role: str) -> Profile:
+    return selectors.profile_get(profile_id, user=request.user, role=role)
 
 
 @require_role(OPERATOR)
 @require_POST
 def profile_new(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint.objects.select_related("node", "artifact"), pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     post = request.POST
     load = None  # no load; else the benchmark form's settings (blank ones take the load's defaults)
     if post.get("load") == "on":
@@ -66,7 +63,7 @@ def profile_new(request, endpoint_id: int):
 @require_role(VIEWER)
 @require_GET
 def profile_detail(request, profile_id: int):
-    profile = _profile(profile_id)
+    profile = _profile(request, profile_id, VIEWER)
     same, elsewhere = selectors.comparable_profiles(profile) if profile.state == "succeeded" else ([], [])
     return render(
         request,
@@ -94,7 +91,7 @@ def _chart_data(profile: Profile) -> dict:
 @require_GET
 def profile_status(request, profile_id: int):
     """The live part of a profile's page, polled by htmx; the page reloads when it ends."""
-    profile = _profile(profile_id)
+    profile = _profile(request, profile_id, VIEWER)
     response = render(request, "profiling/_profile_status.html", {"profile": profile})
     if not profile.is_active and request.GET.get("was") == "active":
         response["HX-Refresh"] = "true"
@@ -106,7 +103,7 @@ def profile_status(request, profile_id: int):
 def profile_file(request, profile_id: int, name: str):
     """One trace file, as vLLM wrote it (Perfetto and chrome://tracing open the .pt.trace.json.gz;
     MindStudio Insight the Ascend profiler's directory)."""
-    profile = _profile(profile_id)
+    profile = _profile(request, profile_id, VIEWER)
     if name not in {f["name"] for f in profile.files}:
         raise Http404("No such file in this profile.")
     root = storage.profile_dir(profile.pk).resolve()
@@ -129,7 +126,7 @@ def profile_file(request, profile_id: int, name: str):
 def profile_archive(request, profile_id: int):
     """Every file of the profile in one .zip (an Ascend profile is a directory tree: MindStudio
     Insight opens the unpacked *_ascend_pt folder)."""
-    profile = _profile(profile_id)
+    profile = _profile(request, profile_id, VIEWER)
     root = storage.profile_dir(profile.pk)
     if not profile.files or not root.is_dir():
         raise Http404("This profile has no files.")
@@ -151,7 +148,7 @@ def profile_archive(request, profile_id: int):
 @require_role(OPERATOR)
 @require_POST
 def profile_delete(request, profile_id: int):
-    profile = _profile(profile_id)
+    profile = _profile(request, profile_id, OPERATOR)
     endpoint = profile.endpoint
     try:
         services.profile_delete(profile=profile, user=request.user, request=request)
@@ -166,7 +163,11 @@ def profile_delete(request, profile_id: int):
 @require_GET
 def profile_compare(request):
     """Two or more profiles side by side: the breakdown by category and each one's top operators."""
-    profiles = [p for p in selectors.profiles_by_ids(parse_ids(request.GET.getlist("ids"))) if p.state == "succeeded"]
+    profiles = [
+        p
+        for p in selectors.profiles_by_ids(parse_ids(request.GET.getlist("ids")), user=request.user)
+        if p.state == "succeeded"
+    ]
     categories = []
     for p in profiles:
         for row in p.breakdown or []:

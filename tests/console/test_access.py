@@ -10,7 +10,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from console.api import api
 from console.roles import ADMIN, OPERATOR, VIEWER
 
-PUBLIC = {"login", "logout", "healthz"}
+PUBLIC = {"login", "logout", "healthz", "oidc_authentication_init", "oidc_authentication_callback"}
 BELOW = {VIEWER: "outsider", OPERATOR: "viewer", ADMIN: "operator"}
 
 

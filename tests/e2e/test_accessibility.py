@@ -84,6 +84,8 @@ NOT_PAGES = {
     "profile_file": "a trace file",
     "profile_archive": "a .zip",
     "profile_status": "profile page",
+    "oidc_authentication_init": "a redirect to the OpenID provider (the login page's button, checked below)",
+    "oidc_authentication_callback": "the OpenID provider's redirect back: a redirect to the console",
     "bench_compare_csv": "CSV",
     "bench_compare_json": "JSON",
     "bench_result_json": "JSON",
@@ -487,6 +489,15 @@ def test_login_page_has_no_axe_violations(page, live_server):
     page.goto("/login/")
     assert _axe_violations(page) == []
     screenshot(page, "login")
+
+
+def test_login_page_with_single_sign_on_has_no_axe_violations(page, live_server, settings):
+    """The login page with both halves of single sign-on on (console/sso.py): the provider's button, the directory
+    password's label, and the message of a refused single sign-on."""
+    settings.OIDC_ENABLED = settings.LDAP_ENABLED = True
+    page.goto("/login/?sso=refused")
+    assert page.locator("#sso-login").is_visible() and page.get_by_role("alert").is_visible()
+    assert _axe_violations(page) == []
 
 
 def test_every_page_has_no_axe_violations_for_an_admin(page, admin, site):

@@ -5,8 +5,10 @@ from ninja.errors import HttpError
 
 from console.api_auth import api_route
 from console.roles import VIEWER
+from console.teams import visible_team_ids
 from workers.telemetry import selectors, services
 from workers.telemetry.models import Alert
+from workers.telemetry.sources import hidden_keys
 
 router = Router(tags=["telemetry"])
 
@@ -34,7 +36,14 @@ def series(
         selectors.plan(range_)
     except selectors.BadRange as exc:
         raise HttpError(400, str(exc)) from None
-    found = selectors.find_series(metrics=metrics, node=node, endpoint=endpoint, device=device, gateway_key=gateway_key)
+    found = selectors.find_series(
+        metrics=metrics,
+        node=node,
+        endpoint=endpoint,
+        device=device,
+        gateway_key=gateway_key,
+        hidden_keys=hidden_keys(visible_team_ids(request.user)),
+    )
     return selectors.series_data(found, range_, since=since)
 
 

@@ -11,7 +11,7 @@ from prometheus_client.core import GaugeMetricFamily
 from workers.models import Node
 from workers.telemetry.models import Alert, Series
 from workers.telemetry.npu_exporter import npu_chip_families
-from workers.telemetry.selectors import fresh_cutoff
+from workers.telemetry.selectors import fresh_cutoff, key_id
 from workers.telemetry.sources import endpoint_names, served_facts
 
 # metric -> (exposed name, help, extra labels)
@@ -91,14 +91,14 @@ def _labels(s: Series, endpoints: dict[int, str]) -> dict[str, str]:
     if s.replica is not None:
         labels["replica"] = str(s.replica)
     if s.metric.startswith("gk."):  # keyed gk<id>.<metric>, labelled with the key's name (names may repeat)
-        labels["key_id"] = s.key.split(".", 1)[0].removeprefix("gk")
+        labels["key_id"] = key_id(s)
         labels["key"] = s.label
     return labels
 
 
 class _Collector:
-    def __init__(self, fresh_after: int):
-        self.fresh_after = fresh_after
+    def __init__(self, fresh_after: int, hidden_keys: set[str]):
+        self.fresh_after, self.hidden_keys = fresh_after, hidden_keys
 
     def collect(self):
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
@@ -111,6 +111,8 @@ class _Collector:
         endpoints = endpoint_names({s.endpoint_id for s in series if s.endpoint_id})
         rows: dict[str, list] = {}
         for s in series:
+            if s.metric.startswith("gk.") and key_id(s) in self.hidden_keys:  # another team's key
+                continue
             name, help_text, extra = EXPOSED[s.metric]
             labels = {**_labels(s, endpoints), **extra}
             rows.setdefault(name, []).append((labels, s.last_value, help_text))
@@ -142,7 +144,8 @@ class _Collector:
         yield from npu_chip_families(self.fresh_after)
 
 
-def exposition() -> bytes:
+def exposition(hidden_keys: set[str] = frozenset()) -> bytes:
+    """`hidden_keys`: gateway keys (ids) of teams the reader does not see; their series and labels are left out."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(fresh_cutoff()))
+    registry.register(_Collector(fresh_cutoff(), hidden_keys))
     return generate_latest(registry)

@@ -143,7 +143,9 @@ def find_series(
     endpoint: int | None = None,
     device: int | None = None,
     gateway_key: int | None = None,
+    hidden_keys: set[str] = frozenset(),
 ) -> list[Series]:
+    """`hidden_keys`: gateway keys (ids) whose series are left out, another team's (sources.hidden_keys)."""
     qs = Series.objects.filter(metric__in=metrics)
     if gateway_key is not None:  # the gateway's per-key series are keyed gk<id>.<metric>
         qs = qs.filter(key__startswith=f"gk{gateway_key}.")
@@ -153,7 +155,15 @@ def find_series(
         qs = qs.filter(endpoint_id=endpoint)
     if device is not None:
         qs = qs.filter(device=device)
-    return list(qs.order_by("metric", "device", "replica", "key")[:64])
+    found = qs.order_by("metric", "device", "replica", "key")
+    if hidden_keys:
+        found = [s for s in found if not (s.metric.startswith("gk.") and key_id(s) in hidden_keys)]
+    return list(found[:64])
+
+
+def key_id(s: Series) -> str:
+    """A gateway key's series are keyed gk<id>.<metric>: the id."""
+    return s.key.split(".", 1)[0].removeprefix("gk")
 
 
 # --- fleet ---------------------------------------------------------------------------------

@@ -66,3 +66,20 @@ def endpoint_names(ids: set[int]) -> dict[int, str]:
     for provider in _endpoint_names:
         names.update(provider(ids))
     return names
+
+
+# The team of each gateway key ({key id: team id}), from the gateway (endpoints): its per-key series (gk<id>.*) are
+# that team's members' to read (console.teams), in the series API and on /metrics.
+_key_teams: list[Callable[[], dict[int, int]]] = []
+
+
+def register_key_teams(provider: Callable[[], dict[int, int]]) -> None:
+    if provider not in _key_teams:
+        _key_teams.append(provider)
+
+
+def hidden_keys(team_ids: set[int] | None) -> set[str]:
+    """The ids (as in the series' keys) of the gateway keys of teams not in `team_ids` (None: every team's seen)."""
+    if team_ids is None:
+        return set()
+    return {str(key) for provider in _key_teams for key, team in provider().items() if team not in team_ids}

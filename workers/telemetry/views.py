@@ -10,11 +10,13 @@ from django.views.decorators.http import require_GET, require_POST
 from console.api_auth import _token_user
 from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, check_role, require_role
+from console.teams import visible_team_ids
 from console.validation import error_text
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
 from workers.telemetry.models import Alert, AlertRule
+from workers.telemetry.sources import hidden_keys
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -119,8 +121,11 @@ def alert_rule_update(request, rule_id: int):
     return redirect("alert_list")
 
 
-def _exposition_response():
-    return HttpResponse(exposition(), content_type=PROMETHEUS_TYPE)
+def _exposition_response(user=None):
+    """`user`: the reader, whose teams' gateway keys alone are shown; None: the shared METRICS_TOKEN (the fleet's
+    Prometheus), which reads every key."""
+    hidden = hidden_keys(visible_team_ids(user)) if user is not None else set()
+    return HttpResponse(exposition(hidden), content_type=PROMETHEUS_TYPE)
 
 
 @require_role(VIEWER)
@@ -128,7 +133,7 @@ def _exposition_response():
 def metrics_exposition(request):
     """Prometheus exposition for a logged-in Viewer. Scrapers send a bearer token instead
     (METRICS_TOKEN or a Viewer's API token): see metrics_with_token."""
-    return _exposition_response()
+    return _exposition_response(request.user)
 
 
 def metrics_with_token(request):
@@ -138,6 +143,7 @@ def metrics_with_token(request):
         return HttpResponse("Method not allowed\n", status=405, content_type="text/plain", headers={"Allow": "GET"})
     raw = request.headers.get("Authorization", "")[len("Bearer ") :].strip()
     expected = settings.METRICS_TOKEN
+    user = None
     if not (expected and hmac.compare_digest(raw.encode(), expected.encode())):
         user = _token_user(request, raw) if raw else None
         if user is None:
@@ -151,4 +157,4 @@ def metrics_with_token(request):
             check_role(user, VIEWER)
         except PermissionDenied:
             return HttpResponse("This needs the Viewer role.\n", status=403, content_type="text/plain")
-    return _exposition_response()
+    return _exposition_response(user)
