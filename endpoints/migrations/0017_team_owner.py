@@ -9,7 +9,7 @@ from console.migrations._teams import into_default_team
 class Migration(migrations.Migration):
     dependencies = [
         ('console', '0004_teams'),
-        ('endpoints', '0014_lora_adapters'),
+        ('endpoints', '0016_endpoint_adapters_on_demand'),
     ]
 
     operations = [

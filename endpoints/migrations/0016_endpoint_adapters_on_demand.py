@@ -2,7 +2,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("endpoints", "0014_lora_adapters")]
+    dependencies = [("endpoints", "0015_endpoint_roles_replica_role")]
 
     operations = [
         migrations.AddField(
