@@ -29,6 +29,7 @@ class EndpointPatch(Schema):
     model_config = ConfigDict(extra="forbid")
     routing: str | None = None
     autoscale: dict | None = None  # null turns it off
+    advisory: StrictBool | None = None  # the autoscaler and rollout controller show their decisions, change nothing
 
 
 class ProfilingIn(Schema):
@@ -121,6 +122,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "data_parallel_size": endpoint.data_parallel_size,
         "routing": endpoint.routing,
         "autoscale": endpoint.autoscale,
+        "advisory": endpoint.advisory,
         "replica_count": endpoint.replicas,
         "autoscale_wanted": endpoint.autoscale_wanted,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
@@ -171,7 +173,7 @@ def get_endpoint(request, endpoint_id: int):
 
 @api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
 def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
-    """Change the given settings (`routing`, `autoscale`); a bad value is refused and nothing changes."""
+    """Change the given settings (`routing`, `autoscale`, `advisory`); a bad value is refused and nothing changes."""
     return endpoint_json(
         services.endpoint_update(
             endpoint=_get(endpoint_id), user=request.user, request=request, **payload.dict(exclude_unset=True)
