@@ -458,3 +458,16 @@ def test_the_result_page_shows_the_chart_data_the_best_and_apply_to_operators_on
         and f"/tunings/{tuning.pk}/" in endpoint_page
         and 'id="advisory-form"' in endpoint_page
     )
+
+
+def test_the_real_demo_run_the_default_misses_the_slo_and_sixteen_sequences_beat_it():
+    """The figures of a real tune run on this host (tests/fixtures/tuning/demo_cpu_run.json): with 16 requests in
+    flight, the default's queue pushes TTFT P99 past the SLO; 16 sequences keep it and serve more; 2 lose on both."""
+    run = json.loads((ROOT / "tests/fixtures/tuning/demo_cpu_run.json").read_text())
+    slo = search.parse_slo(run["slo"])
+    found = search.points(run["trials"], slo)
+    assert [p.number for p in found if p.meets] == [2]
+    best = search.best(found)
+    assert best.params == {"max_num_seqs": 16} and best.throughput / found[0].throughput > 1.2
+    assert [p.number for p in search.pareto_front(found)] == [2]  # better on both axes than the others
+    assert search.runner_up(found, best) is None  # nothing else meets the SLO: only the best is repeated
