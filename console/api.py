@@ -20,6 +20,7 @@ from endpoints.bench.api import router as bench_router
 from endpoints.gateway.api import router as gateway_router
 from endpoints.profiling.api import router as profiling_router
 from evaluations.api import router as evaluations_router
+from endpoints.tuning.api import router as tuning_router
 from models_registry.api import router as registry_router
 from models_registry.quantize.api import router as quantize_router
 from workers.api import router as jobs_router
@@ -105,6 +106,7 @@ def _register_routers():
     api.add_router("/", gateway_router)
     api.add_router("/", profiling_router)
     api.add_router("/", evaluations_router)
+    api.add_router("/", tuning_router)
 
 
 _register_routers()

@@ -53,6 +53,7 @@ urlpatterns = [
     path("endpoints/<int:endpoint_id>/restart", endpoints.endpoint_restart, name="endpoint_restart"),
     path("endpoints/<int:endpoint_id>/profiling", endpoints.endpoint_profiling, name="endpoint_profiling"),
     path("endpoints/<int:endpoint_id>/routing", endpoints.endpoint_routing, name="endpoint_routing"),
+    path("endpoints/<int:endpoint_id>/advisory", endpoints.endpoint_advisory, name="endpoint_advisory"),
     path("endpoints/<int:endpoint_id>/adapters", endpoints.endpoint_adapter, name="endpoint_adapter"),
     path("endpoints/<int:endpoint_id>/delete", endpoints.endpoint_delete, name="endpoint_delete"),
     path("endpoints/<int:endpoint_id>/try", endpoints.endpoint_try, name="endpoint_try"),
@@ -67,5 +68,6 @@ urlpatterns = [
     path("", include("endpoints.gateway.urls")),
     path("", include("endpoints.profiling.urls")),
     path("", include("evaluations.urls")),
+    path("", include("endpoints.tuning.urls")),
     path("api/v1/", api.urls),
 ]

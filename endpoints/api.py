@@ -29,6 +29,7 @@ class EndpointPatch(Schema):
     model_config = ConfigDict(extra="forbid")
     routing: str | None = None
     autoscale: dict | None = None  # null turns it off
+    advisory: StrictBool | None = None  # the autoscaler and rollout controller show their decisions, change nothing
 
 
 class ProfilingIn(Schema):
@@ -125,6 +126,7 @@ def endpoint_json(endpoint: Endpoint) -> dict:
         "routing": endpoint.routing,
         "autoscale": endpoint.autoscale,
         "roles": endpoint.roles,
+        "advisory": endpoint.advisory,
         "replica_count": endpoint.replicas,
         "autoscale_wanted": endpoint.autoscale_wanted,
         "replicas": [replica_json(r) for r in selectors.replicas_of(endpoint)],
@@ -176,7 +178,7 @@ def get_endpoint(request, endpoint_id: int):
 
 @api_route(router, "patch", "/endpoints/{endpoint_id}", role=OPERATOR, response=dict)
 def update_endpoint(request, endpoint_id: int, payload: EndpointPatch):
-    """Change the given settings (`routing`, `autoscale`); a bad value is refused and nothing changes."""
+    """Change the given settings (`routing`, `autoscale`, `advisory`); a bad value is refused and nothing changes."""
     return endpoint_json(
         services.endpoint_update(
             endpoint=_get(request, endpoint_id, OPERATOR),

@@ -35,6 +35,7 @@ class EndpointsConfig(AppConfig):
         from endpoints import quantize_check, registry_facts
         from endpoints.bench import jobs  # noqa: F401
         from endpoints.profiling import jobs as profiling_jobs  # noqa: F401
+        from endpoints.tuning import jobs as tuning_jobs  # noqa: F401
         from models_registry import hooks
         from models_registry.quantize import serving_check
 

@@ -105,6 +105,12 @@ class Endpoint(TeamOwned):
     scaled_at = models.DateTimeField(null=True, blank=True)
     # The count the autoscaler wants but cannot place yet (no free devices): shown as the reason.
     autoscale_wanted = models.PositiveIntegerField(null=True, blank=True)
+    # Advisory mode: the autoscaler and the rollout controller record what they would decide (events with their
+    # figures) and change nothing (endpoints/gateway/controller.py).
+    advisory = models.BooleanField(default=False)
+    # When launch settings last changed on a running endpoint (a tuning applied): replicas started before it
+    # restart one at a time (endpoints.replica_state.settings_restart_due).
+    settings_changed_at = models.DateTimeField(null=True, blank=True)
     desired_state = models.CharField(max_length=16, choices=Desired.choices, default=Desired.RUNNING)
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     state_reason = models.CharField(max_length=500, blank=True)
@@ -301,6 +307,7 @@ class EndpointEvent(models.Model):
 from endpoints.bench.models import *  # noqa: E402,F401,F403
 from endpoints.gateway.models import *  # noqa: E402,F401,F403
 from endpoints.profiling.models import *  # noqa: E402,F401,F403
+from endpoints.tuning.models import *  # noqa: E402,F401,F403
 
 
 class Recipe(models.Model):

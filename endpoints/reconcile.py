@@ -41,6 +41,7 @@ from endpoints.replica_state import (
     profiling_restart_due,
     refresh_endpoint_state,
     scheduled_restart_due,
+    settings_restart_due,
     stop_unowned,
 )
 from workers.agent.supervisor import LeaseLost, ProcessHandle, RuntimeUnavailable, Supervisor, rotate_if_large
@@ -552,6 +553,8 @@ class ReplicaWorkload:
         kind, reason = "scheduled-restart", scheduled_restart_due(replica.endpoint, replica.ready_at, now)
         if not reason:
             kind, reason = "profiling-restart", profiling_restart_due(replica)
+        if not reason:
+            kind, reason = "settings-restart", settings_restart_due(replica)
         if not reason:
             return
         others = Replica.objects.filter(endpoint=replica.endpoint, index__lt=replica.endpoint.replicas).exclude(

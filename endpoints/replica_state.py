@@ -121,6 +121,15 @@ def profiling_restart_due(replica: Replica) -> str:
     return f"restart to {'enable' if replica.endpoint.profiling else 'disable'} profiling"
 
 
+def settings_restart_due(replica: Replica) -> str:
+    """Why a running replica must restart to take launch settings changed after it started (a tuning applied:
+    endpoints.tuning.services.tuning_apply), or ""."""
+    changed = replica.endpoint.settings_changed_at
+    if not changed or not replica.started_at or replica.started_at >= changed:
+        return ""
+    return "restart to apply the changed launch settings"
+
+
 DEVICE_FAULT = "device fault"  # how a replica's state_reason starts while a device of it is not OK
 # How the reason of a start that the node's vLLM parser refused starts (launch.check_node_parser).
 ENGINE_REFUSED = "not started"

@@ -821,7 +821,7 @@ def _checked_autoscale(
 
 
 #: What endpoint_update may change on an existing endpoint (each checked like at launch).
-UPDATABLE = ("routing", "autoscale")
+UPDATABLE = ("routing", "autoscale", "advisory")
 
 
 def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> Endpoint:
@@ -835,6 +835,10 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
     checked = {}
     if changes.get("routing") is not None:
         checked["routing"] = _checked_routing(changes["routing"])
+    if changes.get("advisory") is not None:
+        if not isinstance(changes["advisory"], bool):
+            raise ValidationError({"advisory": "true (show what the controllers would do, change nothing) or false."})
+        checked["advisory"] = changes["advisory"]
     with transaction.atomic():
         endpoint = Endpoint.objects.select_for_update().get(pk=endpoint.pk)
         if "autoscale" in changes:  # null turns it off; the replica count stays where it is (0 becomes 1)

@@ -105,6 +105,7 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             ]
             or [("", "no other endpoint")],
             "routing_choices": Endpoint.Routing.choices,
+            "advisory_events": endpoint.events.filter(kind__startswith="advisory-")[:10],
             "recipe_values": {"name": "", "title": ""},
             "recipe_errors": {},
             "adapters": list(endpoint.adapters.all()),
@@ -221,6 +222,23 @@ def endpoint_routing(request, endpoint_id: int):
         messages.success(
             request, f"{endpoint.name}: the gateway routes by {endpoint.get_routing_display()} within seconds."
         )
+    return redirect(endpoint)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_advisory(request, endpoint_id: int):
+    """The endpoint page's advisory-mode button (its form posts advisory=1 or 0)."""
+    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    raw = request.POST.get("advisory", "")
+    if raw not in ("0", "1"):
+        messages.error(request, f"advisory: 1 or 0, not {raw[:40]!r}. Nothing changed.")
+        return redirect(endpoint)
+    endpoint = services.endpoint_update(endpoint=endpoint, advisory=raw == "1", user=request.user, request=request)
+    messages.success(
+        request,
+        f"{endpoint.name}: advisory mode {'on: the controllers record what they would do and change nothing' if endpoint.advisory else 'off: the controllers act'}.",
+    )
     return redirect(endpoint)
 
 

@@ -2,6 +2,10 @@
 in one place (`manage.py serving_controller` calls `run_once` in a loop): SLO-gated rollouts and
 autoscaling (endpoints/autoscale.py's policy on the replicas' queued requests).
 
+An endpoint in advisory mode (Endpoint.advisory) is evaluated the same way, and what would be done is recorded
+as an `advisory-autoscale` or `advisory-rollout` event with its figures instead: nothing is claimed, scaled,
+shifted or stored.
+
 Every applied decision is an endpoint event (on the live endpoint's page) with its figures and an
 audit row as the system user (actor none, via "controller"). Two controllers never apply one step
 twice: a decision is claimed by an update() conditioned on the state it was made from (the share and
@@ -114,6 +118,16 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
     out = []
     for gw in auto_rollouts():
         decision = gated(gw, rollout_decision(gw, now), now)  # an accuracy gate may hold or roll back
+        if gw.endpoint.advisory:  # show, don't act
+            if decision.action != HOLD:
+                advise(
+                    gw.endpoint_id,
+                    ADVISORY_ROLLOUT,
+                    f"would {decision.action} {gw.staged.name} to {decision.share} %",
+                    f"{decision.reason}. Figures: {_figures_text(decision.figures)}",
+                )
+            out.append((gw, decision, False))
+            continue
         applied = decision.action != HOLD and apply_rollout(gw, decision, now)
         out.append((gw, decision, applied))
     return out
@@ -174,6 +188,17 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
                 event(endpoint.pk, "autoscale", message, level="warning")
             continue
         applied = False
+        if endpoint.advisory:  # show, don't act: the decision and its figures as an event, no scale, no reading
+            if decision.action != autoscale.HOLD:
+                figures = {k: v for k, v in decision.figures.items() if v is not None}
+                advise(
+                    endpoint.pk,
+                    ADVISORY_AUTOSCALE,
+                    f"would scale {decision.action} {decision.current} → {decision.wanted} replica(s)",
+                    f"{decision.reason}. Figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()),
+                )
+            out.append((endpoint, decision, False))
+            continue
         if decision.action != autoscale.HOLD or (endpoint.autoscale_wanted and not decision.cooling):
             # A hold (outside cooldown) clears a scale-up that was waiting for devices.
             figures = {k: v for k, v in decision.figures.items() if v is not None}
@@ -224,7 +249,15 @@ def evaluate_role_autoscaling(endpoint: Endpoint, now: float) -> list[tuple[Endp
             serving_since=max((ready for *_, ready in counted if ready), default=None),
         )
         applied = False
-        if decision.action != autoscale.HOLD:
+        if decision.action != autoscale.HOLD and endpoint.advisory:  # show, don't act (as evaluate_autoscaling)
+            figures = {k: v for k, v in decision.figures.items() if v is not None}
+            advise(
+                endpoint.pk,
+                ADVISORY_AUTOSCALE,
+                f"would scale {name} {decision.action} {decision.current} → {decision.wanted} replica(s)",
+                f"{decision.reason}. Figures: " + ", ".join(f"{k} {v}" for k, v in figures.items()),
+            )
+        elif decision.action != autoscale.HOLD:
             endpoint, applied, why_not = endpoint_scale_role(
                 endpoint=endpoint,
                 role=name,
@@ -243,6 +276,18 @@ def evaluate_role_autoscaling(endpoint: Endpoint, now: float) -> list[tuple[Endp
                 refresh_endpoint_state(endpoint)
         out.append((endpoint, decision, applied))
     return out
+
+
+ADVISORY_AUTOSCALE, ADVISORY_ROLLOUT = "advisory-autoscale", "advisory-rollout"
+
+
+def advise(endpoint_id: int, kind: str, would: str, why: str) -> None:
+    """Advisory mode's record: what the controller would do, as an endpoint event with its figures. One event per
+    change of what it would do (the same advice pass after pass is one event, not one per pass)."""
+    last = EndpointEvent.objects.filter(endpoint_id=endpoint_id, kind=kind).order_by("-pk").first()
+    if last is not None and last.message.startswith(f"advisory: {would}:"):
+        return
+    event(endpoint_id, kind, f"advisory: {would}: {why} (advisory mode: nothing changed)")
 
 
 def record_scaling(endpoint: Endpoint, decision: autoscale.Decision, now: float) -> None:

@@ -25,6 +25,7 @@ from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from evaluations.models import Evaluation, GateRun
 from evaluations.services import results_rows
+from endpoints.tuning.models import Tuning, TuningTrial
 from models_registry.inspection import inspect_path
 from models_registry.lora import inspect_lora_dir
 from models_registry.models import Artifact, Model
@@ -86,6 +87,10 @@ NOT_PAGES = {
     "profile_status": "profile page",
     "oidc_authentication_init": "a redirect to the OpenID provider (the login page's button, checked below)",
     "oidc_authentication_callback": "the OpenID provider's redirect back: a redirect to the console",
+    "tuning_new": "POST only (its form is on the endpoint page, checked there)",
+    "tuning_apply": "POST only (its button is on the tuning page, checked there)",
+    "tuning_status": "tuning page",
+    "endpoint_advisory": "POST only (its button is on the endpoint page, checked there)",
     "bench_compare_csv": "CSV",
     "bench_compare_json": "JSON",
     "bench_result_json": "JSON",
@@ -328,6 +333,47 @@ def site(admin, operator, viewer, model_root, redis_conn):
         for label in ("bf16", "w8a8")
     ]
     EndpointEvent.objects.create(endpoint=endpoint, kind="state", message="ready")
+    EndpointEvent.objects.create(
+        endpoint=endpoint,
+        kind="advisory-autoscale",
+        message="advisory: would scale up 1 → 2 replica(s): waiting requests averaged 6.0 (advisory mode: nothing changed)",
+    )
+    tuning = Tuning.objects.create(
+        endpoint=endpoint,
+        endpoint_name=endpoint.name,
+        workload={"num_prompts": 32, "input_len": 64, "output_len": 64, "max_concurrency": 16, "seed": 0},
+        slo={"ttft_p99_ms": 4000, "itl_p99_ms": 400, "min_throughput": 50},
+        space={"max_num_seqs": [2, 16]},
+        status="succeeded",
+        created_by=operator,
+        best={
+            "number": 1,
+            "params": {"max_num_seqs": 16},
+            "metrics": {"output_throughput": 120.0, "p99_ttft_ms": 2000.0, "p99_itl_ms": 300.0},
+        },
+        confidence={
+            "best": [120.0, 118.0],
+            "runner_up": [90.0, 91.0],
+            "runner_up_number": 0,
+            "verdict": "sure: the best stays ahead of the runner-up in every run",
+        },
+    )
+    for number, (params, tput, ttft, meets) in enumerate(
+        [
+            ({}, 90.0, 2500.0, True),
+            ({"max_num_seqs": 16}, 120.0, 2000.0, True),
+            ({"max_num_seqs": 2}, 40.0, 6000.0, False),
+        ]
+    ):
+        TuningTrial.objects.create(
+            tuning=tuning,
+            number=number,
+            kind="baseline" if not params else "search",
+            params=params,
+            state="complete",
+            metrics={"output_throughput": tput, "p99_ttft_ms": ttft, "p99_itl_ms": 300.0},
+            meets_slo=meets,
+        )
     result, detail = _benchmark_result()
     run = BenchmarkRun.objects.create(
         endpoint=endpoint,
@@ -386,6 +432,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
         "key": key,
         "profiles": profiles,
         "evaluations": evaluations,
+        "tuning": tuning,
     }
 
 
@@ -451,6 +498,7 @@ def _pages(site) -> dict[str, str]:
         "evaluation_list": "/evaluations/",
         "evaluation_detail": f"/evaluations/{site['evaluations'][0].pk}/",
         "evaluation_compare": f"/evaluations/compare?ids={site['evaluations'][0].pk},{site['evaluations'][1].pk}",
+        "tuning_detail": f"/tunings/{site['tuning'].pk}/",
     }
 
 

@@ -1,0 +1,68 @@
+"""Reads for tunings: one with its trials, and what its measured trials say (Pareto front, best, the chart's data)."""
+
+from endpoints.bench.compare import plotly_text
+from endpoints.tuning import search
+from endpoints.tuning.models import TrialKind, TrialState, Tuning, TuningTrial
+
+
+def tuning_get(tuning_id: int) -> Tuning:
+    return Tuning.objects.select_related("endpoint", "job", "created_by").get(pk=tuning_id)
+
+
+def tunings_of(endpoint, *, limit: int = 10):
+    return Tuning.objects.filter(endpoint=endpoint).select_related("job")[:limit]
+
+
+def trial_json(trial: TuningTrial) -> dict:
+    return {
+        "number": trial.number,
+        "kind": trial.kind,
+        "repeat_of": trial.repeat_of,
+        "params": trial.params,
+        "state": trial.state,
+        "metrics": trial.metrics,
+        "meets_slo": trial.meets_slo,
+        "error": trial.error or None,
+        "replica_endpoint": trial.replica_endpoint,
+        "benchmark": trial.benchmark_id,
+        "started_at": trial.started_at.isoformat() if trial.started_at else None,
+        "finished_at": trial.finished_at.isoformat() if trial.finished_at else None,
+    }
+
+
+def analysis(tuning: Tuning) -> dict:
+    """The measured trials as the result page and the API read them: every point, the Pareto front, the SLO."""
+    slo = search.parse_slo(tuning.slo)
+    trials = list(tuning.trials.all())
+    measured = [
+        {"number": t.number, "params": t.params, "metrics": t.metrics}
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.kind != TrialKind.REPEAT
+    ]
+    found = search.points(measured, slo)
+    front = search.pareto_front(found)
+    kinds = {t.number: t.kind for t in trials}
+    return {
+        "trials": trials,
+        "points": found,
+        "pareto": [p.number for p in front],
+        "chart": {
+            "points": [
+                {
+                    "number": p.number,
+                    "throughput": p.throughput,
+                    "p99_ms": p.p99_ms,
+                    "meets": p.meets,
+                    "kind": kinds.get(p.number, ""),
+                    "label": plotly_text(
+                        f"#{p.number} "
+                        + (", ".join(f"{k}={v}" for k, v in p.params.items()) or "the endpoint's own settings")
+                    ),
+                }
+                for p in found
+            ],
+            "pareto": [p.number for p in front],
+            "best": (tuning.best or {}).get("number"),
+            "slo": tuning.slo,
+        },
+    }
