@@ -55,6 +55,9 @@ setup: venv dataplane engine redis migrate demo
 $(VENV)/.installed: requirements.txt requirements/dev.txt
 	@test -n "$(PYTHON)" || { echo "No Python 3.10-3.13 found: install one (apt-get install python3 python3-venv)"; exit 1; }
 	@echo "Python for the venvs: $(PYTHON) ($$($(PYTHON) -c 'import sys; print(sys.version.split()[0])'))"
+	@# msModelSlim 26.1.0 ships its compiled modules (anti_utils) for CPython 3.7-3.12 only (docs/setup-debian13.md).
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] > (3, 12))' || echo "  Note: ModelSlim \
+	quantization needs Python 3.12 or older (msModelSlim has no 3.13 build); the rest of the console runs on it."
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || ($(APT) update -qq && \
 		($(APT) install -y -qq $(notdir $(PYTHON))-venv || $(APT) install -y -qq python3-venv))
 	@# python-ldap (requirements/sso-ldap.txt, LDAP single sign-on) builds against OpenLDAP's and SASL's headers.
