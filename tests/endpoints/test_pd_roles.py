@@ -297,7 +297,7 @@ ROLE_AUTOSCALE = {
 def _store(endpoint, replica: int, metric: str, *, start: int, seconds: int, value: float, every: int = 10):
     series, _ = Series.objects.get_or_create(
         key=f"e{endpoint.pk}.r{replica}.{metric}",
-        defaults={"metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node},
+        defaults={"metric": metric, "endpoint_id": endpoint.pk, "replica": replica, "node": endpoint.node},
     )
     Point.objects.bulk_create(
         [Point(series=series, ts=start + every * i, value=value) for i in range(seconds // every + 1)]
@@ -387,7 +387,7 @@ def test_the_controller_scales_each_role_on_its_own_replicas_signal(
     assert (new.role, new.devices, new.state) == ("decode", [3], Endpoint.State.PENDING)
     assert "scaled decode up 1 → 2" in EndpointEvent.objects.filter(kind="autoscale").latest("pk").message
     # Prompts queue on the prefill replica (5 waiting at target 2): it grows at the end too.
-    Series.objects.filter(endpoint=endpoint, replica=0, metric="ep.waiting").delete()
+    Series.objects.filter(endpoint_id=endpoint.pk, replica=0, metric="ep.waiting").delete()
     _store(endpoint, 0, "ep.waiting", start=now - 50, seconds=60, value=5.0)
     Replica.objects.filter(endpoint=endpoint).update(
         state=Endpoint.State.READY, ready_at=timezone.now() - datetime.timedelta(hours=1)
@@ -400,7 +400,7 @@ def test_the_controller_scales_each_role_on_its_own_replicas_signal(
     )
     assert Replica.objects.get(endpoint=endpoint, index=3).devices == [1]
     # Decode's load is gone, but its replicas are not the last index: it waits, and says why.
-    Series.objects.filter(endpoint=endpoint).delete()
+    Series.objects.filter(endpoint_id=endpoint.pk).delete()
     for replica in range(4):
         for metric in ("ep.running", "ep.kv_cache_pct", "ep.waiting"):
             _store(
