@@ -177,7 +177,9 @@ def trial_spec(endpoint: Endpoint, *, name: str, params: dict, space: search.Spa
         restart_every_hours=None,
         restart_daily_at=None,
         profiling=False,
-        served_model_name=endpoint.served_model_name,
+        # A name of its own: a trial replica must not join the live endpoint's gateway pool (nor may it, since
+        # endpoints.services refuses a second endpoint under one served model name).
+        served_model_name=name,
         **changes,
     )
     if "speculative" in changes and changes["speculative"] is None:

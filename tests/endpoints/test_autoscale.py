@@ -510,7 +510,7 @@ def store_waiting(endpoint, *, replica, start, seconds, value, every=10, metric=
     replica None: the gateway's series (e<id>.<metric>)."""
     key = f"e{endpoint.pk}.{metric}" if replica is None else f"e{endpoint.pk}.r{replica}.{metric}"
     s, _ = Series.objects.get_or_create(
-        key=key, defaults={"metric": metric, "endpoint": endpoint, "replica": replica, "node": endpoint.node}
+        key=key, defaults={"metric": metric, "endpoint_id": endpoint.pk, "replica": replica, "node": endpoint.node}
     )
     Point.objects.bulk_create(
         [Point(series=s, ts=int(start) + every * i, value=value) for i in range(seconds // every + 1)]

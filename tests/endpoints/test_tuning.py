@@ -410,7 +410,9 @@ def test_a_trial_replica_is_the_endpoint_with_the_trial_settings_and_nothing_of_
         None,
     )
     assert spec.max_num_seqs == 16 and spec.extra_args == {"--enable-prefix-caching": False}
-    assert spec.artifact == demo_endpoint.artifact_id and spec.dtype == "float32" and spec.served_model_name == "live"
+    assert spec.artifact == demo_endpoint.artifact_id and spec.dtype == "float32"
+    # Its own served name: a trial replica never joins the live endpoint's gateway pool.
+    assert spec.served_model_name == "tune1-3"
 
 
 @pytest.mark.django_db
