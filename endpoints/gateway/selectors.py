@@ -32,6 +32,7 @@ class Backend:
     prefix: bool = False  # its endpoint routes prefix-aware (Endpoint.routing), else least outstanding
     staged: bool = False  # the staged side of a blue-green pair taking a canary share
     canary_percent: int = 0  # that share (on the staged side's backends)
+    engine_headers: bool = False  # its endpoint takes vLLM's routing headers from clients (GatewayEndpoint)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class RoutingTable:
     wakeable: dict[str, list[Wakeable]] = field(default_factory=dict)  # model -> its endpoints scaled to zero
     drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
     adapters: dict[str, set[int]] = field(default_factory=dict)  # LoRA adapter name -> the endpoints holding it
+    context: dict[str, int] = field(default_factory=dict)  # served model name -> its longest max_model_len
 
 
 def model_name(endpoint) -> str:
@@ -76,13 +78,19 @@ def routing_table() -> RoutingTable:
     names = dict(Endpoint.objects.values_list("id", "name"))
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
+    context: dict[str, int] = {}
     asleep = []
     # Only the columns used: the gateway reads this every second, and building whole rows was most of its
     # idle CPU (benchmarks/gateway.py).
-    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only(
-        "name", "served_model_name", "autoscale", "distributed", "replicas"
-    ):
+    running = Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)
+    # vLLM's max_model_len: the endpoint's, else the model config's max_position_embeddings (what vLLM derives it
+    # from), else GATEWAY_DEFAULT_CONTEXT. The token estimate's default for a request with no max_tokens.
+    lengths = running.values_list("id", "max_model_len", "artifact__inspection__max_position_embeddings")
+    length_of = {pk: mml or (mpe if isinstance(mpe, int) else None) for pk, mml, mpe in lengths}
+    for ep in running.only("name", "served_model_name", "autoscale", "distributed", "replicas"):
         known.setdefault(model_name(ep), set()).add(ep.name)
+        length = length_of.get(ep.pk) or settings.GATEWAY_DEFAULT_CONTEXT
+        context[model_name(ep)] = max(context.get(model_name(ep), 0), length)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
@@ -133,6 +141,7 @@ def routing_table() -> RoutingTable:
                 prefix=ep.routing == Endpoint.Routing.PREFIX,
                 staged=ep.pk in canary,
                 canary_percent=canary.get(ep.pk, 0),
+                engine_headers=bool(g.engine_headers) if (g := pairs.get(ep.pk)) else False,
             )
         )
     adapters = _add_adapters(backends, known)
@@ -154,6 +163,7 @@ def routing_table() -> RoutingTable:
         adapters=adapters,
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
+        context=context,
     )
 
 
@@ -186,6 +196,9 @@ class KeyInfo:
     endpoints: frozenset
     rpm_limit: int | None
     tpm_limit: int | None
+    # The key's name in the shared limits (Redis): part of its hash, so a key made anew never inherits the window
+    # of a deleted one that had the same id.
+    limits_id: str = ""
 
     def allows_model(self, model: str) -> bool:
         # A key scoped to endpoints may name their model; its backends are then filtered.
@@ -209,6 +222,7 @@ def key_info(raw: str) -> KeyInfo | None:
         endpoints=frozenset(key.endpoints_scope),
         rpm_limit=key.rpm_limit,
         tpm_limit=key.tpm_limit,
+        limits_id=key.key_hash[:20],
     )
 
 
