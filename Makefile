@@ -18,6 +18,8 @@ CONSOLE_BIND ?= 127.0.0.1:8000
 WORKERS ?= 1
 CONVERT_WORKERS ?= 1
 WEB_WORKERS ?= 2
+# Gateway processes: more than one run behind HAProxy on GATEWAY_URL (docs/gateway-scale-out.md).
+GATEWAYS ?= 1
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
@@ -30,9 +32,11 @@ run: setup
 	@echo ""
 	@# The first Admin's password is for ensure_admin (`make migrate`, above) alone: supervisord and every
 	@# process under it start without it (tests/console/test_admin_password.py).
-	umask 077 && mkdir -p $(DATA_DIR)/logs && \
+	@if [ "$(GATEWAYS)" -gt 1 ]; then $(MAKE) --no-print-directory haproxy; fi
+	umask 077 && mkdir -p $(DATA_DIR)/logs && $(PY) manage.py gateway_pool --gateways $(GATEWAYS) --haproxy "$$(command -v haproxy || echo haproxy)" && \
 		WORKERS=$(WORKERS) CONVERT_WORKERS=$(CONVERT_WORKERS) WEB_WORKERS=$(WEB_WORKERS) \
 		exec env -u CONSOLE_ADMIN_PASSWORD -u CONSOLE_ADMIN_PASSWORD_FILE \
+		$$([ "$(GATEWAYS)" -gt 1 ] && echo GATEWAY_INSTANCE=1 GATEWAY_MAX_CONNECTIONS_PER_ADDRESS=0) \
 		$(VENV)/bin/supervisord -n -c deploy/supervisord.conf
 
 # What `make run` is running (another terminal): each process's state, pid and uptime.
@@ -148,7 +152,7 @@ demo: migrate redis
 # output is kept in var/test-postgres.log and shown when both are done. The slowest tests of each pass are listed
 # at its end (--durations).
 TEST_PASSES ?= parallel
-test: venv dataplane engine browser systemd-analyze format-check lint-imports test-passes
+test: venv dataplane engine browser systemd-analyze haproxy format-check lint-imports test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
@@ -191,6 +195,11 @@ test-postgres: venv
 # Debian's chromium for the browser tests (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || ($(APT) update -qq && $(APT) install -y -qq chromium)
+
+# Debian's HAProxy: in front of several gateways (make run GATEWAYS=N; tests/endpoints/test_gateway_scale_out.py).
+.PHONY: haproxy
+haproxy:
+	command -v haproxy >/dev/null || ($(APT) update -qq && $(APT) install -y -qq haproxy)
 
 # Debian's systemd for `systemd-analyze verify/security` and `systemd-sysusers` on deploy/systemd
 # (tests/deploy); they read unit files and need no running systemd. The other linters come from PyPI.
