@@ -37,7 +37,7 @@ log = logging.getLogger("console.gateway")
 
 WINDOW_MS = 60_000
 
-# KEYS: requests zset, tokens zset (reservation id -> time), tokens hash (reservation id -> tokens).
+# KEYS: requests zset, tokens zset (reservation id -> time), tokens hash (reservation id -> tokens; "_total": their sum).
 # ARGV: rpm limit, tpm limit, reservation id, prompt tokens, completions (n x prompts), tokens per completion.
 # Returns {admitted (1/0), wait ms, tokens per completion granted, tokens reserved}.
 ADMIT = """
@@ -55,13 +55,22 @@ if rpm > 0 then
 end
 local need = 0
 if tpm > 0 then
+  -- The window's total is kept in the hash (field "_total"), not summed at each admission: summing every
+  -- reservation of the last minute made an admission cost grow with the key's traffic (benchmarks/gateway_scale.py).
   local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', since)
   if #expired > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', since)
-    for _, old in ipairs(expired) do redis.call('HDEL', KEYS[3], old) end
+    local gone = 0
+    for _, old in ipairs(expired) do
+      local v = redis.call('HGET', KEYS[3], old)
+      if v then
+        gone = gone + tonumber(v)
+        redis.call('HDEL', KEYS[3], old)
+      end
+    end
+    redis.call('HINCRBY', KEYS[3], '_total', -gone)
   end
-  local used = 0
-  for _, v in ipairs(redis.call('HVALS', KEYS[3])) do used = used + tonumber(v) end
+  local used = tonumber(redis.call('HGET', KEYS[3], '_total') or '0')
   local left = tpm - used
   need = prompt + completions * each
   if need > left then
@@ -77,6 +86,7 @@ if tpm > 0 then
   end
   redis.call('ZADD', KEYS[2], now, id)
   redis.call('HSET', KEYS[3], id, need)
+  redis.call('HINCRBY', KEYS[3], '_total', need)
   redis.call('PEXPIRE', KEYS[2], ARGV[7] + 1000)
   redis.call('PEXPIRE', KEYS[3], ARGV[7] + 1000)
 end
@@ -89,8 +99,10 @@ return {1, 0, each, need}
 
 # A reservation settled to the real usage, if it is still in the window (an expired one is gone for good).
 SETTLE = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
   redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('HINCRBY', KEYS[1], '_total', tonumber(ARGV[2]) - tonumber(old))
 end
 return 0
 """
