@@ -155,3 +155,36 @@ def test_the_shipped_haproxy_configuration_is_the_rendered_one():
         ["haproxy", "-c", "-f", str(ROOT / "deploy" / "haproxy" / "gateway.cfg")], check=False
     )  # make haproxy
     assert checked.returncode == 0
+
+
+def test_make_run_with_several_gateways_supervises_the_pool_and_haproxy(settings, tmp_path, monkeypatch):
+    from django.core.management import call_command
+    from supervisor.options import ServerOptions
+
+    settings.DATA_DIR = tmp_path
+    settings.GATEWAY_URL = "http://127.0.0.1:8100"
+    (tmp_path / "logs").mkdir()  # as make run makes it
+    call_command("gateway_pool", gateways=3, haproxy="/usr/sbin/haproxy")
+    config = tmp_path / "gateways" / "haproxy.cfg"
+    assert subprocess.run(["haproxy", "-c", "-f", str(config)], check=False).returncode == 0
+    assert "server gw3 127.0.0.1:8103 check" in config.read_text()
+    # deploy/supervisord.conf includes the pool, as `make run GATEWAYS=3` starts it.
+    for name, value in {
+        "DATA_DIR": str(tmp_path),
+        "CONSOLE_BIND": "127.0.0.1:1",
+        "WORKERS": "1",
+        "CONVERT_WORKERS": "1",
+        "WEB_WORKERS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    options = ServerOptions()
+    options.realize(["-c", str(ROOT / "deploy" / "supervisord.conf")])
+    groups = {g.name: g for g in options.process_group_configs}
+    assert {"gateway", "gateway-2", "gateway-3", "gateway-balancer"} <= set(groups)
+    assert groups["gateway-3"].process_configs[0].environment["GATEWAY_INSTANCE"] == "3"
+    # One gateway: the pool's files go, and supervisord runs the one gateway as before.
+    call_command("gateway_pool", gateways=1)
+    assert not (tmp_path / "gateways" / "pool.conf").exists() and not config.exists()
+    options = ServerOptions()
+    options.realize(["-c", str(ROOT / "deploy" / "supervisord.conf")])
+    assert "gateway-2" not in {g.name for g in options.process_group_configs}
