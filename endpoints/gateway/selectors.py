@@ -82,14 +82,18 @@ def routing_table() -> RoutingTable:
     asleep = []
     # Only the columns used: the gateway reads this every second, and building whole rows was most of its
     # idle CPU (benchmarks/gateway.py).
-    running = Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)
     # vLLM's max_model_len: the endpoint's, else the model config's max_position_embeddings (what vLLM derives it
-    # from), else GATEWAY_DEFAULT_CONTEXT. The token estimate's default for a request with no max_tokens.
-    lengths = running.values_list("id", "max_model_len", "artifact__inspection__max_position_embeddings")
-    length_of = {pk: mml or (mpe if isinstance(mpe, int) else None) for pk, mml, mpe in lengths}
-    for ep in running.only("name", "served_model_name", "autoscale", "distributed", "replicas"):
+    # from), else GATEWAY_DEFAULT_CONTEXT. The token estimate's default for a request with no max_tokens. Read in
+    # the same query (a key of the artifact's inspection), not the whole inspection.
+    running = (
+        Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)
+        .only("name", "served_model_name", "autoscale", "distributed", "replicas", "max_model_len")
+        .annotate(config_length=F("artifact__inspection__max_position_embeddings"))
+    )
+    for ep in running:
         known.setdefault(model_name(ep), set()).add(ep.name)
-        length = length_of.get(ep.pk) or settings.GATEWAY_DEFAULT_CONTEXT
+        configured = ep.config_length if isinstance(ep.config_length, int) and ep.config_length > 0 else None
+        length = ep.max_model_len or configured or settings.GATEWAY_DEFAULT_CONTEXT
         context[model_name(ep)] = max(context.get(model_name(ep), 0), length)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)

@@ -318,3 +318,17 @@ def test_replicas_get_only_the_allowed_client_headers(gateway, admin, operator, 
         assert got["x-data-parallel-rank"] == "1" and got["x-vllm-priority"] == "-100"
     finally:
         replica.stop()
+
+
+@pytest.mark.django_db
+def test_the_estimates_context_is_the_endpoints_max_model_len_else_its_models_config(settings):
+    from endpoints.gateway.selectors import routing_table
+
+    ep = make_endpoint("ep-ctx", [], model="tiny")
+    assert routing_table().context["tiny"] == settings.GATEWAY_DEFAULT_CONTEXT
+    ep.artifact.inspection = {"max_position_embeddings": 2048}
+    ep.artifact.save()
+    assert routing_table().context["tiny"] == 2048  # vLLM derives max_model_len from it
+    ep.max_model_len = 1024
+    ep.save()
+    assert routing_table().context["tiny"] == 1024
