@@ -375,7 +375,7 @@ class Gateway:
                     await _error(
                         send,
                         503,
-                        "This key's token limit cannot be checked right now; try again shortly.",
+                        "This key's limits cannot be checked right now; try again shortly.",
                         "limits_unavailable",
                         retry_after=1,
                     ),
