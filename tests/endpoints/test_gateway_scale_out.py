@@ -188,3 +188,19 @@ def test_make_run_with_several_gateways_supervises_the_pool_and_haproxy(settings
     options = ServerOptions()
     options.realize(["-c", str(ROOT / "deploy" / "supervisord.conf")])
     assert "gateway-2" not in {g.name for g in options.process_group_configs}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_redis_unreachable_token_limits_fail_closed_and_request_limits_count_per_gateway(fakes, gateway, admin):
+    make_endpoint("ep-noredis", [fakes("r")], model="tiny")
+    _, free = services.key_create(name="free", actor=admin)
+    _, rpm = services.key_create(name="rpm-2", rpm_limit=2, actor=admin)
+    _, tpm = services.key_create(name="tpm", tpm_limit=1000, actor=admin)
+    gw = gateway(REDIS_URL=f"redis://127.0.0.1:{free_port()}/3")  # nothing listens there
+    gw.wait_routes("tiny", 1)
+    assert gw.post("/v1/chat/completions", free, chat()).status_code == 200  # no limit: no Redis needed
+    refused = gw.post("/v1/chat/completions", tpm, chat())
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "limits_unavailable"
+    assert refused.headers["retry-after"] == "1"
+    # A request limit is counted by this gateway alone meanwhile: still 2 a minute here.
+    assert [gw.post("/v1/chat/completions", rpm, chat()).status_code for _ in range(3)] == [200, 200, 429]
