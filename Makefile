@@ -18,6 +18,8 @@ CONSOLE_BIND ?= 127.0.0.1:8000
 WORKERS ?= 1
 CONVERT_WORKERS ?= 1
 WEB_WORKERS ?= 2
+# Gateway processes: more than one run behind HAProxy on GATEWAY_URL (docs/gateway-scale-out.md).
+GATEWAYS ?= 1
 # The PostgreSQL pass's database: a role of its own with a password, so that it works with Debian's default
 # pg_hba.conf (scram over TCP) as with a trusting one; `make postgres` creates both where they are missing.
 PG_TEST_URL ?= postgres://console_test:console_test@127.0.0.1:5432/console_test
@@ -41,9 +43,11 @@ run: setup
 	@echo ""
 	@# The first Admin's password is for ensure_admin (`make migrate`, above) alone: supervisord and every
 	@# process under it start without it (tests/console/test_admin_password.py).
-	umask 077 && mkdir -p $(DATA_DIR)/logs && \
+	@if [ "$(GATEWAYS)" -gt 1 ]; then $(MAKE) --no-print-directory haproxy; fi
+	umask 077 && mkdir -p $(DATA_DIR)/logs && $(PY) manage.py gateway_pool --gateways $(GATEWAYS) --haproxy "$$(command -v haproxy || echo haproxy)" && \
 		WORKERS=$(WORKERS) CONVERT_WORKERS=$(CONVERT_WORKERS) WEB_WORKERS=$(WEB_WORKERS) \
 		exec env -u CONSOLE_ADMIN_PASSWORD -u CONSOLE_ADMIN_PASSWORD_FILE \
+		$$([ "$(GATEWAYS)" -gt 1 ] && echo GATEWAY_INSTANCE=1 GATEWAY_MAX_CONNECTIONS_PER_ADDRESS=0) \
 		$(VENV)/bin/supervisord -n -c deploy/supervisord.conf
 
 # What `make run` is running (another terminal): each process's state, pid and uptime.
@@ -206,7 +210,7 @@ demo: migrate redis
 TEST_PASSES ?= parallel
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-test: venv dataplane engine browser sso-servers systemd-analyze redis postgres format-check lint-imports test-passes
+test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis postgres format-check lint-imports test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
@@ -279,6 +283,11 @@ $(SSO_PROVIDER)/node_modules/.package-lock.json: $(SSO_PROVIDER)/package-lock.js
 	@node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 20 ? 1 : 0)' || \
 		{ echo "oidc-provider 9 needs node 20 or newer, this is $$(node --version): install a newer nodejs"; exit 1; }
 	cd $(SSO_PROVIDER) && npm ci --no-audit --no-fund --loglevel=error
+
+# Debian's HAProxy: in front of several gateways (make run GATEWAYS=N; tests/endpoints/test_gateway_scale_out.py).
+.PHONY: haproxy
+haproxy:
+	command -v haproxy >/dev/null || ($(APT) update -qq && $(APT) install -y -qq haproxy)
 
 # Debian's systemd for `systemd-analyze verify/security` and `systemd-sysusers` on deploy/systemd
 # (tests/deploy); they read unit files and need no running systemd. The other linters come from PyPI.

@@ -7,6 +7,9 @@ import signal
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+# Threads whose reads have deadlines: idle or trickling connections cannot hold them (console/gunicorn_worker.py).
+worker_class = "console.gunicorn_worker.DeadlineThreadWorker"
+
 
 def post_fork(server, worker):
     """A worker dies with its master. Otherwise kill -9 of the master (an OOM kill) leaves the worker holding the

@@ -453,12 +453,31 @@ EVALUATION_GATE_LIMIT = env_int("EVALUATION_GATE_LIMIT", 0)  # documents per tas
 
 # --- Gateway (endpoints/gateway): the OpenAI-compatible entry point, `manage.py gateway` ---
 GATEWAY_URL = env_str("GATEWAY_URL", "http://127.0.0.1:8100")  # where it listens (and what pages show)
+# Several gateways on one host (`make run GATEWAYS=3`, docs/gateway-scale-out.md): HAProxy listens on GATEWAY_URL and
+# gateway k of the pool (GATEWAY_INSTANCE, from 1) on GATEWAY_URL's port + k; 0: the one gateway, on GATEWAY_URL.
+GATEWAY_INSTANCE = env_int("GATEWAY_INSTANCE", 0)
 GATEWAY_KEY_PREFIX = "gk_"
 GATEWAY_KEY_CACHE_SECONDS = env_float("GATEWAY_KEY_CACHE_SECONDS", 2)  # revocation takes effect within this
 GATEWAY_ROUTES_REFRESH_SECONDS = env_float("GATEWAY_ROUTES_REFRESH_SECONDS", 1)  # ready replicas from the DB
 GATEWAY_QUEUE_DEPTH = env_int("GATEWAY_QUEUE_DEPTH", 256)  # in-flight requests per endpoint before 429
 GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)
 GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
+# The clients' side, on both data paths (docs/gateway-hardening.md): a request head must arrive within
+# GATEWAY_HEADER_TIMEOUT_SECONDS of its first byte, its body within GATEWAY_BODY_TIMEOUT_SECONDS of the head, and a
+# connection with no request closes after GATEWAY_IDLE_TIMEOUT_SECONDS; at most GATEWAY_MAX_CONNECTIONS connections
+# at once, GATEWAY_MAX_CONNECTIONS_PER_ADDRESS from one client address (0: no per-address cap; behind a load
+# balancer every connection comes from its address: cap per client there, deploy/haproxy).
+GATEWAY_HEADER_TIMEOUT_SECONDS = env_float("GATEWAY_HEADER_TIMEOUT_SECONDS", 10)
+GATEWAY_BODY_TIMEOUT_SECONDS = env_float("GATEWAY_BODY_TIMEOUT_SECONDS", 30)
+GATEWAY_IDLE_TIMEOUT_SECONDS = env_float("GATEWAY_IDLE_TIMEOUT_SECONDS", 10)
+GATEWAY_MAX_CONNECTIONS = env_int("GATEWAY_MAX_CONNECTIONS", 4096)
+GATEWAY_MAX_CONNECTIONS_PER_ADDRESS = env_int("GATEWAY_MAX_CONNECTIONS_PER_ADDRESS", 256)
+# The keys' per-minute limits live in Redis (REDIS_URL), shared by every gateway (endpoints/gateway/limits.py): each
+# admission waits at most this long for it, then a key with a token limit is refused (fail closed).
+GATEWAY_LIMITS_TIMEOUT_SECONDS = env_float("GATEWAY_LIMITS_TIMEOUT_SECONDS", 2)
+# A model's context when neither its endpoint (max_model_len) nor its artifact's config says: what a request with no
+# max_tokens may use on a chat route (vLLM: the rest of the context), for the token estimate.
+GATEWAY_DEFAULT_CONTEXT = env_int("GATEWAY_DEFAULT_CONTEXT", 32768)
 # Which program does the gateway's HTTP: "rust" (endpoints/gateway/dataplane/, built by `make dataplane`), "python"
 # (uvicorn and aiohttp in the gateway's own process) or "auto" (rust where it is built). The rules are the same.
 GATEWAY_DATAPLANE = env_str("GATEWAY_DATAPLANE", "auto")

@@ -46,6 +46,11 @@ class CanaryIn(Schema):
     percent: int  # 1-99 of the requests to the staged side; 0 ends the canary
 
 
+class EngineHeadersIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+    allowed: bool  # the clients' X-data-parallel-rank and X-Vllm-Priority reach the replicas
+
+
 class RolloutIn(Schema):
     """The pair's SLO-gated rollout; fields left out keep their value, null clears a threshold."""
 
@@ -194,6 +199,18 @@ def canary(request, endpoint_id: int, data: CanaryIn):
             request=request,
         )
     )
+
+
+@api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/engine-headers", role=OPERATOR)
+def engine_headers(request, endpoint_id: int, data: EngineHeadersIn):
+    """Whether the clients' vLLM routing headers (X-data-parallel-rank, X-Vllm-Priority) reach the replicas."""
+    gw = services.set_engine_headers(
+        endpoint=endpoint_get(endpoint_id, user=request.user, role=OPERATOR),
+        allowed=data.allowed,
+        actor=request.user,
+        request=request,
+    )
+    return {"endpoint": endpoint_id, "engine_headers": gw.engine_headers}
 
 
 @api_route(router, "POST", "/gateway/endpoints/{endpoint_id}/rollout", role=OPERATOR)

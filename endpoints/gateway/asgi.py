@@ -29,8 +29,9 @@ cleanly, but it does not fit here:
   --worker-startup-timeout-secs on an unreachable URL;
 - it has no least-outstanding policy, and power_of_two refuses to start with one worker;
 - blue-green with zero failed requests needs the switch and the drain under our control.
-So the console proxies itself. State (rate windows, outstanding counts) is per process: run one
-gateway per host (several would each apply the limits).
+So the console proxies itself. The keys' per-minute limits are shared by every gateway process through Redis
+(endpoints/gateway/limits.py): run as many gateways as the load needs, behind a load balancer
+(docs/gateway-scale-out.md).
 
 The Python data path's upstream client is aiohttp, not httpx: at concurrency 32 on two cores httpx's
 per-request CPU cost showed up as +19 ms P50 and 64 % of direct throughput; aiohttp (what vLLM's own
@@ -47,9 +48,9 @@ import logging
 import math
 import re
 import time
-from collections import defaultdict, deque
-from collections.abc import Callable
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import aiohttp
 from django.conf import settings
@@ -58,6 +59,7 @@ from django.utils import timezone
 
 from endpoints.gateway import disagg, routing
 from endpoints.gateway.consul import ConsulSync
+from endpoints.gateway.limits import SharedLimits
 from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
@@ -69,20 +71,17 @@ from endpoints.services import endpoint_wake
 REQUEST_MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway_request_model", default=None)
 log = logging.getLogger("console.gateway")
 
-HOP_BY_HOP = {
-    b"connection",
-    b"keep-alive",
-    b"proxy-authenticate",
-    b"proxy-authorization",
-    b"te",
-    b"trailers",
-    b"transfer-encoding",
-    b"upgrade",
-    b"content-length",
-    b"host",
-    b"authorization",
-    b"x-api-key",
-}
+# The client's request headers a replica gets: an allow-list (a client's Host, cookies, proxy or hop-by-hop headers
+# and anything else unknown stay here), less any the request's Connection header names (RFC 9110 §7.6.1).
+# Content-Type is always application/json (the body was read as JSON) and Authorization the replica's own key.
+# The compiled data path has the same list (dataplane/src/main.rs FORWARDED). vLLM reads X-Request-Id
+# (vllm/entrypoints/serve/engine/serving.py) and the W3C trace context (vllm/tracing).
+FORWARDED_HEADERS = frozenset({b"accept", b"user-agent", b"x-request-id", b"traceparent", b"tracestate", b"baggage"})
+# vLLM's per-request routing headers (vllm/entrypoints/generate/base/serving.py: X-data-parallel-rank,
+# PRIORITY_HEADER = "X-Vllm-Priority"), forwarded only to an endpoint that allows them (GatewayEndpoint.engine_headers).
+ENGINE_HEADERS = frozenset({b"x-data-parallel-rank", b"x-vllm-priority"})
+# Says what the gateway changed in a request before forwarding it (a lowered max_tokens), on the answer.
+NOTICE_HEADER = b"x-gateway-notice"
 # Failures before any answer came back: the request can go to another replica.
 RETRYABLE = (
     aiohttp.ClientConnectorError,
@@ -148,8 +147,7 @@ class Gateway:
         self.poller: asyncio.Task | None = None  # refreshes the routes often while anything is held
         self.routes_changed = asyncio.Event()  # set (and replaced) at each routing table refresh
         self.key_cache: dict[str, tuple[float, object]] = {}
-        self.rpm: dict[int, deque] = defaultdict(deque)  # key id -> request times
-        self.tpm: dict[int, deque] = defaultdict(deque)  # key id -> [time, tokens] (reserved, then settled)
+        self.limits: SharedLimits | None = None  # the keys' per-minute limits, in Redis (made at startup)
         self.stats = Stats()
         self.client: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task] = []
@@ -163,6 +161,7 @@ class Gateway:
     # --- lifecycle ---------------------------------------------------------------------
 
     async def startup(self):
+        self.limits = SharedLimits()
         if self.dataplane == "python":
             self.client = self._client()
         if settings.CONSUL_HTTP_ADDR:
@@ -199,6 +198,8 @@ class Gateway:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving
         if self.client:
             await self.client.close()
+        if self.limits is not None:
+            await self.limits.close()
 
     async def _loop(self, fn, every):
         while True:
@@ -264,29 +265,6 @@ class Gateway:
         info = await _db(key_info, raw)
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)
         return info
-
-    def limited(self, key, reserve: Callable[[], int] = lambda: 0) -> tuple[float | None, list | None]:
-        """(seconds to wait if the key is over a per-minute limit, else None; the token reservation).
-        An admitted request counts at once, and a key with a token limit reserves reserve() tokens
-        (its prompt estimate and max_tokens, worked out only then) that finish() settles to the real
-        usage: concurrent requests cannot all slip under the limit before any of them is counted."""
-        now = time.monotonic()
-        window = self.rpm[key.id]
-        while window and window[0] <= now - 60:
-            window.popleft()
-        tokens = self.tpm[key.id]
-        while tokens and tokens[0][0] <= now - 60:
-            tokens.popleft()
-        if key.rpm_limit and len(window) >= key.rpm_limit:
-            return max(1.0, 60 - (now - window[0])), None
-        if key.tpm_limit and sum(n for _, n in tokens) >= key.tpm_limit:
-            return max(1.0, 60 - (now - tokens[0][0])), None
-        window.append(now)
-        reservation = None
-        if key.tpm_limit:
-            reservation = [now, max(1, reserve())]
-            tokens.append(reservation)
-        return None, reservation
 
     def pick(self, backends, tried: set, *, staged: bool | None = None, key: bytes | None = None) -> object | None:
         """A replica for one try of a request, skipping those tried, down, or whose endpoint is full.
@@ -368,12 +346,13 @@ class Gateway:
                 await _error(send, 404, f"The model {model!r} does not exist.", "model_not_found"),
             )
         if not self.may_use(key, model):
+            # As for a model that does not exist: a key learns nothing of the models outside its scope.
             return await self.finish(
                 send,
                 key,
                 None,
                 start,
-                await _error(send, 403, f"This key may not use the model {model!r}.", "permission_denied"),
+                await _error(send, 404, f"The model {model!r} does not exist.", "model_not_found"),
             )
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
         # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
@@ -395,8 +374,25 @@ class Gateway:
                     retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
                 ),
             )
-        wait, reservation = self.limited(key, lambda: _token_estimate(payload, generate))
-        if wait is not None:
+        estimate = token_estimate(payload, route=path, context=self.table.context.get(model))
+        reservation = await self.limits.admit(
+            key, prompt=estimate.prompt, completions=estimate.completions, each=estimate.each
+        )
+        if not reservation.admitted:
+            if reservation.unavailable:
+                return await self.finish(
+                    send,
+                    key,
+                    None,
+                    start,
+                    await _error(
+                        send,
+                        503,
+                        "This key's limits cannot be checked right now; try again shortly.",
+                        "limits_unavailable",
+                        retry_after=1,
+                    ),
+                )
             return await self.finish(
                 send,
                 key,
@@ -407,9 +403,18 @@ class Gateway:
                     429,
                     "This key is over its per-minute limit.",
                     "rate_limit_exceeded",
-                    retry_after=math.ceil(wait),
+                    retry_after=math.ceil(reservation.wait),
                 ),
             )
+        notice = ""
+        if reservation.each < estimate.each:
+            # Admitted with what is left of the key's tokens this minute: its completion limit lowered, and said.
+            payload[estimate.limit_field] = reservation.each
+            notice = (
+                f"{estimate.limit_field} lowered from {estimate.asked if estimate.asked is not None else 'unset'} "
+                f"to {reservation.each}: the key's tokens per minute left"
+            )
+            body = json.dumps(payload).encode()
         if generate:
             upstream_path = "/v1/completions"
             prompt = payload.get("prompt")
@@ -446,8 +451,7 @@ class Gateway:
             adapter_id = getattr(target, "adapter_id", None)  # a LoRA adapter to load (selectors.Loadable)
             backends = await self.hold(receive, key, model, target.endpoint_id, adapter_id=adapter_id)
             if backends is GONE:  # the client left: nothing to answer, nothing used
-                if reservation is not None:
-                    reservation[1] = 0
+                await self.limits.settle(reservation, 0)
                 return None
             if backends is None and adapter_id is not None:
                 why = self.load_failed.get((target.endpoint_id, adapter_id), "it was not loaded in time")
@@ -501,6 +505,7 @@ class Gateway:
                 reservation,
                 payload,
                 forwarder,
+                notice,
             )
         except asyncio.CancelledError:
             if not watch.left:
@@ -642,7 +647,7 @@ class Gateway:
         if endpoint_id is not None and endpoint_id in self.table.adapters.get(model, ()):
             self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
         if reservation is not None:
-            reservation[1] = tokens  # settled: the real usage replaces the estimate
+            await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
         return status
 
     async def proxy(
@@ -659,18 +664,12 @@ class Gateway:
         reservation=None,
         payload=None,
         forwarder=None,
+        notice="",
     ):
         """Send the request to a replica (another one if it cannot be reached) and relay its answer: here, or,
         given the compiled data path's `forwarder`, there (the same decisions, its HTTP)."""
         if forwarder is None:
-            # The body was read as a JSON object: say so, whatever the client sent (none, or a form type, which
-            # vLLM's FastAPI would not read as JSON).
-            fwd = [
-                (k.decode("latin-1"), v.decode("latin-1"))
-                for k, v in headers.items()
-                if k not in HOP_BY_HOP and k != b"content-type"
-            ]
-            fwd.append(("Content-Type", "application/json"))
+            fwd, fwd_engine = _forwarded(headers, engine=False), _forwarded(headers, engine=True)
         tried: set = set()
         last_endpoint = None
         # Decided once per request (a retry stays on the same side and key order).
@@ -718,7 +717,14 @@ class Gateway:
             self.ep_outstanding[backend.endpoint_id] += 1
             try:
                 if forwarder is not None:
-                    outcome = await forwarder.forward(backend.url + path, backend.api_key, body, whole=generate)
+                    outcome = await forwarder.forward(
+                        backend.url + path,
+                        backend.api_key,
+                        body,
+                        whole=generate,
+                        engine_headers=backend.engine_headers,
+                        notice=notice,
+                    )
                     if outcome.kind == "connect":
                         self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
                         log.warning(
@@ -742,7 +748,12 @@ class Gateway:
                     return await self.relayed(send, key, backend, outcome, start, generate, reservation)
                 try:
                     response = await self.client.post(
-                        backend.url + path, data=body, headers=[*fwd, ("Authorization", f"Bearer {backend.api_key}")]
+                        backend.url + path,
+                        data=body,
+                        headers=[
+                            *(fwd_engine if backend.engine_headers else fwd),
+                            ("Authorization", f"Bearer {backend.api_key}"),
+                        ],
                     )
                 except RETRYABLE as exc:
                     self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
@@ -765,7 +776,7 @@ class Gateway:
                         reservation=reservation,
                     )
                 try:
-                    return await self.relay(send, key, backend, response, start, generate, reservation)
+                    return await self.relay(send, key, backend, response, start, generate, reservation, notice)
                 except asyncio.CancelledError:
                     response.close()  # the connection drops, and vLLM aborts the request
                     raise
@@ -789,6 +800,7 @@ class Gateway:
         reservation=None,
         payload=None,
         forwarder=None,
+        notice="",
     ):
         """A request for a disaggregated endpoint (endpoints/gateway/disagg.py says how it is split): its prefill on
         the least-loaded prefill replica (another one if that one cannot be reached, fails or times out; a 4xx, the
@@ -889,6 +901,7 @@ class Gateway:
             reservation,
             payload,
             forwarder,
+            notice,
         )
 
     async def _prefill(self, backend, path, headers, body, forwarder) -> tuple[int, bytes, str]:
@@ -902,12 +915,7 @@ class Gateway:
                     self.down_until[backend.url] = time.monotonic() + DOWN_SECONDS
                 return 0, b"", outcome.error or outcome.kind
             return outcome.status, outcome.data, ""
-        fwd = [
-            (k.decode("latin-1"), v.decode("latin-1"))
-            for k, v in headers.items()
-            if k not in HOP_BY_HOP and k != b"content-type"
-        ]
-        fwd += [("Content-Type", "application/json"), ("Authorization", f"Bearer {backend.api_key}")]
+        fwd = [*_forwarded(headers, engine=backend.engine_headers), ("Authorization", f"Bearer {backend.api_key}")]
         try:
             async with self.client.post(backend.url + path, data=body, headers=fwd) as response:
                 return response.status, await response.read(), ""
@@ -917,7 +925,7 @@ class Gateway:
         except UPSTREAM_ERRORS as exc:
             return 0, b"", type(exc).__name__ or "timeout"
 
-    async def relay(self, send, key, backend, response, start, generate, reservation=None):
+    async def relay(self, send, key, backend, response, start, generate, reservation=None, notice=""):
         status = response.status
         content_type = response.headers.get("content-type", "")
         streaming = content_type.startswith("text/event-stream")
@@ -933,7 +941,7 @@ class Gateway:
                     await _error(send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
                     reservation=reservation,
                 )
-            await _answer_whole(send, status, data, content_type, generate)
+            await _answer_whole(send, status, data, content_type, generate, notice)
             # One answer at the end: no first token to time (its latency is the whole).
             return await self.finish(
                 send, key, backend.endpoint_id, start, status, tokens=_usage_tokens(data), reservation=reservation
@@ -942,6 +950,7 @@ class Gateway:
             (b"content-type", content_type.encode()),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no"),
+            *([(NOTICE_HEADER, notice.encode())] if notice else []),
         ]
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
         ttft, events, usage, tail = None, 0, 0, b""
@@ -1017,27 +1026,102 @@ class Gateway:
         )
 
 
-async def _answer_whole(send, status: int, data: bytes, content_type: str, generate: bool) -> None:
+async def _answer_whole(send, status: int, data: bytes, content_type: str, generate: bool, notice: str = "") -> None:
     """A replica's whole answer to the client: as it came, or for /generate, its text alone."""
+    extra = [(NOTICE_HEADER, notice.encode())] if notice else []
     if generate and status == 200:
         try:
             text = json.loads(data)["choices"][0]["text"]
         except (ValueError, KeyError, IndexError, TypeError):
             text = ""
-        await _json(send, 200, {"text": text})
+        await _json(send, 200, {"text": text}, extra)
     else:
-        await _raw(send, status, data, content_type)
+        await _raw(send, status, data, content_type, extra)
 
 
-def _token_estimate(payload: dict, generate: bool) -> int:
-    """What a request may use, reserved at admission: its prompt (about 4 characters a token)
-    and the most it may generate (max_tokens; /generate's default 64, else OpenAI's 16)."""
-    prompt = payload.get("messages") if "messages" in payload else payload.get("prompt")
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt or "")
-    limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        limit = 64 if generate else 16
-    return len(text) // 4 + 1 + limit
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a request may make the engine use, read as vLLM 0.32 reads it: `prompt` tokens (about 4 characters a
+    token), `completions` completions (n for each prompt) of up to `each` tokens, that limit given in
+    `limit_field` (`asked`: as the client gave it, None if not)."""
+
+    prompt: int
+    completions: int
+    each: int
+    limit_field: str
+    asked: int | None
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt + self.completions * self.each
+
+
+def _whole_number(value) -> int | None:
+    """A count as vLLM's request models take it (pydantic's lax int, vllm/entrypoints/serve/engine/protocol.py
+    OpenAIBaseModel): an int, a float with no fraction ("max_tokens": 60.0) or a string of digits; None otherwise
+    (vLLM refuses it: the estimate then takes the route's default)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def token_estimate(payload: dict, *, route: str, context: int | None) -> Estimate:
+    """The most a request may use, reserved against the key's tokens per minute before it is admitted.
+
+    The completion limit each route honours (vLLM 0.32):
+    - /v1/chat/completions: max_completion_tokens if given, else max_tokens (chat_completion/serving.py, the
+      get_max_tokens call); neither: the rest of the context, max_model_len - prompt (serve/utils/api_utils.py
+      get_max_tokens: model_max_tokens), so prompt + completion is the whole context;
+    - /v1/completions: max_tokens, default 16 (completion/protocol.py CompletionRequest.max_tokens = 16; an
+      explicit null: the rest of the context as above); max_completion_tokens is not read there;
+    - /generate (this gateway's): max_tokens, default 64 (sent to /v1/completions).
+    n completions per prompt (chat_completion/protocol.py and completion/protocol.py `n`, default 1), and a
+    completions prompt given as a list of prompts is one request per prompt (completion/serving.py)."""
+    context = context or settings.GATEWAY_DEFAULT_CONTEXT
+    chat = route == "/v1/chat/completions"
+    prompt = payload.get("messages") if chat else payload.get("prompt")
+    prompts = 1
+    if not chat and isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+        prompts = len(prompt)  # several prompts (strings, or lists of token ids)
+    if isinstance(prompt, str):
+        prompt_tokens = len(prompt) // 4 + 1
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompt_tokens = len(prompt)
+    else:
+        prompt_tokens = len(json.dumps(prompt or "")) // 4 + 1
+    prompt_tokens = min(prompt_tokens, context)
+    n = _whole_number(payload.get("n"))
+    completions = prompts * (n if n and n > 0 else 1)
+    field, asked = "max_tokens", _whole_number(payload.get("max_tokens"))
+    if chat and "max_completion_tokens" in payload and payload["max_completion_tokens"] is not None:
+        field, asked = "max_completion_tokens", _whole_number(payload["max_completion_tokens"])
+    rest = max(1, context - prompt_tokens // prompts)
+    if asked is not None and asked >= 0:
+        each = min(asked, rest)
+    elif route == "/generate":
+        each = 64
+    elif route == "/v1/completions" and "max_tokens" not in payload:
+        each = 16
+    else:
+        each = rest
+    return Estimate(prompt=prompt_tokens, completions=completions, each=max(1, each), limit_field=field, asked=asked)
+
+
+def _forwarded(headers: dict, *, engine: bool) -> list[tuple[str, str]]:
+    """The client's headers a replica gets (FORWARDED_HEADERS; with `engine`, ENGINE_HEADERS too), less those its
+    Connection header names, and Content-Type: application/json (the body was read as a JSON object, whatever the
+    client said)."""
+    named = {t.strip().lower().encode() for t in headers.get(b"connection", b"").decode("latin-1").split(",")}
+    allowed = FORWARDED_HEADERS | ENGINE_HEADERS if engine else FORWARDED_HEADERS
+    fwd = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in headers.items() if k in allowed and k not in named]
+    fwd.append(("Content-Type", "application/json"))
+    return fwd
 
 
 _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')

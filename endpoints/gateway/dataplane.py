@@ -185,11 +185,15 @@ class Forwarder:
         self.settled = True
         self.control.write(self.id, b"A", f"{self.status}\n{content_type}\n{retry_after}", b"".join(self.chunks))
 
-    async def forward(self, url: str, token: str, body: bytes, *, whole: bool) -> Outcome:
+    async def forward(
+        self, url: str, token: str, body: bytes, *, whole: bool, engine_headers: bool = False, notice: str = ""
+    ) -> Outcome:
         """Send the request to this replica and wait for how it went. `whole`: the answer comes back here
-        (the gateway rewrites it, and answers by `send`); else the data path relays it to the client."""
+        (the gateway rewrites it, and answers by `send`); else the data path relays it to the client.
+        `engine_headers`: the endpoint takes vLLM's routing headers (asgi.py ENGINE_HEADERS); `notice`: what the
+        gateway changed in the request, told to the client (asgi.py NOTICE_HEADER)."""
         self.outcome, self.whole = asyncio.get_running_loop().create_future(), whole
-        self.control.write(self.id, b"F", f"{url}\n{token}\n{int(whole)}", body)
+        self.control.write(self.id, b"F", f"{url}\n{token}\n{int(whole)}\n{int(engine_headers)}\n{notice}", body)
         return await self.outcome
 
     def report(self, kind: bytes, head: list[str], data: bytes) -> None:
@@ -365,6 +369,16 @@ async def serve(*, host: str, port: int) -> int:
             str(UPSTREAM_IDLE_SECONDS),
             "--max-body",
             str(MAX_BODY),
+            "--header-timeout",
+            str(settings.GATEWAY_HEADER_TIMEOUT_SECONDS),
+            "--idle-client-timeout",
+            str(settings.GATEWAY_IDLE_TIMEOUT_SECONDS),
+            "--body-timeout",
+            str(settings.GATEWAY_BODY_TIMEOUT_SECONDS),
+            "--max-connections",
+            str(settings.GATEWAY_MAX_CONNECTIONS),
+            "--max-connections-per-address",
+            str(settings.GATEWAY_MAX_CONNECTIONS_PER_ADDRESS or 2**31),
             env=child_environment({}),
             pass_fds=(theirs.fileno(),),
         )

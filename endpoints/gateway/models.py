@@ -61,6 +61,10 @@ class GatewayEndpoint(models.Model):
 
     endpoint = models.OneToOneField("endpoints.Endpoint", on_delete=models.CASCADE, related_name="gateway")
     queue_depth = models.PositiveIntegerField(null=True, blank=True)  # None: GATEWAY_QUEUE_DEPTH
+    # The client's X-data-parallel-rank and X-Vllm-Priority reach the replicas (vLLM 0.32
+    # entrypoints/generate/base/serving.py: _get_data_parallel_rank, PRIORITY_HEADER): off, a client could pin
+    # itself to one rank or jump the queue of every other key's requests.
+    engine_headers = models.BooleanField(default=False)
     staged = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="staged_for"
     )

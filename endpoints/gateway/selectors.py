@@ -36,6 +36,7 @@ class Backend:
     staged: bool = False  # the staged side of a blue-green pair taking a canary share
     canary_percent: int = 0  # that share (on the staged side's backends)
     role: str = ""  # "prefill" / "decode" on a disaggregated endpoint (the gateway relays P then D), else ""
+    engine_headers: bool = False  # its endpoint takes vLLM's routing headers from clients (GatewayEndpoint)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RoutingTable:
     drain_due_at: datetime | None = None  # the earliest blue-green drain to finish (finish_drains), if any
     adapters: dict[str, set[int]] = field(default_factory=dict)  # LoRA adapter name -> the endpoints holding it
     loadable: dict[str, list[Loadable]] = field(default_factory=dict)  # adapter name -> where it may be loaded
+    context: dict[str, int] = field(default_factory=dict)  # served model name -> its longest max_model_len
 
 
 def model_name(endpoint) -> str:
@@ -92,16 +94,35 @@ def routing_table() -> RoutingTable:
     names = dict(Endpoint.objects.values_list("id", "name"))
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
+    context: dict[str, int] = {}
     asleep = []
     # Only the columns used: the gateway reads this every second, and building whole rows was most of its
     # idle CPU (benchmarks/gateway.py).
     on_demand: dict[int, tuple[str, int]] = {}  # endpoint id -> (name, artifact id) of those loading adapters
-    for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).only(
-        "name", "served_model_name", "autoscale", "distributed", "replicas", "adapters_on_demand", "artifact"
-    ):
+    # vLLM's max_model_len: the endpoint's, else the model config's max_position_embeddings (what vLLM derives it
+    # from), else GATEWAY_DEFAULT_CONTEXT. The token estimate's default for a request with no max_tokens. Read in
+    # the same query (a key of the artifact's inspection), not the whole inspection.
+    running = (
+        Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING)
+        .only(
+            "name",
+            "served_model_name",
+            "autoscale",
+            "distributed",
+            "replicas",
+            "adapters_on_demand",
+            "artifact",
+            "max_model_len",
+        )
+        .annotate(config_length=F("artifact__inspection__max_position_embeddings"))
+    )
+    for ep in running:
         known.setdefault(model_name(ep), set()).add(ep.name)
         if ep.adapters_on_demand and ep.pk not in idle:
             on_demand[ep.pk] = (ep.name, ep.artifact_id)
+        configured = ep.config_length if isinstance(ep.config_length, int) and ep.config_length > 0 else None
+        length = ep.max_model_len or configured or settings.GATEWAY_DEFAULT_CONTEXT
+        context[model_name(ep)] = max(context.get(model_name(ep), 0), length)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
         g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
@@ -154,6 +175,7 @@ def routing_table() -> RoutingTable:
                 staged=ep.pk in canary,
                 canary_percent=canary.get(ep.pk, 0),
                 role=r.role,
+                engine_headers=bool(g.engine_headers) if (g := pairs.get(ep.pk)) else False,
             )
         )
     adapters = _add_adapters(backends, known)
@@ -177,6 +199,7 @@ def routing_table() -> RoutingTable:
         loadable=loadable,
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
+        context=context,
     )
 
 
@@ -234,6 +257,9 @@ class KeyInfo:
     endpoints: frozenset
     rpm_limit: int | None
     tpm_limit: int | None
+    # The key's name in the shared limits (Redis): part of its hash, so a key made anew never inherits the window
+    # of a deleted one that had the same id.
+    limits_id: str = ""
 
     @property
     def endpoint_names(self) -> frozenset:
@@ -266,6 +292,7 @@ def key_info(raw: str) -> KeyInfo | None:
         endpoints=frozenset(key.endpoints_scope),
         rpm_limit=key.rpm_limit,
         tpm_limit=key.tpm_limit,
+        limits_id=key.key_hash[:20],
     )
 
 

@@ -393,6 +393,30 @@ def _move(endpoint: Endpoint, to: str, *, actor, request, via, extra: dict | Non
     return gw
 
 
+def set_engine_headers(
+    *, endpoint: Endpoint, allowed: bool, actor=None, request=None, via: str = ""
+) -> GatewayEndpoint:
+    """Whether the endpoint's replicas get the clients' X-data-parallel-rank and X-Vllm-Priority (vLLM's routing
+    headers): off by default, a client could otherwise pin itself to one rank or put itself ahead of others."""
+    if not isinstance(allowed, bool):
+        raise ValidationError({"allowed": "allowed must be true or false."})
+    with transaction.atomic():
+        gw = _pair(endpoint)
+        if gw.engine_headers == allowed:
+            return gw
+        gw.engine_headers = allowed
+        gw.save(update_fields=["engine_headers"])
+        audit_log(
+            actor=actor,
+            action="gateway.engine_headers",
+            obj=endpoint,
+            request=request,
+            via=via,
+            changes={"engine_headers": [not allowed, allowed]},
+        )
+    return gw
+
+
 def set_canary(
     *, endpoint: Endpoint, percent: int, actor=None, request=None, via: str = "", extra: dict | None = None
 ) -> GatewayEndpoint:

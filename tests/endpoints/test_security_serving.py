@@ -96,13 +96,14 @@ from tests.support.gateway import HEALTH_TOKEN, chat, make_endpoint  # noqa: E40
 
 @pytest.mark.django_db(transaction=True)
 def test_tokens_per_minute_are_reserved_at_admission(fakes, gateway, admin):
-    """4 concurrent requests on a 5 tokens/min key: one passes, the others wait (they all passed)."""
+    """4 concurrent requests on a 20 tokens/min key, each estimated at 17 (a 9-token prompt, max_tokens 8): one
+    passes, the others wait (they all passed). A key whose limit is below a request's prompt admits none of it."""
     from concurrent.futures import ThreadPoolExecutor
 
     from endpoints.gateway import services
 
     make_endpoint("ep-tpm", [fakes("slow", delay=1.0)], model="tpm")
-    _, raw = services.key_create(name="tpm-5", tpm_limit=5, actor=admin)
+    _, raw = services.key_create(name="tpm-20", tpm_limit=20, actor=admin)
     gw = gateway()
     gw.wait_routes("tpm", 1)
     with ThreadPoolExecutor(4) as pool:

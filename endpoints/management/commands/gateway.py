@@ -17,7 +17,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         url = urlsplit(settings.GATEWAY_URL)
         parser.add_argument("--host", default=url.hostname or "127.0.0.1")
-        parser.add_argument("--port", type=int, default=url.port or 8100)
+        # One of a pool behind HAProxy (GATEWAY_INSTANCE k): the port after GATEWAY_URL's k-th.
+        parser.add_argument("--port", type=int, default=(url.port or 8100) + settings.GATEWAY_INSTANCE)
         parser.add_argument("--log-level", default="warning")
 
     def handle(self, *args, host, port, log_level, **options):
@@ -49,6 +50,8 @@ class Command(BaseCommand):
             sys.exit(uvloop.run(dataplane.serve(host=host, port=port)))
         import uvicorn
 
+        from endpoints.gateway.guard import GuardedProtocol
+
         # No proxy-headers middleware (the gateway reads no client address) and no Server header:
         # per-request work that serves nothing here.
         uvicorn.run(
@@ -56,11 +59,11 @@ class Command(BaseCommand):
             host=host,
             port=port,
             loop="uvloop",
-            http="httptools",
+            http=GuardedProtocol,  # httptools, with timeouts and connection caps
             lifespan="on",
             access_log=False,
             log_level=log_level,
-            timeout_keep_alive=30,
+            timeout_keep_alive=settings.GATEWAY_IDLE_TIMEOUT_SECONDS,
             backlog=4096,
             proxy_headers=False,
             server_header=False,

@@ -29,14 +29,14 @@
 //!                       the body to send)
 use hyper::body::{Bytes, HttpBody};
 use hyper::client::HttpConnector;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
-use hyper::server::conn::AddrIncoming;
-use hyper::service::{make_service_fn, service_fn};
-use hyper::{Body, Client, Method, Request, Response, Server, StatusCode};
+use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use hyper::server::conn::Http;
+use hyper::service::service_fn;
+use hyper::{Body, Client, Method, Request, Response, StatusCode};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::io::FromRawFd;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -47,12 +47,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-/// Request headers not passed on to a replica (endpoints/gateway/asgi.py HOP_BY_HOP, plus content-type:
-/// the body was read as JSON and is sent as JSON, whatever the client said).
-const NOT_FORWARDED: [&str; 13] = [
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
-    "transfer-encoding", "upgrade", "content-length", "host", "authorization", "x-api-key", "content-type",
-];
+/// The client's request headers a replica gets (endpoints/gateway/asgi.py FORWARDED_HEADERS, the same list):
+/// an allow-list, less any the request's Connection header names. Content-Type is always application/json
+/// (the body was read as JSON), Authorization the replica's own key.
+const FORWARDED: [&str; 6] = ["accept", "user-agent", "x-request-id", "traceparent", "tracestate", "baggage"];
+/// vLLM's per-request routing headers, forwarded only to an endpoint that allows them (asgi.py ENGINE_HEADERS).
+const ENGINE_HEADERS: [&str; 2] = ["x-data-parallel-rank", "x-vllm-priority"];
 const TAIL_BYTES: usize = 8192; // what a streamed answer's usage is looked for in (asgi.py relay)
 // A body up to this size, announced by Content-Length, comes with the request's first frame (one round trip
 // fewer); a larger one is read only once the gateway asks, after the key: an anonymous client cannot make
@@ -69,13 +69,14 @@ struct Settings {
     connect_timeout: Duration,
     read_timeout: Duration,
     idle_timeout: Duration,
+    body_timeout: Duration,
     max_body: usize,
 }
 
 enum Reply {
     Answer { status: u16, content_type: String, retry_after: String, body: Bytes },
     SendBody,
-    Forward { url: String, token: String, whole: bool, body: Bytes },
+    Forward { url: String, token: String, whole: bool, engine_headers: bool, note: String, body: Bytes },
 }
 
 /// A frame on its way to the gateway; empty bytes end the writer.
@@ -154,6 +155,8 @@ fn parse_reply(kind: u8, head: &[u8], body: Bytes) -> Option<Reply> {
             url: fields.next()?.to_string(),
             token: fields.next()?.to_string(),
             whole: fields.next()? == "1",
+            engine_headers: fields.next() == Some("1"),
+            note: fields.next().unwrap_or("").to_string(),
             body,
         }),
         _ => None,
@@ -252,18 +255,44 @@ fn answer(status: u16, content_type: &str, retry_after: &str, body: Bytes) -> Re
     response
 }
 
+/// What the gateway changed in the request before forwarding it (asgi.py NOTICE_HEADER), told to the client.
+fn add_notice(response: &mut Response<Body>, note: &str) {
+    if !note.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(note) {
+            response.headers_mut().insert("x-gateway-notice", v);
+        }
+    }
+}
+
 fn error_body(status: u16, message: &str, code: &str) -> Response<Body> {
     // The gateway's error shape (asgi.py _error), for the one refusal made here: a body over the limit.
     let body = format!("{{\"error\": {{\"message\": \"{message}\", \"type\": \"{code}\", \"code\": {status}}}}}");
     answer(status, "application/json", "", Bytes::from(body))
 }
 
+/// A refusal after which the connection is closed (RFC 9112 §6.1, §9.6): what else the client sent is not read.
+fn refuse_and_close(status: u16, message: &str, code: &str) -> Response<Body> {
+    let mut response = error_body(status, message, code);
+    response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 enum BodyError {
     TooLarge,
     Broken,
+    Slow,
 }
 
-async fn read_request_body(mut body: Body, max: usize) -> Result<Bytes, BodyError> {
+/// The request body, all of it within `within` (a client that announces a body and trickles it, or sends none,
+/// holds no connection longer), at most `max` bytes.
+async fn read_request_body(body: Body, max: usize, within: Duration) -> Result<Bytes, BodyError> {
+    match tokio::time::timeout(within, read_body_upto(body, max)).await {
+        Ok(read) => read,
+        Err(_) => Err(BodyError::Slow),
+    }
+}
+
+async fn read_body_upto(mut body: Body, max: usize) -> Result<Bytes, BodyError> {
     let mut chunks: Vec<Bytes> = Vec::new();
     let mut size = 0;
     while let Some(chunk) = body.data().await {
@@ -362,19 +391,60 @@ fn content_length(headers: &hyper::HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
+/// The client's headers a replica gets: the allow-list (and vLLM's routing headers where the endpoint allows them),
+/// less those the request's Connection header names (hop-by-hop by RFC 9110 §7.6.1).
+fn forwarded_headers(from: &hyper::HeaderMap, engine_headers: bool) -> Vec<(HeaderName, HeaderValue)> {
+    let named: Vec<String> = from.get_all(CONNECTION).iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+        .collect();
+    from.iter()
+        .filter(|(name, _)| {
+            let name = name.as_str();
+            (FORWARDED.contains(&name) || (engine_headers && ENGINE_HEADERS.contains(&name)))
+                && !named.iter().any(|n| n == name)
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
 impl Proxy {
-    async fn handle(self: Arc<Self>, request: Request<Body>) -> Response<Body> {
+    async fn handle(self: Arc<Self>, request: Request<Body>, busy: Busy) -> Response<Body> {
+        let headers = request.headers();
+        if headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH) {
+            // Both framings: which one a server in front read is unknowable (request smuggling), so neither is
+            // read (RFC 9112 §6.1). hyper keeps both only when Content-Length came first; with Transfer-Encoding
+            // first it drops Content-Length and reads the chunks, and the close below still applies.
+            return refuse_and_close(400, "Content-Length and Transfer-Encoding together are refused.",
+                                    "invalid_request_error");
+        }
+        // A chunked body's end is its own business (no length up front): the connection closes after the answer,
+        // as RFC 9112 §6.1 asks where the request might have carried a Content-Length too.
+        let chunked = headers.contains_key(TRANSFER_ENCODING);
+        let mut response = self.handle_request(request, busy).await;
+        if chunked {
+            response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        response
+    }
+
+    async fn handle_request(self: Arc<Self>, request: Request<Body>, busy: Busy) -> Response<Body> {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
-        let announced = content_length(&parts.headers);
+        let chunked = parts.headers.contains_key(TRANSFER_ENCODING);
+        let announced = if chunked { None } else { content_length(&parts.headers) };
         let mut body = Some(body);
+        // Read before the key is checked: only a body whose length is announced, without Transfer-Encoding,
+        // and at most EAGER_BODY of it.
         let eager = match announced {
             Some(n) => n <= EAGER_BODY,
             None => false,
         };
         let first = if eager {
-            match read_request_body(body.take().unwrap(), self.settings.max_body).await {
+            match read_request_body(body.take().unwrap(), EAGER_BODY as usize, self.settings.body_timeout).await {
                 Ok(data) => data,
+                Err(BodyError::Slow) => return refuse_and_close(408, "The request body did not come in time.",
+                                                                "request_timeout"),
                 Err(_) => return error_body(400, "The request body could not be read.", "invalid_request_error"),
             }
         } else {
@@ -405,18 +475,20 @@ impl Proxy {
                 Some(Reply::SendBody) => {
                     let read = match (body.take(), announced) {
                         (_, Some(n)) if n > self.settings.max_body as u64 => Err(BodyError::TooLarge),
-                        (Some(rest), _) => read_request_body(rest, self.settings.max_body).await,
+                        (Some(rest), _) => read_request_body(rest, self.settings.max_body, self.settings.body_timeout).await,
                         (None, _) => Ok(Bytes::new()),
                     };
                     reply = match read {
                         Ok(data) => self.gateway.ask(id, b'D', b"ok", &data).await,
                         Err(BodyError::TooLarge) => self.gateway.ask(id, b'D', b"too_large", b"").await,
+                        Err(BodyError::Slow) => return refuse_and_close(408, "The request body did not come in time.",
+                                                                         "request_timeout"),
                         // The client broke off: the watch tells the gateway it left.
                         Err(BodyError::Broken) => return error_body(400, "The request body could not be read.",
                                                                     "invalid_request_error"),
                     };
                 }
-                Some(Reply::Forward { url, token, whole, body: forwarded }) => {
+                Some(Reply::Forward { url, token, whole, engine_headers, note, body: forwarded }) => {
                     let mut upstream = Request::new(Body::from(forwarded));
                     *upstream.method_mut() = Method::POST;
                     *upstream.uri_mut() = match url.parse() {
@@ -427,10 +499,8 @@ impl Proxy {
                         }
                     };
                     let headers = upstream.headers_mut();
-                    for (name, value) in parts.headers.iter() {
-                        if !NOT_FORWARDED.contains(&name.as_str()) {
-                            headers.append(name.clone(), value.clone());
-                        }
+                    for (name, value) in forwarded_headers(&parts.headers, engine_headers) {
+                        headers.append(name, value);
                     }
                     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
                     if let Ok(v) = HeaderValue::from_str(&format!("Bearer {token}")) {
@@ -468,13 +538,15 @@ impl Proxy {
                         }
                         watch.settled = true;
                         self.gateway.report(id, b'S', head.as_bytes(), usage_part(&data));
-                        return answer(status, &content_type, "", data);
+                        let mut whole_answer = answer(status, &content_type, "", data);
+                        add_notice(&mut whole_answer, &note);
+                        return whole_answer;
                     }
                     let relay = Relay {
                         gateway: self.gateway.clone(), watch, upstream: response.into_body(), status, started,
                         read_timeout: self.settings.read_timeout,
                         deadline: Box::pin(tokio::time::sleep(self.settings.read_timeout)),
-                        ttft: None, events: 0, tail: Vec::new(), done: false,
+                        ttft: None, events: 0, tail: Vec::new(), done: false, _busy: busy,
                     };
                     let mut streamed = Response::new(Body::wrap_stream(relay));
                     *streamed.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -482,6 +554,7 @@ impl Proxy {
                     headers.insert(CONTENT_TYPE, HeaderValue::from_str(&content_type).unwrap());
                     headers.insert("cache-control", HeaderValue::from_static("no-cache"));
                     headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+                    add_notice(&mut streamed, &note);
                     return streamed;
                 }
             }
@@ -505,6 +578,7 @@ struct Relay {
     events: usize,
     tail: Vec<u8>,
     done: bool,
+    _busy: Busy, // the connection is busy until the stream ends
 }
 
 impl Relay {
@@ -558,6 +632,157 @@ impl futures_core::Stream for Relay {
     }
 }
 
+/// How long a client connection may take over a request head (from its first byte), and sit with no request.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    header: Duration,
+    idle: Duration,
+}
+
+/// What a connection is doing, for its watch: requests in the service (a streamed answer counts until it ends),
+/// and since when it has been reading a head, or idle (milliseconds since `epoch`; 0: not).
+struct ConnState {
+    epoch: Instant,
+    busy: AtomicU64,
+    head_since: AtomicU64,
+    idle_since: AtomicU64,
+    head_started: tokio::sync::Notify, // wakes the watch: a head's deadline is sooner than the idle one
+}
+
+impl ConnState {
+    fn new() -> Self {
+        ConnState { epoch: Instant::now(), busy: AtomicU64::new(0), head_since: AtomicU64::new(0), idle_since: AtomicU64::new(1),
+                    head_started: tokio::sync::Notify::new() }
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+}
+
+/// One request in the service: the connection is not idle meanwhile.
+struct Busy(Arc<ConnState>);
+
+impl Busy {
+    fn new(state: Arc<ConnState>) -> Self {
+        state.busy.fetch_add(1, Ordering::SeqCst);
+        state.head_since.store(0, Ordering::SeqCst);
+        Busy(state)
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.idle_since.store(self.0.now(), Ordering::SeqCst);
+        self.0.head_since.store(0, Ordering::SeqCst);
+        self.0.busy.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The client's socket, noting when a request head starts to come in on a connection with none in the service.
+struct Watched {
+    inner: tokio::net::TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let state = &self.state;
+        if buf.filled().len() > before && state.busy.load(Ordering::SeqCst) == 0 && state.head_since.load(Ordering::SeqCst) == 0 {
+            state.head_since.store(state.now(), Ordering::SeqCst);
+            state.head_started.notify_one();
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Returns when the connection has been idle past the idle timeout, or reading one head past the header timeout.
+/// It sleeps until the earliest such moment and looks again (one wake-up per timeout, not a tick).
+async fn watch_connection(state: Arc<ConnState>, timeouts: Timeouts) {
+    loop {
+        let now = state.now();
+        let due = if state.busy.load(Ordering::SeqCst) > 0 {
+            now + timeouts.idle.as_millis() as u64 // a request with the service: its own deadlines apply
+        } else {
+            let head = state.head_since.load(Ordering::SeqCst);
+            if head != 0 {
+                head + timeouts.header.as_millis() as u64
+            } else {
+                state.idle_since.load(Ordering::SeqCst) + timeouts.idle.as_millis() as u64
+            }
+        };
+        if due <= now && state.busy.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(due.saturating_sub(now).max(10))) => {}
+            _ = state.head_started.notified() => {}
+        }
+    }
+}
+
+const TOO_MANY_CONNECTIONS: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nretry-after: 1\r\nconnection: close\r\n\r\n";
+
+/// The caps on client connections: in all, and from one address (one client cannot take every socket).
+struct Limits {
+    total: usize,
+    per_address: usize,
+    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// One admitted connection's place under the caps, given back when the connection ends.
+struct Slot {
+    limits: Arc<Limits>,
+    address: IpAddr,
+}
+
+impl Limits {
+    fn admit(limits: &Arc<Limits>, address: IpAddr) -> Option<Slot> {
+        let mut open = limits.open.lock().unwrap();
+        let from_address = open.1.get(&address).copied().unwrap_or(0);
+        if open.0 >= limits.total || from_address >= limits.per_address {
+            return None;
+        }
+        open.0 += 1;
+        open.1.insert(address, from_address + 1);
+        Some(Slot { limits: limits.clone(), address })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut open = self.limits.open.lock().unwrap();
+        open.0 -= 1;
+        if let Some(n) = open.1.get_mut(&self.address) {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&self.address);
+            }
+        }
+    }
+}
+
 fn argument(args: &[String], name: &str) -> String {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
         .unwrap_or_else(|| panic!("dataplane: {name} is required"))
@@ -572,6 +797,7 @@ async fn main() {
         connect_timeout: seconds("--connect-timeout"),
         read_timeout: seconds("--read-timeout"),
         idle_timeout: seconds("--idle-timeout"),
+        body_timeout: seconds("--body-timeout"),
         max_body: argument(&args, "--max-body").parse().expect("dataplane: --max-body BYTES"),
     };
 
@@ -598,34 +824,73 @@ async fn main() {
     tcp.set_reuseaddr(true).expect("dataplane: SO_REUSEADDR");
     tcp.bind(listen).unwrap_or_else(|e| panic!("dataplane: cannot listen on {listen}: {e}"));
     let listener = tcp.listen(4096).expect("dataplane: listen");
-    let mut incoming = AddrIncoming::from_listener(listener).expect("dataplane: listener");
-    incoming.set_nodelay(true);
-    let make = make_service_fn(move |_| {
-        let proxy = proxy.clone();
-        async move {
-            Ok::<_, Infallible>(service_fn(move |request| {
-                let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(proxy.handle(request).await) }
-            }))
-        }
+    let limits = Arc::new(Limits {
+        total: argument(&args, "--max-connections").parse().expect("dataplane: --max-connections N"),
+        per_address: argument(&args, "--max-connections-per-address").parse().expect("dataplane: N"),
+        open: Mutex::new((0, HashMap::new())),
     });
+    let mut http = Http::new();
+    http.http1_only(true);
+    // Not hyper's http1_header_read_timeout: in 0.14.19 it is re-armed at every read (src/proto/h1/role.rs
+    // parse_headers never marks it running), so a head trickling in a byte at a time never meets it, and an idle
+    // connection never starts it. Watch (below) bounds both.
+    let timeouts = Timeouts { header: seconds("--header-timeout"), idle: seconds("--idle-client-timeout") };
     println!("dataplane: listening on http://{listen}/");
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("dataplane: SIGTERM");
     let mut interrupt = signal(SignalKind::interrupt()).expect("dataplane: SIGINT");
     // SIGTERM (or Ctrl-C's SIGINT): take no new connections, finish the requests under way (the gateway waits,
     // then kills), then write the last reports before exiting.
-    let server = Server::builder(incoming).serve(make).with_graceful_shutdown(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    });
-    let result = server.await;
+    let (stopping, stop) = tokio::sync::watch::channel(false);
+    let (alive, mut all_closed) = mpsc::channel::<()>(1); // each connection holds a sender; none left: all closed
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = term.recv() => break,
+            _ = interrupt.recv() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    eprintln!("dataplane: accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await; // out of descriptors: let some close
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let Some(slot) = Limits::admit(&limits, peer.ip()) else {
+            // Over a cap: a short answer and the connection goes (asgi.py GuardedProtocol does the same).
+            let mut stream = stream;
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(TOO_MANY_CONNECTIONS)).await;
+            });
+            continue;
+        };
+        let proxy = proxy.clone();
+        let state = Arc::new(ConnState::new());
+        let for_service = state.clone();
+        let service = service_fn(move |request| {
+            let proxy = proxy.clone();
+            let busy = Busy::new(for_service.clone());
+            async move { Ok::<_, Infallible>(proxy.handle(request, busy).await) }
+        });
+        let mut connection = http.serve_connection(Watched { inner: stream, state: state.clone() }, service);
+        let mut stop = stop.clone();
+        let alive = alive.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _alive = alive;
+            tokio::select! {
+                _ = &mut connection => return,
+                _ = watch_connection(state, timeouts) => return, // dropped: the socket closes
+                _ = stop.changed() => {}
+            }
+            Pin::new(&mut connection).graceful_shutdown();
+            let _ = connection.await;
+        });
+    }
+    let _ = stopping.send(true);
+    drop(alive);
+    let _ = all_closed.recv().await;
     let _ = out.send(Frame { bytes: Vec::new(), report: false });
     let _ = writer.await;
-    if let Err(e) = result {
-        eprintln!("dataplane: {e}");
-        std::process::exit(1);
-    }
 }
