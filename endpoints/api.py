@@ -8,9 +8,9 @@ from endpoints import selectors, services
 from endpoints.commands import PROFILER_FLAG
 from endpoints.endpoint_spec import CONFIG_FIELDS, EndpointSpec
 from endpoints.lora import endpoint_adapter_change
+from endpoints.models import Endpoint
 from endpoints.preview import endpoint_preview
 from endpoints.recipes import recipe_list, recipe_save
-from endpoints.models import Endpoint
 
 router = Router(tags=["endpoints"])
 

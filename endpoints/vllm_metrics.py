@@ -338,7 +338,8 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     error are errors, stop/length succeed); ``prompt_tokens``, ``generation_tokens`` and their
     ``*_per_s``; ``prefix_cache_queries`` and ``prefix_cache_hits`` (prompt tokens) and
     ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries);
-    ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
+    ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram
+    *deltas* (None values when the window has no observation, the
     whole entry None when the metric is not exposed); speculative decoding's ``spec_drafts``,
     ``spec_draft_tokens``, ``spec_accepted_tokens`` (and their ``*_per_s``), ``spec_acceptance_rate``,
     ``spec_mean_accepted_length`` and ``spec_acceptance_by_position`` (see :func:`_spec_decode_stats`; None

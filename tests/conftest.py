@@ -16,9 +16,9 @@ from console.services import api_token_create
 from models_registry.inspection import inspect_path
 from models_registry.models import Artifact, Model
 from tests.support import FIXTURES
-from tests.support.npu_smi import FakeNpuSmi
 from tests.support.accounts import PASSWORD, make_user  # noqa: F401 (PASSWORD: the personas' password)
 from tests.support.jobs import run_queued_jobs, start_worker  # noqa: F401
+from tests.support.npu_smi import FakeNpuSmi
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Device, Node
 from workers.npu_smi import runner as npu_smi_runner

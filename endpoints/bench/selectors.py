@@ -1,13 +1,15 @@
 """Reads for benchmarks (pages and API)."""
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep, BenchStatus
 
 STATES = [s.value for s in BenchStatus]
 
 
-def run_list(*, endpoint: str | int | None = None, state: str = "", sweeps: bool = True):
+def run_list(
+    *, endpoint: str | int | None = None, state: str = "", sweeps: bool = True
+) -> QuerySet[BenchmarkRun] | list[BenchmarkRun]:
     runs = BenchmarkRun.objects.select_related("job", "endpoint", "created_by", "sweep").defer("detail", "telemetry")
     if endpoint not in (None, ""):
         if str(endpoint).isdigit():
@@ -18,7 +20,7 @@ def run_list(*, endpoint: str | int | None = None, state: str = "", sweeps: bool
         runs = runs.filter(sweep__isnull=True)
     if state in STATES:
         # `state` folds in the job's outcome; filter coarsely in SQL, exactly in Python.
-        runs = [r for r in runs if r.state == state]
+        return [r for r in runs if r.state == state]
     return runs
 
 

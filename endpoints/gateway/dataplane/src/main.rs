@@ -383,7 +383,7 @@ impl Proxy {
         let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
         let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
         // A repeated key header counts by its last value, as the gateway reads headers under uvicorn (a dict).
-        let header = |name: &str| parts.headers.get_all(name).iter().last().map(|v| v.as_bytes()).unwrap_or(b"");
+        let header = |name: &str| parts.headers.get_all(name).iter().next_back().map(|v| v.as_bytes()).unwrap_or(b"");
         let mut head = Vec::with_capacity(128);
         for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"),
                       header("x-api-key"), if eager { b"1" } else { b"0" }] {
