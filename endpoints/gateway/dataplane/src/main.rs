@@ -5,7 +5,7 @@
 //! step of a request (endpoints/gateway/dataplane.py speaks the other end).
 //!
 //! Why a compiled data path at all: at concurrency 1 a proxy's added latency is its CPU per request, and a
-//! Python HTTP server and client (uvicorn, aiohttp) spent 2-2.5x what vLLM's Rust router does (README,
+//! Python HTTP server and client (uvicorn, aiohttp) spent 2-2.5x what vLLM's Rust router does (docs/benchmarks.md,
 //! "Gateway"). Here Python is left with the decisions, about a fifth of what it used to run per request.
 //!
 //! Written by hand because no library is this: hyper does the HTTP on both sides; what is ours is the
