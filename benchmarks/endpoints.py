@@ -45,8 +45,8 @@ import psutil  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
-from endpoints.models import Endpoint, Replica  # noqa: E402
 from endpoints.endpoint_spec import EndpointSpec  # noqa: E402
+from endpoints.models import Endpoint, Replica  # noqa: E402
 from endpoints.services import endpoint_create, endpoint_stop  # noqa: E402
 from models_registry.services import model_register  # noqa: E402
 from workers.models import Node  # noqa: E402
@@ -138,22 +138,25 @@ def main():
                 ),
                 user=user,
             )
-            wait(lambda: Endpoint.objects.get(pk=endpoint.pk).state == "ready", step=0.05)
+            wait(lambda pk=endpoint.pk: Endpoint.objects.get(pk=pk).state == "ready", step=0.05)
             results["console"].append(time.monotonic() - t0)
             replica = Replica.objects.get(endpoint=endpoint)
             results["by_hand"].append(by_hand(replica.argv, replica.env, 8899, name))
             pid = replica.pid
             os.kill(pid, signal.SIGKILL)
             t1 = time.monotonic()
-            wait(lambda: Replica.objects.get(pk=replica.pk).state != "ready", step=0.02)
+            wait(lambda pk=replica.pk: Replica.objects.get(pk=pk).state != "ready", step=0.02)
             results["notice_kill"].append(time.monotonic() - t1)
-            wait(lambda: Replica.objects.get(pk=replica.pk).state == "ready", step=0.05)
+            wait(lambda pk=replica.pk: Replica.objects.get(pk=pk).state == "ready", step=0.05)
             results["serve_again"].append(time.monotonic() - t1)
             replica.refresh_from_db()
             tree = [psutil.Process(replica.pid)] + psutil.Process(replica.pid).children(recursive=True)
             t2 = time.monotonic()
             endpoint_stop(endpoint=endpoint, user=user)
-            wait(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree), step=0.02)
+            wait(
+                lambda tree=tree: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree),
+                step=0.02,
+            )
             results["stop"].append(time.monotonic() - t2)
             Endpoint.objects.filter(pk=endpoint.pk).delete()
     finally:
@@ -167,7 +170,8 @@ def main():
     print(f"kill -9 → noticed                  {med['notice_kill']:7.2f}   (goal ≤ 10 s)")
     print(f"kill -9 → serving again            {med['serve_again']:7.2f}")
     print(
-        f"Stop → all processes gone          {med['stop']:7.2f}   (goal ≤ grace {settings.ENDPOINT_STOP_GRACE_SECONDS:.0f} + 1 s)"
+        f"Stop → all processes gone          {med['stop']:7.2f}   "
+        f"(goal ≤ grace {settings.ENDPOINT_STOP_GRACE_SECONDS:.0f} + 1 s)"
     )
     print("raw:", json.dumps({k: [round(x, 2) for x in v] for k, v in results.items()}))
 

@@ -237,7 +237,7 @@ def paired_rounds(arm_runs: list[dict], anchor_runs: list[dict], rng: random.Ran
         means = sorted(statistics.mean(rng.choices(values, k=len(values))) for _ in range(2000))
         return statistics.mean(values), means[50], means[1949]
 
-    pairs = list(zip(arm_runs, anchor_runs))
+    pairs = list(zip(arm_runs, anchor_runs, strict=False))
     return {
         "rounds": len(pairs),
         "p50_diff_ms": interval([p50_ms(a) - p50_ms(b) for a, b in pairs]),

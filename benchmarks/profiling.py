@@ -48,7 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from endpoints.commands import LaunchSpec, build_command
+from endpoints.commands import LaunchSpec, build_command  # noqa: E402  (after the sys.path line above)
 
 SIDES = ("base", "idle", "rec")
 SERVED_NAME = "bench-demo"
@@ -289,7 +289,7 @@ def main():
         "sides": {},
     }
     for side in sides:
-        ratios = [x["tok_s"] / b["tok_s"] for x, b in zip(rounds[side], rounds["base"])]
+        ratios = [x["tok_s"] / b["tok_s"] for x, b in zip(rounds[side], rounds["base"], strict=False)]
         low, high = median_interval(ratios, seed=args.seed)
         report["sides"][side] = {
             "rounds": len(rounds[side]),

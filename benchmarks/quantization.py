@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -97,7 +97,7 @@ def run_target(name: str, src: Path, out: Path, opts: dict) -> dict:
     proc = subprocess.run(
         [sys.executable, "-c", CHILD, str(src), str(out), json.dumps(opts)], cwd=ROOT, capture_output=True, text=True
     )
-    line = next((l for l in proc.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((out for out in proc.stdout.splitlines() if out.startswith("RESULT ")), None)
     if proc.returncode or line is None:
         return {"target": name, "error": (proc.stderr or proc.stdout)[-800:]}
     return {"target": name, **json.loads(line[7:])}

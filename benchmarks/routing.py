@@ -291,7 +291,7 @@ def main():
                 if routing:
                     set_routing(env, routing)
                 # Prefixes of its own per arm and concurrency (the first concurrency keeps the seeds of
-                # runs that had one: the same prompts as the README's earlier runs).
+                # runs that had one: the same prompts as the earlier runs in docs/benchmarks.md).
                 tag = name if concurrency == args.concurrency[0] else f"{name}:c{concurrency}"
                 prompts = workload(
                     seed=f"{args.seed}:{tag}", groups=args.groups, prefix_tokens=args.prefix_tokens, turns=args.turns

@@ -1,7 +1,8 @@
 """REST API under /api/v1/: the same services and role checks as the pages.
 
 Auth (console.api_auth): `Authorization: Bearer <token>` (per-user API tokens) or the
-browser session (with CSRF); every route names its role. Errors are JSON: {"detail": ..., "errors"?: {...}, "link"?: ...}."""
+browser session (with CSRF); every route names its role. Errors are JSON:
+{"detail": ..., "errors"?: {...}, "link"?: ...}."""
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, RequestDataTooBig, ValidationError

@@ -14,10 +14,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 
 def env_str(name: str, default: str = "") -> str:
+    """The text as given (an empty value is kept, not replaced by the default)."""
     return os.environ.get(name, default)
 
 
 def env_secret(name: str, default: str = "") -> str:
+    """The contents of the file NAME_FILE names (stripped; unreadable: an error at start), else NAME."""
     path = os.environ.get(f"{name}_FILE")
     if path:
         try:
@@ -28,6 +30,7 @@ def env_secret(name: str, default: str = "") -> str:
 
 
 def env_bool(name: str, default: bool = False) -> bool:
+    """1/true/yes/on or 0/false/no/off, any case; unset or empty: the default; anything else: an error at start."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -40,6 +43,7 @@ def env_bool(name: str, default: bool = False) -> bool:
 
 
 def env_int(name: str, default: int) -> int:
+    """An integer; unset or empty: the default; anything else: an error at start."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -50,6 +54,7 @@ def env_int(name: str, default: int) -> int:
 
 
 def env_float(name: str, default: float) -> float:
+    """A number; unset or empty: the default; anything else: an error at start."""
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -60,6 +65,7 @@ def env_float(name: str, default: float) -> float:
 
 
 def env_list(name: str, default: list[str] | None = None, sep: str = ",") -> list[str]:
+    """Comma-separated items, each stripped, empty ones dropped; unset or blank: the default."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return list(default or [])
@@ -78,6 +84,7 @@ def env_pairs(name: str) -> dict[str, str]:
 
 
 def env_path(name: str, default: Path) -> Path:
+    """A path, `~` expanded and made absolute (symlinks resolved); unset or empty: the default."""
     raw = os.environ.get(name)
     return Path(raw).expanduser().resolve() if raw else Path(default).resolve()
 

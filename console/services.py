@@ -113,7 +113,7 @@ def user_update(*, target, role: str | None = None, active: bool | None = None, 
             raise ValidationError({"role": "You cannot remove your own Admin role."})
     if active is not None and target.pk == actor.pk and not active:
         raise ValidationError({"active": "You cannot deactivate yourself."})
-    changes = {}
+    changes: dict[str, list] = {}  # field -> [before, after], for the audit row
     with transaction.atomic():
         old = user_role(target)
         if role is not None and old != role:

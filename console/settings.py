@@ -31,11 +31,11 @@ os.umask(0o077)
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = private_data_dir(env_path("DATA_DIR", BASE_DIR / "var"))  # SQLite, downloads and artifacts live here
 
-DEBUG = env_bool("DEBUG", False)
+DEBUG = env_bool("DEBUG", False)  # Django's debug pages; never in production
 # SECRET_KEY(_FILE) wins; else a random key made on the first run and kept (0600) in the data directory.
 SECRET_KEY = env_secret("SECRET_KEY") or secret_from_file(DATA_DIR / "secret_key")
-ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])  # the console's host names
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])  # https://host origins behind TLS
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -112,7 +112,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # This host's name for jobs and the node agent.
 NODE_NAME = env_str("NODE_NAME", socket.gethostname())
 
-REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = env_secret("REDIS_URL", "redis://127.0.0.1:6379/0")  # RQ queues and the agents' nudges
 
 # Queues by kind of work, plus this host's own queue for work that must run here (e.g. a
 # benchmark client next to its model files); `manage.py jobs_worker` always listens to it.
@@ -124,7 +124,7 @@ RQ_QUEUES = {
 RQ_SHOW_ADMIN_LINK = False
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = env_str("TIME_ZONE", "UTC")
+TIME_ZONE = env_str("TIME_ZONE", "UTC")  # times on pages
 USE_I18N = False
 USE_TZ = True
 
@@ -153,8 +153,8 @@ AUTH_PASSWORD_VALIDATORS = [
 # Login throttling by django-axes: after LOGIN_FAILURE_LIMIT wrong passwords for one username from
 # one address, that pair is refused (even with the right password) for LOGIN_LOCKOUT_MINUTES.
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
-AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)
-AXES_COOLOFF_TIME = env_float("LOGIN_LOCKOUT_MINUTES", 15) / 60  # hours
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 10)  # wrong passwords before a lockout
+AXES_COOLOFF_TIME = env_float("LOGIN_LOCKOUT_MINUTES", 15) / 60  # a lockout's minutes (axes counts hours)
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False  # no banner from every process at start
@@ -283,12 +283,14 @@ if LDAP_ENABLED:
         AUTH_LDAP_GLOBAL_OPTIONS = {_ldap.OPT_X_TLS_CACERTFILE: env_str("LDAP_CA_CERT_FILE")}
     AUTHENTICATION_BACKENDS.append("console.sso_ldap.ConsoleLDAPBackend")
 
+# HTTPS=true (served over TLS): cookies only over TLS; SECURE_COOKIES says so on its own.
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG and env_bool("HTTPS", False))
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
-SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
-SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)  # http:// to https://
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)  # HSTS max-age (0: none)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_SECONDS > 0
 SECURE_HSTS_PRELOAD = SECURE_HSTS_SECONDS > 0
+# BEHIND_PROXY=true: a TLS-terminating reverse proxy in front, whose X-Forwarded-Proto is believed.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if env_bool("BEHIND_PROXY", False) else None
 # How many reverse proxies stand in front of the console (nginx, an ingress): the client's address is then the
 # one the outermost of them saw, read from X-Forwarded-For's right end; 0 reads REMOTE_ADDR only.
@@ -308,11 +310,11 @@ MODEL_ROOTS = [Path(p).expanduser().resolve() for p in env_list("MODEL_ROOTS", [
 ARTIFACT_STORE = env_path("ARTIFACT_STORE", DATA_DIR / "artifacts")
 # A conversion is refused when it would leave less than this free in the store.
 ARTIFACT_STORE_MIN_FREE_BYTES = env_int("ARTIFACT_STORE_MIN_FREE_BYTES", 1024**3)
-ENGINE_PYTHON = env_str("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))
-GPU_MEMORY_UTILIZATION = env_float("GPU_MEMORY_UTILIZATION", 0.9)
+ENGINE_PYTHON = env_str("ENGINE_PYTHON", str(BASE_DIR / ".venv-engine" / "bin" / "python"))  # the engine venv's
+GPU_MEMORY_UTILIZATION = env_float("GPU_MEMORY_UTILIZATION", 0.9)  # a launch's default
 # Jobs whose heartbeat is older than this are reaped as failed (worker died).
 JOB_HEARTBEAT_SECONDS = env_int("JOB_HEARTBEAT_SECONDS", 5)
-JOB_STALE_SECONDS = env_int("JOB_STALE_SECONDS", 30)
+JOB_STALE_SECONDS = env_int("JOB_STALE_SECONDS", 30)  # no heartbeat this long: reaped
 API_TOKEN_PREFIX = "lmc_"
 # The lifetime of an API token made on the command line without --expires-in.
 API_TOKEN_DEFAULT_DAYS = env_int("API_TOKEN_DEFAULT_DAYS", 90)
@@ -322,21 +324,22 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},  # every console process's
     # axes: lockouts are warnings; its note on every login is not worth a line.
     "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 CSRF_FAILURE_VIEW = "console.views.csrf_failure"
 
 # --- Nodes and endpoints --------------------------------------------------------------
-NODE_OFFLINE_SECONDS = env_int("NODE_OFFLINE_SECONDS", 30)
-AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5)
-AGENT_RECONCILE_SECONDS = env_float("AGENT_RECONCILE_SECONDS", 2)
+NODE_OFFLINE_SECONDS = env_int("NODE_OFFLINE_SECONDS", 30)  # no agent heartbeat this long: offline
+AGENT_HEARTBEAT_SECONDS = env_float("AGENT_HEARTBEAT_SECONDS", 5)  # the agent's heartbeat period
+AGENT_RECONCILE_SECONDS = env_float("AGENT_RECONCILE_SECONDS", 2)  # the agent's pass period
 # A pass running longer than this is stuck: its heartbeat (workers.agent.loop) stops, so the node goes offline.
 AGENT_PASS_STUCK_SECONDS = env_float("AGENT_PASS_STUCK_SECONDS", 600)
 # The address other hosts use to reach this node's endpoints (defaults to loopback for one host).
 NODE_ADDRESS = env_str("NODE_ADDRESS", "127.0.0.1")
-ENDPOINT_BIND_HOST = env_str("ENDPOINT_BIND_HOST", "127.0.0.1")
+ENDPOINT_BIND_HOST = env_str("ENDPOINT_BIND_HOST", "127.0.0.1")  # the address replicas listen on
+# The ports a node gives its vLLM replicas, FIRST-LAST.
 ENDPOINT_PORT_RANGE = tuple(int(p) for p in env_str("ENDPOINT_PORT_RANGE", "8200-8399").split("-", 1))
 # Multi-node replicas' rendezvous ports on their head node (Ray head, data-parallel RPC). Not Ray's own
 # default 6379: that is Redis's port, and the console's Redis may run on the same host.
@@ -345,15 +348,15 @@ ENDPOINT_CLUSTER_PORT_RANGE = tuple(int(p) for p in env_str("ENDPOINT_CLUSTER_PO
 # node's settings (vllm-ascend's tutorials set them on every node before `ray start` / `vllm serve`), e.g.
 # "HCCL_IF_IP=10.0.0.5,GLOO_SOCKET_IFNAME=enp189s0f0,TP_SOCKET_IFNAME=enp189s0f0,HCCL_SOCKET_IFNAME=enp189s0f0".
 NODE_INTERFACES = env_pairs("NODE_INTERFACES")
-ENDPOINT_HEALTH_INTERVAL_SECONDS = env_float("ENDPOINT_HEALTH_INTERVAL_SECONDS", 5)
+ENDPOINT_HEALTH_INTERVAL_SECONDS = env_float("ENDPOINT_HEALTH_INTERVAL_SECONDS", 5)  # replica health checks
 ENDPOINT_HEALTH_FAILURES = env_int("ENDPOINT_HEALTH_FAILURES", 3)  # in a row -> restart
-ENDPOINT_START_TIMEOUT_SECONDS = env_int("ENDPOINT_START_TIMEOUT_SECONDS", 900)
-ENDPOINT_BACKOFF_BASE_SECONDS = env_float("ENDPOINT_BACKOFF_BASE_SECONDS", 10)
-ENDPOINT_BACKOFF_MAX_SECONDS = env_float("ENDPOINT_BACKOFF_MAX_SECONDS", 300)
+ENDPOINT_START_TIMEOUT_SECONDS = env_int("ENDPOINT_START_TIMEOUT_SECONDS", 900)  # not ready by then: a crash
+ENDPOINT_BACKOFF_BASE_SECONDS = env_float("ENDPOINT_BACKOFF_BASE_SECONDS", 10)  # restart pause, doubling
+ENDPOINT_BACKOFF_MAX_SECONDS = env_float("ENDPOINT_BACKOFF_MAX_SECONDS", 300)  # to at most this
 ENDPOINT_MAX_CRASHES = env_int("ENDPOINT_MAX_CRASHES", 5)  # in a row -> failed
-ENDPOINT_STOP_GRACE_SECONDS = env_float("ENDPOINT_STOP_GRACE_SECONDS", 20)
-ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)
-ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)
+ENDPOINT_STOP_GRACE_SECONDS = env_float("ENDPOINT_STOP_GRACE_SECONDS", 20)  # SIGTERM, then SIGKILL after
+ENDPOINT_LOG_MAX_BYTES = env_int("ENDPOINT_LOG_MAX_BYTES", 20 * 1024 * 1024)  # a replica log's rotation size
+ENDPOINT_LOG_KEEP = env_int("ENDPOINT_LOG_KEEP", 5)  # rotated files kept
 # A deleted endpoint's replica logs stay on its nodes this long after their last write (endpoints.node_files).
 ENDPOINT_LOG_RETENTION_DAYS = env_int("ENDPOINT_LOG_RETENTION_DAYS", 14)
 if ENDPOINT_LOG_RETENTION_DAYS < 0:
@@ -365,8 +368,8 @@ ENDPOINT_PROFILE_ROOT = env_path("ENDPOINT_PROFILE_ROOT", DATA_DIR / "profiles")
 # replicas: restarts and scale-ups of an artifact with unchanged settings load the compiled model instead
 # of compiling it again (endpoints.commands.cache). Made 0700 by the agent before a start.
 ENDPOINT_ENGINE_CACHE_ROOT = env_path("ENDPOINT_ENGINE_CACHE_ROOT", DATA_DIR / "engine-cache")
-VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)
-TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)
+VLLM_CPU_KVCACHE_GIB = env_int("VLLM_CPU_KVCACHE_GIB", 1)  # KV cache of replicas on CPU nodes
+TELEMETRY_INTERVAL_SECONDS = env_float("TELEMETRY_INTERVAL_SECONDS", 10)  # the agent's scrape period
 # The agent re-runs the environment doctor's checks (workers/doctor.py) this often, and once at start.
 DOCTOR_INTERVAL_SECONDS = env_float("DOCTOR_INTERVAL_SECONDS", 600)
 # How replicas run is each node's setting (Node.engine_runtime, on its page). This only tells `manage.py doctor`
@@ -396,7 +399,7 @@ MIDDLEWARE.insert(
 # --- Benchmarks ---------------------------------------------------------------------------
 BENCH_DATA_DIR = env_path("BENCH_DATA_DIR", DATA_DIR / "bench")  # saved results, client logs, prompt files
 BENCH_DEFAULT_TIMEOUT_SECONDS = env_int("BENCH_DEFAULT_TIMEOUT_SECONDS", 1800)  # per run
-BENCH_PROMPT_FILE_MAX_BYTES = env_int("BENCH_PROMPT_FILE_MAX_BYTES", 50 * 1024 * 1024)
+BENCH_PROMPT_FILE_MAX_BYTES = env_int("BENCH_PROMPT_FILE_MAX_BYTES", 50 * 1024 * 1024)  # an uploaded JSONL
 
 
 def _cost_map(raw: list[str]) -> dict[str, float]:
@@ -417,8 +420,8 @@ BENCH_COST_PER_DEVICE_HOUR = _cost_map(env_list("BENCH_COST_PER_DEVICE_HOUR", ["
 BENCH_COST_CURRENCY = env_str("BENCH_COST_CURRENCY", "")
 
 # --- Profiles (endpoints/profiling): vLLM's profiler on a live replica ---------------------
-PROFILE_DEFAULT_SECONDS = env_int("PROFILE_DEFAULT_SECONDS", 10)
-PROFILE_MAX_SECONDS = env_int("PROFILE_MAX_SECONDS", 120)
+PROFILE_DEFAULT_SECONDS = env_int("PROFILE_DEFAULT_SECONDS", 10)  # a profile's window
+PROFILE_MAX_SECONDS = env_int("PROFILE_MAX_SECONDS", 120)  # and its longest
 PROFILE_MAX_BYTES = env_int("PROFILE_MAX_BYTES", 512 * 1024**2)  # one profile's trace files
 PROFILE_TOTAL_MAX_BYTES = env_int("PROFILE_TOTAL_MAX_BYTES", 8 * 1024**3)  # every profile kept
 # torch_npu's raw data (FRAMEWORK/, PROF_*/) beside its analysed output: dropped unless kept for a re-analysis
@@ -426,9 +429,9 @@ PROFILE_KEEP_NPU_RAW_DATA = env_bool("PROFILE_KEEP_NPU_RAW_DATA", False)
 
 # --- Quantization (models_registry/quantize) ----------------------------------------------
 QUANTIZE_GATE_PCT = env_float("QUANTIZE_GATE_PCT", 2.0)  # max relative perplexity increase
-QUANTIZE_MIN_SAMPLES = env_int("QUANTIZE_MIN_SAMPLES", 8)
-QUANTIZE_EVAL_MAX_TOKENS = env_int("QUANTIZE_EVAL_MAX_TOKENS", 4096)
-QUANTIZE_MAX_DATASET_CHARS = env_int("QUANTIZE_MAX_DATASET_CHARS", 20 * 1024**2)
+QUANTIZE_MIN_SAMPLES = env_int("QUANTIZE_MIN_SAMPLES", 8)  # calibration samples at least
+QUANTIZE_EVAL_MAX_TOKENS = env_int("QUANTIZE_EVAL_MAX_TOKENS", 4096)  # of the evaluation set scored
+QUANTIZE_MAX_DATASET_CHARS = env_int("QUANTIZE_MAX_DATASET_CHARS", 20 * 1024**2)  # an uploaded calibration set
 QUANTIZE_SEED = env_int("QUANTIZE_SEED", 0)  # every random choice of a quantize job; recorded in its report
 QUANTIZE_THREADS = env_int("QUANTIZE_THREADS", 0)  # torch threads for quantize jobs (0: torch's default, recorded)
 # The vllm-ascend release ModelSlim checkpoints are written for when no Ascend node has reported its own
@@ -460,8 +463,8 @@ GATEWAY_KEY_PREFIX = "gk_"
 GATEWAY_KEY_CACHE_SECONDS = env_float("GATEWAY_KEY_CACHE_SECONDS", 2)  # revocation takes effect within this
 GATEWAY_ROUTES_REFRESH_SECONDS = env_float("GATEWAY_ROUTES_REFRESH_SECONDS", 1)  # ready replicas from the DB
 GATEWAY_QUEUE_DEPTH = env_int("GATEWAY_QUEUE_DEPTH", 256)  # in-flight requests per endpoint before 429
-GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)
-GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)
+GATEWAY_CONNECT_TIMEOUT_SECONDS = env_float("GATEWAY_CONNECT_TIMEOUT_SECONDS", 2)  # to a replica
+GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)  # a replica's answer
 # The clients' side, on both data paths (docs/gateway-hardening.md): a request head must arrive within
 # GATEWAY_HEADER_TIMEOUT_SECONDS of its first byte, its body within GATEWAY_BODY_TIMEOUT_SECONDS of the head, and a
 # connection with no request closes after GATEWAY_IDLE_TIMEOUT_SECONDS; at most GATEWAY_MAX_CONNECTIONS connections
@@ -486,12 +489,12 @@ if GATEWAY_DATAPLANE not in ("auto", "rust", "python"):
 # The CPU the compiled data path's two halves (the gateway's Python and the data path it starts) run on, together:
 # "auto" (the last CPU this process may run on), a CPU's number, or "none" (wherever the scheduler puts them). They
 # hand every request to each other over a socket pair; on one core that is a switch between two warm processes, on
-# two a cross-core wake-up with cold caches: at 8 and 16 concurrent requests on 2 cores, 0.25-0.4 ms of P50 more than
-# the router adds and 1-3 % of throughput, where on one core the gateway is level with the router (benchmarks/gateway.py,
-# README "The two halves on one core").
+# two a cross-core wake-up with cold caches (measured by benchmarks/gateway.py: docs/benchmarks.md, "The two halves
+# on one core").
 GATEWAY_CPU = env_str("GATEWAY_CPU", "auto")
 if GATEWAY_CPU not in ("auto", "none") and not GATEWAY_CPU.isdigit():
     raise ImproperlyConfigured(f"GATEWAY_CPU must be auto, none or a CPU's number, not {GATEWAY_CPU!r}")
+# The compiled data path's program (`make dataplane` builds it here).
 GATEWAY_DATAPLANE_BINARY = env_str(
     "GATEWAY_DATAPLANE_BINARY",
     str(BASE_DIR / "endpoints" / "gateway" / "dataplane" / "target" / "release" / "llm-console-dataplane"),
@@ -506,17 +509,17 @@ GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush 
 # Prefix-aware routing (endpoints/gateway/routing.py): leading characters hashed (a quarter as many
 # token ids), the bounded-load factor c = 1 + epsilon, and the requests a replica may run above that bound.
 GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)
-GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)
-# GATEWAY_PREFIX_LOAD_SLACK: requests a replica may run above that bound before a prefix overflows to its next replica. The
-# factor alone is tight at the small concurrencies of LLM serving (4 in flight on 2 replicas: a
+GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)  # c = 1 + epsilon
+# GATEWAY_PREFIX_LOAD_SLACK: requests a replica may run above that bound before a prefix overflows to its next
+# replica. The factor alone is tight at the small concurrencies of LLM serving (4 in flight on 2 replicas: a
 # bound of 3), where recomputing a long prefix on the second replica costs far more than one more
 # sequence in the first one's continuous batch, and makes both replicas hold the prefix (measured:
-# benchmarks/routing.py, README). vllm-router's cache_aware rebalances only past 64 requests of
+# benchmarks/routing.py, docs/benchmarks.md). vllm-router's cache_aware rebalances only past 64 requests of
 # imbalance (its --balance-abs-threshold); 8 keeps a bound on a hot prefix at any scale.
 GATEWAY_PREFIX_LOAD_SLACK = env_int("GATEWAY_PREFIX_LOAD_SLACK", 8)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
 # SLO-gated rollouts (endpoints/gateway/rollout.py): the fewest requests to the staged side in a window
 # for any decision (fewer: hold), and the serving controller's pass interval (`manage.py serving_controller`).
 GATEWAY_ROLLOUT_MIN_REQUESTS = env_int("GATEWAY_ROLLOUT_MIN_REQUESTS", 50)
-SERVING_CONTROLLER_INTERVAL_SECONDS = env_float("SERVING_CONTROLLER_INTERVAL_SECONDS", 10)
+SERVING_CONTROLLER_INTERVAL_SECONDS = env_float("SERVING_CONTROLLER_INTERVAL_SECONDS", 10)  # between passes
 CONSUL_HTTP_ADDR = env_str("CONSUL_HTTP_ADDR", "")  # e.g. http://127.0.0.1:8500: register ready replicas

@@ -4,9 +4,9 @@ from mozilla_django_oidc import views as oidc
 
 from console import views
 from console.api import api
-from models_registry import views as registry
 from endpoints import fragments as endpoint_fragments
 from endpoints import views as endpoints
+from models_registry import views as registry
 from workers import views as jobs
 
 urlpatterns = [

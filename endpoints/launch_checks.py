@@ -140,9 +140,10 @@ def checked_engine_options(
     *, nodes: Sequence[Node], extra_args: dict, env: dict, typed_flags: dict[str, str] | None = None
 ) -> dict:
     """The command builder's allow-lists, then the vLLM of every node the spec runs on: a flag (of extra_args or of
-    the typed fields, `typed_flags`: {flag: field}) or a VLLM_* variable that a node's own parser lacks (Node.engine_cli, which its
-    agent reports) is refused, naming the node and its vLLM release. A node whose agent has not reported a parser
-    (not probed yet, or the probe failed) is held to the allow-lists alone. Returns env with its values as text."""
+    the typed fields, `typed_flags`: {flag: field}) or a VLLM_* variable that a node's own parser lacks
+    (Node.engine_cli, which its agent reports) is refused, naming the node and its vLLM release. A node whose
+    agent has not reported a parser (not probed yet, or the probe failed) is held to the allow-lists alone.
+    Returns env with its values as text."""
     try:
         argv = validate_extra_args(extra_args)
     except CommandSpecError as exc:

@@ -105,7 +105,9 @@ def checked_lora(*, spec, artifact: Artifact, served_model_name: str) -> LoraCho
         if lora_rank_for(adapter_rank) is None:
             raise ValidationError(
                 {
-                    "adapters": f"The {_adapter_label(adapter)} has rank {adapter_rank}: vLLM's largest is {LORA_RANKS[-1]}."
+                    "adapters": (
+                        f"The {_adapter_label(adapter)} has rank {adapter_rank}: vLLM's largest is {LORA_RANKS[-1]}."
+                    )
                 }
             )
     if rank is None:

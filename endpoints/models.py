@@ -303,6 +303,9 @@ class EndpointEvent(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
 
+    def __str__(self):
+        return f"{self.kind} ({self.level}): {self.message[:80]}"
+
 
 from endpoints.bench.models import *  # noqa: E402,F401,F403
 from endpoints.gateway.models import *  # noqa: E402,F401,F403

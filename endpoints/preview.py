@@ -133,8 +133,9 @@ def _member_entry(endpoint: Endpoint, member: ReplicaMember) -> dict:
                 "ok": True,
                 "level": "warning",
                 "message": (
-                    f"node {node.name} has recorded no interface variables (NODE_INTERFACES: HCCL_IF_IP, GLOO_SOCKET_IFNAME, "
-                    "TP_SOCKET_IFNAME, ...): a multi-node group may pick the wrong network and hang at its first collective"
+                    f"node {node.name} has recorded no interface variables (NODE_INTERFACES: HCCL_IF_IP, "
+                    "GLOO_SOCKET_IFNAME, TP_SOCKET_IFNAME, ...): a multi-node group may pick the wrong network "
+                    "and hang at its first collective"
                 ),
             }
         )

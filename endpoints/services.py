@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,11 +21,11 @@ from console.audit import audit_log
 from console.roles import OPERATOR, at_least
 from console.teams import team_role, visible
 from console.exceptions import Conflict, ServiceUnavailable
+from console.roles import ADMIN, has_role
 from console.validation import float_in_range, int_in_range
 from endpoints.ascend_rules import launch_refusal as ascend_launch_refusal
 from endpoints.ascend_rules import refusal_errors
 from endpoints.autoscale import AutoscaleSettings, parse_settings
-from console.roles import ADMIN, has_role
 from endpoints.commands import (
     DP_PLACEMENT_FLAGS,
     EXECUTOR_BACKENDS,
@@ -35,10 +36,10 @@ from endpoints.commands import (
     platforms_for_format,
 )
 from endpoints.endpoint_spec import EndpointSpec
-from endpoints.lora import checked_lora
 from endpoints.launch_checks import checked_engine_configs, checked_engine_options, named, spec_option_flags
-from endpoints.recipes import with_recipe
+from endpoints.lora import checked_lora
 from endpoints.models import ENDPOINT_NAME, Endpoint, EndpointEvent, Replica, ReplicaMember
+from endpoints.recipes import with_recipe
 from endpoints.replica_state import refresh_endpoint_state
 from endpoints.roles import check_role_configs, checked_roles
 from models_registry.capacity import device_memory_bytes, dtype_bytes, estimate_capacity
@@ -55,6 +56,11 @@ LAUNCHABLE_FORMATS = {Artifact.Format.HF, Artifact.Format.COMPRESSED_TENSORS, Ar
 def nudge(node: Node) -> None:
     """Tell the node's agent to reconcile now (it also polls every few seconds)."""
     nudges.publish(node.name)
+
+
+def nudge_all(nodes) -> None:
+    for node in nodes:
+        nudge(node)
 
 
 def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:
@@ -79,16 +85,18 @@ def capacity_check(
     per_device = [
         d.memory_total_bytes or device_memory_bytes(d.name) for d in node.devices.filter(index__in=devices[:tp])
     ]
-    if not per_device or not all(per_device):
+    known = [size for size in per_device if size]
+    if not known or len(known) < len(per_device):
         return None
-    kv_dtype_bytes = dtype_bytes(inspection.get("dtype")) if dtype_bytes(inspection.get("dtype")) in (2, 4) else 2
+    element_bytes = dtype_bytes(inspection.get("dtype"))
+    kv_dtype_bytes = element_bytes if element_bytes in (2, 4) else 2
     kv_per_token = kv_bytes_per_token(inspection, kv_dtype_bytes)
     if inspection.get("kv_lora_rank"):  # MLA's latent is whole on every rank: the estimate splits KV over `tp`
         kv_per_token *= tp
     return estimate_capacity(
         weight_bytes=inspection.get("weight_bytes") or artifact.size_bytes or 0,
         kv_bytes_per_token=kv_per_token,
-        device_memory_bytes=min(per_device),
+        device_memory_bytes=min(known),
         num_devices=tp,
         memory_utilization=util,
         max_position_embeddings=inspection.get("max_position_embeddings"),
@@ -276,9 +284,9 @@ class _Layout:
     def members(self, head: Node) -> list[tuple[Node, str]]:
         """(node, member role) by rank; the head node of a data-parallel replica runs the server alone."""
         if self.distributed == Endpoint.Distributed.RAY:
-            return [(head, ReplicaMember.Role.RAY_HEAD)] + [(n, ReplicaMember.Role.RAY_WORKER) for n in self.nodes]
+            return [(head, ReplicaMember.Role.RAY_HEAD), *((n, ReplicaMember.Role.RAY_WORKER) for n in self.nodes)]
         if self.distributed == Endpoint.Distributed.DP:
-            return [(head, "")] + [(n, ReplicaMember.Role.DP_HEADLESS) for n in self.nodes]
+            return [(head, ""), *((n, ReplicaMember.Role.DP_HEADLESS) for n in self.nodes)]
         return []
 
 
@@ -675,7 +683,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
                     **({"capacity_override": capacity_override} if capacity_override else {}),
                 },
             )
-            transaction.on_commit(lambda: [nudge(n) for n in (roles.nodes if roles else [node, *layout.nodes])])
+            transaction.on_commit(lambda: nudge_all(roles.nodes if roles else [node, *layout.nodes]))
     except IntegrityError as exc:  # the same name launched at the same moment: the unique index decides
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."}) from exc
     return endpoint
@@ -707,7 +715,7 @@ def _set_desired(endpoint: Endpoint, desired: str, *, user, request, action: str
             changes={"desired_state": [was, desired]},
         )
         nodes = _nodes_of(endpoint)
-        transaction.on_commit(lambda: [nudge(n) for n in nodes])
+        transaction.on_commit(lambda: nudge_all(nodes))
     endpoint.refresh_from_db()
     return endpoint
 
@@ -746,7 +754,7 @@ def endpoint_restart(*, endpoint: Endpoint, user, request=None) -> Endpoint:
         )
         audit_log(actor=user, action="endpoint.restart", obj=endpoint, request=request)
         nodes = _nodes_of(endpoint)
-        transaction.on_commit(lambda: [nudge(n) for n in nodes])
+        transaction.on_commit(lambda: nudge_all(nodes))
     return endpoint
 
 
@@ -780,7 +788,7 @@ def endpoint_set_profiling(*, endpoint: Endpoint, enabled: bool, user, request=N
         )
         if running:
             nodes = _nodes_of(endpoint)
-            transaction.on_commit(lambda: [nudge(n) for n in nodes])
+            transaction.on_commit(lambda: nudge_all(nodes))
     endpoint.refresh_from_db()
     return endpoint
 
@@ -832,7 +840,7 @@ def endpoint_update(*, endpoint: Endpoint, user, request=None, **changes) -> End
     unknown = sorted(set(changes) - set(UPDATABLE))
     if unknown:
         raise ValidationError({unknown[0]: f"{unknown[0]} cannot be changed here (only {', '.join(UPDATABLE)})."})
-    checked = {}
+    checked: dict[str, Any] = {}
     if changes.get("routing") is not None:
         checked["routing"] = _checked_routing(changes["routing"])
     if changes.get("advisory") is not None:
@@ -1075,9 +1083,12 @@ def endpoint_wake(*, endpoint_id: int, via: str = "gateway", waiting: int = 1) -
     wake of several gateways (or of the controller) win; the others find it done: (endpoint, False).
     Its event and audit row (the system user, `via`) carry the figures."""
     endpoint = Endpoint.objects.select_related("node").get(pk=endpoint_id)
-    if endpoint.replicas != 0 or endpoint.desired_state != Endpoint.Desired.RUNNING or not endpoint.autoscale:
+    if endpoint.replicas != 0 or endpoint.desired_state != Endpoint.Desired.RUNNING:
         return endpoint, False
-    figures = {"waiting": waiting, "min": parse_settings(endpoint.autoscale).min_replicas}
+    scaling = parse_settings(endpoint.autoscale)
+    if scaling is None:  # autoscaling off
+        return endpoint, False
+    figures = {"waiting": waiting, "min": scaling.min_replicas}
     endpoint, woken = endpoint_scale(
         endpoint=endpoint, replicas=1, via=via, figures=figures, reason=f"woken by a request through the {via}"
     )
@@ -1091,9 +1102,10 @@ def endpoint_delete(*, endpoint: Endpoint, user, request=None) -> None:
         # The endpoint, then its replicas and members, locked before the checks: an agent recording a start
         # (a pid) meanwhile waits for the delete and then finds no row (it stops what it started), instead of
         # writing between the check and the delete and leaving its process running unowned.
-        endpoint = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
-        if endpoint is None:
+        locked = Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        if locked is None:
             return  # deleted by another request meanwhile (a second click)
+        endpoint = locked
         replicas = list(Replica.objects.select_for_update().filter(endpoint=endpoint).order_by("pk"))
         members = list(ReplicaMember.objects.select_for_update().filter(replica__endpoint=endpoint).order_by("pk"))
         if any(

@@ -155,7 +155,7 @@ def collect_replicas(node: Node) -> Contribution:
                 "replica": replica.index,
             }
         name = f"{replica.endpoint.name}#{replica.index}"
-        base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=name)
+        base = {"node_id": nid, "endpoint_id": replica.endpoint_id, "replica": replica.index, "label": name}
         if tree["warm"]:
             part.readings.append(
                 Reading(
@@ -182,7 +182,7 @@ def collect_replicas(node: Node) -> Contribution:
         label = f"{replica.endpoint.name}#{replica.index}" + (f" ({replica.role})" if replica.role else "")
         if error or unparsable:
             part.errors.append(f"scrape {label}: {error or unparsable}")
-        base = dict(node_id=nid, endpoint_id=replica.endpoint_id, replica=replica.index, label=label)
+        base = {"node_id": nid, "endpoint_id": replica.endpoint_id, "replica": replica.index, "label": label}
         for metric, unit, value in readings:
             part.readings.append(
                 Reading(f"e{replica.endpoint_id}.r{replica.index}.{metric}", metric, value, unit, **base)

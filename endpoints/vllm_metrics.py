@@ -352,7 +352,8 @@ def window_stats(previous: Snapshot, current: Snapshot, seconds: float) -> dict:
     ``prefix_cache_hit_rate`` (hits / queries over the window, None without queries); a KV connector's
     ``kv_external_queries`` and ``kv_external_hits`` (prompt tokens loaded from another instance) and
     ``kv_external_share`` (those / prompt tokens over the window);
-    ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram *deltas* (None values when the window has no observation, the
+    ``e2e_latency``, ``ttft``, ``itl``: each ``{"count", "mean", "p50", "p90", "p99"}`` from the histogram
+    *deltas* (None values when the window has no observation, the
     whole entry None when the metric is not exposed); speculative decoding's ``spec_drafts``,
     ``spec_draft_tokens``, ``spec_accepted_tokens`` (and their ``*_per_s``), ``spec_acceptance_rate``,
     ``spec_mean_accepted_length`` and ``spec_acceptance_by_position`` (see :func:`_spec_decode_stats`; None

@@ -116,7 +116,7 @@ def device_memory_bytes(name: str | None, reported_bytes: int | None = None) -> 
         key = _normalise_chip(name)
         if key in ASCEND_DEVICE_MEMORY_GIB:
             return ASCEND_DEVICE_MEMORY_GIB[key] * GiB
-        if key.startswith("910_93") or key.startswith("910C"):  # A3 chips
+        if key.startswith(("910_93", "910C")):  # A3 chips
             return ASCEND_DEVICE_MEMORY_GIB["A3"] * GiB
     return int(reported_bytes) if reported_bytes else None
 

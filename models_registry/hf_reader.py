@@ -97,7 +97,7 @@ def weight_files(root, names: Iterable[str] | None = None) -> WeightFiles | None
     if names is None:
         names = [rel for rel, _ in list_files(root)]
     top = sorted(n for n in names if "/" not in n)
-    for index_name, kind in zip(WEIGHT_INDEX_NAMES, ("safetensors", "bin")):
+    for index_name, kind in zip(WEIGHT_INDEX_NAMES, ("safetensors", "bin"), strict=False):
         if index_name not in top:
             continue
         try:

@@ -218,7 +218,8 @@ def base_mismatch(adapter: dict, base: dict, *, adapter_name: str, base_name: st
         width_in, width_out = dims[name]
         if (module["in"], module["out"]) != (width_in, width_out):
             return (
-                f"{adapter_name}'s {name} maps {module['in']} → {module['out']} (lora_A {module['rank']}×{module['in']},"
+                f"{adapter_name}'s {name} maps {module['in']} → {module['out']} "
+                f"(lora_A {module['rank']}×{module['in']},"
                 f" lora_B {module['out']}×{module['rank']}), but {base_name}'s {name} maps {width_in} → {width_out}"
                 f" (hidden_size {base.get('hidden_size')}, intermediate_size {base.get('intermediate_size')})."
             )

@@ -236,15 +236,15 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
     """Check conversion options against the source artifact; return the canonical set (the job's params)."""
     if artifact.status != Artifact.Status.READY:
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be converted.")
-    options = options.given()
-    to = options.get("to")
+    given = options.given()
+    to = given.get("to")
     if to not in CONVERT_TARGETS:
         raise ValidationError({"to": f"Choose one of: {', '.join(CONVERT_TARGETS)}."})
     source_dtype = (artifact.inspection or {}).get("dtype") or artifact.dtype
     if to == "hf":
         if artifact.format != Artifact.Format.GGUF:
             raise ValidationError({"to": "Conversion to Hugging Face format needs a GGUF artifact."})
-        dtype = options.get("dtype") or "bfloat16"
+        dtype = given.get("dtype") or "bfloat16"
         if dtype not in HF_DTYPES:
             raise ValidationError({"dtype": "Choose bfloat16 or float16."})
         return {"to": to, "dtype": dtype}
@@ -258,15 +258,15 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
                 f"this one is {artifact.format}. Convert it to HF first."
             }
         )
-    if options.get("dtype") and to != "hf":
+    if given.get("dtype") and to != "hf":
         raise ValidationError({"dtype": "dtype applies to GGUF → HF only; choose fp16 or bf16 as the target instead."})
     if to in PRECISION_DTYPE:
         if source_dtype == PRECISION_DTYPE[to]:
             raise ValidationError({"to": f"The artifact is already {source_dtype}."})
         return {"to": to}
-    batch_size = int_in_range(options.get("batch_size"), "batch_size", low=1, high=OM_MAX_BATCH, default=1)
-    seq_len = int_in_range(options.get("seq_len"), "seq_len", low=1, high=om_max_seq_len(artifact), default=128)
-    soc = str(options.get("soc_version") or "").strip()
+    batch_size = int_in_range(given.get("batch_size"), "batch_size", low=1, high=OM_MAX_BATCH, default=1)
+    seq_len = int_in_range(given.get("seq_len"), "seq_len", low=1, high=om_max_seq_len(artifact), default=128)
+    soc = str(given.get("soc_version") or "").strip()
     if not soc:
         raise ValidationError(
             {"soc_version": "Name the target chip as npu-smi reports it, e.g. Ascend910B4 or Ascend310P3."}
@@ -275,7 +275,7 @@ def convert_options_clean(*, artifact: Artifact, options: ConvertOptions) -> dic
         soc = normalize_soc(soc)
     except ConversionError as exc:
         raise ValidationError({"soc_version": str(exc)}) from exc
-    precision_mode = options.get("precision_mode") or "force_fp16"
+    precision_mode = given.get("precision_mode") or "force_fp16"
     if precision_mode not in ATC_PRECISION_MODES:
         raise ValidationError({"precision_mode": f"Choose one of: {', '.join(ATC_PRECISION_MODES)}."})
     return {

@@ -1,6 +1,6 @@
 import os
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import models

@@ -28,7 +28,7 @@ def node_set_engine_runtime(*, node: Node, engine_runtime: str, engine_image_var
         )
     if errors:
         raise ValidationError(errors)
-    changes = {
+    changes: dict[str, list | str] = {
         field: [getattr(node, field), value]
         for field, value in (("engine_runtime", engine_runtime), ("engine_image_variant", engine_image_variant))
         if getattr(node, field) != value

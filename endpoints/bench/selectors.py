@@ -1,6 +1,6 @@
 """Reads for benchmarks (pages and API)."""
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from console.roles import VIEWER
 from console.teams import visible, visible_get
@@ -9,7 +9,9 @@ from endpoints.bench.models import BenchmarkRun, BenchmarkSweep, BenchStatus
 STATES = [s.value for s in BenchStatus]
 
 
-def run_list(*, user, endpoint: str | int | None = None, state: str = "", sweeps: bool = True):
+def run_list(
+    *, user, endpoint: str | int | None = None, state: str = "", sweeps: bool = True
+) -> QuerySet[BenchmarkRun] | list[BenchmarkRun]:
     """The benchmarks of the user's teams (every team's for the console Admin)."""
     runs = BenchmarkRun.objects.select_related("job", "endpoint", "created_by", "sweep").defer("detail", "telemetry")
     runs = visible(runs, user)
@@ -22,7 +24,7 @@ def run_list(*, user, endpoint: str | int | None = None, state: str = "", sweeps
         runs = runs.filter(sweep__isnull=True)
     if state in STATES:
         # `state` folds in the job's outcome; filter coarsely in SQL, exactly in Python.
-        runs = [r for r in runs if r.state == state]
+        return [r for r in runs if r.state == state]
     return runs
 
 

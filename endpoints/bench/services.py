@@ -114,22 +114,22 @@ def benchmark_create(
 ) -> BenchmarkRun:
     """Validate one benchmark of an endpoint (its id or name) and queue it on the endpoint's node.
     `prompt_file`: uploaded JSONL (a file or its content); a retry passes the stored file instead."""
-    endpoint, rows, path, file_name, upload = _prepare(
+    target, rows, path, file_name, upload = _prepare(
         endpoint, prompt_file, stored_prompt_path, prompt_file_name, user=user
     )
-    cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows)
-    _check_ready(endpoint, cleaned["replica"])
+    cleaned = clean_workload(workload, endpoint=target, prompt_rows=rows)
+    _check_ready(target, cleaned["replica"])
     params = {
         "mode": "run",
-        "endpoint": endpoint.pk,
-        "endpoint_name": endpoint.name,
+        "endpoint": target.pk,
+        "endpoint_name": target.name,
         **cleaned,
         "prompt_file": str(path) if path else None,
         "prompt_file_name": file_name,
     }
     with transaction.atomic():
         job = _enqueue(
-            endpoint=endpoint,
+            endpoint=target,
             params=params,
             user=user,
             request=request,
@@ -141,7 +141,7 @@ def benchmark_create(
             job=job,
             params=params,
             **_run_fields(
-                endpoint,
+                target,
                 cleaned,
                 max_concurrency=cleaned["max_concurrency"],
                 num_prompts=cleaned["num_prompts"],
@@ -155,7 +155,7 @@ def benchmark_create(
             obj=run,
             request=request,
             changes={
-                "endpoint": endpoint.name,
+                "endpoint": target.name,
                 "job": job.pk,
                 **{k: v for k, v in cleaned.items() if v not in (None, "")},
             },
@@ -175,25 +175,25 @@ def sweep_create(
     prompt_file_name: str = "",
 ) -> BenchmarkSweep:
     """A concurrency sweep (1, 2, 4, … N) in one job: one run per level, in order."""
-    endpoint, rows, path, file_name, upload = _prepare(
+    target, rows, path, file_name, upload = _prepare(
         endpoint, prompt_file, stored_prompt_path, prompt_file_name, user=user
     )
-    cleaned = clean_workload(workload, endpoint=endpoint, prompt_rows=rows, sweep=True)
+    cleaned = clean_workload(workload, endpoint=target, prompt_rows=rows, sweep=True)
     if cleaned["request_rate"] is not None:
         raise ValidationError({"request_rate": "A sweep varies the concurrency; leave the request rate empty."})
-    _check_ready(endpoint, cleaned["replica"])
+    _check_ready(target, cleaned["replica"])
     levels = cleaned["concurrencies"]
     params = {
         "mode": "sweep",
-        "endpoint": endpoint.pk,
-        "endpoint_name": endpoint.name,
+        "endpoint": target.pk,
+        "endpoint_name": target.name,
         **cleaned,
         "prompt_file": str(path) if path else None,
         "prompt_file_name": file_name,
     }
     with transaction.atomic():
         job = _enqueue(
-            endpoint=endpoint,
+            endpoint=target,
             params=params,
             user=user,
             request=request,
@@ -202,8 +202,8 @@ def sweep_create(
         )
         _store_upload(upload)
         sweep = BenchmarkSweep.objects.create(
-            endpoint=endpoint,
-            endpoint_name=endpoint.name,
+            endpoint=target,
+            endpoint_name=target.name,
             job=job,
             label=cleaned["label"],
             concurrencies=levels,
@@ -219,7 +219,7 @@ def sweep_create(
                 sweep_index=index,
                 params={**params, "max_concurrency": level, "num_prompts": prompts},
                 **_run_fields(
-                    endpoint, cleaned, max_concurrency=level, num_prompts=prompts, file_name=file_name, user=user
+                    target, cleaned, max_concurrency=level, num_prompts=prompts, file_name=file_name, user=user
                 ),
             )
         audit_log(
@@ -227,7 +227,7 @@ def sweep_create(
             action="benchmark.sweep",
             obj=sweep,
             request=request,
-            changes={"endpoint": endpoint.name, "job": job.pk, "concurrencies": levels},
+            changes={"endpoint": target.name, "job": job.pk, "concurrencies": levels},
         )
     return sweep
 
@@ -236,7 +236,7 @@ def benchmark_resubmit(*, job: Job, user, request=None) -> Job:
     """Retry of a bench job: the same workload, validated again. Returns the new job."""
     params = job.params
     create = sweep_create if params.get("mode") == "sweep" else benchmark_create
-    return create(
+    created = create(
         endpoint=params.get("endpoint"),
         workload=WorkloadRequest.from_params(params),
         user=user,
@@ -244,7 +244,9 @@ def benchmark_resubmit(*, job: Job, user, request=None) -> Job:
         retry_of=job,
         stored_prompt_path=params.get("prompt_file"),
         prompt_file_name=params.get("prompt_file_name") or "",
-    ).job
+    )
+    assert created.job is not None  # both create their job with the row
+    return created.job
 
 
 def benchmark_cancel(*, job: Job, user, request=None) -> Job:

@@ -8,7 +8,8 @@ pair for people to read.
 Modules: ``checks`` (single values; numbers through console.validation), ``platforms``,
 ``flags`` (:data:`EXTRA_ARG_RULES`), ``environment`` (the ENV_* allow-lists), ``spec``
 (:class:`LaunchSpec`, :func:`build_command`), ``profiler`` (``--profiler-config``: vLLM's profiler,
-and what each platform writes), ``lora`` (``--enable-lora`` and the adapters loaded at start), ``guard`` (the replica key guard's ``--middleware``, for every
+and what each platform writes), ``lora`` (``--enable-lora`` and the adapters loaded at start), ``guard``
+(the replica key guard's ``--middleware``, for every
 path vLLM's ``--api-key`` leaves open), ``container`` (the ``docker run``/``podman run`` of
 vllm-ascend's image around that argv: :func:`build_container_command`), ``ray`` and ``shell``;
 import from the package.
@@ -85,6 +86,7 @@ from endpoints.commands.environment import (
 )
 from endpoints.commands.flags import DP_PLACEMENT_FLAGS, EXTRA_ARG_RULES, flags_unknown_to, validate_extra_args
 from endpoints.commands.guard import GUARD_DIR, GUARD_MODULE_FILE, guarded_argv
+from endpoints.commands.lora import LORA_FLAGS, LORA_RANKS, RUNTIME_LORA_ENV, lora_rank_for
 from endpoints.commands.platforms import (
     CLI_MODULE,
     DEVICE_ENV,
@@ -96,7 +98,6 @@ from endpoints.commands.platforms import (
     SERVER_MODULE,
     platforms_for_format,
 )
-from endpoints.commands.lora import LORA_FLAGS, LORA_RANKS, RUNTIME_LORA_ENV, lora_rank_for
 from endpoints.commands.profiler import PROFILER_FLAG, profiler_config
 from endpoints.commands.ray import ray_head_command, ray_worker_command
 from endpoints.commands.shell import format_for_shell

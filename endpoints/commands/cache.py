@@ -49,11 +49,10 @@ endpoints/vllm_plugin/llm_console_vllm_plugin.py, found by vLLM's own entry-poin
 process it starts): it gives torch's callable the ``finalize_loading`` that has nothing to do there, and the
 artifact loads, and it leaves the thread binding (``VLLM_CPU_OMP_THREADS_BIND``, which differs between replicas
 pinned to different cores) out of the artifact's key, as torch leaves the thread count out of its own under
-vllm-cpu's ``cpp.dynamic_threads``. A restart then skips Dynamo's trace and inductor's compile (``benchmarks/warm_restart.py``:
-vLLM's "init engine" 26 s warm before, 9 s now, for the demo model). The directory holds that module and its
-entry point alone, so nothing else of the console becomes importable in the engine. (Until 2026-12-05 the
-console set ``VLLM_USE_AOT_COMPILE=0`` instead and let inductor's FX-graph and AOTAutograd caches serve the
-restart, which still re-traced the model.) On cuda (and vllm-ascend, whose backend is vLLM's) the artifact is
+vllm-cpu's ``cpp.dynamic_threads``. A restart then skips Dynamo's trace and inductor's compile
+(``benchmarks/warm_restart.py``; its figures, before and after: docs/benchmarks.md, "Warm restarts"). The
+directory holds that module and its entry point alone, so nothing else of the console becomes importable in the
+engine. On cuda (and vllm-ascend, whose backend is vLLM's) the artifact is
 a ``VllmSerializableFunction`` and loads: nothing is added there.
 
 A Ray replica (one server across nodes) gets no directory: vLLM copies the server's ``VLLM_*`` variables to
@@ -68,6 +67,7 @@ a container at the same path, where ``:`` and ``,`` separate mount fields).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ def engine_cache_env(cache_dir: str | None) -> dict[str, str]:
     return env
 
 
-def engine_cache_dir_in(env: dict[str, str]) -> str | None:
+def engine_cache_dir_in(env: Mapping[str, str]) -> str | None:
     """The cache directory an environment of :func:`engine_cache_env` names (for a container's mount)."""
     root = env.get("VLLM_CACHE_ROOT")
     if root is None:

@@ -57,8 +57,8 @@ and then `vllm serve` in that shell. What this builder changes, and why (the tes
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 from endpoints.commands.cache import engine_cache_dir_in
 from endpoints.commands.checks import CommandSpecError
@@ -144,8 +144,8 @@ def build_container_command(container: ContainerSpec, argv: list[str], env: Mapp
     ]
     for device in container.devices:
         run += ["--device", f"/dev/davinci{device}"]
-    for device in ASCEND_CONTROL_DEVICES:
-        run += ["--device", device]
+    for control in ASCEND_CONTROL_DEVICES:
+        run += ["--device", control]
     for mount in ASCEND_DRIVER_MOUNTS:
         run += ["-v", mount]
     run += ["-v", f"{model}:{model}:ro"]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 from endpoints.commands.checks import CommandSpecError, _as_int, _check_ifname, _check_ip, _is_int
 

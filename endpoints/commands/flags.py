@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any
 
 from endpoints.commands.checks import _MAX_INT, CommandSpecError, _as_bool, _as_float, _as_int, _check_host
 

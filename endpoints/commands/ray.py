@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from endpoints.commands.checks import (
     CommandSpecError,
@@ -48,7 +49,7 @@ def _ray_resources(platform: str, num_gpus, num_npus) -> list[str]:
         if platform != "ascend":
             raise CommandSpecError("num_npus applies to ascend; use num_gpus on cuda")
         n = _strict_int(num_npus, "num_npus", 0, 1024)
-        args.append('--resources={"NPU": %d}' % n)
+        args.append(f'--resources={{"NPU": {n}}}')
     return args
 
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Mapping
-
+from collections.abc import Mapping
 
 _SECRET_KEY_RE = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV, check_cache_dir, engine_cache_env
 from endpoints.commands.checks import (
@@ -152,7 +153,7 @@ def engine_config_json(name: str, value: Any, *, platform: str, draft_model_path
     return text
 
 
-def _check_engine_configs(spec: "LaunchSpec") -> dict[str, str]:
+def _check_engine_configs(spec: LaunchSpec) -> dict[str, str]:
     configs = spec.engine_configs or {}
     if not isinstance(configs, Mapping):
         raise CommandSpecError("engine_configs must be a mapping of config name to JSON object")
@@ -225,7 +226,8 @@ def _validate_distributed(d: Any, platform: str) -> _Distributed | None:
         size_local = _strict_int(d.get("size_local"), "distributed.size_local", 1, 1024)
         if size != size_local * nnodes:
             raise CommandSpecError(
-                f"distributed.size ({size}) must be size_local ({size_local}) x nnodes ({nnodes}) = {size_local * nnodes}"
+                f"distributed.size ({size}) must be size_local ({size_local}) x nnodes ({nnodes}) "
+                f"= {size_local * nnodes}"
             )
     return _Distributed(
         backend,

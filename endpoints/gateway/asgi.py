@@ -14,9 +14,8 @@ Who does the HTTP (GATEWAY_DATAPLANE): the compiled data path (endpoints/gateway
 hyper), which runs each request through this app over a private socket and does the proxying step
 itself (endpoints/gateway/dataplane.py: Forwarder), or this process alone (uvicorn with uvloop and
 httptools; aiohttp with pooled keep-alive connections to the replicas). The rules are this module's
-either way. At concurrency 1 a proxy's added latency is its CPU per request, and this process
-alone took 2-2.5x what vLLM's Rust router does; with the compiled data path it is level with it within the
-measurements' noise (benchmarks/gateway.py, README "Gateway").
+either way. At concurrency 1 a proxy's added latency is its CPU per request, which the compiled data path
+keeps down (benchmarks/gateway.py; its figures against vLLM's Rust router: docs/benchmarks.md).
 
 Why not vLLM's Rust router (vllm-router 0.1.17) as the data path behind this layer? It installs
 cleanly, but it does not fit here:
@@ -33,9 +32,8 @@ So the console proxies itself. The keys' per-minute limits are shared by every g
 (endpoints/gateway/limits.py): run as many gateways as the load needs, behind a load balancer
 (docs/gateway-scale-out.md).
 
-The Python data path's upstream client is aiohttp, not httpx: at concurrency 32 on two cores httpx's
-per-request CPU cost showed up as +19 ms P50 and 64 % of direct throughput; aiohttp (what vLLM's own
-benchmark client uses) costs a fraction of that (benchmarks/gateway.py, README)."""
+The Python data path's upstream client is aiohttp (what vLLM's own benchmark client uses), not httpx, whose
+per-request CPU cost showed at concurrency 32 (benchmarks/gateway.py: docs/benchmarks.md, "Gateway")."""
 
 from __future__ import annotations
 
@@ -60,7 +58,7 @@ from django.utils import timezone
 from endpoints.gateway import disagg, routing
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.limits import SharedLimits
-from endpoints.gateway.selectors import RoutingTable, key_info, routing_table
+from endpoints.gateway.selectors import Backend, KeyInfo, RoutingTable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
 from endpoints.lora import endpoint_adapter_change
@@ -146,12 +144,12 @@ class Gateway:
         self.load_failed: dict[tuple[int, int], str] = {}
         self.poller: asyncio.Task | None = None  # refreshes the routes often while anything is held
         self.routes_changed = asyncio.Event()  # set (and replaced) at each routing table refresh
-        self.key_cache: dict[str, tuple[float, object]] = {}
+        self.key_cache: dict[str, tuple[float, KeyInfo | None]] = {}
         self.limits: SharedLimits | None = None  # the keys' per-minute limits, in Redis (made at startup)
         self.stats = Stats()
         self.client: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task] = []
-        self.consul = None
+        self.consul: ConsulSync | None = None
         self.prefix_chars = settings.GATEWAY_PREFIX_KEY_CHARS
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
         self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
@@ -248,7 +246,7 @@ class Gateway:
 
     # --- helpers -----------------------------------------------------------------------
 
-    async def authenticate(self, headers: dict) -> object | None:
+    async def authenticate(self, headers: dict) -> KeyInfo | None:
         raw = ""
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if auth[:7].lower() == "bearer ":
@@ -266,7 +264,7 @@ class Gateway:
         self.key_cache[raw] = (now + settings.GATEWAY_KEY_CACHE_SECONDS, info)
         return info
 
-    def pick(self, backends, tried: set, *, staged: bool | None = None, key: bytes | None = None) -> object | None:
+    def pick(self, backends, tried: set, *, staged: bool | None = None, key: bytes | None = None) -> Backend | None:
         """A replica for one try of a request, skipping those tried, down, or whose endpoint is full.
         `staged`: the side of a blue-green pair with a canary share this request goes to (if that
         side has no replica to take it, the other one does). `key`: the digest of the request's
@@ -510,7 +508,9 @@ class Gateway:
         except asyncio.CancelledError:
             if not watch.left:
                 raise
-            asyncio.current_task().uncancel()  # ours, not the server's: the request ends here
+            task = asyncio.current_task()
+            assert task is not None  # a request's handler runs in a task of its own
+            task.uncancel()  # ours, not the server's: the request ends here
             log.info("gateway: the client of a %s request for %r left before its answer: dropped", path, model)
             # nginx's "client closed request"; no endpoint figures (a cut-short latency), the estimate stays used.
             return await self.finish(None, key, None, start, 499)
@@ -606,7 +606,7 @@ class Gateway:
     async def health(self, send, headers):
         """A status for anyone (load balancers); the models and their ready replicas only for the
         holder of METRICS_TOKEN (operators' monitoring), never to an anonymous caller."""
-        payload = {"status": "ok"}
+        payload: dict[str, object] = {"status": "ok"}
         token = settings.METRICS_TOKEN
         auth = headers.get(b"authorization", b"").decode("latin-1")
         if token and hmac.compare_digest(auth.encode(), f"Bearer {token}".encode()):
@@ -644,7 +644,7 @@ class Gateway:
             tokens=tokens,
         )
         model = REQUEST_MODEL.get()
-        if endpoint_id is not None and endpoint_id in self.table.adapters.get(model, ()):
+        if endpoint_id is not None and model is not None and endpoint_id in self.table.adapters.get(model, ()):
             self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
         if reservation is not None:
             await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
@@ -746,6 +746,7 @@ class Gateway:
                             reservation=reservation,
                         )
                     return await self.relayed(send, key, backend, outcome, start, generate, reservation)
+                assert self.client is not None  # made at startup on the Python data path, the only one here
                 try:
                     response = await self.client.post(
                         backend.url + path,
@@ -1200,7 +1201,9 @@ class _ClientWatch:
 
     def __init__(self, receive, send):
         self._send, self.answered, self.left = send, False, False
-        self.handler = asyncio.current_task()
+        handler = asyncio.current_task()
+        assert handler is not None  # made in the request's handler, which runs in a task of its own
+        self.handler = handler
         self.watcher = asyncio.ensure_future(_disconnected(receive))
         self.watcher.add_done_callback(self._on_disconnect)
 

@@ -41,6 +41,7 @@ VIA = "controller"
 
 def rollout_decision(gw: GatewayEndpoint, now: float) -> Decision:
     """The pure policy's decision for one pair, from its stored telemetry."""
+    assert gw.staged_id is not None  # auto_rollouts() yields pairs with a staged side
     window = gw.rollout_window_seconds
     since = now - window
     return decide(
@@ -92,6 +93,7 @@ def apply_rollout(gw: GatewayEndpoint, decision: Decision, now: float) -> bool:
         if last is None or last.message != message:
             event(gw.endpoint_id, "rollout", message, level="warning")
         return False
+    assert gw.staged is not None  # auto_rollouts() yields pairs with a staged side
     event(
         gw.endpoint_id,
         "rollout",
@@ -133,9 +135,12 @@ def evaluate_rollouts(now: float | None = None) -> list[tuple[GatewayEndpoint, D
     return out
 
 
-def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision:
-    """The pure policy's decision for one endpoint, from its stored load samples and its replicas' states."""
+def autoscale_decision(endpoint: Endpoint, now: float) -> autoscale.Decision | None:
+    """The pure policy's decision for one endpoint, from its stored load samples and its replicas' states; None
+    where its stored settings are empty ({}: autoscaling off, which the selector's isnull lets through)."""
     scaling = autoscale.parse_settings(endpoint.autoscale)
+    if scaling is None:
+        return None
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS  # a pass or two missed is no hole in the window
     since = now - max(scaling.scale_up_window_s, scaling.scale_down_window_s) - gap
     S = Endpoint.State
@@ -181,6 +186,8 @@ def evaluate_autoscaling(now: float | None = None) -> list[tuple[Endpoint, autos
             continue
         try:
             decision = autoscale_decision(endpoint, now)
+            if decision is None:
+                continue
         except ValidationError as exc:  # stored settings that no longer parse: say so once, leave it
             message = f"autoscale settings refused: {error_text(exc)}"
             last = EndpointEvent.objects.filter(endpoint_id=endpoint.pk, kind="autoscale").order_by("-pk").first()

@@ -7,7 +7,7 @@ request whose ``send`` answers in a frame and whose proxying step (``Forwarder.f
 which replica to send it to and waits for how that went. The frames are described in main.rs.
 
 Why: at concurrency 1 the gateway's added latency is its CPU per request, and uvicorn and aiohttp took most
-of it (README, "Gateway"); here the HTTP on both sides is compiled and Python keeps only the rules.
+of it (docs/benchmarks.md, "Gateway"); here the HTTP on both sides is compiled and Python keeps only the rules.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ def cpu_quota(root: Path = Path("/")) -> float | None:
         quota, period = (fs / "cpu.max").read_text().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     with contextlib.suppress(OSError, ValueError):
-        quota = int((fs / "cpu" / "cpu.cfs_quota_us").read_text())
-        return None if quota < 0 else quota / int((fs / "cpu" / "cpu.cfs_period_us").read_text())
+        quota_us = int((fs / "cpu" / "cpu.cfs_quota_us").read_text())
+        return None if quota_us < 0 else quota_us / int((fs / "cpu" / "cpu.cfs_period_us").read_text())
     return None
 
 
@@ -140,7 +140,9 @@ class Forwarder:
         self.outcome: asyncio.Future | None = None
         self.whole = False
         self.settled = False  # the data path has its answer, or needs none
-        self.status, self.headers, self.chunks = 200, (), []
+        self.status = 200
+        self.headers: list[tuple[bytes, bytes]] | tuple[()] = ()
+        self.chunks: list[bytes] = []
 
     async def receive(self) -> dict:
         if not self.body_read:
@@ -162,7 +164,7 @@ class Forwarder:
         """What asgi.py's _ClientWatch is under uvicorn: while the request is proxied, a client leaving cancels
         its handler (the data path has dropped the replica's connection already)."""
         self.handler = asyncio.current_task()
-        if self.left:
+        if self.left and self.handler is not None:
             self.handler.cancel()
         return self
 
@@ -245,7 +247,7 @@ class Control(asyncio.Protocol):
         self.gateway, self.lost = gateway, lost
         self.requests: dict[int, Forwarder] = {}
         self.tasks: set[asyncio.Task] = set()
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.loop = asyncio.get_running_loop()
 
@@ -257,7 +259,7 @@ class Control(asyncio.Protocol):
             self.lost.set_result(exc)
 
     def write(self, request_id: int, kind: bytes, head: str, body: bytes = b"") -> None:
-        if self.transport.is_closing():
+        if self.transport is None or self.transport.is_closing():
             return  # the data path is gone: the gateway is stopping
         raw = head.encode()
         self.transport.write(PREFIX.pack(13 + len(raw) + len(body), request_id, kind[0], len(raw)) + raw + body)
@@ -319,15 +321,15 @@ class Control(asyncio.Protocol):
             self.tasks.add(task)
             task.add_done_callback(functools.partial(self.ended, forwarder))
             return
-        forwarder = self.requests.get(request_id)
-        if forwarder is None:
+        known = self.requests.get(request_id)
+        if known is None:
             return
         if kind == b"L":
-            forwarder.client_left()
+            known.client_left()
         elif kind == b"D":
-            forwarder.body_came(head.decode(), body)
+            known.body_came(head.decode(), body)
         else:
-            forwarder.report(kind, head.decode("latin-1").split("\n"), body)
+            known.report(kind, head.decode("latin-1").split("\n"), body)
 
     def ended(self, forwarder: Forwarder, task: asyncio.Task) -> None:
         self.requests.pop(forwarder.id, None)
@@ -350,10 +352,15 @@ async def serve(*, host: str, port: int) -> int:
     # A socket pair, one end inherited by the data path: nothing on disk to guard or leave behind, and nothing
     # else can connect to it.
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    _, control = await loop.create_unix_connection(lambda: Control(gateway, lost), sock=ours)
+    transport, control = await loop.create_unix_connection(lambda: Control(gateway, lost), sock=ours)
     stop = loop.create_future()
+
+    def request_stop() -> None:
+        if not stop.done():
+            stop.set_result(None)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: stop.done() or stop.set_result(None))
+        loop.add_signal_handler(sig, request_stop)
     try:
         child = await asyncio.create_subprocess_exec(
             str(binary()),
@@ -402,7 +409,7 @@ async def serve(*, host: str, port: int) -> int:
             child.terminate()  # it finishes the requests under way, asking this process as ever meanwhile
             try:
                 await asyncio.wait_for(child.wait(), STOP_SECONDS)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 child.kill()
                 await child.wait()
         if stop.done():
@@ -411,5 +418,5 @@ async def serve(*, host: str, port: int) -> int:
             await asyncio.wait({lost}, timeout=2)
             if control.tasks:
                 await asyncio.wait(set(control.tasks), timeout=5)
-        control.transport.close()
+        transport.close()
         await gateway.shutdown()

@@ -74,7 +74,7 @@ class RolloutForm(forms.Form):
 def form_error_text(form: forms.Form) -> str:
     """One line for a flash message, each error after its field's label."""
     return " ".join(
-        f"{form.fields[field].label or field}: {message}" if field in form.fields else message
+        f"{form.fields[field].label or field}: {message}" if field in form.fields else str(message)
         for field, messages in form.errors.items()
         for message in messages
     )

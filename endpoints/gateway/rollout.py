@@ -22,6 +22,7 @@ TTFT, its error rate):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Sample", "Thresholds", "Decision", "decide", "next_share", "HOLD", "STEP", "PROMOTE", "ROLLBACK"]
@@ -70,7 +71,7 @@ def next_share(steps: list[int], current: int) -> int | None:
     return next((s for s in sorted(steps) if s > current), None)
 
 
-def window_figures(samples: list[Sample], *, start: float, end: float) -> dict:
+def window_figures(samples: Sequence[Sample], *, start: float, end: float) -> dict:
     """Requests, error rate (%), worst P99 and TTFT P99 (ms) of the samples in (start, end]."""
     inside = [s for s in samples if start < s.ts <= end]
     requests = sum(max(0, int(s.requests)) for s in inside)
@@ -81,7 +82,9 @@ def window_figures(samples: list[Sample], *, start: float, end: float) -> dict:
     return {
         "requests": requests,
         "flushes": len(inside),
-        "error_pct": round(100.0 * sum(s.error_rate * s.requests for s in rated) / rated_n, 4) if rated_n else None,
+        "error_pct": (
+            round(100.0 * sum((s.error_rate or 0.0) * s.requests for s in rated) / rated_n, 4) if rated_n else None
+        ),
         "p99_ms": round(1000.0 * max(p99), 3) if p99 else None,
         "ttft_p99_ms": round(1000.0 * max(ttft), 3) if ttft else None,
     }
@@ -99,7 +102,7 @@ def decide(
     last_step_at: float | None,
     now: float,
     staged: list[Sample],
-    live: list[Sample] = (),
+    live: Sequence[Sample] = (),
     min_requests: int,
 ) -> Decision:
     """One decision for one pair (see the module's notes). `current`: the staged side's share now

@@ -14,9 +14,9 @@ first characters or token ids), hashed once with BLAKE2b.
 
 A key seen for the first time goes to the least loaded replica, and stays there (PrefixHomes):
 vllm-router 0.1.17's cache_aware policy does the same on a prefix miss (src/policies/cache_aware.rs,
-select_prepared: the least loaded worker, the prefix then recorded in that worker's tree). The
-first version hashed each key to a replica (rendezvous hashing) instead, with no memory: 48 groups
-split 26/22 and its throughput was 85 % of the router's (benchmarks/routing.py, README).
+select_prepared: the least loaded worker, the prefix then recorded in that worker's tree). Hashing each key
+to a replica with no memory (rendezvous hashing) split groups unevenly (benchmarks/routing.py:
+docs/benchmarks.md, "Prefix-aware routing").
 
 The load bound is "consistent hashing with bounded loads" (Mirrokni, Thorup and
 Zadimoghaddam, SODA 2018, arXiv:1608.01350): with n replicas and m requests in flight

@@ -83,7 +83,9 @@ def routing_table() -> RoutingTable:
     pairs = {g.endpoint_id: g for g in GatewayEndpoint.objects.all()}
     # Blue-green: the side of each pair not serving gets no traffic (but is routable again on rollback),
     # unless it is the staged side with a canary share: then it takes that share of the requests.
-    idle, public_of, canary = set(), {}, {}
+    idle: set[int] = set()
+    public_of: dict[int, int] = {}  # staged side -> its pair's public endpoint
+    canary: dict[int, int] = {}
     for g in pairs.values():
         if g.staged_id:
             public_of[g.staged_id] = g.endpoint_id
@@ -125,11 +127,11 @@ def routing_table() -> RoutingTable:
         context[model_name(ep)] = max(context.get(model_name(ep), 0), length)
         if (ep.autoscale or {}).get("min_replicas") == 0 and not ep.distributed and ep.pk not in idle:
             asleep.append(ep)
-        g = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk))
-        max_queue[ep.pk] = g.queue_depth if g and g.queue_depth else settings.GATEWAY_QUEUE_DEPTH
+        pair = pairs.get(ep.pk) or pairs.get(public_of.get(ep.pk, ep.pk))
+        max_queue[ep.pk] = pair.queue_depth if pair and pair.queue_depth else settings.GATEWAY_QUEUE_DEPTH
     backends: dict[str, list[Backend]] = {}
     # A replica past its endpoint's count (scaled down) leaves routing at once, before its agent drains it.
-    replicas = (
+    replicas = list(
         Replica.objects.filter(
             state=Endpoint.State.READY,
             port__isnull=False,
@@ -152,10 +154,10 @@ def routing_table() -> RoutingTable:
     )
     # A replica on a device that left OK (on its own node or, spanning nodes, a member's) gets no traffic
     # from the moment the agent records it, before its own reconcile pass moves or holds the replica.
-    replicas = list(replicas)
     faulty = unhealthy_replica_ids(replicas)
     for r in replicas:
-        if r.pk in faulty:
+        url = r.url
+        if r.pk in faulty or url is None:  # None: port 0, which the filter's port__isnull lets through
             continue
         ep = r.endpoint
         scope = {ep.name}
@@ -163,7 +165,7 @@ def routing_table() -> RoutingTable:
             scope.add(names.get(public_of[ep.pk], ""))
         backends.setdefault(model_name(ep), []).append(
             Backend(
-                url=r.url,
+                url=url,
                 endpoint_id=ep.pk,
                 endpoint_name=ep.name,
                 replica_index=r.index,
@@ -184,7 +186,7 @@ def routing_table() -> RoutingTable:
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
         if ep.pk not in ready:
-            scope = {ep.name, names.get(public_of.get(ep.pk), "")} - {""}
+            scope = {ep.name, names.get(public_of.get(ep.pk, ep.pk), "")} - {""}
             wakeable.setdefault(model_name(ep), []).append(
                 Wakeable(endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope))
             )
@@ -270,7 +272,7 @@ class KeyInfo:
         # A key scoped to endpoints may name their model; its backends are then filtered.
         return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)
 
-    def allows_backend(self, backend: Backend, model: str) -> bool:
+    def allows_backend(self, backend: Backend | Wakeable, model: str) -> bool:
         """An endpoint scope also admits the staged side of the pair it names (its replicas carry the public
         name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/)."""
         if not self.models and not self.endpoints:

@@ -247,7 +247,9 @@ def finish_drains() -> int:
     stopped, now = 0, timezone.now()
     for gw in GatewayEndpoint.objects.filter(stop_idle_at__lte=now).select_related("endpoint", "staged"):
         idle = gw.staged if gw.serving == GatewayEndpoint.Serving.LIVE else gw.endpoint
-        bound_over = now >= gw.stop_idle_at + timedelta(seconds=settings.GATEWAY_DRAIN_SECONDS)
+        stop_idle_at = gw.stop_idle_at
+        assert stop_idle_at is not None  # the filter's
+        bound_over = now >= stop_idle_at + timedelta(seconds=settings.GATEWAY_DRAIN_SECONDS)
         if idle is not None and not bound_over and _still_answering(idle):
             continue  # looked at again at the next refresh
         with transaction.atomic():  # a Switch or Rollback meanwhile moved or cleared the drain: leave it
@@ -364,7 +366,7 @@ def _move(endpoint: Endpoint, to: str, *, actor, request, via, extra: dict | Non
     rollout ends too (else the controller would start the canary again after a rollback)."""
     with transaction.atomic():
         gw = _pair(endpoint)
-        if gw.staged_id is None:
+        if gw.staged is None:
             raise ValidationError(f"{endpoint.name} has no staged deployment.")
         if gw.serving == to and not (to == GatewayEndpoint.Serving.LIVE and gw.canary_percent):
             raise ValidationError(f"Traffic already goes to the {to} side.")
@@ -430,7 +432,7 @@ def set_canary(
         raise ValidationError({"percent": "Give percent: a whole number from 1 to 99 (0 ends the canary)."})
     with transaction.atomic():
         gw = _pair(endpoint)
-        if gw.staged_id is None:
+        if gw.staged is None:
             raise ValidationError({"staged": f"{endpoint.name} has no staged deployment: stage one first."})
         if gw.serving != GatewayEndpoint.Serving.LIVE:
             raise ValidationError(

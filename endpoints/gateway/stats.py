@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from typing import Any
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -20,10 +21,15 @@ class Stats:
     """What happened since the last flush, per endpoint and per key."""
 
     def __init__(self):
-        self.ep = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
-        self.key = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []})
+        # counts ("n", "errors", "tokens") and lists of seconds ("lat", "ttft"), by endpoint id and by key id
+        self.ep: defaultdict[int, dict[str, Any]] = defaultdict(lambda: {"n": 0, "errors": 0, "lat": [], "ttft": []})
+        self.key: defaultdict[int, dict[str, Any]] = defaultdict(
+            lambda: {"n": 0, "errors": 0, "tokens": 0, "lat": [], "ttft": []}
+        )
         # LoRA adapters, by (endpoint id, adapter name): requests, tokens and errors
-        self.adapter = defaultdict(lambda: {"n": 0, "errors": 0, "tokens": 0})
+        self.adapter: defaultdict[tuple[int, str], dict[str, int]] = defaultdict(
+            lambda: {"n": 0, "errors": 0, "tokens": 0}
+        )
 
     def record_adapter(self, *, endpoint_id, name, status, tokens):
         a = self.adapter[(endpoint_id, name)]

@@ -15,8 +15,9 @@ compiled forward, so there is nothing to finalise. Given a method that does noth
 ("Directly load AOT compilation from path ...") and the restart skips Dynamo's trace and inductor's compile;
 without it vLLM logs "Compiling model again due to a load failure ... 'function' object has no attribute
 'finalize_loading'" and compiles from scratch (torch issue pytorch/pytorch#173090; vLLM turned the AOT
-compile off on cpu for it in vllm-project/vllm#32037; in 0.32 it is on again, vllm/envs.py ``use_aot_compile``). A torch that defines the method
-itself is left alone. Written by hand: no released vLLM or torch carries the fix.
+compile off on cpu for it in vllm-project/vllm#32037; in 0.32 it is on again, vllm/envs.py
+``use_aot_compile``). A torch that defines the method itself is left alone. Written by hand: no released vLLM
+or torch carries the fix.
 
 And it lets replicas bound to different cores share one compiled artifact. vLLM keys the artifact on every
 ``VLLM_*`` variable it does not list as irrelevant (vllm/envs.py ``compile_factors``), the cpu thread binding

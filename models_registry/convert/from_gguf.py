@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from models_registry.convert.common import (
     CHUNK_BYTES,
-    ConversionError,
     DEFAULT_MAX_SHARD_BYTES,
     TORCH_TO_ST,
+    ConversionError,
     first_line,
     normalize_dtype,
     prepare_out_dir,
@@ -32,7 +32,6 @@ from models_registry.convert.shards import ShardWriter
 from models_registry.convert.sources import SafetensorsSource
 from models_registry.gguf_reader import GgufHeaderError, NotGgufError, read_gguf_header
 from models_registry.paths import open_confined, tree_size
-
 
 # Dense GGUF architectures whose transformers tensor processor is a pure per-tensor function:
 # these are streamed (tensor by tensor) instead of loading the whole model.  Anything else that
@@ -441,7 +440,6 @@ def gguf_to_hf(
     the tokenizer files and the chat template (``chat_template.jinja``) into ``out_dir`` (an empty
     staging directory).  Returns ``{"dtype", "num_tensors", "size_bytes", "architecture", ...}``.
     """
-    import torch
 
     report = clamped_progress(progress)
     dtype = normalize_dtype(dtype, ("bfloat16", "float16"), "target dtype")

@@ -7,11 +7,11 @@ import math
 from pathlib import Path
 
 from models_registry.convert.common import (
-    ConversionError,
     DEFAULT_MAX_SHARD_BYTES,
     ST_ITEMSIZE,
     ST_TO_TORCH,
     TORCH_TO_ST,
+    ConversionError,
     check_architecture,
     copy_non_weight_files,
     find_weight_files,
@@ -26,7 +26,6 @@ from models_registry.convert.progress import ProgressFn, clamped_progress
 from models_registry.convert.shards import ShardWriter
 from models_registry.convert.sources import BinSource, SafetensorsSource, cast_chunks
 from models_registry.paths import tree_size
-
 
 _CONVERTIBLE_SOURCES = {"float32", "float16", "bfloat16"}
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
-from models_registry.convert.common import ConversionError, TOKENIZER_MARGIN_BYTES
-
+from models_registry.convert.common import TOKENIZER_MARGIN_BYTES, ConversionError
 
 # ----------------------------------------------------------------------------------------------
 # 6. size estimate

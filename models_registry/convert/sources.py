@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from models_registry.convert.common import CHUNK_BYTES, ConversionError, TORCH_TO_ST, first_line
-
+from models_registry.convert.common import CHUNK_BYTES, TORCH_TO_ST, ConversionError, first_line
 
 # ----------------------------------------------------------------------------------------------
 # 2. precision conversion (streaming)

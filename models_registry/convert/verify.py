@@ -18,7 +18,6 @@ from models_registry.convert.from_gguf import load_gguf_tokenizer, open_gguf
 from models_registry.convert.progress import silent_progress, transformers_progress
 from models_registry.paths import gguf_files_in
 
-
 # Fixed prompts for logits verification: short, plain English, stable across tokenizers.
 VERIFY_PROMPTS = [
     "The capital of France is",
@@ -125,13 +124,14 @@ def compare_logits(reference_dir: Path, candidate_dir: Path, *, prompts: list[st
     with contextlib.suppress(ConversionError):
         cand_tok = _load_tokenizer(candidate_dir)
         tokenizer_match = all(
-            cand_tok(p, return_tensors="pt")["input_ids"].tolist() == b.tolist() for p, b in zip(prompts, batches)
+            cand_tok(p, return_tensors="pt")["input_ids"].tolist() == b.tolist()
+            for p, b in zip(prompts, batches, strict=False)
         )
 
     ref = _model_logits(reference_dir, batches)
     cand = _model_logits(candidate_dir, batches)
     max_abs, mean_abs, min_cos, agree, tokens = 0.0, 0.0, 1.0, 0, 0
-    for r, c in zip(ref, cand):
+    for r, c in zip(ref, cand, strict=False):
         if r.shape != c.shape:
             raise ConversionError(
                 f"The models' logits differ in shape ({tuple(r.shape)} vs {tuple(c.shape)}): "

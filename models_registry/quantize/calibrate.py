@@ -230,7 +230,7 @@ def sensitivity(
         if total >= max_tokens:
             break
     linears = quant_linears(model)
-    score = {name: 0.0 for name in linears}
+    score = dict.fromkeys(linears, 0.0)
     captured: dict = {}
 
     def hook(name):

@@ -245,7 +245,7 @@ def _run(ctx, src: Path, staging: Path, cfg: dict, opts: dict, calib_texts: list
         # Chosen per fused group: vllm-ascend keeps one input_scale/input_offset per fused layer, so
         # q/k/v (and gate/up) must share the range they are quantized and simulated with.
         kl_cost, mm_cost = cal.by_group(errors, "sensitivity"), cal.by_group(mm_errors, "sensitivity")
-        for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors)):
+        for i, (kl_e, mm_e) in enumerate(zip(errors, mm_errors, strict=False)):
             if mm_cost[cal.fused_group(kl_e["layer"])] < kl_cost[cal.fused_group(kl_e["layer"])]:
                 minmax_layers.append(kl_e["layer"])
                 cal_act[kl_e["layer"]] = mm_act[kl_e["layer"]]

@@ -498,7 +498,7 @@ def _check_shared_input_scale(directory: Path, desc: dict, tensors: dict, layers
                 with safe_open(str(Path(directory) / tensors[n][2]), "pt") as f:
                     values.append(f.get_tensor(n).to(torch.float64).flatten().tolist())
             if any(v != values[0] for v in values[1:]):
-                shown = ", ".join(f"{s.rsplit('.', 1)[1]} {v}" for s, v in zip(shards, values))
+                shown = ", ".join(f"{s.rsplit('.', 1)[1]} {v}" for s, v in zip(shards, values, strict=False))
                 findings.append(
                     Finding(
                         "shared-input-scale",

@@ -68,7 +68,7 @@ def perplexity_vllm(
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             out = json.load(resp)
         plp = out["choices"][0]["prompt_logprobs"]
-        for tok, entry in zip(ids[1:], plp[1:]):
+        for tok, entry in zip(ids[1:], plp[1:], strict=False):
             value = entry.get(str(tok)) if isinstance(entry, dict) else None
             if value is None:
                 raise ValueError("vLLM did not return the prompt token's logprob.")

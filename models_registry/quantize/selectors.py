@@ -22,8 +22,10 @@ DEFAULTS = {
     "default-evaluation": (
         "evaluation",
         "evaluation_source.txt",
-        "Public-domain English prose: Lincoln, Dickens, Melville, Carroll, Conan Doyle, "
-        "Fitzgerald; Ruth and Jonah (King James Bible). Never overlaps default-calibration.",
+        (
+            "Public-domain English prose: Lincoln, Dickens, Melville, Carroll, Conan Doyle, "
+            "Fitzgerald; Ruth and Jonah (King James Bible). Never overlaps default-calibration."
+        ),
     ),
 }
 SOURCE = "Public domain (pre-1926 works); see models_registry/quantize/data/README.md"

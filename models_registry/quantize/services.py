@@ -98,7 +98,7 @@ def dataset_create(
     if purpose not in CalibrationDataset.Purpose.values:
         raise ValidationError({"purpose": "Choose calibration or evaluation."})
     for field, text in (("source", source), ("description", description)):
-        limit = CalibrationDataset._meta.get_field(field).max_length
+        limit = getattr(CalibrationDataset._meta.get_field(field), "max_length", None)
         if limit and len(text or "") > limit:
             raise ValidationError({field: f"Keep the {field} under {limit} characters."})
     limit = settings.QUANTIZE_MAX_DATASET_CHARS
@@ -197,7 +197,7 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     """Check quantize options against the source artifact; return the canonical set (the job's params)."""
     if artifact.status != Artifact.Status.READY:
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be quantized.")
-    options = options.given()
+    given = options.given()
     if artifact.format != Artifact.Format.HF:
         raise ValidationError(
             {
@@ -216,21 +216,21 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
                 f"ModelSlim writer) supports {', '.join(SUPPORTED_ARCHITECTURES)}."
             }
         )
-    target = options.get("target") or "compressed-tensors"
+    target = given.get("target") or "compressed-tensors"
     if target not in TARGETS:
         raise ValidationError({"target": f"Choose one of: {', '.join(TARGETS)}."})
-    scheme = (options.get("scheme") or "w8a8_dynamic").lower()
+    scheme = (given.get("scheme") or "w8a8_dynamic").lower()
     if scheme not in SCHEMES:
         raise ValidationError({"scheme": f"Choose one of: {', '.join(SCHEMES)}."})
     if target == Artifact.Format.MODELSLIM:
         support = selectors.modelslim_scheme_support()[scheme]
         if not support.supported:
             raise ValidationError({"scheme": support.refusal()})
-    method = options.get("method") or "kl"
+    method = given.get("method") or "kl"
     if method not in METHODS:
         raise ValidationError({"method": f"Choose one of: {', '.join(METHODS)}."})
-    calib = _dataset(options.get("calibration"), "calibration", "calibration")
-    evaluation = _dataset(options.get("evaluation"), "evaluation", "evaluation")
+    calib = _dataset(given.get("calibration"), "calibration", "calibration")
+    evaluation = _dataset(given.get("evaluation"), "evaluation", "evaluation")
     if calib.pk == evaluation.pk or set(calib.samples) & set(evaluation.samples):
         raise ValidationError({"evaluation": "The evaluation set overlaps the calibration set: use separate text."})
     if calib.sample_count < settings.QUANTIZE_MIN_SAMPLES:
@@ -240,8 +240,8 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
                 f"{settings.QUANTIZE_MIN_SAMPLES} are needed. {GUIDANCE}"
             }
         )
-    smoothing = options.get("smoothing")
-    smoothing = None if smoothing in (None, "", 0, False) else _number(options, "smoothing", 0.8, SMOOTHING)
+    smoothing = given.get("smoothing")
+    smoothing = None if smoothing in (None, "", 0, False) else _number(given, "smoothing", 0.8, SMOOTHING)
     if smoothing and target == Artifact.Format.MODELSLIM:
         raise ValidationError(
             {
@@ -250,7 +250,7 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
             }
         )
 
-    anti_outlier = options.get("anti_outlier") or None
+    anti_outlier = given.get("anti_outlier") or None
     if anti_outlier is not None:
         if target != Artifact.Format.MODELSLIM:
             raise ValidationError(
@@ -271,14 +271,14 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
         "evaluation": evaluation.pk,
         "smoothing": smoothing,
         "anti_outlier": anti_outlier,
-        "gate_pct": _number(options, "gate_pct", settings.QUANTIZE_GATE_PCT, GATE_PCT),
-        "fallback": bool(options.get("fallback", True)),
-        "max_fallback_layers": _number(options, "max_fallback_layers", 16, MAX_FALLBACK_LAYERS),
-        "num_samples": _number(options, "num_samples", 64, NUM_SAMPLES),
-        "max_seq_len": _number(options, "max_seq_len", 512, MAX_SEQ_LEN),
-        # GPTQ by default for compressed-tensors: it is what brings W8A8 within the 2 % gate (README).
-        "gptq": bool(options.get("gptq", True)) and target == Artifact.Format.COMPRESSED_TENSORS,
-        "serve_check": bool(options.get("serve_check", settings.QUANTIZE_SERVE_CHECK)),
+        "gate_pct": _number(given, "gate_pct", settings.QUANTIZE_GATE_PCT, GATE_PCT),
+        "fallback": bool(given.get("fallback", True)),
+        "max_fallback_layers": _number(given, "max_fallback_layers", 16, MAX_FALLBACK_LAYERS),
+        "num_samples": _number(given, "num_samples", 64, NUM_SAMPLES),
+        "max_seq_len": _number(given, "max_seq_len", 512, MAX_SEQ_LEN),
+        # GPTQ by default for compressed-tensors: it is what brings W8A8 within the 2 % gate (docs/benchmarks.md).
+        "gptq": bool(given.get("gptq", True)) and target == Artifact.Format.COMPRESSED_TENSORS,
+        "serve_check": bool(given.get("serve_check", settings.QUANTIZE_SERVE_CHECK)),
     }
     return clean
 

@@ -28,7 +28,7 @@ AGENT = "llm-console-agent.service"
 
 @pytest.fixture
 def installed(tmp_path) -> Path:
-    """The units as installed for this checkout: /opt/llm-console (where the README installs the code) is
+    """The units as installed for this checkout: /opt/llm-console (where docs/deploy.md installs the code) is
     this repository, whose .venv has the python and gunicorn the units start, so verify's check that each
     command exists is a real one."""
     units = tmp_path / "units"

@@ -93,7 +93,8 @@ def test_operator_converts_and_watches_the_job_live(page, operator, model_root, 
         }""")
         try:
             page.wait_for_function(
-                "() => ['succeeded', 'failed', 'cancelled'].includes(document.querySelector('#job-status')?.dataset.status)",
+                "() => ['succeeded', 'failed', 'cancelled']"
+                ".includes(document.querySelector('#job-status')?.dataset.status)",
                 timeout=240_000,
                 polling=250,
             )

@@ -191,7 +191,8 @@ def test_a_docker_replica_launches_answers_is_readopted_and_removed(
             for c in probes
         )
         print(
-            f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, {time.monotonic() - began:.0f} s in all"
+            f"\ncontainer runtime e2e: ready {ready_after:.0f} s after the launch, "
+            f"{time.monotonic() - began:.0f} s in all"
         )
     finally:
         stop_agent(agent)

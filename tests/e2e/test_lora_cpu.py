@@ -116,7 +116,7 @@ def test_lora_adapter_on_vllm_cpu_matches_peft_and_loads_at_run_time(
         assert "--enable-lora" in replica.argv and replica.env.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "True"
 
         served = replica.endpoint.served_model_name
-        for prompt, base, adapted in zip(PROMPTS, base_expected, lora_expected):
+        for prompt, base, adapted in zip(PROMPTS, base_expected, lora_expected, strict=False):
             with_lora = _complete(replica, "bob", prompt)
             assert with_lora.status_code == 200, with_lora.text
             assert with_lora.json()["choices"][0]["text"] == adapted, prompt

@@ -42,7 +42,8 @@ def _alive_ray_nodes(address: str) -> list[list[str]]:
     probe = (
         f"import json, ray; ray.init(address={address!r}, _node_ip_address={HEAD_IP!r}, logging_level='ERROR', "
         "log_to_driver=False); "
-        "print('ALIVE=' + json.dumps(sorted([n['NodeManagerAddress'], n['NodeID']] for n in ray.nodes() if n['Alive'])))"
+        "print('ALIVE=' + json.dumps(sorted("
+        "[n['NodeManagerAddress'], n['NodeID']] for n in ray.nodes() if n['Alive'])))"
     )
     out = subprocess.run(
         [ENGINE_PYTHON, "-c", probe],

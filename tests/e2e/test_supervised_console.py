@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -250,7 +250,7 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
             return found
         return None
 
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     try:
         pids = wait_for(all_up, timeout=120, interval=0.5, what="every console process to answer")
     except AssertionError:
@@ -262,7 +262,7 @@ def test_killed_processes_come_back_alone_and_a_killed_job_is_reaped_and_retried
         nonlocal pids
         old, others = pids[name], {n: p for n, p in pids.items() if n != name}
         forked = [c.pid for c in psutil.Process(old).children()]  # gunicorn's workers die with their master
-        killed_at = datetime.now(timezone.utc)
+        killed_at = datetime.now(UTC)
         for pid in (old, *extra_pids):
             os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + BACK_WITHIN_S

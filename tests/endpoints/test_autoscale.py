@@ -14,11 +14,11 @@ from django.utils import timezone
 
 from console.models import AuditEvent
 from endpoints.autoscale import DOWN, HOLD, UP, Sample, decide, parse_settings
+from endpoints.endpoint_spec import EndpointSpec
 from endpoints.gateway.controller import evaluate_autoscaling, run_once
 from endpoints.gateway.selectors import routing_table
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from endpoints.reconcile import ReplicaWorkload
-from endpoints.endpoint_spec import EndpointSpec
 from endpoints.services import _checked_autoscale, endpoint_create
 from tests.endpoints.test_npu_faults import StandInSupervisor
 from workers.models import Device

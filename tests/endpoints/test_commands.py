@@ -2,7 +2,8 @@
 
 Plain pytest, no database. The expected commands follow vllm-ascend's documentation:
 - quick start: ``ASCEND_RT_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen2.5-7B-Instruct --max-model-len 26240``
-- 4 cards: ``... --served-model-name Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 4 --port 8000 --max-model-len 26240``
+- 4 cards: ``... --served-model-name Qwen/Qwen2.5-7B-Instruct --tensor-parallel-size 4 --port 8000
+  --max-model-len 26240``
 - ModelSlim W8A8: ``--quantization ascend``
 - Atlas 300I (310P): ``--tensor-parallel-size 1 --enforce-eager --dtype float16``
 - Ray (docs/source/tutorials/features/ray.md): env before ``ray start --head`` /
@@ -33,7 +34,7 @@ from endpoints.commands import (
     validate_extra_args,
 )
 from endpoints.commands.cache import CPU_AOT_PLUGIN_ENV
-from tests.support.command_specs import DP, ASCEND_DEFAULTS, DIST, PY, flag_value, head, spec
+from tests.support.command_specs import ASCEND_DEFAULTS, DIST, DP, PY, flag_value, head, spec
 
 # ------------------------------------------------------------------ ascend
 

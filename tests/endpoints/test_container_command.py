@@ -79,16 +79,16 @@ def parse_run(words: list[str]) -> tuple[list[tuple[str, str | None]], str, list
 
 
 def vllm_spec(**changes) -> LaunchSpec:
-    values = dict(
-        platform="ascend",
-        engine_python="/opt/engine/bin/python",
-        model_path="/models/qwen3-0.6b",
-        served_model_name="qwen3",
-        port=8601,
-        devices=[0],
-        chip_name="910B4",
-        env={"VLLM_LOGGING_LEVEL": "INFO"},
-    )
+    values = {
+        "platform": "ascend",
+        "engine_python": "/opt/engine/bin/python",
+        "model_path": "/models/qwen3-0.6b",
+        "served_model_name": "qwen3",
+        "port": 8601,
+        "devices": [0],
+        "chip_name": "910B4",
+        "env": {"VLLM_LOGGING_LEVEL": "INFO"},
+    }
     return LaunchSpec(**{**values, **changes})
 
 
@@ -179,7 +179,12 @@ def test_the_model_is_mounted_read_only_at_the_same_path():
 )
 def test_bad_container_fields_are_named(changes, message):
     argv, env = build_command(vllm_spec())
-    fields = dict(runtime="docker", image="quay.io/ascend/vllm-ascend:v0.23.0", name="llm-console-x-r0", devices=[0])
+    fields = {
+        "runtime": "docker",
+        "image": "quay.io/ascend/vllm-ascend:v0.23.0",
+        "name": "llm-console-x-r0",
+        "devices": [0],
+    }
     with pytest.raises(CommandSpecError, match=re.escape(message)):
         build_container_command(ContainerSpec(**{**fields, **changes}), argv, env)
 
@@ -202,13 +207,13 @@ def test_podman_gets_the_same_command_but_its_own_log_driver_and_no_max_file():
     """Podman names its file driver k8s-file (json-file is an alias) and has no max-file (containers/podman#21361):
     conmon keeps one file and truncates it at max-size."""
     argv, env = build_command(vllm_spec())
-    fields = dict(
-        image="quay.io/ascend/vllm-ascend:v0.23.0",
-        name="llm-console-qwen3-r0",
-        devices=[0],
-        log_max_bytes=10 * 1024 * 1024,
-        log_files=3,
-    )
+    fields = {
+        "image": "quay.io/ascend/vllm-ascend:v0.23.0",
+        "name": "llm-console-qwen3-r0",
+        "devices": [0],
+        "log_max_bytes": 10 * 1024 * 1024,
+        "log_files": 3,
+    }
     docker = build_container_command(ContainerSpec(runtime="docker", **fields), argv, env)
     podman = build_container_command(ContainerSpec(runtime="podman", **fields), argv, env)
     docker_logs = ["--log-driver=json-file", "--log-opt=max-size=10240k", "--log-opt=max-file=3"]

@@ -761,7 +761,7 @@ def test_scheduled_restarts_every_n_hours_or_daily(operator, api_for, cpu_node, 
     )
     endpoint = Endpoint.objects.get(pk=body["id"])
     assert endpoint.restart_daily_at == dt.time(3, 30)
-    utc = dt.timezone.utc
+    utc = dt.UTC
     now = dt.datetime(2026, 12, 2, 3, 31, tzinfo=utc)
     assert (
         scheduled_restart_due(endpoint, dt.datetime(2026, 12, 1, 20, 0, tzinfo=utc), now)

@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from console.models import AuditEvent
 from endpoints.commands import ENV_VARIABLES, EXTRA_ARG_RULES, emittable_flags, env_unknown_to, flags_unknown_to
-from endpoints.models import Endpoint, Replica
 from endpoints.launch_checks import checked_engine_options
+from endpoints.models import Endpoint, Replica
 from tests.support import FIXTURES
 from workers.models import Device, Node
 
@@ -267,8 +267,10 @@ def test_the_flags_the_console_places_on_each_node_of_a_multi_node_replica_must_
     assert response.status_code == 400
     assert response.json()["errors"] == {
         "distributed": [
-            "--data-parallel-start-rank, --headless are not flags of vLLM 0.9.1 on node npu-b, which a dp replica "
-            "needs there."
+            (
+                "--data-parallel-start-rank, --headless are not flags of vLLM 0.9.1 on node npu-b, which a dp replica "
+                "needs there."
+            )
         ]
     }
     assert _nothing_created()

@@ -250,14 +250,16 @@ def real():
         env=env,
     )
     answer: dict = {}
-    talk = threading.Thread(target=lambda: answer.update(zip(("out", "err"), child.communicate(json.dumps(cases)))))
+    talk = threading.Thread(
+        target=lambda: answer.update(zip(("out", "err"), child.communicate(json.dumps(cases)), strict=False))
+    )
     talk.start()
     report = probe_engine_cli(ENGINE_PYTHON)
     talk.join(timeout=300)
     assert child.returncode == 0, answer.get("err", "")[-3000:]
     verdicts = json.loads(answer["out"].strip().splitlines()[-1])
     assert "error" not in report, report
-    return {json.dumps([f, v]): verdict for (f, v), verdict in zip(ALL, verdicts)}, report
+    return {json.dumps([f, v]): verdict for (f, v), verdict in zip(ALL, verdicts, strict=False)}, report
 
 
 def _schema(report: dict, field: str) -> dict:
@@ -391,7 +393,8 @@ def test_the_messages_name_the_field_and_the_key_path():
     )
     assert _console("compilation", {"pass_config": {"zzz": 1, "fuse_norm_quant": 3}, "mode": "fast"}, comp) == (
         "compilation.mode: 'fast' is not one of 'NONE', 'STOCK_TORCH_COMPILE', 'DYNAMO_TRACE_ONCE', 'VLLM_COMPILE' "
-        "(or in lower case), None, 0, 1, 2, 3; compilation.pass_config.zzz: unknown key (PassConfig has no such field); "
+        "(or in lower case), None, 0, 1, 2, 3; "
+        "compilation.pass_config.zzz: unknown key (PassConfig has no such field); "
         "compilation.pass_config.fuse_norm_quant: 3 is not of type 'boolean' or 'null'"
     )
 

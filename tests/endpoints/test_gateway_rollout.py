@@ -29,10 +29,13 @@ def flushes(start, count, *, every=10, requests=20, p99=0.2, ttft=0.05, errors=0
     ]
 
 
+THRESHOLDS = Thresholds(p99_ms=500, error_pct=1.0, ttft_p99_ms=200)
+
+
 def run(
     staged,
     *,
-    thresholds=Thresholds(p99_ms=500, error_pct=1.0, ttft_p99_ms=200),
+    thresholds=THRESHOLDS,
     window=60,
     current=10,
     last_step=T0,

@@ -235,7 +235,7 @@ def lora_endpoint(operator, api_for, cpu_node, tiny_artifact, adapters, replicas
     response = _launch(api_for(operator), tiny_artifact, adapters=[adapters["sql"].pk], replicas=2, max_lora_rank=16)
     assert response.status_code == 201, response.content
     endpoint = Endpoint.objects.get(pk=response.json()["id"])
-    for replica, (server, handler) in zip(endpoint.replica_set.order_by("index"), replicas):
+    for replica, (server, handler) in zip(endpoint.replica_set.order_by("index"), replicas, strict=False):
         Replica.objects.filter(pk=replica.pk).update(state="ready", port=server.port, port_host="127.0.0.1")
         handler.loaded["sql"] = adapters["sql"].path  # loaded at start
     return endpoint
@@ -253,7 +253,7 @@ def test_load_and_unload_at_run_time_change_every_ready_replica_and_later_starts
         {"replica": 0, "ok": True, "message": "loaded"},
         {"replica": 1, "ok": True, "message": "loaded"},
     ]
-    for replica, (_, handler) in zip(lora_endpoint.replica_set.order_by("index"), replicas):
+    for replica, (_, handler) in zip(lora_endpoint.replica_set.order_by("index"), replicas, strict=False):
         assert handler.loaded == {"sql": adapters["sql"].path, "chat": chat.path}
         path, body, auth = handler.calls[-1]
         assert (path, body) == ("/v1/load_lora_adapter", {"lora_name": "chat", "lora_path": chat.path})
@@ -262,7 +262,7 @@ def test_load_and_unload_at_run_time_change_every_ready_replica_and_later_starts
     # a replica (re)started now loads both
     replica = lora_endpoint.replica_set.get(index=0)
     argv, _ = build_command(launch_spec(endpoint=lora_endpoint, replica=replica, node=cpu_node, port=1))
-    assert '{"name":"chat","path":"%s"}' % chat.path in argv
+    assert f'{{"name":"chat","path":"{chat.path}"}}' in argv
     unloaded = api.post(
         f"/api/v1/endpoints/{lora_endpoint.pk}/adapters", {"adapter": adapters["sql"].pk, "action": "unload"}
     )

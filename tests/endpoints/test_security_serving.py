@@ -341,8 +341,8 @@ class KeyedReplica(ServerThread):
 
 @pytest.mark.django_db
 def test_each_replica_starts_with_its_own_key_in_its_environment_only(ascend_node, tiny_artifact, operator, settings):
-    from endpoints.launch import replica_process
     from endpoints.endpoint_spec import EndpointSpec
+    from endpoints.launch import replica_process
     from endpoints.services import endpoint_create
 
     endpoint = endpoint_create(

@@ -10,7 +10,7 @@ from endpoints import reconcile as reconcile_module
 from endpoints.models import Endpoint, Replica, ReplicaMember
 from endpoints.reconcile import ReplicaWorkload
 from endpoints.services import endpoint_restart, endpoint_start
-from tests.endpoints.test_engine_cli import V091, V0110
+from tests.endpoints.test_engine_cli import V0110, V091
 from tests.endpoints.test_multi_node import _node, _say_ray_started, cpu_pair  # noqa: F401 (a fixture)
 from tests.endpoints.test_npu_faults import StandInSupervisor
 from workers.models import Node

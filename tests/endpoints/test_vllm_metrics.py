@@ -207,7 +207,7 @@ def test_errors_by_finish_reason(idle):
 
 
 def test_qps_falls_back_to_e2e_count(idle, after):
-    no_counter = dict(finished_by_reason={})
+    no_counter = {"finished_by_reason": {}}
     stats = window_stats(dataclasses.replace(idle, **no_counter), dataclasses.replace(after, **no_counter), 2.5)
     assert stats["requests"] == 5 and stats["qps"] == pytest.approx(2.0)
     assert stats["successes"] is None and stats["errors"] is None

@@ -216,8 +216,8 @@ def deploy(cfg, quantization, hardware, *, nodes=1, **kwargs):
     return deployment_capacity(hf_config=cfg, quantization=quantization, nodes=nodes, **hardware, **kwargs)
 
 
-# DeepSeek-R1.md ## 5.1 Single-Node Online Deployment / ## 5.2 Multi-Node Data Parallel Deployment: --data-parallel-size 4
-# --tensor-parallel-size 4 --enable-expert-parallel --max-num-seqs 16 --max-model-len 16384
+# DeepSeek-R1.md ## 5.1 Single-Node Online Deployment / ## 5.2 Multi-Node Data Parallel Deployment:
+# --data-parallel-size 4 --tensor-parallel-size 4 --enable-expert-parallel --max-num-seqs 16 --max-model-len 16384
 # --gpu-memory-utilization 0.92 --speculative-config '{"num_speculative_tokens":3,"method":"mtp"}'
 DEEPSEEK_R1_COMMAND = {
     "data_parallel_size": 4,

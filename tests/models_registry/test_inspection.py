@@ -23,8 +23,8 @@ from tests.support.tiny_models import (
     tiny_hf_dir,  # noqa: F401  (fixture)
 )
 
-V, H, I, L, NH, NKV, HD = 512, 64, 128, 2, 4, 2, 16  # the tiny defaults
-PER_LAYER = H * NH * HD + 2 * H * NKV * HD + NH * HD * H + 3 * H * I + 2 * H  # q,k,v,o + mlp + 2 norms
+V, H, INTER, L, NH, NKV, HD = 512, 64, 128, 2, 4, 2, 16  # the tiny defaults
+PER_LAYER = H * NH * HD + 2 * H * NKV * HD + NH * HD * H + 3 * H * INTER + 2 * H  # q,k,v,o + mlp + 2 norms
 UNTIED = 2 * V * H + L * PER_LAYER + H
 TIED = V * H + L * PER_LAYER + H
 
@@ -47,7 +47,7 @@ def _copy(src, tmp_path, name="copy"):
 def _common_shape(info):
     assert info["architecture"] == "LlamaForCausalLM"
     assert info["model_type"] == "llama"
-    assert (info["num_layers"], info["hidden_size"], info["intermediate_size"]) == (L, H, I)
+    assert (info["num_layers"], info["hidden_size"], info["intermediate_size"]) == (L, H, INTER)
     assert (info["num_attention_heads"], info["num_kv_heads"], info["head_dim"]) == (NH, NKV, HD)
     assert info["vocab_size"] == V
     assert info["max_position_embeddings"] == 2048

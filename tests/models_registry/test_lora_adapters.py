@@ -59,7 +59,7 @@ def test_base_mismatch_names_module_widths_and_both_sides(tmp_path):
     good = inspect_lora_dir(
         build_tiny_lora(
             tmp_path / "good",
-            modules=tuple(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+            modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
         )
     )
     assert base_mismatch(good, base, adapter_name="A", base_name="B") == ""

@@ -35,7 +35,8 @@ ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
 
 def npu_quantize(x, scales, zero_points):
     """torch_npu.npu_quantize(x, scales, zero_points, torch.qint8, -1, div_mode=False): result = x·scales +
-    zero_points (torch_npu's documented formula), rounded to int8 (register_custom_ops.py passes the reciprocal of input_scale as scales)."""
+    zero_points (torch_npu's documented formula), rounded to int8 (register_custom_ops.py passes the reciprocal of
+    input_scale as scales)."""
     return torch.clamp(torch.round(x.float() * scales.float() + zero_points.float()), -128, 127).to(torch.int8)
 
 

@@ -249,7 +249,7 @@ def test_the_same_job_twice_gives_the_same_figures_and_tensors(tiny, operator, t
 
 def _modelslim_tensors(path: Path):
     desc = json.loads((path / "quant_model_description.json").read_text())
-    [weights] = [p for p in path.glob("quant_model_weight_*.safetensors")]
+    [weights] = list(path.glob("quant_model_weight_*.safetensors"))
     with safe_open(str(weights), "pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     return desc, tensors, weights.name
@@ -289,12 +289,12 @@ def test_modelslim_w8a8_static_format_and_dequantisation(tiny, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     captured = {}
     hooks = [
-        model.get_submodule(f"model.layers.{l}.{p}").register_forward_pre_hook(
-            lambda m, a, key=f"model.layers.{l}.{p}": captured.setdefault(
+        model.get_submodule(f"model.layers.{layer}.{p}").register_forward_pre_hook(
+            lambda m, a, key=f"model.layers.{layer}.{p}": captured.setdefault(
                 key, a[0].detach().reshape(-1, a[0].shape[-1])
             )
         )
-        for l in range(2)
+        for layer in range(2)
         for p in PROJ
     ]
     with torch.no_grad():

@@ -152,9 +152,7 @@ def rq_worker(worker_env, settings, model_root, *queues):
     finally:
         from workers.models import Job
 
-        horses = [
-            pid for pid in Job.objects.filter(status__in=Job.ACTIVE, pid__isnull=False).values_list("pid", flat=True)
-        ]
+        horses = list(Job.objects.filter(status__in=Job.ACTIVE, pid__isnull=False).values_list("pid", flat=True))
         for pid in horses:
             try:
                 os.kill(pid, signal.SIGKILL)

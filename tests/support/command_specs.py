@@ -43,14 +43,14 @@ DP = {
 
 
 def spec(**kw):
-    base = dict(
-        platform="ascend",
-        engine_python=PY,
-        model_path="Qwen/Qwen2.5-7B-Instruct",
-        served_model_name="Qwen/Qwen2.5-7B-Instruct",
-        port=8000,
-        devices=[0],
-    )
+    base = {
+        "platform": "ascend",
+        "engine_python": PY,
+        "model_path": "Qwen/Qwen2.5-7B-Instruct",
+        "served_model_name": "Qwen/Qwen2.5-7B-Instruct",
+        "port": 8000,
+        "devices": [0],
+    }
     base.update(kw)
     return LaunchSpec(**base)
 

@@ -202,7 +202,7 @@ class CompletionLoad:
 
     def keep(self, n: int):
         """Stop all but n clients (each finishes its request in flight)."""
-        for stop, thread in list(zip(self.stopping, self.threads))[n:]:
+        for stop, thread in list(zip(self.stopping, self.threads, strict=False))[n:]:
             stop.set()
             thread.join(timeout=600)
 

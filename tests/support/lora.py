@@ -15,9 +15,9 @@ TINY_DIMS = {
     "up_proj": (64, 128),
     "down_proj": (128, 64),
 }
-_PARENT = {m: "self_attn" for m in ("q_proj", "k_proj", "v_proj", "o_proj")} | {
-    m: "mlp" for m in ("gate_proj", "up_proj", "down_proj")
-}
+_PARENT = dict.fromkeys(("q_proj", "k_proj", "v_proj", "o_proj"), "self_attn") | dict.fromkeys(
+    ("gate_proj", "up_proj", "down_proj"), "mlp"
+)
 
 
 def build_tiny_lora(

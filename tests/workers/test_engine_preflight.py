@@ -184,9 +184,11 @@ def test_make_engine_stops_with_one_message_before_any_pip(tmp_path, monkeypatch
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if not line.startswith(("make:", "make["))]
     assert said == [
-        "make engine stopped: the CANN 9.1.0 toolkit is missing. ASCEND_TOOLKIT_HOME is unset and "
-        "/usr/local/Ascend/ascend-toolkit/latest does not exist: install Ascend-cann-toolkit_9.1.0 "
-        "(https://www.hiascend.com/cann/download).",
+        (
+            "make engine stopped: the CANN 9.1.0 toolkit is missing. ASCEND_TOOLKIT_HOME is unset and "
+            "/usr/local/Ascend/ascend-toolkit/latest does not exist: install Ascend-cann-toolkit_9.1.0 "
+            "(https://www.hiascend.com/cann/download)."
+        ),
         f"Follow {PAGE}#configure-software-environment",
     ]
     assert "Traceback" not in result.stderr + result.stdout and "pip" not in result.stdout

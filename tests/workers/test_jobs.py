@@ -696,7 +696,7 @@ def test_a_staging_directory_on_another_host_is_left_to_that_hosts_worker(settin
 
     from workers.jobs.worker import JobWorker
 
-    ended = dict(status=Job.Status.FAILED, finished_at=timezone.now())
+    ended = {"status": Job.Status.FAILED, "finished_at": timezone.now()}
     elsewhere = Job.objects.create(
         kind="bench",
         queue="node-npu-2",

@@ -51,8 +51,10 @@ def test_an_admin_chooses_docker_and_the_image_and_it_is_audited(as_admin, admin
         (
             {"engine_runtime": "podman", "engine_image_variant": "-950dt"},
             "engine_image_variant",
-            "Image must be one of auto, a2, openeuler, a3, a3-openeuler, 310p, 310p-openeuler, a5, a5-openeuler; "
-            "got &#x27;-950dt&#x27;.",
+            (
+                "Image must be one of auto, a2, openeuler, a3, a3-openeuler, 310p, 310p-openeuler, a5, a5-openeuler; "
+                "got &#x27;-950dt&#x27;."
+            ),
         ),
     ],
 )

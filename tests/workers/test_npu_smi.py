@@ -205,7 +205,7 @@ REORDERED_EXTRA = """\
 +===========================+===============+===============+=====================================================+
 | 3000                      | vllm          | 0             | 4242                3                               |
 +===========================+===============+===============+=====================================================+
-"""
+"""  # noqa: E501  (npu-smi's own table width)
 
 
 def test_reordered_columns_and_extra_columns():
@@ -445,8 +445,10 @@ def test_indented_output_is_accepted():
         "<html><body><table><tr><td>NPU</td></tr></table></body></html>",
         "| a | b |\n| 1 | 2 |\n",
         # only a process table, no device table
-        "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
-        "| 0       0                 | 1406630       | mindie_llm_back          | 21835                   |\n",
+        (
+            "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |\n"
+            "| 0       0                 | 1406630       | mindie_llm_back          | 21835                   |\n"
+        ),
     ],
 )
 def test_garbage_is_rejected(garbage):

@@ -32,8 +32,10 @@ def test_a_start_stops_the_engine_an_unrecorded_earlier_start_left_in_its_work_d
     engine = [
         sys.executable,
         "-c",
-        "import subprocess, sys, time; "
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)",
+        (
+            "import subprocess, sys, time; "
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); time.sleep(300)"
+        ),
     ]
     stray = subprocess.Popen(engine, cwd=work, start_new_session=True)
     neighbour = subprocess.Popen(engine, cwd=elsewhere, start_new_session=True)
@@ -102,9 +104,11 @@ def test_a_crashed_leader_left_a_zombie_still_has_its_group_reaped(tmp_path):
         [
             sys.executable,
             "-c",
-            "import subprocess, sys, time; "
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
-            "time.sleep(300)",
+            (
+                "import subprocess, sys, time; "
+                "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+                "time.sleep(300)"
+            ),
         ],
         start_new_session=True,
     )

@@ -3,9 +3,8 @@
 import logging
 import os
 import shutil
-from pathlib import Path
-
 from datetime import timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Q

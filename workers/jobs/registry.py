@@ -6,10 +6,33 @@ from dataclasses import dataclass
 
 from django.db.models import Q, QuerySet
 
-_runners: dict[str, type] = {}
+from workers.jobs.models import Job
 
 
-def register_runner(cls: type) -> None:
+class JobKind:
+    """What the runtime asks of a job kind outside its run: its name, queue and timeout, and its hooks.
+    workers.jobs.runner.JobRunner, a subclass, adds the work and Retry's default (that module imports this one)."""
+
+    name: str = ""
+    queue: str = "default"
+    timeout: int = 3600  # seconds a job may run before RQ stops it
+
+    def resubmit(self, *, job: Job, user, request=None) -> Job:
+        """What Retry submits (JobRunner's default: a new job with the same parameters and target)."""
+        raise NotImplementedError
+
+    def on_failure(self, job: Job) -> None:
+        """Clean up after a job that failed, was cancelled or was reaped (its staging is already gone)."""
+
+    def result_object(self, job: Job):
+        """What the job made, for the job page's Result link (None: nothing to link)."""
+        return None
+
+
+_runners: dict[str, type[JobKind]] = {}
+
+
+def register_runner(cls: type[JobKind]) -> None:
     if cls.name in _runners and _runners[cls.name] is not cls:
         raise ValueError(
             f"Job kind {cls.name!r} is registered twice ({_runners[cls.name].__qualname__}, {cls.__qualname__})."
@@ -17,7 +40,7 @@ def register_runner(cls: type) -> None:
     _runners[cls.name] = cls
 
 
-def runner_class(kind: str) -> type | None:
+def runner_class(kind: str) -> type[JobKind] | None:
     return _runners.get(kind)
 
 

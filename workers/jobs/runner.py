@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from workers.jobs.context import JobCancelled, JobContext, JobFailed, remove_staging
 from workers.jobs.models import Job
-from workers.jobs.registry import register_runner, runner_class
+from workers.jobs.registry import JobKind, register_runner, runner_class
 from workers.jobs.services import audit_job_end, cleanup_after_failure, job_enqueue
 
 log = logging.getLogger("console.job")
@@ -26,13 +26,9 @@ LOG_LIMIT = 200_000  # characters of log kept on the row (the tail)
 __all__ = ["JobCancelled", "JobContext", "JobFailed", "JobRunner", "run_job"]
 
 
-class JobRunner:
-    """One kind of job. A subclass with a `name` registers itself; the app that owns the work
-    imports its jobs module from AppConfig.ready()."""
-
-    name: str = ""
-    queue: str = "default"
-    timeout: int = 3600  # seconds a job may run before RQ stops it
+class JobRunner(JobKind):
+    """One kind of job (its name, queue and timeout: JobKind's). A subclass with a `name` registers itself; the
+    app that owns the work imports its jobs module from AppConfig.ready()."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -54,13 +50,6 @@ class JobRunner:
             request=request,
             retry_of=job,
         )
-
-    def on_failure(self, job: Job) -> None:
-        """Clean up after a job that failed, was cancelled or was reaped (its staging is already gone)."""
-
-    def result_object(self, job: Job):
-        """What the job made, for the job page's Result link (None: nothing to link)."""
-        return None
 
 
 class _RowLogHandler(logging.Handler):

@@ -11,9 +11,9 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from redis.exceptions import RedisError
+from rq import Queue
 from rq.command import send_stop_job_command
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
-from rq import Queue
 from rq.job import Job as RqJob
 
 from console.audit import audit_log

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-
 # --------------------------------------------------------------------------- headers
 
 
@@ -108,7 +107,7 @@ def _split_header_block(block: str) -> list[tuple[str, int]]:
         words = [(m.group(), chunk.start() + m.start()) for m in _WORD_RE.finditer(chunk.group())]
         cur: list[tuple[str, int]] = []
 
-        def flush() -> None:
+        def flush(cur: list[tuple[str, int]] = cur) -> None:
             if cur:
                 names.append((" ".join(w for w, _ in cur), cur[0][1]))
                 cur.clear()
@@ -170,7 +169,7 @@ class _Header:
                 pieces = [raw.strip()]
             else:
                 pieces = _assign_tokens(header, raw)
-            for (name, _), value in zip(header, pieces):
+            for (name, _), value in zip(header, pieces, strict=False):
                 field = columns.get(_norm(name))
                 if field and value is not None and value != "" and field not in out:
                     out[field] = value

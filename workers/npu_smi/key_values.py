@@ -124,7 +124,7 @@ def _map_header(line: str) -> list[tuple[str | None, int]] | None:
     ):
         fields = [_MAP_COLUMNS.get(_norm(c)) for c, _ in cells]
         if "npu" in fields and ("logic_id" in fields or "phy_id" in fields):
-            return [(f, off) for (c, off), f in zip(cells, fields)]
+            return [(f, off) for (c, off), f in zip(cells, fields, strict=False)]
     return None
 
 
@@ -146,7 +146,7 @@ def parse_chip_map(text: str) -> list[dict[str, Any]]:
             pieces = [c for c, _ in cells]
         else:
             pieces = _assign_tokens([(f or "", off) for f, off in header], line)
-        vals = {f: p for (f, _), p in zip(header, pieces) if f and p is not None}
+        vals = {f: p for (f, _), p in zip(header, pieces, strict=False) if f and p is not None}
         npu = _num(vals.get("npu"))
         if npu is None:
             continue

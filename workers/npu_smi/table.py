@@ -6,7 +6,7 @@ import re
 from typing import Any
 
 from .errors import NpuSmiParseError
-from .headers import _DEVICE_COLUMNS, _Header, _is_header_row, _norm, _PROCESS_COLUMNS, _split_row
+from .headers import _DEVICE_COLUMNS, _PROCESS_COLUMNS, _Header, _is_header_row, _norm, _split_row
 from .values import _BUS_RE, _is_null, _num, _pair, _text
 
 CHIP_KEYS = (
@@ -39,7 +39,7 @@ def _looks_like_health(value: str | None) -> bool:
 
 
 def _empty_chip() -> dict[str, Any]:
-    return {k: None for k in CHIP_KEYS}
+    return dict.fromkeys(CHIP_KEYS)
 
 
 def parse_info(text: str) -> dict[str, Any]:

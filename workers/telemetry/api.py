@@ -26,8 +26,8 @@ def series(
 ):
     """Chart data: every series of the given metric(s) (comma-separated, e.g.
     ``dev.temp_c`` or ``host.cpu_pct,host.mem_pct``), optionally of one node, endpoint,
-    device or gateway key (``gateway_key``), over ``range`` (15m, 1h, 6h, 24h, 7d). Short ranges come from raw points, 6 h and
-    longer from minute rollups; each series has at most 720 buckets (``t`` Unix seconds, ``v``
+    device or gateway key (``gateway_key``), over ``range`` (15m, 1h, 6h, 24h, 7d). Short ranges come from raw
+    points, 6 h and longer from minute rollups; each series has at most 720 buckets (``t`` Unix seconds, ``v``
     mean, ``min``, ``max``). ``since`` (a bucket time you have) returns only newer buckets."""
     metrics = [m.strip() for m in metric.split(",") if m.strip()][:16]
     if not metrics:

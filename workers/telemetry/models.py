@@ -99,6 +99,9 @@ class Point(models.Model):
             models.Index(fields=["ts"], name="tm_point_ts"),
         ]
 
+    def __str__(self):
+        return f"series {self.series_id} @ {self.ts}: {self.value}"
+
 
 class Rollup(models.Model):
     """One minute of a series (kept TELEMETRY_ROLLUP_RETENTION_DAYS)."""
@@ -113,6 +116,9 @@ class Rollup(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["series", "minute"], name="tm_rollup_series_minute")]
         indexes = [models.Index(fields=["minute"], name="tm_rollup_minute")]
+
+    def __str__(self):
+        return f"series {self.series_id} @ {self.minute}: {self.avg} (n={self.count})"
 
 
 class AlertRule(models.Model):

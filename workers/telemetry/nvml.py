@@ -60,7 +60,7 @@ def sample_gpus() -> list[dict] | None:
             "processes": [],
         }
 
-        def read(fn, *args):
+        def read(fn, *args, handle=handle):
             try:
                 return fn(handle, *args)
             except pynvml.NVMLError:

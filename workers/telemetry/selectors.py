@@ -185,7 +185,7 @@ def fleet_summary() -> dict:
     running = len(endpoints)
     ready = sum(1 for ep in endpoints if ep.ready)
     cutoff = fresh_cutoff()
-    latest: dict[str, dict[int, float]] = {}
+    latest: dict[str, dict[str, float | None]] = {}  # metric -> endpoint key (e.g. "e7") -> last value
     for metric, key, value in Series.objects.filter(
         metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"), last_ts__gte=cutoff
     ).values_list("metric", "key", "last_value"):
@@ -194,6 +194,7 @@ def fleet_summary() -> dict:
     total_qps = sum(v for v in qps.values() if v is not None)
     p99s = [v for v in latest.get("ep.p99_s", {}).values() if v is not None]
     rates = latest.get("ep.error_rate", {})
+    error_rate: float | None
     if total_qps > 0:
         error_rate = sum(rate * (qps.get(k) or 0) for k, rate in rates.items() if rate is not None) / total_qps
         error_rate = max(error_rate, max((r for k, r in rates.items() if not qps.get(k) and r), default=0))

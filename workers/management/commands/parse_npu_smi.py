@@ -28,12 +28,12 @@ class Command(BaseCommand):
                 with open(path, encoding="utf-8", errors="replace") as fh:
                     text = fh.read()
             except FileNotFoundError:
-                raise CommandError(f"no such file: {path}")
+                raise CommandError(f"no such file: {path}") from None
             except OSError as exc:
-                raise CommandError(f"cannot read {path}: {exc}")
+                raise CommandError(f"cannot read {path}: {exc}") from exc
             source = path
         try:
             parsed = parse_info(text)
         except NpuSmiParseError as exc:
-            raise CommandError(f"{source}: {exc}")
+            raise CommandError(f"{source}: {exc}") from exc
         self.stdout.write(json.dumps(parsed, indent=2))

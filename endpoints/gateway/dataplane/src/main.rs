@@ -5,7 +5,7 @@
 //! step of a request (endpoints/gateway/dataplane.py speaks the other end).
 //!
 //! Why a compiled data path at all: at concurrency 1 a proxy's added latency is its CPU per request, and a
-//! Python HTTP server and client (uvicorn, aiohttp) spent 2-2.5x what vLLM's Rust router does (README,
+//! Python HTTP server and client (uvicorn, aiohttp) spent 2-2.5x what vLLM's Rust router does (docs/benchmarks.md,
 //! "Gateway"). Here Python is left with the decisions, about a fifth of what it used to run per request.
 //!
 //! Written by hand because no library is this: hyper does the HTTP on both sides; what is ours is the
@@ -453,7 +453,7 @@ impl Proxy {
         let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
         let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
         // A repeated key header counts by its last value, as the gateway reads headers under uvicorn (a dict).
-        let header = |name: &str| parts.headers.get_all(name).iter().last().map(|v| v.as_bytes()).unwrap_or(b"");
+        let header = |name: &str| parts.headers.get_all(name).iter().next_back().map(|v| v.as_bytes()).unwrap_or(b"");
         let mut head = Vec::with_capacity(128);
         for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"),
                       header("x-api-key"), if eager { b"1" } else { b"0" }] {
