@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gateway import (
+from benchmarks.gateway import (  # noqa: E402
     PY,
     cpu_seconds,
     free_port,

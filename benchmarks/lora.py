@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.profiling import SERVED_NAME, Replica, wait_ready
-from endpoints.commands import LaunchSpec, build_command, lora_rank_for
+from benchmarks.profiling import SERVED_NAME, Replica, wait_ready  # noqa: E402
+from endpoints.commands import LaunchSpec, build_command, lora_rank_for  # noqa: E402
 
 ENGINE = ROOT / ".venv-engine"
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -114,7 +114,7 @@ async def run_workload(url: str, batch: list[tuple[str, list[int]]], *, output_t
 
         async def worker():
             nonlocal tokens
-            for i, (model, prompt) in queue:
+            for _, (model, prompt) in queue:
                 body = {
                     "model": model,
                     "prompt": prompt,

@@ -11,8 +11,8 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError
 
 from console.api_accounts import router as accounts_router
-from console.api_teams import router as teams_router
 from console.api_auth import NOT_FOUND, UNAUTHENTICATED, BearerToken, Session, docs_access
+from console.api_teams import router as teams_router
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import VIEWER
 from console.validation import field_errors
@@ -20,8 +20,8 @@ from endpoints.api import router as endpoints_router
 from endpoints.bench.api import router as bench_router
 from endpoints.gateway.api import router as gateway_router
 from endpoints.profiling.api import router as profiling_router
-from evaluations.api import router as evaluations_router
 from endpoints.tuning.api import router as tuning_router
+from evaluations.api import router as evaluations_router
 from models_registry.api import router as registry_router
 from models_registry.quantize.api import router as quantize_router
 from workers.api import router as jobs_router

@@ -195,7 +195,7 @@ for _group, _role in SSO_GROUP_ROLES.items():
 # login an SSO account's team memberships become exactly these (a team named by its slug is made if missing); the
 # default team's role is the console role above. Team roles alone let someone in (they see their teams' objects).
 SSO_GROUP_TEAMS = {}
-for _group, _target in env_pairs("SSO_GROUP_TEAMS").items():
+for _group, _target in env_pairs("SSO_GROUP_TEAMS").items():  # GROUP=TEAM-SLUG:ROLE, as above
     _slug, _, _role = _target.partition(":")
     if not _slug.strip() or _role.strip() not in ("Viewer", "Operator", "Admin"):
         raise ImproperlyConfigured(f"SSO_GROUP_TEAMS: {_group}={_target}: write GROUP=TEAM-SLUG:Viewer|Operator|Admin")
@@ -205,22 +205,22 @@ for _group, _target in env_pairs("SSO_GROUP_TEAMS").items():
 # for RP-initiated logout, end_session_endpoint). Authorization code flow with PKCE (S256) and a nonce.
 OIDC_ENABLED = bool(env_str("OIDC_RP_CLIENT_ID"))
 OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID")
-OIDC_RP_CLIENT_SECRET = env_secret("OIDC_RP_CLIENT_SECRET")
-OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT")
-OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")
-OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")
-OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")
+OIDC_RP_CLIENT_SECRET = env_secret("OIDC_RP_CLIENT_SECRET")  # the client's secret at the provider
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT")  # the provider's authorization_endpoint
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT")  # its token_endpoint
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT")  # its userinfo_endpoint
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT")  # its jwks_uri (ID token signatures)
 OIDC_OP_LOGOUT_ENDPOINT = env_str("OIDC_OP_LOGOUT_ENDPOINT")  # optional: RP-initiated logout at the provider
-OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
-OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile groups")
-OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")
-OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")
-OIDC_LOGIN_LABEL = env_str("OIDC_LOGIN_LABEL", "Log in with single sign-on")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")  # the ID token's signature algorithm
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email profile groups")  # the scopes asked for
+OIDC_USERNAME_CLAIM = env_str("OIDC_USERNAME_CLAIM", "preferred_username")  # the claim that names the account
+OIDC_GROUPS_CLAIM = env_str("OIDC_GROUPS_CLAIM", "groups")  # the claim that lists the groups
+OIDC_LOGIN_LABEL = env_str("OIDC_LOGIN_LABEL", "Log in with single sign-on")  # the login page's button
 OIDC_USE_PKCE = True
 OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
 OIDC_STORE_ID_TOKEN = True  # the hint of RP-initiated logout
-OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10)
-OIDC_VERIFY_SSL = env_bool("OIDC_VERIFY_SSL", True)
+OIDC_TIMEOUT = env_float("OIDC_TIMEOUT_SECONDS", 10)  # each call to the provider
+OIDC_VERIFY_SSL = env_bool("OIDC_VERIFY_SSL", True)  # check the provider's TLS certificate
 OIDC_CREATE_USER = True
 OIDC_OP_LOGOUT_URL_METHOD = "console.sso.oidc_logout_url"
 OIDC_AUTHENTICATION_CALLBACK_URL = "oidc_authentication_callback"
@@ -257,29 +257,35 @@ if LDAP_ENABLED:
         "groupOfUniqueNames": _ldap_config.GroupOfUniqueNamesType,
         "posixGroup": _ldap_config.PosixGroupType,
     }
-    _group_type = env_str("LDAP_GROUP_TYPE", "groupOfNames")
+    _group_type = env_str("LDAP_GROUP_TYPE", "groupOfNames")  # the groups' object class
     if _group_type not in _group_types:
         raise ImproperlyConfigured(f"LDAP_GROUP_TYPE={_group_type!r}: use one of {', '.join(_group_types)}")
-    for _name in ("LDAP_USER_SEARCH_BASE", "LDAP_GROUP_SEARCH_BASE"):
+    for _name in ("LDAP_USER_SEARCH_BASE", "LDAP_GROUP_SEARCH_BASE"):  # where users and groups are searched
         if not env_str(_name):
             raise ImproperlyConfigured(f"LDAP_SERVER_URI is set: set {_name} too")
     AUTH_LDAP_SERVER_URI = env_str("LDAP_SERVER_URI")
-    AUTH_LDAP_BIND_DN = env_str("LDAP_BIND_DN")
-    AUTH_LDAP_BIND_PASSWORD = env_secret("LDAP_BIND_PASSWORD")
-    AUTH_LDAP_START_TLS = env_bool("LDAP_START_TLS", False)
+    AUTH_LDAP_BIND_DN = env_str("LDAP_BIND_DN")  # the search account (empty: anonymous)
+    AUTH_LDAP_BIND_PASSWORD = env_secret("LDAP_BIND_PASSWORD")  # its password
+    AUTH_LDAP_START_TLS = env_bool("LDAP_START_TLS", False)  # StartTLS on an ldap:// URI
+    # A user is found by LDAP_USER_FILTER under LDAP_USER_SEARCH_BASE.
     AUTH_LDAP_USER_SEARCH = _ldap_config.LDAPSearch(
-        env_str("LDAP_USER_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, env_str("LDAP_USER_FILTER", "(uid=%(user)s)")
+        env_str("LDAP_USER_SEARCH_BASE"),  # where users are searched
+        _ldap.SCOPE_SUBTREE,
+        env_str("LDAP_USER_FILTER", "(uid=%(user)s)"),  # the filter that finds the one who logs in
     )
+    # Their groups: those of LDAP_GROUP_TYPE under LDAP_GROUP_SEARCH_BASE.
     AUTH_LDAP_GROUP_SEARCH = _ldap_config.LDAPSearch(
-        env_str("LDAP_GROUP_SEARCH_BASE"), _ldap.SCOPE_SUBTREE, f"(objectClass={_group_type})"
+        env_str("LDAP_GROUP_SEARCH_BASE"),  # where groups are searched
+        _ldap.SCOPE_SUBTREE,
+        f"(objectClass={_group_type})",
     )
     AUTH_LDAP_GROUP_TYPE = _group_types[_group_type]()
     AUTH_LDAP_USER_ATTR_MAP = {"first_name": "givenName", "last_name": "sn", "email": "mail"}
     AUTH_LDAP_MIRROR_GROUPS = False  # groups map to roles through SSO_GROUP_ROLES, never copied as Django groups
     AUTH_LDAP_FIND_GROUP_PERMS = False
     AUTH_LDAP_CACHE_TIMEOUT = 0  # group changes count at the next login
-    AUTH_LDAP_CONNECTION_OPTIONS = {_ldap.OPT_NETWORK_TIMEOUT: env_float("LDAP_TIMEOUT_SECONDS", 10)}
-    if env_str("LDAP_CA_CERT_FILE"):
+    AUTH_LDAP_CONNECTION_OPTIONS = {_ldap.OPT_NETWORK_TIMEOUT: env_float("LDAP_TIMEOUT_SECONDS", 10)}  # connect timeout
+    if env_str("LDAP_CA_CERT_FILE"):  # the CA that signed the directory's certificate
         AUTH_LDAP_GLOBAL_OPTIONS = {_ldap.OPT_X_TLS_CACERTFILE: env_str("LDAP_CA_CERT_FILE")}
     AUTHENTICATION_BACKENDS.append("console.sso_ldap.ConsoleLDAPBackend")
 
@@ -448,7 +454,7 @@ EVALUATION_HF_HOME = env_path(
 EVALUATION_TASK_MAX_BYTES = env_int("EVALUATION_TASK_MAX_BYTES", 5 * 1024**2)  # an uploaded task's JSONL
 EVALUATION_MAX_LIMIT = env_int("EVALUATION_MAX_LIMIT", 100_000)  # documents per task an evaluation may ask for
 EVALUATION_SEED = env_int("EVALUATION_SEED", 1234)  # lm-eval's seeds (python, numpy, torch, few-shot)
-EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 4 * 3600)
+EVALUATION_TIMEOUT_SECONDS = env_int("EVALUATION_TIMEOUT_SECONDS", 4 * 3600)  # an evaluation job's longest run
 EVALUATION_LAUNCH_TIMEOUT_SECONDS = env_int("EVALUATION_LAUNCH_TIMEOUT_SECONDS", 900)  # an artifact's own endpoint
 # The accuracy gates (quantization, rollouts): the most the primary metric may drop, in points (0-100 scale).
 EVALUATION_GATE_POINTS = env_float("EVALUATION_GATE_POINTS", 1.0)
@@ -471,10 +477,12 @@ GATEWAY_READ_TIMEOUT_SECONDS = env_float("GATEWAY_READ_TIMEOUT_SECONDS", 600)  #
 # at once, GATEWAY_MAX_CONNECTIONS_PER_ADDRESS from one client address (0: no per-address cap; behind a load
 # balancer every connection comes from its address: cap per client there, deploy/haproxy).
 GATEWAY_HEADER_TIMEOUT_SECONDS = env_float("GATEWAY_HEADER_TIMEOUT_SECONDS", 10)
-GATEWAY_BODY_TIMEOUT_SECONDS = env_float("GATEWAY_BODY_TIMEOUT_SECONDS", 30)
-GATEWAY_IDLE_TIMEOUT_SECONDS = env_float("GATEWAY_IDLE_TIMEOUT_SECONDS", 10)
-GATEWAY_MAX_CONNECTIONS = env_int("GATEWAY_MAX_CONNECTIONS", 4096)
-GATEWAY_MAX_CONNECTIONS_PER_ADDRESS = env_int("GATEWAY_MAX_CONNECTIONS_PER_ADDRESS", 256)
+GATEWAY_BODY_TIMEOUT_SECONDS = env_float("GATEWAY_BODY_TIMEOUT_SECONDS", 30)  # a request body's, after its head
+GATEWAY_IDLE_TIMEOUT_SECONDS = env_float("GATEWAY_IDLE_TIMEOUT_SECONDS", 10)  # a connection with no request
+GATEWAY_MAX_CONNECTIONS = env_int("GATEWAY_MAX_CONNECTIONS", 4096)  # client connections at once
+GATEWAY_MAX_CONNECTIONS_PER_ADDRESS = env_int(
+    "GATEWAY_MAX_CONNECTIONS_PER_ADDRESS", 256
+)  # from one address (0: no cap)
 # The keys' per-minute limits live in Redis (REDIS_URL), shared by every gateway (endpoints/gateway/limits.py): each
 # admission waits at most this long for it, then a key with a token limit is refused (fail closed).
 GATEWAY_LIMITS_TIMEOUT_SECONDS = env_float("GATEWAY_LIMITS_TIMEOUT_SECONDS", 2)

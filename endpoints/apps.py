@@ -7,15 +7,15 @@ class EndpointsConfig(AppConfig):
 
     def ready(self):
         # The node agent and telemetry sit below endpoints: serving registers itself with them.
-        from endpoints.commands.container import probe_container_command
-        from endpoints.reconcile import ReplicaWorkload
         from django.db.models.signals import post_delete
 
+        from endpoints.commands.container import probe_container_command
+        from endpoints.gateway.selectors import key_teams
         from endpoints.models import Endpoint
+        from endpoints.reconcile import ReplicaWorkload
         from endpoints.telemetry import collect_replicas, endpoint_names, forget_endpoint_telemetry, served_facts
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
-        from endpoints.gateway.selectors import key_teams
         from workers.telemetry.sources import (
             register_collector,
             register_endpoint_names,

@@ -435,7 +435,8 @@ def parse_role_settings(raw) -> dict[str, RoleSettings] | None:
     if not isinstance(raw, dict) or set(raw) != set(ROLE_NAMES):
         raise ValidationError(
             {
-                "autoscale": 'Per role: {"prefill": {"max_replicas": 2, ...}, "decode": {"max_replicas": 2, ...}}, or null (off).'
+                "autoscale": 'Per role: {"prefill": {"max_replicas": 2, ...}, "decode": {"max_replicas": 2, '
+                "...}}, or null (off)."
             }
         )
     out = {}

@@ -95,9 +95,9 @@ class Endpoint(TeamOwned):
     restart_every_hours = models.PositiveIntegerField(null=True, blank=True)
     routing = models.CharField(max_length=24, choices=Routing.choices, default=Routing.LEAST_OUTSTANDING)
     restart_daily_at = models.TimeField(null=True, blank=True)  # UTC; replicas restart one at a time
-    # Prefill/decode disaggregation (endpoints.roles): {"prefill": {"replicas", "node", "devices"}, "decode": {...}}, the
-    # replicas of each role (Replica.role) started with that role's --kv-transfer-config; `replicas` is their sum and
-    # `node` the prefill role's. Null: one kind of replica, the gateway sends each request to one of them.
+    # Prefill/decode disaggregation (endpoints.roles): {"prefill": {"replicas", "node", "devices"}, "decode": {...}},
+    # the replicas of each role (Replica.role) started with that role's --kv-transfer-config; `replicas` is their sum
+    # and `node` the prefill role's. Null: one kind of replica, the gateway sends each request to one of them.
     roles = models.JSONField(null=True, blank=True)
     # Autoscaling settings (endpoints.autoscale.parse_settings reads them; null is off) and when the
     # controller last changed `replicas` (its cooldown, and the claim two controllers race on).

@@ -117,13 +117,15 @@ def checked_roles(
     if prefill.node.platform != decode.node.platform:
         raise ValidationError(
             {
-                "roles.decode.node": f"Both roles run on one platform: {prefill.node.name} is {prefill.node.platform}, {decode.node.name} is {decode.node.platform}."
+                "roles.decode.node": f"Both roles run on one platform: {prefill.node.name} is "
+                f"{prefill.node.platform}, {decode.node.name} is {decode.node.platform}."
             }
         )
     if prefill.node.pk == decode.node.pk and (clash := sorted(set(prefill.devices) & set(decode.devices))):
         raise ValidationError(
             {
-                "roles.decode.devices": f"{clash} are the prefill role's on {prefill.node.name}: each role has its own devices."
+                "roles.decode.devices": f"{clash} are the prefill role's on {prefill.node.name}: each role has "
+                "its own devices."
             }
         )
     try:
@@ -134,7 +136,8 @@ def checked_roles(
         # Its KV goes through a folder on the node: both roles must see the same one.
         raise ValidationError(
             {
-                "roles.decode.node": f"ExampleConnector passes the KV through a folder on one node: run both roles on {prefill.node.name}."
+                "roles.decode.node": "ExampleConnector passes the KV through a folder on one node: run both "
+                f"roles on {prefill.node.name}."
             }
         )
     return RolesLayout(prefill=prefill, decode=decode, connector=connector, scaling=scaling)

@@ -237,7 +237,12 @@ def endpoint_advisory(request, endpoint_id: int):
     endpoint = services.endpoint_update(endpoint=endpoint, advisory=raw == "1", user=request.user, request=request)
     messages.success(
         request,
-        f"{endpoint.name}: advisory mode {'on: the controllers record what they would do and change nothing' if endpoint.advisory else 'off: the controllers act'}.",
+        f"{endpoint.name}: advisory mode "
+        + (
+            "on: the controllers record what they would do and change nothing."
+            if endpoint.advisory
+            else "off: the controllers act."
+        ),
     )
     return redirect(endpoint)
 

@@ -104,7 +104,8 @@ def on_quantized(artifact: Artifact, source: Artifact) -> GateRun | None:
             candidate = services.evaluation_create(artifact=artifact, purpose=purpose, label=f"{artifact}", **kwargs)
     except (ValidationError, Conflict, ServiceUnavailable) as exc:
         # The quantization itself is done and kept: the gate's absence is said in the note, not as its failure.
-        note = f"No accuracy evaluation served by an engine: {error_text(exc) if isinstance(exc, ValidationError) else exc}"
+        why = error_text(exc) if isinstance(exc, ValidationError) else exc
+        note = f"No accuracy evaluation served by an engine: {why}"
         Artifact.objects.filter(pk=artifact.pk).update(note=_joined(artifact.note, note))
         return None
     run = GateRun.objects.create(

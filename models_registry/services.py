@@ -8,8 +8,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from console.audit import audit_log
-from console.teams import team_for_new
 from console.exceptions import Conflict, ServiceUnavailable
+from console.teams import team_for_new
 from console.validation import int_in_range
 from models_registry.convert.atc import ATC_PRECISION_MODES, normalize_soc
 from models_registry.convert.common import ConversionError

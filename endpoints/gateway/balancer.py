@@ -28,7 +28,8 @@ def haproxy_config(*, bind: str, servers: list[str], per_address: int = PER_ADDR
         "# HAProxy in front of the gateways (endpoints/gateway/balancer.py renders this; docs/gateway-scale-out.md).",
         "global",
         "    maxconn 8192",
-        "    log stdout format raw local0 info",  # two descriptors a connection: within a 20000 open-files limit (containers)
+        # Two descriptors a connection: within a 20000 open-files limit (containers).
+        "    log stdout format raw local0 info",
         *([f"    stats socket {stats_socket} mode 600 level admin"] if stats_socket else []),
         "",
         "defaults",

@@ -37,7 +37,8 @@ log = logging.getLogger("console.gateway")
 
 WINDOW_MS = 60_000
 
-# KEYS: requests zset, tokens zset (reservation id -> time), tokens hash (reservation id -> tokens; "_total": their sum).
+# KEYS: requests zset, tokens zset (reservation id -> time), tokens hash (reservation id -> tokens; "_total": their
+# sum).
 # ARGV: rpm limit, tpm limit, reservation id, prompt tokens, completions (n x prompts), tokens per completion.
 # Returns {admitted (1/0), wait ms, tokens per completion granted, tokens reserved}.
 ADMIT = """

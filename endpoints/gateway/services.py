@@ -14,9 +14,9 @@ from django.db.models import F
 from django.utils import timezone
 
 from console.audit import audit_log
+from console.models import hash_token
 from console.roles import ADMIN
 from console.teams import team_for_new
-from console.models import hash_token
 from console.validation import float_in_range, int_in_range
 from endpoints.endpoint_spec import EndpointSpec
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey, default_rollout_steps

@@ -8,8 +8,8 @@ from pydantic import ConfigDict
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
 from endpoints.profiling import selectors, services
-from endpoints.selectors import endpoint_get
 from endpoints.profiling.models import Profile
+from endpoints.selectors import endpoint_get
 
 router = Router(tags=["profiles"])
 

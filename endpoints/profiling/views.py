@@ -19,8 +19,8 @@ from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.profiling import selectors, services, storage
-from endpoints.selectors import endpoint_get
 from endpoints.profiling.models import Profile
+from endpoints.selectors import endpoint_get
 
 LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency", "request_rate")
 

@@ -5,8 +5,8 @@ Each trial launches a trial replica (an endpoint of its own, `tune<id>-<n>`, one
 the trial's settings, through endpoint_create's every check), waits for the node's agent to make it ready, measures
 it with the console's benchmark client (endpoints.bench.client.execute_run, vLLM's `bench serve`), then stops and
 deletes it. Trial 0 is the endpoint's own settings (the baseline); the search asks Optuna (a seeded TPE sampler
-with the SLO as its trials' named constraints) or walks a grid with early stopping; at the end the best two trials that meet the SLO
-are measured again, which says how sure the advice is.
+with the SLO as its trials' named constraints) or walks a grid with early stopping; at the end the best two trials
+that meet the SLO are measured again, which says how sure the advice is.
 
 Durable and resumable: every trial is a TuningTrial row. A Retry of a job whose worker died resumes: trials left
 running are marked failed and their replicas removed, the finished ones are replayed into a fresh in-memory study

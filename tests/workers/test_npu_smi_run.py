@@ -314,7 +314,7 @@ def test_collect_runs_concurrently(fake_npu_smi, tmp_path):
     usages = sorted((c for c in logged if c["argv"][:3] == ["info", "-t", "usages"]), key=lambda c: c["began"])
     assert len(usages) == 8, logged
     # One after another, each began after the one before ended; run at once, some began while another slept.
-    assert any(later["began"] < earlier["ended"] for earlier, later in zip(usages, usages[1:])), usages
+    assert any(later["began"] < earlier["ended"] for earlier, later in zip(usages, usages[1:], strict=False)), usages
 
 
 def test_collect_hung_npu_smi_returns_within_timeout(fake_npu_smi):

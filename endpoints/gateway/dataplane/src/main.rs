@@ -29,7 +29,10 @@
 //!                       the body to send)
 use hyper::body::{Bytes, HttpBody};
 use hyper::client::HttpConnector;
-use hyper::header::{HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
+use hyper::header::{
+    HeaderName, HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE,
+    TRANSFER_ENCODING,
+};
 use hyper::server::conn::Http;
 use hyper::service::service_fn;
 use hyper::{Body, Client, Method, Request, Response, StatusCode};
@@ -39,9 +42,9 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::io::FromRawFd;
 use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UnixStream};
@@ -50,13 +53,20 @@ use tokio::sync::{mpsc, oneshot};
 /// The client's request headers a replica gets (endpoints/gateway/asgi.py FORWARDED_HEADERS, the same list):
 /// an allow-list, less any the request's Connection header names. Content-Type is always application/json
 /// (the body was read as JSON), Authorization the replica's own key.
-const FORWARDED: [&str; 6] = ["accept", "user-agent", "x-request-id", "traceparent", "tracestate", "baggage"];
+const FORWARDED: [&str; 6] = [
+    "accept",
+    "user-agent",
+    "x-request-id",
+    "traceparent",
+    "tracestate",
+    "baggage",
+];
 /// vLLM's per-request routing headers, forwarded only to an endpoint that allows them (asgi.py ENGINE_HEADERS).
 const ENGINE_HEADERS: [&str; 2] = ["x-data-parallel-rank", "x-vllm-priority"];
 const TAIL_BYTES: usize = 8192; // what a streamed answer's usage is looked for in (asgi.py relay)
-// A body up to this size, announced by Content-Length, comes with the request's first frame (one round trip
-// fewer); a larger one is read only once the gateway asks, after the key: an anonymous client cannot make
-// this process hold 32 MiB bodies. uvicorn buffers as much before its app reads (its high-water mark).
+                                // A body up to this size, announced by Content-Length, comes with the request's first frame (one round trip
+                                // fewer); a larger one is read only once the gateway asks, after the key: an anonymous client cannot make
+                                // this process hold 32 MiB bodies. uvicorn buffers as much before its app reads (its high-water mark).
 const EAGER_BODY: u64 = 64 * 1024;
 // How long a report (how an answer the client has went) may wait to share a write with the next request's frame.
 // Any frame the gateway must answer takes the waiting reports along, ahead of it: every decision still sees every
@@ -74,9 +84,21 @@ struct Settings {
 }
 
 enum Reply {
-    Answer { status: u16, content_type: String, retry_after: String, body: Bytes },
+    Answer {
+        status: u16,
+        content_type: String,
+        retry_after: String,
+        body: Bytes,
+    },
     SendBody,
-    Forward { url: String, token: String, whole: bool, engine_headers: bool, note: String, body: Bytes },
+    Forward {
+        url: String,
+        token: String,
+        whole: bool,
+        engine_headers: bool,
+        note: String,
+        body: Bytes,
+    },
 }
 
 /// A frame on its way to the gateway; empty bytes end the writer.
@@ -196,7 +218,10 @@ async fn read_replies(mut socket: tokio::net::unix::OwnedReadHalf, gateway: Arc<
 /// answer's report written before the process goes). Reports alone wait up to REPORT_DELAY for a frame the
 /// gateway must answer (the next request, under load), to go in the same write: the gateway's process then
 /// wakes once per request instead of twice, which under load is CPU given back to the replicas on the host.
-async fn write_frames(mut socket: tokio::net::unix::OwnedWriteHalf, mut frames: mpsc::UnboundedReceiver<Frame>) {
+async fn write_frames(
+    mut socket: tokio::net::unix::OwnedWriteHalf,
+    mut frames: mpsc::UnboundedReceiver<Frame>,
+) {
     let mut buf = Vec::new();
     while let Some(first) = frames.recv().await {
         let mut reports_only = true;
@@ -243,8 +268,15 @@ fn answer(status: u16, content_type: &str, retry_after: &str, body: Bytes) -> Re
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
     let headers = response.headers_mut();
-    let content_type = if content_type.is_empty() { "application/json" } else { content_type };
-    headers.insert(CONTENT_TYPE, HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")));
+    let content_type = if content_type.is_empty() {
+        "application/json"
+    } else {
+        content_type
+    };
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_str(content_type).unwrap_or(HeaderValue::from_static("application/json")),
+    );
     headers.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     if !retry_after.is_empty() {
         if let Ok(v) = HeaderValue::from_str(retry_after) {
@@ -266,14 +298,18 @@ fn add_notice(response: &mut Response<Body>, note: &str) {
 
 fn error_body(status: u16, message: &str, code: &str) -> Response<Body> {
     // The gateway's error shape (asgi.py _error), for the one refusal made here: a body over the limit.
-    let body = format!("{{\"error\": {{\"message\": \"{message}\", \"type\": \"{code}\", \"code\": {status}}}}}");
+    let body = format!(
+        "{{\"error\": {{\"message\": \"{message}\", \"type\": \"{code}\", \"code\": {status}}}}}"
+    );
     answer(status, "application/json", "", Bytes::from(body))
 }
 
 /// A refusal after which the connection is closed (RFC 9112 §6.1, §9.6): what else the client sent is not read.
 fn refuse_and_close(status: u16, message: &str, code: &str) -> Response<Body> {
     let mut response = error_body(status, message, code);
-    response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    response
+        .headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
     response
 }
 
@@ -345,7 +381,11 @@ fn error_name(e: &hyper::Error) -> String {
 /// Nothing came back: the request may go to another replica (aiohttp's connect errors, ServerDisconnectedError
 /// and ClientOSError in asgi.py RETRYABLE).
 fn retryable(e: &hyper::Error) -> bool {
-    if e.is_connect() || e.is_canceled() || e.is_closed() || (e.is_incomplete_message() && !e.is_timeout()) {
+    if e.is_connect()
+        || e.is_canceled()
+        || e.is_closed()
+        || (e.is_incomplete_message() && !e.is_timeout())
+    {
         return true;
     }
     let mut source = std::error::Error::source(e);
@@ -362,7 +402,10 @@ fn retryable(e: &hyper::Error) -> bool {
 /// and metrics after it: vllm/entrypoints/openai/completion/protocol.py CompletionResponse), else its end.
 fn usage_part(data: &[u8]) -> &[u8] {
     // The key as vLLM writes it (Starlette's JSON has no spaces); a "usage" string value (a decoded token) has no colon.
-    let key = data.windows(8).rposition(|w| w == b"\"usage\":").or_else(|| data.windows(7).rposition(|w| w == b"\"usage\""));
+    let key = data
+        .windows(8)
+        .rposition(|w| w == b"\"usage\":")
+        .or_else(|| data.windows(7).rposition(|w| w == b"\"usage\""));
     match key {
         Some(at) => &data[at..],
         None => &data[data.len().saturating_sub(TAIL_BYTES)..],
@@ -370,7 +413,10 @@ fn usage_part(data: &[u8]) -> &[u8] {
 }
 
 fn count(haystack: &[u8], needle: &[u8]) -> usize {
-    haystack.windows(needle.len()).filter(|w| *w == needle).count()
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count()
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -393,10 +439,19 @@ fn content_length(headers: &hyper::HeaderMap) -> Option<u64> {
 
 /// The client's headers a replica gets: the allow-list (and vLLM's routing headers where the endpoint allows them),
 /// less those the request's Connection header names (hop-by-hop by RFC 9110 §7.6.1).
-fn forwarded_headers(from: &hyper::HeaderMap, engine_headers: bool) -> Vec<(HeaderName, HeaderValue)> {
-    let named: Vec<String> = from.get_all(CONNECTION).iter()
+fn forwarded_headers(
+    from: &hyper::HeaderMap,
+    engine_headers: bool,
+) -> Vec<(HeaderName, HeaderValue)> {
+    let named: Vec<String> = from
+        .get_all(CONNECTION)
+        .iter()
         .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(',').map(|t| t.trim().to_ascii_lowercase()).collect::<Vec<_>>())
+        .flat_map(|v| {
+            v.split(',')
+                .map(|t| t.trim().to_ascii_lowercase())
+                .collect::<Vec<_>>()
+        })
         .collect();
     from.iter()
         .filter(|(name, _)| {
@@ -415,15 +470,20 @@ impl Proxy {
             // Both framings: which one a server in front read is unknowable (request smuggling), so neither is
             // read (RFC 9112 §6.1). hyper keeps both only when Content-Length came first; with Transfer-Encoding
             // first it drops Content-Length and reads the chunks, and the close below still applies.
-            return refuse_and_close(400, "Content-Length and Transfer-Encoding together are refused.",
-                                    "invalid_request_error");
+            return refuse_and_close(
+                400,
+                "Content-Length and Transfer-Encoding together are refused.",
+                "invalid_request_error",
+            );
         }
         // A chunked body's end is its own business (no length up front): the connection closes after the answer,
         // as RFC 9112 §6.1 asks where the request might have carried a Content-Length too.
         let chunked = headers.contains_key(TRANSFER_ENCODING);
         let mut response = self.handle_request(request, busy).await;
         if chunked {
-            response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -432,7 +492,11 @@ impl Proxy {
         let started = Instant::now();
         let (parts, body) = request.into_parts();
         let chunked = parts.headers.contains_key(TRANSFER_ENCODING);
-        let announced = if chunked { None } else { content_length(&parts.headers) };
+        let announced = if chunked {
+            None
+        } else {
+            content_length(&parts.headers)
+        };
         let mut body = Some(body);
         // Read before the key is checked: only a body whose length is announced, without Transfer-Encoding,
         // and at most EAGER_BODY of it.
@@ -441,22 +505,56 @@ impl Proxy {
             None => false,
         };
         let first = if eager {
-            match read_request_body(body.take().unwrap(), EAGER_BODY as usize, self.settings.body_timeout).await {
+            match read_request_body(
+                body.take().unwrap(),
+                EAGER_BODY as usize,
+                self.settings.body_timeout,
+            )
+            .await
+            {
                 Ok(data) => data,
-                Err(BodyError::Slow) => return refuse_and_close(408, "The request body did not come in time.",
-                                                                "request_timeout"),
-                Err(_) => return error_body(400, "The request body could not be read.", "invalid_request_error"),
+                Err(BodyError::Slow) => {
+                    return refuse_and_close(
+                        408,
+                        "The request body did not come in time.",
+                        "request_timeout",
+                    )
+                }
+                Err(_) => {
+                    return error_body(
+                        400,
+                        "The request body could not be read.",
+                        "invalid_request_error",
+                    )
+                }
             }
         } else {
             Bytes::new()
         };
         let id = self.gateway.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut watch = Watch { gateway: self.gateway.clone(), id, settled: false };
+        let mut watch = Watch {
+            gateway: self.gateway.clone(),
+            id,
+            settled: false,
+        };
         // A repeated key header counts by its last value, as the gateway reads headers under uvicorn (a dict).
-        let header = |name: &str| parts.headers.get_all(name).iter().next_back().map(|v| v.as_bytes()).unwrap_or(b"");
+        let header = |name: &str| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .next_back()
+                .map(|v| v.as_bytes())
+                .unwrap_or(b"")
+        };
         let mut head = Vec::with_capacity(128);
-        for field in [parts.method.as_str().as_bytes(), parts.uri.path().as_bytes(), header("authorization"),
-                      header("x-api-key"), if eager { b"1" } else { b"0" }] {
+        for field in [
+            parts.method.as_str().as_bytes(),
+            parts.uri.path().as_bytes(),
+            header("authorization"),
+            header("x-api-key"),
+            if eager { b"1" } else { b"0" },
+        ] {
             head.extend_from_slice(field);
             head.push(b'\n');
         }
@@ -468,27 +566,60 @@ impl Proxy {
                 // No answer: a reply this end could not read (the gateway is told the client left, so it
                 // stops too), or the gateway is gone (this process exits).
                 None => return error_body(502, "The gateway failed.", "bad_gateway"),
-                Some(Reply::Answer { status, content_type, retry_after, body }) => {
+                Some(Reply::Answer {
+                    status,
+                    content_type,
+                    retry_after,
+                    body,
+                }) => {
                     watch.settled = true;
                     return answer(status, &content_type, &retry_after, body);
                 }
                 Some(Reply::SendBody) => {
                     let read = match (body.take(), announced) {
-                        (_, Some(n)) if n > self.settings.max_body as u64 => Err(BodyError::TooLarge),
-                        (Some(rest), _) => read_request_body(rest, self.settings.max_body, self.settings.body_timeout).await,
+                        (_, Some(n)) if n > self.settings.max_body as u64 => {
+                            Err(BodyError::TooLarge)
+                        }
+                        (Some(rest), _) => {
+                            read_request_body(
+                                rest,
+                                self.settings.max_body,
+                                self.settings.body_timeout,
+                            )
+                            .await
+                        }
                         (None, _) => Ok(Bytes::new()),
                     };
                     reply = match read {
                         Ok(data) => self.gateway.ask(id, b'D', b"ok", &data).await,
-                        Err(BodyError::TooLarge) => self.gateway.ask(id, b'D', b"too_large", b"").await,
-                        Err(BodyError::Slow) => return refuse_and_close(408, "The request body did not come in time.",
-                                                                         "request_timeout"),
+                        Err(BodyError::TooLarge) => {
+                            self.gateway.ask(id, b'D', b"too_large", b"").await
+                        }
+                        Err(BodyError::Slow) => {
+                            return refuse_and_close(
+                                408,
+                                "The request body did not come in time.",
+                                "request_timeout",
+                            )
+                        }
                         // The client broke off: the watch tells the gateway it left.
-                        Err(BodyError::Broken) => return error_body(400, "The request body could not be read.",
-                                                                    "invalid_request_error"),
+                        Err(BodyError::Broken) => {
+                            return error_body(
+                                400,
+                                "The request body could not be read.",
+                                "invalid_request_error",
+                            )
+                        }
                     };
                 }
-                Some(Reply::Forward { url, token, whole, engine_headers, note, body: forwarded }) => {
+                Some(Reply::Forward {
+                    url,
+                    token,
+                    whole,
+                    engine_headers,
+                    note,
+                    body: forwarded,
+                }) => {
                     let mut upstream = Request::new(Body::from(forwarded));
                     *upstream.method_mut() = Method::POST;
                     *upstream.uri_mut() = match url.parse() {
@@ -506,47 +637,78 @@ impl Proxy {
                     if let Ok(v) = HeaderValue::from_str(&format!("Bearer {token}")) {
                         headers.insert(AUTHORIZATION, v);
                     }
-                    let response = match tokio::time::timeout(self.settings.read_timeout, self.client.request(upstream)).await {
+                    let response = match tokio::time::timeout(
+                        self.settings.read_timeout,
+                        self.client.request(upstream),
+                    )
+                    .await
+                    {
                         Err(_) => {
                             reply = self.gateway.ask(id, b'X', b"ReadTimeout", b"").await;
                             continue;
                         }
                         Ok(Err(e)) if retryable(&e) => {
-                            reply = self.gateway.ask(id, b'E', error_name(&e).as_bytes(), b"").await;
+                            reply = self
+                                .gateway
+                                .ask(id, b'E', error_name(&e).as_bytes(), b"")
+                                .await;
                             continue;
                         }
                         Ok(Err(e)) => {
-                            reply = self.gateway.ask(id, b'X', error_name(&e).as_bytes(), b"").await;
+                            reply = self
+                                .gateway
+                                .ask(id, b'X', error_name(&e).as_bytes(), b"")
+                                .await;
                             continue;
                         }
                         Ok(Ok(response)) => response,
                     };
                     let status = response.status().as_u16();
-                    let content_type = response.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                    let content_type = response
+                        .headers()
+                        .get(CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string();
                     if whole || !content_type.starts_with("text/event-stream") {
-                        let data = match read_answer(response.into_body(), self.settings.read_timeout).await {
-                            Ok(data) => data,
-                            Err(e) => {
-                                reply = self.gateway.ask(id, b'M', format!("0\n\n0\n{e}").as_bytes(), b"").await;
-                                continue;
-                            }
-                        };
+                        let data =
+                            match read_answer(response.into_body(), self.settings.read_timeout)
+                                .await
+                            {
+                                Ok(data) => data,
+                                Err(e) => {
+                                    reply = self
+                                        .gateway
+                                        .ask(id, b'M', format!("0\n\n0\n{e}").as_bytes(), b"")
+                                        .await;
+                                    continue;
+                                }
+                            };
                         let head = format!("{status}\n\n0\n0\n{content_type}");
                         if whole {
                             reply = self.gateway.ask(id, b'S', head.as_bytes(), &data).await;
                             continue;
                         }
                         watch.settled = true;
-                        self.gateway.report(id, b'S', head.as_bytes(), usage_part(&data));
+                        self.gateway
+                            .report(id, b'S', head.as_bytes(), usage_part(&data));
                         let mut whole_answer = answer(status, &content_type, "", data);
                         add_notice(&mut whole_answer, &note);
                         return whole_answer;
                     }
                     let relay = Relay {
-                        gateway: self.gateway.clone(), watch, upstream: response.into_body(), status, started,
+                        gateway: self.gateway.clone(),
+                        watch,
+                        upstream: response.into_body(),
+                        status,
+                        started,
                         read_timeout: self.settings.read_timeout,
                         deadline: Box::pin(tokio::time::sleep(self.settings.read_timeout)),
-                        ttft: None, events: 0, tail: Vec::new(), done: false, _busy: busy,
+                        ttft: None,
+                        events: 0,
+                        tail: Vec::new(),
+                        done: false,
+                        _busy: busy,
                     };
                     let mut streamed = Response::new(Body::wrap_stream(relay));
                     *streamed.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -587,7 +749,8 @@ impl Relay {
         self.done = true;
         self.watch.settled = true;
         let head = format!("1\n{}\n{}\n{error}", micros(self.ttft), self.events);
-        self.gateway.report(self.watch.id, b'M', head.as_bytes(), b"");
+        self.gateway
+            .report(self.watch.id, b'M', head.as_bytes(), b"");
         Poll::Ready(Some(Ok(Bytes::from_static(STREAM_ERROR))))
     }
 }
@@ -619,8 +782,14 @@ impl futures_core::Stream for Relay {
             Poll::Ready(None) => {
                 this.done = true;
                 this.watch.settled = true;
-                let head = format!("{}\n{}\n{}\n1\n", this.status, micros(this.ttft), this.events);
-                this.gateway.report(this.watch.id, b'S', head.as_bytes(), &this.tail);
+                let head = format!(
+                    "{}\n{}\n{}\n1\n",
+                    this.status,
+                    micros(this.ttft),
+                    this.events
+                );
+                this.gateway
+                    .report(this.watch.id, b'S', head.as_bytes(), &this.tail);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => this.failed(&error_name(&e)),
@@ -651,8 +820,13 @@ struct ConnState {
 
 impl ConnState {
     fn new() -> Self {
-        ConnState { epoch: Instant::now(), busy: AtomicU64::new(0), head_since: AtomicU64::new(0), idle_since: AtomicU64::new(1),
-                    head_started: tokio::sync::Notify::new() }
+        ConnState {
+            epoch: Instant::now(),
+            busy: AtomicU64::new(0),
+            head_since: AtomicU64::new(0),
+            idle_since: AtomicU64::new(1),
+            head_started: tokio::sync::Notify::new(),
+        }
     }
 
     fn now(&self) -> u64 {
@@ -686,11 +860,18 @@ struct Watched {
 }
 
 impl tokio::io::AsyncRead for Watched {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         let state = &self.state;
-        if buf.filled().len() > before && state.busy.load(Ordering::SeqCst) == 0 && state.head_since.load(Ordering::SeqCst) == 0 {
+        if buf.filled().len() > before
+            && state.busy.load(Ordering::SeqCst) == 0
+            && state.head_since.load(Ordering::SeqCst) == 0
+        {
             state.head_since.store(state.now(), Ordering::SeqCst);
             state.head_started.notify_one();
         }
@@ -699,7 +880,11 @@ impl tokio::io::AsyncRead for Watched {
 }
 
 impl tokio::io::AsyncWrite for Watched {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -708,7 +893,11 @@ impl tokio::io::AsyncWrite for Watched {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -766,7 +955,10 @@ impl Limits {
         }
         open.0 += 1;
         open.1.insert(address, from_address + 1);
-        Some(Slot { limits: limits.clone(), address })
+        Some(Slot {
+            limits: limits.clone(),
+            address,
+        })
     }
 }
 
@@ -784,32 +976,49 @@ impl Drop for Slot {
 }
 
 fn argument(args: &[String], name: &str) -> String {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
         .unwrap_or_else(|| panic!("dataplane: {name} is required"))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let listen: SocketAddr = argument(&args, "--listen").parse().expect("dataplane: --listen HOST:PORT");
-    let seconds = |name: &str| Duration::from_secs_f64(argument(&args, name).parse().expect("dataplane: seconds"));
+    let listen: SocketAddr = argument(&args, "--listen")
+        .parse()
+        .expect("dataplane: --listen HOST:PORT");
+    let seconds = |name: &str| {
+        Duration::from_secs_f64(argument(&args, name).parse().expect("dataplane: seconds"))
+    };
     let settings = Settings {
         connect_timeout: seconds("--connect-timeout"),
         read_timeout: seconds("--read-timeout"),
         idle_timeout: seconds("--idle-timeout"),
         body_timeout: seconds("--body-timeout"),
-        max_body: argument(&args, "--max-body").parse().expect("dataplane: --max-body BYTES"),
+        max_body: argument(&args, "--max-body")
+            .parse()
+            .expect("dataplane: --max-body BYTES"),
     };
 
     // This program's end of the socket pair the gateway made, inherited: nothing else can reach it.
-    let fd: i32 = argument(&args, "--control-fd").parse().expect("dataplane: --control-fd FD");
+    let fd: i32 = argument(&args, "--control-fd")
+        .parse()
+        .expect("dataplane: --control-fd FD");
     // SAFETY: the descriptor is the one the gateway passed to this process for this use alone.
     let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
-    socket.set_nonblocking(true).expect("dataplane: the gateway's socket");
+    socket
+        .set_nonblocking(true)
+        .expect("dataplane: the gateway's socket");
     let socket = UnixStream::from_std(socket).expect("dataplane: the gateway's socket");
     let (reader, writer) = socket.into_split();
     let (out, frames) = mpsc::unbounded_channel();
-    let gateway = Arc::new(Gateway { out: out.clone(), pending: Mutex::new(HashMap::new()), next_id: AtomicU64::new(1) });
+    let gateway = Arc::new(Gateway {
+        out: out.clone(),
+        pending: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+    });
     let writer = tokio::spawn(write_frames(writer, frames));
     tokio::spawn(read_replies(reader, gateway.clone()));
 
@@ -817,16 +1026,32 @@ async fn main() {
     connector.set_nodelay(true); // small requests and answers: Nagle's delay would be most of a request's cost
     connector.set_connect_timeout(Some(settings.connect_timeout));
     // An idle connection is dropped before the replica's server drops it (asgi.py UPSTREAM_IDLE_SECONDS says why).
-    let client = Client::builder().pool_idle_timeout(settings.idle_timeout).build(connector);
-    let proxy = Arc::new(Proxy { gateway, client, settings });
+    let client = Client::builder()
+        .pool_idle_timeout(settings.idle_timeout)
+        .build(connector);
+    let proxy = Arc::new(Proxy {
+        gateway,
+        client,
+        settings,
+    });
 
-    let tcp = if listen.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.expect("dataplane: socket");
+    let tcp = if listen.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .expect("dataplane: socket");
     tcp.set_reuseaddr(true).expect("dataplane: SO_REUSEADDR");
-    tcp.bind(listen).unwrap_or_else(|e| panic!("dataplane: cannot listen on {listen}: {e}"));
+    tcp.bind(listen)
+        .unwrap_or_else(|e| panic!("dataplane: cannot listen on {listen}: {e}"));
     let listener = tcp.listen(4096).expect("dataplane: listen");
     let limits = Arc::new(Limits {
-        total: argument(&args, "--max-connections").parse().expect("dataplane: --max-connections N"),
-        per_address: argument(&args, "--max-connections-per-address").parse().expect("dataplane: N"),
+        total: argument(&args, "--max-connections")
+            .parse()
+            .expect("dataplane: --max-connections N"),
+        per_address: argument(&args, "--max-connections-per-address")
+            .parse()
+            .expect("dataplane: N"),
         open: Mutex::new((0, HashMap::new())),
     });
     let mut http = Http::new();
@@ -834,7 +1059,10 @@ async fn main() {
     // Not hyper's http1_header_read_timeout: in 0.14.19 it is re-armed at every read (src/proto/h1/role.rs
     // parse_headers never marks it running), so a head trickling in a byte at a time never meets it, and an idle
     // connection never starts it. Watch (below) bounds both.
-    let timeouts = Timeouts { header: seconds("--header-timeout"), idle: seconds("--idle-client-timeout") };
+    let timeouts = Timeouts {
+        header: seconds("--header-timeout"),
+        idle: seconds("--idle-client-timeout"),
+    };
     println!("dataplane: listening on http://{listen}/");
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("dataplane: SIGTERM");
@@ -861,7 +1089,11 @@ async fn main() {
             // Over a cap: a short answer and the connection goes (asgi.py GuardedProtocol does the same).
             let mut stream = stream;
             tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(TOO_MANY_CONNECTIONS)).await;
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(1),
+                    stream.write_all(TOO_MANY_CONNECTIONS),
+                )
+                .await;
             });
             continue;
         };
@@ -873,7 +1105,13 @@ async fn main() {
             let busy = Busy::new(for_service.clone());
             async move { Ok::<_, Infallible>(proxy.handle(request, busy).await) }
         });
-        let mut connection = http.serve_connection(Watched { inner: stream, state: state.clone() }, service);
+        let mut connection = http.serve_connection(
+            Watched {
+                inner: stream,
+                state: state.clone(),
+            },
+            service,
+        );
         let mut stop = stop.clone();
         let alive = alive.clone();
         tokio::spawn(async move {
@@ -891,6 +1129,9 @@ async fn main() {
     let _ = stopping.send(true);
     drop(alive);
     let _ = all_closed.recv().await;
-    let _ = out.send(Frame { bytes: Vec::new(), report: false });
+    let _ = out.send(Frame {
+        bytes: Vec::new(),
+        report: false,
+    });
     let _ = writer.await;
 }
