@@ -140,7 +140,9 @@ DATAPLANE_CRATES := librust-hyper-dev librust-tokio-dev
 DATAPLANE_RUSTC := $(shell sed -n 's/^rust-version *= *"\(.*\)"/\1/p' $(DATAPLANE)/Cargo.toml)
 DATAPLANE_SKIP = echo "*** The gateway's compiled data path is not built: $(1). The gateway serves with its Python data path (docs/ci.md)."
 
-$(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(wildcard $(DATAPLANE)/src/*.rs)
+$(DATAPLANE_BIN): $(DATAPLANE)/Cargo.toml $(DATAPLANE)/Cargo.lock $(wildcard $(DATAPLANE)/src/*.rs) $(DATAPLANE)/protocol.toml
+	@# src/protocol.rs from the protocol's one definition (committed: the build itself needs no Python).
+	@test ! -x $(PY) || $(PY) scripts/dataplane_protocol.py
 	@ls -d /usr/share/cargo/registry/hyper-0.14.* /usr/share/cargo/registry/tokio-1.* >/dev/null 2>&1 \
 		|| ($(APT) update -qq && $(APT) install -y -qq $(DATAPLANE_CRATES)) || true
 	@command -v cargo >/dev/null || ($(APT) update -qq && $(APT) install -y -qq cargo) || true

@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,13 +26,14 @@ from pathlib import Path
 from django.conf import settings
 
 from console.env import child_environment
+from endpoints.gateway import protocol
 from endpoints.gateway.asgi import DATAPLANE_EXTENSION, MAX_BODY, TOO_LARGE, UPSTREAM_IDLE_SECONDS, Gateway
+from endpoints.gateway.protocol import PREFIX
 
 log = logging.getLogger("console.gateway")
 
-PREFIX = struct.Struct("<IQBI")  # length of what follows the length, request id, kind, head length
 KINDS = {k: bytes((k,)) for k in range(256)}
-FAILED = b'{"error": {"message": "The gateway failed.", "type": "bad_gateway", "code": 502}}'
+GATEWAY_FAILED = b'{"error": {"message": "The gateway failed.", "type": "bad_gateway", "code": 502}}'
 STOP_SECONDS = 30  # on SIGTERM, the requests under way get this long before the data path is killed
 
 
@@ -59,7 +59,7 @@ def chosen() -> str:
     """The data path this gateway runs: GATEWAY_DATAPLANE, "auto" being the compiled one where it is built."""
     wanted = settings.GATEWAY_DATAPLANE
     if wanted == "auto":
-        return "rust" if binary().is_file() else "python"
+        return "rust" if binary().is_file() and not protocol.binary_refusal(binary()) else "python"
     return wanted
 
 
@@ -152,7 +152,7 @@ class Forwarder:
                 return {"type": "http.request", "body": body, "more_body": False}
             if not self.left:  # a large body is read only now, after the key: ask for it
                 self.body_wanted = asyncio.get_running_loop().create_future()
-                self.control.write(self.id, b"B", "")
+                self.control.write(self.id, protocol.SEND_BODY, "")
                 return await self.body_wanted
         if not self.left:
             if self.gone is None:
@@ -185,7 +185,9 @@ class Forwarder:
             elif name == b"retry-after":
                 retry_after = value.decode("latin-1")
         self.settled = True
-        self.control.write(self.id, b"A", f"{self.status}\n{content_type}\n{retry_after}", b"".join(self.chunks))
+        self.control.write(
+            self.id, protocol.ANSWER, f"{self.status}\n{content_type}\n{retry_after}", b"".join(self.chunks)
+        )
 
     async def forward(
         self, url: str, token: str, body: bytes, *, whole: bool, engine_headers: bool = False, notice: str = ""
@@ -195,13 +197,15 @@ class Forwarder:
         `engine_headers`: the endpoint takes vLLM's routing headers (asgi.py ENGINE_HEADERS); `notice`: what the
         gateway changed in the request, told to the client (asgi.py NOTICE_HEADER)."""
         self.outcome, self.whole = asyncio.get_running_loop().create_future(), whole
-        self.control.write(self.id, b"F", f"{url}\n{token}\n{int(whole)}\n{int(engine_headers)}\n{notice}", body)
+        self.control.write(
+            self.id, protocol.FORWARD, f"{url}\n{token}\n{int(whole)}\n{int(engine_headers)}\n{notice}", body
+        )
         return await self.outcome
 
     def report(self, kind: bytes, head: list[str], data: bytes) -> None:
         if self.outcome is None or self.outcome.done():
             return
-        if kind == b"S":
+        if kind == protocol.ANSWERED:
             status, ttft, events, streamed, content_type = head
             outcome = Outcome(
                 "done",
@@ -214,14 +218,14 @@ class Forwarder:
             )
             # A relayed answer is the data path's to send; one asked for whole is answered by `send`.
             self.settled = self.settled or not self.whole
-        elif kind == b"M":
+        elif kind == protocol.CUT_SHORT:
             streamed, ttft, events, error = head
             outcome = Outcome(
                 "mid", ttft=int(ttft) / 1e6 if ttft else None, events=int(events), streamed=streamed == "1", error=error
             )
             self.settled = self.settled or outcome.streamed  # the data path ended the stream itself
         else:
-            outcome = Outcome("connect" if kind == b"E" else "error", error=head[0])
+            outcome = Outcome("connect" if kind == protocol.UNREACHABLE else "error", error=head[0])
         self.outcome.set_result(outcome)
 
     def body_came(self, verdict: str, data: bytes) -> None:
@@ -250,6 +254,7 @@ class Control(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.loop = asyncio.get_running_loop()
+        self.greeted = False  # the data path's hello frame came, with this protocol's fingerprint
 
     def connection_made(self, transport):
         self.transport = transport
@@ -291,15 +296,29 @@ class Control(asyncio.Protocol):
             self.dispatch(request_id, KINDS[kind], head, body)
         except Exception:  # a frame this end cannot read fails its request, not every other one
             log.exception("gateway: a frame from the data path could not be read (kind %r)", kind)
-            if kind == ord("Q"):
-                self.write(request_id, b"A", "502\napplication/json\n", FAILED)
+            if kind == protocol.REQUEST[0]:
+                self.write(request_id, protocol.ANSWER, "502\napplication/json\n", GATEWAY_FAILED)
                 return
             forwarder = self.requests.get(request_id)
             if forwarder is not None and forwarder.outcome is not None and not forwarder.outcome.done():
                 forwarder.outcome.set_result(Outcome("error", error="DataplaneProtocolError"))
 
     def dispatch(self, request_id: int, kind: bytes, head: bytes, body: bytes) -> None:
-        if kind == b"Q":
+        if not self.greeted:  # the handshake: the data path's first frame names the protocol it was built from
+            theirs = head.decode("latin-1") if kind == protocol.HELLO else "none (no hello frame)"
+            if theirs != protocol.FINGERPRINT:
+                log.error(
+                    "gateway: the data path speaks another version of the protocol (%s, this gateway %s): run "
+                    "`make dataplane`; the gateway stops",
+                    theirs[:12],
+                    protocol.FINGERPRINT[:12],
+                )
+                if not self.lost.done():
+                    self.lost.set_result(None)
+                return
+            self.greeted = True
+            return
+        if kind == protocol.REQUEST:
             method, path, authorization, api_key, body_follows = head.decode("latin-1").split("\n")
             if "%" in path:  # the path as uvicorn gives it to the gateway (httptools_impl.py: unquoted)
                 path = urllib.parse.unquote(path)
@@ -324,9 +343,9 @@ class Control(asyncio.Protocol):
         known = self.requests.get(request_id)
         if known is None:
             return
-        if kind == b"L":
+        if kind == protocol.LEFT:
             known.client_left()
-        elif kind == b"D":
+        elif kind == protocol.BODY:
             known.body_came(head.decode(), body)
         else:
             known.report(kind, head.decode("latin-1").split("\n"), body)
@@ -339,7 +358,7 @@ class Control(asyncio.Protocol):
             log.error("gateway: a request failed", exc_info=task.exception())
         if not forwarder.settled:
             # The handler ended without an answer (it failed, or a client that left was held): say something.
-            self.write(forwarder.id, b"A", "502\napplication/json\n", FAILED)
+            self.write(forwarder.id, protocol.ANSWER, "502\napplication/json\n", GATEWAY_FAILED)
 
 
 async def serve(*, host: str, port: int) -> int:

@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 
+from endpoints.gateway import protocol
 from endpoints.gateway.asgi import MAX_BODY
 from endpoints.gateway.dataplane import PREFIX, Control
 from endpoints.gateway.models import GatewayKey
@@ -202,13 +203,15 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them():
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)  # as serve() makes them
         await loop.create_unix_connection(lambda: Control(Gateway(), lost), sock=ours)
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        hello = _frame(0, protocol.HELLO, protocol.FINGERPRINT.encode())  # the data path's first frame
         health = _frame(1, b"Q", b"GET\n/healthz\n\n\n1")
         big = _frame(2, b"Q", b"POST\n/v1/completions\n\n\n1", b"x" * 300_000)  # no key: 401
         other = _frame(3, b"Q", b"GET\n/healthz\n\n\n1")
         # A body left behind (the data path reads it when asked): no key, so it is never asked for.
         unread = _frame(4, b"Q", b"POST\n/v1/completions\n\nBearer gk_nothing\n0")
-        stream = health + big + other + unread
-        for piece in (stream[:5], stream[5 : len(health) + 7], stream[len(health) + 7 : -3], stream[-3:]):
+        stream = hello + health + big + other + unread
+        cut = len(hello) + len(health) + 7
+        for piece in (stream[:5], stream[5:cut], stream[cut:-3], stream[-3:]):
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.01)
@@ -225,7 +228,7 @@ def test_frames_are_read_however_the_socket_splits_or_joins_them():
     for request_id in (2, 4):
         kind, head, body = answers[request_id]
         assert (kind, head, body["error"]["type"]) == (b"A", "401\napplication/json\n", "invalid_api_key")
-    assert struct.calcsize("<IQBI") == PREFIX.size == 17  # main.rs reads the same 17 bytes
+    assert struct.calcsize("<IQBI") == PREFIX.size == 17  # main.rs reads the same 17 bytes (protocol.toml)
 
 
 class _Recorder(ServerThread):
@@ -403,6 +406,8 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
     try:
         client = wait_for(connected, timeout=20, interval=0.05, what="the data path listening")
         frames = []  # (kind, path or status) in the order the data path wrote them
+        # The handshake: the data path's first frame names its protocol (protocol.toml's fingerprint).
+        assert next_frame() == (0, "H", protocol.FINGERPRINT)
 
         def until_request():
             while True:

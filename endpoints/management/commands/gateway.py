@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from endpoints.gateway import dataplane
+from endpoints.gateway import dataplane, protocol
 from endpoints.gateway.asgi import Gateway
 
 
@@ -28,10 +28,13 @@ class Command(BaseCommand):
                 f"GATEWAY_DATAPLANE=rust, but {dataplane.binary()} is not built: run `make dataplane`, "
                 "or set GATEWAY_DATAPLANE=python"
             )
+        refusal = protocol.binary_refusal(dataplane.binary()) if dataplane.binary().is_file() else ""
+        if chosen == "rust" and refusal:
+            raise CommandError(f"GATEWAY_DATAPLANE=rust, but {refusal}, or set GATEWAY_DATAPLANE=python")
         if settings.GATEWAY_DATAPLANE == "auto" and chosen == "python":
+            why = refusal or f"{dataplane.binary()} is not built (`make dataplane`)"
             self.stderr.write(
-                f"gateway: {dataplane.binary()} is not built (`make dataplane`): serving with the "
-                "Python data path, which costs about twice the CPU per request"
+                f"gateway: {why}: serving with the Python data path, which costs about twice the CPU per request"
             )
         cpu = None
         if chosen == "rust":

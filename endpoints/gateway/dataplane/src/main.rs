@@ -11,22 +11,9 @@
 //! Written by hand because no library is this: hyper does the HTTP on both sides; what is ours is the
 //! relay (streaming, time to first byte, the usage at an answer's end) and the frames to the gateway.
 //!
-//! Frames, both ways: u32 length (of what follows), u64 request id, u8 kind, u32 head length, head (fields
-//! separated by '\n'), body.
-//!   to the gateway:  Q request (method, path, authorization, x-api-key, body: 1 = it follows, 0 = ask with B)
-//!                    D the request body asked for ("ok" with the body, or "too_large") -> A or F
-//!                    S answered (status, ttft_us, events, streamed, content type; the answer's tail, or all
-//!                      of it if asked: the gateway then answers A)
-//!                    E the replica could not be reached (error)  -> the gateway answers again (F or A)
-//!                    X the replica failed before an answer (error) -> A
-//!                    M failed mid-answer (streamed, ttft_us, events, error) -> A when not streamed
-//!                    L the client left
-//!                  An S or M nobody waits for (the client has the answer) is a report: it may wait a moment for
-//!                  the next frame (write_frames).
-//!   from the gateway: A answer this (status, content type, retry-after; body)
-//!                     B send me the request body (it is read only now: after the key was checked)
-//!                     F forward to this replica (url, bearer token, whole: 1 = give me the answer, I reply A;
-//!                       the body to send)
+//! The frames between the two halves, their kinds and the constants both share are defined once, in
+//! ../protocol.toml (src/protocol.rs is written from it). A report (an S or M nobody waits for: the client has
+//! the answer) may wait a moment for the next frame (write_frames).
 use hyper::body::{Bytes, HttpBody};
 use hyper::client::HttpConnector;
 use hyper::header::{
@@ -50,30 +37,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-/// The client's request headers a replica gets (endpoints/gateway/asgi.py FORWARDED_HEADERS, the same list):
-/// an allow-list, less any the request's Connection header names. Content-Type is always application/json
-/// (the body was read as JSON), Authorization the replica's own key.
-const FORWARDED: [&str; 6] = [
-    "accept",
-    "user-agent",
-    "x-request-id",
-    "traceparent",
-    "tracestate",
-    "baggage",
-];
-/// vLLM's per-request routing headers, forwarded only to an endpoint that allows them (asgi.py ENGINE_HEADERS).
-const ENGINE_HEADERS: [&str; 2] = ["x-data-parallel-rank", "x-vllm-priority"];
-const TAIL_BYTES: usize = 8192; // what a streamed answer's usage is looked for in (asgi.py relay)
-                                // A body up to this size, announced by Content-Length, comes with the request's first frame (one round trip
-                                // fewer); a larger one is read only once the gateway asks, after the key: an anonymous client cannot make
-                                // this process hold 32 MiB bodies. uvicorn buffers as much before its app reads (its high-water mark).
-const EAGER_BODY: u64 = 64 * 1024;
+// The protocol's constants (frame kinds, header lists, sizes, the stream-error event): written from
+// ../protocol.toml, the one definition the gateway's Python half reads too.
+#[rustfmt::skip]
+mod protocol;
+use protocol::*;
 // How long a report (how an answer the client has went) may wait to share a write with the next request's frame.
 // Any frame the gateway must answer takes the waiting reports along, ahead of it: every decision still sees every
 // answer that came before it; only the accounting's clock runs up to this much late.
 const REPORT_DELAY: Duration = Duration::from_millis(2);
-const STREAM_ERROR: &[u8] =
-    b"data: {\"error\": {\"message\": \"The replica failed mid-stream.\", \"type\": \"bad_gateway\"}}\n\n";
 
 struct Settings {
     connect_timeout: Duration,
@@ -157,7 +129,7 @@ impl Drop for Watch {
     fn drop(&mut self) {
         self.gateway.pending.lock().unwrap().remove(&self.id);
         if !self.settled {
-            self.gateway.send(self.id, b'L', b"", b"");
+            self.gateway.send(self.id, LEFT, b"", b"");
         }
     }
 }
@@ -166,14 +138,14 @@ fn parse_reply(kind: u8, head: &[u8], body: Bytes) -> Option<Reply> {
     let text = std::str::from_utf8(head).ok()?;
     let mut fields = text.split('\n');
     match kind {
-        b'A' => Some(Reply::Answer {
+        ANSWER => Some(Reply::Answer {
             status: fields.next()?.parse().ok()?,
             content_type: fields.next()?.to_string(),
             retry_after: fields.next().unwrap_or("").to_string(),
             body,
         }),
-        b'B' => Some(Reply::SendBody),
-        b'F' => Some(Reply::Forward {
+        SEND_BODY => Some(Reply::SendBody),
+        FORWARD => Some(Reply::Forward {
             url: fields.next()?.to_string(),
             token: fields.next()?.to_string(),
             whole: fields.next()? == "1",
@@ -456,7 +428,8 @@ fn forwarded_headers(
     from.iter()
         .filter(|(name, _)| {
             let name = name.as_str();
-            (FORWARDED.contains(&name) || (engine_headers && ENGINE_HEADERS.contains(&name)))
+            (FORWARDED_HEADERS.contains(&name)
+                || (engine_headers && ENGINE_HEADERS.contains(&name)))
                 && !named.iter().any(|n| n == name)
         })
         .map(|(name, value)| (name.clone(), value.clone()))
@@ -559,7 +532,7 @@ impl Proxy {
             head.push(b'\n');
         }
         head.pop();
-        let mut reply = self.gateway.ask(id, b'Q', &head, &first).await;
+        let mut reply = self.gateway.ask(id, REQUEST, &head, &first).await;
         drop(first);
         loop {
             match reply {
@@ -591,9 +564,9 @@ impl Proxy {
                         (None, _) => Ok(Bytes::new()),
                     };
                     reply = match read {
-                        Ok(data) => self.gateway.ask(id, b'D', b"ok", &data).await,
+                        Ok(data) => self.gateway.ask(id, BODY, b"ok", &data).await,
                         Err(BodyError::TooLarge) => {
-                            self.gateway.ask(id, b'D', b"too_large", b"").await
+                            self.gateway.ask(id, BODY, b"too_large", b"").await
                         }
                         Err(BodyError::Slow) => {
                             return refuse_and_close(
@@ -625,7 +598,7 @@ impl Proxy {
                     *upstream.uri_mut() = match url.parse() {
                         Ok(uri) => uri,
                         Err(_) => {
-                            reply = self.gateway.ask(id, b'X', b"InvalidURL", b"").await;
+                            reply = self.gateway.ask(id, FAILED, b"InvalidURL", b"").await;
                             continue;
                         }
                     };
@@ -644,20 +617,20 @@ impl Proxy {
                     .await
                     {
                         Err(_) => {
-                            reply = self.gateway.ask(id, b'X', b"ReadTimeout", b"").await;
+                            reply = self.gateway.ask(id, FAILED, b"ReadTimeout", b"").await;
                             continue;
                         }
                         Ok(Err(e)) if retryable(&e) => {
                             reply = self
                                 .gateway
-                                .ask(id, b'E', error_name(&e).as_bytes(), b"")
+                                .ask(id, UNREACHABLE, error_name(&e).as_bytes(), b"")
                                 .await;
                             continue;
                         }
                         Ok(Err(e)) => {
                             reply = self
                                 .gateway
-                                .ask(id, b'X', error_name(&e).as_bytes(), b"")
+                                .ask(id, FAILED, error_name(&e).as_bytes(), b"")
                                 .await;
                             continue;
                         }
@@ -679,19 +652,19 @@ impl Proxy {
                                 Err(e) => {
                                     reply = self
                                         .gateway
-                                        .ask(id, b'M', format!("0\n\n0\n{e}").as_bytes(), b"")
+                                        .ask(id, CUT_SHORT, format!("0\n\n0\n{e}").as_bytes(), b"")
                                         .await;
                                     continue;
                                 }
                             };
                         let head = format!("{status}\n\n0\n0\n{content_type}");
                         if whole {
-                            reply = self.gateway.ask(id, b'S', head.as_bytes(), &data).await;
+                            reply = self.gateway.ask(id, ANSWERED, head.as_bytes(), &data).await;
                             continue;
                         }
                         watch.settled = true;
                         self.gateway
-                            .report(id, b'S', head.as_bytes(), usage_part(&data));
+                            .report(id, ANSWERED, head.as_bytes(), usage_part(&data));
                         let mut whole_answer = answer(status, &content_type, "", data);
                         add_notice(&mut whole_answer, &note);
                         return whole_answer;
@@ -750,7 +723,7 @@ impl Relay {
         self.watch.settled = true;
         let head = format!("1\n{}\n{}\n{error}", micros(self.ttft), self.events);
         self.gateway
-            .report(self.watch.id, b'M', head.as_bytes(), b"");
+            .report(self.watch.id, CUT_SHORT, head.as_bytes(), b"");
         Poll::Ready(Some(Ok(Bytes::from_static(STREAM_ERROR))))
     }
 }
@@ -789,7 +762,7 @@ impl futures_core::Stream for Relay {
                     this.events
                 );
                 this.gateway
-                    .report(this.watch.id, b'S', head.as_bytes(), &this.tail);
+                    .report(this.watch.id, ANSWERED, head.as_bytes(), &this.tail);
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(e))) => this.failed(&error_name(&e)),
@@ -986,6 +959,12 @@ fn argument(args: &[String], name: &str) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // The gateway asks this before it starts the program: a binary built from another protocol (a `git pull`
+    // without `make dataplane`) is refused with a message instead of failing on an argument it does not know.
+    if args.iter().any(|a| a == "--protocol") {
+        println!("{FINGERPRINT}");
+        return;
+    }
     let listen: SocketAddr = argument(&args, "--listen")
         .parse()
         .expect("dataplane: --listen HOST:PORT");
@@ -1019,6 +998,8 @@ async fn main() {
         pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
     });
+    // The handshake: the first frame of all says which protocol this side speaks (the gateway checks it).
+    gateway.send(0, HELLO, FINGERPRINT.as_bytes(), b"");
     let writer = tokio::spawn(write_frames(writer, frames));
     tokio::spawn(read_replies(reader, gateway.clone()));
 
