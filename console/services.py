@@ -159,7 +159,12 @@ def _sso_team_roles(groups) -> dict[str, str]:
         if group in settings.SSO_GROUP_TEAMS:
             slug, role = settings.SSO_GROUP_TEAMS[group]
             held.setdefault(slug, []).append(role)
-    return {slug: role_for_groups(roles, {r: r for r in roles}) for slug, roles in held.items()}
+    team_roles: dict[str, str] = {}
+    for slug, roles in held.items():
+        best = role_for_groups(roles, {r: r for r in roles})
+        assert best is not None  # every role maps to itself and `roles` is never empty
+        team_roles[slug] = best
+    return team_roles
 
 
 def _sso_sync_teams(user, team_roles: dict[str, str]) -> dict:
@@ -195,7 +200,7 @@ def sso_login_sync(*, user, provider: str, groups, request=None) -> bool:
     groups = sorted({str(g) for g in groups})
     role = role_for_groups(groups, settings.SSO_GROUP_ROLES)
     team_roles = _sso_team_roles(groups)
-    changes = {}
+    changes: dict[str, object] = {}
     with transaction.atomic():
         ExternalIdentity.objects.filter(user=user, provider=provider).update(
             groups=groups, last_login_at=timezone.now()

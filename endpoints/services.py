@@ -18,10 +18,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.audit import audit_log
-from console.roles import OPERATOR, at_least
-from console.teams import team_role, visible
 from console.exceptions import Conflict, ServiceUnavailable
-from console.roles import ADMIN, has_role
+from console.roles import ADMIN, OPERATOR, at_least, has_role
+from console.teams import team_role, visible
 from console.validation import float_in_range, int_in_range
 from endpoints.ascend_rules import launch_refusal as ascend_launch_refusal
 from endpoints.ascend_rules import refusal_errors
@@ -144,9 +143,9 @@ def platform_refusal(artifact: Artifact, platform: str) -> str:
     return f"{artifact.get_format_display()} artifacts are served on {names} nodes only."
 
 
-def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
-    """The node by id or name; none given is fine while only one node is registered. `field`: the input it came
-    from, named in a refusal."""
+def _launch_node(node_ref: object, field: str = "node") -> Node:
+    """The node by id or name (a spec's `str | int | None`); none given is fine while only one node is registered.
+    `field`: the input it came from, named in a refusal."""
     nodes = Node.objects.all()
     if node_ref in (None, ""):
         if nodes.count() != 1:
@@ -158,6 +157,8 @@ def _launch_node(node_ref: str | int | None, field: str = "node") -> Node:
                 }
             )
         return nodes.get()
+    if not isinstance(node_ref, (str, int)):
+        raise ValidationError({field: f"No node {node_ref!r}."})
     node = nodes.filter(pk=node_ref).first() if str(node_ref).isdigit() else nodes.filter(name=node_ref).first()
     if node is None:
         raise ValidationError({field: f"No node {node_ref!r}."})
@@ -422,20 +423,20 @@ def _served_name_free(served: str, *, stage_beside: str) -> None:
         if standby is not None:
             raise ValidationError(
                 {
-                    "stage_beside": f"{live.name} has a blue-green standby already: {standby.name}. Switch or delete it first."
+                    "stage_beside": f"{live.name} has a blue-green standby already: {standby.name}. Switch or "
+                    "delete it first."
                 }
             )
-    clash = (
-        Endpoint.objects.filter(Q(served_model_name=served) | Q(served_model_name="", name=served))
-        .exclude(pk=getattr(live, "pk", None))
-        .first()
-    )
+    clashes = Endpoint.objects.filter(Q(served_model_name=served) | Q(served_model_name="", name=served))
+    if live is not None:  # the standby's live side serves the name by design
+        clashes = clashes.exclude(pk=live.pk)
+    clash = clashes.first()
     if clash is not None:
         raise ValidationError(
             {
-                "served_model_name": f"{served!r} is the served model name of endpoint {clash.name}: this endpoint would "
-                f"join its gateway pool. Choose another name, or launch it as {clash.name}'s blue-green standby "
-                "(stage_beside)."
+                "served_model_name": f"{served!r} is the served model name of endpoint {clash.name}: this "
+                f"endpoint would join its gateway pool. Choose another name, or launch it as {clash.name}'s "
+                "blue-green standby (stage_beside)."
             }
         )
 
@@ -1004,7 +1005,8 @@ def endpoint_scale_role(
     replica of the role, on its node, on the first of its devices no replica of the role holds) and shrinks by the
     last replica only: a step down of a role whose replica is not the last waits, and says so. One step at a time,
     claimed like endpoint_scale on the count and scaled_at the caller read: (endpoint, applied, why not)."""
-    placement = (endpoint.roles or {}).get(role)
+    roles = endpoint.roles or {}
+    placement = roles.get(role)
     if placement is None:
         return endpoint, False, f"{endpoint.name} has no {role} role"
     current = placement["replicas"]
@@ -1029,7 +1031,7 @@ def endpoint_scale_role(
             return endpoint, False, f"no free {role} devices (the role holds {placement['devices']})"
         step, total = 1, endpoint.replicas + 1
         devices = [] if node.platform == "cpu" else free[:per]
-    new_roles = {**endpoint.roles, role: {**placement, "replicas": current + step}}
+    new_roles = {**roles, role: {**placement, "replicas": current + step}}
     with transaction.atomic():
         claim = Endpoint.objects.filter(
             pk=endpoint.pk,

@@ -98,6 +98,7 @@ def evaluation_create(
         if endpoint.desired_state != Endpoint.Desired.RUNNING:
             raise ValidationError({"endpoint": f"{endpoint.name} is not running: start it first."})
         artifact = endpoint.artifact
+    assert artifact is not None  # the one given, or the endpoint's (checked above: exactly one of the two)
     if refusal := tokenizer_refusal(artifact):
         raise ValidationError({"artifact" if endpoint is None else "endpoint": refusal})
     if endpoint is None:

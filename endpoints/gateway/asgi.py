@@ -58,7 +58,8 @@ from django.utils import timezone
 from endpoints.gateway import disagg, routing
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.limits import SharedLimits
-from endpoints.gateway.selectors import Backend, KeyInfo, RoutingTable, key_info, routing_table
+from endpoints.gateway.protocol import ENGINE_HEADERS, FORWARDED_HEADERS, STREAM_ERROR, TAIL_BYTES
+from endpoints.gateway.selectors import Backend, KeyInfo, Loadable, RoutingTable, Wakeable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
 from endpoints.gateway.stats import Stats
 from endpoints.lora import endpoint_adapter_change
@@ -72,12 +73,10 @@ log = logging.getLogger("console.gateway")
 # The client's request headers a replica gets: an allow-list (a client's Host, cookies, proxy or hop-by-hop headers
 # and anything else unknown stay here), less any the request's Connection header names (RFC 9110 §7.6.1).
 # Content-Type is always application/json (the body was read as JSON) and Authorization the replica's own key.
-# The compiled data path has the same list (dataplane/src/main.rs FORWARDED). vLLM reads X-Request-Id
-# (vllm/entrypoints/serve/engine/serving.py) and the W3C trace context (vllm/tracing).
-FORWARDED_HEADERS = frozenset({b"accept", b"user-agent", b"x-request-id", b"traceparent", b"tracestate", b"baggage"})
-# vLLM's per-request routing headers (vllm/entrypoints/generate/base/serving.py: X-data-parallel-rank,
-# PRIORITY_HEADER = "X-Vllm-Priority"), forwarded only to an endpoint that allows them (GatewayEndpoint.engine_headers).
-ENGINE_HEADERS = frozenset({b"x-data-parallel-rank", b"x-vllm-priority"})
+# Both lists are the protocol's (dataplane/protocol.toml, which both data paths read). vLLM reads X-Request-Id
+# (vllm/entrypoints/serve/engine/serving.py) and the W3C trace context (vllm/tracing); its per-request routing
+# headers (vllm/entrypoints/generate/base/serving.py: X-data-parallel-rank, PRIORITY_HEADER = "X-Vllm-Priority") go
+# only to an endpoint that allows them (GatewayEndpoint.engine_headers).
 # Says what the gateway changed in a request before forwarding it (a lowered max_tokens), on the answer.
 NOTICE_HEADER = b"x-gateway-notice"
 # Failures before any answer came back: the request can go to another replica.
@@ -354,7 +353,9 @@ class Gateway:
             )
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
         # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
-        asleep = [] if backends else [w for w in self.table.wakeable.get(model, ()) if key.allows_backend(w, model)]
+        asleep: list[Wakeable | Loadable] = []
+        if not backends:
+            asleep = [w for w in self.table.wakeable.get(model, ()) if key.allows_backend(w, model)]
         # None ready holds this LoRA adapter, but an endpoint that loads adapters on request may: load it and wait.
         if not backends and not asleep:
             asleep = [w for w in self.table.loadable.get(model, ()) if key.allows_backend(w, model)]
@@ -373,6 +374,7 @@ class Gateway:
                 ),
             )
         estimate = token_estimate(payload, route=path, context=self.table.context.get(model))
+        assert self.limits is not None  # made at startup, before any request
         reservation = await self.limits.admit(
             key, prompt=estimate.prompt, completions=estimate.completions, each=estimate.each
         )
@@ -647,6 +649,7 @@ class Gateway:
         if endpoint_id is not None and model is not None and endpoint_id in self.table.adapters.get(model, ()):
             self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
         if reservation is not None:
+            assert self.limits is not None  # a reservation comes from the limits (made at startup)
             await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
         return status
 
@@ -917,6 +920,7 @@ class Gateway:
                 return 0, b"", outcome.error or outcome.kind
             return outcome.status, outcome.data, ""
         fwd = [*_forwarded(headers, engine=backend.engine_headers), ("Authorization", f"Bearer {backend.api_key}")]
+        assert self.client is not None  # made at startup on the Python data path, the only one here
         try:
             async with self.client.post(backend.url + path, data=body, headers=fwd) as response:
                 return response.status, await response.read(), ""
@@ -962,12 +966,11 @@ class Gateway:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 events += chunk.count(b"data: {")
                 if b'"usage"' in chunk or tail:
-                    tail = (tail + chunk)[-8192:]
+                    tail = (tail + chunk)[-TAIL_BYTES:]
         except UPSTREAM_ERRORS as exc:
             # Headers are gone already: end the stream with an error event the client can see.
             log.warning("gateway: %s broke mid-stream: %r", backend.url, exc)
-            err = json.dumps({"error": {"message": "The replica failed mid-stream.", "type": "bad_gateway"}})
-            await send({"type": "http.response.body", "body": f"data: {err}\n\n".encode(), "more_body": False})
+            await send({"type": "http.response.body", "body": STREAM_ERROR, "more_body": False})
             return await self.finish(
                 send, key, backend.endpoint_id, start, 502, ttft=ttft, tokens=events, reservation=reservation
             )

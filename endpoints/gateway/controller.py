@@ -235,6 +235,8 @@ def evaluate_role_autoscaling(endpoint: Endpoint, now: float) -> list[tuple[Endp
         if last is None or last.message != message:
             event(endpoint.pk, "autoscale", message, level="warning")
         return []
+    if roles is None:  # autoscale off (None or {}): nothing to scale
+        return []
     gap = 3 * settings.TELEMETRY_INTERVAL_SECONDS
     out = []
     for name, role in roles.items():
@@ -244,11 +246,13 @@ def evaluate_role_autoscaling(endpoint: Endpoint, now: float) -> list[tuple[Endp
             )
         )
         since = now - max(role.settings.scale_up_window_s, role.settings.scale_down_window_s) - gap
+        placements = endpoint.roles
+        assert placements is not None  # a disaggregated endpoint's roles (the caller's check), kept by each scale step
         decision = autoscale.decide_role(
             role=role,
             samples=load_samples(endpoint.pk, since=since, until=now, replicas=[i for i, _, _ in counted]),
             now=datetime.fromtimestamp(now, UTC),
-            current=endpoint.roles[name]["replicas"],
+            current=placements[name]["replicas"],
             last_change_at=endpoint.scaled_at,
             tz=settings.TIME_ZONE,
             max_gap_s=gap,

@@ -159,25 +159,25 @@ def routing_table() -> RoutingTable:
         url = r.url
         if r.pk in faulty or url is None:  # None: port 0, which the filter's port__isnull lets through
             continue
-        ep = r.endpoint
-        scope = {ep.name}
-        if ep.pk in public_of:
-            scope.add(names.get(public_of[ep.pk], ""))
-        backends.setdefault(model_name(ep), []).append(
+        endpoint = r.endpoint
+        scope = {endpoint.name}
+        if endpoint.pk in public_of:
+            scope.add(names.get(public_of[endpoint.pk], ""))
+        backends.setdefault(model_name(endpoint), []).append(
             Backend(
                 url=url,
-                endpoint_id=ep.pk,
-                endpoint_name=ep.name,
+                endpoint_id=endpoint.pk,
+                endpoint_name=endpoint.name,
                 replica_index=r.index,
-                queue_depth=max_queue.get(ep.pk, settings.GATEWAY_QUEUE_DEPTH),
+                queue_depth=max_queue.get(endpoint.pk, settings.GATEWAY_QUEUE_DEPTH),
                 scope_names=frozenset(scope),
                 node_name=r.node.name,
                 api_key=r.api_key,
-                prefix=ep.routing == Endpoint.Routing.PREFIX,
-                staged=ep.pk in canary,
-                canary_percent=canary.get(ep.pk, 0),
+                prefix=endpoint.routing == Endpoint.Routing.PREFIX,
+                staged=endpoint.pk in canary,
+                canary_percent=canary.get(endpoint.pk, 0),
                 role=r.role,
-                engine_headers=bool(g.engine_headers) if (g := pairs.get(ep.pk)) else False,
+                engine_headers=bool(pair.engine_headers) if (pair := pairs.get(endpoint.pk)) else False,
             )
         )
     adapters = _add_adapters(backends, known)
@@ -272,7 +272,7 @@ class KeyInfo:
         # A key scoped to endpoints may name their model; its backends are then filtered.
         return (not self.models and not self.endpoints) or model in self.models or bool(self.endpoints)
 
-    def allows_backend(self, backend: Backend | Wakeable, model: str) -> bool:
+    def allows_backend(self, backend: Backend | Wakeable | Loadable, model: str) -> bool:
         """An endpoint scope also admits the staged side of the pair it names (its replicas carry the public
         name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/)."""
         if not self.models and not self.endpoints:

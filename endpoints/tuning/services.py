@@ -16,7 +16,7 @@ from endpoints.bench.workload import VIA_REPLICA, WorkloadRequest, clean_workloa
 from endpoints.endpoint_spec import EndpointSpec
 from endpoints.models import Endpoint, EndpointEvent
 from endpoints.recipes import spec_of
-from endpoints.services import _nodes_of, endpoint_create, nudge
+from endpoints.services import _nodes_of, endpoint_create, nudge_all
 from endpoints.tuning import search
 from endpoints.tuning.models import Tuning, TuningStatus
 from models_registry.models import Artifact
@@ -90,14 +90,14 @@ def tuning_create(
 ) -> Tuning:
     """Validate a tuning of an endpoint and queue its job on the endpoint's node (the benchmark client reads the
     tokenizer there). Nothing is stored when a field is refused."""
-    endpoint = resolve_endpoint(endpoint)
-    cleaned_workload = _checked_workload(workload if workload is not None else {}, endpoint)
+    target = resolve_endpoint(endpoint)
+    cleaned_workload = _checked_workload(workload if workload is not None else {}, target)
     parsed_slo = search.parse_slo(slo)
     parsed_space = search.parse_space(
         space,
-        device_count=_device_count(endpoint),
-        artifacts=_variants(endpoint),
-        speculative_config=(endpoint.engine_configs or {}).get("speculative"),
+        device_count=_device_count(target),
+        artifacts=_variants(target),
+        speculative_config=(target.engine_configs or {}).get("speculative"),
     )
     wanted = int_in_range(trials, "trials", low=1, high=50, default=6)
     if search_kind not in search.SEARCHES:
@@ -106,10 +106,10 @@ def tuning_create(
     # Every trial: a replica's start, the workload, the teardown; plus the baseline and the two repeats.
     per_trial = settings.ENDPOINT_START_TIMEOUT_SECONDS + cleaned_workload["timeout_s"] + 300
     with transaction.atomic():
-        Endpoint.objects.select_for_update().filter(pk=endpoint.pk).first()
+        Endpoint.objects.select_for_update().filter(pk=target.pk).first()
         tuning = Tuning.objects.create(
-            endpoint=endpoint,
-            endpoint_name=endpoint.name,
+            endpoint=target,
+            endpoint_name=target.name,
             workload=cleaned_workload,
             slo=parsed_slo.as_json(),
             space=parsed_space.as_json(),
@@ -126,7 +126,7 @@ def tuning_create(
             obj=tuning,
             request=request,
             changes={
-                "endpoint": endpoint.name,
+                "endpoint": target.name,
                 "job": tuning.job.pk,
                 "slo": tuning.slo,
                 "space": tuning.space,
@@ -139,6 +139,8 @@ def tuning_create(
 
 
 def _enqueue(tuning: Tuning, *, user, request, retry_of, timeout_s: int | None):
+    endpoint = tuning.endpoint
+    assert endpoint is not None  # both callers hold a tuning whose endpoint exists (just made, or checked)
     return job_enqueue(
         kind="tune",
         params={"tuning": tuning.pk},
@@ -146,7 +148,7 @@ def _enqueue(tuning: Tuning, *, user, request, retry_of, timeout_s: int | None):
         dedupe_key=DEDUPE.format(tuning.endpoint_id),
         request=request,
         retry_of=retry_of,
-        queue=node_queue(tuning.endpoint.node.name),
+        queue=node_queue(endpoint.node.name),
         timeout_s=timeout_s,
     )
 
@@ -247,10 +249,10 @@ def tuning_apply(*, tuning: Tuning, user, request=None, number: int | None = Non
             action="tuning.apply",
             obj=tuning,
             request=request,
-            changes={"endpoint": endpoint.name, "trial": number, "params": params, **{f: d for f, d in diff.items()}},
+            changes={"endpoint": endpoint.name, "trial": number, "params": params, **diff},
         )
         if diff and running:
             nodes = _nodes_of(endpoint)
-            transaction.on_commit(lambda: [nudge(n) for n in nodes])
+            transaction.on_commit(lambda: nudge_all(nodes))
     endpoint.refresh_from_db()
     return endpoint
