@@ -186,6 +186,8 @@ def _gate_pass(proxy, staged: Endpoint):
     return decision, applied
 
 
+# Two pairs of replicas, each side evaluated: longer than pytest.ini's 900 s on a loaded 2-core machine.
+@pytest.mark.timeout(2400)
 def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equal_one(serving, admin, settings):
     api, root, proxy = serving
     settings.GATEWAY_ROLLOUT_MIN_REQUESTS = 10
