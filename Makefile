@@ -212,7 +212,9 @@ demo: migrate redis
 # ports: tests/settings.py). `sequential` runs the three one after the other. Each pass lists its slowest tests
 # (--durations); the slow stream's output is kept in var/test-slow.log and shown when all are done.
 TEST_PASSES ?= parallel
-TEST_WORKERS ?= 2
+# 1 (no pytest-xdist) by default: under xdist a dozen tests that start RQ workers, gateways or the agent read
+# another Redis database than the test that started them (docs/ci.md); TEST_WORKERS=2 runs them on two workers.
+TEST_WORKERS ?= 1
 XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis postgres lint docs test-passes
 

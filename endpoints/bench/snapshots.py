@@ -149,7 +149,7 @@ def telemetry_window(endpoint: Endpoint, replica: Replica | None, start, end, *,
     try:
         devices = replica.devices if replica is not None else endpoint.devices
         node_id = replica.node_id if replica is not None else endpoint.node_id
-        node_q = Q(node_id=node_id, endpoint__isnull=True) & (Q(device__isnull=True) | Q(device__in=devices))
+        node_q = Q(node_id=node_id, endpoint_id__isnull=True) & (Q(device__isnull=True) | Q(device__in=devices))
         endpoint_q = Q(endpoint_id=endpoint.pk)
         if replica is not None:
             endpoint_q &= Q(replica__isnull=True) | Q(replica=replica.index)

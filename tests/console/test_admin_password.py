@@ -7,6 +7,7 @@ import io
 import os
 import stat
 import subprocess
+import sys
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -59,6 +60,10 @@ def test_make_run_starts_supervisord_without_the_admin_password(tmp_path):
     fake = venv / "bin" / "supervisord"
     fake.write_text('#!/bin/sh\nenv > "$DATA_DIR/supervisord.env"\n')
     fake.chmod(0o700)
+    # `make run` writes the gateway pool's files first (manage.py gateway_pool): the real interpreter does that.
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    python.chmod(0o700)
     env = {**os.environ, "CONSOLE_ADMIN_PASSWORD": "first admin pw", "CONSOLE_ADMIN_PASSWORD_FILE": "/etc/pw"}
     data = tmp_path / "data"
     done = subprocess.run(

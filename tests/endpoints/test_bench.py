@@ -272,7 +272,7 @@ def test_telemetry_series_recorded_during_the_run(ready_endpoint):
         "mine": make(key="n.d2.util", metric="dev.util_pct", unit="%", node=node, device=2),
         "other": make(key="n.d0.util", metric="dev.util_pct", unit="%", node=node, device=0),  # not the replica's
         "host": make(key="n.host.cpu", metric="host.cpu_pct", unit="%", node=node),
-        "endpoint": make(key="e.r0.qps", metric="ep.qps", endpoint=ready_endpoint, replica=0),
+        "endpoint": make(key="e.r0.qps", metric="ep.qps", endpoint_id=ready_endpoint.pk, replica=0),
     }
     for s in series.values():
         for ts, value in ((now - 100, 1.0), (now - 5, 50.0), (now, 70.0)):  # the first is before the run

@@ -74,7 +74,8 @@ def test_an_adapter_no_replica_holds_is_loaded_on_request_where_the_endpoint_all
     """Issue 36: the gateway "loads it on a replica when none does (if the endpoint allows)": a request naming a
     registered adapter of the model is held while the adapter loads on every ready replica of an endpoint with
     adapters_on_demand, then routed there; the load is the endpoint's (its list, an event, an audit by the gateway).
-    Elsewhere the name is unknown (404), and a key not scoped to it is refused (403) before anything loads."""
+    Elsewhere the name is unknown (404), and a key not scoped to it gets the same 404 (as for an unknown model)
+    before anything loads."""
     from console.models import AuditEvent
     from endpoints.models import Endpoint, EndpointEvent
 
@@ -89,7 +90,9 @@ def test_an_adapter_no_replica_holds_is_loaded_on_request_where_the_endpoint_all
     gw = gateway()
     gw.wait_routes("tiny", 2)
 
-    assert gw.post("/v1/chat/completions", plain_raw, chat("sue")).status_code == 403  # ep-a is not its endpoint
+    assert (
+        gw.post("/v1/chat/completions", plain_raw, chat("sue")).status_code == 404
+    )  # ep-a is not its endpoint: as if unknown
     assert gw.post("/v1/chat/completions", all_raw, chat("wip")).status_code == 404  # not ready: not loadable
     assert not [p for f in (a1, a2, b) for p, _ in f.posts if p.endswith("lora_adapter")]
 
