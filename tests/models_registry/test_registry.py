@@ -333,7 +333,13 @@ def test_web_form_and_api_schema_give_the_same_typed_options(db, tiny_hf):
     ).options()
     # The same request through the API (a field left out there is None: the service's default applies).
     given = QuantizeIn(
-        target="compressed-tensors", scheme="w8a16", method="kl", gate_pct=2.5, num_samples=32, fallback=True, gptq=False
+        target="compressed-tensors",
+        scheme="w8a16",
+        method="kl",
+        gate_pct=2.5,
+        num_samples=32,
+        fallback=True,
+        gptq=False,
     )
     api = QuantizeOptions(**given.dict(exclude_unset=True))
     assert web == api and isinstance(web.gate_pct, float) and web.num_samples == 32
