@@ -55,10 +55,13 @@ def _register(api, root, name, *, damage: bool = False) -> int:
     return response.json()["artifacts"][0]["id"]
 
 
-def _launch(api, name, artifact_id) -> Endpoint:
+def _launch(api, name, artifact_id, *, beside: str = "") -> Endpoint:
+    """An endpoint serving "demo"; `beside`: launched as that endpoint's blue-green standby (staged at once: a
+    second endpoint may serve a served model name only so)."""
     created = api.post(
         "/api/v1/endpoints",
         {
+            **({"stage_beside": beside} if beside else {}),
             "name": name,
             "artifact": artifact_id,
             "enforce_eager": True,
@@ -188,12 +191,14 @@ def _gate_pass(proxy, staged: Endpoint):
 
 # Two pairs of replicas, each side evaluated: longer than pytest.ini's 900 s on a loaded 2-core machine.
 @pytest.mark.timeout(2400)
-def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equal_one(serving, admin, settings):
+def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equal_one(
+    serving, admin, api_for, settings
+):
     api, root, proxy = serving
+    admin_api = api_for(admin)  # deleting an endpoint is the Admin's
     settings.GATEWAY_ROLLOUT_MIN_REQUESTS = 10
     live = _launch(api, "demo-blue", _register(api, root, "smollm2"))
-    damaged = _launch(api, "demo-damaged", _register(api, root, "smollm2-damaged", damage=True))
-    gateway.stage(endpoint=live, staged=damaged, actor=admin)
+    damaged = _launch(api, "demo-damaged", _register(api, root, "smollm2-damaged", damage=True), beside=live.name)
     gateway.set_rollout(
         endpoint=live, p99_ms=600_000, error_pct=50, ttft_p99_ms=None, window_seconds=86_400, steps=[50, 100], auto=True
     )
@@ -214,11 +219,12 @@ def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equ
     gw = GatewayEndpoint.objects.get(endpoint=live)
     assert (gw.serving, gw.canary_percent, gw.rollout_auto) == ("live", 0, False)
 
-    # The damaged side goes; an equal copy of the live artifact is staged in its place and promoted.
+    # The damaged side goes (stopped, then deleted: its name is free again); an equal copy of the live artifact is
+    # launched as the standby in its place and promoted.
     assert api.post(f"/api/v1/endpoints/{damaged.pk}/stop").status_code == 200
     wait_for(lambda: Endpoint.objects.get(pk=damaged.pk).state == "stopped", timeout=120, what="damaged stopped")
-    equal = _launch(api, "demo-green", _register(api, root, "smollm2-copy"))
-    gateway.stage(endpoint=live, staged=equal, actor=admin)
+    assert admin_api.delete(f"/api/v1/endpoints/{damaged.pk}").status_code == 204
+    equal = _launch(api, "demo-green", _register(api, root, "smollm2-copy"), beside=live.name)
     gateway.set_rollout(
         endpoint=live, p99_ms=600_000, error_pct=50, ttft_p99_ms=None, window_seconds=86_400, steps=[50, 100], auto=True
     )
