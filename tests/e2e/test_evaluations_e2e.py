@@ -224,6 +224,10 @@ def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equ
     assert api.post(f"/api/v1/endpoints/{damaged.pk}/stop").status_code == 200
     wait_for(lambda: Endpoint.objects.get(pk=damaged.pk).state == "stopped", timeout=120, what="damaged stopped")
     assert admin_api.delete(f"/api/v1/endpoints/{damaged.pk}").status_code == 204
+    # A new standby only once the rollback's drain is over (the gateway's refresh ends it: finish_drains).
+    wait_for(
+        lambda: GatewayEndpoint.objects.get(endpoint=live).stop_idle_at is None, timeout=600, what="the drain's end"
+    )
     equal = _launch(api, "demo-green", _register(api, root, "smollm2-copy"), beside=live.name)
     gateway.set_rollout(
         endpoint=live, p99_ms=600_000, error_pct=50, ttft_p99_ms=None, window_seconds=86_400, steps=[50, 100], auto=True
