@@ -438,16 +438,7 @@ class Gateway:
             if self.held[target.endpoint_id] >= self.table.max_queue.get(
                 target.endpoint_id, settings.GATEWAY_QUEUE_DEPTH
             ):
-                return await self.finish(
-                    send,
-                    key,
-                    target.endpoint_id,
-                    start,
-                    await _error(
-                        send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1
-                    ),
-                    reservation=reservation,
-                )
+                return await self.queue_full(send, key, target.endpoint_id, model, start, reservation)
             adapter_id = getattr(target, "adapter_id", None)  # a LoRA adapter to load (selectors.Loadable)
             backends = await self.hold(receive, key, model, target.endpoint_id, adapter_id=adapter_id)
             if backends is GONE:  # the client left: nothing to answer, nothing used
@@ -653,6 +644,17 @@ class Gateway:
             await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
         return status
 
+    async def queue_full(self, send, key, endpoint_id, model, start, reservation):
+        """The 429 of a model whose endpoint's queue is full (held, or every replica at its queue depth)."""
+        return await self.finish(
+            send,
+            key,
+            endpoint_id,
+            start,
+            await _error(send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
+            reservation=reservation,
+        )
+
     async def proxy(
         self,
         send,
@@ -686,20 +688,7 @@ class Gateway:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:
                 if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
-                    return await self.finish(
-                        send,
-                        key,
-                        backends[0].endpoint_id,
-                        start,
-                        await _error(
-                            send,
-                            429,
-                            f"The queue of {model!r} is full; try again shortly.",
-                            "queue_full",
-                            retry_after=1,
-                        ),
-                        reservation=reservation,
-                    )
+                    return await self.queue_full(send, key, backends[0].endpoint_id, model, start, reservation)
                 return await self.finish(
                     send,
                     key,
@@ -836,20 +825,7 @@ class Gateway:
             backend = self.pick(prefills, tried)
             if backend is None:
                 if not tried:  # every prefill replica is at its endpoint's queue depth
-                    return await self.finish(
-                        send,
-                        key,
-                        prefills[0].endpoint_id,
-                        start,
-                        await _error(
-                            send,
-                            429,
-                            f"The queue of {model!r} is full; try again shortly.",
-                            "queue_full",
-                            retry_after=1,
-                        ),
-                        reservation=reservation,
-                    )
+                    return await self.queue_full(send, key, prefills[0].endpoint_id, model, start, reservation)
                 return await self.finish(
                     send,
                     key,
