@@ -9,7 +9,7 @@ from django.db import models
 
 from console.models import RevocableSecret, TeamOwned
 
-__all__ = ["GatewayKey", "GatewayEndpoint"]
+__all__ = ["GatewayKey", "GatewayEndpoint", "UsageHour", "Budget"]
 
 
 class GatewayKey(RevocableSecret, TeamOwned):
@@ -89,3 +89,82 @@ class GatewayEndpoint(models.Model):
 
     def __str__(self):
         return f"gateway of {self.endpoint.name}"
+
+
+class UsageHour(models.Model):
+    """Metered gateway usage, one row per hour (UTC, truncated), key, endpoint, served model and LoRA adapter
+    (docs/usage-and-budgets.md). Counts come from the engine's own `usage` (prompt and completion tokens), settled
+    by the gateway after each answer; the rows are only ever added to (F() increments), so any number of gateways
+    and flushes can write them. The team is the key's team at the time of the request (a key moved later keeps its
+    past usage where it was)."""
+
+    hour = models.DateTimeField(db_index=True)
+    team = models.ForeignKey("console.Team", on_delete=models.PROTECT, related_name="+")
+    key = models.ForeignKey(GatewayKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
+    key_name = models.CharField(max_length=100, blank=True)  # kept when the key is deleted
+    # An id, not a foreign key: usage outlives its endpoint (deleted endpoints keep their rows and their name).
+    endpoint_id = models.IntegerField(null=True, blank=True, db_index=True)
+    endpoint_name = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=200, blank=True)  # the served model name the client asked for
+    adapter = models.CharField(max_length=200, blank=True)  # a LoRA adapter's name, else ""
+    requests = models.BigIntegerField(default=0)
+    errors = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["hour", "team", "key", "endpoint_id", "model", "adapter"], name="usage_hour_unique_row"
+            )
+        ]
+        ordering = ["-hour"]
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Budget(models.Model):
+    """A token budget of one team or one gateway key per day or month (UTC calendar periods), enforced by every
+    gateway through the shared counters in Redis (endpoints/gateway/limits.py) and settled with the engine's usage.
+
+    hard: a request that does not fit is refused (429, Retry-After at the period's reset); queue: it waits until the
+    window allows (up to GATEWAY_BUDGET_QUEUE_SECONDS, then 429); soft: it passes, alerts fire at 80 % and 100 %."""
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        MONTH = "month"
+
+    class Mode(models.TextChoices):
+        HARD = "hard"
+        QUEUE = "queue"
+        SOFT = "soft"
+
+    team = models.ForeignKey("console.Team", null=True, blank=True, on_delete=models.CASCADE, related_name="budgets")
+    key = models.ForeignKey(GatewayKey, null=True, blank=True, on_delete=models.CASCADE, related_name="budgets")
+    tokens = models.PositiveBigIntegerField()
+    period = models.CharField(max_length=8, choices=Period.choices)
+    mode = models.CharField(max_length=8, choices=Mode.choices, default=Mode.HARD)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The start of the period for which the 80 % / 100 % alerts last fired (one of each per period).
+    alerted_80_for = models.DateTimeField(null=True, blank=True)
+    alerted_100_for = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(team__isnull=False, key__isnull=True)
+                | models.Q(team__isnull=True, key__isnull=False),
+                name="budget_of_a_team_or_a_key",
+            ),
+            models.UniqueConstraint(fields=["team", "period"], name="budget_one_per_team_period"),
+            models.UniqueConstraint(fields=["key", "period"], name="budget_one_per_key_period"),
+        ]
+
+    @property
+    def owner_text(self) -> str:
+        return f"team {self.team}" if self.team_id else f"key {self.key}"
