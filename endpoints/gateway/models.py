@@ -120,6 +120,9 @@ class UsageHour(models.Model):
         ]
         ordering = ["-hour"]
 
+    def __str__(self):
+        return f"{self.hour:%Y-%m-%d %H}h {self.key_name or '-'} {self.model} {self.adapter}".strip()
+
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
@@ -164,6 +167,9 @@ class Budget(models.Model):
             models.UniqueConstraint(fields=["team", "period"], name="budget_one_per_team_period"),
             models.UniqueConstraint(fields=["key", "period"], name="budget_one_per_key_period"),
         ]
+
+    def __str__(self):
+        return f"{self.tokens} tokens per {self.period} ({self.mode}) for {self.owner_text}"
 
     @property
     def owner_text(self) -> str:
