@@ -255,6 +255,8 @@ def store_usage(stats) -> int:
     keys = set(GatewayKey.objects.filter(pk__in={row[2] for row in stats.usage}).values_list("pk", flat=True))
     written = 0
     for (hour, team_id, key_id, key_name, ep_id, model, adapter), counts in stats.usage.items():
+        if team_id is None:  # a key is always some team's; a row without one could not be stored
+            continue
         ep_name, served = endpoints.get(ep_id, ("", model)) if ep_id is not None else ("", model)
         match = {
             "hour": hour,

@@ -268,3 +268,18 @@ def test_a_soft_budget_passes_and_alerts_at_80_and_100_percent_once_per_period(f
     page = as_admin.get("/alerts/")
     assert page.status_code == 200 and "Token budget at 80 %" in page.content.decode()
     assert GatewayKey.objects.get(pk=key.pk).requests_total == 4
+
+
+def test_the_engines_usage_is_read_as_prompt_and_completion_tokens():
+    from endpoints.gateway.asgi import _stream_usage, _usage_tokens
+
+    whole = b'{"choices": [{"text": "\\"usage\\": 1"}], "usage": {"prompt_tokens": 7, "completion_tokens": 3, '
+    whole += b'"total_tokens": 10}, "kv_transfer_params": {"usage": null}}'
+    assert _usage_tokens(whole) == (7, 3)
+    # What the compiled data path sends back: the answer from its last "usage" key on.
+    assert _usage_tokens(b'"usage":{"prompt_tokens":2,"completion_tokens":9,"total_tokens":11}}') == (2, 9)
+    assert _usage_tokens(b'{"usage": {"total_tokens": 12}}') == (0, 12)  # a total alone: completion
+    assert _usage_tokens(b'{"choices": []}') == (0, 0)
+    stream = b'data: {"choices": [{"delta": {}}]}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 4, '
+    stream += b'"completion_tokens": 3, "total_tokens": 7}}\n\ndata: [DONE]\n\n'
+    assert _stream_usage(stream) == (4, 3)
