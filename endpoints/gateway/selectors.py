@@ -4,15 +4,15 @@ console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECOND
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, Q, Sum
 
 from console.models import hash_token
 from console.roles import ADMIN
 from console.teams import visible, visible_get
-from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.models import Budget, GatewayEndpoint, GatewayKey, UsageHour
 from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
 from endpoints.selectors import unhealthy_replica_ids
@@ -252,6 +252,43 @@ def _add_adapters(backends: dict[str, list[Backend]], known: dict[str, set[str]]
 
 
 @dataclass(frozen=True)
+class BudgetInfo:
+    """One token budget as the gateway enforces it (a team's or the key's own; read with the key)."""
+
+    id: int
+    owner: str  # "team" or "key"
+    owner_id: int  # the team's id, or the key's
+    tokens: int
+    period: str  # Budget.Period
+    mode: str  # Budget.Mode
+
+    @property
+    def enforced(self) -> bool:
+        """hard and queue refuse what does not fit; soft only counts (and alerts)."""
+        return self.mode != Budget.Mode.SOFT
+
+
+def period_bounds(period: str, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The UTC calendar period (day or month) `now` is in: (its start, the next one's start: the reset)."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == Budget.Period.DAY:
+        return day, day + timedelta(days=1)
+    start = day.replace(day=1)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def budget_used(*, budget: BudgetInfo, since: datetime) -> int:
+    """The tokens metered (UsageHour) against a budget's owner since the start of its period: what the shared
+    counter starts from when Redis lost it (a restart)."""
+    rows = UsageHour.objects.filter(hour__gte=since)
+    rows = rows.filter(team_id=budget.owner_id) if budget.owner == "team" else rows.filter(key_id=budget.owner_id)
+    total = rows.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
+    return int(total or 0)
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     id: int
     name: str
@@ -262,6 +299,8 @@ class KeyInfo:
     # The key's name in the shared limits (Redis): part of its hash, so a key made anew never inherits the window
     # of a deleted one that had the same id.
     limits_id: str = ""
+    team_id: int | None = None  # its usage is metered to this team (UsageHour.team)
+    budgets: tuple[BudgetInfo, ...] = ()  # the key's own and its team's, read with the key (same cache)
 
     @property
     def endpoint_names(self) -> frozenset:
@@ -295,6 +334,18 @@ def key_info(raw: str) -> KeyInfo | None:
         rpm_limit=key.rpm_limit,
         tpm_limit=key.tpm_limit,
         limits_id=key.key_hash[:20],
+        team_id=key.team_id,
+        budgets=tuple(
+            BudgetInfo(
+                id=b.pk,
+                owner="key" if b.key_id else "team",
+                owner_id=b.key_id if b.key_id is not None else int(b.team_id or 0),
+                tokens=b.tokens,
+                period=b.period,
+                mode=b.mode,
+            )
+            for b in Budget.objects.filter(Q(key=key) | Q(team_id=key.team_id)).order_by("pk")
+        ),
     )
 
 

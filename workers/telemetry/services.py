@@ -224,7 +224,39 @@ def _breaching(rule: AlertRule, now) -> dict[str, dict]:
                     "node_id": ep.node_id,
                     "endpoint_id": ep.id,
                 }
+    elif rule.kind == AlertRule.Kind.BUDGET:
+        # Raised by the gateway (alert_raise); open until the period in its subject ("budget:<id>:<%>:<reset epoch>")
+        # is over.
+        for alert in Alert.objects.filter(rule=rule, state__in=Alert.OPEN):
+            reset = alert.subject.rpartition(":")[2]
+            if reset.isdigit() and int(reset) > now.timestamp():
+                found[alert.subject] = {
+                    "value": alert.value,
+                    "label": alert.label,
+                    "node_id": alert.node_id,
+                    "endpoint_id": alert.endpoint_id,
+                }
     return found
+
+
+def alert_raise(*, rule_name: str, kind: str, severity: str, subject: str, label: str, value: float | None) -> Alert:
+    """A firing alert raised by the console itself, not by a rule's evaluation (a token budget's, kind "budget"):
+    under its rule (made on first use, for the alerts page and the webhook's payload), firing at once. The caller
+    sends the webhook (send_webhook) once its transaction is committed."""
+    rule, _ = AlertRule.objects.get_or_create(
+        name=rule_name, defaults={"kind": kind, "severity": severity, "duration_s": 0, "op": AlertRule.Op.GE}
+    )
+    now = timezone.now()
+    return Alert.objects.create(
+        rule=rule,
+        subject=subject[:200],
+        label=label[:300],
+        value=value,
+        state=Alert.State.FIRING,
+        since=now,
+        fired_at=now,
+        updated_at=now,
+    )
 
 
 def evaluate_alerts(now=None, *, notify: bool = True) -> list[Alert]:
@@ -340,8 +372,9 @@ def alert_rule_create(
         raise ValidationError({"name": "Give the rule a name of 1 to 100 characters."})
     if AlertRule.objects.filter(name=name).exists():
         raise ValidationError({"name": f"A rule named “{name}” exists already."})
-    if kind not in AlertRule.Kind.values:
-        raise ValidationError({"kind": f"Choose one of: {', '.join(AlertRule.Kind.values)}."})
+    if kind not in AlertRule.Kind.values or kind == AlertRule.Kind.BUDGET:  # the gateway raises budget alerts
+        kinds = [k for k in AlertRule.Kind.values if k != AlertRule.Kind.BUDGET]
+        raise ValidationError({"kind": f"Choose one of: {', '.join(kinds)}."})
     metric = (metric or "").strip() if kind == AlertRule.Kind.METRIC else ""
     if kind == AlertRule.Kind.METRIC and metric not in METRIC_UNITS:
         raise ValidationError({"metric": "Choose a metric the console records (e.g. dev.temp_c, ep.p99_s)."})

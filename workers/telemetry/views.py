@@ -60,7 +60,7 @@ def _alerts_page(request, *, values=None, errors=None, status: int = 200):
             "rules": AlertRule.objects.all(),
             "alerts": Alert.objects.select_related("rule")[:200],
             "ops": AlertRule.Op.choices,
-            "kinds": AlertRule.Kind.choices,
+            "kinds": [c for c in AlertRule.Kind.choices if c[0] != AlertRule.Kind.BUDGET],  # raised by the gateway
             "metrics": sorted(selectors.METRIC_UNITS),
             "metric_options": [("", "—")] + sorted(selectors.METRIC_UNITS),
             # A new rule is on; a refused one keeps its box as it was sent.
