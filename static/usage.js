@@ -2,7 +2,7 @@
    (endpoints.usage.views): hourly rows grouped by hour and key or endpoint, and accelerator-hours per hour. */
 (function () {
   "use strict";
-  var layoutBase = { margin: { l: 55, r: 20, t: 36, b: 45 }, font: { size: 12 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
+  var layoutBase = { margin: { l: 55, r: 20, t: 10, b: 45 }, font: { size: 12 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff",
                      legend: { orientation: "h", y: -0.2 } };
   var config = { displaylogo: false, responsive: true };
   function layout(extra) { return Object.assign({}, layoutBase, extra); }
@@ -26,7 +26,7 @@
     var traces = Object.keys(groups).sort().map(function (name) {
       return { type: "bar", name: label(name), x: xs, y: xs.map(function (h) { return groups[name][h] || 0; }) };
     });
-    Plotly.newPlot(el, traces, layout({ barmode: "stack", title: { text: "Tokens per hour, by " + by }, yaxis: { title: { text: "tokens" } } }), config);
+    Plotly.newPlot(el, traces, layout({ barmode: "stack", yaxis: { title: { text: "tokens" } } }), config);
   }
 
   function requests(el, d) {
@@ -37,7 +37,7 @@
     Plotly.newPlot(el, [
       { type: "bar", name: "requests", x: xs, y: xs.map(function (h) { return req[h]; }), marker: { color: "#1d4ed8" } },
       { type: "bar", name: "errors", x: xs, y: xs.map(function (h) { return err[h]; }), marker: { color: "#c8102e" } }
-    ], layout({ barmode: "group", title: { text: "Requests and errors per hour" } }), config);
+    ], layout({ barmode: "group" }), config);
   }
 
   function accelerators(el, d) {
@@ -46,7 +46,7 @@
     Plotly.newPlot(el, [
       { type: "bar", name: "accelerator-hours", x: rows.map(function (r) { return r.hour; }), y: rows.map(function (r) { return r.accelerator_hours; }), marker: { color: "#1a7f37" } },
       { type: "scatter", mode: "lines", name: "replica-hours", x: rows.map(function (r) { return r.hour; }), y: rows.map(function (r) { return r.replica_hours; }), line: { color: "#9a6700", shape: "hv" } }
-    ], layout({ title: { text: "Accelerator-hours per hour" } }), config);
+    ], layout({}), config);
   }
 
   function draw() {
