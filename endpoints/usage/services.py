@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from console.audit import audit_log
 from console.models import Team
@@ -39,14 +39,23 @@ def budget_set(
         raise ValueError("a budget is of one team or one key")
     _checked(tokens=tokens, period=period, mode=mode)
     owner = {"team": team} if team is not None else {"key": key}
+    try:
+        return _set(owner, tokens=tokens, period=period, mode=mode, actor=actor, request=request, via=via)
+    except IntegrityError:  # the same budget created at the same moment: the unique index decided; replace it
+        return _set(owner, tokens=tokens, period=period, mode=mode, actor=actor, request=request, via=via)
+
+
+def _set(owner: dict, *, tokens: int, period: str, mode: str, actor, request, via: str) -> Budget:
     with transaction.atomic():
         budget, created = Budget.objects.select_for_update().get_or_create(
             **owner, period=period, defaults={"tokens": tokens, "mode": mode, "created_by": actor}
         )
         before = {"tokens": budget.tokens, "mode": budget.mode}
         if not created:
+            # A new size or mode is a new budget for the alerts: 80 % and 100 % of it may fire in this period.
             budget.tokens, budget.mode = tokens, mode
-            budget.save(update_fields=["tokens", "mode"])
+            budget.alerted_80_for = budget.alerted_100_for = None
+            budget.save(update_fields=["tokens", "mode", "alerted_80_for", "alerted_100_for"])
         changes = {"period": period, "tokens": tokens, "mode": mode}
         if not created:
             changes["was"] = before
