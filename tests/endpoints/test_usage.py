@@ -288,6 +288,7 @@ def test_usage_page_and_budget_forms(teams, admin):
     assert b"key-budgets-panel" in ana.get(f"/gateway/keys/{key.pk}/").content
     saved = ana.post(f"/gateway/keys/{key.pk}/budgets/set", {"tokens": "50", "period": "month", "mode": "soft"})
     assert saved.status_code == 302
+    assert b"50/month (soft)" in ana.get("/gateway/").content  # on the key's row of the keys list
     fragment = ana.get(f"/gateway/keys/{key.pk}/budgets")
     assert fragment.status_code == 200 and b"per month" in fragment.content and b"soft" in fragment.content
     assert ana.get(f"/gateway/keys/{teams['theirs'].pk}/budgets").status_code == 404
