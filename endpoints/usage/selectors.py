@@ -232,7 +232,7 @@ def period_end(period: str, now: datetime | None = None) -> datetime:
     return start + timedelta(days=1)
 
 
-def budget_used(budget: Budget, now: datetime | None = None) -> int:
+def budget_used(budget: Budget, *, now: datetime | None = None) -> int:
     """The tokens used so far in the budget's current period, from the hourly usage rows."""
     rows = UsageHour.objects.filter(hour__gte=period_start(budget.period, now))
     rows = rows.filter(team_id=budget.team_id) if budget.team_id else rows.filter(key_id=budget.key_id)
@@ -248,8 +248,8 @@ def key_budgets(*, key_id: int):
     return Budget.objects.filter(key_id=key_id).order_by("period")
 
 
-def budget_json(budget: Budget, now: datetime | None = None) -> dict:
-    used = budget_used(budget, now)
+def budget_json(budget: Budget, *, now: datetime | None = None) -> dict:
+    used = budget_used(budget, now=now)
     return {
         "id": budget.pk,
         "team": budget.team_id,

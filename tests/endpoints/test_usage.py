@@ -110,6 +110,10 @@ def test_usage_api_refuses_an_unseen_team_or_key_and_unknown_groups(teams, admin
     assert vic.get(f"/api/v1/usage?team={teams['research'].pk}&key={teams['ours'].pk}").status_code == 200
     bad = vic.get("/api/v1/usage?group_by=hour,colour")
     assert bad.status_code == 400 and "group_by" in bad.json()["errors"], bad.content
+    backwards = vic.get("/api/v1/usage?since=2026-03-02T10:00:00&until=2026-03-01T10:00:00")
+    assert backwards.status_code == 400 and "since" in backwards.json()["errors"], backwards.content
+    garbled = vic.get("/api/v1/usage?since=yesterday")
+    assert garbled.status_code == 422 and "since" in str(garbled.json()["detail"]), garbled.content
     row(teams["default"], teams["theirs"])
     seen = ApiClient(admin).get(f"/api/v1/usage?{window(group_by='team')}").json()["rows"]
     assert [r["team"] for r in seen] == ["Default"]
@@ -297,3 +301,35 @@ def test_usage_page_and_budget_forms(teams, admin):
     # The console Admin picks among the teams.
     everyone = _client_for(admin).get("/usage/")
     assert b'id="id_team"' in everyone.content
+
+
+def test_a_budgets_usage_counts_its_current_utc_period_only(teams):
+    research, key = teams["research"], teams["ours"]
+    row(research, key, hour=datetime(2026, 2, 28, 23, tzinfo=UTC), prompt=1000, completion=0)  # last month
+    row(research, key, hour=datetime(2026, 3, 1, 23, tzinfo=UTC), prompt=100, completion=0)  # yesterday
+    row(research, key, hour=HOUR, prompt=10, completion=5)  # today
+    row(research, None, hour=HOUR, prompt=7, completion=0)  # the team's, of no key
+    now = HOUR + timedelta(hours=2)
+    day = services.budget_set(team=research, tokens=100, period="day")
+    month = services.budget_set(key=key, tokens=100, period="month")
+    assert selectors.budget_json(day, now=now) | {"id": 0} == {
+        "id": 0,
+        "team": research.pk,
+        "key": None,
+        "tokens": 100,
+        "period": "day",
+        "mode": "hard",
+        "used": 22,
+        "percent": 22.0,
+        "period_start": "2026-03-02T00:00:00+00:00",
+        "resets_at": "2026-03-03T00:00:00+00:00",
+    }
+    got = selectors.budget_json(month, now=now)
+    assert (got["used"], got["percent"], got["period_start"], got["resets_at"]) == (
+        115,
+        115.0,
+        "2026-03-01T00:00:00+00:00",
+        "2026-04-01T00:00:00+00:00",
+    )
+    december = selectors.budget_json(month, now=datetime(2026, 12, 31, 23, 59, tzinfo=UTC))
+    assert december["resets_at"] == "2027-01-01T00:00:00+00:00"
