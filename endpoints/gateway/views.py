@@ -33,7 +33,7 @@ def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str =
         request,
         "gateway/keys.html",
         {
-            "keys": selectors.key_list(user=request.user),
+            "keys": selectors.key_list(user=request.user).prefetch_related("budgets"),
             "new_key": new_raw,
             "new_key_obj": new_key,
             "gateway_url": settings.GATEWAY_URL,

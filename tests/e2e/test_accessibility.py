@@ -11,6 +11,7 @@ on any CSP violation."""
 import hashlib
 import json
 import re
+from datetime import timedelta
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -20,10 +21,11 @@ from console.audit import audit_log
 from console.services import api_token_create
 from endpoints.bench.client import parse_saved_result
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
-from endpoints.gateway.models import GatewayEndpoint
+from endpoints.gateway.models import GatewayEndpoint, UsageHour
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from endpoints.tuning.models import Tuning, TuningTrial
+from endpoints.usage.services import budget_set
 from evaluations.models import Evaluation, GateRun
 from evaluations.services import results_rows
 from models_registry.inspection import inspect_path
@@ -109,6 +111,11 @@ NOT_PAGES = {
     "evaluation_new": "POST only (its form is on the evaluations page, checked there)",
     "evaluation_task_upload": "POST only (its form is on the evaluations page, checked there)",
     "evaluation_samples": "JSON lines",
+    "team_budget_set": "POST only (its form is on the usage page, checked there)",
+    "team_budget_delete": "POST only",
+    "key_budgets": "gateway key page",
+    "key_budget_set": "POST only (its form is on the gateway key page, checked there)",
+    "key_budget_delete": "POST only",
 }
 
 
@@ -415,6 +422,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
         rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90, fired_at=now
     )
     key, _ = key_create(name="app", rpm_limit=60, actor=admin)
+    _usage(key, endpoint, admin)
     evaluations = _evaluations(endpoint, hf, operator)
     api_token_create(user=admin, name="laptop")
     audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
@@ -435,6 +443,27 @@ def site(admin, operator, viewer, model_root, redis_conn):
         "evaluations": evaluations,
         "tuning": tuning,
     }
+
+
+def _usage(key, endpoint, admin):
+    """A day of metered usage for the usage page's charts and table, and a budget of the team and of the key."""
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for back in range(6):
+        UsageHour.objects.create(
+            hour=hour - timedelta(hours=back),
+            team_id=key.team_id,
+            key=key,
+            key_name=key.name,
+            endpoint_id=endpoint.pk,
+            endpoint_name=endpoint.name,
+            model="demo",
+            requests=4 + back,
+            errors=back % 2,
+            prompt_tokens=100 * (back + 1),
+            completion_tokens=40 * (back + 1),
+        )
+    budget_set(team=key.team, tokens=10_000, period="day", mode="soft", actor=admin)
+    budget_set(key=key, tokens=500, period="month", mode="hard", actor=admin)
 
 
 def _evaluations(endpoint, artifact, operator) -> list[Evaluation]:
@@ -500,6 +529,7 @@ def _pages(site) -> dict[str, str]:
         "evaluation_detail": f"/evaluations/{site['evaluations'][0].pk}/",
         "evaluation_compare": f"/evaluations/compare?ids={site['evaluations'][0].pk},{site['evaluations'][1].pk}",
         "tuning_detail": f"/tunings/{site['tuning'].pk}/",
+        "usage": "/usage/",
     }
 
 
