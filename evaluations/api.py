@@ -36,6 +36,7 @@ class RolloutGateIn(Schema):
     tasks: list[str] = []  # empty: no accuracy gate
     limit: int | None = None
     max_drop_points: float | None = None
+    above_share: int | None = None  # a step past which the staged share waits for it (blank: the promotion)
 
 
 def evaluation_json(evaluation: Evaluation) -> dict:
@@ -123,7 +124,13 @@ def set_rollout_gate(request, endpoint_id: int, payload: RolloutGateIn):
         tasks=payload.tasks,
         limit=payload.limit,
         max_drop_points=payload.max_drop_points,
+        above_share=payload.above_share,
         actor=request.user,
         request=request,
     )
-    return {"tasks": gate.tasks, "limit": gate.limit, "max_drop_points": gate.threshold}
+    return {
+        "tasks": gate.tasks,
+        "limit": gate.limit,
+        "max_drop_points": gate.threshold,
+        "above_share": gate.above_share,
+    }
