@@ -9,6 +9,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 __all__ = ["SERVED_BY_ENGINE", "Evaluation", "EvaluationStatus", "GateRun", "RolloutGate", "UploadedTask"]
 
 # How an evaluation's figures were measured, as the pages and the API say it (the quantize job's perplexity is
@@ -27,7 +29,9 @@ class EvaluationStatus(models.TextChoices):
 ENDED = (EvaluationStatus.SUCCEEDED, EvaluationStatus.FAILED)
 
 
-class Evaluation(models.Model):
+class Evaluation(TeamOwned):
+    TEAM_PARENTS = ("endpoint", "artifact")  # the team of what it scores
+
     class Purpose(models.TextChoices):
         MANUAL = "manual"
         QUANTIZE_GATE = "quantize-gate"

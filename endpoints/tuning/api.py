@@ -3,7 +3,6 @@ configuration, apply it."""
 
 from typing import Any
 
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
@@ -80,13 +79,13 @@ def create_tuning(request, payload: TuningIn):
 
 @api_route(router, "get", "/tunings/{tuning_id}", role=VIEWER, response=dict)
 def get_tuning(request, tuning_id: int):
-    return tuning_json(get_object_or_404(Tuning.objects.select_related("job", "created_by"), pk=tuning_id))
+    return tuning_json(selectors.tuning_get(tuning_id, user=request.user))
 
 
 @api_route(router, "post", "/tunings/{tuning_id}/apply", role=OPERATOR, response=dict)
 def apply_tuning(request, tuning_id: int, payload: ApplyIn):
     """Apply the best configuration (or `trial`'s): the endpoint's settings change and its replicas restart one
     at a time."""
-    tuning = get_object_or_404(Tuning.objects.select_related("endpoint", "job"), pk=tuning_id)
+    tuning = selectors.tuning_get(tuning_id, user=request.user, role=OPERATOR)
     endpoint = services.tuning_apply(tuning=tuning, number=payload.trial, user=request.user, request=request)
     return endpoint_json(endpoint)

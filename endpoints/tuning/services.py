@@ -11,6 +11,8 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict
+from console.roles import OPERATOR, at_least
+from console.teams import team_role
 from console.validation import int_in_range
 from endpoints.bench.workload import VIA_REPLICA, WorkloadRequest, clean_workload, resolve_endpoint
 from endpoints.endpoint_spec import EndpointSpec
@@ -89,8 +91,11 @@ def tuning_create(
     request=None,
 ) -> Tuning:
     """Validate a tuning of an endpoint and queue its job on the endpoint's node (the benchmark client reads the
-    tokenizer there). Nothing is stored when a field is refused."""
+    tokenizer there). Nothing is stored when a field is refused. Only an endpoint of a team where `user` is an
+    Operator: another team's is refused as if it did not exist."""
     target = resolve_endpoint(endpoint)
+    if user is not None and not at_least(team_role(user, target.team_id), OPERATOR):
+        raise ValidationError({"endpoint": "Choose an endpoint of this console (its id or name)."})
     cleaned_workload = _checked_workload(workload if workload is not None else {}, target)
     parsed_slo = search.parse_slo(slo)
     parsed_space = search.parse_space(
@@ -150,6 +155,7 @@ def _enqueue(tuning: Tuning, *, user, request, retry_of, timeout_s: int | None):
         retry_of=retry_of,
         queue=node_queue(endpoint.node.name),
         timeout_s=timeout_s,
+        team_id=tuning.team_id,
     )
 
 
