@@ -101,3 +101,20 @@ def visible_audit(events: QuerySet, user) -> QuerySet:
     """Audit rows: those about another team's objects (a gateway key, an endpoint, ...) are left out; rows about
     no team's object (users, nodes, logins) stay, as before teams."""
     return visible_or_shared(events, user)
+
+
+def team_options(user, *, role: str = OPERATOR) -> list[tuple[int, str]]:
+    """The teams a new object of `user`'s may go to, for a form's team field: those where they hold `role` (every
+    team for the console Admin), by name. team_for_new checks the one posted."""
+    if console_role(user) == ADMIN:
+        return list(Team.objects.order_by("name").values_list("pk", "name"))
+    held = TeamMembership.objects.filter(user=user).select_related("team").order_by("team__name")
+    return [(m.team_id, m.team.name) for m in held if at_least(m.role, role)]
+
+
+def default_team_for(user, *, role: str = OPERATOR) -> int | None:
+    """The team a form's team field starts at: where a new object goes when none is chosen (team_for_new)."""
+    try:
+        return team_for_new(user, None, role=role)
+    except ValidationError:
+        return None
