@@ -8,11 +8,11 @@ from pydantic import ConfigDict, create_model
 
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
-from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors, services
 from models_registry.quantize.accuracy import labelled
 from models_registry.quantize.models import CalibrationDataset
+from models_registry.selectors import artifact_get
 
 router = Router(tags=["quantization"])
 
@@ -62,7 +62,7 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
 
 @api_route(router, "post", "/artifacts/{artifact_id}/quantize", role=OPERATOR, response={202: dict})
 def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user, role=OPERATOR)  # another team's: 404
     job = services.artifact_quantize(
         artifact=artifact,
         user=request.user,
@@ -76,7 +76,7 @@ def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
 def artifact_accuracy(request, artifact_id: int):
     """The quantize job's accuracy report of an artifact it made, each figure with how it was measured
     (``measured_by``: "simulated" on the CPU, or "engine" for the serving check through vLLM; accuracy.py)."""
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user)  # another team's: 404
     if not artifact.accuracy:
         raise Http404(f"Artifact #{artifact.pk} has no accuracy report: only a quantize job's output has one.")
     return labelled(artifact.accuracy)

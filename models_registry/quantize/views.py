@@ -7,16 +7,16 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_lines
-from models_registry.models import Artifact
 from models_registry.quantize import selectors, services
 from models_registry.quantize.forms import QuantizeForm
 from models_registry.quantize.models import CalibrationDataset
+from models_registry.selectors import artifact_get
 
 
 @require_role(OPERATOR)
 @require_POST
 def artifact_quantize(request, artifact_id: int):
-    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user, role=OPERATOR)  # another team's: 404
     try:
         job = services.artifact_quantize(
             artifact=artifact, user=request.user, options=QuantizeForm(request.POST).options(), request=request

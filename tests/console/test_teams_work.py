@@ -120,3 +120,23 @@ def test_the_work_team_migrations_are_reversible(cpu_node):
     assert executor.loader.project_state(before).apps.get_model("evaluations", "Evaluation").objects.count() == 2
     call_command("migrate", verbosity=0)
     assert Evaluation.objects.get(label="a").team == research
+
+
+def test_quantize_speed_and_profile_comparisons_keep_to_the_users_teams(two_teams):  # noqa: F811
+    from endpoints.profiling.models import Profile
+    from models_registry.models import Artifact
+
+    theirs, ours = two_teams["theirs"], two_teams["ours"]
+    Artifact.objects.filter(pk=theirs["artifact"].pk).update(accuracy={"perplexity": {"value": 9.0}})
+    Profile.objects.filter(pk__in=[theirs["profile"].pk, ours["profile"].pk]).update(status="succeeded")
+    ana = Client()
+    ana.force_login(two_teams["ana"])
+    api = ApiClient(two_teams["ana"])
+    assert ana.get(f"/artifacts/{theirs['artifact'].pk}/speed").status_code == 404
+    assert ana.get(f"/artifacts/{ours['artifact'].pk}/speed").status_code == 200
+    assert api.get(f"/api/v1/artifacts/{theirs['artifact'].pk}/accuracy").status_code == 404
+    assert api.post(f"/api/v1/artifacts/{theirs['artifact'].pk}/quantize", {}).status_code == 404
+    assert ana.post(f"/artifacts/{theirs['artifact'].pk}/quantize").status_code == 404
+    assert not Job.objects.filter(kind="quantize").exists()
+    page = ana.get(f"/profiles/{ours['profile'].pk}/").content.decode()
+    assert f"/profiles/{theirs['profile'].pk}/" not in page and "ep-theirs" not in page
