@@ -41,6 +41,7 @@ class RolloutGateIn(Schema):
 def evaluation_json(evaluation: Evaluation) -> dict:
     return {
         "id": evaluation.pk,
+        "team": evaluation.team_id,
         "state": evaluation.state,
         "error": evaluation.display_error or None,
         "measured": evaluation.measured,

@@ -12,6 +12,7 @@ router = Router(tags=["jobs"])
 def job_json(job: Job, *, user=None) -> dict:
     data = {
         "id": job.pk,
+        "team": job.team_id,  # none: a job about no team's object, everyone's
         "kind": job.kind,
         "status": job.status,
         "progress": round(job.progress, 1),

@@ -37,6 +37,7 @@ def tuning_json(tuning: Tuning) -> dict:
     read = selectors.analysis(tuning)
     return {
         "id": tuning.pk,
+        "team": tuning.team_id,
         "state": tuning.state,
         "error": tuning.error or (tuning.job.error if tuning.job and tuning.state == "failed" else "") or None,
         "endpoint": tuning.endpoint_id,

@@ -61,7 +61,10 @@ def test_jobs_evaluations_and_tunings_of_another_team_are_404_and_left_out(two_t
     assert Job.objects.get(pk=theirs["job"].pk).status == Job.Status.QUEUED  # untouched
     assert ana.get(f"/jobs/{nobodys.pk}/").status_code == 200
 
-    assert {j["id"] for j in api.get("/api/v1/jobs").json()} == {ours["job"].pk, nobodys.pk}
+    jobs = {j["id"]: j["team"] for j in api.get("/api/v1/jobs").json()}
+    assert jobs == {ours["job"].pk: two_teams["research"].pk, nobodys.pk: None}
+    assert api.get(f"/api/v1/evaluations/{ours['evaluation'].pk}").json()["team"] == two_teams["research"].pk
+    assert api.get(f"/api/v1/tunings/{ours['tuning'].pk}").json()["team"] == two_teams["research"].pk
     listed = ana.get("/jobs/").content.decode()
     assert f"/jobs/{ours['job'].pk}/" in listed and f"/jobs/{theirs['job'].pk}/" not in listed
     overview = ana.get("/").content.decode()
