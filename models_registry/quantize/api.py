@@ -2,7 +2,6 @@ from dataclasses import fields
 from typing import Literal
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict, create_model
 
@@ -45,6 +44,7 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
     data = {
         "id": ds.pk,
         "name": ds.name,
+        "team": ds.team_id,  # none: a built-in dataset, everyone's
         "purpose": ds.purpose,
         "description": ds.description,
         "source": ds.source,
@@ -84,7 +84,7 @@ def artifact_accuracy(request, artifact_id: int):
 
 @api_route(router, "get", "/calibration-datasets", role=VIEWER, response=list[dict])
 def list_datasets(request):
-    return [dataset_json(d) for d in selectors.dataset_list()]
+    return [dataset_json(d) for d in selectors.dataset_list(user=request.user)]
 
 
 @api_route(router, "post", "/calibration-datasets", role=OPERATOR, response={201: dict})
@@ -104,4 +104,4 @@ def create_dataset(request, payload: DatasetIn):
 
 @api_route(router, "get", "/calibration-datasets/{dataset_id}", role=VIEWER, response=dict)
 def get_dataset(request, dataset_id: int):
-    return dataset_json(get_object_or_404(CalibrationDataset, pk=dataset_id), samples=True)
+    return dataset_json(selectors.dataset_get(dataset_id, user=request.user), samples=True)

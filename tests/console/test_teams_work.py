@@ -143,3 +143,30 @@ def test_quantize_speed_and_profile_comparisons_keep_to_the_users_teams(two_team
     assert not Job.objects.filter(kind="quantize").exists()
     page = ana.get(f"/profiles/{ours['profile'].pk}/").content.decode()
     assert f"/profiles/{theirs['profile'].pk}/" not in page and "ep-theirs" not in page
+
+
+def test_calibration_datasets_are_the_uploaders_teams_and_the_built_in_ones_everyones(two_teams, admin):  # noqa: F811
+    from models_registry.quantize import services as quantize_services
+
+    def upload(name, user):  # evaluation sets need no minimum of samples
+        text = "\n\n".join(f"A paragraph of plain prose, number {i}." for i in range(4))
+        return quantize_services.dataset_create(
+            name=name, content=text, user=user, filename="x.txt", purpose="evaluation"
+        )
+
+    ours, theirs = upload("ours-set", two_teams["ana"]), upload("theirs-set", admin)
+    assert ours.team_id == two_teams["research"].pk and theirs.team == two_teams["default"]
+    ana = Client()
+    ana.force_login(two_teams["ana"])
+    api = ApiClient(two_teams["ana"])
+    listed = {d["name"]: d["team"] for d in api.get("/api/v1/calibration-datasets").json()}
+    assert "theirs-set" not in listed and listed["ours-set"] == two_teams["research"].pk
+    assert listed["default-calibration"] is None  # built in: everyone's
+    assert "theirs-set" not in ana.get("/calibration/").content.decode()
+    assert ana.get(f"/calibration/{theirs.pk}").status_code == 404
+    assert ana.get(f"/calibration/{ours.pk}").status_code == 200
+    assert api.get(f"/api/v1/calibration-datasets/{theirs.pk}").status_code == 404
+    assert ana.post(f"/calibration/{theirs.pk}/delete").status_code == 404
+    # Quantizing with another team's set: as a set that does not exist.
+    refused = api.post(f"/api/v1/artifacts/{two_teams['ours']['artifact'].pk}/quantize", {"evaluation": "theirs-set"})
+    assert refused.status_code == 400 and "No calibration dataset" in refused.content.decode(), refused.content
