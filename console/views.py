@@ -60,7 +60,7 @@ def healthz(request):
 @require_role(VIEWER)
 @require_GET
 def overview(request):
-    return render(request, "console/overview.html", {"counts": overview_counts()})
+    return render(request, "console/overview.html", {"counts": overview_counts(user=request.user)})
 
 
 @require_role(VIEWER)

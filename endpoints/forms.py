@@ -112,6 +112,14 @@ class EndpointLaunchForm(forms.Form):
         help_text="a ready artifact of the registry (its path).",
         error_messages={"invalid": "Choose an existing artifact."},
     )
+    # Offered only where the user may choose (console.teams.team_options, more than one); the service checks it.
+    team = forms.IntegerField(
+        required=False,
+        label="Team",
+        help_text="whose endpoint it is: blank, the artifact's team.",
+        widget=forms.Select,
+        error_messages={"invalid": "Choose one of your teams."},
+    )
     node = forms.CharField(required=False, label="Node", help_text="where the API server runs (the head node).")
     devices = forms.CharField(
         required=False,

@@ -47,7 +47,7 @@ def endpoint_launch(request):
     return render(
         request,
         "endpoints/endpoint_launch.html",
-        launch_page.page_context(values=values, errors=errors),
+        launch_page.page_context(values=values, errors=errors, user=request.user),
         status=400 if errors else 200,
     )
 

@@ -9,6 +9,7 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
 from endpoints.gateway.rollout import PROMOTE, STEP
 
 __all__ = ["SERVED_BY_ENGINE", "Evaluation", "EvaluationStatus", "GateRun", "RolloutGate", "UploadedTask"]
@@ -29,7 +30,9 @@ class EvaluationStatus(models.TextChoices):
 ENDED = (EvaluationStatus.SUCCEEDED, EvaluationStatus.FAILED)
 
 
-class Evaluation(models.Model):
+class Evaluation(TeamOwned):
+    TEAM_PARENTS = ("endpoint", "artifact")  # the team of what it scores
+
     class Purpose(models.TextChoices):
         MANUAL = "manual"
         QUANTIZE_GATE = "quantize-gate"

@@ -12,21 +12,32 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
+from console.teams import visible
 from console.validation import error_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.models import Endpoint
+from endpoints.selectors import endpoint_get
 from evaluations import selectors, services
 from evaluations import tasks as catalogue
 from evaluations.compare import compare_rows
-from evaluations.models import Evaluation, GateRun
+from evaluations.models import Evaluation
 from models_registry.models import Artifact
+from models_registry.selectors import artifact_get
 
 
-def _evaluation(evaluation_id: int) -> Evaluation:
-    try:
-        return selectors.evaluation_get(evaluation_id)
-    except Evaluation.DoesNotExist:
-        raise Http404 from None
+def _evaluation(request, evaluation_id: int) -> Evaluation:
+    return selectors.evaluation_get(evaluation_id, user=request.user)
+
+
+def _posted(request, name: str, get):
+    """The endpoint or artifact the form names: another team's is a 404, as one that does not exist; an Operator
+    of its team only (console.teams)."""
+    raw = request.POST.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise Http404("Not found.")
+    return get(int(raw), user=request.user, role=OPERATOR)
 
 
 @require_role(VIEWER)
@@ -36,11 +47,15 @@ def evaluation_list(request):
         request,
         "evaluations/evaluation_list.html",
         {
-            "evaluations": selectors.recent(limit=100),
+            "evaluations": selectors.recent(user=request.user, limit=100),
             "tasks": catalogue.available_tasks(),
-            "endpoints": Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).order_by("name"),
-            "artifacts": Artifact.objects.alive().select_related("model").order_by("model__name", "pk"),
-            "gates": GateRun.objects.select_related("baseline", "candidate")[:20],
+            "endpoints": visible(
+                Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING), request.user
+            ).order_by("name"),
+            "artifacts": visible(Artifact.objects.alive(), request.user)
+            .select_related("model")
+            .order_by("model__name", "pk"),
+            "gates": selectors.recent_gates(user=request.user),
             "hf_home": settings.EVALUATION_HF_HOME,
             "max_task_bytes": settings.EVALUATION_TASK_MAX_BYTES,
         },
@@ -52,8 +67,8 @@ def evaluation_list(request):
 def evaluation_new(request):
     post = request.POST
     try:
-        endpoint = Endpoint.objects.filter(pk=post.get("endpoint")).first() if post.get("endpoint") else None
-        artifact = Artifact.objects.filter(pk=post.get("artifact")).first() if post.get("artifact") else None
+        endpoint = _posted(request, "endpoint", endpoint_get)
+        artifact = _posted(request, "artifact", artifact_get)
         evaluation = services.evaluation_create(
             endpoint=endpoint,
             artifact=artifact,
@@ -100,8 +115,13 @@ def task_upload(request):
 @require_role(VIEWER)
 @require_GET
 def evaluation_detail(request, evaluation_id: int):
-    evaluation = _evaluation(evaluation_id)
-    others = Evaluation.objects.filter(status="succeeded").exclude(pk=evaluation.pk).order_by("-created_at")[:20]
+    evaluation = _evaluation(request, evaluation_id)
+    others = (
+        selectors.evaluations_of(request.user)
+        .filter(status="succeeded")
+        .exclude(pk=evaluation.pk)
+        .order_by("-created_at")[:20]
+    )
     return render(
         request,
         "evaluations/evaluation_detail.html",
@@ -113,7 +133,7 @@ def evaluation_detail(request, evaluation_id: int):
 @require_GET
 def evaluation_samples(request, evaluation_id: int):
     """The scored documents lm-eval logged, as JSON lines: only the file the job recorded, inside the data dir."""
-    evaluation = _evaluation(evaluation_id)
+    evaluation = _evaluation(request, evaluation_id)
     root = Path(settings.EVALUATION_DATA_DIR).resolve()
     path = Path(evaluation.samples_path).resolve() if evaluation.samples_path else None
     if path is None or root not in path.parents or not path.is_file():
@@ -131,7 +151,7 @@ def evaluation_samples(request, evaluation_id: int):
 def evaluation_compare(request):
     """Two evaluations (the first the baseline): each common figure, the difference and whether it is beyond noise."""
     ids = parse_ids(request.GET.getlist("ids"))[:2]
-    found = {e.pk: e for e in Evaluation.objects.filter(pk__in=ids).select_related("job")}
+    found = {e.pk: e for e in selectors.evaluations_of(request.user).filter(pk__in=ids).select_related("job")}
     pair = [found[i] for i in ids if i in found]
     rows = compare_rows(pair[0].results, pair[1].results) if len(pair) == 2 else []
     return render(

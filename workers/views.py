@@ -23,7 +23,11 @@ def job_list(request):
     filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
     model_id = int(filters["model"]) if filters["model"].isdigit() else None
     jobs = job_selectors.job_list(
-        status=filters["status"], kind=filters["kind"], targets={"model": model_id}, username=filters["user"]
+        user=request.user,
+        status=filters["status"],
+        kind=filters["kind"],
+        targets={"model": model_id},
+        username=filters["user"],
     )
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
     return render(
@@ -42,7 +46,7 @@ def job_list(request):
 @require_role(VIEWER)
 @require_GET
 def job_detail(request, job_id: int):
-    job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user)
     return render(request, "workers/job_detail.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
@@ -50,14 +54,14 @@ def job_detail(request, job_id: int):
 @require_GET
 def job_status(request, job_id: int):
     """The live part of the job page, polled by htmx; polling stops when the job ends."""
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user)
     return render(request, "workers/_job_status.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
 @require_role(OPERATOR)
 @require_POST
 def job_cancel(request, job_id: int):
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
     try:
         job_services.job_cancel(job=job, user=request.user, request=request)
         messages.success(request, f"Job #{job.pk} cancelled.")
@@ -69,7 +73,7 @@ def job_cancel(request, job_id: int):
 @require_role(OPERATOR)
 @require_POST
 def job_retry(request, job_id: int):
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
     try:
         new = job_services.job_retry(job=job, user=request.user, request=request)
     except (Conflict, ServiceUnavailable) as exc:

@@ -652,6 +652,9 @@ class Gateway:
             await self.refresh_table()
 
     def may_use(self, key, model: str) -> bool:
+        """Within the key's scope, and served by an endpoint of the key's team (another team's model: as unknown)."""
+        if key.team_id is not None and key.team_id not in self.table.teams.get(model, ()):
+            return False
         return key.allows_model(model) and not (
             key.endpoints and model not in key.models and not (key.endpoint_names & self.table.known[model])
         )
@@ -669,7 +672,7 @@ class Gateway:
         return await _json(send, 200, payload)
 
     def default_model(self, key):
-        names = [m for m in self.table.backends if key.allows_model(m)]
+        names = [m for m in self.table.backends if self.may_use(key, m)]
         return names[0] if len(names) == 1 else None
 
     async def list_models(self, send, key):

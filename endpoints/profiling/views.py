@@ -64,7 +64,9 @@ def profile_new(request, endpoint_id: int):
 @require_GET
 def profile_detail(request, profile_id: int):
     profile = _profile(request, profile_id, VIEWER)
-    same, elsewhere = selectors.comparable_profiles(profile) if profile.state == "succeeded" else ([], [])
+    same, elsewhere = (
+        selectors.comparable_profiles(profile, user=request.user) if profile.state == "succeeded" else ([], [])
+    )
     return render(
         request,
         "profiling/profile_detail.html",

@@ -3,7 +3,6 @@ configuration, apply it."""
 
 from typing import Any
 
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
@@ -40,6 +39,7 @@ def tuning_json(tuning: Tuning) -> dict:
     read = selectors.analysis(tuning)
     return {
         "id": tuning.pk,
+        "team": tuning.team_id,
         "state": tuning.state,
         "error": tuning.error or (tuning.job.error if tuning.job and tuning.state == "failed" else "") or None,
         "endpoint": tuning.endpoint_id,
@@ -89,15 +89,13 @@ def create_tuning(request, payload: TuningIn):
 
 @api_route(router, "get", "/tunings/{tuning_id}", role=VIEWER, response=dict)
 def get_tuning(request, tuning_id: int):
-    return tuning_json(
-        get_object_or_404(Tuning.objects.select_related("job", "created_by", "node", "artifact"), pk=tuning_id)
-    )
+    return tuning_json(selectors.tuning_get(tuning_id, user=request.user))
 
 
 @api_route(router, "post", "/tunings/{tuning_id}/apply", role=OPERATOR, response=dict)
 def apply_tuning(request, tuning_id: int, payload: ApplyIn):
     """Apply the best configuration (or `trial`'s): the endpoint's settings change and its replicas restart one
     at a time."""
-    tuning = get_object_or_404(Tuning.objects.select_related("endpoint", "job"), pk=tuning_id)
+    tuning = selectors.tuning_get(tuning_id, user=request.user, role=OPERATOR)
     endpoint = services.tuning_apply(tuning=tuning, number=payload.trial, user=request.user, request=request)
     return endpoint_json(endpoint)

@@ -9,6 +9,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 __all__ = ["TRIAL_ENDED", "TrialKind", "TrialState", "Tuning", "TuningStatus", "TuningTrial"]
 
 
@@ -20,7 +22,9 @@ class TuningStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-class Tuning(models.Model):
+class Tuning(TeamOwned):
+    TEAM_PARENTS = ("endpoint", "artifact")
+
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="tunings"
     )

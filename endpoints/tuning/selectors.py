@@ -1,12 +1,20 @@
 """Reads for tunings: one with its trials, and what its measured trials say (Pareto front, best, the chart's data)."""
 
+from console.roles import VIEWER
+from console.teams import visible_get
 from endpoints.bench.compare import plotly_text
 from endpoints.tuning import search
 from endpoints.tuning.models import TrialKind, TrialState, Tuning, TuningTrial
 
 
-def tuning_get(tuning_id: int) -> Tuning:
-    return Tuning.objects.select_related("endpoint", "job", "created_by", "artifact", "node").get(pk=tuning_id)
+def tuning_get(tuning_id: int, *, user, role: str = VIEWER) -> Tuning:
+    """404 for another team's tuning; 403 where the user's role in its team is below `role` (console.teams)."""
+    return visible_get(
+        Tuning.objects.select_related("endpoint", "job", "created_by", "artifact", "node"),
+        user,
+        role=role,
+        pk=tuning_id,
+    )
 
 
 def best_spec(tuning: Tuning) -> dict | None:

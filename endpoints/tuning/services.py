@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict
-from console.teams import visible
+from console.roles import OPERATOR, at_least
+from console.teams import team_role, visible
 from console.validation import int_in_range
 from endpoints.bench.workload import VIA_REPLICA, WorkloadRequest, clean_workload, resolve_endpoint
 from endpoints.endpoint_spec import EndpointSpec
@@ -133,16 +134,21 @@ def tuning_create(
 ) -> Tuning:
     """Validate a tuning of an endpoint, or of an artifact on a node (no endpoint: its trials start from the launch
     the artifact would have there), and queue its job on that node (the benchmark client reads the tokenizer
-    there). Nothing is stored when a field is refused."""
+    there). Nothing is stored when a field is refused. Only an endpoint (or artifact) of a team where `user` is an
+    Operator: another team's is refused as if it did not exist."""
     base_spec: dict = {}
     if artifact is not None or node is not None:
         if endpoint not in (None, ""):
             raise ValidationError({"endpoint": "Give an endpoint, or an artifact and a node, not both."})
         chosen, where = _resolve_artifact_on_node(artifact, node, user)
+        if user is not None and not at_least(team_role(user, chosen.team_id), OPERATOR):
+            raise ValidationError({"artifact": f"No artifact #{artifact} in this console."})
         spec, target = artifact_base_spec(artifact=chosen, node=where, user=user)
         base_spec = spec.model_dump(mode="json")
     else:
         target = resolve_endpoint(endpoint)
+        if user is not None and not at_least(team_role(user, target.team_id), OPERATOR):
+            raise ValidationError({"endpoint": "Choose an endpoint of this console (its id or name)."})
         chosen, where = target.artifact, target.node
     cleaned_workload = _checked_workload(workload if workload is not None else {}, target)
     parsed_slo = search.parse_slo(slo)
@@ -211,6 +217,7 @@ def _enqueue(tuning: Tuning, *, user, request, retry_of, timeout_s: int | None):
         retry_of=retry_of,
         queue=node_queue(node.name),
         timeout_s=timeout_s,
+        team_id=tuning.team_id,
     )
 
 

@@ -8,6 +8,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Set
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -462,10 +463,10 @@ def ensure_default_rules() -> int:
     return created
 
 
-def recent_alerts(hours: int = 24):
+def recent_alerts(hours: int = 24, *, hidden_endpoints: Set[int] = frozenset()):
+    """`hidden_endpoints`: other teams' endpoints, whose alerts are left out."""
     since = timezone.now() - timedelta(hours=hours)
-    firing = list(Alert.objects.filter(state=Alert.State.FIRING).select_related("rule")[:50])
-    resolved = list(
-        Alert.objects.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20]
-    )
+    alerts = Alert.objects.exclude(endpoint_id__in=hidden_endpoints) if hidden_endpoints else Alert.objects.all()
+    firing = list(alerts.filter(state=Alert.State.FIRING).select_related("rule")[:50])
+    resolved = list(alerts.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20])
     return firing, resolved

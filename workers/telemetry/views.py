@@ -16,7 +16,7 @@ from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
 from workers.telemetry.models import Alert, AlertRule
-from workers.telemetry.sources import hidden_keys
+from workers.telemetry.sources import hidden_endpoints, hidden_keys
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,9 +25,12 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 @require_GET
 def fleet_panel(request):
     """The Overview's live part (fleet cards and alerts), polled by htmx."""
-    firing, resolved = services.recent_alerts()
+    hidden = hidden_endpoints(visible_team_ids(request.user))  # other teams' endpoints
+    firing, resolved = services.recent_alerts(hidden_endpoints=hidden)
     return render(
-        request, "telemetry/_fleet.html", {"fleet": selectors.fleet_summary(), "firing": firing, "resolved": resolved}
+        request,
+        "telemetry/_fleet.html",
+        {"fleet": selectors.fleet_summary(hidden_endpoints=hidden), "firing": firing, "resolved": resolved},
     )
 
 
@@ -124,8 +127,10 @@ def alert_rule_update(request, rule_id: int):
 def _exposition_response(user=None):
     """`user`: the reader, whose teams' gateway keys alone are shown; None: the shared METRICS_TOKEN (the fleet's
     Prometheus), which reads every key."""
-    hidden = hidden_keys(visible_team_ids(user)) if user is not None else set()
-    return HttpResponse(exposition(hidden), content_type=PROMETHEUS_TYPE)
+    if user is None:
+        return HttpResponse(exposition(), content_type=PROMETHEUS_TYPE)
+    team_ids = visible_team_ids(user)
+    return HttpResponse(exposition(hidden_keys(team_ids), hidden_endpoints(team_ids)), content_type=PROMETHEUS_TYPE)
 
 
 @require_role(VIEWER)
