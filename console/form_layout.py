@@ -44,6 +44,8 @@ def field_context(
     return {
         "name": name,
         "id": field_id,
+        # The box's id: by the name, unless the input's id is its own (a form drawn once per table row).
+        "box_id": f"field-{name}" if field_id == f"id_{name}" else f"field-{field_id}",
         "described_by": " ".join(described_by),
         "label": label,
         "flag": flag,
@@ -97,3 +99,21 @@ def errors_by_field(exc: ValidationError) -> dict[str, list[str]]:
     """A refusal's messages by the field they go beside; those of no field under "general" (shown above the
     fields)."""
     return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
+
+
+class FilterChoiceField(forms.ChoiceField):
+    """A list filter's select. Any value passes: an unknown one (an old bookmark, a link from another page) matches
+    nothing, as the filter did before it was a form; the choices are only what the select offers."""
+
+    def valid_value(self, value) -> bool:
+        return True
+
+
+class FilterForm(forms.Form):
+    """A list page's filters (GET): drawn in one row (<form class="filters">, each field through _field.html with its
+    label visible); values() gives each filter's cleaned value, blank where it was refused (its error is shown beside
+    it)."""
+
+    def values(self) -> dict:
+        self.is_valid()
+        return {name: self.cleaned_data.get(name) or "" for name in self.fields}

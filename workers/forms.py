@@ -2,7 +2,27 @@
 
 from django import forms
 
+from console.form_layout import FilterChoiceField, FilterForm
+
 
 class NodeEngineRuntimeForm(forms.Form):
     engine_runtime = forms.CharField(required=False)
     engine_image_variant = forms.CharField(required=False)
+
+
+class JobFilterForm(FilterForm):
+    status = FilterChoiceField(required=False, label="Status")
+    kind = FilterChoiceField(required=False, label="Kind")
+    model = FilterChoiceField(required=False, label="Model")
+    user = forms.CharField(required=False, label="User", max_length=150)
+
+    def __init__(self, data=None, *, statuses=(), kinds=(), models=()):
+        super().__init__(data)
+        self.fields["status"].choices = [("", "any status")] + [(s, s) for s in statuses]
+        self.fields["kind"].choices = [("", "any kind")] + [(k, k) for k in kinds]
+        self.fields["model"].choices = [("", "any model")] + [(str(m.pk), m.name) for m in models]
+
+    def model_id(self) -> int | None:
+        """The model filter as an id; not a number (an old link): no filter, as before."""
+        value = self.values()["model"]
+        return int(value) if value.isdigit() else None

@@ -10,7 +10,7 @@ from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import field_errors
 from workers import engine_images
 from workers import services as node_services
-from workers.forms import NodeEngineRuntimeForm
+from workers.forms import JobFilterForm, NodeEngineRuntimeForm
 from workers.jobs import selectors as job_selectors
 from workers.jobs import services as job_services
 from workers.jobs.models import Job
@@ -20,23 +20,18 @@ from workers.models import Node
 @require_role(VIEWER)
 @require_GET
 def job_list(request):
-    filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
-    model_id = int(filters["model"]) if filters["model"].isdigit() else None
+    form = JobFilterForm(
+        request.GET,
+        statuses=Job.Status.values,
+        kinds=Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
+        models=job_selectors.target_choices("model"),
+    )
+    filters = form.values()
     jobs = job_selectors.job_list(
-        status=filters["status"], kind=filters["kind"], targets={"model": model_id}, username=filters["user"]
+        status=filters["status"], kind=filters["kind"], targets={"model": form.model_id()}, username=filters["user"]
     )
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
-    return render(
-        request,
-        "workers/job_list.html",
-        {
-            "page": page,
-            "filters": filters,
-            "statuses": Job.Status.values,
-            "kinds": Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
-            "models": job_selectors.target_choices("model"),
-        },
-    )
+    return render(request, "workers/job_list.html", {"page": page, "form": form, "filters": filters})
 
 
 @require_role(VIEWER)
