@@ -12,14 +12,13 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from console.validation import error_text
+from console.validation import field_errors
 from endpoints.bench.selectors import parse_ids
-from endpoints.models import Endpoint
 from evaluations import selectors, services
 from evaluations import tasks as catalogue
 from evaluations.compare import compare_rows
+from evaluations.forms import EvaluationForm, TaskUploadForm
 from evaluations.models import Evaluation, GateRun
-from models_registry.models import Artifact
 
 
 def _evaluation(evaluation_id: int) -> Evaluation:
@@ -32,40 +31,44 @@ def _evaluation(evaluation_id: int) -> Evaluation:
 @require_role(VIEWER)
 @require_GET
 def evaluation_list(request):
+    return _list_page(request)
+
+
+def _list_page(request, *, new_form=None, upload_form=None):
+    """The list with its two forms; a refused form is shown again with each error beside its field (400)."""
+    tasks = catalogue.available_tasks()
     return render(
         request,
         "evaluations/evaluation_list.html",
         {
             "evaluations": selectors.recent(limit=100),
-            "tasks": catalogue.available_tasks(),
-            "endpoints": Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING).order_by("name"),
-            "artifacts": Artifact.objects.alive().select_related("model").order_by("model__name", "pk"),
+            "tasks": tasks,
+            "new_form": new_form or EvaluationForm(task_names=[t.name for t in tasks]),
+            "upload_form": upload_form or TaskUploadForm(),
             "gates": GateRun.objects.select_related("baseline", "candidate")[:20],
             "hf_home": settings.EVALUATION_HF_HOME,
             "max_task_bytes": settings.EVALUATION_TASK_MAX_BYTES,
         },
+        status=400 if new_form is not None or upload_form is not None else 200,
     )
+
+
+def _refused(form, exc: ValidationError) -> None:
+    for field, errors in field_errors(exc).items():
+        form.add_error(field if field in form.fields else None, errors)
 
 
 @require_role(OPERATOR)
 @require_POST
 def evaluation_new(request):
-    post = request.POST
+    form = EvaluationForm(request.POST, task_names=[t.name for t in catalogue.available_tasks()])
+    if not form.is_valid():
+        return _list_page(request, new_form=form)
     try:
-        endpoint = Endpoint.objects.filter(pk=post.get("endpoint")).first() if post.get("endpoint") else None
-        artifact = Artifact.objects.filter(pk=post.get("artifact")).first() if post.get("artifact") else None
-        evaluation = services.evaluation_create(
-            endpoint=endpoint,
-            artifact=artifact,
-            tasks=post.getlist("tasks"),
-            limit=post.get("limit") or None,
-            label=post.get("label", ""),
-            user=request.user,
-            request=request,
-        )
+        evaluation = services.evaluation_create(**form.cleaned_data, user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Evaluation not started: " + error_text(exc))
-        return redirect("evaluation_list")
+        _refused(form, exc)
+        return _list_page(request, new_form=form)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
         return redirect("evaluation_list")
@@ -76,23 +79,16 @@ def evaluation_new(request):
 @require_role(OPERATOR)
 @require_POST
 def task_upload(request):
-    post = request.POST
+    form = TaskUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        return _list_page(request, upload_form=form)
+    data = dict(form.cleaned_data)
+    upload = data.pop("file")
     try:
-        task = services.uploaded_task_create(
-            name=post.get("name", ""),
-            upload=request.FILES.get("file"),
-            output_type=post.get("output_type", ""),
-            doc_to_text=post.get("doc_to_text", ""),
-            doc_to_target=post.get("doc_to_target", ""),
-            doc_to_choice=post.get("doc_to_choice", ""),
-            until=post.get("until", ""),
-            description=post.get("description", ""),
-            user=request.user,
-            request=request,
-        )
+        task = services.uploaded_task_create(**data, upload=upload, user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Task not added: " + error_text(exc))
-        return redirect("evaluation_list")
+        _refused(form, exc)
+        return _list_page(request, upload_form=form)
     messages.success(request, f"Task {task.name} added ({task.documents} documents).")
     return redirect("evaluation_list")
 
