@@ -101,9 +101,10 @@ def errors_by_field(exc: ValidationError) -> dict[str, list[str]]:
     return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
 
 
-class FilterChoiceField(forms.ChoiceField):
-    """A list filter's select. Any value passes: an unknown one (an old bookmark, a link from another page) matches
-    nothing, as the filter did before it was a form; the choices are only what the select offers."""
+class OpenChoiceField(forms.ChoiceField):
+    """A select whose choices only draw it: any value passes the form. A list filter's unknown value (an old
+    bookmark, a link from another page) matches nothing, as before filters were forms; a write form's value is
+    checked by its service, whose message names the field (the same message the API gives)."""
 
     def valid_value(self, value) -> bool:
         return True

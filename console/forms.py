@@ -3,14 +3,14 @@ rules stay in the services (their messages name the field, shown beside it)."""
 
 from django import forms
 
-from console.form_layout import FilterChoiceField, FilterForm
+from console.form_layout import FilterForm, OpenChoiceField
 from console.roles import ROLES
 
 
 class AuditFilterForm(FilterForm):
     actor = forms.CharField(required=False, label="User", max_length=150)
-    action = FilterChoiceField(required=False, label="Action")
-    object_type = FilterChoiceField(required=False, label="Object")
+    action = OpenChoiceField(required=False, label="Action")
+    object_type = OpenChoiceField(required=False, label="Object")
     since = forms.DateField(
         required=False,
         label="Since",

@@ -5,7 +5,7 @@ field and are shown beside it."""
 from django import forms
 from django.core.exceptions import ValidationError
 
-from console.form_layout import FilterChoiceField
+from console.form_layout import OpenChoiceField
 from endpoints.models import Endpoint
 from evaluations.models import UploadedTask
 from evaluations.services import checked_limit
@@ -69,7 +69,7 @@ class TaskUploadForm(forms.Form):
         help_text="lower-case letters, digits and underscores, starting with a letter.",
         widget=forms.TextInput({"maxlength": 64}),
     )
-    output_type = FilterChoiceField(
+    output_type = OpenChoiceField(
         required=False,
         label="Kind",
         choices=[

@@ -2,7 +2,7 @@
 
 from django import forms
 
-from console.form_layout import FilterChoiceField, FilterForm
+from console.form_layout import FilterForm, OpenChoiceField
 
 
 class NodeEngineRuntimeForm(forms.Form):
@@ -11,9 +11,9 @@ class NodeEngineRuntimeForm(forms.Form):
 
 
 class JobFilterForm(FilterForm):
-    status = FilterChoiceField(required=False, label="Status")
-    kind = FilterChoiceField(required=False, label="Kind")
-    model = FilterChoiceField(required=False, label="Model")
+    status = OpenChoiceField(required=False, label="Status")
+    kind = OpenChoiceField(required=False, label="Kind")
+    model = OpenChoiceField(required=False, label="Model")
     user = forms.CharField(required=False, label="User", max_length=150)
 
     def __init__(self, data=None, *, statuses=(), kinds=(), models=()):

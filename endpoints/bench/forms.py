@@ -4,7 +4,7 @@ checks it against the endpoint (ranges that depend on it, readiness)."""
 from django import forms
 from django.core.exceptions import ValidationError
 
-from console.form_layout import FilterChoiceField, FilterForm
+from console.form_layout import FilterForm, OpenChoiceField
 from endpoints.bench.workload import WorkloadRequest, parse_levels
 
 
@@ -108,8 +108,8 @@ class BenchmarkForm(forms.Form):
 
 
 class BenchFilterForm(FilterForm):
-    endpoint = FilterChoiceField(required=False, label="Endpoint")
-    state = FilterChoiceField(required=False, label="State")
+    endpoint = OpenChoiceField(required=False, label="Endpoint")
+    state = OpenChoiceField(required=False, label="State")
 
     def __init__(self, data=None, *, endpoints=(), states=()):
         super().__init__(data)
