@@ -53,17 +53,43 @@ def field_context(
         "kind": kind,
         "value": value,
         "errors": errors,
-        "options": None
-        if options is None
-        else [
-            (str(o[0]), o[1], str(o[0]) in chosen, str(o[2]) if len(o) > 2 and o[2] is not None else "")
-            for o in ((o, o) if isinstance(o, str) else o for o in options)
-        ],
+        "options": None if options is None else _options(options, chosen),
+        # Django's grouped choices, (label, [options]): drawn as <optgroup>s.
+        "groups": _groups(options, chosen) if options and any(_is_group(o) for o in options) else [],
         "attrs": dict(attrs or {}),
         "rows": rows,
         "wide": wide,
         "required": required,
     }
+
+
+def _is_group(option) -> bool:
+    return not isinstance(option, str) and isinstance(option[1], (list, tuple))
+
+
+def _options(options, chosen: set[str]) -> list[tuple]:
+    """(value, text, selected, model id) of each option; a group's options in their place, flattened."""
+    flat = []
+    for o in options:
+        if _is_group(o):
+            flat += _options(o[1], chosen)
+            continue
+        o = (o, o) if isinstance(o, str) else o
+        flat.append((str(o[0]), o[1], str(o[0]) in chosen, str(o[2]) if len(o) > 2 and o[2] is not None else ""))
+    return flat
+
+
+def _groups(options, chosen: set[str]) -> list[tuple]:
+    """(label, options) in order; options outside any group are a group of their own with no label."""
+    groups: list[tuple] = []
+    for o in options:
+        if _is_group(o):
+            groups.append((o[0], _options(o[1], chosen)))
+        elif groups and not groups[-1][0]:
+            groups[-1][1].extend(_options([o], chosen))
+        else:
+            groups.append(("", _options([o], chosen)))
+    return groups
 
 
 def bound_field_context(bound: forms.BoundField, **overrides) -> dict:

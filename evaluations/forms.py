@@ -96,3 +96,13 @@ class TaskUploadForm(forms.Form):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("auto_id", "tu-%s")
         super().__init__(*args, **kwargs)
+
+
+class CompareWithForm(forms.Form):
+    """A finished evaluation's "Compare with" (GET, read by evaluation_compare after this one's id)."""
+
+    ids = forms.ChoiceField(label="Compare with")
+
+    def __init__(self, *, others=()):
+        super().__init__(auto_id="compare-%s")
+        self.fields["ids"].choices = [(o.pk, f"#{o.pk} {o.title}") for o in others]

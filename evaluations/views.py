@@ -17,7 +17,7 @@ from endpoints.bench.selectors import parse_ids
 from evaluations import selectors, services
 from evaluations import tasks as catalogue
 from evaluations.compare import compare_rows
-from evaluations.forms import EvaluationForm, TaskUploadForm
+from evaluations.forms import CompareWithForm, EvaluationForm, TaskUploadForm
 from evaluations.models import Evaluation, GateRun
 
 
@@ -101,7 +101,11 @@ def evaluation_detail(request, evaluation_id: int):
     return render(
         request,
         "evaluations/evaluation_detail.html",
-        {"evaluation": evaluation, "others": others, "chart": selectors.chart_rows([evaluation])},
+        {
+            "evaluation": evaluation,
+            "compare_form": CompareWithForm(others=others) if others else None,
+            "chart": selectors.chart_rows([evaluation]),
+        },
     )
 
 

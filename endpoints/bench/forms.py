@@ -115,3 +115,27 @@ class BenchFilterForm(FilterForm):
         super().__init__(data)
         self.fields["endpoint"].choices = [("", "all endpoints")] + [(e, e) for e in endpoints]
         self.fields["state"].choices = [("", "any state")] + [(s, s) for s in states]
+
+
+class CompareForm(forms.Form):
+    """The comparison's baseline and each device type's cost per hour (GET). The view reads the same names for the
+    page, the CSV and the JSON; compare.cost_rates checks the costs."""
+
+    baseline = OpenChoiceField(required=False, label="Baseline")
+
+    def __init__(self, data=None, *, rows=(), device_types=(), default_rates=None):
+        super().__init__(data, auto_id="compare-%s")
+        self.fields["baseline"].choices = [
+            (r["id"], f"#{r['id']} {r['setup']}") for r in rows if r["request_throughput"] is not None
+        ]
+        for device_type in device_types:
+            configured = (default_rates or {}).get(device_type)
+            self.fields[f"cost_{device_type.lower()}"] = forms.CharField(
+                required=False,
+                label=f"Cost per {device_type}-hour",
+                help_text=f"blank: the configured {configured}." if configured is not None else "blank: none.",
+                widget=forms.NumberInput({"min": 0, "step": "any"}),
+            )
+
+    def cost_fields(self):
+        return [self[name] for name in self.fields if name.startswith("cost_")]

@@ -3,6 +3,8 @@ a ready replica, the load's ranges, which are the benchmark form's) stay in the 
 
 from django import forms
 from django.conf import settings
+from django.utils import timezone
+from django.utils.dateformat import format as date_format
 
 from endpoints.bench.forms import whole_number_field
 
@@ -58,3 +60,28 @@ class ProfileForm(forms.Form):
         if not self.cleaned_data.get("load"):
             return None
         return {k: self.cleaned_data[k] for k in LOAD_FORM_FIELDS if self.cleaned_data.get(k) is not None} or True
+
+
+class CompareWithForm(forms.Form):
+    """A finished profile's "Compare with": this endpoint's other profiles first, then other endpoints' (GET, read
+    by profile_compare with this one's id)."""
+
+    ids = forms.ChoiceField(label="Compare with")
+
+    def __init__(self, *, profile, same=(), elsewhere=()):
+        super().__init__(auto_id="profile-compare-%s")
+
+        def when(o) -> str:
+            return date_format(timezone.localtime(o.created_at), "Y-m-d H:i")
+
+        groups = []
+        if same:
+            groups.append((profile.endpoint_name, [(o.pk, f"#{o.pk} {o.setup} ({when(o)})") for o in same]))
+        if elsewhere:
+            groups.append(
+                (
+                    "other endpoints",
+                    [(o.pk, f"#{o.pk} {o.endpoint_name}: {o.setup} ({when(o)})") for o in elsewhere],
+                )
+            )
+        self.fields["ids"].choices = groups

@@ -19,7 +19,7 @@ from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.profiling import selectors, services, storage
-from endpoints.profiling.forms import ProfileForm
+from endpoints.profiling.forms import CompareWithForm, ProfileForm
 from endpoints.profiling.models import Profile
 from endpoints.selectors import endpoint_get
 
@@ -68,8 +68,9 @@ def profile_detail(request, profile_id: int):
         "profiling/profile_detail.html",
         {
             "profile": profile,
-            "same_endpoint": same,
-            "other_endpoints": elsewhere,
+            "compare_form": CompareWithForm(profile=profile, same=same, elsewhere=elsewhere)
+            if same or elsewhere
+            else None,
             "telemetry_rows": telemetry_summary(profile.telemetry),
             "chart": {"profiles": [_chart_data(profile)]},
         },
