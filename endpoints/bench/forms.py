@@ -55,12 +55,10 @@ class BenchmarkForm(forms.Form):
     num_warmups = whole_number_field(0, 1000, label="Warm-up requests", initial=0)
     timeout_s = whole_number_field(10, 7 * 24 * 3600, label="Timeout per run (s)", initial=1800)
     seed = whole_number_field(0, 2**31 - 1, label="Seed", initial=0, help_text="of the prompts and the arrivals.")
-    via = forms.CharField(
+    via = OpenChoiceField(  # the service names an unknown target
         required=False,
         label="Target",
-        widget=forms.Select(
-            choices=[("replica", "a replica directly"), ("gateway", "through the gateway (every ready replica)")]
-        ),
+        choices=[("replica", "a replica directly"), ("gateway", "through the gateway (every ready replica)")],
     )
     replica = forms.IntegerField(
         required=False,
