@@ -6,8 +6,15 @@ from console.form_layout import FilterForm, OpenChoiceField
 
 
 class NodeEngineRuntimeForm(forms.Form):
-    engine_runtime = forms.CharField(required=False)
-    engine_image_variant = forms.CharField(required=False)
+    """The node page's engine runtime (an Admin's); the service checks both values and names the field."""
+
+    engine_runtime = OpenChoiceField(required=False, label="Runtime")
+    engine_image_variant = OpenChoiceField(required=False, label="Image")
+
+    def __init__(self, *args, runtimes=(), image_variants=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["engine_runtime"].choices = list(runtimes)
+        self.fields["engine_image_variant"].choices = list(image_variants)
 
 
 class JobFilterForm(FilterForm):

@@ -656,6 +656,7 @@ FORM_SCOPES = {
     "profile_detail": "#profile-compare-form",
     "evaluation_list": "#evaluation-new-form, #task-upload-form",
     "evaluation_detail": "#evaluation-compare-with",
+    "node_detail (Ascend)": "#engine-runtime-form",
 }
 
 
