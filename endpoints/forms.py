@@ -392,3 +392,21 @@ class EndpointLaunchForm(forms.Form):
             return time_of_day(self.cleaned_data["restart_daily_at"])
         except ValidationError:
             raise ValidationError(TIME_OF_DAY_MESSAGE) from None
+
+
+class AdapterForm(forms.Form):
+    """The endpoint page's LoRA section: load an adapter into the ready replicas, or unload one (the service checks
+    the action and the adapter against the endpoint)."""
+
+    adapter = forms.IntegerField(
+        label="Adapter",
+        help_text="loaded into every ready replica now, and into every later start.",
+        widget=forms.Select,
+        error_messages={"required": "Choose an adapter.", "invalid": "Choose an adapter."},
+    )
+    action = forms.CharField(widget=forms.HiddenInput)
+
+    def __init__(self, *args, adapters=(), **kwargs):
+        kwargs.setdefault("auto_id", "adapter-%s")
+        super().__init__(*args, **kwargs)
+        self.adapter_options = [(a.pk, f"{a.name} (rank {(a.inspection or {}).get('rank')})") for a in adapters]

@@ -12,75 +12,67 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from console.teams import visible
-from console.validation import error_text
+from console.roles import at_least
+from console.teams import team_role
+from console.validation import field_errors
 from endpoints.bench.selectors import parse_ids
-from endpoints.models import Endpoint
-from endpoints.selectors import endpoint_get
 from evaluations import selectors, services
 from evaluations import tasks as catalogue
 from evaluations.compare import compare_rows
+from evaluations.forms import CompareWithForm, EvaluationForm, TaskUploadForm
 from evaluations.models import Evaluation
-from models_registry.models import Artifact
-from models_registry.selectors import artifact_get
 
 
 def _evaluation(request, evaluation_id: int) -> Evaluation:
     return selectors.evaluation_get(evaluation_id, user=request.user)
 
 
-def _posted(request, name: str, get):
-    """The endpoint or artifact the form names: another team's is a 404, as one that does not exist; an Operator
-    of its team only (console.teams)."""
-    raw = request.POST.get(name, "").strip()
-    if not raw:
-        return None
-    if not raw.isdigit():
-        raise Http404("Not found.")
-    return get(int(raw), user=request.user, role=OPERATOR)
-
-
 @require_role(VIEWER)
 @require_GET
 def evaluation_list(request):
+    return _list_page(request)
+
+
+def _list_page(request, *, new_form=None, upload_form=None):
+    """The list with its two forms; a refused form is shown again with each error beside its field (400)."""
+    tasks = catalogue.available_tasks()
     return render(
         request,
         "evaluations/evaluation_list.html",
         {
             "evaluations": selectors.recent(user=request.user, limit=100),
-            "tasks": catalogue.available_tasks(),
-            "endpoints": visible(
-                Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING), request.user
-            ).order_by("name"),
-            "artifacts": visible(Artifact.objects.alive(), request.user)
-            .select_related("model")
-            .order_by("model__name", "pk"),
+            "tasks": tasks,
+            "new_form": new_form or EvaluationForm(task_names=[t.name for t in tasks], user=request.user),
+            "upload_form": upload_form or TaskUploadForm(),
             "gates": selectors.recent_gates(user=request.user),
             "hf_home": settings.EVALUATION_HF_HOME,
             "max_task_bytes": settings.EVALUATION_TASK_MAX_BYTES,
         },
+        status=400 if new_form is not None or upload_form is not None else 200,
     )
+
+
+def _refused(form, exc: ValidationError) -> None:
+    for field, errors in field_errors(exc).items():
+        form.add_error(field if field in form.fields else None, errors)
 
 
 @require_role(OPERATOR)
 @require_POST
 def evaluation_new(request):
-    post = request.POST
+    form = EvaluationForm(request.POST, task_names=[t.name for t in catalogue.available_tasks()], user=request.user)
+    if not form.is_valid():
+        return _list_page(request, new_form=form)
+    # The form offers the user's teams' endpoints and artifacts (another team's: "Choose an existing ..."); starting
+    # one is an Operator's of that team (console.teams).
+    for chosen in (form.cleaned_data["endpoint"], form.cleaned_data["artifact"]):
+        if chosen is not None and not at_least(team_role(request.user, chosen.team_id), OPERATOR):
+            raise Http404("Not found.")
     try:
-        endpoint = _posted(request, "endpoint", endpoint_get)
-        artifact = _posted(request, "artifact", artifact_get)
-        evaluation = services.evaluation_create(
-            endpoint=endpoint,
-            artifact=artifact,
-            tasks=post.getlist("tasks"),
-            limit=post.get("limit") or None,
-            label=post.get("label", ""),
-            user=request.user,
-            request=request,
-        )
+        evaluation = services.evaluation_create(**form.cleaned_data, user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Evaluation not started: " + error_text(exc))
-        return redirect("evaluation_list")
+        _refused(form, exc)
+        return _list_page(request, new_form=form)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
         return redirect("evaluation_list")
@@ -91,23 +83,16 @@ def evaluation_new(request):
 @require_role(OPERATOR)
 @require_POST
 def task_upload(request):
-    post = request.POST
+    form = TaskUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        return _list_page(request, upload_form=form)
+    data = dict(form.cleaned_data)
+    upload = data.pop("file")
     try:
-        task = services.uploaded_task_create(
-            name=post.get("name", ""),
-            upload=request.FILES.get("file"),
-            output_type=post.get("output_type", ""),
-            doc_to_text=post.get("doc_to_text", ""),
-            doc_to_target=post.get("doc_to_target", ""),
-            doc_to_choice=post.get("doc_to_choice", ""),
-            until=post.get("until", ""),
-            description=post.get("description", ""),
-            user=request.user,
-            request=request,
-        )
+        task = services.uploaded_task_create(**data, upload=upload, user=request.user, request=request)
     except ValidationError as exc:
-        messages.error(request, "Task not added: " + error_text(exc))
-        return redirect("evaluation_list")
+        _refused(form, exc)
+        return _list_page(request, upload_form=form)
     messages.success(request, f"Task {task.name} added ({task.documents} documents).")
     return redirect("evaluation_list")
 
@@ -125,7 +110,11 @@ def evaluation_detail(request, evaluation_id: int):
     return render(
         request,
         "evaluations/evaluation_detail.html",
-        {"evaluation": evaluation, "others": others, "chart": selectors.chart_rows([evaluation])},
+        {
+            "evaluation": evaluation,
+            "compare_form": CompareWithForm(others=others) if others else None,
+            "chart": selectors.chart_rows([evaluation]),
+        },
     )
 
 

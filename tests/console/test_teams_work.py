@@ -75,9 +75,9 @@ def test_jobs_evaluations_and_tunings_of_another_team_are_404_and_left_out(two_t
     assert "ep-theirs" not in page  # nor offered in the form
     pair = f"{ours['evaluation'].pk}/compare/{theirs['evaluation'].pk}"
     assert api.get(f"/api/v1/evaluations/{pair}").status_code == 404
-    # Starting work on another team's endpoint: as if it did not exist.
+    # Starting work on another team's endpoint: as if it did not exist (the form's own refusal, beside the field).
     started = ana.post("/evaluations/new", {"endpoint": two_teams["theirs"]["endpoint"].pk, "tasks": "arc_easy"})
-    assert started.status_code == 404
+    assert started.status_code == 400 and "Choose an existing endpoint." in started.content.decode()
     tune = ApiClient(two_teams["ana"]).post(
         "/api/v1/tunings", {"endpoint": two_teams["theirs"]["endpoint"].pk, "space": {}, "slo": {}}
     )

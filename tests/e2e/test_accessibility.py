@@ -642,3 +642,69 @@ def test_the_gateway_key_form_refused_shows_each_error_beside_its_field(page, ad
     assert page.input_value("#id_name") == "web-app"
     assert _axe_violations(page) == []
     screenshot(page, "gateway_key_list (refused)")
+
+
+# The forms drawn through the one layout (templates/_field.html), by page: the part of the page each lives in.
+FORM_SCOPES = {
+    "audit_list": "main form.filters",
+    "job_list": "main form.filters",
+    "bench_list": "main form.filters",
+    "user_list": "#user-create-form, main table form",
+    "alert_list": "#alert-rule-create, #alert-rules form",
+    "bench_compare": "#cost-form",
+    "endpoint_detail": "#bench-form, #profile-form, #load-adapter-form",
+    "profile_detail": "#profile-compare-form",
+    "evaluation_list": "#evaluation-new-form, #task-upload-form",
+    "evaluation_detail": "#evaluation-compare-with",
+    "node_detail (Ascend)": "#engine-runtime-form",
+}
+
+
+def test_every_field_of_the_converted_forms_has_a_visible_label(page, admin, site):
+    """Each input, select and textarea of these forms has a visible label of its own (not a placeholder standing in
+    for one, not text beside it), filters and table rows included (axe alone accepts a placeholder as a name); no
+    select is left without options."""
+    login(page, admin)
+    pages = _pages(site)
+    unlabelled, counted = {}, {}
+    for name, scope in FORM_SCOPES.items():
+        page.goto(pages[name])
+        _settled(page)
+        page.evaluate("() => document.querySelectorAll('details').forEach(d => { d.open = true; })")
+        fields = page.evaluate(
+            """scope => [...document.querySelectorAll(scope)]
+                .flatMap(form => [...form.querySelectorAll('input, select, textarea')])
+                .filter(el => el.type !== 'hidden' && el.type !== 'submit')
+                .map(el => {
+                    const label = el.id && document.querySelector(`label[for="${CSS.escape(el.id)}"]`);
+                    const visible = !!label && label.getClientRects().length > 0 && label.innerText.trim() !== '';
+                    return [el.name, visible && (el.tagName !== 'SELECT' || el.options.length > 0)];
+                })""",
+            scope,
+        )
+        counted[name] = len(fields)
+        missing = [field for field, visible in fields if not visible]
+        if missing:
+            unlabelled[name] = missing
+    assert all(counted.values()), counted  # each scope still holds its form
+    assert not unlabelled, unlabelled
+
+
+def test_a_refused_task_upload_shows_each_error_beside_its_field(page, operator, site):
+    """The evaluation list's upload form refused by the service: its messages under the fields they name (tied to
+    them by aria-describedby), what was typed kept; axe-clean, and kept as a screenshot."""
+    login(page, operator)
+    page.goto("/evaluations/")
+    page.fill("#tu-name", "Bad Name")
+    page.set_input_files(
+        "#tu-file", files=[{"name": "d.jsonl", "mimeType": "application/json", "buffer": b'{"q": 1}\n'}]
+    )
+    with page.expect_navigation():
+        page.click("#task-upload-form button[type=submit]")
+    error = page.locator("#tu-name-errors")
+    assert error.is_visible() and "lower-case" in error.inner_text()
+    assert "tu-name-errors" in page.get_attribute("#tu-name", "aria-describedby")
+    assert "doc_to_text is needed" in page.inner_text("#tu-doc_to_text-errors")
+    assert page.input_value("#tu-name") == "Bad Name"
+    assert _axe_violations(page) == []
+    screenshot(page, "evaluation_list (upload refused)")
