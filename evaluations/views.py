@@ -11,8 +11,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
-from console.roles import OPERATOR, VIEWER, require_role
-from console.roles import at_least
+from console.roles import OPERATOR, VIEWER, at_least, require_role
 from console.teams import team_role
 from console.validation import field_errors
 from endpoints.bench.selectors import parse_ids
