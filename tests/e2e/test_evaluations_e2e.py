@@ -104,15 +104,16 @@ def serving(operator, api_for, tmp_path, settings, worker_env, redis_conn):
         kill_leftovers(str(root))
 
 
-def test_evaluate_the_live_demo_through_the_gateway(serving, viewer, page):  # noqa: F811
-    api, root, proxy = serving
-    live = _launch(api, "demo-eval", _register(api, root, "smollm2"))
+def _evaluate_the_live_demo_through_the_gateway(api, proxy, live: Endpoint, viewer, page) -> None:  # noqa: F811
+    """The gateway relays lm-eval's log-likelihood requests unchanged, and an evaluation of the live endpoint scores
+    both shipped suites, keeps its figures, standard errors and samples, and shows them (run on the rollout test's
+    live side before its canary: one vLLM start less)."""
     replica = Replica.objects.get(endpoint=live)
 
     # What local-completions sends for a log-likelihood: token ids, echo, logprobs, one token. Through the
     # gateway the answer is the replica's own (vLLM 0.32 entrypoints/openai/completion/protocol.py CompletionRequest
     # takes `prompt` as a list of token ids, `echo` and `logprobs`).
-    _, raw = gateway.key_create(name="relay-check", endpoints=["demo-eval"])
+    _, raw = gateway.key_create(name="relay-check", endpoints=[live.name])
     proxy.wait_routes("demo", 1)
     tokenized = httpx.post(f"{replica.url}/tokenize", json={"prompt": "The capital of France is Paris"}, timeout=60)
     ids = tokenized.json()["tokens"]
@@ -146,7 +147,7 @@ def test_evaluate_the_live_demo_through_the_gateway(serving, viewer, page):  # n
     assert got["engine"]["vllm"] and got["spec"]["dtype"] == "float32" and got["spec"]["argv"]
     # Its own key, scoped to the one endpoint, revoked at the end.
     own = GatewayKey.objects.get(name=f"evaluation #{evaluation_id}")
-    assert own.endpoints_scope == ["=demo-eval"] and own.revoked_at is not None and own.requests_total >= 1
+    assert own.endpoints_scope == [f"={live.name}"] and own.revoked_at is not None and own.requests_total >= 1
     print("evaluation of the live demo:", json.dumps(got["results"]))
 
     login(page, viewer)
@@ -194,13 +195,19 @@ def _gate_pass(proxy, staged: Endpoint):
 
 # Two pairs of replicas, each side evaluated: longer than pytest.ini's 900 s on a loaded 2-core machine.
 @pytest.mark.timeout(2400)
-def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equal_one(
-    serving, admin, api_for, settings
+def test_the_live_demo_evaluated_then_the_rollout_gate_rolls_back_a_damaged_copy_and_promotes_an_equal_one(
+    serving,
+    admin,
+    api_for,
+    settings,
+    viewer,
+    page,  # noqa: F811
 ):
     api, root, proxy = serving
     admin_api = api_for(admin)  # deleting an endpoint is the Admin's
     settings.GATEWAY_ROLLOUT_MIN_REQUESTS = 4
     live = _launch(api, "demo-blue", _register(api, root, "smollm2"))
+    _evaluate_the_live_demo_through_the_gateway(api, proxy, live, viewer, page)
     GatewayEndpoint.objects.filter(pk=gateway.endpoint_settings(live).pk).update(drain_seconds=1)  # not what is tested
     damaged = _launch(api, "demo-damaged", _register(api, root, "smollm2-damaged", damage=True), beside=live.name)
     gateway.set_rollout(
@@ -245,3 +252,4 @@ def test_the_rollout_accuracy_gate_rolls_back_a_damaged_demo_and_promotes_an_equ
     assert GatewayEndpoint.objects.get(endpoint=live).serving == "staged"
     print("equal:", second.reason)
     assert Evaluation.objects.filter(purpose="rollout-gate", status="succeeded").count() == 4
+    assert Evaluation.objects.filter(status="succeeded").count() == 5  # with the live one's first
