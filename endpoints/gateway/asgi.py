@@ -61,6 +61,7 @@ from endpoints.gateway.limits import SharedLimits
 from endpoints.gateway.protocol import ENGINE_HEADERS, FORWARDED_HEADERS, STREAM_ERROR, TAIL_BYTES
 from endpoints.gateway.selectors import Backend, KeyInfo, Loadable, RoutingTable, Wakeable, key_info, routing_table
 from endpoints.gateway.services import finish_drains, store_gateway_stats
+from endpoints.gateway.shared_routing import Load, SharedRouting
 from endpoints.gateway.stats import Stats
 from endpoints.lora import endpoint_adapter_change
 from endpoints.models import Endpoint
@@ -153,6 +154,10 @@ class Gateway:
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
         self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
         self.prefix_homes = routing.PrefixHomes()
+        # The other gateways' outstanding counts and the prefix homes they agree on, in Redis (made at startup when
+        # GATEWAY_SHARED_ROUTING_SECONDS > 0); `load` is what the policies read: this gateway's counts plus theirs.
+        self.shared: SharedRouting | None = None
+        self.load = Load(self.outstanding, None)
         self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -168,6 +173,13 @@ class Gateway:
             asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
             asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS)),
         ]
+        if settings.GATEWAY_SHARED_ROUTING_SECONDS > 0:
+            self.shared = SharedRouting()
+            self.load = Load(self.outstanding, self.shared)
+            await self.sync_routing()
+            self.tasks.append(
+                asyncio.create_task(self._loop(self.sync_routing, settings.GATEWAY_SHARED_ROUTING_SECONDS))
+            )
 
     @staticmethod
     def _client() -> aiohttp.ClientSession:
@@ -197,6 +209,8 @@ class Gateway:
             await self.client.close()
         if self.limits is not None:
             await self.limits.close()
+        if self.shared is not None:
+            await self.shared.close()
 
     async def _loop(self, fn, every):
         while True:
@@ -237,6 +251,11 @@ class Gateway:
         self.prefix_homes.keep_only(frozenset(b.url for backends in self.table.backends.values() for b in backends))
         return True
 
+    async def sync_routing(self):
+        """Publish this gateway's outstanding counts and read the other gateways' (shared_routing.py)."""
+        if self.shared is not None:
+            await self.shared.sync(self.outstanding)
+
     async def flush(self):
         stats, self.stats = self.stats, Stats()
         held = {ep_id: n for ep_id, n in self.held.items() if n}
@@ -267,9 +286,10 @@ class Gateway:
         """A replica for one try of a request, skipping those tried, down, or whose endpoint is full.
         `staged`: the side of a blue-green pair with a canary share this request goes to (if that
         side has no replica to take it, the other one does). `key`: the digest of the request's
-        leading content, for a side that routes prefix-aware; else least outstanding."""
+        leading content, for a side that routes prefix-aware; else least outstanding. Loads are every gateway's
+        (self.load: this one's own counts plus the others' shared through Redis)."""
         now = time.monotonic()
-        down, ep_out = self.down_until, self.ep_outstanding
+        down, ep_out, load = self.down_until, self.ep_outstanding, self.load
         ok = [
             b
             for b in backends
@@ -278,8 +298,24 @@ class Gateway:
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
-            return self.prefix_homes.pick(key, ok, self.outstanding, factor=self.load_factor, slack=self.load_slack)
-        return routing.least_outstanding(ok, self.outstanding)
+            if self.shared is not None:
+                self.shared.touched.add(key)
+            return self.prefix_homes.pick(key, ok, load, factor=self.load_factor, slack=self.load_slack)
+        return routing.least_outstanding(ok, load)
+
+    async def agree_home(self, backends, *, staged: bool | None, key: bytes | None) -> None:
+        """A prefix key new to this gateway gets the home every gateway uses (SharedRouting.claim_home: the first
+        gateway's choice), not only this one's: one Redis round trip, for a key not seen here only (a conversation's
+        later turns are local hits). While Redis is unreachable this gateway's own choice stands."""
+        shared = self.shared
+        if key is None or shared is None or not shared.up or self.prefix_homes.home_of(key) is not None:
+            return
+        choice = self.pick(backends, set(), staged=staged, key=key)  # a new key: recorded here, least loaded
+        if choice is None or self.prefix_homes.home_of(key) != choice.url:
+            return  # not routed by prefix (a side with a least-outstanding endpoint in it)
+        home = await shared.claim_home(key, choice.url, [b.url for b in backends])
+        if home is not None and home != choice.url:
+            self.prefix_homes.set_home(key, home)
 
     # --- ASGI --------------------------------------------------------------------------
 
@@ -684,6 +720,7 @@ class Gateway:
         if model in self.table.prefix and payload is not None:
             leading = routing.prefix_key(payload, chars=self.prefix_chars, tokens=max(1, self.prefix_chars // 4))
             prefix = routing.home_key(model=model, staged=bool(staged), leading=leading) if leading else None
+            await self.agree_home(backends, staged=staged, key=prefix)
         while True:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:

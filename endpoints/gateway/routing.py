@@ -233,6 +233,15 @@ class PrefixHomes:
             self._drop(next(iter(self._homes)))
         return choice
 
+    def set_home(self, key_digest: bytes, url: str) -> None:
+        """Make `url` the key's home (the one the gateways agreed on: shared_routing.SharedRouting.claim_home)."""
+        if key_digest in self._homes:
+            self._drop(key_digest)
+        self._homes[key_digest] = (url, self.clock())
+        self.keys_of[url] += 1
+        if len(self._homes) > self.max_keys:
+            self._drop(next(iter(self._homes)))
+
     def keep_only(self, urls: frozenset[str]) -> None:
         """Forget the homes on replicas not in `urls` (the routing table's, after each refresh)."""
         if urls == self._urls:
