@@ -158,6 +158,7 @@ class Gateway:
         # GATEWAY_SHARED_ROUTING_SECONDS > 0); `load` is what the policies read: this gateway's counts plus theirs.
         self.shared: SharedRouting | None = None
         self.load = Load(self.outstanding, None)
+        self.claims: set[asyncio.Task] = set()  # prefix homes being recorded in Redis off the request's path
         self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -210,6 +211,8 @@ class Gateway:
         if self.limits is not None:
             await self.limits.close()
         if self.shared is not None:
+            for claim in list(self.claims):
+                claim.cancel()
             await self.shared.close()
 
     async def _loop(self, fn, every):
@@ -306,15 +309,26 @@ class Gateway:
     async def agree_home(self, backends, *, staged: bool | None, key: bytes | None) -> None:
         """A prefix key new to this gateway gets the home every gateway uses (SharedRouting.claim_home: the first
         gateway's choice), not only this one's: one Redis round trip, for a key not seen here only (a conversation's
-        later turns are local hits). While Redis is unreachable this gateway's own choice stands."""
+        later turns are local hits), and not waited for while no other gateway publishes counts. While Redis is
+        unreachable this gateway's own choice stands."""
         shared = self.shared
         if key is None or shared is None or not shared.up or self.prefix_homes.home_of(key) is not None:
             return
         choice = self.pick(backends, set(), staged=staged, key=key)  # a new key: recorded here, least loaded
         if choice is None or self.prefix_homes.home_of(key) != choice.url:
             return  # not routed by prefix (a side with a least-outstanding endpoint in it)
-        home = await shared.claim_home(key, choice.url, [b.url for b in backends])
-        if home is not None and home != choice.url:
+        claim = self._claim(key, choice.url, [b.url for b in backends])
+        if shared.peers:
+            await claim
+        else:  # alone: recorded for gateways that start later, off the request's path
+            task = asyncio.create_task(claim)
+            self.claims.add(task)
+            task.add_done_callback(self.claims.discard)
+
+    async def _claim(self, key: bytes, choice: str, urls: list[str]) -> None:
+        assert self.shared is not None
+        home = await self.shared.claim_home(key, choice, urls)
+        if home is not None and home != choice:
             self.prefix_homes.set_home(key, home)
 
     # --- ASGI --------------------------------------------------------------------------

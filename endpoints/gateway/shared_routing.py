@@ -9,7 +9,8 @@ gateways' requests seen at most one period (plus a round trip) late. A gateway t
 out after STALE_SECONDS.
 
 Prefix homes: a prefix key new to a gateway is claimed in Redis (claim_home: one round trip, only for a key this
-gateway has not seen; a conversation's later turns are local hits): the first gateway's choice (the least loaded
+gateway has not seen; a conversation's later turns are local hits; not waited for while no other gateway publishes
+counts, so one gateway alone has no Redis round trip on a request's path): the first gateway's choice (the least loaded
 replica by the shared counts) becomes every gateway's home for that key, so a prefix stays on one replica whichever
 gateway receives it. The bounded-load decision then reads the shared counts, so the gateways overflow a hot prefix
 alike. A gateway refreshes the Redis entries of the keys it used every TOUCH_SECONDS (one pipeline, off the request
@@ -127,6 +128,7 @@ class SharedRouting:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stale_ms = int(stale_seconds * 1000)
         self.others: dict[str, int] = {}  # replica url -> the other gateways' requests in flight there
+        self.peers = 0  # other gateways publishing (0: this one routes alone, and claims need not be waited for)
         self.up = False  # the last publish reached Redis
         self.touched: set[bytes] = set()  # prefix keys used since the last refresh of their entries
         self.next_touch = time.monotonic() + TOUCH_SECONDS
@@ -141,7 +143,7 @@ class SharedRouting:
         try:
             values = await self.sync_script(keys=[LOAD_KEY], args=[self.name, self.stale_ms, payload])
         except (RedisError, OSError) as exc:
-            self.others, self.up = {}, False
+            self.others, self.peers, self.up = {}, 0, False
             self._log_down(exc)
             return
         others: Counter[str] = Counter()
@@ -150,7 +152,7 @@ class SharedRouting:
                 url, _, n = line.rpartition("\t")
                 if url:
                     others[url] += int(n)
-        self.others, self.up = dict(others), True
+        self.others, self.peers, self.up = dict(others), len(values), True
         if self.touched and time.monotonic() >= self.next_touch:
             await self.touch()
 

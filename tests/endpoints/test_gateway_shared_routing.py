@@ -103,6 +103,25 @@ def test_a_gateway_picks_by_every_gateways_counts_and_takes_the_agreed_home(redi
     asyncio.run(run())
 
 
+def test_a_gateway_alone_records_its_homes_without_waiting_for_redis(redis_conn):
+    async def run():
+        gw = shared_gateway()
+        a, b = backend("http://a", prefix=True), backend("http://b", prefix=True)
+        key = routing.digest(b"alone")
+        try:
+            await gw.sync_routing()
+            assert gw.shared.up and gw.shared.peers == 0
+            await gw.agree_home([a, b], staged=None, key=key)
+            home = gw.prefix_homes.home_of(key)
+            assert home is not None and len(gw.claims) == 1  # recorded off the request's path
+            await asyncio.gather(*gw.claims)
+            assert await SharedRouting(name="later").claim_home(key, "http://x", ["http://a", "http://b"]) == home
+        finally:
+            await gw.shared.close()
+
+    asyncio.run(run())
+
+
 def test_with_redis_unreachable_a_gateway_routes_on_its_own_counts():
     async def run():
         gw = shared_gateway(f"redis://127.0.0.1:{free_port()}/3")  # nothing listens there
