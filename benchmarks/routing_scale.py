@@ -3,16 +3,19 @@ each gateway routing alone, and what sharing costs a request (docs/gateway-scale
 gateways"):
 
     REDIS_URL=redis://127.0.0.1:6379/N .venv/bin/python benchmarks/routing_scale.py [--replicas 4]
-        [--clients 4 8] [--service-ms 200] [--slots 1] [--seconds 20] [--concurrency 1 8 16] [--requests 300]
-        [--rounds 2] [--seed 0]
+        [--clients 4 8] [--rates 10 15] [--service-ms 200] [--slots 1] [--seconds 20] [--concurrency 1 8 16]
+        [--requests 300] [--rounds 2] [--seed 0]
 
+0. Each gateway's CPU while idle (--idle-seconds), sharing off and on: what publishing every period costs.
 1. Piling: --replicas fake replicas (in this process: a fixed --service-ms per request, --slots at a time, the rest
    queued, as a replica's batch would slow down), one endpoint routing least-outstanding, two gateways; each of
    --clients closed-loop clients sends completions to one of the gateways (half each) for --seconds. Arms: sharing
-   off (GATEWAY_SHARED_ROUTING_SECONDS=0: each gateway sees its own requests only) and on (0.05 s). Every 5 ms each
-   replica's requests in flight (queued included) are sampled: the mean spread (busiest replica minus idlest), the
-   share of samples with a replica running 2 or more while another is idle, each replica's peak, and the clients'
-   P50/P99 latency.
+   off (GATEWAY_SHARED_ROUTING_SECONDS=0: each gateway sees its own requests only) and on (--sharing-seconds, 0.01 s,
+   the default). Every 5 ms each replica's requests in flight (queued included) are sampled: the mean spread
+   (busiest replica minus idlest), the share of samples with a replica running 2 or more while another is idle
+   ("piled"), each replica's peak, and the clients' P50/P99 latency. Then the same with requests arriving at random
+   (--rates a second, Poisson), each to a gateway drawn at random: closed loops of equal clients settle into a
+   pattern in which each gateway's own share is even; arrivals at random, as from many users, do not.
 2. The added latency: one gateway with sharing on and one with it off in front of fast fakes (5 ms, 64 slots), the
    two arms interleaved in seeded random order each round, at each --concurrency: least outstanding (no Redis on
    the request's path) and prefix-aware with every prompt new (the worst case: one claim, one Redis round trip,
@@ -37,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.gateway import PY, free_port, stop_processes, summary, wait_http  # noqa: E402
+from benchmarks.gateway import PY, cpu_seconds, free_port, stop_processes, summary, wait_http  # noqa: E402
 
 ANSWER = (
     b'{"id":"x","object":"text_completion","model":"m","choices":[{"index":0,"text":"hello","finish_reason":"length"}],'
@@ -103,7 +106,7 @@ print(key_create(name="bench")[1])
     return out.stdout.strip().splitlines()[-1]
 
 
-def start_gateway(env: dict, procs: list, sharing: float) -> str:
+def start_gateway(env: dict, procs: list, sharing: float) -> tuple[str, int]:
     port = free_port()
     procs.append(
         subprocess.Popen(
@@ -115,7 +118,7 @@ def start_gateway(env: dict, procs: list, sharing: float) -> str:
         )
     )
     wait_http(f"http://127.0.0.1:{port}/healthz")
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{port}", procs[-1].pid
 
 
 async def closed_loop(session, url: str, key: str, model: str, until: float, latencies: list, prompt=None) -> int:
@@ -131,8 +134,29 @@ async def closed_loop(session, url: str, key: str, model: str, until: float, lat
     return errors
 
 
-async def piling(gateways: list[str], key: str, fakes: list[Fake], clients: int, seconds: float) -> dict:
-    """`clients` closed-loop clients split over the gateways for `seconds`; the replicas' in-flight samples."""
+async def one(session, url: str, key: str, model: str, latencies: list) -> int:
+    t = time.perf_counter()
+    payload = {"model": model, "prompt": "Hello", "max_tokens": 1}
+    async with session.post(url + "/v1/completions", json=payload, headers={"Authorization": f"Bearer {key}"}) as r:
+        await r.read()
+    latencies.append(time.perf_counter() - t)
+    return r.status != 200
+
+
+async def open_loop(session, gateways: list[str], key: str, until: float, latencies: list, rate: float, rng) -> int:
+    """Requests arriving at random (Poisson, `rate` a second), each to a gateway drawn at random."""
+    tasks = []
+    while time.monotonic() < until:
+        tasks.append(asyncio.create_task(one(session, rng.choice(gateways), key, "pile", latencies)))
+        await asyncio.sleep(rng.expovariate(rate))
+    return sum(await asyncio.gather(*tasks))
+
+
+async def piling(
+    gateways: list[str], key: str, fakes: list[Fake], clients: int, seconds: float, rate: float = 0, rng=None
+) -> dict:
+    """`clients` closed-loop clients split over the gateways for `seconds` (or, with `rate`, open-loop arrivals);
+    the replicas' in-flight samples."""
     import aiohttp
 
     samples: list[list[int]] = []
@@ -146,9 +170,15 @@ async def piling(gateways: list[str], key: str, fakes: list[Fake], clients: int,
                 await asyncio.sleep(0.005)
 
         sampler = asyncio.create_task(sample())
-        errors = await asyncio.gather(
-            *(closed_loop(session, gateways[i % len(gateways)], key, "pile", until, latencies) for i in range(clients))
-        )
+        if rate:
+            errors = [await open_loop(session, gateways, key, until, latencies, rate, rng)]
+        else:
+            errors = await asyncio.gather(
+                *(
+                    closed_loop(session, gateways[i % len(gateways)], key, "pile", until, latencies)
+                    for i in range(clients)
+                )
+            )
         await sampler
     steady = samples[len(samples) // 10 :]  # the first tenth: clients still starting
     latencies.sort()
@@ -215,23 +245,35 @@ async def main_async(args, env: dict, procs: list):
         },
     )
     arms = {"off": 0.0, "on": args.sharing_seconds}
-    pairs = {arm: [await asyncio.to_thread(start_gateway, env, procs, s) for _ in range(2)] for arm, s in arms.items()}
+    started = {
+        arm: [await asyncio.to_thread(start_gateway, env, procs, s) for _ in range(2)] for arm, s in arms.items()
+    }
+    pairs = {arm: [url for url, _ in members] for arm, members in started.items()}
     await asyncio.sleep(2)  # every gateway's routing table read
+    before = {arm: sum(cpu_seconds(pid) for _, pid in members) for arm, members in started.items()}
+    await asyncio.sleep(args.idle_seconds)
+    idle = {
+        arm: 1000 * (sum(cpu_seconds(pid) for _, pid in members) - before[arm]) / args.idle_seconds / 2
+        for arm, members in started.items()
+    }
     print(
         f"routing_scale.py: {args.replicas} fake replicas of {args.service_ms:g} ms, {args.slots} slot(s) each; "
-        f"2 gateways; seed {args.seed}; sharing on = every {args.sharing_seconds:g} s"
+        f"2 gateways; seed {args.seed}; sharing on = GATEWAY_SHARED_ROUTING_SECONDS {args.sharing_seconds:g} s"
     )
+    print(f"\n0. A gateway's CPU while idle: sharing off {idle['off']:.1f} ms/s, on {idle['on']:.1f} ms/s")
     print("\n1. Piling: clients split over two gateways, least outstanding")
-    for clients in args.clients:
+    loads = [(c, 0.0) for c in args.clients] + [(0, r) for r in args.rates]
+    for clients, rate in loads:
         results: dict[str, list[dict]] = {arm: [] for arm in arms}
         for _ in range(args.rounds):
             for arm in rng.sample(list(arms), len(arms)):
-                results[arm].append(await piling(pairs[arm], key, pile, clients, args.seconds))
+                results[arm].append(await piling(pairs[arm], key, pile, clients, args.seconds, rate, rng))
+        load = f"{clients} clients" if clients else f"{rate:g} req/s at random"
         for arm in arms:
             rs = results[arm]
             avg = lambda name: statistics.mean(r[name] for r in rs)  # noqa: B023, E731
             print(
-                f"  {clients} clients, sharing {arm:<3}: spread (busiest - idlest) {avg('spread'):.2f}, "
+                f"  {load}, sharing {arm:<3}: spread (busiest - idlest) {avg('spread'):.2f}, "
                 f"piled {100 * avg('piled'):.0f} % of the time, peak per replica "
                 f"{max(max(r['peaks']) for r in rs)}, mean per replica {means(rs, args.replicas)}, "
                 f"P50 / P99 {avg('p50_ms'):.0f} / {avg('p99_ms'):.0f} ms, "
@@ -259,14 +301,16 @@ async def main_async(args, env: dict, procs: list):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--replicas", type=int, default=4)
-    parser.add_argument("--clients", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--clients", type=int, nargs="*", default=[4, 8])
+    parser.add_argument("--rates", type=float, nargs="*", default=[10, 15], help="open-loop arrivals a second")
     parser.add_argument("--service-ms", type=float, default=200)
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=20)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 16])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 8, 16])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--sharing-seconds", type=float, default=0.05)
+    parser.add_argument("--sharing-seconds", type=float, default=0.01)
+    parser.add_argument("--idle-seconds", type=float, default=10, help="how long the gateways' idle CPU is measured")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="routing-scale-"))

@@ -2,9 +2,10 @@
 replica per request's leading content, with a bound on load), and which side of a
 blue-green pair takes a request when the staged side has a canary share.
 
-Pure functions over the gateway's in-memory counts, no I/O and no Django: the gateway
-(endpoints/gateway/asgi.py) filters out replicas that are tried, down or whose endpoint is
-full, then calls these.
+Pure functions over the counts the gateway passes in (its own plus the other gateways', shared through Redis:
+endpoints/gateway/shared_routing.py), no I/O and no Django: the gateway (endpoints/gateway/asgi.py) filters out
+replicas that are tried, down or whose endpoint is full, then calls these. With several gateways, a key new to one
+takes the home another gateway recorded (shared_routing.SharedRouting.claim_home, then PrefixHomes.set_home).
 
 Prefix-aware routing sends requests that start alike to the replica that has most likely
 kept that start in its prefix cache (vLLM's automatic prefix caching), so it is not computed

@@ -2,7 +2,7 @@
 route as one: each replica's outstanding requests, and each prefix's home replica.
 
 Outstanding counts: a gateway counts its own requests in flight in memory (asgi.py Gateway.outstanding, exact and
-free), and every GATEWAY_SHARED_ROUTING_SECONDS (50 ms) one Lua script publishes them in one Redis hash (a field per
+free), and every GATEWAY_SHARED_ROUTING_SECONDS (10 ms) one Lua script publishes them in one Redis hash (a field per
 gateway, stamped with Redis's clock) and returns the other gateways' fields that are fresh; their sum per replica is
 `others`. A pick reads its own counts plus `others` (Load): no Redis round trip on a request's path, the other
 gateways' requests seen at most one period (plus a round trip) late. A gateway that stops publishing (killed) drops

@@ -168,7 +168,7 @@ def served_by(response) -> str:
 @pytest.mark.django_db(transaction=True)
 def test_two_gateways_do_not_pile_onto_one_replica(fakes, gateway, admin, redis_conn):
     """Gateway A sends a request (0.6 s of service) to one of two idle replicas; 0.25 s later gateway B sends one: B
-    sees A's request in flight (published within 50 ms) and takes the other replica, every time. Each gateway alone
+    sees A's request in flight (published every 10 ms) and takes the other replica, every time. Each gateway alone
     sees two idle replicas and picks at random: all 8 rounds apart would happen once in 256 runs."""
     fs = [fakes("r0", delay=0.6), fakes("r1", delay=0.6)]
     endpoint_of(fs, "ep-pile")
