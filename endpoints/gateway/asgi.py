@@ -94,6 +94,9 @@ DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this l
 # 5 s: vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused just as the server closes it fails its request as if the
 # replica were unreachable, and a healthy replica then got no traffic for DOWN_SECONDS (503s with no other one).
 UPSTREAM_IDLE_SECONDS = 3.0
+# While no gateway has a request in flight the routing state is shared this many times less often (the first
+# request after a quiet spell is seen by the other gateways up to that much later).
+IDLE_SYNC_FACTOR = 5
 DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
 # The ASGI scope's extension by which the compiled data path (endpoints/gateway/dataplane.py) does the proxying step.
@@ -178,9 +181,7 @@ class Gateway:
             self.shared = SharedRouting()
             self.load = Load(self.outstanding, self.shared)
             await self.sync_routing()
-            self.tasks.append(
-                asyncio.create_task(self._loop(self.sync_routing, settings.GATEWAY_SHARED_ROUTING_SECONDS))
-            )
+            self.tasks.append(asyncio.create_task(self._sync_loop(settings.GATEWAY_SHARED_ROUTING_SECONDS)))
 
     @staticmethod
     def _client() -> aiohttp.ClientSession:
@@ -253,6 +254,19 @@ class Gateway:
         changed.set()  # wakes the held requests to look again
         self.prefix_homes.keep_only(frozenset(b.url for backends in self.table.backends.values() for b in backends))
         return True
+
+    async def _sync_loop(self, every: float):
+        """sync_routing every `every` seconds while any gateway has a request in flight, IDLE_SYNC_FACTOR times less
+        often while none has (an idle gateway's CPU: benchmarks/routing_scale.py)."""
+        while True:
+            busy = bool(self.shared and self.shared.others) or any(self.outstanding.values())
+            await asyncio.sleep(every if busy else every * IDLE_SYNC_FACTOR)
+            try:
+                await self.sync_routing()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gateway: sharing the routing state failed")
 
     async def sync_routing(self):
         """Publish this gateway's outstanding counts and read the other gateways' (shared_routing.py)."""
