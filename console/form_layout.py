@@ -44,6 +44,8 @@ def field_context(
     return {
         "name": name,
         "id": field_id,
+        # The box's id: by the name, unless the input's id is its own (a form drawn once per table row).
+        "box_id": f"field-{name}" if field_id == f"id_{name}" else f"field-{field_id}",
         "described_by": " ".join(described_by),
         "label": label,
         "flag": flag,
@@ -51,17 +53,43 @@ def field_context(
         "kind": kind,
         "value": value,
         "errors": errors,
-        "options": None
-        if options is None
-        else [
-            (str(o[0]), o[1], str(o[0]) in chosen, str(o[2]) if len(o) > 2 and o[2] is not None else "")
-            for o in ((o, o) if isinstance(o, str) else o for o in options)
-        ],
+        "options": None if options is None else _options(options, chosen),
+        # Django's grouped choices, (label, [options]): drawn as <optgroup>s.
+        "groups": _groups(options, chosen) if options and any(_is_group(o) for o in options) else [],
         "attrs": dict(attrs or {}),
         "rows": rows,
         "wide": wide,
         "required": required,
     }
+
+
+def _is_group(option) -> bool:
+    return not isinstance(option, str) and isinstance(option[1], (list, tuple))
+
+
+def _options(options, chosen: set[str]) -> list[tuple]:
+    """(value, text, selected, model id) of each option; a group's options in their place, flattened."""
+    flat = []
+    for o in options:
+        if _is_group(o):
+            flat += _options(o[1], chosen)
+            continue
+        o = (o, o) if isinstance(o, str) else o
+        flat.append((str(o[0]), o[1], str(o[0]) in chosen, str(o[2]) if len(o) > 2 and o[2] is not None else ""))
+    return flat
+
+
+def _groups(options, chosen: set[str]) -> list[tuple]:
+    """(label, options) in order; options outside any group are a group of their own with no label."""
+    groups: list[tuple] = []
+    for o in options:
+        if _is_group(o):
+            groups.append((o[0], _options(o[1], chosen)))
+        elif groups and not groups[-1][0]:
+            groups[-1][1].extend(_options([o], chosen))
+        else:
+            groups.append(("", _options([o], chosen)))
+    return groups
 
 
 def bound_field_context(bound: forms.BoundField, **overrides) -> dict:
@@ -97,3 +125,22 @@ def errors_by_field(exc: ValidationError) -> dict[str, list[str]]:
     """A refusal's messages by the field they go beside; those of no field under "general" (shown above the
     fields)."""
     return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
+
+
+class OpenChoiceField(forms.ChoiceField):
+    """A select whose choices only draw it: any value passes the form. A list filter's unknown value (an old
+    bookmark, a link from another page) matches nothing, as before filters were forms; a write form's value is
+    checked by its service, whose message names the field (the same message the API gives)."""
+
+    def valid_value(self, value) -> bool:
+        return True
+
+
+class FilterForm(forms.Form):
+    """A list page's filters (GET): drawn in one row (<form class="filters">, each field through _field.html with its
+    label visible); values() gives each filter's cleaned value, blank where it was refused (its error is shown beside
+    it)."""
+
+    def values(self) -> dict:
+        self.is_valid()
+        return {name: self.cleaned_data.get(name) or "" for name in self.fields}

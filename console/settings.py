@@ -486,6 +486,8 @@ GATEWAY_MAX_CONNECTIONS_PER_ADDRESS = env_int(
 # The keys' per-minute limits live in Redis (REDIS_URL), shared by every gateway (endpoints/gateway/limits.py): each
 # admission waits at most this long for it, then a key with a token limit is refused (fail closed).
 GATEWAY_LIMITS_TIMEOUT_SECONDS = env_float("GATEWAY_LIMITS_TIMEOUT_SECONDS", 2)
+# A request refused by a token budget in "queue" mode waits this long at most for the budget to allow it (then 429).
+GATEWAY_BUDGET_QUEUE_SECONDS = env_float("GATEWAY_BUDGET_QUEUE_SECONDS", 30)
 # A model's context when neither its endpoint (max_model_len) nor its artifact's config says: what a request with no
 # max_tokens may use on a chat route (vLLM: the rest of the context), for the token estimate.
 GATEWAY_DEFAULT_CONTEXT = env_int("GATEWAY_DEFAULT_CONTEXT", 32768)

@@ -77,10 +77,44 @@ def team_for_new(user, team_id: int | None, *, role: str = OPERATOR) -> int:
     raise ValidationError({"team": f"You hold the {role} role in no team."})
 
 
+def visible_or_shared(queryset: QuerySet, user) -> QuerySet:
+    """Rows whose team may be none (audit rows, jobs): those of another team are left out; those of no team's
+    object (users, nodes, logins, a node's jobs) stay, as before teams."""
+    team_ids = visible_team_ids(user)
+    if team_ids is None:
+        return queryset
+    return queryset.filter(Q(team__isnull=True) | Q(team_id__in=team_ids))
+
+
+def visible_or_shared_get(queryset: QuerySet, user, *, role: str = VIEWER, **lookup):
+    """As visible_get, for rows whose team may be none: one of no team needs `role` of the console only (the
+    route's own check)."""
+    obj = visible_or_shared(queryset, user).filter(**lookup).first()
+    if obj is None:
+        raise Http404("Not found.")
+    if role != VIEWER and obj.team_id is not None:
+        check_team_role(user, obj.team_id, role)
+    return obj
+
+
 def visible_audit(events: QuerySet, user) -> QuerySet:
     """Audit rows: those about another team's objects (a gateway key, an endpoint, ...) are left out; rows about
     no team's object (users, nodes, logins) stay, as before teams."""
-    team_ids = visible_team_ids(user)
-    if team_ids is None:
-        return events
-    return events.filter(Q(team__isnull=True) | Q(team_id__in=team_ids))
+    return visible_or_shared(events, user)
+
+
+def team_options(user, *, role: str = OPERATOR) -> list[tuple[int, str]]:
+    """The teams a new object of `user`'s may go to, for a form's team field: those where they hold `role` (every
+    team for the console Admin), by name. team_for_new checks the one posted."""
+    if console_role(user) == ADMIN:
+        return list(Team.objects.order_by("name").values_list("pk", "name"))
+    held = TeamMembership.objects.filter(user=user).select_related("team").order_by("team__name")
+    return [(m.team_id, m.team.name) for m in held if at_least(m.role, role)]
+
+
+def default_team_for(user, *, role: str = OPERATOR) -> int | None:
+    """The team a form's team field starts at: where a new object goes when none is chosen (team_for_new)."""
+    try:
+        return team_for_new(user, None, role=role)
+    except ValidationError:
+        return None

@@ -69,5 +69,6 @@ urlpatterns = [
     path("", include("endpoints.profiling.urls")),
     path("", include("evaluations.urls")),
     path("", include("endpoints.tuning.urls")),
+    path("", include("endpoints.usage.urls")),
     path("api/v1/", api.urls),
 ]

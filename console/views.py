@@ -1,5 +1,4 @@
 import logging
-from datetime import date
 
 from django.conf import settings
 from django.contrib import messages
@@ -9,14 +8,14 @@ from django.core.paginator import Paginator
 from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils.dateparse import parse_date
 from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
 
 from console import services
 from console.form_layout import errors_by_field
+from console.forms import AuditFilterForm, UserCreateForm, UserUpdateForm
 from console.models import AuditEvent
-from console.roles import ADMIN, ROLES, VIEWER, require_role, user_role
+from console.roles import ADMIN, VIEWER, require_role, user_role
 from console.selectors import overview_counts
 from console.teams import visible_audit
 from console.validation import error_lines, int_in_range
@@ -60,25 +59,29 @@ def healthz(request):
 @require_role(VIEWER)
 @require_GET
 def overview(request):
-    return render(request, "console/overview.html", {"counts": overview_counts()})
+    return render(request, "console/overview.html", {"counts": overview_counts(user=request.user)})
 
 
 @require_role(VIEWER)
 @require_GET
 def audit_list(request):
     events = visible_audit(AuditEvent.objects.select_related("actor"), request.user)
-    filters = {k: request.GET.get(k, "").strip() for k in ("actor", "action", "object_type", "since")}
+    form = AuditFilterForm(
+        request.GET,
+        actions=AuditEvent.objects.values_list("action", flat=True).distinct().order_by("action"),
+        object_types=AuditEvent.objects.exclude(object_type="")
+        .values_list("object_type", flat=True)
+        .distinct()
+        .order_by("object_type"),
+    )
+    filters = form.values()
     if filters["actor"]:
         events = events.filter(actor_name=filters["actor"])
     if filters["action"]:
         events = events.filter(action__startswith=filters["action"])
     if filters["object_type"]:
         events = events.filter(object_type=filters["object_type"])
-    since, number, problems = None, 1, []
-    try:
-        since = _date_or_none(filters["since"], "since")
-    except ValidationError as exc:
-        problems += error_lines(exc)
+    number, problems = 1, [f"{field}: {message}" for field, errs in form.errors.items() for message in errs]
     try:
         number = int_in_range(request.GET.get("page"), "page", low=1, high=1_000_000, default=1)
     except ValidationError as exc:
@@ -87,35 +90,19 @@ def audit_list(request):
         messages.error(request, line)
     if problems:
         events = events.none()
-    elif since is not None:
-        events = events.filter(created_at__date__gte=since)
+    elif filters["since"]:
+        events = events.filter(created_at__date__gte=filters["since"])
     page = Paginator(events, 50).get_page(number)
     return render(
         request,
         "console/audit.html",
         {
             "page": page,
-            "filters": filters,
-            "actions": AuditEvent.objects.values_list("action", flat=True).distinct().order_by("action"),
-            "object_types": AuditEvent.objects.exclude(object_type="")
-            .values_list("object_type", flat=True)
-            .distinct()
-            .order_by("object_type"),
+            "form": form,
+            "filters": filters,  # the pager's links keep them
         },
         status=400 if problems else 200,
     )
-
-
-def _date_or_none(value: str, field: str) -> date | None:
-    if not value:
-        return None
-    try:
-        parsed = parse_date(value)
-    except ValueError:
-        parsed = None
-    if parsed is None:
-        raise ValidationError({field: "Enter a date as YYYY-MM-DD."})
-    return parsed
 
 
 # --- API tokens (each user manages their own) ---------------------------------------
@@ -170,19 +157,18 @@ def user_list(request):
     return _users_page(request)
 
 
-def _users_page(request, *, status: int = 200, errors: dict | None = None, values=None):
+def _users_page(request, *, status: int = 200, form: UserCreateForm | None = None):
     users = User.objects.order_by("username").prefetch_related("groups")
-    rows = [(u, user_role(u)) for u in users]
+    rows = []
+    for u in users:
+        role = user_role(u)
+        # Each row's form its own ids (the fields' names stay role and active).
+        initial = {"role": role or "", "active": "true" if u.is_active else "false"}
+        rows.append((u, role, UserUpdateForm(initial=initial, auto_id=f"id_user{u.pk}_%s")))
     return render(
         request,
         "console/users.html",
-        {
-            "rows": rows,
-            "roles": ROLES,
-            "role_options": [(r, r) for r in ROLES],
-            "errors": errors or {},
-            "values": values or {},
-        },
+        {"rows": rows, "form": form or UserCreateForm()},
         status=status,
     )
 
@@ -190,16 +176,16 @@ def _users_page(request, *, status: int = 200, errors: dict | None = None, value
 @require_role(ADMIN, whole_console=True)
 @require_POST
 def user_create(request):
+    """A refused user is shown again with each error beside its field (400); nothing is stored."""
+    form = UserCreateForm(request.POST)
+    if not form.is_valid():
+        return _users_page(request, status=400, form=form)
     try:
-        user, password = services.user_create(
-            username=request.POST.get("username", ""),
-            role=request.POST.get("role", ""),
-            password=request.POST.get("password", ""),
-            actor=request.user,
-            request=request,
-        )
-    except ValidationError as exc:  # the list again, each message beside its field, as a 400
-        return _users_page(request, status=400, errors=errors_by_field(exc), values=request.POST)
+        user, password = services.user_create(**form.cleaned_data, actor=request.user, request=request)
+    except ValidationError as exc:
+        for field, errors in errors_by_field(exc).items():
+            form.add_error(field if field in form.fields else None, errors)
+        return _users_page(request, status=400, form=form)
     if password:
         messages.success(request, f"User {user.username} created. Initial password (shown once): {password}")
     else:
@@ -211,14 +197,16 @@ def user_create(request):
 @require_POST
 def user_update(request, user_id: int):
     target = get_object_or_404(User, pk=user_id)
-    # The page's select sends "true" or "false"; anything else is refused, never read as "inactive".
-    raw_active = request.POST.get("active") or ""
+    form = UserUpdateForm(request.POST)
     try:
-        if raw_active not in ("", "true", "false"):
-            raise ValidationError(f"active must be true or false, not {raw_active[:40]!r}.")
-        active = None if not raw_active else raw_active == "true"
+        if not form.is_valid():
+            raise ValidationError(form.errors.as_data())
         services.user_update(
-            target=target, role=request.POST.get("role") or None, active=active, actor=request.user, request=request
+            target=target,
+            role=form.cleaned_data["role"] or None,
+            active=form.cleaned_data["active"],
+            actor=request.user,
+            request=request,
         )
     except ValidationError as exc:
         messages.error(request, " ".join(exc.messages))

@@ -13,12 +13,19 @@ class EndpointsConfig(AppConfig):
         from endpoints.gateway.selectors import key_teams
         from endpoints.models import Endpoint
         from endpoints.reconcile import ReplicaWorkload
-        from endpoints.telemetry import collect_replicas, endpoint_names, forget_endpoint_telemetry, served_facts
+        from endpoints.telemetry import (
+            collect_replicas,
+            endpoint_names,
+            endpoint_teams,
+            forget_endpoint_telemetry,
+            served_facts,
+        )
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
         from workers.telemetry.sources import (
             register_collector,
             register_endpoint_names,
+            register_endpoint_teams,
             register_key_teams,
             register_served_facts,
         )
@@ -30,6 +37,7 @@ class EndpointsConfig(AppConfig):
         register_endpoint_names(endpoint_names)
         post_delete.connect(forget_endpoint_telemetry, sender=Endpoint, dispatch_uid="endpoints.forget_telemetry")
         register_key_teams(key_teams)  # per-key series and /metrics labels: the key's team's to read
+        register_endpoint_teams(endpoint_teams)  # an endpoint's series, alerts and fleet figures: its team's
         # Defining the job kind registers it with the job runtime (workers.jobs).
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts

@@ -61,6 +61,8 @@ class EndpointSpec(BaseModel):
     # A recipe (endpoints.recipes: "name" or "name@version") fills every field not given beside it.
     recipe: str = ""
     artifact: int | None = None
+    # The team the endpoint goes to (one where the caller is an Operator); none: the artifact's team.
+    team: int | None = None
     node: str | int | None = None
     devices: list[int] = []
     replicas: int | None = None

@@ -112,6 +112,14 @@ class EndpointLaunchForm(forms.Form):
         help_text="a ready artifact of the registry (its path).",
         error_messages={"invalid": "Choose an existing artifact."},
     )
+    # Offered only where the user may choose (console.teams.team_options, more than one); the service checks it.
+    team = forms.IntegerField(
+        required=False,
+        label="Team",
+        help_text="whose endpoint it is: blank, the artifact's team.",
+        widget=forms.Select,
+        error_messages={"invalid": "Choose one of your teams."},
+    )
     node = forms.CharField(required=False, label="Node", help_text="where the API server runs (the head node).")
     devices = forms.CharField(
         required=False,
@@ -384,3 +392,21 @@ class EndpointLaunchForm(forms.Form):
             return time_of_day(self.cleaned_data["restart_daily_at"])
         except ValidationError:
             raise ValidationError(TIME_OF_DAY_MESSAGE) from None
+
+
+class AdapterForm(forms.Form):
+    """The endpoint page's LoRA section: load an adapter into the ready replicas, or unload one (the service checks
+    the action and the adapter against the endpoint)."""
+
+    adapter = forms.IntegerField(
+        label="Adapter",
+        help_text="loaded into every ready replica now, and into every later start.",
+        widget=forms.Select,
+        error_messages={"required": "Choose an adapter.", "invalid": "Choose an adapter."},
+    )
+    action = forms.CharField(widget=forms.HiddenInput)
+
+    def __init__(self, *args, adapters=(), **kwargs):
+        kwargs.setdefault("auto_id", "adapter-%s")
+        super().__init__(*args, **kwargs)
+        self.adapter_options = [(a.pk, f"{a.name} (rank {(a.inspection or {}).get('rank')})") for a in adapters]

@@ -10,6 +10,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from console.form_layout import field_context
+from console.teams import team_options, visible
 from endpoints import services
 from endpoints.commands.platforms import QUANTIZATION_METHODS
 from endpoints.commands.spec import EXECUTOR_BACKENDS
@@ -27,7 +28,7 @@ SECTIONS = (
         "model",
         "Model and node",
         False,
-        ("recipe", "name", "artifact", "node", "worker_nodes", "devices", "served_model_name"),
+        ("recipe", "name", "artifact", "team", "node", "worker_nodes", "devices", "served_model_name"),
     ),
     (
         "parallelism",
@@ -262,11 +263,20 @@ def _field(name: str, field: forms.Field, value, errors: list[str], options) -> 
     )
 
 
-def page_context(*, values: dict, errors: dict[str, list[str]]) -> dict:
-    """The launch template's context."""
-    artifacts = list(launchable_artifacts())
+def page_context(*, values: dict, errors: dict[str, list[str]], user) -> dict:
+    """The launch template's context: the artifacts and endpoints of `user`'s teams; the team field where they
+    may choose among more than one."""
+    artifacts = list(visible(launchable_artifacts(), user))
     recipes = recipe_list()
-    choices = _choices(artifacts, Node.objects.all(), recipes, adapter_artifacts(), Endpoint.objects.order_by("name"))
+    choices = _choices(
+        artifacts,
+        Node.objects.all(),
+        recipes,
+        visible(adapter_artifacts(), user),
+        visible(Endpoint.objects.order_by("name"), user),
+    )
+    teams = team_options(user)
+    choices["team"] = [("", "the artifact's team")] + teams
     fields = EndpointLaunchForm.base_fields
     for name, field in fields.items():
         if isinstance(field, forms.ChoiceField):
@@ -283,7 +293,10 @@ def page_context(*, values: dict, errors: dict[str, list[str]]) -> dict:
         }
         for section_id, title, folded, names in SECTIONS
     ]
-    shown = {name for *_, names in SECTIONS for name in names}
+    if len(teams) < 2:  # no choice to make: the field is left out
+        for section in sections:
+            section["fields"] = [f for f in section["fields"] if f["name"] != "team"]
+    shown = {name for *_, names in SECTIONS for name in names} - ({"team"} if len(teams) < 2 else set())
     about = {r.ref: _recipe_about(r) for r in recipes}
     return {
         "sections": sections,

@@ -29,6 +29,7 @@ _REF = re.compile(r"(?P<name>[a-z0-9][a-z0-9-]{0,62})(@(?P<version>[0-9]{1,6}))?
 #: are engine settings and stay, so a launch from the recipe can load adapters of its own model.
 NOT_IN_RECIPES = (
     "name",
+    "team",
     "adapters",
     "stage_beside",
     "recipe",

@@ -20,7 +20,7 @@ from django.utils import timezone
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, at_least, has_role
-from console.teams import team_role, visible
+from console.teams import team_for_new, team_role, visible
 from console.validation import float_in_range, int_in_range
 from endpoints.ascend_rules import launch_refusal as ascend_launch_refusal
 from endpoints.ascend_rules import refusal_errors
@@ -453,7 +453,10 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         raise ValidationError({"name": exc.messages}) from exc
     if Endpoint.objects.filter(name=name).exists():
         raise ValidationError({"name": f"An endpoint named {name!r} exists already."})
+    # Another team of the user's may serve it (they are an Operator of both); by default the artifact's team.
+    chosen_team = team_for_new(user, spec.team) if spec.team is not None else None
     artifact = _launchable_artifact(spec.artifact, user=user)
+    team_id = chosen_team if chosen_team is not None else artifact.team_id
     tp = int_in_range(spec.tensor_parallel_size, "tensor_parallel_size", low=1, high=64, default=1)
     pp = int_in_range(spec.pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     roles = None
@@ -570,6 +573,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
         with transaction.atomic():
             endpoint = Endpoint.objects.create(
                 name=name,
+                team_id=team_id,
                 artifact=artifact,
                 node=node,
                 devices=devices,

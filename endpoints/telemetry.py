@@ -199,9 +199,21 @@ def served_facts() -> list[ServedFact]:
     """Every endpoint meant to be running, and whether it is ready (the registered facts). One scaled
     to zero is left out: no replica is meant to serve until a request wakes it (not an alert)."""
     return [
-        ServedFact(id=ep.pk, name=ep.name, state=ep.state, node_id=ep.node_id, ready=ep.state == Endpoint.State.READY)
+        ServedFact(
+            id=ep.pk,
+            name=ep.name,
+            state=ep.state,
+            node_id=ep.node_id,
+            ready=ep.state == Endpoint.State.READY,
+            team_id=ep.team_id,
+        )
         for ep in Endpoint.objects.filter(desired_state=Endpoint.Desired.RUNNING, replicas__gt=0)
     ]
+
+
+def endpoint_teams() -> dict[int, int]:
+    """Each endpoint's team, for telemetry (workers.telemetry.sources.register_endpoint_teams)."""
+    return dict(Endpoint.objects.values_list("pk", "team_id"))
 
 
 def endpoint_names(ids: set[int]) -> dict[int, str]:

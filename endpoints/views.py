@@ -8,13 +8,15 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role, require_role
 from console.validation import error_text
 from endpoints import launch_page, selectors, services
+from endpoints.bench.forms import BenchmarkForm
 from endpoints.commands import format_for_shell
-from endpoints.forms import EndpointLaunchForm
+from endpoints.forms import AdapterForm, EndpointLaunchForm
 from endpoints.gateway import services as gateway_services
 from endpoints.launch import recorded_log
 from endpoints.lora import adapter_choices, endpoint_adapter_change
 from endpoints.models import Endpoint
 from endpoints.preview import endpoint_preview
+from endpoints.profiling.forms import ProfileForm
 from endpoints.recipes import recipe_save
 from models_registry.views import _errors
 from workers.agent.supervisor import tail_lines
@@ -47,7 +49,7 @@ def endpoint_launch(request):
     return render(
         request,
         "endpoints/endpoint_launch.html",
-        launch_page.page_context(values=values, errors=errors),
+        launch_page.page_context(values=values, errors=errors, user=request.user),
         status=400 if errors else 200,
     )
 
@@ -110,7 +112,9 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             "recipe_errors": {},
             "adapters": list(endpoint.adapters.all()),
             "adapter_choices": choices,
-            "adapter_options": [(a.pk, f"{a.name} (rank {(a.inspection or {}).get('rank')})") for a in choices],
+            "adapter_form": AdapterForm(adapters=choices, initial={"action": "load"}),
+            "bench_form": BenchmarkForm(endpoint=endpoint),
+            "profile_form": ProfileForm(endpoint=endpoint),
             **extra,
         },
         status=status,
@@ -252,17 +256,18 @@ def endpoint_advisory(request, endpoint_id: int):
 def endpoint_adapter(request, endpoint_id: int):
     """The endpoint page's LoRA section: load an adapter into the ready replicas, or unload one."""
     endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
-    action = request.POST.get("action", "")
+    form = AdapterForm(request.POST)
     try:
+        if not form.is_valid():
+            raise ValidationError(form.errors.as_data())
+        action = form.cleaned_data["action"]
         result = endpoint_adapter_change(
             endpoint=endpoint,
-            adapter_id=int(request.POST.get("adapter") or 0),
+            adapter_id=form.cleaned_data["adapter"],
             action=action,
             user=request.user,
             request=request,
         )
-    except (ValueError, TypeError):
-        messages.error(request, "Choose an adapter.")
     except ValidationError as exc:
         messages.error(request, error_text(exc))
     except Conflict as exc:

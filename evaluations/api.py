@@ -1,12 +1,12 @@
 """Evaluations API: the tasks available here, start an evaluation of an endpoint or an artifact, read its state and
 results, compare two; a canary pair's accuracy gate."""
 
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict
 
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
+from console.teams import visible_get
 from endpoints.models import Endpoint
 from evaluations import gates, selectors, services
 from evaluations import tasks as catalogue
@@ -36,11 +36,13 @@ class RolloutGateIn(Schema):
     tasks: list[str] = []  # empty: no accuracy gate
     limit: int | None = None
     max_drop_points: float | None = None
+    above_share: int | None = None  # a step past which the staged share waits for it (blank: the promotion)
 
 
 def evaluation_json(evaluation: Evaluation) -> dict:
     return {
         "id": evaluation.pk,
+        "team": evaluation.team_id,
         "state": evaluation.state,
         "error": evaluation.display_error or None,
         "measured": evaluation.measured,
@@ -80,9 +82,10 @@ def create_evaluation(request, payload: EvaluationIn):
     endpoint = artifact = None
     if payload.endpoint not in (None, ""):
         field = {"pk": payload.endpoint} if str(payload.endpoint).isdigit() else {"name": payload.endpoint}
-        endpoint = get_object_or_404(Endpoint.objects.select_related("artifact"), **field)
+        # Another team's: 404, as one that does not exist; an Operator of its team only (console.teams).
+        endpoint = visible_get(Endpoint.objects.select_related("artifact"), request.user, role=OPERATOR, **field)
     if payload.artifact is not None:
-        artifact = get_object_or_404(Artifact, pk=payload.artifact)
+        artifact = visible_get(Artifact.objects.all(), request.user, role=OPERATOR, pk=payload.artifact)
     evaluation = services.evaluation_create(
         endpoint=endpoint,
         artifact=artifact,
@@ -100,30 +103,36 @@ def create_evaluation(request, payload: EvaluationIn):
 
 @api_route(router, "get", "/evaluations", role=VIEWER, response=list[dict])
 def list_evaluations(request, limit: int = 50):
-    return [evaluation_json(e) for e in selectors.recent(limit=max(1, min(limit, 500)))]
+    return [evaluation_json(e) for e in selectors.recent(user=request.user, limit=max(1, min(limit, 500)))]
 
 
 @api_route(router, "get", "/evaluations/{evaluation_id}", role=VIEWER, response=dict)
 def get_evaluation(request, evaluation_id: int):
-    return evaluation_json(get_object_or_404(Evaluation.objects.select_related("job"), pk=evaluation_id))
+    return evaluation_json(selectors.evaluation_get(evaluation_id, user=request.user))
 
 
 @api_route(router, "get", "/evaluations/{first_id}/compare/{second_id}", role=VIEWER, response=dict)
 def compare_evaluations(request, first_id: int, second_id: int):
-    first = get_object_or_404(Evaluation.objects.select_related("job"), pk=first_id)
-    second = get_object_or_404(Evaluation.objects.select_related("job"), pk=second_id)
+    first = selectors.evaluation_get(first_id, user=request.user)
+    second = selectors.evaluation_get(second_id, user=request.user)
     return {"baseline": first.pk, "candidate": second.pk, "rows": compare_rows(first.results, second.results)}
 
 
 @api_route(router, "post", "/endpoints/{endpoint_id}/rollout/accuracy-gate", role=OPERATOR, response=dict)
 def set_rollout_gate(request, endpoint_id: int, payload: RolloutGateIn):
-    endpoint = get_object_or_404(Endpoint, pk=endpoint_id)
+    endpoint = visible_get(Endpoint.objects.all(), request.user, role=OPERATOR, pk=endpoint_id)
     gate = gates.set_rollout_gate(
         endpoint=endpoint,
         tasks=payload.tasks,
         limit=payload.limit,
         max_drop_points=payload.max_drop_points,
+        above_share=payload.above_share,
         actor=request.user,
         request=request,
     )
-    return {"tasks": gate.tasks, "limit": gate.limit, "max_drop_points": gate.threshold}
+    return {
+        "tasks": gate.tasks,
+        "limit": gate.limit,
+        "max_drop_points": gate.threshold,
+        "above_share": gate.above_share,
+    }

@@ -21,9 +21,9 @@ from django.utils import timezone
 
 from console.audit import audit_log
 from console.exceptions import Conflict, ServiceUnavailable
-from console.validation import error_text, float_in_range
+from console.validation import error_text, float_in_range, int_in_range
 from endpoints.gateway.eval_gate import register_rollout_gate
-from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, Decision
+from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK, STEP, Decision
 from endpoints.gateway.services import endpoint_settings
 from endpoints.services import launch_refusal, platform_refusal
 from evaluations import services
@@ -175,13 +175,15 @@ def settle_for(evaluation: Evaluation) -> None:
 
 
 def rollout_gate(gw, decision: Decision, now: float) -> Decision | None:
-    """Before a promotion: hold while the live and staged sides are evaluated; roll back on a drop beyond the
-    gate; let it through on a pass. Other decisions (hold, step, an SLO rollback) stand."""
-    if decision.action != PROMOTE:
+    """Before a promotion (or a step above the gate's `above_share`): hold while the live and staged sides are
+    evaluated; roll back on a drop beyond the gate; let it through on a pass (a pass counts for the same staged
+    side's later steps and its promotion). Other decisions (hold, an earlier step, an SLO rollback) stand."""
+    if decision.action not in (PROMOTE, STEP):
         return None
     gate = RolloutGate.objects.filter(gateway=gw).first()
-    if gate is None or not gate.tasks:
+    if gate is None or not gate.tasks or not gate.applies_to(action=decision.action, share=decision.share):
         return None
+    before = "promotion" if decision.action == PROMOTE else f"the step to {decision.share} %"
     run = (
         GateRun.objects.filter(kind=GateRun.Kind.ROLLOUT, gateway=gw, staged_id=gw.staged_id)
         .select_related("baseline__job", "candidate__job")
@@ -197,7 +199,7 @@ def rollout_gate(gw, decision: Decision, now: float) -> Decision | None:
         return _with(
             decision,
             HOLD,
-            f"accuracy gate: evaluating live #{run.baseline_id} and staged #{run.candidate_id} before promotion",
+            f"accuracy gate: evaluating live #{run.baseline_id} and staged #{run.candidate_id} before {before}",
             run,
             share=decision.figures["share"],
         )
@@ -214,7 +216,9 @@ def rollout_gate(gw, decision: Decision, now: float) -> Decision | None:
         return _with(decision, ROLLBACK, f"accuracy gate: {run.reason}", run, share=0)
     if run.verdict == GateRun.Verdict.ERROR:
         return _with(decision, HOLD, f"accuracy gate: {run.reason}", run, share=decision.figures["share"])
-    return _with(decision, PROMOTE, f"{decision.reason}; accuracy gate: {run.reason}", run, share=decision.share)
+    return _with(
+        decision, decision.action, f"{decision.reason}; accuracy gate: {run.reason}", run, share=decision.share
+    )
 
 
 def _with(decision: Decision, action: str, reason: str, run: GateRun, *, share: int) -> Decision:
@@ -248,8 +252,11 @@ def _start_rollout_run(gw, gate: RolloutGate) -> GateRun:
     )
 
 
-def set_rollout_gate(*, endpoint, tasks, limit=None, max_drop_points=None, actor=None, request=None) -> RolloutGate:
-    """The pair's accuracy gate (tasks empty: none). Bad input changes nothing and names its field."""
+def set_rollout_gate(
+    *, endpoint, tasks, limit=None, max_drop_points=None, above_share=None, actor=None, request=None
+) -> RolloutGate:
+    """The pair's accuracy gate (tasks empty: none); `above_share`: a step of the plan past which the staged share
+    waits for the evaluation (blank: the promotion alone). Bad input changes nothing and names its field."""
     names = services.checked_tasks(tasks) if tasks else []
     limit = services.checked_limit(limit)
     points = float_in_range(
@@ -259,15 +266,23 @@ def set_rollout_gate(*, endpoint, tasks, limit=None, max_drop_points=None, actor
         high=100,
         message="max_drop_points must be a number of points from 0 to 100 (blank: EVALUATION_GATE_POINTS).",
     )
+    above = int_in_range(
+        above_share,
+        "above_share",
+        low=0,
+        high=99,
+        message="above_share must be a share in percent from 0 to 99 (e.g. the plan's first step; blank: the "
+        "evaluation waits for the promotion alone).",
+    )
     gw = endpoint_settings(endpoint)
     gate, _ = RolloutGate.objects.update_or_create(
-        gateway=gw, defaults={"tasks": names, "limit": limit, "max_drop_points": points}
+        gateway=gw, defaults={"tasks": names, "limit": limit, "max_drop_points": points, "above_share": above}
     )
     audit_log(
         actor=actor,
         action="gateway.rollout_accuracy_gate",
         obj=endpoint,
         request=request,
-        changes={"tasks": names, "limit": limit, "max_drop_points": points},
+        changes={"tasks": names, "limit": limit, "max_drop_points": points, "above_share": above},
     )
     return gate

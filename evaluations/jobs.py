@@ -86,6 +86,7 @@ def execute(evaluation: Evaluation, ctx) -> dict:
         key, raw = key_create(
             name=f"evaluation #{evaluation.pk}",
             endpoints=[f"={endpoint.name}"],  # this endpoint alone, not the other side of a canary pair
+            team_id=endpoint.team_id,  # a key reaches its own team's endpoints alone
             expires_days=1,
             via=VIA,
         )

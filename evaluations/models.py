@@ -9,6 +9,9 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+from endpoints.gateway.rollout import PROMOTE, STEP
+
 __all__ = ["SERVED_BY_ENGINE", "Evaluation", "EvaluationStatus", "GateRun", "RolloutGate", "UploadedTask"]
 
 # How an evaluation's figures were measured, as the pages and the API say it (the quantize job's perplexity is
@@ -27,7 +30,9 @@ class EvaluationStatus(models.TextChoices):
 ENDED = (EvaluationStatus.SUCCEEDED, EvaluationStatus.FAILED)
 
 
-class Evaluation(models.Model):
+class Evaluation(TeamOwned):
+    TEAM_PARENTS = ("endpoint", "artifact")  # the team of what it scores
+
     class Purpose(models.TextChoices):
         MANUAL = "manual"
         QUANTIZE_GATE = "quantize-gate"
@@ -145,16 +150,26 @@ class UploadedTask(models.Model):
 
 
 class RolloutGate(models.Model):
-    """A canary pair's accuracy gate: before the staged side is promoted, it and the live side are evaluated on
-    the same tasks with the same seed; a drop beyond `max_drop_points` rolls back (evaluations/gates.py)."""
+    """A canary pair's accuracy gate: before the staged side is promoted (or, with `above_share`, before its share
+    goes above that step of the plan), it and the live side are evaluated on the same tasks with the same seed; a
+    drop beyond `max_drop_points` rolls back (evaluations/gates.py)."""
 
     gateway = models.OneToOneField("endpoints.GatewayEndpoint", on_delete=models.CASCADE, related_name="eval_gate")
     tasks = models.JSONField(default=list)
     limit = models.PositiveIntegerField(null=True, blank=True)
     max_drop_points = models.FloatField(null=True, blank=True)  # None: EVALUATION_GATE_POINTS
+    # A step may require the evaluation: the staged share does not go above this percent (e.g. the plan's first
+    # step) until the evaluation passed; None: only the promotion (the step to 100 %) waits for it.
+    above_share = models.PositiveSmallIntegerField(null=True, blank=True)
 
     def __str__(self):
         return f"accuracy gate of {self.gateway}"
+
+    def applies_to(self, *, action: str, share: int) -> bool:
+        """Whether a rollout decision (a step to `share`, or the promotion) must wait for the evaluation."""
+        if action == PROMOTE:
+            return True
+        return action == STEP and self.above_share is not None and share > self.above_share
 
     @property
     def threshold(self) -> float:

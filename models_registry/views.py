@@ -5,6 +5,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
+from console.teams import default_team_for, team_options
 from console.validation import NumberError, field_errors, parse_float
 from models_registry import hooks, selectors, services
 from models_registry.capacity_view import artifact_capacity, reference_devices
@@ -26,12 +27,20 @@ def model_list(request):
 @require_role(OPERATOR)
 @require_http_methods(["GET", "POST"])
 def model_register(request):
-    values = {"name": "", "path": "", "description": ""}
+    values = {"name": "", "path": "", "description": "", "team": str(default_team_for(request.user) or "")}
     errors = {}
     if request.method == "POST":
         values = {k: request.POST.get(k, "") for k in values}
         try:
-            model = services.model_register(user=request.user, request=request, **values)
+            team = values["team"].strip()
+            if team and not team.isdigit():
+                raise ValidationError({"team": "Choose one of your teams."})
+            model = services.model_register(
+                user=request.user,
+                request=request,
+                team_id=int(team) if team else None,
+                **{k: v for k, v in values.items() if k != "team"},
+            )
         except ValidationError as exc:
             errors = _errors(exc)
         else:
@@ -46,6 +55,7 @@ def model_register(request):
             "values": values,
             "errors": errors,
             "roots": settings.MODEL_ROOTS,
+            "team_options": team_options(request.user),  # offered where there is a choice
             "path_help": "A Hugging Face directory (config.json, safetensors or bin weights, tokenizer) or a .gguf "
             f"file, inside: {', '.join(map(str, settings.MODEL_ROOTS))}.",
         },

@@ -1,4 +1,3 @@
-from django.shortcuts import get_object_or_404
 from ninja import Query, Router
 
 from console.api_auth import api_route
@@ -13,6 +12,7 @@ router = Router(tags=["jobs"])
 def job_json(job: Job, *, user=None) -> dict:
     data = {
         "id": job.pk,
+        "team": job.team_id,  # none: a job about no team's object, everyone's
         "kind": job.kind,
         "status": job.status,
         "progress": round(job.progress, 1),
@@ -58,23 +58,27 @@ def list_jobs(
     user: str = "",
     limit: int = Query(100, ge=1, le=500),
 ):
-    jobs = job_selectors.job_list(status=status, kind=kind, targets={"model": model}, username=user)[:limit]
+    jobs = job_selectors.job_list(user=request.user, status=status, kind=kind, targets={"model": model}, username=user)[
+        :limit
+    ]
     return [job_json(j) for j in jobs]
 
 
 @api_route(router, "get", "/jobs/{job_id}", role=VIEWER, response=dict)
 def get_job(request, job_id: int):
-    job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user)
     return job_json(job, user=request.user) | {"log_tail": job.log[-5000:]}
 
 
 @api_route(router, "post", "/jobs/{job_id}/cancel", role=OPERATOR, response=dict)
 def cancel_job(request, job_id: int):
-    job = job_services.job_cancel(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
+    job = job_services.job_cancel(job=job, user=request.user, request=request)
     return job_json(job)
 
 
 @api_route(router, "post", "/jobs/{job_id}/retry", role=OPERATOR, response={202: dict})
 def retry_job(request, job_id: int):
-    new = job_services.job_retry(job=get_object_or_404(Job, pk=job_id), user=request.user, request=request)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
+    new = job_services.job_retry(job=job, user=request.user, request=request)
     return 202, {"job": new.pk}

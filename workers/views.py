@@ -10,7 +10,7 @@ from console.roles import ADMIN, OPERATOR, VIEWER, require_role
 from console.validation import field_errors
 from workers import engine_images
 from workers import services as node_services
-from workers.forms import NodeEngineRuntimeForm
+from workers.forms import JobFilterForm, NodeEngineRuntimeForm
 from workers.jobs import selectors as job_selectors
 from workers.jobs import services as job_services
 from workers.jobs.models import Job
@@ -20,29 +20,28 @@ from workers.models import Node
 @require_role(VIEWER)
 @require_GET
 def job_list(request):
-    filters = {k: request.GET.get(k, "").strip() for k in ("status", "kind", "model", "user")}
-    model_id = int(filters["model"]) if filters["model"].isdigit() else None
+    form = JobFilterForm(
+        request.GET,
+        statuses=Job.Status.values,
+        kinds=Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
+        models=job_selectors.target_choices("model"),
+    )
+    filters = form.values()
     jobs = job_selectors.job_list(
-        status=filters["status"], kind=filters["kind"], targets={"model": model_id}, username=filters["user"]
+        user=request.user,
+        status=filters["status"],
+        kind=filters["kind"],
+        targets={"model": form.model_id()},
+        username=filters["user"],
     )
     page = Paginator(jobs, 50).get_page(request.GET.get("page"))
-    return render(
-        request,
-        "workers/job_list.html",
-        {
-            "page": page,
-            "filters": filters,
-            "statuses": Job.Status.values,
-            "kinds": Job.objects.values_list("kind", flat=True).distinct().order_by("kind"),
-            "models": job_selectors.target_choices("model"),
-        },
-    )
+    return render(request, "workers/job_list.html", {"page": page, "form": form, "filters": filters})
 
 
 @require_role(VIEWER)
 @require_GET
 def job_detail(request, job_id: int):
-    job = get_object_or_404(Job.objects.select_related("created_by", "target_type"), pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user)
     return render(request, "workers/job_detail.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
@@ -50,14 +49,14 @@ def job_detail(request, job_id: int):
 @require_GET
 def job_status(request, job_id: int):
     """The live part of the job page, polled by htmx; polling stops when the job ends."""
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user)
     return render(request, "workers/_job_status.html", {"job": job, "result_object": job_selectors.result_object(job)})
 
 
 @require_role(OPERATOR)
 @require_POST
 def job_cancel(request, job_id: int):
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
     try:
         job_services.job_cancel(job=job, user=request.user, request=request)
         messages.success(request, f"Job #{job.pk} cancelled.")
@@ -69,7 +68,7 @@ def job_cancel(request, job_id: int):
 @require_role(OPERATOR)
 @require_POST
 def job_retry(request, job_id: int):
-    job = get_object_or_404(Job, pk=job_id)
+    job = job_selectors.job_get(job_id, user=request.user, role=OPERATOR)
     try:
         new = job_services.job_retry(job=job, user=request.user, request=request)
     except (Conflict, ServiceUnavailable) as exc:
@@ -92,7 +91,7 @@ def node_list(request):
     return render(request, "endpoints/node_list.html", {"nodes": Node.objects.prefetch_related("devices")})
 
 
-def _node_page(request, node: Node, *, runtime_errors: dict | None = None, status: int = 200):
+def _node_page(request, node: Node, *, runtime_form: NodeEngineRuntimeForm | None = None, status: int = 200):
     return render(
         request,
         "endpoints/node_detail.html",
@@ -100,12 +99,19 @@ def _node_page(request, node: Node, *, runtime_errors: dict | None = None, statu
             "node": node,
             "devices": node.devices.all(),
             "doctor_interval_minutes": int(settings.DOCTOR_INTERVAL_SECONDS // 60),
-            "runtimes": Node.Runtime.choices,
-            "image_variants": engine_images.variant_choices(),
             "image": node.engine_image() if node.platform == Node.Platform.ASCEND else "",
-            "runtime_errors": runtime_errors or {},
+            "runtime_form": runtime_form
+            or _runtime_form(
+                initial={"engine_runtime": node.engine_runtime, "engine_image_variant": node.engine_image_variant}
+            ),
         },
         status=status,
+    )
+
+
+def _runtime_form(*args, **kwargs) -> NodeEngineRuntimeForm:
+    return NodeEngineRuntimeForm(
+        *args, runtimes=Node.Runtime.choices, image_variants=engine_images.variant_choices(), **kwargs
     )
 
 
@@ -120,15 +126,16 @@ def node_detail(request, node_id: int):
 def node_engine_runtime(request, node_id: int):
     """Admin: how this node's agent runs replicas (process, or vllm-ascend's image under Docker/Podman)."""
     node = get_object_or_404(Node, pk=node_id)
-    form = NodeEngineRuntimeForm(request.POST)
+    form = _runtime_form(request.POST)
     try:
         if not form.is_valid():
             raise ValidationError(form.errors.as_data())
         node_services.node_set_engine_runtime(node=node, **form.cleaned_data, user=request.user, request=request)
     except ValidationError as exc:
         node.refresh_from_db()
-        errors = {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
-        return _node_page(request, node, runtime_errors=errors, status=400)
+        for field, errors in field_errors(exc).items():
+            form.add_error(field if field in form.fields else None, errors)
+        return _node_page(request, node, runtime_form=form, status=400)
     messages.success(
         request, f"{node.name}: replicas run as {node.get_engine_runtime_display()} from their next start."
     )

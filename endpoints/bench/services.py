@@ -70,6 +70,7 @@ def _enqueue(*, endpoint: Endpoint, params: dict, user, request, retry_of, timeo
         retry_of=retry_of,
         queue=node_queue(endpoint.node.name),
         timeout_s=timeout_s,
+        team_id=endpoint.team_id,
     )
 
 

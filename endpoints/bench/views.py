@@ -13,7 +13,7 @@ from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_text
 from endpoints.bench import compare, selectors, services, snapshots
-from endpoints.bench.forms import BenchmarkForm
+from endpoints.bench.forms import BenchFilterForm, BenchmarkForm, CompareForm
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.commands import format_for_shell
 from endpoints.models import Endpoint
@@ -22,19 +22,18 @@ from endpoints.models import Endpoint
 @require_role(VIEWER)
 @require_GET
 def bench_list(request):
-    filters = {k: request.GET.get(k, "").strip() for k in ("endpoint", "state")}
+    form = BenchFilterForm(
+        request.GET,
+        endpoints=Endpoint.objects.order_by("name").values_list("name", flat=True),
+        states=selectors.STATES,
+    )
+    filters = form.values()
     runs = selectors.run_list(user=request.user, endpoint=filters["endpoint"] or None, state=filters["state"])
     page = Paginator(runs, 50).get_page(request.GET.get("page"))
     return render(
         request,
         "bench/bench_list.html",
-        {
-            "page": page,
-            "filters": filters,
-            "states": selectors.STATES,
-            "sweeps": selectors.sweep_list(user=request.user),
-            "endpoints": Endpoint.objects.order_by("name"),
-        },
+        {"page": page, "form": form, "filters": filters, "sweeps": selectors.sweep_list(user=request.user)},
     )
 
 
@@ -219,7 +218,7 @@ def _compare_table(request):
 @require_role(VIEWER)
 @require_GET
 def bench_compare(request):
-    ids, table, overrides, error = _compare_table(request)
+    ids, table, _, error = _compare_table(request)
     types = sorted({r["device_type"] for r in table["rows"] if r["device_type"]})
     query = request.GET.urlencode()
     return render(
@@ -230,14 +229,12 @@ def bench_compare(request):
             "ids": ids,
             "error": error,
             "query": query,
-            "cost_fields": [
-                {
-                    "type": t,
-                    "value": overrides.get(t.lower(), overrides.get(t, "")),
-                    "default": compare.rate_for({"device_type": t}, compare.cost_rates())[1],
-                }
-                for t in types
-            ],
+            "form": CompareForm(
+                request.GET,
+                rows=table["rows"],
+                device_types=types,
+                default_rates={t: compare.rate_for({"device_type": t}, compare.cost_rates())[1] for t in types},
+            ),
             "chart": {
                 "labels": [compare.plotly_text(f"#{r['id']} {r['setup']}") for r in table["rows"]],
                 "qps": [r["request_throughput"] for r in table["rows"]],

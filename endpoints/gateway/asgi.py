@@ -49,6 +49,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import aiohttp
 from django.conf import settings
@@ -59,8 +60,17 @@ from endpoints.gateway import disagg, routing
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.limits import SharedLimits
 from endpoints.gateway.protocol import ENGINE_HEADERS, FORWARDED_HEADERS, STREAM_ERROR, TAIL_BYTES
-from endpoints.gateway.selectors import Backend, KeyInfo, Loadable, RoutingTable, Wakeable, key_info, routing_table
-from endpoints.gateway.services import finish_drains, store_gateway_stats
+from endpoints.gateway.selectors import (
+    Backend,
+    KeyInfo,
+    Loadable,
+    RoutingTable,
+    Wakeable,
+    budget_used,
+    key_info,
+    routing_table,
+)
+from endpoints.gateway.services import finish_drains, store_gateway_stats, store_usage
 from endpoints.gateway.shared_routing import Load, SharedRouting
 from endpoints.gateway.stats import Stats
 from endpoints.lora import endpoint_adapter_change
@@ -163,6 +173,7 @@ class Gateway:
         self.load = Load(self.outstanding, None)
         self.claims: set[asyncio.Task] = set()  # prefix homes being recorded in Redis off the request's path
         self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
+        self.budget_alerted: set[tuple] = set()  # soft budget alerts this gateway noted (budget, percent, period)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -278,6 +289,10 @@ class Gateway:
         held = {ep_id: n for ep_id, n in self.held.items() if n}
         if stats.ep or stats.key or held:
             await _db(store_gateway_stats, stats, settings.GATEWAY_TELEMETRY_SECONDS, dict(self.ep_outstanding), held)
+        if stats.usage or stats.budget_alerts:
+            await _db(store_usage, stats)
+        now = datetime.now(UTC)
+        self.budget_alerted = {m for m in self.budget_alerted if m[3] > now}  # past periods' marks
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -439,10 +454,24 @@ class Gateway:
             )
         estimate = token_estimate(payload, route=path, context=self.table.context.get(model))
         assert self.limits is not None  # made at startup, before any request
-        reservation = await self.limits.admit(
-            key, prompt=estimate.prompt, completions=estimate.completions, each=estimate.each
-        )
+        reservation = await self.admit(key, estimate)
         if not reservation.admitted:
+            if reservation.bound is not None:  # a token budget: until its period's reset
+                spent = reservation.bound.budget
+                return await self.finish(
+                    send,
+                    key,
+                    None,
+                    start,
+                    await _error(
+                        send,
+                        429,
+                        f"The {spent.owner}'s token budget for this {spent.period} is spent"
+                        + (" (the request waited in its queue)." if spent.mode == "queue" else "."),
+                        "budget_exceeded",
+                        retry_after=math.ceil(reservation.wait),
+                    ),
+                )
             if reservation.unavailable:
                 return await self.finish(
                     send,
@@ -474,9 +503,14 @@ class Gateway:
         if reservation.each < estimate.each:
             # Admitted with what is left of the key's tokens this minute: its completion limit lowered, and said.
             payload[estimate.limit_field] = reservation.each
+            which = (
+                f"the {reservation.bound.budget.owner}'s token budget for this {reservation.bound.budget.period} left"
+                if reservation.bound is not None
+                else "the key's tokens per minute left"
+            )
             notice = (
                 f"{estimate.limit_field} lowered from {estimate.asked if estimate.asked is not None else 'unset'} "
-                f"to {reservation.each}: the key's tokens per minute left"
+                f"to {reservation.each}: {which}"
             )
             body = json.dumps(payload).encode()
         if generate:
@@ -574,6 +608,32 @@ class Gateway:
         finally:
             watch.close()
 
+    async def admit(self, key, estimate):
+        """The request's admission by the key's limits and budgets (endpoints/gateway/limits.py). Refused by a budget in
+        queue mode, it is tried again, backing off, until it fits or GATEWAY_BUDGET_QUEUE_SECONDS are over (then it is
+        refused as a hard budget's would be): other requests' settlements give back what their estimates held."""
+        assert self.limits is not None  # made at startup, before any request
+        deadline = time.monotonic() + settings.GATEWAY_BUDGET_QUEUE_SECONDS
+        delay = 0.1
+        while True:
+            admission = await self.limits.admit(
+                key,
+                prompt=estimate.prompt,
+                completions=estimate.completions,
+                each=estimate.each,
+                seed=self.seed_budgets,
+            )
+            queued = admission.bound is not None and admission.bound.budget.mode == "queue"
+            left = deadline - time.monotonic()
+            if admission.admitted or not queued or left <= 0:
+                return admission
+            await asyncio.sleep(min(delay, left))  # the last try at the deadline
+            delay = min(2.0, delay * 2)
+
+    async def seed_budgets(self, counted) -> list[int]:
+        """The tokens metered so far in each budget's period: where a budget's counter starts when Redis has none."""
+        return await _db(lambda: [budget_used(budget=c.budget, since=c.start) for c in counted])
+
     async def hold(self, receive, key, model: str, endpoint_id: int, *, adapter_id: int | None = None):
         """Hold a request for `model` while its endpoint `endpoint_id`, scaled to zero, wakes: ask for a
         replica once (one wake in flight per endpoint, shared by the requests held for it), look again at
@@ -656,6 +716,9 @@ class Gateway:
             await self.refresh_table()
 
     def may_use(self, key, model: str) -> bool:
+        """Within the key's scope, and served by an endpoint of the key's team (another team's model: as unknown)."""
+        if key.team_id is not None and key.team_id not in self.table.teams.get(model, ()):
+            return False
         return key.allows_model(model) and not (
             key.endpoints and model not in key.models and not (key.endpoint_names & self.table.known[model])
         )
@@ -673,7 +736,7 @@ class Gateway:
         return await _json(send, 200, payload)
 
     def default_model(self, key):
-        names = [m for m in self.table.backends if key.allows_model(m)]
+        names = [m for m in self.table.backends if self.may_use(key, m)]
         return names[0] if len(names) == 1 else None
 
     async def list_models(self, send, key):
@@ -691,7 +754,15 @@ class Gateway:
         ]
         return await _json(send, 200, {"object": "list", "data": data})
 
-    async def finish(self, send, key, endpoint_id, start, status, ttft=None, tokens=0, reservation=None):
+    async def finish(self, send, key, endpoint_id, start, status, ttft=None, tokens=0, reservation=None, usage=(0, 0)):
+        """Account for one answered request: its figures, its metered usage (the engine's `usage`: prompt and
+        completion tokens; a stream cut short before its usage counts its events as completion tokens) and its
+        reservation settled to that usage."""
+        prompt, completion = usage
+        if prompt or completion:
+            tokens = prompt + completion
+        else:
+            completion = tokens
         self.stats.record(
             endpoint_id=endpoint_id,
             key_id=key.id if key else None,
@@ -701,12 +772,39 @@ class Gateway:
             tokens=tokens,
         )
         model = REQUEST_MODEL.get()
+        adapter = ""
         if endpoint_id is not None and model is not None and endpoint_id in self.table.adapters.get(model, ()):
             self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
+            adapter = model  # the row's model is the endpoint's (store_gateway_stats reads it)
+        if key is not None:
+            # A model the table does not know is metered as "": a client cannot make rows of names it makes up.
+            asked = model if (model is not None and model in self.table.known) or adapter else ""
+            hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+            self.stats.record_usage(
+                row=(hour, key.team_id, key.id, key.name, endpoint_id, asked, adapter),
+                status=status,
+                prompt=prompt,
+                completion=completion,
+            )
         if reservation is not None:
             assert self.limits is not None  # a reservation comes from the limits (made at startup)
-            await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
+            totals = await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
+            self.soft_alerts(totals)
         return status
+
+    def soft_alerts(self, totals) -> None:
+        """Note the soft budgets this settlement took past 80 % or 100 % of their period (once per gateway and
+        period; the flush raises each alert once for all gateways: endpoints.gateway.services.budget_alert)."""
+        for counted, total in totals:
+            budget = counted.budget
+            if budget.enforced or total < 0:
+                continue
+            for percent in (80, 100):
+                if total * 100 >= budget.tokens * percent:
+                    mark = (budget.id, percent, counted.start, counted.reset)
+                    if mark not in self.budget_alerted:
+                        self.budget_alerted.add(mark)
+                        self.stats.budget_alerts[mark] = total
 
     async def queue_full(self, send, key, endpoint_id, model, start, reservation):
         """The 429 of a model whose endpoint's queue is full (held, or every replica at its queue depth)."""
@@ -990,7 +1088,7 @@ class Gateway:
             await _answer_whole(send, status, data, content_type, generate, notice)
             # One answer at the end: no first token to time (its latency is the whole).
             return await self.finish(
-                send, key, backend.endpoint_id, start, status, tokens=_usage_tokens(data), reservation=reservation
+                send, key, backend.endpoint_id, start, status, usage=_usage_tokens(data), reservation=reservation
             )
         out_headers = [
             (b"content-type", content_type.encode()),
@@ -999,7 +1097,7 @@ class Gateway:
             *([(NOTICE_HEADER, notice.encode())] if notice else []),
         ]
         await send({"type": "http.response.start", "status": status, "headers": out_headers})
-        ttft, events, usage, tail = None, 0, 0, b""
+        ttft, events, usage, tail = None, 0, (0, 0), b""
         try:
             async for chunk in response.content.iter_any():
                 if ttft is None:
@@ -1019,7 +1117,15 @@ class Gateway:
         if tail:
             usage = _stream_usage(tail)
         return await self.finish(
-            send, key, backend.endpoint_id, start, status, ttft=ttft, tokens=usage or events, reservation=reservation
+            send,
+            key,
+            backend.endpoint_id,
+            start,
+            status,
+            ttft=ttft,
+            tokens=events,
+            usage=usage,
+            reservation=reservation,
         )
 
     async def relayed(self, send, key, backend, outcome, start, generate, reservation=None):
@@ -1047,7 +1153,7 @@ class Gateway:
                 reservation=reservation,
             )
         if outcome.streamed:
-            usage = _stream_usage(outcome.data) if outcome.data else 0
+            usage = _stream_usage(outcome.data) if outcome.data else (0, 0)
             return await self.finish(
                 send,
                 key,
@@ -1055,7 +1161,8 @@ class Gateway:
                 start,
                 outcome.status,
                 ttft=outcome.ttft,
-                tokens=usage or outcome.events,
+                tokens=outcome.events,
+                usage=usage,
                 reservation=reservation,
             )
         if generate:
@@ -1066,7 +1173,7 @@ class Gateway:
             backend.endpoint_id,
             start,
             outcome.status,
-            tokens=_usage_tokens(outcome.data),
+            usage=_usage_tokens(outcome.data),
             reservation=reservation,
         )
 
@@ -1173,41 +1280,51 @@ _USAGE_KEY = re.compile(rb'"usage"\s*:\s*')
 _JSON = json.JSONDecoder()
 
 
-def _usage_tokens(data: bytes) -> int:
-    """The answer's usage.total_tokens. vLLM puts "usage" after the choices, followed only by its own
-    fields (kv_transfer_params, ec_transfer_params, metrics, a chat's prompt_logprobs: vLLM 0.32
+def _usage_tokens(data: bytes) -> tuple[int, int]:
+    """The answer's usage: (prompt_tokens, completion_tokens). vLLM puts "usage" after the choices, followed only by
+    its own fields (kv_transfer_params, ec_transfer_params, metrics, a chat's prompt_logprobs: vLLM 0.32
     entrypoints/openai/completion/protocol.py CompletionResponse, chat_completion/protocol.py
     ChatCompletionResponse): the last "usage" key is the answer's, and only that object is decoded, not the
     whole answer (a long completion's text; the compiled data path sends only this part). Anything else
     falls back to decoding it all."""
     at = data.rfind(b'"usage"')
     if at < 0:
-        return 0
+        return (0, 0)
     found = _USAGE_KEY.match(data, at)
     if found:
         try:
             tail = data[found.end() :].decode()
             usage, end = _JSON.raw_decode(tail)
             if isinstance(usage, dict) and tail[end:].lstrip()[:1] in ("}", ","):  # a member of the answer
-                return int(usage.get("total_tokens") or 0)
+                return _split(usage)
         except (ValueError, TypeError, UnicodeDecodeError):
             pass
     try:
-        usage = json.loads(data).get("usage") or {}
-        return int(usage.get("total_tokens") or 0)
+        return _split(json.loads(data).get("usage") or {})
     except (ValueError, AttributeError, TypeError):
-        return 0
+        return (0, 0)
 
 
-def _stream_usage(tail: bytes) -> int:
+def _split(usage) -> tuple[int, int]:
+    """(prompt_tokens, completion_tokens) of a `usage` object; a total alone counts as completion."""
+    if not isinstance(usage, dict):
+        return (0, 0)
+    prompt = _whole_number(usage.get("prompt_tokens")) or 0
+    completion = _whole_number(usage.get("completion_tokens"))
+    if completion is None:
+        completion = max(0, (_whole_number(usage.get("total_tokens")) or 0) - prompt)
+    return (max(0, prompt), max(0, completion))
+
+
+def _stream_usage(tail: bytes) -> tuple[int, int]:
+    """A streamed answer's usage (its last event with one: vLLM's with stream_options.include_usage)."""
     for line in reversed(tail.split(b"\n")):
         if line.startswith(b"data: {") and b'"usage"' in line:
             try:
-                usage = json.loads(line[6:]).get("usage") or {}
-                return int(usage.get("total_tokens") or 0)
+                return _split(json.loads(line[6:]).get("usage") or {})
             except (ValueError, AttributeError, TypeError):
-                return 0
-    return 0
+                return (0, 0)
+    return (0, 0)
 
 
 async def _read_body(receive) -> bytes | None:

@@ -49,6 +49,14 @@ class KeyCreateForm(forms.Form):
     )
     rpm_limit = KeyLimitsForm.base_fields["rpm_limit"]
     tpm_limit = KeyLimitsForm.base_fields["tpm_limit"]
+    # Offered only where the user may choose (console.teams.team_options, more than one); the service checks it.
+    team = forms.IntegerField(
+        required=False,
+        label="Team",
+        help_text="the team whose endpoints it reaches and whose Admins manage it.",
+        widget=forms.Select,
+        error_messages={"invalid": "Choose one of your teams."},
+    )
 
 
 class BlueGreenForm(forms.Form):

@@ -4,15 +4,15 @@ console's registry, refreshed by the gateway every GATEWAY_ROUTES_REFRESH_SECOND
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db.models import F
+from django.db.models import F, Q, Sum
 
 from console.models import hash_token
 from console.roles import ADMIN
 from console.teams import visible, visible_get
-from endpoints.gateway.models import GatewayEndpoint, GatewayKey
+from endpoints.gateway.models import Budget, GatewayEndpoint, GatewayKey, UsageHour
 from endpoints.gateway.rollout import Sample
 from endpoints.models import Endpoint, Replica
 from endpoints.selectors import unhealthy_replica_ids
@@ -37,6 +37,7 @@ class Backend:
     canary_percent: int = 0  # that share (on the staged side's backends)
     role: str = ""  # "prefill" / "decode" on a disaggregated endpoint (the gateway relays P then D), else ""
     engine_headers: bool = False  # its endpoint takes vLLM's routing headers from clients (GatewayEndpoint)
+    team_id: int | None = None  # its endpoint's team: only that team's keys reach it (KeyInfo.allows_backend)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Wakeable:
     endpoint_name: str
     replicas: int  # 0: asleep, the request wakes it; more: waking already
     scope_names: frozenset = field(default_factory=frozenset)  # as Backend's, for a key's scope
+    team_id: int | None = None  # as Backend's
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class Loadable:
     endpoint_name: str
     adapter_id: int
     scope_names: frozenset = field(default_factory=frozenset)  # as Backend's, for a key's scope
+    team_id: int | None = None  # as Backend's
 
 
 @dataclass
@@ -73,6 +76,9 @@ class RoutingTable:
     adapters: dict[str, set[int]] = field(default_factory=dict)  # LoRA adapter name -> the endpoints holding it
     loadable: dict[str, list[Loadable]] = field(default_factory=dict)  # adapter name -> where it may be loaded
     context: dict[str, int] = field(default_factory=dict)  # served model name -> its longest max_model_len
+    # served model name -> the teams of the endpoints in `known`: a key reaches its own team's alone (a model
+    # served only by other teams' endpoints is a 404 to it, as an unknown one)
+    teams: dict[str, set[int]] = field(default_factory=dict)
 
 
 def model_name(endpoint) -> str:
@@ -93,7 +99,11 @@ def routing_table() -> RoutingTable:
                 canary[g.staged_id] = g.canary_percent
             else:
                 idle.add(g.staged_id if g.serving == GatewayEndpoint.Serving.LIVE else g.endpoint_id)
-    names = dict(Endpoint.objects.values_list("id", "name"))
+    names: dict[int, str] = {}
+    team_of: dict[str, int] = {}  # endpoint name -> its team
+    for pk, name, team_id in Endpoint.objects.values_list("id", "name", "team_id"):
+        names[pk] = name
+        team_of[name] = team_id
     known: dict[str, set[str]] = {}
     max_queue: dict[int, int] = {}
     context: dict[str, int] = {}
@@ -178,17 +188,26 @@ def routing_table() -> RoutingTable:
                 canary_percent=canary.get(endpoint.pk, 0),
                 role=r.role,
                 engine_headers=bool(pair.engine_headers) if (pair := pairs.get(endpoint.pk)) else False,
+                team_id=team_of.get(endpoint.name),
             )
         )
     adapters = _add_adapters(backends, known)
     ready = {b.endpoint_id for bs in backends.values() for b in bs}
-    loadable = _loadable({pk: v for pk, v in on_demand.items() if pk in ready}, adapters, known, public_of, names)
+    loadable = _loadable(
+        {pk: v for pk, v in on_demand.items() if pk in ready}, adapters, known, public_of, names, team_of
+    )
     wakeable: dict[str, list[Wakeable]] = {}
     for ep in asleep:
         if ep.pk not in ready:
             scope = {ep.name, names.get(public_of.get(ep.pk, ep.pk), "")} - {""}
             wakeable.setdefault(model_name(ep), []).append(
-                Wakeable(endpoint_id=ep.pk, endpoint_name=ep.name, replicas=ep.replicas, scope_names=frozenset(scope))
+                Wakeable(
+                    endpoint_id=ep.pk,
+                    endpoint_name=ep.name,
+                    replicas=ep.replicas,
+                    scope_names=frozenset(scope),
+                    team_id=team_of.get(ep.name),
+                )
             )
     drains = [g.stop_idle_at for g in pairs.values() if g.stop_idle_at]
     return RoutingTable(
@@ -202,10 +221,11 @@ def routing_table() -> RoutingTable:
         canary={m: b.canary_percent for m, bs in backends.items() for b in bs if b.staged},
         prefix={m for m, bs in backends.items() if any(b.prefix for b in bs)},
         context=context,
+        teams={model: {team_of[n] for n in eps if n in team_of} for model, eps in known.items()},
     )
 
 
-def _loadable(on_demand, adapters, known, public_of, names) -> dict[str, list[Loadable]]:
+def _loadable(on_demand, adapters, known, public_of, names, team_of) -> dict[str, list[Loadable]]:
     """The registered, ready adapters of each on-demand endpoint's model that it does not hold (two queries, made
     only when an endpoint with ready replicas loads adapters on demand). Each name is known (a 403 or a hold, not
     a 404) through its endpoint."""
@@ -224,7 +244,13 @@ def _loadable(on_demand, adapters, known, public_of, names) -> dict[str, list[Lo
                 continue
             scope = {endpoint_name, names.get(public_of.get(endpoint_id), "")} - {""}
             loadable.setdefault(name, []).append(
-                Loadable(endpoint_id, endpoint_name, adapter_id, scope_names=frozenset(scope))
+                Loadable(
+                    endpoint_id,
+                    endpoint_name,
+                    adapter_id,
+                    scope_names=frozenset(scope),
+                    team_id=team_of.get(endpoint_name),
+                )
             )
             known.setdefault(name, set()).add(endpoint_name)
     return loadable
@@ -252,6 +278,43 @@ def _add_adapters(backends: dict[str, list[Backend]], known: dict[str, set[str]]
 
 
 @dataclass(frozen=True)
+class BudgetInfo:
+    """One token budget as the gateway enforces it (a team's or the key's own; read with the key)."""
+
+    id: int
+    owner: str  # "team" or "key"
+    owner_id: int  # the team's id, or the key's
+    tokens: int
+    period: str  # Budget.Period
+    mode: str  # Budget.Mode
+
+    @property
+    def enforced(self) -> bool:
+        """hard and queue refuse what does not fit; soft only counts (and alerts)."""
+        return self.mode != Budget.Mode.SOFT
+
+
+def period_bounds(period: str, now: datetime | None = None) -> tuple[datetime, datetime]:
+    """The UTC calendar period (day or month) `now` is in: (its start, the next one's start: the reset)."""
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == Budget.Period.DAY:
+        return day, day + timedelta(days=1)
+    start = day.replace(day=1)
+    end = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+    return start, end
+
+
+def budget_used(*, budget: BudgetInfo, since: datetime) -> int:
+    """The tokens metered (UsageHour) against a budget's owner since the start of its period: what the shared
+    counter starts from when Redis lost it (a restart)."""
+    rows = UsageHour.objects.filter(hour__gte=since)
+    rows = rows.filter(team_id=budget.owner_id) if budget.owner == "team" else rows.filter(key_id=budget.owner_id)
+    total = rows.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
+    return int(total or 0)
+
+
+@dataclass(frozen=True)
 class KeyInfo:
     id: int
     name: str
@@ -262,6 +325,8 @@ class KeyInfo:
     # The key's name in the shared limits (Redis): part of its hash, so a key made anew never inherits the window
     # of a deleted one that had the same id.
     limits_id: str = ""
+    team_id: int | None = None  # the key's team: it reaches that team's endpoints alone; its usage is metered to it
+    budgets: tuple[BudgetInfo, ...] = ()  # the key's own and its team's, read with the key (same cache)
 
     @property
     def endpoint_names(self) -> frozenset:
@@ -274,7 +339,10 @@ class KeyInfo:
 
     def allows_backend(self, backend: Backend | Wakeable | Loadable, model: str) -> bool:
         """An endpoint scope also admits the staged side of the pair it names (its replicas carry the public
-        name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/)."""
+        name); "=name" admits that endpoint alone: an evaluation of one side of a canary (evaluations/). Never
+        another team's endpoint."""
+        if self.team_id is not None and backend.team_id is not None and backend.team_id != self.team_id:
+            return False
         if not self.models and not self.endpoints:
             return True
         if model in self.models or bool(self.endpoints & backend.scope_names):
@@ -295,6 +363,18 @@ def key_info(raw: str) -> KeyInfo | None:
         rpm_limit=key.rpm_limit,
         tpm_limit=key.tpm_limit,
         limits_id=key.key_hash[:20],
+        team_id=key.team_id,
+        budgets=tuple(
+            BudgetInfo(
+                id=b.pk,
+                owner="key" if b.key_id else "team",
+                owner_id=b.key_id if b.key_id is not None else int(b.team_id or 0),
+                tokens=b.tokens,
+                period=b.period,
+                mode=b.mode,
+            )
+            for b in Budget.objects.filter(Q(key=key) | Q(team_id=key.team_id)).order_by("pk")
+        ),
     )
 
 

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import F
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from console.audit import audit_log
@@ -19,13 +19,14 @@ from console.roles import ADMIN
 from console.teams import team_for_new
 from console.validation import float_in_range, int_in_range
 from endpoints.endpoint_spec import EndpointSpec
-from endpoints.gateway.models import GatewayEndpoint, GatewayKey, default_rollout_steps
+from endpoints.gateway.models import Budget, GatewayEndpoint, GatewayKey, UsageHour, default_rollout_steps
 from endpoints.gateway.selectors import model_name
 from endpoints.gateway.stats import percentile
 from endpoints.models import Endpoint
 from endpoints.replica_state import in_flight
 from endpoints.services import endpoint_create, endpoint_stop
-from workers.telemetry.services import Reading, store
+from workers.telemetry.models import AlertRule
+from workers.telemetry.services import Reading, alert_raise, send_webhook, store
 
 
 def _names(values: Sequence[str]) -> list[str]:
@@ -233,6 +234,88 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
                 last_used_at=now,
             )
         return store(readings)
+
+
+# --- metering and budgets (called by the gateway process) ------------------------------------
+
+
+def store_usage(stats) -> int:
+    """Add one flush of metered usage to the UsageHour rows (docs/usage-and-budgets.md) and raise the soft budget
+    alerts it noted. Rows are only added to (F() increments), each in its own transaction, so any number of gateways
+    can flush at once. A LoRA adapter's row has its endpoint's served model name as model. Returns the rows written.
+
+    Finding a row takes its first match, not get_or_create: the row's unique constraint does not hold where the
+    endpoint or the key is NULL (PostgreSQL's NULLs are distinct), so two gateways may each create such a row at the
+    same moment; the sums over them stay right, and later flushes add to the first."""
+    ep_ids = {row[4] for row in stats.usage if row[4] is not None}
+    endpoints = {
+        pk: (name, served or name)
+        for pk, name, served in Endpoint.objects.filter(pk__in=ep_ids).values_list("pk", "name", "served_model_name")
+    }
+    keys = set(GatewayKey.objects.filter(pk__in={row[2] for row in stats.usage}).values_list("pk", flat=True))
+    written = 0
+    for (hour, team_id, key_id, key_name, ep_id, model, adapter), counts in stats.usage.items():
+        if team_id is None:  # a key is always some team's; a row without one could not be stored
+            continue
+        ep_name, served = endpoints.get(ep_id, ("", model)) if ep_id is not None else ("", model)
+        match = {
+            "hour": hour,
+            "team_id": team_id,
+            "key_id": key_id if key_id in keys else None,  # a key deleted since keeps its usage, by name
+            "endpoint_id": ep_id,
+            "model": (served if adapter else model)[:200],
+            "adapter": adapter[:200],
+        }
+        add = {field: F(field) + n for field, n in counts.items()}
+        with transaction.atomic():
+            pk = UsageHour.objects.filter(**match).order_by("pk").values_list("pk", flat=True).first()
+            if pk is None:
+                try:
+                    with transaction.atomic():
+                        UsageHour.objects.create(**match, key_name=key_name[:100], endpoint_name=ep_name, **counts)
+                        written += 1
+                        continue
+                except IntegrityError:  # another gateway made it just now
+                    pk = UsageHour.objects.filter(**match).order_by("pk").values_list("pk", flat=True).get()
+            UsageHour.objects.filter(pk=pk).update(**add)
+            written += 1
+    for (budget_id, percent, start, reset), used in stats.budget_alerts.items():
+        budget_alert(budget_id=budget_id, percent=percent, start=start, reset=reset, used=used)
+    return written
+
+
+def budget_alert(*, budget_id: int, percent: int, start: datetime, reset: datetime, used: int) -> bool:
+    """Raise a soft budget's alert at `percent` (80 or 100) of its period starting at `start`, once for all gateways
+    (Budget.alerted_80_for / alerted_100_for, set by one conditional UPDATE: the gateway whose update matched
+    raises it): an alert on the alerts page (firing until the period's reset; the webhook is told), and an audit row.
+    False where it was raised already (or the budget is gone)."""
+    field = "alerted_80_for" if percent == 80 else "alerted_100_for"
+    with transaction.atomic():
+        won = (
+            Budget.objects.filter(pk=budget_id)
+            .filter(Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__lt": start}))
+            .update(**{field: start})
+        )
+        if not won:
+            return False
+        budget = Budget.objects.select_related("team", "key").get(pk=budget_id)
+        label = f"{budget.owner_text}: {used} of {budget.tokens} tokens this {budget.period} ({percent} %)"
+        alert = alert_raise(
+            rule_name=f"Token budget at {percent} %",
+            kind=AlertRule.Kind.BUDGET,
+            severity="critical" if percent >= 100 else "warning",
+            subject=f"budget:{budget.pk}:{percent}:{int(reset.timestamp())}",
+            label=label,
+            value=round(100 * used / budget.tokens, 1) if budget.tokens else None,
+        )
+        audit_log(
+            action="budget.alert",
+            obj=budget,
+            via="gateway",
+            changes={"percent": percent, "used": used, "tokens": budget.tokens, "period_start": start.isoformat()},
+        )
+    transaction.on_commit(lambda: send_webhook(alert))
+    return True
 
 
 # --- blue-green ------------------------------------------------------------------------------

@@ -30,6 +30,20 @@ class Stats:
         self.adapter: defaultdict[tuple[int, str], dict[str, int]] = defaultdict(
             lambda: {"n": 0, "errors": 0, "tokens": 0}
         )
+        # Metered usage (UsageHour), by (hour, team id, key id, key name, endpoint id, model, adapter name or "")
+        self.usage: defaultdict[tuple, dict[str, int]] = defaultdict(
+            lambda: {"requests": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+        )
+        # Soft budgets past 80 % / 100 % of their period: (budget id, percent, period start, reset) -> tokens used
+        self.budget_alerts: dict[tuple, int] = {}
+
+    def record_usage(self, *, row: tuple, status: int, prompt: int, completion: int):
+        u = self.usage[row]
+        u["requests"] += 1
+        u["prompt_tokens"] += prompt
+        u["completion_tokens"] += completion
+        if status >= 400:
+            u["errors"] += 1
 
     def record_adapter(self, *, endpoint_id, name, status, tokens):
         a = self.adapter[(endpoint_id, name)]

@@ -8,6 +8,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, OPERATOR, require_role
+from console.teams import default_team_for, team_options
 from console.validation import error_text, field_errors
 from endpoints.gateway import selectors, services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
@@ -33,11 +34,12 @@ def _key_list_page(request, *, new_key: GatewayKey | None = None, new_raw: str =
         request,
         "gateway/keys.html",
         {
-            "keys": selectors.key_list(user=request.user),
+            "keys": selectors.key_list(user=request.user).prefetch_related("budgets"),
             "new_key": new_raw,
             "new_key_obj": new_key,
             "gateway_url": settings.GATEWAY_URL,
-            "form": form or KeyCreateForm(),
+            "form": form or KeyCreateForm(initial={"team": default_team_for(request.user, role=ADMIN)}),
+            "team_options": team_options(request.user, role=ADMIN),  # a key is made by an Admin of its team
             "model_options": [(m, m) for m in sorted(models)],
             "endpoint_options": [(e.name, e.name) for e in endpoints],
         },
@@ -53,7 +55,9 @@ def key_create(request):
     if not form.is_valid():
         return _key_list_page(request, form=form)
     try:
-        key, raw = services.key_create(**form.cleaned_data, actor=request.user, request=request)
+        fields = dict(form.cleaned_data)
+        team_id = fields.pop("team")
+        key, raw = services.key_create(**fields, team_id=team_id, actor=request.user, request=request)
     except ValidationError as exc:
         for field, errors in field_errors(exc).items():
             form.add_error(field if field in form.fields else None, errors)

@@ -29,9 +29,12 @@ def profiles_by_ids(ids, *, user) -> list[Profile]:
     return [found[i] for i in ids if i in found]
 
 
-def comparable_profiles(profile: Profile, limit: int = 20) -> tuple[list[Profile], list[Profile]]:
-    """Finished profiles to compare this one with: (of the same endpoint, of other endpoints), newest first.
-    The others matter as much: the same model served as bf16 and as a quantized artifact are two endpoints."""
-    done = Profile.objects.filter(status="succeeded").exclude(pk=profile.pk).order_by("-created_at", "-pk")
+def comparable_profiles(profile: Profile, *, user, limit: int = 20) -> tuple[list[Profile], list[Profile]]:
+    """Finished profiles of the user's teams to compare this one with: (of the same endpoint, of other endpoints),
+    newest first. The others matter as much: the same model served as bf16 and as a quantized artifact are two
+    endpoints."""
+    done = (
+        visible(Profile.objects.filter(status="succeeded"), user).exclude(pk=profile.pk).order_by("-created_at", "-pk")
+    )
     same = list(done.filter(endpoint_name=profile.endpoint_name)[:limit])
     return same, list(done.exclude(endpoint_name=profile.endpoint_name)[:limit])

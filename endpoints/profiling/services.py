@@ -137,6 +137,7 @@ def profile_create(
             dedupe_key=DEDUPE.format(endpoint.pk, target.index),
             queue=node_queue(target.node.name),
             timeout_s=duration + 900,
+            team_id=endpoint.team_id,
         )
         profile = Profile.objects.create(
             endpoint=endpoint,

@@ -19,10 +19,9 @@ from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.profiling import selectors, services, storage
+from endpoints.profiling.forms import CompareWithForm, ProfileForm
 from endpoints.profiling.models import Profile
 from endpoints.selectors import endpoint_get
-
-LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency", "request_rate")
 
 
 def _profile(request, profile_id: int, role: str) -> Profile:
@@ -33,17 +32,16 @@ def _profile(request, profile_id: int, role: str) -> Profile:
 @require_POST
 def profile_new(request, endpoint_id: int):
     endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
-    post = request.POST
-    load = None  # no load; else the benchmark form's settings (blank ones take the load's defaults)
-    if post.get("load") == "on":
-        load = {k: post.get(k).strip() for k in LOAD_FORM_FIELDS if (post.get(k) or "").strip()} or True
+    form = ProfileForm(request.POST)
     try:
+        if not form.is_valid():
+            raise ValidationError(form.errors.as_data())
         profile = services.profile_create(
             endpoint=endpoint,
-            replica=post.get("replica") or None,
-            duration_s=post.get("duration_s") or None,
-            load=load,
-            label=post.get("label", ""),
+            replica=form.cleaned_data["replica"],
+            duration_s=form.cleaned_data["duration_s"],
+            load=form.load_settings(),
+            label=form.cleaned_data["label"],
             user=request.user,
             request=request,
         )
@@ -64,14 +62,17 @@ def profile_new(request, endpoint_id: int):
 @require_GET
 def profile_detail(request, profile_id: int):
     profile = _profile(request, profile_id, VIEWER)
-    same, elsewhere = selectors.comparable_profiles(profile) if profile.state == "succeeded" else ([], [])
+    same, elsewhere = (
+        selectors.comparable_profiles(profile, user=request.user) if profile.state == "succeeded" else ([], [])
+    )
     return render(
         request,
         "profiling/profile_detail.html",
         {
             "profile": profile,
-            "same_endpoint": same,
-            "other_endpoints": elsewhere,
+            "compare_form": CompareWithForm(profile=profile, same=same, elsewhere=elsewhere)
+            if same or elsewhere
+            else None,
             "telemetry_rows": telemetry_summary(profile.telemetry),
             "chart": {"profiles": [_chart_data(profile)]},
         },

@@ -31,7 +31,7 @@ from endpoints.models import Endpoint, Replica
 from endpoints.services import endpoint_create, endpoint_delete, endpoint_stop
 from endpoints.tuning import search
 from endpoints.tuning.models import TrialKind, TrialState, Tuning, TuningStatus, TuningTrial
-from endpoints.tuning.services import trial_spec, tuning_resubmit
+from endpoints.tuning.services import base_of, trial_spec, tuned_target_missing, tuning_resubmit
 from workers.jobs.context import JobCancelled, JobFailed
 from workers.jobs.runner import JobRunner
 
@@ -46,9 +46,15 @@ class Tune(JobRunner):
     timeout = 6 * 3600
 
     def run(self, job, ctx) -> dict:
-        tuning = Tuning.objects.select_related("endpoint__node").filter(pk=job.params.get("tuning")).first()
-        if tuning is None or tuning.endpoint is None:
-            raise JobFailed("This job's tuning or its endpoint was deleted.")
+        tuning = (
+            Tuning.objects.select_related("endpoint__node", "artifact", "node")
+            .filter(pk=job.params.get("tuning"))
+            .first()
+        )
+        if tuning is None:
+            raise JobFailed("This job's tuning was deleted.")
+        if why := tuned_target_missing(tuning):
+            raise JobFailed(why)
         Tuning.objects.filter(pk=tuning.pk).update(status=TuningStatus.RUNNING, error="")
         try:
             result = execute(tuning, ctx)
@@ -163,10 +169,11 @@ def run_trial(
             "finished_at": None,
         },
     )
-    what = f"trial {number} ({kind}{': ' + search_label(params) if params else ': the endpoint as it is'})"
+    as_is = "the launch defaults" if tuning.for_artifact else "the endpoint as it is"
+    what = f"trial {number} ({kind}: {search_label(params) if params else as_is})"
     try:
         try:
-            spec = trial_spec(tuning.endpoint, name=name, params=params, space=space)
+            spec = trial_spec(base_of(tuning), name=name, params=params, space=space)
             endpoint = endpoint_create(spec=spec, user=tuning.created_by)
         except (ValidationError, Conflict) as exc:
             return _trial_failed(

@@ -9,6 +9,8 @@ from django.db import models
 from django.urls import reverse
 from django.utils import timezone
 
+from console.models import TeamOwned
+
 __all__ = ["TRIAL_ENDED", "TrialKind", "TrialState", "Tuning", "TuningStatus", "TuningTrial"]
 
 
@@ -20,11 +22,20 @@ class TuningStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-class Tuning(models.Model):
+class Tuning(TeamOwned):
+    TEAM_PARENTS = ("endpoint", "artifact")
+
     endpoint = models.ForeignKey(
         "endpoints.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="tunings"
     )
-    endpoint_name = models.CharField(max_length=63)  # kept when the endpoint is deleted
+    endpoint_name = models.CharField(max_length=63)  # kept when the endpoint is deleted ("" for an artifact's)
+    # A tuning of an artifact on a node (no endpoint): the launch spec its trials start from, as a launch of the
+    # artifact there would be (endpoint_create's defaults filled in, checked when the tuning was asked for).
+    artifact = models.ForeignKey(
+        "models_registry.Artifact", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    node = models.ForeignKey("workers.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    base_spec = models.JSONField(default=dict, blank=True)  # endpoints.endpoint_spec.EndpointSpec, dumped
     job = models.ForeignKey("workers.Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     # The benchmark form's settings as endpoints.bench.workload.clean_workload returned them.
     workload = models.JSONField(default=dict)
@@ -50,10 +61,23 @@ class Tuning(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self):
-        return f"Tuning #{self.pk} {self.endpoint_name}"
+        return f"Tuning #{self.pk} {self.subject}"
 
     def get_absolute_url(self):
         return reverse("tuning_detail", args=[self.pk])
+
+    @property
+    def for_artifact(self) -> bool:
+        """Tuned from an artifact and a node, not an endpoint: nothing to apply to; the best is a launch spec."""
+        return bool(self.base_spec)
+
+    @property
+    def subject(self) -> str:
+        """What was tuned: the endpoint's name, or the artifact on its node."""
+        if not self.for_artifact:
+            return self.endpoint_name
+        artifact = str(self.artifact) if self.artifact_id else f"artifact #{self.base_spec.get('artifact')}"
+        return f"{artifact} on {self.node.name if self.node_id else self.base_spec.get('node')}"
 
     @property
     def state(self) -> str:

@@ -1,12 +1,32 @@
 """Reads for tunings: one with its trials, and what its measured trials say (Pareto front, best, the chart's data)."""
 
+from console.roles import VIEWER
+from console.teams import visible_get
 from endpoints.bench.compare import plotly_text
 from endpoints.tuning import search
 from endpoints.tuning.models import TrialKind, TrialState, Tuning, TuningTrial
 
 
-def tuning_get(tuning_id: int) -> Tuning:
-    return Tuning.objects.select_related("endpoint", "job", "created_by").get(pk=tuning_id)
+def tuning_get(tuning_id: int, *, user, role: str = VIEWER) -> Tuning:
+    """404 for another team's tuning; 403 where the user's role in its team is below `role` (console.teams)."""
+    return visible_get(
+        Tuning.objects.select_related("endpoint", "job", "created_by", "artifact", "node"),
+        user,
+        role=role,
+        pk=tuning_id,
+    )
+
+
+def best_spec(tuning: Tuning) -> dict | None:
+    """An artifact's tuning: the launch spec of its best trial (what to POST to /api/v1/endpoints, a name given);
+    an endpoint's tuning is applied to it instead (None)."""
+    from endpoints.tuning.services import base_of, trial_spec  # pure: the spec a trial replica is launched with
+
+    if not tuning.for_artifact or not tuning.best:
+        return None
+    space = search.Space(choices={}, speculative_config=tuning.space.get("speculative_config"))
+    spec = trial_spec(base_of(tuning), name="", params=tuning.best.get("params") or {}, space=space)
+    return spec.model_dump(mode="json", exclude={"name", "served_model_name"})
 
 
 def tunings_of(endpoint, *, limit: int = 10):

@@ -2,30 +2,27 @@
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import Http404
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
-from console.roles import OPERATOR, VIEWER, has_role, require_role
+from console.roles import OPERATOR, VIEWER, at_least, require_role
+from console.teams import team_role
 from console.validation import error_text
-from endpoints.models import Endpoint
+from endpoints.selectors import endpoint_get
 from endpoints.tuning import selectors, services
 from endpoints.tuning.forms import TuningForm
 from endpoints.tuning.models import Tuning
 
 
-def _tuning(tuning_id: int) -> Tuning:
-    try:
-        return selectors.tuning_get(tuning_id)
-    except Tuning.DoesNotExist:
-        raise Http404 from None
+def _tuning(request, tuning_id: int, *, role: str = VIEWER) -> Tuning:
+    return selectors.tuning_get(tuning_id, user=request.user, role=role)
 
 
 @require_role(OPERATOR)
 @require_POST
 def tuning_new(request, endpoint_id: int):
-    endpoint = get_object_or_404(Endpoint.objects.select_related("node", "artifact"), pk=endpoint_id)
+    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
     try:
         tuning = services.tuning_create(
             endpoint=endpoint.pk, **TuningForm(request.POST).arguments(), user=request.user, request=request
@@ -43,7 +40,7 @@ def tuning_new(request, endpoint_id: int):
 @require_role(VIEWER)
 @require_GET
 def tuning_detail(request, tuning_id: int):
-    tuning = _tuning(tuning_id)
+    tuning = _tuning(request, tuning_id)
     read = selectors.analysis(tuning)
     return render(
         request,
@@ -53,7 +50,7 @@ def tuning_detail(request, tuning_id: int):
             "trials": read["trials"],
             "pareto": read["pareto"],
             "chart": read["chart"],
-            "is_operator": has_role(request.user, OPERATOR),
+            "is_operator": at_least(team_role(request.user, tuning.team_id), OPERATOR),
         },
     )
 
@@ -62,7 +59,7 @@ def tuning_detail(request, tuning_id: int):
 @require_GET
 def tuning_status(request, tuning_id: int):
     """The live part of a tuning's page, polled by htmx; the page reloads when it ends."""
-    tuning = _tuning(tuning_id)
+    tuning = _tuning(request, tuning_id)
     response = render(request, "tuning/_tuning_status.html", {"tuning": tuning})
     if not tuning.is_active and request.GET.get("was") == "active":
         response["HX-Refresh"] = "true"
@@ -72,7 +69,7 @@ def tuning_status(request, tuning_id: int):
 @require_role(OPERATOR)
 @require_POST
 def tuning_apply(request, tuning_id: int):
-    tuning = _tuning(tuning_id)
+    tuning = _tuning(request, tuning_id, role=OPERATOR)
     raw = request.POST.get("trial", "").strip()
     if raw and not raw.isdigit():
         messages.error(request, f"trial: a trial number, not {raw[:40]!r}. Nothing was applied.")

@@ -2,17 +2,16 @@ from dataclasses import fields
 from typing import Literal
 
 from django.http import Http404
-from django.shortcuts import get_object_or_404
 from ninja import Router, Schema
 from pydantic import ConfigDict, create_model
 
 from console.api_auth import api_route
 from console.roles import OPERATOR, VIEWER
-from models_registry.models import Artifact
 from models_registry.options import QuantizeOptions
 from models_registry.quantize import selectors, services
 from models_registry.quantize.accuracy import labelled
 from models_registry.quantize.models import CalibrationDataset
+from models_registry.selectors import artifact_get
 
 router = Router(tags=["quantization"])
 
@@ -45,6 +44,7 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
     data = {
         "id": ds.pk,
         "name": ds.name,
+        "team": ds.team_id,  # none: a built-in dataset, everyone's
         "purpose": ds.purpose,
         "description": ds.description,
         "source": ds.source,
@@ -62,7 +62,7 @@ def dataset_json(ds: CalibrationDataset, *, samples: bool = False) -> dict:
 
 @api_route(router, "post", "/artifacts/{artifact_id}/quantize", role=OPERATOR, response={202: dict})
 def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user, role=OPERATOR)  # another team's: 404
     job = services.artifact_quantize(
         artifact=artifact,
         user=request.user,
@@ -76,7 +76,7 @@ def quantize_artifact(request, artifact_id: int, payload: QuantizeIn):
 def artifact_accuracy(request, artifact_id: int):
     """The quantize job's accuracy report of an artifact it made, each figure with how it was measured
     (``measured_by``: "simulated" on the CPU, or "engine" for the serving check through vLLM; accuracy.py)."""
-    artifact = get_object_or_404(Artifact.objects.alive(), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user)  # another team's: 404
     if not artifact.accuracy:
         raise Http404(f"Artifact #{artifact.pk} has no accuracy report: only a quantize job's output has one.")
     return labelled(artifact.accuracy)
@@ -84,7 +84,7 @@ def artifact_accuracy(request, artifact_id: int):
 
 @api_route(router, "get", "/calibration-datasets", role=VIEWER, response=list[dict])
 def list_datasets(request):
-    return [dataset_json(d) for d in selectors.dataset_list()]
+    return [dataset_json(d) for d in selectors.dataset_list(user=request.user)]
 
 
 @api_route(router, "post", "/calibration-datasets", role=OPERATOR, response={201: dict})
@@ -104,4 +104,4 @@ def create_dataset(request, payload: DatasetIn):
 
 @api_route(router, "get", "/calibration-datasets/{dataset_id}", role=VIEWER, response=dict)
 def get_dataset(request, dataset_id: int):
-    return dataset_json(get_object_or_404(CalibrationDataset, pk=dataset_id), samples=True)
+    return dataset_json(selectors.dataset_get(dataset_id, user=request.user), samples=True)

@@ -25,6 +25,8 @@ class CalibrationDataset(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # The uploader's team (console.teams): its members see the dataset; the built-in ones have none (everyone's).
+    team = models.ForeignKey("console.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     class Meta:
         app_label = "models_registry"

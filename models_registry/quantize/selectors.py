@@ -9,6 +9,8 @@ from django.db import IntegrityError, transaction
 from packaging.version import InvalidVersion, Version
 
 from console.audit import audit_log
+from console.roles import VIEWER
+from console.teams import visible_or_shared, visible_or_shared_get
 from models_registry import hooks
 from models_registry.quantize.models import CalibrationDataset
 
@@ -69,9 +71,15 @@ def default_dataset(purpose: str) -> CalibrationDataset:
     return CalibrationDataset.objects.get(name=f"default-{purpose}")
 
 
-def dataset_list():
+def dataset_list(*, user):
+    """The built-in datasets and those of the user's teams (every one for the console Admin)."""
     ensure_defaults()
-    return CalibrationDataset.objects.all()
+    return visible_or_shared(CalibrationDataset.objects.all(), user)
+
+
+def dataset_get(dataset_id: int, *, user, role: str = VIEWER) -> CalibrationDataset:
+    """404 for another team's dataset; 403 below `role` in its team (console.teams)."""
+    return visible_or_shared_get(CalibrationDataset.objects.all(), user, role=role, pk=dataset_id)
 
 
 # The first vllm-ascend release whose loader has each ModelSlim scheme, read at the tags of

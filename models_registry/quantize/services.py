@@ -12,6 +12,7 @@ from django.db.models import Q
 
 from console.audit import audit_log
 from console.exceptions import Conflict
+from console.teams import team_for_new, visible_or_shared
 from console.validation import NumberError, parse_float
 from models_registry.models import NAME_VALIDATOR, Artifact
 from models_registry.options import QuantizeOptions
@@ -126,6 +127,7 @@ def dataset_create(
                 sample_count=len(samples),
                 char_count=sum(map(len, samples)),
                 created_by=user,
+                team_id=team_for_new(user, None) if user is not None else None,  # the uploader's team
             )
             audit_log(
                 actor=user,
@@ -172,10 +174,11 @@ def dataset_delete(*, dataset: CalibrationDataset, user, request=None) -> None:
 # --- quantize -------------------------------------------------------------------------------------
 
 
-def _dataset(value, purpose: str, field: str) -> CalibrationDataset:
+def _dataset(value, purpose: str, field: str, user) -> CalibrationDataset:
+    """A dataset by id or name: a built-in one or of the user's teams (another team's is as unknown)."""
     if value in (None, "", "default"):
         return selectors.default_dataset(purpose)
-    qs = CalibrationDataset.objects.all()
+    qs = visible_or_shared(CalibrationDataset.objects.all(), user) if user is not None else CalibrationDataset.objects
     ds = qs.filter(pk=value).first() if str(value).isdigit() else qs.filter(name=value).first()
     if ds is None:
         raise ValidationError({field: f"No calibration dataset {value!r}."})
@@ -193,7 +196,7 @@ def _number(opts, key, default, bounds):
     return value
 
 
-def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> dict:
+def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions, user=None) -> dict:
     """Check quantize options against the source artifact; return the canonical set (the job's params)."""
     if artifact.status != Artifact.Status.READY:
         raise ValidationError(f"Artifact #{artifact.pk} is {artifact.status}, not ready: it cannot be quantized.")
@@ -229,8 +232,8 @@ def quantize_options_clean(*, artifact: Artifact, options: QuantizeOptions) -> d
     method = given.get("method") or "kl"
     if method not in METHODS:
         raise ValidationError({"method": f"Choose one of: {', '.join(METHODS)}."})
-    calib = _dataset(given.get("calibration"), "calibration", "calibration")
-    evaluation = _dataset(given.get("evaluation"), "evaluation", "evaluation")
+    calib = _dataset(given.get("calibration"), "calibration", "calibration", user)
+    evaluation = _dataset(given.get("evaluation"), "evaluation", "evaluation", user)
     if calib.pk == evaluation.pk or set(calib.samples) & set(evaluation.samples):
         raise ValidationError({"evaluation": "The evaluation set overlaps the calibration set: use separate text."})
     if calib.sample_count < settings.QUANTIZE_MIN_SAMPLES:
@@ -292,7 +295,7 @@ def quantize_output_bytes(*, artifact: Artifact) -> int:
 def artifact_quantize(
     *, artifact: Artifact, user, options: QuantizeOptions, request=None, retry_of: Job | None = None
 ) -> Job:
-    clean = quantize_options_clean(artifact=artifact, options=options)
+    clean = quantize_options_clean(artifact=artifact, options=options, user=user)
     same = {k: v for k, v in clean.items() if k != "serve_check"}
     for existing in Artifact.objects.alive().filter(
         parent=artifact, status=Artifact.Status.READY, format=clean["target"]

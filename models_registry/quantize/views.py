@@ -1,22 +1,21 @@
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, require_role
 from console.validation import error_lines
-from models_registry.models import Artifact
 from models_registry.quantize import selectors, services
 from models_registry.quantize.forms import QuantizeForm
-from models_registry.quantize.models import CalibrationDataset
+from models_registry.selectors import artifact_get
 
 
 @require_role(OPERATOR)
 @require_POST
 def artifact_quantize(request, artifact_id: int):
-    artifact = get_object_or_404(Artifact.objects.alive().select_related("model"), pk=artifact_id)
+    artifact = artifact_get(artifact_id, user=request.user, role=OPERATOR)  # another team's: 404
     try:
         job = services.artifact_quantize(
             artifact=artifact, user=request.user, options=QuantizeForm(request.POST).options(), request=request
@@ -45,7 +44,7 @@ def _calibration_page(request, *, values=None, errors=None):
         request,
         "quantize/calibration_list.html",
         {
-            "datasets": selectors.dataset_list(),
+            "datasets": selectors.dataset_list(user=request.user),
             "guidance": services.GUIDANCE,
             "purposes": ["calibration", "evaluation"],
             "values": values or {},
@@ -58,7 +57,7 @@ def _calibration_page(request, *, values=None, errors=None):
 @require_role(VIEWER)
 @require_GET
 def calibration_detail(request, dataset_id: int):
-    ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
+    ds = selectors.dataset_get(dataset_id, user=request.user)
     return render(
         request,
         "quantize/calibration_detail.html",
@@ -69,7 +68,7 @@ def calibration_detail(request, dataset_id: int):
 @require_role(OPERATOR)
 @require_POST
 def calibration_delete(request, dataset_id: int):
-    ds = get_object_or_404(CalibrationDataset, pk=dataset_id)
+    ds = selectors.dataset_get(dataset_id, user=request.user, role=OPERATOR)
     try:
         services.dataset_delete(dataset=ds, user=request.user, request=request)
     except Conflict as exc:

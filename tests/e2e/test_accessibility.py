@@ -11,6 +11,7 @@ on any CSP violation."""
 import hashlib
 import json
 import re
+from datetime import timedelta
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -20,10 +21,11 @@ from console.audit import audit_log
 from console.services import api_token_create
 from endpoints.bench.client import parse_saved_result
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
-from endpoints.gateway.models import GatewayEndpoint
+from endpoints.gateway.models import GatewayEndpoint, UsageHour
 from endpoints.gateway.services import key_create
 from endpoints.models import Endpoint, EndpointEvent, Profile, Replica
 from endpoints.tuning.models import Tuning, TuningTrial
+from endpoints.usage.services import budget_set
 from evaluations.models import Evaluation, GateRun
 from evaluations.services import results_rows
 from models_registry.inspection import inspect_path
@@ -109,6 +111,11 @@ NOT_PAGES = {
     "evaluation_new": "POST only (its form is on the evaluations page, checked there)",
     "evaluation_task_upload": "POST only (its form is on the evaluations page, checked there)",
     "evaluation_samples": "JSON lines",
+    "team_budget_set": "POST only (its form is on the usage page, checked there)",
+    "team_budget_delete": "POST only",
+    "key_budgets": "gateway key page",
+    "key_budget_set": "POST only (its form is on the gateway key page, checked there)",
+    "key_budget_delete": "POST only",
 }
 
 
@@ -415,6 +422,7 @@ def site(admin, operator, viewer, model_root, redis_conn):
         rule=rule, subject="node:1", label="cpu-host", node=cpu, state="firing", value=90, fired_at=now
     )
     key, _ = key_create(name="app", rpm_limit=60, actor=admin)
+    _usage(key, endpoint, admin)
     evaluations = _evaluations(endpoint, hf, operator)
     api_token_create(user=admin, name="laptop")
     audit_log(actor=admin, action="user.create", obj=viewer, changes={"role": "viewer"})
@@ -435,6 +443,27 @@ def site(admin, operator, viewer, model_root, redis_conn):
         "evaluations": evaluations,
         "tuning": tuning,
     }
+
+
+def _usage(key, endpoint, admin):
+    """A day of metered usage for the usage page's charts and table, and a budget of the team and of the key."""
+    hour = timezone.now().replace(minute=0, second=0, microsecond=0)
+    for back in range(6):
+        UsageHour.objects.create(
+            hour=hour - timedelta(hours=back),
+            team_id=key.team_id,
+            key=key,
+            key_name=key.name,
+            endpoint_id=endpoint.pk,
+            endpoint_name=endpoint.name,
+            model="demo",
+            requests=4 + back,
+            errors=back % 2,
+            prompt_tokens=100 * (back + 1),
+            completion_tokens=40 * (back + 1),
+        )
+    budget_set(team=key.team, tokens=10_000, period="day", mode="soft", actor=admin)
+    budget_set(key=key, tokens=500, period="month", mode="hard", actor=admin)
 
 
 def _evaluations(endpoint, artifact, operator) -> list[Evaluation]:
@@ -500,6 +529,7 @@ def _pages(site) -> dict[str, str]:
         "evaluation_detail": f"/evaluations/{site['evaluations'][0].pk}/",
         "evaluation_compare": f"/evaluations/compare?ids={site['evaluations'][0].pk},{site['evaluations'][1].pk}",
         "tuning_detail": f"/tunings/{site['tuning'].pk}/",
+        "usage": "/usage/",
     }
 
 
@@ -612,3 +642,69 @@ def test_the_gateway_key_form_refused_shows_each_error_beside_its_field(page, ad
     assert page.input_value("#id_name") == "web-app"
     assert _axe_violations(page) == []
     screenshot(page, "gateway_key_list (refused)")
+
+
+# The forms drawn through the one layout (templates/_field.html), by page: the part of the page each lives in.
+FORM_SCOPES = {
+    "audit_list": "main form.filters",
+    "job_list": "main form.filters",
+    "bench_list": "main form.filters",
+    "user_list": "#user-create-form, main table form",
+    "alert_list": "#alert-rule-create, #alert-rules form",
+    "bench_compare": "#cost-form",
+    "endpoint_detail": "#bench-form, #profile-form, #load-adapter-form",
+    "profile_detail": "#profile-compare-form",
+    "evaluation_list": "#evaluation-new-form, #task-upload-form",
+    "evaluation_detail": "#evaluation-compare-with",
+    "node_detail (Ascend)": "#engine-runtime-form",
+}
+
+
+def test_every_field_of_the_converted_forms_has_a_visible_label(page, admin, site):
+    """Each input, select and textarea of these forms has a visible label of its own (not a placeholder standing in
+    for one, not text beside it), filters and table rows included (axe alone accepts a placeholder as a name); no
+    select is left without options."""
+    login(page, admin)
+    pages = _pages(site)
+    unlabelled, counted = {}, {}
+    for name, scope in FORM_SCOPES.items():
+        page.goto(pages[name])
+        _settled(page)
+        page.evaluate("() => document.querySelectorAll('details').forEach(d => { d.open = true; })")
+        fields = page.evaluate(
+            """scope => [...document.querySelectorAll(scope)]
+                .flatMap(form => [...form.querySelectorAll('input, select, textarea')])
+                .filter(el => el.type !== 'hidden' && el.type !== 'submit')
+                .map(el => {
+                    const label = el.id && document.querySelector(`label[for="${CSS.escape(el.id)}"]`);
+                    const visible = !!label && label.getClientRects().length > 0 && label.innerText.trim() !== '';
+                    return [el.name, visible && (el.tagName !== 'SELECT' || el.options.length > 0)];
+                })""",
+            scope,
+        )
+        counted[name] = len(fields)
+        missing = [field for field, visible in fields if not visible]
+        if missing:
+            unlabelled[name] = missing
+    assert all(counted.values()), counted  # each scope still holds its form
+    assert not unlabelled, unlabelled
+
+
+def test_a_refused_task_upload_shows_each_error_beside_its_field(page, operator, site):
+    """The evaluation list's upload form refused by the service: its messages under the fields they name (tied to
+    them by aria-describedby), what was typed kept; axe-clean, and kept as a screenshot."""
+    login(page, operator)
+    page.goto("/evaluations/")
+    page.fill("#tu-name", "Bad Name")
+    page.set_input_files(
+        "#tu-file", files=[{"name": "d.jsonl", "mimeType": "application/json", "buffer": b'{"q": 1}\n'}]
+    )
+    with page.expect_navigation():
+        page.click("#task-upload-form button[type=submit]")
+    error = page.locator("#tu-name-errors")
+    assert error.is_visible() and "lower-case" in error.inner_text()
+    assert "tu-name-errors" in page.get_attribute("#tu-name", "aria-describedby")
+    assert "doc_to_text is needed" in page.inner_text("#tu-doc_to_text-errors")
+    assert page.input_value("#tu-name") == "Bad Name"
+    assert _axe_violations(page) == []
+    screenshot(page, "evaluation_list (upload refused)")

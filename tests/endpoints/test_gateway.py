@@ -25,6 +25,7 @@ from endpoints.gateway import services
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.models import Endpoint, Replica
 from models_registry.models import Artifact, Model
+from tests.support.agents import wait_for
 from tests.support.gateway import (  # noqa: F401
     HEALTH_TOKEN,
     FakeReplica,
@@ -253,7 +254,7 @@ def test_least_outstanding_balancing_failover_streaming_and_telemetry(fakes, gat
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(load) for _ in range(4)]
-        time.sleep(0.3)
+        wait_for(lambda: len(results) >= 8, timeout=30, interval=0.02, what="the load under way")
         a.stop()
         for f in futures:
             f.result()
@@ -355,8 +356,7 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
     assert staged.status_code == 200, staged.content
     _, raw = services.key_create(name="app", endpoints=["ep-blue"], actor=admin)
     gw = gateway()
-    gw.wait_routes("tiny", 1)
-    time.sleep(0.5)
+    gw.wait_routes("tiny", 1)  # started after the staging: the table that has the replica has the staged side
     served_before = green_fake.served
     assert (
         gw.post("/v1/completions", raw, {"model": "tiny", "prompt": "x"}).json()["choices"][0]["text"]
@@ -373,13 +373,18 @@ def test_blue_green_switch_and_rollback_under_load_fail_no_request(fakes, gatewa
                 (time.monotonic(), r.status_code, r.json()["choices"][0]["text"] if r.status_code == 200 else r.text)
             )
 
+    def answered(text, since):  # each phase runs until a routes refresh has it and a few requests show it
+        return sum(1 for at, _, got in list(results) if at > since and got == text) >= 8
+
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(load) for _ in range(4)]
-        time.sleep(1)
+        wait_for(lambda: answered("hello from blue", 0), timeout=30, interval=0.02, what="the live side serving")
+        switched = time.monotonic()
         assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/switch").json()["serving"] == "staged"
-        time.sleep(2)
+        wait_for(lambda: answered("hello from green", switched), timeout=30, interval=0.02, what="the switch")
+        rolled_back = time.monotonic()
         assert api.post(f"/api/v1/gateway/endpoints/{blue.pk}/rollback").json()["serving"] == "live"
-        time.sleep(2)
+        wait_for(lambda: answered("hello from blue", rolled_back), timeout=30, interval=0.02, what="the rollback")
         stop.set()
         for f in futures:
             f.result()
@@ -542,7 +547,7 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
 
         with ThreadPoolExecutor(3) as pool:
             futures = [pool.submit(load) for _ in range(3)]
-            time.sleep(0.5)
+            wait_for(lambda: len(results) >= 3, timeout=60, interval=0.02, what="the load under way")
             os.kill(victim.pid, signal.SIGKILL)
             for f in futures:
                 f.result()

@@ -329,10 +329,15 @@ def test_bodies_wait_for_the_key_usage_is_counted_past_vllms_own_fields_and_a_si
 
 def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_when_none_comes(settings):
     """The data path itself, its socket pair's other end played here: a report (how an answer the client already has
-    went) is written after its answer, ahead of the next request's frame when that comes, and alone, in a moment,
-    when it does not; none is lost at SIGTERM."""
+    went) is written after its answer, held back until the next request's frame comes and then in the same write,
+    ahead of it, and alone once the moment is up when none comes; none is lost at SIGTERM. The moment is lengthened
+    (`--report-delay`, 2 ms by default) so that this Python client lands its next request inside it: a data path
+    that wrote each report at once fails the first check, one that held the request back with the report, or never
+    held a report, the later ones."""
     import http.client
     import struct
+
+    delay = 3.0  # seconds: the report's moment here (--report-delay)
 
     class Replica(QuietHandler):
         def do_POST(self):
@@ -372,6 +377,8 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
             "100",
             "--max-connections-per-address",
             "100",
+            "--report-delay",
+            str(int(delay * 1000)),
         ],
         pass_fds=(theirs.fileno(),),
         stdout=subprocess.DEVNULL,
@@ -380,15 +387,24 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
     ours.settimeout(10)
     received = bytearray()
 
-    def next_frame():
-        while len(received) < 4 or len(received) < 4 + struct.unpack_from("<I", received)[0]:
-            chunk = ours.recv(65536)
-            assert chunk, "the data path closed its socket"
-            received.extend(chunk)
-        length, request_id, kind, head_len = PREFIX.unpack_from(received)
-        head = bytes(received[PREFIX.size : PREFIX.size + head_len]).decode()
-        del received[: 4 + length]
-        return request_id, chr(kind), head
+    def whole_frames():
+        """The frames whole in what was received so far, taken out of it: (request id, kind, path or status)."""
+        frames = []
+        while len(received) >= 4 and len(received) >= 4 + struct.unpack_from("<I", received)[0]:
+            length, request_id, kind, head_len = PREFIX.unpack_from(received)
+            head = bytes(received[PREFIX.size : PREFIX.size + head_len]).decode()
+            del received[: 4 + length]
+            frames.append((request_id, chr(kind), head.split("\n")[1 if chr(kind) == "Q" else 0]))
+        return frames
+
+    def read_once():
+        """The frames of one read of the socket, which must end on a frame's end (one write of the data path)."""
+        chunk = ours.recv(65536)
+        assert chunk, "the data path closed its socket"
+        received.extend(chunk)
+        frames = whole_frames()
+        assert not received, "a frame split across writes"
+        return frames
 
     def forward(request_id):
         ours.sendall(
@@ -403,47 +419,60 @@ def test_a_report_waits_for_the_next_request_to_share_its_write_and_goes_alone_w
             return None
         return client
 
+    def ask():
+        client.request(
+            "POST",
+            "/v1/completions",
+            body=b'{"model": "tiny"}',
+            headers={"Authorization": "Bearer gk_x", "Content-Type": "application/json"},
+        )
+
+    def answered():
+        answer = client.getresponse()
+        assert (answer.status, answer.read()) == (200, b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}')
+        return time.monotonic()
+
     try:
         client = wait_for(connected, timeout=20, interval=0.05, what="the data path listening")
-        frames = []  # (kind, path or status) in the order the data path wrote them
         # The handshake: the data path's first frame names its protocol (protocol.toml's fingerprint).
-        assert next_frame() == (0, "H", protocol.FINGERPRINT)
+        (hello,) = read_once()
+        assert hello == (0, "H", protocol.FINGERPRINT)
 
-        def until_request():
-            while True:
-                request_id, kind, head = next_frame()
-                frames.append((kind, head.split("\n")[1 if kind == "Q" else 0]))
-                if kind == "Q":
-                    return request_id
+        ask()
+        ((first, kind, path),) = read_once()
+        assert (kind, path) == ("Q", "/v1/completions")
+        forward(first)
+        answered()
+        # Its report is held back: nothing comes while no request follows (a quarter of the moment, so that a
+        # stalled machine does not see it go alone).
+        ours.settimeout(delay / 4)
+        with pytest.raises(TimeoutError):
+            ours.recv(65536)
+        ours.settimeout(10)
 
-        for n in range(3):
-            client.request(
-                "POST",
-                "/v1/completions",
-                body=b'{"model": "tiny"}',
-                headers={"Authorization": "Bearer gk_x", "Content-Type": "application/json"},
-            )
-            forward(until_request())
-            answer = client.getresponse()
-            assert (answer.status, answer.read()) == (
-                200,
-                b'{"choices": [{"text": "a"}], "usage": {"total_tokens": 4}}',
-            )
-            answered = time.monotonic()
-            if n == 1:  # no request follows this one for a while: its report goes alone
-                _, kind, head = next_frame()
-                frames.append((kind, head.split("\n")[0]))
-                assert time.monotonic() - answered < 2
+        asked_at = time.monotonic()
+        ask()  # the next request: the held report goes with its frame, ahead of it, in one write
+        ((reported, kind, status), (second, q, path)) = read_once()
+        assert (reported, kind, status, q, path) == (first, "S", "200", "Q", "/v1/completions")
+        assert time.monotonic() - asked_at < delay / 2, "the request waited for the report's moment"
+
+        forward(second)
+        answered_at = answered()
+        ((reported, kind, status),) = read_once()  # no request follows: the report goes alone, once the moment is up
+        alone_at = time.monotonic()
+        assert (reported, kind, status) == (second, "S", "200")
+        assert alone_at - answered_at > delay / 2, "the report went at once instead of waiting for a request"
+
+        ask()
+        ((third, kind, path),) = read_once()
+        forward(third)
+        answered()
         child.send_signal(signal.SIGTERM)  # the last answer's report is written before the data path exits
         client.close()
         while chunk := ours.recv(65536):
             received.extend(chunk)
-        while received:
-            _, kind, head = next_frame()
-            frames.append((kind, head.split("\n")[0]))
+        assert whole_frames() == [(third, "S", "200")] and not received
         assert child.wait(timeout=20) == 0
-        # Each answer's report after its request and before the next one (the first one may ride with it).
-        assert frames == [("Q", "/v1/completions"), ("S", "200")] * 3
     finally:
         if child.poll() is None:
             child.kill()

@@ -9,12 +9,14 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 
 from console.models import AuditEvent
 from endpoints.gateway import services
 from endpoints.gateway.asgi import token_estimate
 from endpoints.gateway.models import GatewayEndpoint
+from tests.support.agents import wait_for
 from tests.support.gateway import FakeReplica, make_endpoint
 from tests.support.http import QuietHandler, ServerThread
 
@@ -48,6 +50,25 @@ class RecordingReplica(ServerThread):
                 self.wfile.write(raw)
 
         self.serve(Handler)
+
+
+def _peers(gw) -> set[int]:
+    """The client ports of the connections the gateway (either half) holds a socket for: each is counted against
+    the caps as it is accepted and uncounted before its socket is closed (guard.py, dataplane/src/main.rs)."""
+    gateway = psutil.Process(gw.proc.pid)
+    return {
+        c.raddr.port
+        for p in (gateway, *gateway.children())
+        for c in p.net_connections("tcp")
+        if c.raddr and c.laddr.port == gw.port
+    }
+
+
+def _hold(gw, n: int) -> list[socket.socket]:
+    held = [_connect(gw) for _ in range(n)]
+    ports = {sock.getsockname()[1] for sock in held}
+    wait_for(lambda: ports <= _peers(gw), timeout=10, interval=0.05, what=f"the gateway accepting {n} connections")
+    return held
 
 
 def _connect(gw) -> socket.socket:
@@ -166,15 +187,16 @@ def test_connections_are_capped_per_address_and_in_all(gateway):
         GATEWAY_MAX_CONNECTIONS="5", GATEWAY_MAX_CONNECTIONS_PER_ADDRESS="3", GATEWAY_IDLE_TIMEOUT_SECONDS="30"
     )
     gw.client.close()  # its pooled connection would count
-    held = [_connect(gw) for _ in range(3)]
+    held = _hold(gw, 3)
     try:
-        time.sleep(0.3)
         extra = _connect(gw)
         answer = _read_until_closed(extra, within=5)
         assert answer is not None and _status(answer) == 503, answer
         extra.close()
-        held.pop().close()
-        time.sleep(0.3)
+        gone = held.pop()
+        port = gone.getsockname()[1]
+        gone.close()
+        wait_for(lambda: port not in _peers(gw), timeout=10, interval=0.05, what="the gateway closing its end")
         again = _connect(gw)
         again.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n")
         assert _status(_read_until_closed(again, within=5)) == 200
@@ -190,9 +212,8 @@ def test_connections_are_capped_in_all(gateway):
         GATEWAY_MAX_CONNECTIONS="4", GATEWAY_MAX_CONNECTIONS_PER_ADDRESS="0", GATEWAY_IDLE_TIMEOUT_SECONDS="30"
     )
     gw.client.close()
-    held = [_connect(gw) for _ in range(4)]
+    held = _hold(gw, 4)
     try:
-        time.sleep(0.3)
         extra = _connect(gw)
         answer = _read_until_closed(extra, within=5)
         assert answer is not None and _status(answer) == 503, answer
@@ -312,9 +333,12 @@ def test_replicas_get_only_the_allowed_client_headers(gateway, admin, operator, 
         assert not GatewayEndpoint.objects.filter(endpoint=ep, engine_headers=True).exists()
         assert api_for(operator).post(url, {"allowed": True}).json()["engine_headers"] is True
         assert AuditEvent.objects.filter(action="gateway.engine_headers").count() == 1
-        time.sleep(1.0)  # a routes refresh (0.3 s here)
-        assert gw.client.post("/v1/chat/completions", json=_chat(), headers=headers).status_code == 200
-        got = replica.headers[-1]
+
+        def forwarded():  # once a routes refresh (0.3 s here) has the endpoint's new setting
+            assert gw.client.post("/v1/chat/completions", json=_chat(), headers=headers).status_code == 200
+            return replica.headers[-1] if "x-data-parallel-rank" in replica.headers[-1] else None
+
+        got = wait_for(forwarded, timeout=10, interval=0.1, what="vLLM's routing headers forwarded")
         assert got["x-data-parallel-rank"] == "1" and got["x-vllm-priority"] == "-100"
     finally:
         replica.stop()

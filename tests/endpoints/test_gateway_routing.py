@@ -19,6 +19,7 @@ from endpoints.gateway.asgi import Gateway
 from endpoints.gateway.models import GatewayEndpoint
 from endpoints.gateway.selectors import Backend, RoutingTable, routing_table
 from endpoints.models import Endpoint, EndpointEvent, Replica
+from tests.support.agents import wait_for
 from tests.support.gateway import make_endpoint
 
 
@@ -513,8 +514,7 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
     assert api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "prefix"}).status_code == 200
     _, raw = services.key_create(name="app", actor=admin)
     gw = gateway()
-    gw.wait_routes("tiny", 3)
-    time.sleep(0.4)  # a refresh after the PATCH (the table is read every 0.3 s here)
+    gw.wait_routes("tiny", 3)  # the gateway started after the PATCH: the table that has the replicas has the policy
 
     system = "You are a support agent for a bakery. Answer in one sentence. " * 2
     owners = {}
@@ -539,18 +539,25 @@ def test_prefix_routing_sticks_conversations_to_a_replica(fakes, gateway, admin,
 
     # Least outstanding (the default) for comparison: one conversation's turns go round the replicas.
     api_for(operator).patch(f"/api/v1/endpoints/{ep.pk}", {"routing": "least-outstanding"})
-    time.sleep(0.7)
-    seen = {
-        served_by(
-            gw.post(
-                "/v1/chat/completions",
-                raw,
-                {"model": "tiny", "max_tokens": 4, "messages": conversation(system, "Customer 0: my order is late", t)},
+
+    def spread():  # its turns on two replicas or more: the gateway's routes refresh has the new policy
+        seen = {
+            served_by(
+                gw.post(
+                    "/v1/chat/completions",
+                    raw,
+                    {
+                        "model": "tiny",
+                        "max_tokens": 4,
+                        "messages": conversation(system, "Customer 0: my order is late", t),
+                    },
+                )
             )
-        )
-        for t in range(1, 13)
-    }
-    assert len(seen) >= 2, seen
+            for t in range(1, 13)
+        }
+        return seen if len(seen) >= 2 else None
+
+    wait_for(spread, timeout=10, interval=0.1, what="one conversation's turns spread over the replicas")
 
 
 @pytest.mark.django_db(transaction=True)

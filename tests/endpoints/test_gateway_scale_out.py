@@ -4,6 +4,7 @@ endpoints/gateway/limits.py), and a gateway killed mid-run costs the clients not
 the others). docs/gateway-scale-out.md."""
 
 import asyncio
+import math
 import os
 import signal
 import subprocess
@@ -13,9 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.db.models import F, Sum
 
 from endpoints.gateway import services
 from endpoints.gateway.balancer import haproxy_config
+from endpoints.gateway.models import Budget, UsageHour
 from tests.support import ROOT
 from tests.support.gateway import FakeReplica, GatewayProc, chat, free_port, make_endpoint
 
@@ -103,6 +106,44 @@ def test_three_gateways_admit_exactly_a_keys_requests_per_minute(pool, admin):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_three_gateways_do_not_overrun_a_token_budget_under_200_concurrent_requests(pool, admin):
+    """Each admission reserves its estimate in the budget's counter (atomic in Redis, whichever gateway) and is settled
+    to the engine's usage after: the usage can pass the budget by one request's settlement at most (a request whose
+    real usage is above its reservation; here never, each uses 10 of the 17 it reserves)."""
+    replica = FakeReplica("r1", delay=0.1)
+    try:
+        make_endpoint("ep-pool", [replica], model="tiny")
+        key, raw = services.key_create(name="budgeted", actor=admin)
+        Budget.objects.create(key=key, tokens=300, period="day", mode="hard")
+        gateways, balancer = pool(3)
+        for g in gateways:
+            g.wait_routes("tiny", 1)
+
+        async def burst():
+            limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=balancer.url, timeout=120, limits=limits) as client:
+                headers = {"Authorization": f"Bearer {raw}"}
+                answers = await asyncio.gather(
+                    *(client.post("/v1/chat/completions", json=chat(), headers=headers) for _ in range(200))
+                )
+            return [a.status_code for a in answers]
+
+        codes = asyncio.run(burst())
+        assert set(codes) <= {200, 429}, sorted(set(codes))
+        admitted = codes.count(200)
+        assert admitted == replica.served and admitted >= 300 // 17, admitted
+        deadline = time.monotonic() + 15  # the gateways' flushes (every second here)
+        while sum(UsageHour.objects.filter(key=key).values_list("requests", flat=True)) < 200:
+            assert time.monotonic() < deadline, "the usage was not recorded"
+            time.sleep(0.3)
+        used = UsageHour.objects.filter(key=key).aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
+        print(f"admitted {admitted} of 200, {used} tokens used of a budget of 300")
+        assert used == 10 * admitted and used <= 300 + 10, used  # 10: one request's settlement
+    finally:
+        replica.stop()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_gateway_killed_mid_run_costs_the_clients_nothing(pool, admin):
     replica = FakeReplica("r1", delay=0.2)  # requests in flight at the kill
     try:
@@ -122,6 +163,7 @@ def test_a_gateway_killed_mid_run_costs_the_clients_nothing(pool, admin):
                         statuses.append(type(exc).__name__)
 
         threads = [threading.Thread(target=client) for _ in range(12)]
+        began = time.monotonic()
         for t in threads:
             t.start()
         time.sleep(3)
@@ -144,6 +186,20 @@ def test_a_gateway_killed_mid_run_costs_the_clients_nothing(pool, admin):
         dropped = len(statuses) - statuses.count(200)
         assert dropped <= len(statuses) // 50, {s: statuses.count(s) for s in set(statuses)}
         assert gateways[0].proc.wait(timeout=10) == -signal.SIGKILL
+        # The usage recorded against what the replica served. Each gateway adds its metered usage to the database at
+        # its flush (every GATEWAY_TELEMETRY_SECONDS, 1 s here); the killed one lost what it had not flushed: the
+        # requests it answered in its last second, and those in flight at the kill (the replica served them, HAProxy
+        # retried them on another gateway, whose answer is recorded once). So the record can only be short, by at
+        # most the killed gateway's share of one flush interval of traffic plus the 12 clients' requests in flight.
+        elapsed = time.monotonic() - began
+        time.sleep(2.5)  # the survivors' last flushes
+        rows = UsageHour.objects.filter(key__name="app")
+        recorded = sum(rows.values_list("requests", flat=True)) - sum(rows.values_list("errors", flat=True))
+        tokens = rows.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
+        per_gateway_second = replica.served / elapsed / 3
+        print(f"served {replica.served}, recorded {recorded}, {per_gateway_second:.1f} requests/s per gateway")
+        assert tokens == 10 * recorded
+        assert 0 <= replica.served - recorded <= 12 + math.ceil(1.5 * per_gateway_second), (replica.served, recorded)
     finally:
         replica.stop()
 

@@ -61,7 +61,9 @@ def test_a_request_wakes_an_endpoint_scaled_to_zero_and_is_answered_once_a_repli
         answers = [pool.submit(gw.post, "/v1/chat/completions", raw, chat("sleepy")) for _ in range(4)]
         wait_for(lambda: Endpoint.objects.get(pk=endpoint.pk).replicas == 1, what="the wake")
         wait_for(lambda: held(gw) == 4, what="4 requests held")
-        time.sleep(1.5)  # the agent's start, meanwhile the gateway flushes its queue (every 1 s here)
+        # The agent's start, meanwhile the gateway flushes its queue (every 1 s here) with the held requests in it.
+        waiting = Point.objects.filter(series__key=f"e{endpoint.pk}.gw.waiting", value__gte=1)
+        wait_for(waiting.exists, what="the held requests flushed as the endpoint's gateway queue")
         assert not any(a.done() for a in answers)
         Replica.objects.filter(endpoint=endpoint, index=0).update(
             state=Endpoint.State.READY, port=fake.port, port_host=f"fake-{fake.port}"

@@ -1,4 +1,5 @@
-"""The accuracy gate's simulation (modelslim.SimLinear) computes what vllm-ascend v0.23.0 computes.
+"""The accuracy gate's simulation (modelslim.SimLinear) computes what vllm-ascend v0.23.0 computes, and agrees
+with msModelSlim's own fake quantization of a saved checkpoint (upstream's code, the pinned package: last section).
 
 ``VllmAscendLayer`` below transcribes, line by line, what vllm-ascend does with a ModelSlim layer at
 tag v0.23.0 (vllm-project/vllm-ascend): the parameters ``get_weight``/``get_pertensor_param``/
@@ -226,3 +227,111 @@ def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtyp
         assert rel < 0.1, f"{name}: vllm-ascend's output is {rel:.3f} away from the float layer"
         checked += 1
     assert checked >= 7 * 2  # both layers' seven projections
+
+
+# --- msModelSlim's own code: its fake quantization of a saved checkpoint ---------------------------------------
+#
+# Upstream, at the pinned version (requirements.txt `msmodelslim==26.1.0`), imported from the installed package
+# rather than copied: its quantization helpers (`llm_ptq_tools/quant_funcs`) ship compiled only, so a vendored
+# transcription would be a third hand copy, not upstream's code. What is run, in msmodelslim 26.1.0:
+# * pytorch/llm_ptq/llm_ptq_tools/calibrator/calibrator_classes/fake_quantize/w8a8_fakequantizer.py,
+#   FakeLinearQuantizerOfW8A8 (lines 31-99): set_param unpacks deq_scale (int64tofp32), derives the weight scale
+#   (deqscale_process) and dequantizes the weight; forward quantizes x per tensor with input_scale/offset, or
+#   per token when is_dynamic (its own min-max, asymmetric), and runs F.linear with the layer's float bias;
+# * .../fake_quantize/w8a16_w4a16_fakequantizer.py, FakeLinearQuantizerOfW8A16OrW4A16 (lines 27-73):
+#   (quant_weight - weight_offset) · weight_scale in the model's dtype, F.linear with the float bias;
+# * format/common/deqscale.py, deqscale2int64_by_dtype (lines 36-42): how save() packs deq_scale;
+# * calibrator_classes/fakequantize_calibrator.py (lines 106-136) feeds them the saved tensors, as below.
+# quant_bias is what save() writes (pytorch/llm_ptq/llm_ptq_tools/save/complex_quantifier.py lines 396-401:
+# round(float bias / deq_scale - Σ weight · input_offset)): computed here from those lines, since they sit in a
+# generator over calibrated modules.
+#
+# msModelSlim's fake quantization is not vllm-ascend's arithmetic (it divides by input_scale where vllm-ascend
+# multiplies by its reciprocal, keeps the float bias where vllm-ascend adds quant_bias, and quantizes a dynamic
+# layer's tokens asymmetrically where npu_dynamic_quant is symmetric), so the two agree to a tolerance measured on
+# these layers (relative error of the output, worst of three seeds: W8A8 0.3 %, W8A16 bf16 0.3 % and fp16 0.04 %,
+# W8A8 dynamic 1 %), not to the last place. Errors the simulation could make (a bias added twice or dropped, an
+# offset's sign, deq_scale unpacked the other way, a scale per row instead of per column) are 5 % and more.
+# Only symmetric weights (weight_offset 0), as this console asks msModelSlim for (w_sym=True,
+# msmodelslim_run.py): for an asymmetric W8A16 weight msModelSlim's fake quantizer subtracts weight_offset where
+# torch_npu's npu_weight_quant_batchmatmul (vllm-ascend w8a16.py) adds it.
+
+UPSTREAM_TOLERANCE = {
+    ("W8A8", torch.float16): 0.01,
+    ("W8A16", torch.bfloat16): 0.01,
+    ("W8A16", torch.float16): 0.002,
+    ("W8A8_DYNAMIC", torch.bfloat16): 0.03,
+    ("W8A8_DYNAMIC", torch.float16): 0.03,
+}
+
+
+def test_the_installed_msmodelslim_is_the_pinned_one():
+    """The provenance above is of this version: a bump of the pin is a reason to read those files again."""
+    from importlib.metadata import version
+
+    from tests.support import ROOT
+
+    pinned = [
+        line.split("==")[1].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        if line.startswith("msmodelslim==")
+    ]
+    assert pinned == [version("msmodelslim")] == ["26.1.0"]
+
+
+def msmodelslim_layer(tensors: dict, prefix: str, qtype: str, dtype: torch.dtype):
+    """The layer as msModelSlim's FakeQuantizeCalibrator builds it from a saved checkpoint's tensors."""
+    from msmodelslim.pytorch.llm_ptq.llm_ptq_tools.calibrator.calibrator_classes.fake_quantize import (
+        FakeLinearQuantizerOfW8A8,
+        FakeLinearQuantizerOfW8A16OrW4A16,
+    )
+
+    n, k = tensors[f"{prefix}.weight"].shape
+    linear = torch.nn.Linear(k, n, bias=f"{prefix}.bias" in tensors).to(dtype)
+    if linear.bias is not None:
+        linear.bias.data = tensors[f"{prefix}.bias"].to(dtype)
+    params = {"quant_weight": tensors[f"{prefix}.weight"]}
+    if qtype == "W8A16":
+        layer = FakeLinearQuantizerOfW8A16OrW4A16()
+        params.update(weight_offset=tensors[f"{prefix}.weight_offset"], weight_scale=tensors[f"{prefix}.weight_scale"])
+    elif qtype == "W8A8":
+        layer = FakeLinearQuantizerOfW8A8()
+        params.update(
+            deq_scale=tensors[f"{prefix}.deq_scale"],
+            input_offset=tensors[f"{prefix}.input_offset"],
+            input_scale=tensors[f"{prefix}.input_scale"],
+        )
+    else:
+        layer = FakeLinearQuantizerOfW8A8()
+        params.update(weight_scale=tensors[f"{prefix}.weight_scale"], is_dynamic=True)
+    layer.set_param(linear, **params)
+    return layer
+
+
+def saved_layer(qtype, dtype, *, seed):
+    """A random layer's tensors as msModelSlim's save() writes them: symmetric weights; for W8A8 the deq_scale
+    packed by upstream's deqscale2int64_by_dtype and quant_bias from the float bias (complex_quantifier.py)."""
+    from msmodelslim.format.common.deqscale import deqscale2int64_by_dtype
+
+    t = random_layer(qtype, dtype, seed=seed)
+    t["l.weight_offset"] = torch.zeros_like(t["l.weight_offset"])
+    if qtype == "W8A8":
+        deq = (t["l.input_scale"].float() * t["l.weight_scale"].float().flatten()).to(torch.float32)
+        correction = t["l.weight"].float().sum(dim=1) * t["l.input_offset"].float()
+        t["l.quant_bias"] = torch.round(t["l.bias"].float() / deq - correction).to(torch.int32)
+        t["l.deq_scale"] = deqscale2int64_by_dtype(deq, dtype == torch.bfloat16)
+    return t
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("qtype,dtype", list(UPSTREAM_TOLERANCE), ids=lambda v: str(v).replace("torch.", ""))
+def test_simulation_matches_msmodelslims_own_fake_quantization_on_random_layers(qtype, dtype, seed):
+    """On W8A8 fp16 only: msModelSlim's FakeLinearQuantizerOfW8A8 always reads deq_scale as packed int64
+    (int64tofp32), which save() writes for fp16 models only (a bf16 checkpoint keeps it float32)."""
+    tensors = saved_layer(qtype, dtype, seed=seed)
+    x = (torch.randn(37, 64, generator=torch.Generator().manual_seed(seed + 1)) * 2).to(dtype)
+    upstream = msmodelslim_layer(tensors, "l", qtype, dtype)(x[None])[0]  # it reads (batch, tokens, features)
+    simulated = modelslim.SimLinear(tensors, "l", qtype)(x)
+    assert simulated.dtype == upstream.dtype == dtype
+    error = ((simulated.float() - upstream.float()).norm() / upstream.float().norm()).item()
+    assert error < UPSTREAM_TOLERANCE[qtype, dtype], f"{error:.4f} relative to msModelSlim's own output"

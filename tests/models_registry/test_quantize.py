@@ -619,25 +619,19 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_path, settings, worker_env, redis_conn):
+def test_demo_model_w8a8_perplexity_served_by_vllm_cpu(operator, api_for, tmp_path, settings, redis_conn):
     """SmolLM2-135M → compressed-tensors W8A8 dynamic with the default calibration (llm-compressor
     SmoothQuant 0.8 + GPTQ), its perplexity also measured through vllm-cpu's own kernels (prompt_logprobs,
     source and quantized served one after the other). The verdict is the gate applied to both figures,
     and a served figure over the gate is named as such, with the host's int8 kernel as the likely cause
     where it applies (on a CPU without VNNI/AMX vllm-cpu's oneDNN GEMM saturates: W8A8 served there
-    loses more than the checkpoint). Then the node agent serves the artifact, kept either way, and it
-    answers a chat request."""
-    from endpoints.models import Endpoint
+    loses more than the checkpoint). The node agent serving a W8A8 artifact of the demo as an endpoint, and its
+    answers through the gateway, are tests/e2e/test_quantize_gate_cpu.py's (one vLLM launch less here)."""
     from endpoints.quantize_check import int8_kernel_note
     from tests.support.agents import (
         engine_available,
-        kill_leftovers,
         register_demo_copy,
-        start_agent,
-        stop_agent,
-        wait_for,
     )
-    from workers.models import Node
 
     if not engine_available():
         pytest.skip("no .venv-engine")
@@ -649,8 +643,7 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
     api = api_for(operator)
     # float32 weights: on a CPU without bf16 instructions (this one, and CI's) PyTorch's bf16 matmul is ~40×
     # slower than fp32, and GPTQ plus the evaluation in bf16 took half an hour; vLLM serves it in bf16.
-    aid, model_dir = register_demo_copy(api, tmp_path, settings, float32=True)
-    root = model_dir.parent
+    aid, _ = register_demo_copy(api, tmp_path, settings, float32=True)
     # One attempt (no fallback: each attempt would be served again, minutes on a CI machine); a 5 % gate,
     # which the checkpoint itself passes (+2.75 % in bf16 at 2 threads), so the served figure decides.
     gate = 5.0
@@ -698,27 +691,6 @@ def test_demo_model_w8a8_served_by_vllm_cpu_answers_chat(operator, api_for, tmp_
         assert f"served by vllm-cpu the perplexity changes {serving['ppl_change_pct']:+.2f}%" in job.error
         assert f"the checkpoint itself gives {acc['ppl_change_pct']:+.2f}%" in job.error
         assert (note in job.error) if note else ("Likely cause" not in job.error)
-    env = {**worker_env, "MODEL_ROOTS": str(root), "ARTIFACT_STORE": str(settings.ARTIFACT_STORE)}
-    agent = start_agent(env, "q-node", log_path=tmp_path / "agent.log")
-    try:
-        wait_for(
-            lambda: Node.objects.filter(name="q-node", last_heartbeat__isnull=False).exists(),
-            timeout=60,
-            what="node registration",
-        )
-        created = api.post(
-            "/api/v1/endpoints", {"name": "demo-w8a8", "artifact": art.pk, "enforce_eager": True, "max_model_len": 1024}
-        )
-        assert created.status_code == 201, created.content
-        eid = created.json()["id"]
-        wait_for(lambda: Endpoint.objects.get(pk=eid).state == "ready", timeout=300, interval=1, what="ready")
-        chat = api.post(f"/api/v1/endpoints/{eid}/chat", {"message": "What is the capital of France?"})
-        assert chat.status_code == 200, chat.content
-        assert chat.json()["text"].strip()
-        api.post(f"/api/v1/endpoints/{eid}/stop")
-    finally:
-        stop_agent(agent)
-        kill_leftovers(art.path)
 
 
 def test_serving_check_goes_through_the_endpoint_command_builder(monkeypatch, settings, tmp_path):

@@ -45,6 +45,9 @@ class Job(models.Model):
     target_type = models.ForeignKey(ContentType, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     target_id = models.PositiveBigIntegerField(null=True, blank=True)
     target = GenericForeignKey("target_type", "target_id")
+    # The team of what the job works on (console.teams): its members (and the console Admin) see the job; a job
+    # about no team's object (none) is everyone's, as before teams.
+    team = models.ForeignKey("console.Team", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     retry_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="retries")
 
     created_by = models.ForeignKey(

@@ -3,13 +3,16 @@
 from django.contrib.contenttypes.models import ContentType
 from django.db.models import Q
 
+from console.roles import VIEWER
+from console.teams import visible_or_shared, visible_or_shared_get
 from workers.jobs.models import Job
 from workers.jobs.registry import runner_class, target_filter
 
 
-def job_list(*, status: str = "", kind: str = "", targets: dict[str, int] | None = None, username: str = ""):
-    """Jobs, newest first. `targets` maps a registered target filter (e.g. "model") to an id."""
-    jobs = Job.objects.select_related("created_by", "target_type").prefetch_related("target")
+def job_list(*, user, status: str = "", kind: str = "", targets: dict[str, int] | None = None, username: str = ""):
+    """The jobs `user` sees (their teams' and those of no team), newest first. `targets` maps a registered target
+    filter (e.g. "model") to an id."""
+    jobs = visible_or_shared(Job.objects.select_related("created_by", "target_type"), user).prefetch_related("target")
     if status:
         jobs = jobs.filter(status=status)
     if kind:
@@ -21,6 +24,11 @@ def job_list(*, status: str = "", kind: str = "", targets: dict[str, int] | None
     if username:
         jobs = jobs.filter(created_by__username=username)
     return jobs
+
+
+def job_get(job_id: int, *, user, role: str = VIEWER) -> Job:
+    """A job `user` sees: 404 for another team's; 403 below `role` in its team (console.teams)."""
+    return visible_or_shared_get(Job.objects.select_related("created_by", "target_type"), user, role=role, pk=job_id)
 
 
 def target_choices(name: str):

@@ -105,9 +105,11 @@ def job_enqueue(
     timeout_s: int | None = None,
     retry_of: Job | None = None,
     request=None,
+    team_id: int | None = None,
 ) -> Job:
     """Create the Job row and queue it once the surrounding transaction commits,
-    so a worker never picks up a row it can't see yet. `queue` and `timeout_s` default to the kind's."""
+    so a worker never picks up a row it can't see yet. `queue` and `timeout_s` default to the kind's. `team_id`:
+    the team whose members see the job (console.teams); by default the target's team, else the retried job's."""
     runner = runner_class(kind)
     if runner is None:
         raise ValueError(f"No job runner is registered for kind {kind!r}.")
@@ -130,6 +132,9 @@ def job_enqueue(
         timeout_s=timeout_s or runner.timeout,
         rq_id=f"job-{uuid.uuid4().hex}",
         retry_of=retry_of,
+        team_id=team_id
+        if team_id is not None
+        else getattr(target, "team_id", None) or (retry_of.team_id if retry_of is not None else None),
     )
     transaction.on_commit(lambda: _enqueue_now(job.pk))
     # Audited whoever queued it: a job the console queues itself (a checksum after a conversion) as the system.

@@ -8,7 +8,7 @@ from console.roles import VIEWER
 from console.teams import visible_team_ids
 from workers.telemetry import selectors, services
 from workers.telemetry.models import Alert
-from workers.telemetry.sources import hidden_keys
+from workers.telemetry.sources import hidden_endpoints, hidden_keys
 
 router = Router(tags=["telemetry"])
 
@@ -36,13 +36,15 @@ def series(
         selectors.plan(range_)
     except selectors.BadRange as exc:
         raise HttpError(400, str(exc)) from None
+    team_ids = visible_team_ids(request.user)
     found = selectors.find_series(
         metrics=metrics,
         node=node,
         endpoint=endpoint,
         device=device,
         gateway_key=gateway_key,
-        hidden_keys=hidden_keys(visible_team_ids(request.user)),
+        hidden_keys=hidden_keys(team_ids),
+        hidden_endpoints=hidden_endpoints(team_ids),
     )
     return selectors.series_data(found, range_, since=since)
 
@@ -50,7 +52,7 @@ def series(
 @api_route(router, "get", "/telemetry/fleet", role=VIEWER, response=dict)
 def fleet(request):
     """The Overview cards as numbers."""
-    summary = selectors.fleet_summary()
+    summary = selectors.fleet_summary(hidden_endpoints=hidden_endpoints(visible_team_ids(request.user)))
     summary.pop("nodes")
     return summary
 
@@ -62,5 +64,5 @@ def _alert_json(a: Alert) -> dict:
 @api_route(router, "get", "/telemetry/alerts", role=VIEWER, response=dict)
 def alerts(request):
     """Firing alerts and those resolved in the last 24 hours."""
-    firing, resolved = services.recent_alerts()
+    firing, resolved = services.recent_alerts(hidden_endpoints=hidden_endpoints(visible_team_ids(request.user)))
     return {"firing": [_alert_json(a) for a in firing], "resolved": [_alert_json(a) for a in resolved]}

@@ -97,8 +97,8 @@ def _labels(s: Series, endpoints: dict[int, str]) -> dict[str, str]:
 
 
 class _Collector:
-    def __init__(self, fresh_after: int, hidden_keys: set[str]):
-        self.fresh_after, self.hidden_keys = fresh_after, hidden_keys
+    def __init__(self, fresh_after: int, hidden_keys: set[str], hidden_endpoints: set[int]):
+        self.fresh_after, self.hidden_keys, self.hidden_endpoints = fresh_after, hidden_keys, hidden_endpoints
 
     def collect(self):
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
@@ -112,6 +112,8 @@ class _Collector:
         rows: dict[str, list] = {}
         for s in series:
             if s.metric.startswith("gk.") and key_id(s) in self.hidden_keys:  # another team's key
+                continue
+            if s.endpoint_id in self.hidden_endpoints:  # another team's endpoint
                 continue
             name, help_text, extra = EXPOSED[s.metric]
             labels = {**_labels(s, endpoints), **extra}
@@ -132,9 +134,13 @@ class _Collector:
             "console_endpoint_ready", "1 when every replica is ready", labels=["endpoint", "state"]
         )
         for ep in served_facts():
+            if ep.id in self.hidden_endpoints:
+                continue
             ready.add_metric([ep.name, ep.state], 1.0 if ep.ready else 0.0)
         firing = GaugeMetricFamily(
-            "console_alerts_firing", "Alerts firing now", value=Alert.objects.filter(state=Alert.State.FIRING).count()
+            "console_alerts_firing",
+            "Alerts firing now",
+            value=Alert.objects.filter(state=Alert.State.FIRING).exclude(endpoint_id__in=self.hidden_endpoints).count(),
         )
         yield up
         yield ready
@@ -144,8 +150,9 @@ class _Collector:
         yield from npu_chip_families(self.fresh_after)
 
 
-def exposition(hidden_keys: set[str] = frozenset()) -> bytes:
-    """`hidden_keys`: gateway keys (ids) of teams the reader does not see; their series and labels are left out."""
+def exposition(hidden_keys: set[str] = frozenset(), hidden_endpoints: set[int] = frozenset()) -> bytes:
+    """`hidden_keys`, `hidden_endpoints`: gateway keys (ids) and endpoints of teams the reader does not see; their
+    series, labels, readiness and alerts are left out."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(fresh_cutoff(), hidden_keys))
+    registry.register(_Collector(fresh_cutoff(), hidden_keys, hidden_endpoints))
     return generate_latest(registry)

@@ -126,6 +126,9 @@ class AlertRule(models.Model):
         METRIC = "metric", "metric above/below a threshold"
         NODE_OFFLINE = "node_offline", "node offline"
         ENDPOINT_NOT_READY = "endpoint_not_ready", "endpoint not ready"
+        # Raised by the gateway when a soft token budget passes 80 % or 100 % of its period (endpoints/gateway/
+        # services.py budget_alert); it fires at once and resolves when the period is over.
+        BUDGET = "budget", "token budget (raised by the gateway)"
 
     class Op(models.TextChoices):
         GT = "gt", ">"

@@ -145,9 +145,13 @@ def find_series(
     device: int | None = None,
     gateway_key: int | None = None,
     hidden_keys: Set[str] = frozenset(),
+    hidden_endpoints: Set[int] = frozenset(),
 ) -> list[Series]:
-    """`hidden_keys`: gateway keys (ids) whose series are left out, another team's (sources.hidden_keys)."""
+    """`hidden_keys`, `hidden_endpoints`: gateway keys (ids) and endpoints whose series are left out, another
+    team's (sources.hidden_keys, sources.hidden_endpoints)."""
     qs = Series.objects.filter(metric__in=metrics)
+    if hidden_endpoints:
+        qs = qs.exclude(endpoint_id__in=hidden_endpoints)
     if gateway_key is not None:  # the gateway's per-key series are keyed gk<id>.<metric>
         qs = qs.filter(key__startswith=f"gk{gateway_key}.")
     if node is not None:
@@ -174,22 +178,25 @@ def fresh_cutoff() -> int:
     return int(time.time() - stale_seconds())
 
 
-def fleet_summary() -> dict:
+def fleet_summary(*, hidden_endpoints: Set[int] = frozenset()) -> dict:
     """The Overview cards: nodes online, accelerators healthy/total, endpoints ready, total QPS,
-    worst P99 and the fleet error rate (request-weighted; the worst one while idle)."""
+    worst P99 and the fleet error rate (request-weighted; the worst one while idle). `hidden_endpoints`: other
+    teams' endpoints, left out of the endpoint figures (nodes and accelerators are everyone's)."""
     nodes = list(Node.objects.only("pk", "name", "last_heartbeat", "platform"))
     online = [n for n in nodes if n.online]
     online_ids = {n.pk for n in online}
     devices = list(Device.objects.values_list("node_id", "health"))
     healthy = sum(1 for node_id, h in devices if node_id in online_ids and (h or "").upper() == "OK")
-    endpoints = served_facts()
+    endpoints = [ep for ep in served_facts() if ep.id not in hidden_endpoints]
     running = len(endpoints)
     ready = sum(1 for ep in endpoints if ep.ready)
     cutoff = fresh_cutoff()
     latest: dict[str, dict[str, float | None]] = {}  # metric -> endpoint key (e.g. "e7") -> last value
-    for metric, key, value in Series.objects.filter(
-        metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"), last_ts__gte=cutoff
-    ).values_list("metric", "key", "last_value"):
+    for metric, key, value in (
+        Series.objects.filter(metric__in=("ep.qps", "ep.p99_s", "ep.error_rate"), last_ts__gte=cutoff)
+        .exclude(endpoint_id__in=hidden_endpoints)
+        .values_list("metric", "key", "last_value")
+    ):
         latest.setdefault(metric, {})[key.rsplit(".", 2)[0]] = value
     qps = latest.get("ep.qps", {})
     total_qps = sum(v for v in qps.values() if v is not None)

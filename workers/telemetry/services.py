@@ -8,6 +8,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Set
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -224,7 +225,39 @@ def _breaching(rule: AlertRule, now) -> dict[str, dict]:
                     "node_id": ep.node_id,
                     "endpoint_id": ep.id,
                 }
+    elif rule.kind == AlertRule.Kind.BUDGET:
+        # Raised by the gateway (alert_raise); open until the period in its subject ("budget:<id>:<%>:<reset epoch>")
+        # is over.
+        for alert in Alert.objects.filter(rule=rule, state__in=Alert.OPEN):
+            reset = alert.subject.rpartition(":")[2]
+            if reset.isdigit() and int(reset) > now.timestamp():
+                found[alert.subject] = {
+                    "value": alert.value,
+                    "label": alert.label,
+                    "node_id": alert.node_id,
+                    "endpoint_id": alert.endpoint_id,
+                }
     return found
+
+
+def alert_raise(*, rule_name: str, kind: str, severity: str, subject: str, label: str, value: float | None) -> Alert:
+    """A firing alert raised by the console itself, not by a rule's evaluation (a token budget's, kind "budget"):
+    under its rule (made on first use, for the alerts page and the webhook's payload), firing at once. The caller
+    sends the webhook (send_webhook) once its transaction is committed."""
+    rule, _ = AlertRule.objects.get_or_create(
+        name=rule_name, defaults={"kind": kind, "severity": severity, "duration_s": 0, "op": AlertRule.Op.GE}
+    )
+    now = timezone.now()
+    return Alert.objects.create(
+        rule=rule,
+        subject=subject[:200],
+        label=label[:300],
+        value=value,
+        state=Alert.State.FIRING,
+        since=now,
+        fired_at=now,
+        updated_at=now,
+    )
 
 
 def evaluate_alerts(now=None, *, notify: bool = True) -> list[Alert]:
@@ -340,8 +373,9 @@ def alert_rule_create(
         raise ValidationError({"name": "Give the rule a name of 1 to 100 characters."})
     if AlertRule.objects.filter(name=name).exists():
         raise ValidationError({"name": f"A rule named “{name}” exists already."})
-    if kind not in AlertRule.Kind.values:
-        raise ValidationError({"kind": f"Choose one of: {', '.join(AlertRule.Kind.values)}."})
+    if kind not in AlertRule.Kind.values or kind == AlertRule.Kind.BUDGET:  # the gateway raises budget alerts
+        kinds = [k for k in AlertRule.Kind.values if k != AlertRule.Kind.BUDGET]
+        raise ValidationError({"kind": f"Choose one of: {', '.join(kinds)}."})
     metric = (metric or "").strip() if kind == AlertRule.Kind.METRIC else ""
     if kind == AlertRule.Kind.METRIC and metric not in METRIC_UNITS:
         raise ValidationError({"metric": "Choose a metric the console records (e.g. dev.temp_c, ep.p99_s)."})
@@ -429,10 +463,10 @@ def ensure_default_rules() -> int:
     return created
 
 
-def recent_alerts(hours: int = 24):
+def recent_alerts(hours: int = 24, *, hidden_endpoints: Set[int] = frozenset()):
+    """`hidden_endpoints`: other teams' endpoints, whose alerts are left out."""
     since = timezone.now() - timedelta(hours=hours)
-    firing = list(Alert.objects.filter(state=Alert.State.FIRING).select_related("rule")[:50])
-    resolved = list(
-        Alert.objects.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20]
-    )
+    alerts = Alert.objects.exclude(endpoint_id__in=hidden_endpoints) if hidden_endpoints else Alert.objects.all()
+    firing = list(alerts.filter(state=Alert.State.FIRING).select_related("rule")[:50])
+    resolved = list(alerts.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20])
     return firing, resolved

@@ -29,6 +29,7 @@ class ServedFact:
     state: str
     node_id: int | None
     ready: bool
+    team_id: int | None = None  # its team: the fleet summary and /metrics count it for that team's readers only
 
 
 Collector = Callable[[Node], Contribution]
@@ -76,6 +77,23 @@ _key_teams: list[Callable[[], dict[int, int]]] = []
 def register_key_teams(provider: Callable[[], dict[int, int]]) -> None:
     if provider not in _key_teams:
         _key_teams.append(provider)
+
+
+# The team of each endpoint ({endpoint id: team id}), from serving: its series (e<id>.*, the gateway's per-endpoint
+# ones), alerts, readiness and place in the fleet summary are that team's members' to read (console.teams).
+_endpoint_teams: list[Callable[[], dict[int, int]]] = []
+
+
+def register_endpoint_teams(provider: Callable[[], dict[int, int]]) -> None:
+    if provider not in _endpoint_teams:
+        _endpoint_teams.append(provider)
+
+
+def hidden_endpoints(team_ids: set[int] | None) -> set[int]:
+    """The ids of the endpoints of teams not in `team_ids` (None: every team's seen)."""
+    if team_ids is None:
+        return set()
+    return {endpoint for provider in _endpoint_teams for endpoint, team in provider().items() if team not in team_ids}
 
 
 def hidden_keys(team_ids: set[int] | None) -> set[str]:

@@ -8,15 +8,15 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.api_auth import _token_user
-from console.form_layout import errors_by_field
 from console.roles import OPERATOR, VIEWER, check_role, require_role
 from console.teams import visible_team_ids
-from console.validation import error_text
+from console.validation import error_text, field_errors
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
+from workers.telemetry.forms import AlertRuleForm, AlertRuleUpdateForm
 from workers.telemetry.models import Alert, AlertRule
-from workers.telemetry.sources import hidden_keys
+from workers.telemetry.sources import hidden_endpoints, hidden_keys
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -25,9 +25,12 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 @require_GET
 def fleet_panel(request):
     """The Overview's live part (fleet cards and alerts), polled by htmx."""
-    firing, resolved = services.recent_alerts()
+    hidden = hidden_endpoints(visible_team_ids(request.user))  # other teams' endpoints
+    firing, resolved = services.recent_alerts(hidden_endpoints=hidden)
     return render(
-        request, "telemetry/_fleet.html", {"fleet": selectors.fleet_summary(), "firing": firing, "resolved": resolved}
+        request,
+        "telemetry/_fleet.html",
+        {"fleet": selectors.fleet_summary(hidden_endpoints=hidden), "firing": firing, "resolved": resolved},
     )
 
 
@@ -52,48 +55,34 @@ def alert_list(request):
     return _alerts_page(request)
 
 
-def _alerts_page(request, *, values=None, errors=None, status: int = 200):
+def _alerts_page(request, *, form: AlertRuleForm | None = None):
+    rules = AlertRule.objects.all()
     return render(
         request,
         "telemetry/alerts.html",
         {
-            "rules": AlertRule.objects.all(),
+            "rules": [(rule, AlertRuleUpdateForm(rule=rule)) for rule in rules],
             "alerts": Alert.objects.select_related("rule")[:200],
-            "ops": AlertRule.Op.choices,
-            "kinds": AlertRule.Kind.choices,
-            "metrics": sorted(selectors.METRIC_UNITS),
-            "metric_options": [("", "—")] + sorted(selectors.METRIC_UNITS),
-            # A new rule is on; a refused one keeps its box as it was sent.
-            "enabled": values.get("enabled") == "on" if values is not None else True,
-            "severities": services.ALERT_SEVERITIES,
-            "values": values or {"kind": "metric", "severity": "warning"},
-            "errors": errors or {},
+            "form": form or AlertRuleForm(),
             "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL),
         },
-        status=status,
+        status=400 if form is not None else 200,
     )
 
 
 @require_role(OPERATOR)
 @require_POST
 def alert_rule_create(request):
-    post = request.POST
+    """A refused rule is shown again with each error beside its field (400); nothing is stored."""
+    form = AlertRuleForm(request.POST)
+    if not form.is_valid():
+        return _alerts_page(request, form=form)
     try:
-        rule = services.alert_rule_create(
-            name=post.get("name", ""),
-            kind=post.get("kind", ""),
-            metric=post.get("metric", ""),
-            op=post.get("op", ""),
-            threshold=post.get("threshold"),
-            duration_s=post.get("duration_s"),
-            severity=post.get("severity", ""),
-            enabled=post.get("enabled") == "on",
-            actor=request.user,
-            request=request,
-            via="web",
-        )
+        rule = services.alert_rule_create(**form.cleaned_data, actor=request.user, request=request, via="web")
     except ValidationError as exc:
-        return _alerts_page(request, values=post.dict(), errors=errors_by_field(exc), status=400)
+        for field, errors in field_errors(exc).items():
+            form.add_error(field if field in form.fields else None, errors)
+        return _alerts_page(request, form=form)
     messages.success(request, f"Rule “{rule.name}” created.")
     return redirect("alert_list")
 
@@ -102,18 +91,11 @@ def alert_rule_create(request):
 @require_POST
 def alert_rule_update(request, rule_id: int):
     rule = get_object_or_404(AlertRule, pk=rule_id)
-    post = request.POST
+    form = AlertRuleUpdateForm(request.POST)
     try:
-        services.alert_rule_update(
-            rule=rule,
-            threshold=post.get("threshold"),
-            duration_s=post.get("duration_s"),
-            op=post.get("op", ""),
-            enabled=post.get("enabled") == "on",
-            actor=request.user,
-            request=request,
-            via="web",
-        )
+        if not form.is_valid():
+            raise ValidationError(form.errors.as_data())
+        services.alert_rule_update(rule=rule, **form.cleaned_data, actor=request.user, request=request, via="web")
     except ValidationError as exc:
         messages.error(request, f"Rule “{rule.name}” not saved: {error_text(exc)}")
         return redirect("alert_list")
@@ -124,8 +106,10 @@ def alert_rule_update(request, rule_id: int):
 def _exposition_response(user=None):
     """`user`: the reader, whose teams' gateway keys alone are shown; None: the shared METRICS_TOKEN (the fleet's
     Prometheus), which reads every key."""
-    hidden = hidden_keys(visible_team_ids(user)) if user is not None else set()
-    return HttpResponse(exposition(hidden), content_type=PROMETHEUS_TYPE)
+    if user is None:
+        return HttpResponse(exposition(), content_type=PROMETHEUS_TYPE)
+    team_ids = visible_team_ids(user)
+    return HttpResponse(exposition(hidden_keys(team_ids), hidden_endpoints(team_ids)), content_type=PROMETHEUS_TYPE)
 
 
 @require_role(VIEWER)

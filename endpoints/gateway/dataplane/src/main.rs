@@ -44,7 +44,9 @@ mod protocol;
 use protocol::*;
 // How long a report (how an answer the client has went) may wait to share a write with the next request's frame.
 // Any frame the gateway must answer takes the waiting reports along, ahead of it: every decision still sees every
-// answer that came before it; only the accounting's clock runs up to this much late.
+// answer that came before it; only the accounting's clock runs up to this much late. `--report-delay MS`
+// overrides it; the gateway never passes it (not one of protocol.toml's arguments): a test lengthens the moment
+// so that a Python client lands its next request inside it (tests/endpoints/test_gateway_dataplane.py).
 const REPORT_DELAY: Duration = Duration::from_millis(2);
 
 struct Settings {
@@ -187,18 +189,19 @@ async fn read_replies(mut socket: tokio::net::unix::OwnedReadHalf, gateway: Arc<
 }
 
 /// Writes the frames in order, what queued up meanwhile in one write; an empty frame ends it (at exit: every
-/// answer's report written before the process goes). Reports alone wait up to REPORT_DELAY for a frame the
+/// answer's report written before the process goes). Reports alone wait up to report_delay for a frame the
 /// gateway must answer (the next request, under load), to go in the same write: the gateway's process then
 /// wakes once per request instead of twice, which under load is CPU given back to the replicas on the host.
 async fn write_frames(
     mut socket: tokio::net::unix::OwnedWriteHalf,
     mut frames: mpsc::UnboundedReceiver<Frame>,
+    report_delay: Duration,
 ) {
     let mut buf = Vec::new();
     while let Some(first) = frames.recv().await {
         let mut reports_only = true;
         let mut last = take(first, &mut buf, &mut reports_only);
-        let deadline = tokio::time::Instant::now() + REPORT_DELAY;
+        let deadline = tokio::time::Instant::now() + report_delay;
         loop {
             while !last {
                 match frames.try_recv() {
@@ -949,11 +952,15 @@ impl Drop for Slot {
 }
 
 fn argument(args: &[String], name: &str) -> String {
+    optional(args, name).unwrap_or_else(|| panic!("dataplane: {name} is required"))
+}
+
+/// An argument the gateway does not pass (see REPORT_DELAY); None when absent.
+fn optional(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .cloned()
-        .unwrap_or_else(|| panic!("dataplane: {name} is required"))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -1000,7 +1007,10 @@ async fn main() {
     });
     // The handshake: the first frame of all says which protocol this side speaks (the gateway checks it).
     gateway.send(0, HELLO, FINGERPRINT.as_bytes(), b"");
-    let writer = tokio::spawn(write_frames(writer, frames));
+    let report_delay = optional(&args, "--report-delay").map_or(REPORT_DELAY, |ms| {
+        Duration::from_millis(ms.parse().expect("dataplane: --report-delay MS"))
+    });
+    let writer = tokio::spawn(write_frames(writer, frames, report_delay));
     tokio::spawn(read_replies(reader, gateway.clone()));
 
     let mut connector = HttpConnector::new();
