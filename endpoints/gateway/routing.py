@@ -2,9 +2,10 @@
 replica per request's leading content, with a bound on load), and which side of a
 blue-green pair takes a request when the staged side has a canary share.
 
-Pure functions over the gateway's in-memory counts, no I/O and no Django: the gateway
-(endpoints/gateway/asgi.py) filters out replicas that are tried, down or whose endpoint is
-full, then calls these.
+Pure functions over the counts the gateway passes in (its own plus the other gateways', shared through Redis:
+endpoints/gateway/shared_routing.py), no I/O and no Django: the gateway (endpoints/gateway/asgi.py) filters out
+replicas that are tried, down or whose endpoint is full, then calls these. With several gateways, a key new to one
+takes the home another gateway recorded (shared_routing.SharedRouting.claim_home, then PrefixHomes.set_home).
 
 Prefix-aware routing sends requests that start alike to the replica that has most likely
 kept that start in its prefix cache (vLLM's automatic prefix caching), so it is not computed
@@ -232,6 +233,15 @@ class PrefixHomes:
         if len(self._homes) > self.max_keys:
             self._drop(next(iter(self._homes)))
         return choice
+
+    def set_home(self, key_digest: bytes, url: str) -> None:
+        """Make `url` the key's home (the one the gateways agreed on: shared_routing.SharedRouting.claim_home)."""
+        if key_digest in self._homes:
+            self._drop(key_digest)
+        self._homes[key_digest] = (url, self.clock())
+        self.keys_of[url] += 1
+        if len(self._homes) > self.max_keys:
+            self._drop(next(iter(self._homes)))
 
     def keep_only(self, urls: frozenset[str]) -> None:
         """Forget the homes on replicas not in `urls` (the routing table's, after each refresh)."""
