@@ -413,22 +413,11 @@ class Gateway:
         if not isinstance(model, str) or not model:
             return await _error(send, 400, "Say which model: \"model\" is missing.", "invalid_request_error")
         REQUEST_MODEL.set(model)  # this request's task only: finish() counts a LoRA adapter's usage by it
-        if model not in self.table.known:
-            return await self.finish(
-                send,
-                key,
-                None,
-                start,
-                await _error(send, 404, f"The model {model!r} does not exist.", "model_not_found"),
-            )
-        if not self.may_use(key, model):
-            # As for a model that does not exist: a key learns nothing of the models outside its scope.
-            return await self.finish(
-                send,
-                key,
-                None,
-                start,
-                await _error(send, 404, f"The model {model!r} does not exist.", "model_not_found"),
+        if model not in self.table.known or not self.may_use(key, model):
+            # A model outside the key's scope (or team) is answered as one that does not exist: a key learns nothing
+            # of the models it may not use.
+            return await self.refuse(
+                send, key, None, start, 404, f"The model {model!r} does not exist.", "model_not_found"
             )
         backends = [b for b in self.table.backends.get(model, ()) if key.allows_backend(b, model)]
         # None ready, but an endpoint of the model scaled to zero that this key may use: wake it and wait.
@@ -439,18 +428,15 @@ class Gateway:
         if not backends and not asleep:
             asleep = [w for w in self.table.loadable.get(model, ()) if key.allows_backend(w, model)]
         if not backends and not asleep:
-            return await self.finish(
+            return await self.refuse(
                 send,
                 key,
                 None,
                 start,
-                await _error(
-                    send,
-                    503,
-                    f"No replica of {model!r} is ready; try again shortly.",
-                    "unavailable",
-                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
-                ),
+                503,
+                f"No replica of {model!r} is ready; try again shortly.",
+                "unavailable",
+                retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
             )
         estimate = token_estimate(payload, route=path, context=self.table.context.get(model))
         assert self.limits is not None  # made at startup, before any request
@@ -458,46 +444,37 @@ class Gateway:
         if not reservation.admitted:
             if reservation.bound is not None:  # a token budget: until its period's reset
                 spent = reservation.bound.budget
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     None,
                     start,
-                    await _error(
-                        send,
-                        429,
-                        f"The {spent.owner}'s token budget for this {spent.period} is spent"
-                        + (" (the request waited in its queue)." if spent.mode == "queue" else "."),
-                        "budget_exceeded",
-                        retry_after=math.ceil(reservation.wait),
-                    ),
+                    429,
+                    f"The {spent.owner}'s token budget for this {spent.period} is spent"
+                    + (" (the request waited in its queue)." if spent.mode == "queue" else "."),
+                    "budget_exceeded",
+                    retry_after=math.ceil(reservation.wait),
                 )
             if reservation.unavailable:
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     None,
                     start,
-                    await _error(
-                        send,
-                        503,
-                        "This key's limits cannot be checked right now; try again shortly.",
-                        "limits_unavailable",
-                        retry_after=1,
-                    ),
+                    503,
+                    "This key's limits cannot be checked right now; try again shortly.",
+                    "limits_unavailable",
+                    retry_after=1,
                 )
-            return await self.finish(
+            return await self.refuse(
                 send,
                 key,
                 None,
                 start,
-                await _error(
-                    send,
-                    429,
-                    "This key is over its per-minute limit.",
-                    "rate_limit_exceeded",
-                    retry_after=math.ceil(reservation.wait),
-                ),
+                429,
+                "This key is over its per-minute limit.",
+                "rate_limit_exceeded",
+                retry_after=math.ceil(reservation.wait),
             )
         notice = ""
         if reservation.each < estimate.each:
@@ -517,12 +494,14 @@ class Gateway:
             upstream_path = "/v1/completions"
             prompt = payload.get("prompt")
             if not isinstance(prompt, str):
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     None,
                     start,
-                    await _error(send, 400, "\"prompt\" must be a string.", "invalid_request_error"),
+                    400,
+                    "\"prompt\" must be a string.",
+                    "invalid_request_error",
                     reservation=reservation,
                 )
             payload = {k: v for k, v in payload.items() if k in {"max_tokens", "temperature", "top_p", "stop", "seed"}}
@@ -544,35 +523,29 @@ class Gateway:
                 return None
             if backends is None and adapter_id is not None:
                 why = self.load_failed.get((target.endpoint_id, adapter_id), "it was not loaded in time")
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     target.endpoint_id,
                     start,
-                    await _error(
-                        send,
-                        503,
-                        f"The LoRA adapter {model!r} could not be loaded on {target.endpoint_name}: {why}",
-                        "unavailable",
-                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
-                    ),
+                    503,
+                    f"The LoRA adapter {model!r} could not be loaded on {target.endpoint_name}: {why}",
+                    "unavailable",
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
                     reservation=reservation,
                 )
             if backends is None:
                 timeout = settings.GATEWAY_WAKE_TIMEOUT_SECONDS
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     target.endpoint_id,
                     start,
-                    await _error(
-                        send,
-                        503,
-                        f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
-                        "try again shortly.",
-                        "unavailable",
-                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
-                    ),
+                    503,
+                    f"{model!r} is starting (it was scaled to zero) and was not ready within {timeout:g} s; "
+                    "try again shortly.",
+                    "unavailable",
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
                     reservation=reservation,
                 )
         # The compiled data path says itself when a client leaves: it watches, with no task to spare.
@@ -806,15 +779,16 @@ class Gateway:
                         self.budget_alerted.add(mark)
                         self.stats.budget_alerts[mark] = total
 
+    async def refuse(self, send, key, endpoint_id, start, status, message, code, *, retry_after=None, reservation=None):
+        """Answer the request with an OpenAI-style error and account for it as answered (finish)."""
+        answered = await _error(send, status, message, code, retry_after=retry_after)
+        return await self.finish(send, key, endpoint_id, start, answered, reservation=reservation)
+
     async def queue_full(self, send, key, endpoint_id, model, start, reservation):
         """The 429 of a model whose endpoint's queue is full (held, or every replica at its queue depth)."""
-        return await self.finish(
-            send,
-            key,
-            endpoint_id,
-            start,
-            await _error(send, 429, f"The queue of {model!r} is full; try again shortly.", "queue_full", retry_after=1),
-            reservation=reservation,
+        message = f"The queue of {model!r} is full; try again shortly."
+        return await self.refuse(
+            send, key, endpoint_id, start, 429, message, "queue_full", retry_after=1, reservation=reservation
         )
 
     async def proxy(
@@ -852,18 +826,15 @@ class Gateway:
             if backend is None:
                 if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
                     return await self.queue_full(send, key, backends[0].endpoint_id, model, start, reservation)
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     last_endpoint,
                     start,
-                    await _error(
-                        send,
-                        503,
-                        f"No replica of {model!r} answered; try again shortly.",
-                        "unavailable",
-                        retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
-                    ),
+                    503,
+                    f"No replica of {model!r} answered; try again shortly.",
+                    "unavailable",
+                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
                     reservation=reservation,
                 )
             tried.add(backend.url)
@@ -892,12 +863,14 @@ class Gateway:
                         continue
                     if outcome.kind == "error":
                         log.warning("gateway: %s failed: %s", backend.url, outcome.error)
-                        return await self.finish(
+                        return await self.refuse(
                             send,
                             key,
                             backend.endpoint_id,
                             start,
-                            await _error(send, 502, f"The replica failed: {outcome.error}.", "bad_gateway"),
+                            502,
+                            f"The replica failed: {outcome.error}.",
+                            "bad_gateway",
                             reservation=reservation,
                         )
                     return await self.relayed(send, key, backend, outcome, start, generate, reservation)
@@ -923,12 +896,14 @@ class Gateway:
                     continue
                 except UPSTREAM_ERRORS as exc:
                     log.warning("gateway: %s failed: %r", backend.url, exc)
-                    return await self.finish(
+                    return await self.refuse(
                         send,
                         key,
                         backend.endpoint_id,
                         start,
-                        await _error(send, 502, f"The replica failed: {type(exc).__name__}.", "bad_gateway"),
+                        502,
+                        f"The replica failed: {type(exc).__name__}.",
+                        "bad_gateway",
                         reservation=reservation,
                     )
                 try:
@@ -967,18 +942,15 @@ class Gateway:
         decodes = [b for b in backends if b.role == "decode"]
         missing = [role for role, ready in (("prefill", prefills), ("decode", decodes)) if not ready]
         if missing:
-            return await self.finish(
+            return await self.refuse(
                 send,
                 key,
                 backends[0].endpoint_id,
                 start,
-                await _error(
-                    send,
-                    503,
-                    f"No {' or '.join(missing)} replica of {model!r} is ready; try again shortly.",
-                    "unavailable",
-                    retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
-                ),
+                503,
+                f"No {' or '.join(missing)} replica of {model!r} is ready; try again shortly.",
+                "unavailable",
+                retry_after=settings.GATEWAY_RETRY_AFTER_SECONDS,
                 reservation=reservation,
             )
         prefill_request = disagg.prefill_body(payload or {})
@@ -989,17 +961,14 @@ class Gateway:
             if backend is None:
                 if not tried:  # every prefill replica is at its endpoint's queue depth
                     return await self.queue_full(send, key, prefills[0].endpoint_id, model, start, reservation)
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     prefills[0].endpoint_id,
                     start,
-                    await _error(
-                        send,
-                        502,
-                        f"No prefill replica of {model!r} could prefill the request ({'; '.join(failures)}).",
-                        "bad_gateway",
-                    ),
+                    502,
+                    f"No prefill replica of {model!r} could prefill the request ({'; '.join(failures)}).",
+                    "bad_gateway",
                     reservation=reservation,
                 )
             tried.add(backend.url)
@@ -1077,12 +1046,14 @@ class Gateway:
             try:
                 data = await response.read()
             except UPSTREAM_ERRORS as exc:
-                return await self.finish(
+                return await self.refuse(
                     send,
                     key,
                     backend.endpoint_id,
                     start,
-                    await _error(send, 502, f"The replica failed mid-answer: {type(exc).__name__}.", "bad_gateway"),
+                    502,
+                    f"The replica failed mid-answer: {type(exc).__name__}.",
+                    "bad_gateway",
                     reservation=reservation,
                 )
             await _answer_whole(send, status, data, content_type, generate, notice)
@@ -1144,12 +1115,14 @@ class Gateway:
                     tokens=outcome.events,
                     reservation=reservation,
                 )
-            return await self.finish(
+            return await self.refuse(
                 send,
                 key,
                 backend.endpoint_id,
                 start,
-                await _error(send, 502, f"The replica failed mid-answer: {outcome.error}.", "bad_gateway"),
+                502,
+                f"The replica failed mid-answer: {outcome.error}.",
+                "bad_gateway",
                 reservation=reservation,
             )
         if outcome.streamed:
