@@ -10,7 +10,7 @@ class EndpointsConfig(AppConfig):
         from django.db.models.signals import post_delete
 
         from endpoints.commands.container import probe_container_command
-        from endpoints.gateway.selectors import key_teams
+        from endpoints.gateway.selectors import budget_teams, key_teams
         from endpoints.models import Endpoint
         from endpoints.reconcile import ReplicaWorkload
         from endpoints.telemetry import (
@@ -23,6 +23,7 @@ class EndpointsConfig(AppConfig):
         from workers.agent.workloads import register_workload
         from workers.engine_info import register_image_runner
         from workers.telemetry.sources import (
+            register_budget_teams,
             register_collector,
             register_endpoint_names,
             register_endpoint_teams,
@@ -37,6 +38,7 @@ class EndpointsConfig(AppConfig):
         register_endpoint_names(endpoint_names)
         post_delete.connect(forget_endpoint_telemetry, sender=Endpoint, dispatch_uid="endpoints.forget_telemetry")
         register_key_teams(key_teams)  # per-key series and /metrics labels: the key's team's to read
+        register_budget_teams(budget_teams)  # a budget's alerts: its team's (a key's budget: the key's team's)
         register_endpoint_teams(endpoint_teams)  # an endpoint's series, alerts and fleet figures: its team's
         # Defining the job kind registers it with the job runtime (workers.jobs).
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).

@@ -427,6 +427,15 @@ def key_get(key_id: int, *, user, role: str = ADMIN) -> GatewayKey:
     return visible_get(GatewayKey.objects.all(), user, role=role, pk=key_id)
 
 
+def budget_teams() -> dict[int, int]:
+    """Each token budget's team (a key's budget: the key's), for telemetry's budget alerts
+    (workers.telemetry.sources.register_budget_teams)."""
+    return {
+        pk: team if team is not None else key_team
+        for pk, team, key_team in Budget.objects.values_list("pk", "team_id", "key__team_id")
+    }
+
+
 def key_teams() -> dict[int, int]:
     """Each gateway key's team, for telemetry (workers.telemetry.sources.register_key_teams)."""
     return dict(GatewayKey.objects.values_list("pk", "team_id"))

@@ -3,6 +3,7 @@ its place in the fleet summary are its team's members' to read, in the series AP
 alerts and /metrics; the console Admin and the shared METRICS_TOKEN read every team's."""
 
 import time
+from datetime import UTC, datetime, timedelta
 
 from django.test import Client
 
@@ -59,3 +60,29 @@ def test_endpoint_series_fleet_alerts_and_metrics_are_the_endpoints_teams(two_te
     settings.METRICS_TOKEN = "shared-scrape-token"
     scrape = Client().get("/metrics", HTTP_AUTHORIZATION="Bearer shared-scrape-token").content.decode()
     assert 'endpoint="ep-ours"' in scrape and 'endpoint="ep-theirs"' in scrape
+
+
+def test_the_alerts_page_and_budget_alerts_are_their_teams(two_teams, as_admin):  # noqa: F811
+    """The alerts page lists only the reader's teams' endpoint alerts and token-budget alerts (a key's budget: the
+    key's team's); it listed every alert to any Viewer, and a budget alert names its key."""
+    from endpoints.gateway.models import Budget
+    from endpoints.gateway.services import budget_alert
+
+    _serving(two_teams)
+    budgets = {
+        "ours-team": Budget.objects.create(team=two_teams["research"], tokens=100, period="day", mode="soft"),
+        "theirs-key": Budget.objects.create(key=two_teams["theirs"]["key"], tokens=100, period="day", mode="soft"),
+        "theirs-team": Budget.objects.create(team=two_teams["default"], tokens=100, period="day", mode="soft"),
+    }
+    start = datetime(2026, 12, 6, tzinfo=UTC)
+    for budget in budgets.values():
+        assert budget_alert(budget_id=budget.pk, percent=80, start=start, reset=start + timedelta(days=1), used=85)
+    ana = _client_for(two_teams["ana"])
+    page = ana.get("/alerts/").content.decode()
+    assert "alert-ours" in page and "alert-theirs" not in page
+    assert f"team {two_teams['research']}" in page
+    assert f"key {two_teams['theirs']['key']}" not in page and f"team {two_teams['default']}" not in page
+    firing = [a["label"] for a in ana.get("/api/v1/telemetry/alerts").json()["firing"]]
+    assert len(firing) == 2 and "alert-ours" in firing and any(str(two_teams["research"]) in f for f in firing)
+    everything = as_admin.get("/alerts/").content.decode()
+    assert f"key {two_teams['theirs']['key']}" in everything and "alert-theirs" in everything

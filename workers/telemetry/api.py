@@ -64,5 +64,5 @@ def _alert_json(a: Alert) -> dict:
 @api_route(router, "get", "/telemetry/alerts", role=VIEWER, response=dict)
 def alerts(request):
     """Firing alerts and those resolved in the last 24 hours."""
-    firing, resolved = services.recent_alerts(hidden_endpoints=hidden_endpoints(visible_team_ids(request.user)))
+    firing, resolved = services.recent_alerts(team_ids=visible_team_ids(request.user))
     return {"firing": [_alert_json(a) for a in firing], "resolved": [_alert_json(a) for a in resolved]}

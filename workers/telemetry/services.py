@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Set
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import reduce
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Avg, Count, F, Max, Min
+from django.db.models import Avg, Count, F, Max, Min, Q
 from django.db.models.expressions import ExpressionWrapper
 from django.db.models.fields import BigIntegerField
 from django.utils import timezone
@@ -24,7 +25,7 @@ from console.audit import audit_log
 from console.validation import float_in_range, int_in_range
 from workers.models import Node
 from workers.telemetry.models import METRIC_UNITS, Alert, AlertRule, Point, Rollup, Series
-from workers.telemetry.sources import endpoint_names, served_facts
+from workers.telemetry.sources import endpoint_names, hidden_budgets, hidden_endpoints, served_facts
 
 log = logging.getLogger("console.telemetry")
 
@@ -463,10 +464,25 @@ def ensure_default_rules() -> int:
     return created
 
 
-def recent_alerts(hours: int = 24, *, hidden_endpoints: Set[int] = frozenset()):
-    """`hidden_endpoints`: other teams' endpoints, whose alerts are left out."""
+def visible_alerts(*, team_ids: set[int] | None):
+    """The alerts a reader of `team_ids` may see (None: every team's, the console Admin): not another team's
+    endpoint's, nor another team's token budget's (console.teams)."""
+    alerts = Alert.objects.all()
+    if team_ids is None:
+        return alerts
+    hidden = hidden_endpoints(team_ids)
+    if hidden:
+        alerts = alerts.exclude(endpoint_id__in=hidden)
+    budgets = hidden_budgets(team_ids)
+    if budgets:
+        alerts = alerts.exclude(reduce(operator.or_, (Q(subject__startswith=f"budget:{b}:") for b in budgets)))
+    return alerts
+
+
+def recent_alerts(hours: int = 24, *, team_ids: set[int] | None):
+    """The firing alerts and those resolved in the last `hours` that a reader of `team_ids` may see."""
     since = timezone.now() - timedelta(hours=hours)
-    alerts = Alert.objects.exclude(endpoint_id__in=hidden_endpoints) if hidden_endpoints else Alert.objects.all()
+    alerts = visible_alerts(team_ids=team_ids)
     firing = list(alerts.filter(state=Alert.State.FIRING).select_related("rule")[:50])
     resolved = list(alerts.filter(state=Alert.State.RESOLVED, resolved_at__gte=since).select_related("rule")[:20])
     return firing, resolved

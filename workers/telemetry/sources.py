@@ -101,3 +101,20 @@ def hidden_keys(team_ids: set[int] | None) -> set[str]:
     if team_ids is None:
         return set()
     return {str(key) for provider in _key_teams for key, team in provider().items() if team not in team_ids}
+
+
+# The team of each token budget ({budget id: team id}; a key's budget: the key's team), from the gateway
+# (endpoints): the budget alerts it raises (subject "budget:<id>:…") are that team's members' to read.
+_budget_teams: list[Callable[[], dict[int, int]]] = []
+
+
+def register_budget_teams(provider: Callable[[], dict[int, int]]) -> None:
+    if provider not in _budget_teams:
+        _budget_teams.append(provider)
+
+
+def hidden_budgets(team_ids: set[int] | None) -> set[int]:
+    """The ids of the token budgets of teams not in `team_ids` (None: every team's seen)."""
+    if team_ids is None:
+        return set()
+    return {budget for provider in _budget_teams for budget, team in provider().items() if team not in team_ids}

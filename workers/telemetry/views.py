@@ -15,7 +15,7 @@ from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
 from workers.telemetry.forms import AlertRuleForm, AlertRuleUpdateForm
-from workers.telemetry.models import Alert, AlertRule
+from workers.telemetry.models import AlertRule
 from workers.telemetry.sources import hidden_endpoints, hidden_keys
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -25,8 +25,9 @@ PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 @require_GET
 def fleet_panel(request):
     """The Overview's live part (fleet cards and alerts), polled by htmx."""
-    hidden = hidden_endpoints(visible_team_ids(request.user))  # other teams' endpoints
-    firing, resolved = services.recent_alerts(hidden_endpoints=hidden)
+    team_ids = visible_team_ids(request.user)
+    hidden = hidden_endpoints(team_ids)  # other teams' endpoints
+    firing, resolved = services.recent_alerts(team_ids=team_ids)
     return render(
         request,
         "telemetry/_fleet.html",
@@ -62,7 +63,7 @@ def _alerts_page(request, *, form: AlertRuleForm | None = None):
         "telemetry/alerts.html",
         {
             "rules": [(rule, AlertRuleUpdateForm(rule=rule)) for rule in rules],
-            "alerts": Alert.objects.select_related("rule")[:200],
+            "alerts": services.visible_alerts(team_ids=visible_team_ids(request.user)).select_related("rule")[:200],
             "form": form or AlertRuleForm(),
             "webhook": bool(settings.TELEMETRY_ALERT_WEBHOOK_URL),
         },
