@@ -305,13 +305,20 @@ def period_bounds(period: str, now: datetime | None = None) -> tuple[datetime, d
     return start, end
 
 
-def budget_used(*, budget: BudgetInfo, since: datetime) -> int:
-    """The tokens metered (UsageHour) against a budget's owner since the start of its period: what the shared
-    counter starts from when Redis lost it (a restart)."""
+def tokens_metered(*, team_id: int | None = None, key_id: int | None = None, since: datetime) -> int:
+    """The tokens (prompt + completion) metered in UsageHour for a team or a key since `since`."""
     rows = UsageHour.objects.filter(hour__gte=since)
-    rows = rows.filter(team_id=budget.owner_id) if budget.owner == "team" else rows.filter(key_id=budget.owner_id)
+    rows = rows.filter(team_id=team_id) if team_id is not None else rows.filter(key_id=key_id)
     total = rows.aggregate(t=Sum(F("prompt_tokens") + F("completion_tokens")))["t"]
     return int(total or 0)
+
+
+def budget_used(*, budget: BudgetInfo, since: datetime) -> int:
+    """The tokens metered against a budget's owner since the start of its period: what the shared counter starts
+    from when Redis lost it (a restart)."""
+    if budget.owner == "team":
+        return tokens_metered(team_id=budget.owner_id, since=since)
+    return tokens_metered(key_id=budget.owner_id, since=since)
 
 
 @dataclass(frozen=True)

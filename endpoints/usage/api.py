@@ -4,13 +4,12 @@ team (`/api/v1/teams/{id}/budgets`) and of a gateway key (`/api/v1/gateway/keys/
 from datetime import datetime
 from typing import Literal
 
-from django.http import Http404, HttpResponse
-from ninja import Router, Schema
+from django.http import HttpResponse
+from ninja import Query, Router, Schema
 from pydantic import ConfigDict, Field
 
 from console.api_auth import api_route
 from console.roles import ADMIN, VIEWER
-from console.teams import check_team_role
 from endpoints.gateway.selectors import key_get
 from endpoints.usage import selectors, services
 from endpoints.usage.export import usage_csv
@@ -26,18 +25,9 @@ class BudgetIn(Schema):
     mode: Literal["hard", "queue", "soft"] = "hard"
 
 
-def _team(request, team_id: int, *, role: str = VIEWER):
-    team = selectors.visible_teams(user=request.user).filter(pk=team_id).first()
-    if team is None:
-        raise Http404("Not found.")
-    if role != VIEWER:
-        check_team_role(request.user, team.pk, role)
-    return team
-
-
 @api_route(router, "GET", "/teams/{team_id}/budgets", role=VIEWER, response=list[dict])
 def team_budget_list(request, team_id: int):
-    team = _team(request, team_id)
+    team = selectors.team_get(team_id, user=request.user)
     return [selectors.budget_json(b) for b in selectors.team_budgets(team_id=team.pk)]
 
 
@@ -45,7 +35,7 @@ def team_budget_list(request, team_id: int):
 def team_budget_set(request, team_id: int, data: BudgetIn):
     """The team's budget for the period; a second one for the same period replaces it. The team's Admin or the
     console Admin; another team is a 404."""
-    team = _team(request, team_id, role=ADMIN)
+    team = selectors.team_get(team_id, user=request.user, role=ADMIN)
     budget = services.budget_set(
         team=team, tokens=data.tokens, period=data.period, mode=data.mode, actor=request.user, request=request
     )
@@ -54,10 +44,8 @@ def team_budget_set(request, team_id: int, data: BudgetIn):
 
 @api_route(router, "DELETE", "/teams/{team_id}/budgets/{period}", role=ADMIN, response={204: None})
 def team_budget_delete(request, team_id: int, period: str):
-    team = _team(request, team_id, role=ADMIN)
-    budget = selectors.team_budgets(team_id=team.pk).filter(period=period).first()
-    if budget is None:
-        raise Http404("Not found.")
+    team = selectors.team_get(team_id, user=request.user, role=ADMIN)
+    budget = selectors.budget_for_period(team_id=team.pk, period=period)
     services.budget_delete(budget=budget, actor=request.user, request=request)
     return 204, None
 
@@ -81,42 +69,29 @@ def key_budget_set(request, key_id: int, data: BudgetIn):
 @api_route(router, "DELETE", "/gateway/keys/{key_id}/budgets/{period}", role=ADMIN, response={204: None})
 def key_budget_delete(request, key_id: int, period: str):
     key = key_get(key_id, user=request.user)
-    budget = selectors.key_budgets(key_id=key.pk).filter(period=period).first()
-    if budget is None:
-        raise Http404("Not found.")
+    budget = selectors.budget_for_period(key_id=key.pk, period=period)
     services.budget_delete(budget=budget, actor=request.user, request=request)
     return 204, None
 
 
-def _query(request, team, key, endpoint, model, since, until, group_by):
-    return selectors.usage_query(
-        user=request.user,
-        team=team,
-        key=key,
-        endpoint=endpoint,
-        model=model,
-        since=since,
-        until=until,
-        group_by=group_by,
-    )
+class UsageFilters(Schema):
+    """The query parameters of `GET /usage` and `/usage.csv` (selectors.usage_query checks them against the user)."""
+
+    team: int | None = None
+    key: int | None = None
+    endpoint: str = ""
+    model: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    group_by: str = ""
 
 
 @api_route(router, "GET", "/usage", role=VIEWER)
-def usage(
-    request,
-    team: int | None = None,
-    key: int | None = None,
-    endpoint: str = "",
-    model: str = "",
-    since: datetime | None = None,
-    until: datetime | None = None,
-    group_by: str = "",
-    format: Literal["json", "csv"] = "json",
-):
+def usage(request, filters: Query[UsageFilters], format: Literal["json", "csv"] = "json"):
     """Metered usage summed per group (group_by: hour, day, team, key, endpoint, model, adapter, comma-separated;
     none: one row of totals) in [since, until) (default: the last 7 days), with the accelerator-hours per team and
     hour. Filtered to the caller's teams; a team or key of another team is a 404. format=csv: the rows as CSV."""
-    query = _query(request, team, key, endpoint, model, since, until, group_by)
+    query = selectors.usage_query(user=request.user, **filters.dict())
     rows = selectors.usage_rows(user=request.user, query=query)
     if format == "csv":
         return _csv(query, rows)
@@ -130,18 +105,9 @@ def usage(
 
 
 @api_route(router, "GET", "/usage.csv", role=VIEWER)
-def usage_csv_route(
-    request,
-    team: int | None = None,
-    key: int | None = None,
-    endpoint: str = "",
-    model: str = "",
-    since: datetime | None = None,
-    until: datetime | None = None,
-    group_by: str = "",
-):
+def usage_csv_route(request, filters: Query[UsageFilters]):
     """The same rows as `GET /usage`, as CSV (text cells that a spreadsheet would read as a formula made inert)."""
-    query = _query(request, team, key, endpoint, model, since, until, group_by)
+    query = selectors.usage_query(user=request.user, **filters.dict())
     return _csv(query, selectors.usage_rows(user=request.user, query=query))
 
 

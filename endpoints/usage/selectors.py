@@ -7,15 +7,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.core.exceptions import ValidationError
-from django.db.models import F, Sum
+from django.db.models import Sum
 from django.db.models.functions import TruncDay
 from django.http import Http404
 from django.utils import timezone
 
 from console.models import Team
 from console.roles import VIEWER
-from console.teams import visible, visible_get, visible_team_ids
+from console.teams import check_team_role, visible, visible_get, visible_team_ids
 from endpoints.gateway.models import Budget, GatewayKey, UsageHour
+from endpoints.gateway.selectors import period_bounds, tokens_metered
 from endpoints.models import Endpoint, EndpointEvent, Replica
 
 #: group_by's words -> the row fields they group on (the first is the label, the rest go along with it).
@@ -219,25 +220,32 @@ def accelerator_hours(*, user, query: UsageQuery) -> list[dict]:
 # Budgets.
 
 
-def period_start(period: str, now: datetime | None = None) -> datetime:
-    """The start of the budget's current period, UTC calendar day or month (as the gateway counts them)."""
-    day = hour_floor(now or timezone.now()).replace(hour=0)
-    return day.replace(day=1) if period == Budget.Period.MONTH else day
-
-
-def period_end(period: str, now: datetime | None = None) -> datetime:
-    start = period_start(period, now)
-    if period == Budget.Period.MONTH:
-        return (start + timedelta(days=32)).replace(day=1)
-    return start + timedelta(days=1)
-
-
 def budget_used(budget: Budget, *, now: datetime | None = None) -> int:
-    """The tokens used so far in the budget's current period, from the hourly usage rows."""
-    rows = UsageHour.objects.filter(hour__gte=period_start(budget.period, now))
-    rows = rows.filter(team_id=budget.team_id) if budget.team_id else rows.filter(key_id=budget.key_id)
-    used = rows.aggregate(total=Sum(F("prompt_tokens") + F("completion_tokens")))["total"]
-    return int(used or 0)
+    """The tokens used so far in the budget's current period (the gateway's periods and metered rows)."""
+    start, _ = period_bounds(budget.period, now)
+    if budget.team_id:
+        return tokens_metered(team_id=budget.team_id, since=start)
+    return tokens_metered(key_id=budget.key_id, since=start)
+
+
+def team_get(team_id: int, *, user, role: str = VIEWER) -> Team:
+    """A team the user sees (404 otherwise: as an object of another team), with at least `role` in it beyond
+    Viewer (console.teams.check_team_role)."""
+    team = visible_teams(user=user).filter(pk=team_id).first()
+    if team is None:
+        raise Http404("Not found.")
+    if role != VIEWER:
+        check_team_role(user, team.pk, role)
+    return team
+
+
+def budget_for_period(*, team_id: int | None = None, key_id: int | None = None, period: str) -> Budget:
+    """The team's (team_id) or key's (key_id) budget for the period; 404 where it has none."""
+    owner = {"team_id": team_id} if team_id is not None else {"key_id": key_id}
+    budget = Budget.objects.filter(**owner, period=period).first()
+    if budget is None:
+        raise Http404("Not found.")
+    return budget
 
 
 def team_budgets(*, team_id: int):
@@ -250,6 +258,7 @@ def key_budgets(*, key_id: int):
 
 def budget_json(budget: Budget, *, now: datetime | None = None) -> dict:
     used = budget_used(budget, now=now)
+    start, reset = period_bounds(budget.period, now)
     return {
         "id": budget.pk,
         "team": budget.team_id,
@@ -259,8 +268,8 @@ def budget_json(budget: Budget, *, now: datetime | None = None) -> dict:
         "mode": budget.mode,
         "used": used,
         "percent": round(100 * used / budget.tokens, 1) if budget.tokens else 0.0,
-        "period_start": period_start(budget.period, now).isoformat(),
-        "resets_at": period_end(budget.period, now).isoformat(),
+        "period_start": start.isoformat(),
+        "resets_at": reset.isoformat(),
     }
 
 

@@ -12,20 +12,11 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from console.roles import ADMIN, VIEWER, require_role
-from console.teams import check_team_role, team_role
+from console.teams import team_role
 from console.validation import field_errors
 from endpoints.gateway.selectors import key_get
 from endpoints.usage import selectors, services
 from endpoints.usage.forms import BudgetForm, UsageFilterForm
-
-
-def _team(request, team_id, *, role: str = VIEWER):
-    team = selectors.visible_teams(user=request.user).filter(pk=team_id).first()
-    if team is None:
-        raise Http404("Not found.")
-    if role != VIEWER:
-        check_team_role(request.user, team.pk, role)
-    return team
 
 
 @require_role(VIEWER)
@@ -43,7 +34,7 @@ def _usage_page(request, *, team=None, form: BudgetForm | None = None):
     stack = filters.cleaned_data.get("stack") or "key"
     if team is None:
         if wanted is not None:
-            team = _team(request, wanted)
+            team = selectors.team_get(wanted, user=request.user)
         elif teams:
             team = teams[0]
         else:
@@ -98,7 +89,7 @@ def _bind_errors(form: BudgetForm, exc: ValidationError) -> None:
 @require_POST
 def team_budget_set(request, team_id: int):
     """A refused budget is shown again on the usage page with its errors beside the fields (400)."""
-    team = _team(request, team_id, role=ADMIN)
+    team = selectors.team_get(team_id, user=request.user, role=ADMIN)
     form = BudgetForm(request.POST)
     if form.is_valid():
         try:
@@ -114,10 +105,8 @@ def team_budget_set(request, team_id: int):
 @require_role(ADMIN)
 @require_POST
 def team_budget_delete(request, team_id: int, period: str):
-    team = _team(request, team_id, role=ADMIN)
-    budget = selectors.team_budgets(team_id=team.pk).filter(period=period).first()
-    if budget is None:
-        raise Http404("Not found.")
+    team = selectors.team_get(team_id, user=request.user, role=ADMIN)
+    budget = selectors.budget_for_period(team_id=team.pk, period=period)
     services.budget_delete(budget=budget, actor=request.user, request=request)
     messages.success(request, f"Budget per {period} removed.")
     return redirect(f"/usage/?team={team.pk}")
@@ -158,9 +147,7 @@ def key_budget_set(request, key_id: int):
 @require_POST
 def key_budget_delete(request, key_id: int, period: str):
     key = key_get(key_id, user=request.user)
-    budget = selectors.key_budgets(key_id=key.pk).filter(period=period).first()
-    if budget is None:
-        raise Http404("Not found.")
+    budget = selectors.budget_for_period(key_id=key.pk, period=period)
     services.budget_delete(budget=budget, actor=request.user, request=request)
     messages.success(request, f"Budget per {period} removed.")
     return redirect("gateway_key_detail", key_id=key.pk)
