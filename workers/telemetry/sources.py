@@ -69,52 +69,54 @@ def endpoint_names(ids: set[int]) -> dict[int, str]:
     return names
 
 
-# The team of each gateway key ({key id: team id}), from the gateway (endpoints): its per-key series (gk<id>.*) are
-# that team's members' to read (console.teams), in the series API and on /metrics.
-_key_teams: list[Callable[[], dict[int, int]]] = []
+TeamsOf = Callable[[], dict[int, int]]  # {object id: team id}
 
 
-def register_key_teams(provider: Callable[[], dict[int, int]]) -> None:
-    if provider not in _key_teams:
-        _key_teams.append(provider)
+def _register(providers: list[TeamsOf], provider: TeamsOf) -> None:
+    if provider not in providers:
+        providers.append(provider)
 
 
-# The team of each endpoint ({endpoint id: team id}), from serving: its series (e<id>.*, the gateway's per-endpoint
-# ones), alerts, readiness and place in the fleet summary are that team's members' to read (console.teams).
-_endpoint_teams: list[Callable[[], dict[int, int]]] = []
+def _other_teams(providers: list[TeamsOf], team_ids: set[int] | None) -> set[int]:
+    """The ids of the objects whose team is not in `team_ids` (None: every team's seen)."""
+    if team_ids is None:
+        return set()
+    return {obj for provider in providers for obj, team in provider().items() if team not in team_ids}
 
 
-def register_endpoint_teams(provider: Callable[[], dict[int, int]]) -> None:
-    if provider not in _endpoint_teams:
-        _endpoint_teams.append(provider)
+# The team of each gateway key, from the gateway (endpoints): its per-key series (gk<id>.*) are that team's members'
+# to read (console.teams), in the series API and on /metrics.
+_key_teams: list[TeamsOf] = []
+# The team of each endpoint, from serving: its series (e<id>.*, the gateway's per-endpoint ones), alerts, readiness
+# and place in the fleet summary are that team's members' to read (console.teams).
+_endpoint_teams: list[TeamsOf] = []
+# The team of each token budget (a key's budget: the key's team), from the gateway (endpoints): the budget alerts it
+# raises (subject "budget:<id>:…") are that team's members' to read.
+_budget_teams: list[TeamsOf] = []
+
+
+def register_key_teams(provider: TeamsOf) -> None:
+    _register(_key_teams, provider)
+
+
+def register_endpoint_teams(provider: TeamsOf) -> None:
+    _register(_endpoint_teams, provider)
+
+
+def register_budget_teams(provider: TeamsOf) -> None:
+    _register(_budget_teams, provider)
 
 
 def hidden_endpoints(team_ids: set[int] | None) -> set[int]:
     """The ids of the endpoints of teams not in `team_ids` (None: every team's seen)."""
-    if team_ids is None:
-        return set()
-    return {endpoint for provider in _endpoint_teams for endpoint, team in provider().items() if team not in team_ids}
+    return _other_teams(_endpoint_teams, team_ids)
 
 
 def hidden_keys(team_ids: set[int] | None) -> set[str]:
     """The ids (as in the series' keys) of the gateway keys of teams not in `team_ids` (None: every team's seen)."""
-    if team_ids is None:
-        return set()
-    return {str(key) for provider in _key_teams for key, team in provider().items() if team not in team_ids}
-
-
-# The team of each token budget ({budget id: team id}; a key's budget: the key's team), from the gateway
-# (endpoints): the budget alerts it raises (subject "budget:<id>:…") are that team's members' to read.
-_budget_teams: list[Callable[[], dict[int, int]]] = []
-
-
-def register_budget_teams(provider: Callable[[], dict[int, int]]) -> None:
-    if provider not in _budget_teams:
-        _budget_teams.append(provider)
+    return {str(key) for key in _other_teams(_key_teams, team_ids)}
 
 
 def hidden_budgets(team_ids: set[int] | None) -> set[int]:
     """The ids of the token budgets of teams not in `team_ids` (None: every team's seen)."""
-    if team_ids is None:
-        return set()
-    return {budget for provider in _budget_teams for budget, team in provider().items() if team not in team_ids}
+    return _other_teams(_budget_teams, team_ids)
