@@ -176,6 +176,21 @@ class Counted:
     reset: datetime
 
 
+class RedisDownLog:
+    """An error about the shared state in Redis, logged once in a while (every 10 s), not once per request or
+    period: a Redis that is down would otherwise fill the log."""
+
+    def __init__(self, message: str):
+        self.message = message  # with one %r: the exception
+        self.logged = 0.0
+
+    def __call__(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self.logged > 10:
+            self.logged = now
+            log.error(self.message, exc)
+
+
 @dataclass(slots=True)
 class Admission:
     admitted: bool
@@ -225,7 +240,10 @@ class SharedLimits:
         self.admit_script = self.redis.register_script(ADMIT)
         self.settle_script = self.redis.register_script(SETTLE)
         self.local_rpm: dict[str, deque] = defaultdict(deque)  # the fallback while Redis is down (request limits)
-        self.down_logged = 0.0
+        self._log_down = RedisDownLog(
+            "gateway: the shared limits (Redis) are unreachable: %r; keys with a token limit or a hard or queue "
+            "budget are refused, request limits are counted per gateway meanwhile"
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -307,13 +325,3 @@ class SharedLimits:
             return Admission(False, wait=max(1.0, WINDOW_MS / 1000 - (now - window[0])))
         window.append(now)
         return Admission(True, each=each)
-
-    def _log_down(self, exc: Exception) -> None:
-        now = time.monotonic()
-        if now - self.down_logged > 10:  # once in a while, not once per request
-            self.down_logged = now
-            log.error(
-                "gateway: the shared limits (Redis) are unreachable: %r; keys with a token limit or a hard or queue "
-                "budget are refused, request limits are counted per gateway meanwhile",
-                exc,
-            )

@@ -24,7 +24,6 @@ Written by hand over redis-py's scripts: no library keeps per-process counters w
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import time
@@ -37,8 +36,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from endpoints.gateway import routing
-
-log = logging.getLogger("console.gateway")
+from endpoints.gateway.limits import RedisDownLog
 
 LOAD_KEY = "gw:routing:load"
 HOME_PREFIX = "gw:routing:home:"
@@ -132,7 +130,10 @@ class SharedRouting:
         self.up = False  # the last publish reached Redis
         self.touched: set[bytes] = set()  # prefix keys used since the last refresh of their entries
         self.next_touch = time.monotonic() + TOUCH_SECONDS
-        self.down_logged = 0.0
+        self._log_down = RedisDownLog(
+            "gateway: the shared routing state (Redis) is unreachable: %r; routing on this gateway's own "
+            "outstanding counts and prefix homes meanwhile"
+        )
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -178,13 +179,3 @@ class SharedRouting:
             self._log_down(exc)
             return None
         return home.decode()
-
-    def _log_down(self, exc: Exception) -> None:
-        now = time.monotonic()
-        if now - self.down_logged > 10:  # once in a while, not once per period
-            self.down_logged = now
-            log.error(
-                "gateway: the shared routing state (Redis) is unreachable: %r; routing on this gateway's own "
-                "outstanding counts and prefix homes meanwhile",
-                exc,
-            )
