@@ -78,6 +78,17 @@ def pool(worker_env, tmp_path):
         thing.stop()
 
 
+async def _burst(url: str, raw: str, n: int = 200) -> list[int]:
+    """`n` chat requests with the key `raw` at once through `url` (the balancer): their status codes."""
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        headers = {"Authorization": f"Bearer {raw}"}
+        answers = await asyncio.gather(
+            *(client.post("/v1/chat/completions", json=chat(), headers=headers) for _ in range(n))
+        )
+    return [a.status_code for a in answers]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_three_gateways_admit_exactly_a_keys_requests_per_minute(pool, admin):
     replica = FakeReplica("r1")
@@ -88,16 +99,7 @@ def test_three_gateways_admit_exactly_a_keys_requests_per_minute(pool, admin):
         for g in gateways:
             g.wait_routes("tiny", 1)
 
-        async def burst():
-            limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-            async with httpx.AsyncClient(base_url=balancer.url, timeout=120, limits=limits) as client:
-                headers = {"Authorization": f"Bearer {raw}"}
-                answers = await asyncio.gather(
-                    *(client.post("/v1/chat/completions", json=chat(), headers=headers) for _ in range(200))
-                )
-            return [a.status_code for a in answers]
-
-        codes = asyncio.run(burst())
+        codes = asyncio.run(_burst(balancer.url, raw))
         assert set(codes) <= {200, 429}, sorted(set(codes))
         assert 59 <= codes.count(200) <= 61, codes.count(200)
         assert replica.served == codes.count(200)
@@ -119,16 +121,7 @@ def test_three_gateways_do_not_overrun_a_token_budget_under_200_concurrent_reque
         for g in gateways:
             g.wait_routes("tiny", 1)
 
-        async def burst():
-            limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-            async with httpx.AsyncClient(base_url=balancer.url, timeout=120, limits=limits) as client:
-                headers = {"Authorization": f"Bearer {raw}"}
-                answers = await asyncio.gather(
-                    *(client.post("/v1/chat/completions", json=chat(), headers=headers) for _ in range(200))
-                )
-            return [a.status_code for a in answers]
-
-        codes = asyncio.run(burst())
+        codes = asyncio.run(_burst(balancer.url, raw))
         assert set(codes) <= {200, 429}, sorted(set(codes))
         admitted = codes.count(200)
         assert admitted == replica.served and admitted >= 300 // 17, admitted
