@@ -22,6 +22,16 @@ def whole_number_field(
     )
 
 
+def replica_field() -> forms.IntegerField:
+    # A select of the endpoint's replicas, filled by the form; the service says which index does not exist.
+    return forms.IntegerField(
+        required=False,
+        label="Replica",
+        widget=forms.Select,
+        error_messages={"invalid": "Enter a whole number between 0 and 10000."},
+    )
+
+
 class BenchmarkForm(forms.Form):
     """The page's order: what to run, the workload, where to send it. `mode`, `dataset`, `prompt_file` and
     `ignore_eos` are read by the view (they choose the service and the upload); the rest is the WorkloadRequest."""
@@ -60,12 +70,7 @@ class BenchmarkForm(forms.Form):
         label="Target",
         choices=[("replica", "a replica directly"), ("gateway", "through the gateway (every ready replica)")],
     )
-    replica = forms.IntegerField(
-        required=False,
-        label="Replica",
-        widget=forms.Select,
-        error_messages={"invalid": "Enter a whole number between 0 and 10000."},
-    )
+    replica = replica_field()
     label = forms.CharField(
         required=False,
         strip=True,

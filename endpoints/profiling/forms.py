@@ -6,7 +6,7 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.dateformat import format as date_format
 
-from endpoints.bench.forms import whole_number_field
+from endpoints.bench.forms import replica_field, whole_number_field
 
 #: The load's settings the form offers (profile_create's load; blank ones take the load's defaults).
 LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency", "request_rate")
@@ -14,12 +14,7 @@ LOAD_FORM_FIELDS = ("num_prompts", "input_len", "output_len", "max_concurrency",
 
 class ProfileForm(forms.Form):
     duration_s = whole_number_field(1, 100_000, label="Seconds to record")
-    replica = forms.IntegerField(
-        required=False,
-        label="Replica",
-        widget=forms.Select,
-        error_messages={"invalid": "Enter a whole number between 0 and 10000."},
-    )
+    replica = replica_field()
     label = forms.CharField(
         required=False,
         label="Label",
