@@ -4,6 +4,7 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console import teams
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role, require_role
 from console.validation import error_text
@@ -312,8 +313,13 @@ def endpoint_try(request, endpoint_id: int):
 def node_replicas(request, node_id: int):
     """The node page's list of the replicas it runs (loaded by htmx: serving facts come from here)."""
     node = get_object_or_404(Node, pk=node_id)
-    return render(
-        request,
-        "endpoints/_node_replicas.html",
-        {"node": node, "replicas": selectors.replicas_on_node(node), "members": selectors.members_on_node(node)},
-    )
+    team_ids = teams.visible_team_ids(request.user)  # None: the console Admin, who sees every team's
+    replicas, members = list(selectors.replicas_on_node(node)), list(selectors.members_on_node(node))
+    if team_ids is not None:
+        # Another team's replica keeps its devices and state on show (they are taken) but not its name, port or
+        # messages: the node is shared, the endpoint is not (issue 37).
+        for row in replicas:
+            row.other_team = row.endpoint.team_id not in team_ids
+        for row in members:
+            row.other_team = row.replica.endpoint.team_id not in team_ids
+    return render(request, "endpoints/_node_replicas.html", {"node": node, "replicas": replicas, "members": members})

@@ -170,3 +170,31 @@ def test_calibration_datasets_are_the_uploaders_teams_and_the_built_in_ones_ever
     # Quantizing with another team's set: as a set that does not exist.
     refused = api.post(f"/api/v1/artifacts/{two_teams['ours']['artifact'].pk}/quantize", {"evaluation": "theirs-set"})
     assert refused.status_code == 400 and "No calibration dataset" in refused.content.decode(), refused.content
+
+
+def test_the_node_page_names_only_the_users_teams_replicas(two_teams, cpu_node, admin):  # noqa: F811
+    """A node is shared, its endpoints are not: another team's replica shows that its cores are taken and its
+    state, not its endpoint's name, link, port or messages. The console Admin sees every replica named."""
+    from django.urls import reverse
+
+    from endpoints.models import Replica
+
+    for side, port in (("ours", 8301), ("theirs", 8302)):
+        Replica.objects.create(
+            endpoint=two_teams[side]["endpoint"],
+            node=cpu_node,
+            index=0,
+            state="ready",
+            port=port,
+            state_reason=f"reason-of-{side}",
+        )
+    ana = Client()
+    ana.force_login(two_teams["ana"])
+    listed = ana.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
+    assert "ep-ours#0" in listed and "port 8301" in listed and "reason-of-ours" in listed
+    assert "ep-theirs" not in listed and "8302" not in listed and "reason-of-theirs" not in listed
+    assert listed.count("another team's replica") == 1
+    admin_client = Client()
+    admin_client.force_login(admin)
+    everything = admin_client.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
+    assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything
