@@ -321,12 +321,9 @@ class Gateway:
         leading content, for a side that routes prefix-aware; else least outstanding. Loads are every gateway's
         (self.load: this one's own counts plus the others' shared through Redis)."""
         now = time.monotonic()
-        down, ep_out, load = self.down_until, self.ep_outstanding, self.load
-        ok = [
-            b
-            for b in backends
-            if b.url not in tried and down.get(b.url, 0) <= now and ep_out[b.endpoint_id] < b.queue_depth
-        ]
+        down, load = self.down_until, self.load
+        full = self.full_endpoints(backends)
+        ok = [b for b in backends if b.url not in tried and down.get(b.url, 0) <= now and b.endpoint_id not in full]
         if staged is not None:
             ok = [b for b in ok if b.staged == staged] or ok
         if key is not None and ok and all(b.prefix for b in ok):
@@ -334,6 +331,20 @@ class Gateway:
                 self.shared.touched.add(key)
             return self.prefix_homes.pick(key, ok, load, factor=self.load_factor, slack=self.load_slack)
         return routing.least_outstanding(ok, load)
+
+    def full_endpoints(self, backends) -> set[int]:
+        """The endpoints among `backends` whose requests in flight have reached their queue depth, counted across
+        every gateway: this one's own (exact) plus the others' shared counts of the endpoint's replicas (at most a
+        publish period old), so that N gateways do not let N queue depths in."""
+        ep_out = self.ep_outstanding
+        counts = {b.endpoint_id: ep_out.get(b.endpoint_id, 0) for b in backends}
+        others = self.shared.others if self.shared is not None else None
+        if others:
+            for b in backends:
+                n = others.get(b.url)
+                if n:
+                    counts[b.endpoint_id] += n
+        return {b.endpoint_id for b in backends if counts[b.endpoint_id] >= b.queue_depth}
 
     async def agree_home(self, backends, *, staged: bool | None, key: bytes | None) -> None:
         """A prefix key new to this gateway gets the home every gateway uses (SharedRouting.claim_home: the first
@@ -824,7 +835,7 @@ class Gateway:
         while True:
             backend = self.pick(backends, tried, staged=staged, key=prefix)
             if backend is None:
-                if not tried and any(self.ep_outstanding[b.endpoint_id] >= b.queue_depth for b in backends):
+                if not tried and self.full_endpoints(backends):
                     return await self.queue_full(send, key, backends[0].endpoint_id, model, start, reservation)
                 return await self.refuse(
                     send,

@@ -103,6 +103,32 @@ def test_a_gateway_picks_by_every_gateways_counts_and_takes_the_agreed_home(redi
     asyncio.run(run())
 
 
+def test_an_endpoints_queue_depth_counts_every_gateways_requests(redis_conn):
+    """Queue depth 4 on an endpoint of two replicas: 3 requests in flight through another gateway and 1 through
+    this one fill it, so this gateway picks neither replica (the request is answered "queue full"), while an
+    endpoint with room beside it is still picked. Before, each gateway let a whole queue depth in."""
+
+    async def run():
+        gw, other = shared_gateway(), SharedRouting(name="other")
+        a = Backend(url="http://a", endpoint_id=1, endpoint_name="ep1", replica_index=0, queue_depth=4)
+        b = Backend(url="http://b", endpoint_id=1, endpoint_name="ep1", replica_index=1, queue_depth=4)
+        c = Backend(url="http://c", endpoint_id=2, endpoint_name="ep2", replica_index=0, queue_depth=4)
+        try:
+            gw.outstanding["http://a"] = gw.ep_outstanding[1] = 1
+            await other.sync({"http://a": 1, "http://b": 1})
+            await gw.sync_routing()
+            assert gw.full_endpoints([a, b, c]) == set() and gw.pick([a, b], set()) is not None
+            await other.sync({"http://a": 1, "http://b": 2})
+            await gw.sync_routing()
+            assert gw.full_endpoints([a, b, c]) == {1}
+            assert gw.pick([a, b], set()) is None and gw.pick([a, b, c], set()) == c
+        finally:
+            await gw.shared.close()
+            await other.close()
+
+    asyncio.run(run())
+
+
 def test_a_gateway_alone_records_its_homes_without_waiting_for_redis(redis_conn):
     async def run():
         gw = shared_gateway()
