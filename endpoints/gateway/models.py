@@ -113,10 +113,27 @@ class UsageHour(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
 
     class Meta:
+        # One row per hour, team, key, endpoint, model and adapter, where the key or the endpoint is NULL too: a
+        # unique index treats NULLs as distinct (PostgreSQL < 15, SQLite), so each NULL case has its own partial one.
         constraints = [
             models.UniqueConstraint(
                 fields=["hour", "team", "key", "endpoint_id", "model", "adapter"], name="usage_hour_unique_row"
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["hour", "team", "endpoint_id", "model", "adapter"],
+                condition=models.Q(key__isnull=True, endpoint_id__isnull=False),
+                name="usage_hour_unique_row_no_key",
+            ),
+            models.UniqueConstraint(
+                fields=["hour", "team", "key", "model", "adapter"],
+                condition=models.Q(key__isnull=False, endpoint_id__isnull=True),
+                name="usage_hour_unique_row_no_endpoint",
+            ),
+            models.UniqueConstraint(
+                fields=["hour", "team", "model", "adapter"],
+                condition=models.Q(key__isnull=True, endpoint_id__isnull=True),
+                name="usage_hour_unique_row_no_key_no_endpoint",
+            ),
         ]
         ordering = ["-hour"]
 

@@ -242,11 +242,8 @@ def store_gateway_stats(stats, interval_s: float, outstanding: dict | None = Non
 def store_usage(stats) -> int:
     """Add one flush of metered usage to the UsageHour rows (docs/usage-and-budgets.md) and raise the soft budget
     alerts it noted. Rows are only added to (F() increments), each in its own transaction, so any number of gateways
-    can flush at once. A LoRA adapter's row has its endpoint's served model name as model. Returns the rows written.
-
-    Finding a row takes its first match, not get_or_create: the row's unique constraint does not hold where the
-    endpoint or the key is NULL (PostgreSQL's NULLs are distinct), so two gateways may each create such a row at the
-    same moment; the sums over them stay right, and later flushes add to the first."""
+    can flush at once (the row's unique constraints, NULL key or endpoint included, make the later of two creations
+    add to the first). A LoRA adapter's row has its endpoint's served model name as model. Returns the rows written."""
     ep_ids = {row[4] for row in stats.usage if row[4] is not None}
     endpoints = {
         pk: (name, served or name)

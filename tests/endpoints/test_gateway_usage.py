@@ -283,3 +283,32 @@ def test_the_engines_usage_is_read_as_prompt_and_completion_tokens():
     stream = b'data: {"choices": [{"delta": {}}]}\n\ndata: {"choices": [], "usage": {"prompt_tokens": 4, '
     stream += b'"completion_tokens": 3, "total_tokens": 7}}\n\ndata: [DONE]\n\n'
     assert _stream_usage(stream) == (4, 3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_usage_row_where_the_key_or_the_endpoint_is_null_and_earlier_duplicates_merged():
+    """A unique index treats NULLs as distinct, so two gateways creating the row of a keyless or endpointless
+    request at the same moment made two rows. Partial unique constraints make it one; the migration adds the
+    duplicates made before it into the first row."""
+    from django.core.management import call_command
+    from django.db import IntegrityError, connection, transaction
+    from django.db.migrations.executor import MigrationExecutor
+
+    from console.models import Team
+
+    before = [("endpoints", "0022_tuning_team_owner")]
+    call_command("migrate", verbosity=0)
+    team = Team.objects.get(slug=Team.DEFAULT_SLUG).pk
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    executor.loader.build_graph()
+    old = executor.loader.project_state(before).apps.get_model("endpoints", "UsageHour")
+    hour = datetime(2026, 12, 6, 10, tzinfo=UTC)
+    for endpoint_id in (None, None, 7, 7):
+        old.objects.create(hour=hour, team_id=team, endpoint_id=endpoint_id, model="m", requests=1, prompt_tokens=10)
+    call_command("migrate", verbosity=0)
+    rows = [(r.endpoint_id, r.requests, r.prompt_tokens) for r in UsageHour.objects.order_by("pk")]
+    assert rows == [(None, 2, 20), (7, 2, 20)]
+    for endpoint_id in (None, 7):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            UsageHour.objects.create(hour=hour, team_id=team, endpoint_id=endpoint_id, model="m")
