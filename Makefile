@@ -297,10 +297,11 @@ test-fast: venv
 # The registry look-up test (marker `network`) and the real-engine tests (`slow`: vLLM and real models, whose
 # database use is the same on both) and the browser tests (pages over the same views the PostgreSQL pass
 # covers) and the gateway on its Python data path (whose database use is the compiled path's, the same code) run
-# once, in the SQLite pass. PYTEST_ARGS' own -m wins.
+# once, in the SQLite pass, as do the tests that never open the database (TEST_DATABASE_TESTS_ONLY=1: half the
+# suite; tests/conftest.py). PYTEST_ARGS' own -m wins.
 PG_MARKS ?= not network and not slow and not browser and not python_dataplane
 PG_ENV ?= REDIS_URL=redis://127.0.0.1:6379/14 DATA_DIR=$(CURDIR)/var/test-pg ENDPOINT_PORT_RANGE=8600-8799 \
-	ENDPOINT_CLUSTER_PORT_RANGE=6600-6699
+	ENDPOINT_CLUSTER_PORT_RANGE=6600-6699 TEST_DATABASE_TESTS_ONLY=1
 test-postgres: venv
 	env DATABASE_URL=$(PG_TEST_URL) $(PG_ENV) $(PY) -m pytest -m '$(PG_MARKS)' $(XDIST) $(PYTEST_REPORT) $(PYTEST_ARGS)
 

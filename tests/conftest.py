@@ -213,3 +213,21 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = f"CI=true: a skipped test fails the run ({reason})"
     return report
+
+
+#: The fixtures through which a test reaches the database (pytest-django's; `django_db_blocker` is every test's).
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_setup", "live_server"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """TEST_DATABASE_TESTS_ONLY=1 (the Makefile's PostgreSQL pass): only the tests that open the database run, the
+    others' results cannot depend on the database and they ran in the SQLite pass (docs/ci.md)."""
+    if os.environ.get("TEST_DATABASE_TESTS_ONLY") != "1":
+        return
+    kept, dropped = [], []
+    for item in items:
+        uses = item.get_closest_marker("django_db") or DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        (kept if uses else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
