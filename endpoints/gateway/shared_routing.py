@@ -16,9 +16,12 @@ gateway receives it. The bounded-load decision then reads the shared counts, so 
 alike. A gateway refreshes the Redis entries of the keys it used every TOUCH_SECONDS (one pipeline, off the request
 path), so an entry outlives every gateway's own memory of it (routing.HOME_IDLE_SECONDS).
 
-Redis unreachable (a publish fails or times out): `others` is emptied at once and no key is claimed, so each gateway
-routes on its own counts and homes (as a single gateway does) until a publish succeeds again; logged at most every
-10 s. Requests are never refused or delayed for it: routing state is a hint, unlike the limits (limits.py).
+Redis unreachable (a publish fails, or times out for longer than STALE_SECONDS): `others` is emptied and no key is
+claimed, so each gateway routes on its own counts and homes (as a single gateway does) until a publish succeeds
+again; logged at most every 10 s. A publish that times out within STALE_SECONDS of the last good one (a late answer on
+a host whose cores the replicas keep busy: benchmarks/routing.py logged fifteen in six minutes) keeps the last counts
+read, which are still fresher than the cut-off that would drop them. Requests are never refused or delayed for it:
+routing state is a hint, unlike the limits (limits.py).
 
 Written by hand over redis-py's scripts: no library keeps per-process counters with a staleness cut-off in Redis."""
 
@@ -34,6 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 import redis.asyncio as aioredis
 from django.conf import settings
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from endpoints.gateway import routing
 from endpoints.gateway.limits import RedisDownLog
@@ -128,6 +132,8 @@ class SharedRouting:
         self.others: dict[str, int] = {}  # replica url -> the other gateways' requests in flight there
         self.peers = 0  # other gateways publishing (0: this one routes alone, and claims need not be waited for)
         self.up = False  # the last publish reached Redis
+        self.last_ok = 0.0  # monotonic: when a publish last reached Redis
+        self.late = 0  # publishes that timed out while the last counts were still fresh (kept)
         self.touched: set[bytes] = set()  # prefix keys used since the last refresh of their entries
         self.next_touch = time.monotonic() + TOUCH_SECONDS
         self._log_down = RedisDownLog(
@@ -144,9 +150,14 @@ class SharedRouting:
         try:
             values = await self.sync_script(keys=[LOAD_KEY], args=[self.name, self.stale_ms, payload])
         except (RedisError, OSError) as exc:
+            late = isinstance(exc, RedisTimeout | TimeoutError)
+            if late and self.up and time.monotonic() - self.last_ok < self.stale_ms / 1000:
+                self.late += 1  # the last counts read stand until they would be stale
+                return
             self.others, self.peers, self.up = {}, 0, False
             self._log_down(exc)
             return
+        self.last_ok = time.monotonic()
         others: Counter[str] = Counter()
         for value in values:
             for line in value.decode().split("\n")[1:]:

@@ -11,7 +11,7 @@ import pytest
 from endpoints.gateway import routing, services
 from endpoints.gateway.asgi import Gateway
 from endpoints.gateway.selectors import Backend
-from endpoints.gateway.shared_routing import Load, SharedRouting
+from endpoints.gateway.shared_routing import STALE_SECONDS, Load, SharedRouting
 from endpoints.models import Endpoint, Replica
 from tests.support.gateway import free_port, make_endpoint
 
@@ -165,6 +165,34 @@ def test_with_redis_unreachable_a_gateway_routes_on_its_own_counts():
             assert time.monotonic() - started < 1
         finally:
             await gw.shared.close()
+
+    asyncio.run(run())
+
+
+def test_a_late_answer_keeps_the_last_counts_until_they_would_be_stale(redis_conn):
+    """A publish that times out (Redis answering late on a host whose cores the replicas keep busy) is not Redis
+    down: the other gateways' counts read last stand while fresher than the staleness cut-off; past it, they are
+    dropped and this gateway routes on its own counts."""
+    from redis.exceptions import TimeoutError as RedisTimeout
+
+    async def late(**_):
+        raise RedisTimeout("Timeout reading from 127.0.0.1:6379")
+
+    async def run():
+        a, b = SharedRouting(name="a"), SharedRouting(name="b")
+        try:
+            await b.sync({U2: 4})
+            await a.sync({U1: 1})
+            assert a.others == {U2: 4} and a.up
+            a.sync_script = late
+            await a.sync({U1: 1})
+            assert a.others == {U2: 4} and a.up and a.late == 1
+            a.last_ok -= STALE_SECONDS  # as if the last good publish were a cut-off ago
+            await a.sync({U1: 1})
+            assert a.others == {} and not a.up and a.late == 1
+        finally:
+            await a.close()
+            await b.close()
 
     asyncio.run(run())
 
