@@ -516,6 +516,9 @@ GATEWAY_RETRY_AFTER_SECONDS = env_int("GATEWAY_RETRY_AFTER_SECONDS", 5)  # on 50
 GATEWAY_WAKE_TIMEOUT_SECONDS = env_float("GATEWAY_WAKE_TIMEOUT_SECONDS", 300)
 GATEWAY_WAKE_POLL_SECONDS = 0.5  # the routing table's refresh while any request is held for a wake
 GATEWAY_TELEMETRY_SECONDS = env_float("GATEWAY_TELEMETRY_SECONDS", 10)  # flush of per-endpoint/per-key figures
+# Where the gateways of this host journal their metered usage until it is stored (endpoints/gateway/usage_journal.py):
+# a gateway killed loses none of it; one directory per host, shared by its gateways.
+GATEWAY_USAGE_JOURNAL_DIR = env_path("GATEWAY_USAGE_JOURNAL_DIR", DATA_DIR / "gateway-usage")
 # Prefix-aware routing (endpoints/gateway/routing.py): leading characters hashed (a quarter as many
 # token ids), the bounded-load factor c = 1 + epsilon, and the requests a replica may run above that bound.
 GATEWAY_PREFIX_KEY_CHARS = env_int("GATEWAY_PREFIX_KEY_CHARS", 512)

@@ -126,10 +126,12 @@ def redis_conn():
 
 
 @pytest.fixture
-def worker_env():
-    """Environment for a real worker subprocess that must use the test database."""
+def worker_env(tmp_path):
+    """Environment for a real worker subprocess that must use the test database (and the test's own gateway usage
+    journals: a gateway a test killed leaves its journal to that test's other gateways only)."""
     db = connection.settings_dict
     env = dict(os.environ)
+    env["GATEWAY_USAGE_JOURNAL_DIR"] = str(tmp_path / "gateway-usage")
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     if db["ENGINE"].endswith("sqlite3"):
         env["DATABASE_URL"] = f"sqlite:///{db['NAME']}"

@@ -44,8 +44,11 @@ import hmac
 import json
 import logging
 import math
+import os
 import re
+import socket
 import time
+import uuid
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -56,7 +59,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from endpoints.gateway import disagg, routing
+from endpoints.gateway import disagg, routing, usage_journal
 from endpoints.gateway.consul import ConsulSync
 from endpoints.gateway.limits import SharedLimits
 from endpoints.gateway.protocol import ENGINE_HEADERS, FORWARDED_HEADERS, STREAM_ERROR, TAIL_BYTES
@@ -70,9 +73,10 @@ from endpoints.gateway.selectors import (
     key_info,
     routing_table,
 )
-from endpoints.gateway.services import finish_drains, store_gateway_stats, store_usage
+from endpoints.gateway.services import finish_drains, store_gateway_stats, store_journal, store_usage
 from endpoints.gateway.shared_routing import Load, SharedRouting
 from endpoints.gateway.stats import Stats
+from endpoints.gateway.usage_journal import UsageJournal
 from endpoints.lora import endpoint_adapter_change
 from endpoints.models import Endpoint
 from endpoints.services import endpoint_wake
@@ -174,11 +178,15 @@ class Gateway:
         self.claims: set[asyncio.Task] = set()  # prefix homes being recorded in Redis off the request's path
         self.next_drain_check = 0.0  # monotonic: a due drain reads the old side's /metrics, not at every refresh
         self.budget_alerted: set[tuple] = set()  # soft budget alerts this gateway noted (budget, percent, period)
+        # Metered usage on its way to the database (usage_journal.py: made at startup; a kill -9 loses none of it).
+        self.journal: UsageJournal | None = None
 
     # --- lifecycle ---------------------------------------------------------------------
 
     async def startup(self):
         self.limits = SharedLimits()
+        name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.journal = UsageJournal(settings.GATEWAY_USAGE_JOURNAL_DIR, name)
         if self.dataplane == "python":
             self.client = self._client()
         if settings.CONSUL_HTTP_ADDR:
@@ -215,6 +223,12 @@ class Gateway:
         for t in [*self.tasks, *([self.poller] if self.poller else [])]:
             t.cancel()
         await self.flush()
+        if self.journal is not None:
+            journal = self.journal
+            await _db(
+                functools.partial(store_journal, journal=journal.name, segments=journal.segments(), finished=True)
+            )
+            self.journal.close()
         await _db(lambda: connection.close())  # looked up on the database thread: its own connection
         if self.consul is not None:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving
@@ -286,11 +300,16 @@ class Gateway:
 
     async def flush(self):
         stats, self.stats = self.stats, Stats()
+        if self.journal is not None:
+            self.journal.rotate()  # the segment closed here holds this flush's usage (stats holds the rest)
         held = {ep_id: n for ep_id, n in self.held.items() if n}
         if stats.ep or stats.key or held:
             await _db(store_gateway_stats, stats, settings.GATEWAY_TELEMETRY_SECONDS, dict(self.ep_outstanding), held)
-        if stats.usage or stats.budget_alerts:
+        if stats.usage or stats.budget_alerts:  # usage here only where no journal was made (not started)
             await _db(store_usage, stats)
+        if self.journal is not None:
+            await _db(functools.partial(store_journal, journal=self.journal.name, segments=self.journal.segments()))
+            await _db(self.store_orphaned_journals)
         now = datetime.now(UTC)
         self.budget_alerted = {m for m in self.budget_alerted if m[3] > now}  # past periods' marks
 
@@ -764,17 +783,29 @@ class Gateway:
             # A model the table does not know is metered as "": a client cannot make rows of names it makes up.
             asked = model if (model is not None and model in self.table.known) or adapter else ""
             hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-            self.stats.record_usage(
-                row=(hour, key.team_id, key.id, key.name, endpoint_id, asked, adapter),
-                status=status,
-                prompt=prompt,
-                completion=completion,
-            )
+            row = (hour, key.team_id, key.id, key.name, endpoint_id, asked, adapter)
+            metered = self.journal.record if self.journal is not None else self.stats.record_usage
+            metered(row=row, status=status, prompt=prompt, completion=completion)
         if reservation is not None:
             assert self.limits is not None  # a reservation comes from the limits (made at startup)
             totals = await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
             self.soft_alerts(totals)
         return status
+
+    def store_orphaned_journals(self) -> None:
+        """The usage journals of this host's gateways that died (killed, or stopped before their last flush): what
+        they had not stored, stored now (usage_journal.py). On the database thread."""
+        assert self.journal is not None
+        directory = self.journal.directory
+        for name, fd in usage_journal.orphans(directory, own=self.journal.name):
+            done = False
+            try:
+                stored = store_journal(journal=name, segments=usage_journal.segments_of(directory, name), finished=True)
+                done = True
+                if stored:
+                    log.warning("gateway: stored %d usage segment(s) a stopped gateway (%s) had not", stored, name)
+            finally:
+                usage_journal.release(directory, name, fd, done=done)
 
     def soft_alerts(self, totals) -> None:
         """Note the soft budgets this settlement took past 80 % or 100 % of their period (once per gateway and

@@ -145,6 +145,19 @@ class UsageHour(models.Model):
         return self.prompt_tokens + self.completion_tokens
 
 
+class UsageJournalMark(models.Model):
+    """How far a gateway's usage journal (endpoints/gateway/usage_journal.py) is stored in UsageHour: its segments
+    up to `seq`. Written in the same transaction as a segment's usage, so a segment is stored once, whatever process
+    dies when; removed once the journal's last segment is."""
+
+    journal = models.CharField(max_length=200, unique=True)
+    seq = models.BigIntegerField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self):
+        return f"{self.journal} stored to {self.seq}"
+
+
 class Budget(models.Model):
     """A token budget of one team or one gateway key per day or month (UTC calendar periods), enforced by every
     gateway through the shared counters in Redis (endpoints/gateway/limits.py) and settled with the engine's usage.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -19,9 +20,17 @@ from console.roles import ADMIN
 from console.teams import team_for_new
 from console.validation import float_in_range, int_in_range
 from endpoints.endpoint_spec import EndpointSpec
-from endpoints.gateway.models import Budget, GatewayEndpoint, GatewayKey, UsageHour, default_rollout_steps
+from endpoints.gateway.models import (
+    Budget,
+    GatewayEndpoint,
+    GatewayKey,
+    UsageHour,
+    UsageJournalMark,
+    default_rollout_steps,
+)
 from endpoints.gateway.selectors import model_name
 from endpoints.gateway.stats import percentile
+from endpoints.gateway.usage_journal import read_segment
 from endpoints.models import Endpoint
 from endpoints.replica_state import in_flight
 from endpoints.services import endpoint_create, endpoint_stop
@@ -279,6 +288,25 @@ def store_usage(stats) -> int:
     for (budget_id, percent, start, reset), used in stats.budget_alerts.items():
         budget_alert(budget_id=budget_id, percent=percent, start=start, reset=reset, used=used)
     return written
+
+
+def store_journal(*, journal: str, segments: list[tuple[int, Path]], finished: bool = False) -> int:
+    """Store a usage journal's finished segments (usage_journal.py), oldest first: each segment's usage and the
+    journal's mark in one transaction, then its file deleted; a segment the mark already covers (its gateway died
+    between the two) is only deleted. `finished`: the journal is done (its gateway stopped, or died and this is
+    all it left): its mark goes too. Returns the segments stored."""
+    stored = 0
+    for seq, path in segments:
+        with transaction.atomic():
+            mark = UsageJournalMark.objects.select_for_update().filter(journal=journal).first()
+            if mark is None or mark.seq < seq:
+                store_usage(read_segment(path))
+                UsageJournalMark.objects.update_or_create(journal=journal, defaults={"seq": seq})
+                stored += 1
+        path.unlink(missing_ok=True)
+    if finished:
+        UsageJournalMark.objects.filter(journal=journal).delete()
+    return stored
 
 
 def budget_alert(*, budget_id: int, percent: int, start: datetime, reset: datetime, used: int) -> bool:

@@ -5,6 +5,8 @@ until the reset), queue (waits, then 429) or soft (alerts at 80 % and 100 %, onc
 
 import asyncio
 import math
+import os
+import signal
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -298,7 +300,7 @@ def test_one_usage_row_where_the_key_or_the_endpoint_is_null_and_earlier_duplica
 
     before = [("endpoints", "0022_tuning_team_owner")]
     call_command("migrate", verbosity=0)
-    team = Team.objects.get(slug=Team.DEFAULT_SLUG).pk
+    team = Team.default_id()
     executor = MigrationExecutor(connection)
     executor.migrate(before)
     executor.loader.build_graph()
@@ -312,3 +314,63 @@ def test_one_usage_row_where_the_key_or_the_endpoint_is_null_and_earlier_duplica
     for endpoint_id in (None, 7):
         with pytest.raises(IntegrityError), transaction.atomic():
             UsageHour.objects.create(hour=hour, team_id=team, endpoint_id=endpoint_id, model="m")
+
+
+KILLED_GATEWAY = """
+import os, signal, sys
+from datetime import datetime, UTC
+from endpoints.gateway.usage_journal import UsageJournal
+journal = UsageJournal(sys.argv[1], "killed")
+hour = datetime(2026, 12, 6, 10, tzinfo=UTC)
+row = (hour, int(sys.argv[2]), None, "gone-key", 7, "tiny", "")
+for status in (200, 200, 429):
+    journal.record(row=row, status=status, prompt=10, completion=5)
+journal.rotate()  # a flush that never reached the database
+journal.record(row=row, status=200, prompt=10, completion=5)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.django_db
+def test_a_killed_gateways_journal_is_stored_once_by_another(tmp_path):
+    """A gateway killed with usage not yet stored: its journal (two segments, the second still open) is stored by
+    the next flush of another gateway of the host, exactly once: a segment whose usage was stored but whose file
+    survived (a gateway killed between the two) is deleted, not stored again. Everything of the killed journal goes
+    (segments, lock, mark)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from console.models import Team
+    from endpoints.gateway import usage_journal
+    from endpoints.gateway.asgi import Gateway
+    from endpoints.gateway.models import UsageJournalMark
+    from endpoints.gateway.usage_journal import UsageJournal
+    from tests.support import ROOT
+
+    team = Team.default_id()
+    killed = subprocess.run([sys.executable, "-c", KILLED_GATEWAY, str(tmp_path), str(team)], cwd=ROOT, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    assert len(usage_journal.segments_of(tmp_path, "killed")) == 2
+    gateway = Gateway()
+    gateway.journal = UsageJournal(tmp_path, "alive")
+    gateway.store_orphaned_journals()
+    rows = list(UsageHour.objects.values_list("requests", "errors", "prompt_tokens", "completion_tokens", "key_name"))
+    assert rows == [(4, 1, 40, 20, "gone-key")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alive.000000000001.jsonl", "alive.lock"]
+    assert not UsageJournalMark.objects.exists()
+
+    # Killed between storing a segment and deleting its file: the mark says it is stored.
+    half = UsageJournal(tmp_path, "half")
+    hour = datetime(2026, 12, 6, 11, tzinfo=UTC)
+    half.record(row=(hour, team, None, "k", 7, "tiny", ""), status=200, prompt=1, completion=1)
+    half.rotate()
+    [(seq, path)] = half.segments()
+    shutil.copy(path, tmp_path / "kept")
+    services.store_journal(journal="half", segments=half.segments())
+    (tmp_path / "kept").rename(path)  # the unlink that never happened
+    os.close(half.fd)
+    os.close(half.lock_fd)  # killed: the lock is let go, its file stays
+    gateway.store_orphaned_journals()
+    assert UsageHour.objects.get(hour=hour).requests == 1  # once
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alive.000000000001.jsonl", "alive.lock"]
