@@ -69,12 +69,14 @@ def test_a_crash_of_the_data_path_stops_the_gateway_with_an_error_for_its_superv
 
 @pytest.mark.django_db(transaction=True)
 def test_the_two_halves_speak_over_a_socket_pair_that_leaves_nothing_behind_when_killed(worker_env, tmp_path):
-    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust", "TMPDIR": str(tmp_path)})
+    temporary = tmp_path / "tmp"  # beside the test's gateway usage journals (worker_env), which a kill leaves
+    temporary.mkdir()
+    gw = GatewayProc(worker_env, {"GATEWAY_DATAPLANE": "rust", "TMPDIR": str(temporary)})
     try:
         assert gw.client.get("/healthz").status_code == 200  # the data path asked the gateway
         os.killpg(gw.proc.pid, signal.SIGKILL)  # both halves, as an OOM kill of the group would
         gw.proc.wait(timeout=10)
-        assert list(tmp_path.iterdir()) == []
+        assert list(temporary.iterdir()) == []
     finally:
         gw.stop()
 
