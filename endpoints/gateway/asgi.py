@@ -223,12 +223,11 @@ class Gateway:
         for t in [*self.tasks, *([self.poller] if self.poller else [])]:
             t.cancel()
         await self.flush()
-        if self.journal is not None:
-            journal = self.journal
+        if (journal := self.journal) is not None:
             await _db(
                 functools.partial(store_journal, journal=journal.name, segments=journal.segments(), finished=True)
             )
-            self.journal.close()
+            journal.close()
         await _db(lambda: connection.close())  # looked up on the database thread: its own connection
         if self.consul is not None:
             await self.consul.client.aclose()  # registrations stay: the replicas keep serving

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from endpoints.gateway.stats import Stats
 
-log = logging.getLogger("endpoints.gateway")
+log = logging.getLogger("console.gateway")  # the gateway's logger (asgi.py)
 
 SEGMENT = re.compile(r"^(?P<journal>.+)\.(?P<seq>\d{12})\.jsonl$")
 
@@ -38,8 +38,8 @@ def _segment_name(journal: str, seq: int) -> str:
 
 
 class UsageJournal:
-    """One gateway's journal: `record` a settled request, `rotate` at a flush, `segments` to store, `stored` once
-    they are."""
+    """One gateway's journal: `record` a settled request, `rotate` at a flush, `segments` to store
+    (services.store_journal deletes each once stored), `close` at a stop."""
 
     def __init__(self, directory: Path, name: str):
         self.directory, self.name = Path(directory), name
@@ -54,7 +54,7 @@ class UsageJournal:
         """One settled request: its UsageHour row (hour, team id, key id, key name, endpoint id, model, adapter) and
         counts, as one line in one write."""
         hour, *rest = row
-        line = json.dumps([hour.isoformat(), *rest, 1 if status >= 400 else 0, prompt, completion]) + "\n"
+        line = json.dumps([hour.isoformat(), *rest, status, prompt, completion]) + "\n"
         os.write(self.fd, line.encode())
 
     def rotate(self) -> None:
@@ -123,12 +123,12 @@ def read_segment(path: Path) -> Stats:
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             try:
-                hour, team_id, key_id, key_name, endpoint_id, model, adapter, error, prompt, completion = json.loads(
+                hour, team_id, key_id, key_name, endpoint_id, model, adapter, status, prompt, completion = json.loads(
                     line
                 )
                 row = (datetime.fromisoformat(hour), team_id, key_id, key_name, endpoint_id, model, adapter)
             except (ValueError, TypeError):
                 log.warning("gateway: usage journal %s line %d is cut short; skipped", path.name, number)
                 continue
-            stats.record_usage(row=row, status=500 if error else 200, prompt=prompt, completion=completion)
+            stats.record_usage(row=row, status=status, prompt=prompt, completion=completion)
     return stats
