@@ -3,6 +3,7 @@ front of FakeReplica, a small in-test HTTP server that speaks the OpenAI protoco
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -21,10 +22,27 @@ from workers.models import Node
 HEALTH_TOKEN = "gateway-monitoring-token"
 
 
+def _ephemeral_ports() -> range:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, high = (int(n) for n in f.read().split())
+    return range(low, high + 1)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, below the kernel's ephemeral range. A port from bind(0) is ephemeral: any
+    outgoing connection of the streams running beside this one may take it before the server under test binds it
+    (a CI run lost a test to exactly that); below the range only another free_port() can, and at random that is
+    rare. Above the console's endpoint port ranges (6500-9899 in the Makefile)."""
+    ephemeral = _ephemeral_ports()
+    rng = random.Random()  # system-seeded: the streams must not draw the same sequence
+    while True:
+        port = rng.randrange(10000, max(ephemeral.start, 20000))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 class FakeReplica(ServerThread):
