@@ -10,6 +10,9 @@ Why these settings (HAProxy 2.6, Debian 12's):
   (refused, or the connection dropped before any answer) is sent again to another one. A request a replica had
   begun to answer is not (the answer's bytes reached the client already); one dropped earlier may have reached a
   replica, whose answer then went to nobody: the gateways' counts and usage record only what a client received.
+- option http-buffer-request: HAProxy has a request's whole body before it sends it to a gateway, so a request
+  whose gateway died can be sent again (without it a kill test lost a request in half its runs: a 502 "SH--" not
+  retried, or the client's connection closed; docs/gateway-scale-out.md);
 - timeout http-request: a client's whole request head within 10 s (the gateways bound it too, behind the LB);
 - per client address at most 256 connections (the gateways see only HAProxy's address: their own per-address cap
   is off behind it, GATEWAY_MAX_CONNECTIONS_PER_ADDRESS=0);
@@ -38,6 +41,7 @@ def haproxy_config(*, bind: str, servers: list[str], per_address: int = PER_ADDR
         "    option httplog",
         "    option log-separate-errors",
         "    http-reuse always",
+        "    option http-buffer-request",
         "    timeout connect 2s",
         "    timeout client 610s",
         "    timeout server 610s",

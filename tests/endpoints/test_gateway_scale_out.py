@@ -172,12 +172,16 @@ def test_a_gateway_killed_mid_run_costs_the_clients_nothing(pool, admin, worker_
         # Every request that reached the load balancer was answered 200, those in flight on the killed gateway after
         # a retry on another one (HAProxy's log: "+1" retries, redispatched).
         assert {s for s in statuses if isinstance(s, int)} == {200}, {s: statuses.count(s) for s in set(statuses)}
-        assert all(" 200 " in line and " ---- " in line for line in log), [x for x in log if " ---- " not in x][:5]
         assert any("/+1 " in line for line in log), "no request was retried on another gateway"
-        # Open (docs/gateway-scale-out.md): a few client connections, 1-4 of about 300 requests in the runs here, are
-        # closed with no request in HAProxy's log at the moment of the kill; OpenAI's SDKs retry such errors.
-        dropped = len(statuses) - statuses.count(200)
-        assert dropped <= len(statuses) // 50, {s: statuses.count(s) for s in set(statuses)}
+        # Except an answer the killed gateway had begun to send (endpoints/gateway/balancer.py: its bytes reached
+        # the client, it cannot be sent again): HAProxy logs "SD--" and the client's read fails. None in the runs
+        # here since HAProxy buffers each request whole (option http-buffer-request; before it, 2 of 4 runs had a
+        # 502 "SH--" not retried and 3-4 connections closed with no line in this log: docs/gateway-scale-out.md).
+        cut = [line for line in log if " ---- " not in line]
+        assert all(" 200 " in line for line in log if line not in cut), log[:5]
+        assert all(" SD-- " in line for line in cut), cut[:5]
+        failed = len(statuses) - statuses.count(200)
+        assert failed == len(cut) <= len(statuses) // 50, ({s: statuses.count(s) for s in set(statuses)}, cut)
         assert gateways[0].proc.wait(timeout=10) == -signal.SIGKILL
         # The usage recorded against what the replica served. Each gateway journals every settled request on disk
         # (endpoints/gateway/usage_journal.py) and stores its journal at its flush; the survivors' flushes store
