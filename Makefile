@@ -284,8 +284,10 @@ test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_REPORT) $(PYTEST_ARGS)
 
 # The slow stream: tests/settings.py's defaults (Redis database 15, var/test, replica ports 8200-8399), one process.
+# CI's critical path: it lists its 40 slowest tests (of about 100), where a cut would show.
+SLOW_REPORT ?= --durations=40
 test-slow: venv
-	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(PYTEST_REPORT) $(PYTEST_ARGS)
+	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(SLOW_REPORT) $(PYTEST_ARGS)
 
 # The other SQLite tests on TEST_WORKERS workers: worker N on Redis database 11 - 2N, var/test-fast/gwN and its
 # share of ports 8400-8599 (the PostgreSQL pass: 14 - 2N, var/test-pg/gwN, 8600-8799).
