@@ -127,6 +127,13 @@ def errors_by_field(exc: ValidationError) -> dict[str, list[str]]:
     return {("general" if field == "__all__" else field): msgs for field, msgs in field_errors(exc).items()}
 
 
+def bind_errors(form: forms.Form, exc: ValidationError) -> None:
+    """A service's refusal onto the form it came from: each message beside its field, those of a field the form
+    does not have (or of none) above the fields (form.non_field_errors)."""
+    for field, errors in field_errors(exc).items():
+        form.add_error(field if field in form.fields else None, errors)
+
+
 class OpenChoiceField(forms.ChoiceField):
     """A select whose choices only draw it: any value passes the form. A list filter's unknown value (an old
     bookmark, a link from another page) matches nothing, as before filters were forms; a write form's value is

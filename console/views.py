@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 from redis.exceptions import RedisError
 
 from console import services
-from console.form_layout import errors_by_field
+from console.form_layout import bind_errors, errors_by_field
 from console.forms import AuditFilterForm, UserCreateForm, UserUpdateForm
 from console.models import AuditEvent
 from console.roles import ADMIN, VIEWER, require_role, user_role
@@ -183,8 +183,7 @@ def user_create(request):
     try:
         user, password = services.user_create(**form.cleaned_data, actor=request.user, request=request)
     except ValidationError as exc:
-        for field, errors in errors_by_field(exc).items():
-            form.add_error(field if field in form.fields else None, errors)
+        bind_errors(form, exc)
         return _users_page(request, status=400, form=form)
     if password:
         messages.success(request, f"User {user.username} created. Initial password (shown once): {password}")

@@ -11,9 +11,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
+from console.form_layout import bind_errors
 from console.roles import OPERATOR, VIEWER, at_least, require_role
 from console.teams import team_role
-from console.validation import field_errors
 from endpoints.bench.selectors import parse_ids
 from evaluations import selectors, services
 from evaluations import tasks as catalogue
@@ -51,11 +51,6 @@ def _list_page(request, *, new_form=None, upload_form=None):
     )
 
 
-def _refused(form, exc: ValidationError) -> None:
-    for field, errors in field_errors(exc).items():
-        form.add_error(field if field in form.fields else None, errors)
-
-
 @require_role(OPERATOR)
 @require_POST
 def evaluation_new(request):
@@ -70,7 +65,7 @@ def evaluation_new(request):
     try:
         evaluation = services.evaluation_create(**form.cleaned_data, user=request.user, request=request)
     except ValidationError as exc:
-        _refused(form, exc)
+        bind_errors(form, exc)
         return _list_page(request, new_form=form)
     except (Conflict, ServiceUnavailable) as exc:
         messages.error(request, str(exc))
@@ -90,7 +85,7 @@ def task_upload(request):
     try:
         task = services.uploaded_task_create(**data, upload=upload, user=request.user, request=request)
     except ValidationError as exc:
-        _refused(form, exc)
+        bind_errors(form, exc)
         return _list_page(request, upload_form=form)
     messages.success(request, f"Task {task.name} added ({task.documents} documents).")
     return redirect("evaluation_list")

@@ -6,8 +6,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
+from console.form_layout import bind_errors
 from console.roles import ADMIN, OPERATOR, VIEWER, require_role
-from console.validation import field_errors
 from workers import engine_images
 from workers import services as node_services
 from workers.forms import JobFilterForm, NodeEngineRuntimeForm
@@ -133,8 +133,7 @@ def node_engine_runtime(request, node_id: int):
         node_services.node_set_engine_runtime(node=node, **form.cleaned_data, user=request.user, request=request)
     except ValidationError as exc:
         node.refresh_from_db()
-        for field, errors in field_errors(exc).items():
-            form.add_error(field if field in form.fields else None, errors)
+        bind_errors(form, exc)
         return _node_page(request, node, runtime_form=form, status=400)
     messages.success(
         request, f"{node.name}: replicas run as {node.get_engine_runtime_display()} from their next start."

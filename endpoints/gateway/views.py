@@ -7,9 +7,10 @@ from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from console.form_layout import bind_errors
 from console.roles import ADMIN, OPERATOR, require_role
 from console.teams import default_team_for, team_options
-from console.validation import error_text, field_errors
+from console.validation import error_text
 from endpoints.gateway import selectors, services
 from endpoints.gateway.forms import BlueGreenForm, KeyCreateForm, KeyLimitsForm, RolloutForm, form_error_text
 from endpoints.gateway.models import GatewayKey
@@ -59,8 +60,7 @@ def key_create(request):
         team_id = fields.pop("team")
         key, raw = services.key_create(**fields, team_id=team_id, actor=request.user, request=request)
     except ValidationError as exc:
-        for field, errors in field_errors(exc).items():
-            form.add_error(field if field in form.fields else None, errors)
+        bind_errors(form, exc)
         return _key_list_page(request, form=form)
     # Shown once, in this answer only: only the hash is kept (not in the session either).
     return _key_list_page(request, new_key=key, new_raw=raw)
@@ -85,8 +85,7 @@ def key_limits(request, key_id: int):
         try:
             services.key_update_limits(key=key, **form.cleaned_data, actor=request.user, request=request)
         except ValidationError as exc:
-            for field, errors in field_errors(exc).items():
-                form.add_error(field if field in form.fields else None, errors)
+            bind_errors(form, exc)
         else:
             messages.success(request, "Limits saved.")
             return redirect("gateway_key_detail", key_id=key.pk)

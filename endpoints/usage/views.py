@@ -11,9 +11,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from console.form_layout import bind_errors
 from console.roles import ADMIN, VIEWER, require_role
 from console.teams import team_role
-from console.validation import field_errors
 from endpoints.gateway.selectors import key_get
 from endpoints.usage import selectors, services
 from endpoints.usage.forms import BudgetForm, UsageFilterForm
@@ -80,11 +80,6 @@ def _usage_page(request, *, team=None, form: BudgetForm | None = None):
     )
 
 
-def _bind_errors(form: BudgetForm, exc: ValidationError) -> None:
-    for field, errors in field_errors(exc).items():
-        form.add_error(field if field in form.fields else None, errors)
-
-
 @require_role(ADMIN)
 @require_POST
 def team_budget_set(request, team_id: int):
@@ -95,7 +90,7 @@ def team_budget_set(request, team_id: int):
         try:
             services.budget_set(team=team, **form.cleaned_data, actor=request.user, request=request)
         except ValidationError as exc:
-            _bind_errors(form, exc)
+            bind_errors(form, exc)
         else:
             messages.success(request, f"Budget per {form.cleaned_data['period']} saved.")
             return redirect(f"/usage/?team={team.pk}")
@@ -136,7 +131,7 @@ def key_budget_set(request, key_id: int):
         try:
             services.budget_set(key=key, **form.cleaned_data, actor=request.user, request=request)
         except ValidationError as exc:
-            _bind_errors(form, exc)
+            bind_errors(form, exc)
         else:
             messages.success(request, f"Budget per {form.cleaned_data['period']} saved.")
             return redirect("gateway_key_detail", key_id=key.pk)

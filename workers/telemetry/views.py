@@ -8,9 +8,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from console.api_auth import _token_user
+from console.form_layout import bind_errors
 from console.roles import OPERATOR, VIEWER, check_role, require_role
 from console.teams import visible_team_ids
-from console.validation import error_text, field_errors
+from console.validation import error_text
 from workers.models import Node
 from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
@@ -81,8 +82,7 @@ def alert_rule_create(request):
     try:
         rule = services.alert_rule_create(**form.cleaned_data, actor=request.user, request=request, via="web")
     except ValidationError as exc:
-        for field, errors in field_errors(exc).items():
-            form.add_error(field if field in form.fields else None, errors)
+        bind_errors(form, exc)
         return _alerts_page(request, form=form)
     messages.success(request, f"Rule “{rule.name}” created.")
     return redirect("alert_list")
