@@ -1,14 +1,19 @@
+from dataclasses import replace
+
 from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console import teams
 from console.exceptions import Conflict, ServiceUnavailable
+from console.form_layout import bind_errors
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role, require_role
 from console.validation import error_text
 from endpoints import launch_page, selectors, services
+from endpoints.bench import services as bench_services
 from endpoints.bench.forms import BenchmarkForm
 from endpoints.commands import format_for_shell
 from endpoints.forms import AdapterForm, EndpointLaunchForm
@@ -18,6 +23,7 @@ from endpoints.lora import adapter_choices, endpoint_adapter_change
 from endpoints.models import Endpoint
 from endpoints.preview import endpoint_preview
 from endpoints.profiling.forms import ProfileForm
+from endpoints.profiling.services import profile_create
 from endpoints.recipes import recipe_save
 from models_registry.views import _errors
 from workers.agent.supervisor import tail_lines
@@ -147,6 +153,78 @@ def endpoint_recipe_save(request, endpoint_id: int):
         request, f"Saved recipe {recipe.ref} from {endpoint.name}: the launch page's recipe picker offers it."
     )
     return redirect(endpoint)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_bench_new(request):
+    """The endpoint page's "Benchmark this endpoint": one run, or a sweep over concurrencies. Refused: the page
+    again (400), the form open with each error beside its field; busy or unreachable: the page's message."""
+    ref = request.POST.get("endpoint", "").strip()
+    endpoint = selectors.endpoint_list(user=request.user).filter(pk=ref).first() if ref.isdigit() else None
+    if endpoint is None:
+        raise Http404("No such endpoint.")
+    form = BenchmarkForm(request.POST, request.FILES, endpoint=endpoint)
+    upload = request.FILES.get("prompt_file") if request.POST.get("dataset") == "file" else None
+    sweep = request.POST.get("mode") == "sweep"
+    try:
+        if request.POST.get("dataset") == "file" and upload is None:
+            raise ValidationError({"prompt_file": "Choose a prompt file (JSONL), or use random prompts."})
+        # An unticked box is not posted: EOS is ignored unless the form says otherwise.
+        workload = form.workload(ignore_eos=request.POST.get("ignore_eos", "on") == "on")
+        if sweep:
+            created = bench_services.sweep_create(
+                endpoint=ref, workload=workload, prompt_file=upload, user=request.user, request=request
+            )
+        else:
+            created = bench_services.benchmark_create(
+                endpoint=ref,
+                workload=replace(workload, concurrencies=None),
+                prompt_file=upload,
+                user=request.user,
+                request=request,
+            )
+    except ValidationError as exc:
+        if not form.errors:  # the form's own errors are on it already
+            bind_errors(form, exc)
+        messages.error(request, "Benchmark not started: see Benchmark this endpoint below.")
+        return _detail_page(request, endpoint, status=400, bench_form=form)
+    except (Conflict, ServiceUnavailable) as exc:
+        messages.error(request, str(exc))
+        return redirect(endpoint)
+    messages.success(request, f"Queued {'sweep' if sweep else 'benchmark'} #{created.pk} on {created.endpoint_name}.")
+    return redirect(created)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_profile_new(request, endpoint_id: int):
+    """The endpoint page's "Profile this endpoint". Refused: the page again (400), the form open with each error
+    beside its field; busy (a profile running) or unreachable: the page's message."""
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
+    form = ProfileForm(request.POST, endpoint=endpoint)
+    if form.is_valid():
+        try:
+            profile = profile_create(
+                endpoint=endpoint,
+                replica=form.cleaned_data["replica"],
+                duration_s=form.cleaned_data["duration_s"],
+                load=form.load_settings(),
+                label=form.cleaned_data["label"],
+                user=request.user,
+                request=request,
+            )
+        except ValidationError as exc:
+            bind_errors(form, exc)
+        except (Conflict, ServiceUnavailable) as exc:
+            messages.error(request, str(exc))
+            return redirect(endpoint)
+        else:
+            what = f"{endpoint.name}#{profile.replica_index} for {profile.duration_s} s"
+            messages.success(request, f"Profiling {what} (profile #{profile.pk}).")
+            return redirect(profile)
+    messages.error(request, "Profile not started: see Profile this endpoint below.")
+    return _detail_page(request, endpoint, status=400, profile_form=form)
 
 
 @require_role(VIEWER)

@@ -4,7 +4,6 @@ from endpoints.bench import fragments, views
 
 urlpatterns = [
     path("benchmarks/", views.bench_list, name="bench_list"),
-    path("benchmarks/new", views.bench_new, name="bench_new"),
     path("benchmarks/compare", views.bench_compare, name="bench_compare"),
     path("benchmarks/compare.csv", views.bench_compare_csv, name="bench_compare_csv"),
     path("benchmarks/compare.json", views.bench_compare_json, name="bench_compare_json"),

@@ -1,8 +1,6 @@
 import json
-from dataclasses import replace
 
 from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -11,9 +9,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.exceptions import Conflict, ServiceUnavailable
 from console.roles import OPERATOR, VIEWER, require_role
-from console.validation import error_text
 from endpoints.bench import compare, selectors, services, snapshots
-from endpoints.bench.forms import BenchFilterForm, BenchmarkForm, CompareForm
+from endpoints.bench.forms import BenchFilterForm, CompareForm
 from endpoints.bench.models import BenchmarkRun, BenchmarkSweep
 from endpoints.commands import format_for_shell
 from endpoints.models import Endpoint
@@ -35,45 +32,6 @@ def bench_list(request):
         "bench/bench_list.html",
         {"page": page, "form": form, "filters": filters, "sweeps": selectors.sweep_list(user=request.user)},
     )
-
-
-@require_role(OPERATOR)
-@require_POST
-def bench_new(request):
-    endpoint = request.POST.get("endpoint", "").strip()
-    upload = request.FILES.get("prompt_file") if request.POST.get("dataset") == "file" else None
-    if request.POST.get("dataset") == "file" and upload is None:
-        messages.error(request, "Choose a prompt file (JSONL), or use random prompts.")
-        return _back(endpoint)
-    sweep = request.POST.get("mode") == "sweep"
-    try:
-        # An unticked box is not posted: EOS is ignored unless the form says otherwise.
-        workload = BenchmarkForm(request.POST).workload(ignore_eos=request.POST.get("ignore_eos", "on") == "on")
-        if sweep:
-            created = services.sweep_create(
-                endpoint=endpoint, workload=workload, prompt_file=upload, user=request.user, request=request
-            )
-        else:
-            created = services.benchmark_create(
-                endpoint=endpoint,
-                workload=replace(workload, concurrencies=None),
-                prompt_file=upload,
-                user=request.user,
-                request=request,
-            )
-    except ValidationError as exc:
-        messages.error(request, "Benchmark not started: " + error_text(exc))
-        return _back(endpoint)
-    except (Conflict, ServiceUnavailable) as exc:
-        messages.error(request, str(exc))
-        return _back(endpoint)
-    messages.success(request, f"Queued {'sweep' if sweep else 'benchmark'} #{created.pk} on {created.endpoint_name}.")
-    return redirect(created)
-
-
-def _back(endpoint_ref: str):
-    endpoint = Endpoint.objects.filter(pk=endpoint_ref).first() if endpoint_ref.isdigit() else None
-    return redirect(endpoint) if endpoint else redirect("bench_list")
 
 
 def _run(request, run_id) -> BenchmarkRun:

