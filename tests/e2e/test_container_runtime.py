@@ -30,7 +30,11 @@ from tests.support.fake_docker import calls, install
 from workers.engine_info import EngineSite, engine_fingerprint
 from workers.models import Device, Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 NODE = "ctr-node"
 NAME = "llm-console-demo-r0"

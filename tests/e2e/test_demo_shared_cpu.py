@@ -28,7 +28,11 @@ from tests.support.agents import (
 from tests.support.jobs import run_queued_jobs
 from workers.models import Job, Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 NODE = "demo-node"
 

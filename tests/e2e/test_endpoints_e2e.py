@@ -24,7 +24,11 @@ from tests.support.agents import (
 from workers.agent.supervisor import port_is_free
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 
 # vLLM 0.32's messages (vllm/compilation/decorators.py): an AOT artifact saved by a start, and loaded by the next.

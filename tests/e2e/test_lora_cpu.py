@@ -10,7 +10,11 @@ from endpoints.models import Endpoint, Replica
 from tests.support.agents import engine_available, kill_leftovers, register_demo_copy, start_agent, stop_agent, wait_for
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 PROMPTS = ("The capital of France is", "My favourite fruit is", "Once upon a time")
 TOKENS = 6

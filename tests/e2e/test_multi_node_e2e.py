@@ -30,7 +30,11 @@ from tests.support.agents import (
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # Ray turns 127.0.0.1 into the host's own address
 

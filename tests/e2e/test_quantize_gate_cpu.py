@@ -32,6 +32,7 @@ from workers.models import Job, Node
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.vllm_server,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
 ]

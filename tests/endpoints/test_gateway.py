@@ -457,6 +457,7 @@ def test_old_side_stops_after_the_drain(admin, gateway):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_server
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("gateway", ["rust"], indirect=True)  # the data path the gateway runs where it is built
 def test_real_vllm_two_agents_balancing_streaming_and_failover(

@@ -69,6 +69,7 @@ def test_the_note_matches_the_engines_int8_kernel_on_this_host(settings):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_server
 def test_the_serving_check_wants_its_own_key_on_every_path(tmp_path):
     """The check's vLLM listens on 127.0.0.1 for minutes: keyed and guarded as a replica is, so another local
     user gets 401 on completions (and /invocations), while the job scores through it with its key. Its port,

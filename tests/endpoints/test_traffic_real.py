@@ -32,7 +32,11 @@ from tests.support.agents import (
 from tests.support.gateway import CompletionLoad, served_requests
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 MODEL = "traffic"
 # The agent scrapes every 3 s (the controller tolerates a gap of 3 intervals: a busy engine delays a scrape);

@@ -618,6 +618,7 @@ def test_artifact_page_shows_the_report_and_chart(tiny, as_operator):
 
 
 @pytest.mark.slow
+@pytest.mark.vllm_server
 @pytest.mark.django_db(transaction=True)
 def test_demo_model_w8a8_perplexity_served_by_vllm_cpu(operator, api_for, tmp_path, settings, redis_conn):
     """SmolLM2-135M → compressed-tensors W8A8 dynamic with the default calibration (llm-compressor

@@ -32,7 +32,7 @@ def free_port() -> int:
     """A port nothing listens on now, below the kernel's ephemeral range. A port from bind(0) is ephemeral: any
     outgoing connection of the streams running beside this one may take it before the server under test binds it
     (a CI run lost a test to exactly that); below the range only another free_port() can, and at random that is
-    rare. Above the console's endpoint port ranges (6500-9899 in the Makefile)."""
+    rare. Above the replica port ranges of the streams (6400-9899: the Makefile, tests/settings.py)."""
     ephemeral = _ephemeral_ports()
     rng = random.Random()  # system-seeded: the streams must not draw the same sequence
     while True:

