@@ -60,6 +60,7 @@ urlpatterns = [
     path("endpoints/<int:endpoint_id>/save-recipe", endpoints.endpoint_recipe_save, name="endpoint_recipe_save"),
     path("endpoints/<int:endpoint_id>/profile", endpoints.endpoint_profile_new, name="profile_new"),
     path("benchmarks/new", endpoints.endpoint_bench_new, name="bench_new"),
+    path("endpoints/<int:endpoint_id>/tune", endpoints.endpoint_tuning_new, name="tuning_new"),
     path("nodes/", jobs.node_list, name="node_list"),
     path("nodes/<int:node_id>/", jobs.node_detail, name="node_detail"),
     path("nodes/<int:node_id>/replicas", endpoints.node_replicas, name="node_replicas"),

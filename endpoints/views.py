@@ -11,7 +11,7 @@ from console import teams
 from console.exceptions import Conflict, ServiceUnavailable
 from console.form_layout import bind_errors
 from console.roles import ADMIN, OPERATOR, VIEWER, has_role, require_role
-from console.validation import error_text
+from console.validation import error_text, field_errors
 from endpoints import launch_page, selectors, services
 from endpoints.bench import services as bench_services
 from endpoints.bench.forms import BenchmarkForm
@@ -25,6 +25,8 @@ from endpoints.preview import endpoint_preview
 from endpoints.profiling.forms import ProfileForm
 from endpoints.profiling.services import profile_create
 from endpoints.recipes import recipe_save
+from endpoints.tuning.forms import TuningForm
+from endpoints.tuning.services import tuning_create
 from models_registry.views import _errors
 from workers.agent.supervisor import tail_lines
 from workers.models import Node
@@ -122,6 +124,7 @@ def _detail_page(request, endpoint, *, status=200, **extra):
             "adapter_form": AdapterForm(adapters=choices, initial={"action": "load"}),
             "bench_form": BenchmarkForm(endpoint=endpoint),
             "profile_form": ProfileForm(endpoint=endpoint),
+            "tuning_form": TuningForm(),
             **extra,
         },
         status=status,
@@ -225,6 +228,44 @@ def endpoint_profile_new(request, endpoint_id: int):
             return redirect(profile)
     messages.error(request, "Profile not started: see Profile this endpoint below.")
     return _detail_page(request, endpoint, status=400, profile_form=form)
+
+
+@require_role(OPERATOR)
+@require_POST
+def endpoint_tuning_new(request, endpoint_id: int):
+    """The endpoint page's "Tune this endpoint". Refused: the page again (400), the form open with each error
+    beside its field (the service's workload.*, slo.* and space.* keys on the form's fields); busy or unreachable:
+    the page's message."""
+    endpoint = selectors.endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
+    form = TuningForm(request.POST)
+    if form.is_valid():
+        try:
+            tuning = tuning_create(endpoint=endpoint.pk, **form.arguments(), user=request.user, request=request)
+        except ValidationError as exc:
+            _bind_tuning_errors(form, exc)
+        except (Conflict, ServiceUnavailable) as exc:
+            messages.error(request, str(exc))
+            return redirect(endpoint)
+        else:
+            messages.success(
+                request, f"Tuning {endpoint.name} (tuning #{tuning.pk}): trial replicas start one at a time."
+            )
+            return redirect(tuning)
+    messages.error(request, "Tuning not started: see Tune this endpoint below.")
+    return _detail_page(request, endpoint, status=400, tuning_form=form)
+
+
+def _bind_tuning_errors(form: TuningForm, exc: ValidationError) -> None:
+    """The service names a workload or SLO field under its object (workload.input_len, slo.ttft_p99_ms) and a knob
+    under the space (space.max_num_seqs): each goes beside its field of the form, the knob named in the message."""
+    for key, errors in field_errors(exc).items():
+        head, _, rest = key.partition(".")
+        if head in ("workload", "slo") and rest in form.fields:
+            form.add_error(rest, errors)
+        elif head == "space":
+            form.add_error("space", [f"{rest}: {e}" for e in errors] if rest else errors)
+        else:
+            form.add_error(key if key in form.fields else None, errors)
 
 
 @require_role(VIEWER)

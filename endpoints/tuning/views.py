@@ -1,40 +1,21 @@
-"""Tuning pages: start one from the endpoint page, watch it, read the Pareto chart and the advice, apply it."""
+"""Tuning pages: watch one (started from the endpoint page, endpoints.views.endpoint_tuning_new), read the Pareto
+chart and the advice, apply it."""
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from console.exceptions import Conflict, ServiceUnavailable
+from console.exceptions import Conflict
 from console.roles import OPERATOR, VIEWER, at_least, require_role
 from console.teams import team_role
 from console.validation import error_text
-from endpoints.selectors import endpoint_get
 from endpoints.tuning import selectors, services
-from endpoints.tuning.forms import TuningForm
 from endpoints.tuning.models import Tuning
 
 
 def _tuning(request, tuning_id: int, *, role: str = VIEWER) -> Tuning:
     return selectors.tuning_get(tuning_id, user=request.user, role=role)
-
-
-@require_role(OPERATOR)
-@require_POST
-def tuning_new(request, endpoint_id: int):
-    endpoint = endpoint_get(endpoint_id, user=request.user, role=OPERATOR)
-    try:
-        tuning = services.tuning_create(
-            endpoint=endpoint.pk, **TuningForm(request.POST).arguments(), user=request.user, request=request
-        )
-    except ValidationError as exc:
-        messages.error(request, "Tuning not started: " + error_text(exc))
-        return redirect(endpoint)
-    except (Conflict, ServiceUnavailable) as exc:
-        messages.error(request, str(exc))
-        return redirect(endpoint)
-    messages.success(request, f"Tuning {endpoint.name} (tuning #{tuning.pk}): trial replicas start one at a time.")
-    return redirect(tuning)
 
 
 @require_role(VIEWER)

@@ -652,7 +652,7 @@ FORM_SCOPES = {
     "user_list": "#user-create-form, main table form",
     "alert_list": "#alert-rule-create, #alert-rules form",
     "bench_compare": "#cost-form",
-    "endpoint_detail": "#bench-form, #profile-form, #load-adapter-form",
+    "endpoint_detail": "#bench-form, #profile-form, #tuning-form, #load-adapter-form",
     "profile_detail": "#profile-compare-form",
     "evaluation_list": "#evaluation-new-form, #task-upload-form",
     "evaluation_detail": "#evaluation-compare-with",

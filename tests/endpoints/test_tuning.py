@@ -5,6 +5,7 @@ test's: tests/e2e/test_tuning_cpu.py), killed mid-trial and resumed by Retry; ap
 result page for Viewers and Operators."""
 
 import json
+import re
 from datetime import timedelta
 
 import optuna
@@ -209,6 +210,49 @@ def test_the_api_refuses_bad_input_naming_the_field_and_stores_nothing(operator,
         and not Job.objects.exists()
         and not AuditEvent.objects.filter(action="tuning.create").exists()
     )
+
+
+PAGE_FORM = {
+    "num_prompts": "32",
+    "input_len": "128",
+    "output_len": "64",
+    "max_concurrency": "16",
+    "ttft_p99_ms": "4000",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "change,field,message",
+    [
+        ({"space": "{max_num_seqs: [4]}"}, "space", "Not JSON"),  # the form's own parse
+        ({"input_len": "600"}, "input_len", "between 1 and 511"),  # the service's workload.input_len
+        ({"ttft_p99_ms": "-1"}, "ttft_p99_ms", "A number above"),  # the service's slo.ttft_p99_ms
+        ({"space": '{"max_num_seqs": [4, 4]}'}, "space", "max_num_seqs: Each choice once."),  # space.max_num_seqs
+    ],
+)
+def test_the_endpoint_pages_form_shows_each_refusal_beside_its_field(
+    as_operator, demo_endpoint, redis_conn, change, field, message
+):
+    """The page's "Tune this endpoint": refused, the endpoint page again (400) with the form open, the message in
+    the box of the field it is about (the service's workload.*, slo.* and space.* keys), what was typed kept,
+    nothing stored."""
+    posted = {**PAGE_FORM, "space": '{"max_num_seqs": [4, 8]}', "trials": "2", "search": "grid", **change}
+    response = as_operator.post(f"/endpoints/{demo_endpoint.pk}/tune", posted)
+    page = response.content.decode()
+    assert response.status_code == 400 and '<details class="card" id="tuning-form-card" open>' in page
+    box = re.search(rf'<div class="field[^"]*has-error" id="field-tuning-{field}">(.*?)</div>\s*</div>', page, re.S)
+    assert box and message in box[1], page[page.find("tuning-form") :][:4000]
+    assert 'value="128"' in page and not Tuning.objects.exists() and not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_endpoint_pages_form_starts_a_tuning(as_operator, demo_endpoint, redis_conn):
+    posted = {**PAGE_FORM, "space": '{"max_num_seqs": [4, 8]}', "trials": "2", "search": "grid", "seed": "3"}
+    response = as_operator.post(f"/endpoints/{demo_endpoint.pk}/tune", posted)
+    tuning = Tuning.objects.get()
+    assert response.status_code == 302 and response.url == tuning.get_absolute_url()
+    assert tuning.space == {"max_num_seqs": [4, 8]} and tuning.trials_wanted == 2 and tuning.seed == 3
 
 
 @pytest.mark.django_db
