@@ -257,15 +257,17 @@ def endpoint_tuning_new(request, endpoint_id: int):
 
 def _bind_tuning_errors(form: TuningForm, exc: ValidationError) -> None:
     """The service names a workload or SLO field under its object (workload.input_len, slo.ttft_p99_ms) and a knob
-    under the space (space.max_num_seqs): each goes beside its field of the form, the knob named in the message."""
+    under the space (space.max_num_seqs): renamed to the form's field (the knob named in the message), then bound
+    as any refusal is."""
+    by_field: dict[str, list[str]] = {}
     for key, errors in field_errors(exc).items():
         head, _, rest = key.partition(".")
         if head in ("workload", "slo") and rest in form.fields:
-            form.add_error(rest, errors)
-        elif head == "space":
-            form.add_error("space", [f"{rest}: {e}" for e in errors] if rest else errors)
-        else:
-            form.add_error(key if key in form.fields else None, errors)
+            key = rest
+        elif head == "space" and rest:
+            key, errors = "space", [f"{rest}: {e}" for e in errors]
+        by_field.setdefault(key, []).extend(errors)
+    bind_errors(form, ValidationError(by_field))
 
 
 @require_role(VIEWER)

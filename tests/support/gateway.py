@@ -22,10 +22,9 @@ from workers.models import Node
 HEALTH_TOKEN = "gateway-monitoring-token"
 
 
-def _ephemeral_ports() -> range:
+def _ephemeral_low() -> int:
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-        low, high = (int(n) for n in f.read().split())
-    return range(low, high + 1)
+        return int(f.read().split()[0])
 
 
 def free_port() -> int:
@@ -33,10 +32,10 @@ def free_port() -> int:
     outgoing connection of the streams running beside this one may take it before the server under test binds it
     (a CI run lost a test to exactly that); below the range only another free_port() can, and at random that is
     rare. Above the replica port ranges of the streams (6400-9899: the Makefile, tests/settings.py)."""
-    ephemeral = _ephemeral_ports()
+    below = max(_ephemeral_low(), 20000)
     rng = random.Random()  # system-seeded: the streams must not draw the same sequence
     while True:
-        port = rng.randrange(10000, max(ephemeral.start, 20000))
+        port = rng.randrange(10000, below)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
