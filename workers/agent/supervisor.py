@@ -114,6 +114,20 @@ def _same_start(pid: int, recorded: float) -> bool:
     return abs(recorded - started_since_boot(pid)) <= 0.05  # ticks are 10 ms
 
 
+def _wait_for_exec(child: subprocess.Popen, timeout: float = 2.0) -> None:
+    """Popen returns once the child has begun its exec (vfork), a moment before the kernel has set up the new
+    program's arguments: /proc/<pid>/cmdline reads empty then, and a find() in that moment took the new replica
+    for another process (seen on a loaded CI machine, 3 in 100 starts here)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and child.poll() is None:
+        try:
+            if psutil.Process(child.pid).cmdline():
+                return
+        except psutil.Error:
+            return  # gone (its exit code tells) or not ours to read: find() answers for it
+        time.sleep(0.005)
+
+
 def _alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -147,6 +161,7 @@ class ProcessRuntime:
                 close_fds=True,
             )
         self.children[child.pid] = child
+        _wait_for_exec(child)
         return ProcessHandle(pid=child.pid, create_time=started_since_boot(child.pid), argv=list(spec.argv))
 
     def find(self, handle: ProcessHandle) -> psutil.Process | None:
