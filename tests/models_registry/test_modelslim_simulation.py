@@ -1,14 +1,21 @@
 """The accuracy gate's simulation (modelslim.SimLinear) computes what vllm-ascend v0.23.0 computes, and agrees
 with msModelSlim's own fake quantization of a saved checkpoint (upstream's code, the pinned package: last section).
 
-``VllmAscendLayer`` below transcribes, line by line, what vllm-ascend does with a ModelSlim layer at
-tag v0.23.0 (vllm-project/vllm-ascend): the parameters ``get_weight``/``get_pertensor_param``/
-``get_perchannel_param`` create (their dtypes), ``process_weights_after_loading`` and ``apply()`` of
-quantization/methods/w8a8_static.py, w8a8_dynamic.py and w8a16.py, and vLLM's LinearBase.forward, which
-hands the layer's float bias to ``apply()``. The torch_npu kernels those call are written out in plain torch
-from their documented formulas (CANN's aclnnAscendQuantV3, aclnnQuantMatmulV4, aclnnDynamicQuant,
-aclnnWeightQuantBatchMatmulV2); the int8 products are accumulated exactly in int64, as the int32
-accumulators do for these sizes.
+What vllm-ascend computes is vllm-ascend's own code running: its files at tag v0.23.0 (vllm-project/vllm-ascend,
+commit 5cb98caa) vendored byte for byte in tests/fixtures/vllm_ascend_quant/ (SOURCES.md there; the first test
+checks their git blob ids): the schemes quantization/methods/w8a8_static.py, w8a8_dynamic.py and w8a16.py with
+upstream's base.py, registry.py and quant_type.py, and ops/register_custom_ops.py, whose ``_quantize_impl`` is
+``torch.ops.vllm.quantize`` (registered for these tests, removed after). ``VllmAscendLinear`` builds a layer as
+vLLM does (AscendLinearMethod.create_weights registers the parameters the scheme's ``get_weight`` /
+``get_pertensor_param`` / ``get_perchannel_param`` create, with their dtypes; vLLM's Linear adds the float bias in
+``params_dtype``; the loader copies the checkpoint's tensors in), then runs the scheme's
+``process_weights_after_loading`` and ``apply(layer, x, bias)`` as LinearBase.forward does. Stood in for
+(tests/support/vllm_ascend_standins.py) is only what this machine cannot have: torch_npu's kernels, written in
+plain torch from CANN's documented formulas (aclnnAscendQuantV3, aclnnQuantMatmulV4, aclnnDynamicQuant,
+aclnnWeightQuantBatchMatmulV2; the int8 products accumulated exactly in int64, as the int32 accumulators do for
+these sizes), and the names the files import from vLLM and the rest of vllm-ascend (the weight prefetcher, the NZ
+cast and DSA-CP switch as they behave for these layers with the default configuration; MoE and communication
+names that fail if used).
 
 Tolerance: one unit in the last place of the output dtype (bf16 2⁻⁷, fp16 2⁻¹⁰, relative): both sides
 cast the same values to the model's dtype and differ only in the float32 / float64 order of the final
@@ -17,6 +24,7 @@ exactly half-way often, and the offset is added before rounding, so both are par
 """
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -27,107 +35,73 @@ from transformers import AutoModelForCausalLM
 from models_registry.quantize import calibrate as cal
 from models_registry.quantize import modelslim
 from tests.support.quantize import DTYPES, make_checkpoint
+from tests.support.vllm_ascend_standins import MODULES, VENDORED, git_blob_id, load_upstream, vllm_custom_ops
 
 ULP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}
+UPSTREAM_COMMIT = "5cb98caaadeff42b5b62b996e34bb2aaa29d20fd"
 
 
-# --- torch_npu kernels, from their documented formulas --------------------------------------------
+# --- vllm-ascend's own files ---------------------------------------------------------------------
 
 
-def npu_quantize(x, scales, zero_points):
-    """torch_npu.npu_quantize(x, scales, zero_points, torch.qint8, -1, div_mode=False): result = x·scales +
-    zero_points (torch_npu's documented formula), rounded to int8 (register_custom_ops.py passes the reciprocal of
-    input_scale as scales)."""
-    return torch.clamp(torch.round(x.float() * scales.float() + zero_points.float()), -128, 127).to(torch.int8)
+def test_vendored_vllm_ascend_files_are_upstreams_unchanged():
+    """Each file in tests/fixtures/vllm_ascend_quant/ has the git blob id SOURCES.md records for its upstream path
+    at v0.23.0 (what `git rev-parse v0.23.0:<path>` prints there): an edit, even of whitespace, fails here."""
+    rows = re.findall(
+        r"^\| `([^`]+)` \| `([^`]+)` \| (\S+) \| `([0-9a-f]{40})` \| `([0-9a-f]{40})` \| Apache-2\.0 \|$",
+        (VENDORED / "SOURCES.md").read_text(),
+        re.M,
+    )
+    assert sorted(f for f, *_ in rows) == sorted(p.name for p in VENDORED.glob("*.py")) == sorted(MODULES)
+    for filename, upstream_path, tag, commit, blob in rows:
+        assert (tag, commit) == ("v0.23.0", UPSTREAM_COMMIT)
+        assert upstream_path == MODULES[filename].replace(".", "/") + ".py"
+        assert git_blob_id((VENDORED / filename).read_bytes()) == blob, f"{filename} is not upstream's"
 
 
-def npu_dynamic_quant(x):
-    """torch_npu.npu_dynamic_quant: per token (row) scale = max|x| / 127, x / scale rounded to int8."""
-    scale = x.float().abs().amax(dim=-1) / 127.0
-    return torch.clamp(torch.round(x.float() / scale[:, None]), -128, 127).to(torch.int8), scale
+@pytest.fixture(scope="module")
+def vllm_ascend():
+    """vllm-ascend's modules, with torch.ops.vllm.quantize (register_custom_ops.py) registered meanwhile."""
+    with vllm_custom_ops("quantize"):
+        yield load_upstream()
 
 
-def _float_scale(scale):
-    if scale.dtype == torch.int64:  # fp16 models: the float32 bits in an int64 (w8a8_static.py get_perchannel_param)
-        return torch.from_numpy(scale.numpy().astype(np.int32).view(np.float32).copy())
-    return scale.float()
+class VllmAscendLinear(torch.nn.Module):
+    """One Linear as vLLM with vllm-ascend v0.23.0 loads and runs it from a ModelSlim checkpoint, on one card."""
 
-
-def npu_quant_matmul(x, weight, scale, *, pertoken_scale=None, bias=None, output_dtype):
-    """(x_int8 · weight_int8 [+ int32 bias]) · scale [· pertoken_scale] [+ float bias], cast to output_dtype."""
-    acc = x.to(torch.int64) @ weight.to(torch.int64)
-    if bias is not None and bias.dtype == torch.int32:
-        acc = acc + bias.to(torch.int64)
-        bias = None
-    out = acc.double() * _float_scale(scale).double()
-    if pertoken_scale is not None:
-        out = out * pertoken_scale.double()[:, None]
-    if bias is not None:
-        out = out + bias.double()
-    return out.to(output_dtype)
-
-
-def npu_weight_quant_batchmatmul(x, weight, antiquant_scale, antiquant_offset, bias=None):
-    """x · ((weight + antiquant_offset) · antiquant_scale) + bias, in x's dtype."""
-    w = (weight.double() + antiquant_offset.double()) * antiquant_scale.double()
-    out = x.double() @ w
-    if bias is not None:
-        out = out + bias.double()
-    return out.to(x.dtype)
-
-
-# --- vllm-ascend's layer ------------------------------------------------------------------------
-
-
-class VllmAscendLayer:
-    """One Linear as vllm-ascend v0.23.0 loads and runs it from a ModelSlim checkpoint."""
-
-    def __init__(self, tensors: dict, prefix: str, qtype: str, params_dtype: torch.dtype):
-        self.qtype, self.params_dtype = qtype, params_dtype
+    def __init__(self, vllm_ascend, tensors: dict, prefix: str, qtype: str, params_dtype: torch.dtype):
+        super().__init__()
         t = {k[len(prefix) + 1 :]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
-        # Parameters as the scheme creates them (the loader copies the file's values into them).
-        self.weight = t["weight"].to(torch.int8)
-        self.weight_scale = t["weight_scale"].to(params_dtype)
-        self.weight_offset = t["weight_offset"].to(params_dtype)
-        self.bias = t["bias"].to(params_dtype) if "bias" in t else None  # vLLM's Linear, params_dtype
-        if qtype == "W8A8":
-            self.input_scale = t["input_scale"].to(params_dtype)
-            self.input_offset = t["input_offset"].to(torch.int8)
-            self.quant_bias = t["quant_bias"].to(torch.int32)
-            self.deq_scale = t["deq_scale"].to(torch.float32 if params_dtype == torch.bfloat16 else torch.int64)
-        self.process_weights_after_loading()
-
-    def process_weights_after_loading(self):
-        if self.qtype == "W8A8":  # w8a8_static.py
-            expanding_factor = self.weight.shape[1]
-            self.aclnn_input_scale = self.input_scale.repeat(expanding_factor)
-            self.aclnn_input_scale_reciprocal = 1 / self.input_scale.repeat(expanding_factor)
-            self.aclnn_input_offset = self.input_offset.repeat(expanding_factor).to(self.aclnn_input_scale.dtype)
-        self.weight = self.weight.transpose(0, 1).contiguous()
-        self.weight_scale = torch.flatten(self.weight_scale)
-        self.weight_offset = torch.flatten(self.weight_offset)
+        output_size, input_size = t["weight"].shape
+        # LinearBase.__init__: the layer knows its params_dtype and prefix (upstream's apply() reads both).
+        self.params_dtype, self.prefix = params_dtype, prefix
+        # ModelSlimConfig.get_quant_method: the scheme registered for the layer's quant type, in
+        # AscendLinearMethod (method_adapters.py), whose create_weights registers what the scheme's get_* return
+        # as Parameters (requires_grad=False), in this order.
+        self.scheme = vllm_ascend.registry.get_scheme_class(qtype, "linear")()
+        for created in (
+            self.scheme.get_weight(input_size, output_size, params_dtype),
+            self.scheme.get_pertensor_param(params_dtype, layer_type="others"),
+            self.scheme.get_perchannel_param(output_size, params_dtype),
+            self.scheme.get_pergroup_param(input_size, output_size, params_dtype, layer_type="others"),
+        ):
+            for name, value in created.items():
+                self.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+        # vLLM's Linear: the float bias, in params_dtype, when the layer has one.
+        bias = torch.nn.Parameter(torch.empty(output_size, dtype=params_dtype), requires_grad=False)
+        self.register_parameter("bias", bias if "bias" in t else None)
+        # The loader (default_weight_loader): each parameter from the checkpoint tensor of its name, same shape,
+        # copied in (copy_ casts to the parameter's dtype); every tensor of the layer has its parameter.
+        assert sorted(t) == sorted(n for n, _ in self.named_parameters()), (sorted(t), list(self.named_parameters()))
+        for name, param in self.named_parameters():
+            assert param.shape == t[name].shape, name
+            param.data.copy_(t[name])
+        self.scheme.process_weights_after_loading(self)
 
     def forward(self, x):
-        # vLLM LinearBase.forward: output = self.quant_method.apply(self, x, bias); tp_rank 0.
-        return self.apply(x, self.bias)
-
-    def apply(self, x, bias):
-        if self.qtype == "W8A8":
-            if x.dtype != torch.int8:
-                x = npu_quantize(x, self.aclnn_input_scale_reciprocal, self.aclnn_input_offset)
-            quant_bias = self.quant_bias  # tp_rank == 0; `bias` is used only for compressed-tensors
-            return npu_quant_matmul(x, self.weight, self.deq_scale, bias=quant_bias, output_dtype=self.params_dtype)
-        if self.qtype == "W8A8_DYNAMIC":
-            quantized_x, pertoken_scale = npu_dynamic_quant(x)
-            return npu_quant_matmul(
-                quantized_x,
-                self.weight,
-                self.weight_scale,
-                pertoken_scale=pertoken_scale,
-                bias=bias,
-                output_dtype=x.dtype,
-            )
-        return npu_weight_quant_batchmatmul(x, self.weight, self.weight_scale, self.weight_offset, bias=bias)
+        # LinearBase.forward: quant_method.apply(self, x, bias); AscendLinearMethod.apply passes tp_rank 0 for a
+        # column-parallel layer and the tensor-parallel rank, 0 on one card, for a row-parallel one.
+        return self.scheme.apply(self, x, self.bias, 0)
 
 
 def assert_same(sim, ref, dtype):
@@ -165,22 +139,21 @@ def random_layer(qtype, dtype, *, n=48, k=64, bias=True, seed=0):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("qtype", ["W8A8", "W8A8_DYNAMIC", "W8A16"])
-def test_simulation_matches_vllm_ascend_apply_on_random_inputs(qtype, dtype):
+def test_simulation_matches_vllm_ascend_apply_on_random_inputs(qtype, dtype, vllm_ascend):
     tensors = random_layer(qtype, dtype)
     x = (torch.randn(37, 64, generator=torch.Generator().manual_seed(1)) * 2).to(dtype)
-    assert_same(
-        modelslim.SimLinear(tensors, "l", qtype)(x), VllmAscendLayer(tensors, "l", qtype, dtype).forward(x), dtype
-    )
+    ref = VllmAscendLinear(vllm_ascend, tensors, "l", qtype, dtype)(x)
+    assert_same(modelslim.SimLinear(tensors, "l", qtype)(x), ref, dtype)
 
 
-def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias():
+def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias(vllm_ascend):
     """vllm-ascend passes quant_bias to npu_quant_matmul and drops the layer's float bias: a simulation that
     adds it again measures another model."""
     tensors = random_layer("W8A8", torch.bfloat16)
     x = torch.randn(5, 64).to(torch.bfloat16)
-    ref = VllmAscendLayer(tensors, "l", "W8A8", torch.bfloat16).forward(x)
+    ref = VllmAscendLinear(vllm_ascend, tensors, "l", "W8A8", torch.bfloat16)(x)
     without_bias = {k: v for k, v in tensors.items() if k != "l.bias"}
-    assert torch.equal(ref, VllmAscendLayer(without_bias, "l", "W8A8", torch.bfloat16).forward(x))
+    assert torch.equal(ref, VllmAscendLinear(vllm_ascend, without_bias, "l", "W8A8", torch.bfloat16)(x))
     assert_same(modelslim.SimLinear(tensors, "l", "W8A8")(x), ref, torch.bfloat16)
 
 
@@ -191,7 +164,7 @@ def test_w8a8_static_uses_quant_bias_in_place_of_the_float_bias():
     "scheme,dtype",
     [("w8a8_static", "bfloat16"), ("w8a8_static", "float16"), ("w8a8_dynamic", "bfloat16"), ("w8a16", "bfloat16")],
 )
-def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtype, tmp_path):
+def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtype, tmp_path, vllm_ascend):
     """A tiny Llama with q/k/v/o biases (as Qwen2 has), quantized by msModelSlim: every quantized layer's
     simulated output equals vllm-ascend's on that layer's real inputs, and what vllm-ascend computes is close
     to the float layer (msModelSlim folded the float bias into quant_bias: nothing is lost or added twice)."""
@@ -220,7 +193,7 @@ def test_simulation_matches_vllm_ascend_on_a_checkpoint_with_biases(scheme, dtyp
         if description.get(f"{name}.weight") != qtype:
             continue
         x = x.reshape(-1, x.shape[-1])
-        ref = VllmAscendLayer(tensors, name, qtype, torch_dtype).forward(x)
+        ref = VllmAscendLinear(vllm_ascend, tensors, name, qtype, torch_dtype)(x)
         assert_same(modelslim.SimLinear(tensors, name, qtype)(x), ref, torch_dtype)
         y_float = y_float.reshape(ref.shape).float()
         rel = ((ref.float() - y_float).norm() / y_float.norm()).item()
