@@ -99,8 +99,8 @@ def finish(dst: Path, src: Path, *, model_dtype, tied: bool) -> dict:
 class SimLinear:
     """Runs a layer as vllm-ascend v0.23.0 computes it from the checkpoint (quantization/methods/
     w8a8_static.py, w8a8_dynamic.py, w8a16.py: process_weights_after_loading + apply; the torch_npu ops
-    written out in plain torch). tests/models_registry/test_modelslim_simulation.py checks it against a
-    line-by-line transcription of those apply() methods.
+    written out in plain torch). tests/models_registry/test_modelslim_simulation.py checks it against those
+    files themselves, vendored unchanged and run with torch_npu stand-ins (tests/fixtures/vllm_ascend_quant).
 
     * W8A8 static: x_q = clamp(round(x·r + input_offset)), r = 1/input_scale computed in the model's
       dtype (as process_weights_after_loading does), the offset added before rounding (npu_quantize with
