@@ -219,10 +219,10 @@ demo: migrate redis
 # replica ports: tests/settings.py). `sequential` runs the four one after the other. Each pass lists its slowest
 # tests (--durations); the side streams' output is kept in var/test-*.log and shown when all are done.
 TEST_PASSES ?= parallel
-# The streams beside the slow one run at a lower priority: it is the critical path and they have slack (on 7 Dec
-# 2026 here they were done 22 min in, the slow stream 36 min 32 s). Its vLLM replicas, agents and gateways run in
-# sessions of their own (their own scheduling groups where the kernel has autogroup); what this moves ahead is the
-# slow stream's pytest process, which runs the benchmark clients and the queued jobs in process (docs/ci.md).
+# The streams beside the slow one run at a lower priority: it is the critical path and they have slack. Its vLLM
+# replicas, agents and gateways run in sessions of their own (their own scheduling groups where the kernel has
+# autogroup); what this moves ahead is the slow stream's pytest process, which runs the benchmark clients and the
+# queued jobs in process. Empty: no change of priority (docs/ci.md has the runs with and without).
 SIDE ?= nice -n 10
 # 1 (no pytest-xdist) by default: under xdist a dozen tests that start RQ workers, gateways or the agent read
 # another Redis database than the test that started them (docs/ci.md); TEST_WORKERS=2 runs them on two workers.

@@ -115,9 +115,9 @@ def _same_start(pid: int, recorded: float) -> bool:
 
 
 def _wait_for_exec(child: subprocess.Popen, timeout: float = 2.0) -> None:
-    """Popen returns once the child has begun its exec (vfork), a moment before the kernel has set up the new
-    program's arguments: /proc/<pid>/cmdline reads empty then, and a find() in that moment took the new replica
-    for another process (seen on a loaded CI machine, 3 in 100 starts here)."""
+    """Popen returns when the exec has closed the child's close-on-exec pipe, a moment before the kernel has set
+    up the new program's arguments: /proc/<pid>/cmdline reads empty then, and a find() in that moment took the new
+    replica for another process (seen on a loaded CI machine: docs/ci.md)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and child.poll() is None:
         try:
