@@ -182,7 +182,15 @@ def cpu_share_note(*, replica: Replica, node: Node) -> str:
     if not holders:
         return ""
     one = len(holders) == 1
-    names = ", ".join(sorted(f"{r.endpoint.name} (replica {r.index})" for r in holders))
+    # Another team's replica by what it is, not its name: the node is shared, the endpoint is not (issue 37).
+    names = ", ".join(
+        sorted(
+            f"{r.endpoint.name} (replica {r.index})"
+            if r.endpoint.team_id == replica.endpoint.team_id
+            else "another team's replica"
+            for r in holders
+        )
+    )
     return (
         f"runs unpinned: the cores a share of its own needs on {node.name} are held by {names}, started "
         f"before this replica was wanted there; restart {'it' if one else 'them'}, then this endpoint, to "

@@ -2,6 +2,7 @@
 Try-it chat. The node agents do the process work; these only change desired state."""
 
 import datetime
+import functools
 import json
 import re
 import time
@@ -62,7 +63,7 @@ def nudge_all(nodes) -> None:
         nudge(node)
 
 
-def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, str]:
+def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dict[int, Endpoint]:
     used = {}
     on_node = Q(node=node) | Q(replica_set__members__node=node)  # a multi-node endpoint holds its devices on each node
     running = Endpoint.objects.filter(on_node, desired_state=Endpoint.Desired.RUNNING).distinct()
@@ -70,8 +71,14 @@ def _devices_in_use(node: Node, exclude_endpoint: Endpoint | None = None) -> dic
         running = running.exclude(pk=exclude_endpoint.pk)
     for endpoint in running:
         for device in endpoint.devices:
-            used[device] = endpoint.name
+            used[device] = endpoint
     return used
+
+
+def _holder_name(holder: Endpoint, team_id: int | None) -> str:
+    """A device holder as a launch of team `team_id` may read it: a node is shared, another team's endpoint is not
+    (issue 37), so its name stays with its team."""
+    return holder.name if holder.team_id == team_id else "another team's endpoint"
 
 
 def capacity_check(
@@ -175,10 +182,12 @@ def _check_devices(
     share: bool,
     ranks_per_device_set: float = 1,
     multi_node: bool = False,
+    team_id: int | None = None,
 ) -> None:
     """Devices against the node, TP × PP × replicas and the other running endpoints. A multi-node endpoint
     names the devices it takes on each of its nodes: `ranks_per_device_set` is how many TP × PP groups
-    (data-parallel ranks) of one node share them, or a fraction of one for a Ray cluster's share."""
+    (data-parallel ranks) of one node share them, or a fraction of one for a Ray cluster's share. `team_id`:
+    the launching endpoint's team, whose own endpoints a refusal names."""
     if len(set(devices)) != len(devices):
         raise ValidationError({"devices": "A device is listed twice."})
     need = tp * pp * replicas * ranks_per_device_set
@@ -213,7 +222,7 @@ def _check_devices(
         raise ValidationError(
             {
                 "devices": "In use by another endpoint: "
-                + ", ".join(f"{d} ({o})" for d, o in sorted(clash.items()))
+                + ", ".join(f"{d} ({_holder_name(o, team_id)})" for d, o in sorted(clash.items()))
                 + ". Choose others, or set sharing explicitly."
             }
         )
@@ -461,7 +470,13 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
     pp = int_in_range(spec.pipeline_parallel_size, "pipeline_parallel_size", low=1, high=16, default=1)
     roles = None
     if spec.roles is not None:  # prefill/decode disaggregation: node, devices and replicas per role
-        roles = checked_roles(spec, tp=tp, pp=pp, launch_node=_launch_node, check_devices=_check_devices)
+        roles = checked_roles(
+            spec,
+            tp=tp,
+            pp=pp,
+            launch_node=_launch_node,
+            check_devices=functools.partial(_check_devices, team_id=team_id),
+        )
         node = roles.prefill.node
     else:
         node = _launch_node(spec.node)
@@ -498,6 +513,7 @@ def endpoint_create(*, spec: EndpointSpec, user, request=None) -> Endpoint:
             share=spec.share_devices,
             ranks_per_device_set=layout.ranks_per_device_set,
             multi_node=bool(layout.distributed),
+            team_id=team_id,
         )
     model_max = (artifact.inspection or {}).get("max_position_embeddings") or 8192
     max_model_len = int_in_range(

@@ -198,3 +198,34 @@ def test_the_node_page_names_only_the_users_teams_replicas(two_teams, cpu_node, 
     admin_client.force_login(admin)
     everything = admin_client.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
     assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything
+
+
+def test_a_busy_device_is_refused_naming_only_the_launching_teams_endpoint(  # noqa: F811
+    two_teams, ascend_node, tiny_artifact, operator
+):
+    """The devices refusal names the endpoint that holds a device only where it is of the team the launch is for:
+    another team's is "another team's endpoint" (its name is its team's, as on the node page). Nothing is made."""
+    from endpoints.models import Endpoint
+    from models_registry.models import Artifact, Model
+
+    def launch(user, name, artifact):
+        spec = {"name": name, "artifact": artifact.pk, "node": str(ascend_node.pk), "devices": [0]}
+        return ApiClient(user).post("/api/v1/endpoints", spec)
+
+    assert launch(operator, "theirs-npu", tiny_artifact).status_code == 201  # the default team's
+    research_model = Model.objects.create(name="tiny-research", team=two_teams["research"])
+    research_copy = Artifact.objects.create(
+        model=research_model,
+        format="hf",
+        dtype="float32",
+        path=tiny_artifact.path,
+        inspection=tiny_artifact.inspection,
+    )
+    refused = launch(two_teams["ana"], "ours-npu", research_copy)
+    detail = refused.json()["detail"]
+    assert refused.status_code == 400 and "In use by another endpoint: 0 (another team's endpoint)" in detail, detail
+    assert "theirs-npu" not in refused.content.decode()
+    assert not Endpoint.objects.filter(name="ours-npu").exists()
+    # Within the team the holder is named (tests/endpoints/test_endpoints.py: "In use by another endpoint: 0 (a)").
+    again = launch(operator, "theirs-npu-2", tiny_artifact)
+    assert again.status_code == 400 and "0 (theirs-npu)" in again.json()["detail"]

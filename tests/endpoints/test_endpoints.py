@@ -7,6 +7,7 @@ import re
 import pytest
 from django.utils import timezone
 
+from console.models import Team
 from endpoints.launch import held_cores, launch_spec
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from endpoints.replica_state import aggregate_state, backoff_seconds
@@ -1093,6 +1094,13 @@ def test_a_neighbour_on_auto_binding_holds_its_numa_node(
             "runs unpinned: the cores a share of its own needs on cpu-host are held by first (replica 0), started "
             "before this replica was wanted there; restart it, then this endpoint, to give each its own cores"
         )
+    # Held by another team's replica: said without its name (the node is shared, the endpoint is not: issue 37).
+    Endpoint.objects.filter(pk=second.pk).update(team=Team.objects.create(name="Other", slug="other"))
+    assert cpu_share_note(replica=Replica.objects.get(pk=beside.pk), node=cpu_node) == (
+        "runs unpinned: the cores a share of its own needs on cpu-host are held by another team's replica, started "
+        "before this replica was wanted there; restart it, then this endpoint, to give each its own cores"
+    )
+    Endpoint.objects.filter(pk=second.pk).update(team=first.team)
     cpu_node.host = {"cpus": 2, "cpu_cores": [0, 1], "numa_cores": [[0, 1]]}  # a core a share: nothing to split
     cpu_node.save()
     assert _threads(beside) == ("nobind", "1") and cpu_share_note(replica=beside, node=cpu_node) == ""
