@@ -229,3 +229,29 @@ def test_a_busy_device_is_refused_naming_only_the_launching_teams_endpoint(  # n
     # Within the team the holder is named (tests/endpoints/test_endpoints.py: "In use by another endpoint: 0 (a)").
     again = launch(operator, "theirs-npu-2", tiny_artifact)
     assert again.status_code == 400 and "0 (theirs-npu)" in again.json()["detail"]
+
+
+def test_the_node_pages_device_panel_names_only_the_users_teams_endpoints(two_teams, ascend_node, admin):  # noqa: F811
+    """The accelerators' processes on a shared node: another team's process shows its device and memory, not the
+    endpoint it serves (name, link); the console Admin sees every one named."""
+    from django.urls import reverse
+
+    from workers.models import Device
+
+    processes = [
+        {"pid": 101 + i, "name": "vllm", "memory_mb": 2048, "endpoint_id": two_teams[side]["endpoint"].pk}
+        | {"endpoint": two_teams[side]["endpoint"].name, "replica": 0}
+        for i, side in enumerate(("ours", "theirs"))
+    ]
+    Device.objects.filter(node=ascend_node, index=0).update(latest={"processes": processes})
+    url = reverse("telemetry_node_panel", args=[ascend_node.pk])
+    ana = Client()
+    ana.force_login(two_teams["ana"])
+    panel = ana.get(url).content.decode()
+    assert "ep-ours#0" in panel and "pid 102 vllm (2,048 MB)" in panel
+    assert "ep-theirs" not in panel and f"/endpoints/{two_teams['theirs']['endpoint'].pk}/" not in panel
+    assert panel.count("another team's endpoint") == 1
+    admin_client = Client()
+    admin_client.force_login(admin)
+    everything = admin_client.get(url).content.decode()
+    assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything

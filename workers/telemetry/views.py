@@ -46,9 +46,17 @@ def overview_nodes(request):
 @require_role(VIEWER)
 @require_GET
 def node_panel(request, node_id: int):
-    """The node page's live part: devices with their processes mapped to endpoints."""
+    """The node page's live part: devices with their processes mapped to endpoints. A process of another team's
+    endpoint shows that it holds the device, not which endpoint it serves: the node is shared, the endpoint is not."""
     node = get_object_or_404(Node, pk=node_id)
-    return render(request, "telemetry/_node_panel.html", {"node": node, "devices": node.devices.all()})
+    hidden = hidden_endpoints(visible_team_ids(request.user))
+    devices = list(node.devices.all())
+    for device in devices:
+        device.processes = [
+            {**proc, "other_team": proc.get("endpoint_id") in hidden}
+            for proc in (device.latest or {}).get("processes", [])
+        ]
+    return render(request, "telemetry/_node_panel.html", {"node": node, "devices": devices})
 
 
 @require_role(VIEWER)
