@@ -7,7 +7,6 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from django.test import Client
 
 from console.models import Team
 from endpoints.tuning.models import Tuning
@@ -36,8 +35,7 @@ def test_jobs_evaluations_and_tunings_of_another_team_are_404_and_left_out(two_t
     assert ours["job"].team_id == two_teams["research"].pk and theirs["job"].team == two_teams["default"]
     assert ours["evaluation"].team_id == ours["tuning"].team_id == two_teams["research"].pk
     nobodys = Job.objects.create(kind="hash_artifact", queue="default", rq_id="no-team")  # a node's, say
-    ana = Client()
-    ana.force_login(two_teams["ana"])
+    ana = _client_for(two_teams["ana"])
     api = _client_for(two_teams["ana"])
     for work, mine in ((theirs, False), (ours, True)):
         paths = [
@@ -132,8 +130,7 @@ def test_quantize_speed_and_profile_comparisons_keep_to_the_users_teams(two_team
     theirs, ours = two_teams["theirs"], two_teams["ours"]
     Artifact.objects.filter(pk=theirs["artifact"].pk).update(accuracy={"perplexity": {"value": 9.0}})
     Profile.objects.filter(pk__in=[theirs["profile"].pk, ours["profile"].pk]).update(status="succeeded")
-    ana = Client()
-    ana.force_login(two_teams["ana"])
+    ana = _client_for(two_teams["ana"])
     api = ApiClient(two_teams["ana"])
     assert ana.get(f"/artifacts/{theirs['artifact'].pk}/speed").status_code == 404
     assert ana.get(f"/artifacts/{ours['artifact'].pk}/speed").status_code == 200
@@ -156,8 +153,7 @@ def test_calibration_datasets_are_the_uploaders_teams_and_the_built_in_ones_ever
 
     ours, theirs = upload("ours-set", two_teams["ana"]), upload("theirs-set", admin)
     assert ours.team_id == two_teams["research"].pk and theirs.team == two_teams["default"]
-    ana = Client()
-    ana.force_login(two_teams["ana"])
+    ana = _client_for(two_teams["ana"])
     api = ApiClient(two_teams["ana"])
     listed = {d["name"]: d["team"] for d in api.get("/api/v1/calibration-datasets").json()}
     assert "theirs-set" not in listed and listed["ours-set"] == two_teams["research"].pk
@@ -188,14 +184,12 @@ def test_the_node_page_names_only_the_users_teams_replicas(two_teams, cpu_node, 
             port=port,
             state_reason=f"reason-of-{side}",
         )
-    ana = Client()
-    ana.force_login(two_teams["ana"])
+    ana = _client_for(two_teams["ana"])
     listed = ana.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
     assert "ep-ours#0" in listed and "port 8301" in listed and "reason-of-ours" in listed
     assert "ep-theirs" not in listed and "8302" not in listed and "reason-of-theirs" not in listed
     assert listed.count("another team's replica") == 1
-    admin_client = Client()
-    admin_client.force_login(admin)
+    admin_client = _client_for(admin)
     everything = admin_client.get(reverse("node_replicas", args=[cpu_node.pk])).content.decode()
     assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything
 
@@ -245,13 +239,11 @@ def test_the_node_pages_device_panel_names_only_the_users_teams_endpoints(two_te
     ]
     Device.objects.filter(node=ascend_node, index=0).update(latest={"processes": processes})
     url = reverse("telemetry_node_panel", args=[ascend_node.pk])
-    ana = Client()
-    ana.force_login(two_teams["ana"])
+    ana = _client_for(two_teams["ana"])
     panel = ana.get(url).content.decode()
     assert "ep-ours#0" in panel and "pid 102 vllm (2,048 MB)" in panel
     assert "ep-theirs" not in panel and f"/endpoints/{two_teams['theirs']['endpoint'].pk}/" not in panel
     assert panel.count("another team's endpoint") == 1
-    admin_client = Client()
-    admin_client.force_login(admin)
+    admin_client = _client_for(admin)
     everything = admin_client.get(url).content.decode()
     assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything
