@@ -1,6 +1,7 @@
 """deploy/docker, checked by hadolint (the Dockerfile linter, with ShellCheck for the RUN lines)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,58 @@ def test_hadolint_refuses_a_broken_dockerfile(tmp_path, change, rule):
     broken = tmp_path / "Dockerfile"
     broken.write_text((DEPLOY / "docker/Dockerfile").read_text().replace(*change, 1))
     assert_refused(hadolint(broken), rule)
+
+
+def _apt_packages(stage: str) -> dict[str, str]:
+    """name -> pinned version of the `apt-get install` lines in one stage of deploy/docker/Dockerfile."""
+    text = (DEPLOY / "docker/Dockerfile").read_text()
+    stages = re.split(r"^FROM ", text, flags=re.M)
+    [body] = [s for s in stages if s.split("\n", 1)[0].strip().endswith(stage)]
+    return dict(
+        re.findall(r"\b([a-z0-9][a-z0-9.+-]+)=([0-9][^\s\\]*)", body.split("apt-get install", 1)[1].split("&&")[0])
+    )
+
+
+@pytest.mark.skipif(
+    not Path("/etc/debian_version").read_text().startswith("12"), reason="Debian 12's package data: the image's release"
+)
+def test_the_image_installs_ldap_and_its_runtime_library_covers_what_python_ldap_links():
+    """The build stage compiles python-ldap (requirements/sso-ldap.txt); the runtime stage's packages must carry every
+    library the built `_ldap` module links. Checked on this host (Debian 12, the release of the image's stages) with
+    the module this venv built from the same pins: each library `ldd` lists belongs (dpkg -S) to a package in the
+    dependency closure of the runtime stage's packages (apt-cache depends --recurse), and each pin is a version
+    Debian 12 has (apt-cache madison), so a pin gone stale fails here before a build does."""
+    text = (DEPLOY / "docker/Dockerfile").read_text()
+    assert "requirements/sso-ldap.txt" in text and "-r /tmp/sso-ldap.txt" in text
+    build, runtime = _apt_packages("AS build"), _apt_packages("python:3.11-slim-bookworm")
+    assert {"gcc", "libldap2-dev", "libsasl2-dev"} <= set(build) and set(runtime) == {"libldap-2.5-0"}
+    for name, version in {**build, **runtime}.items():
+        assert f" {version} " in run(["apt-cache", "madison", name]).stdout, (
+            f"{name}={version} is not in Debian 12's lists"
+        )
+
+    import _ldap  # the module python-ldap built here
+
+    linked = re.findall(r"=> (/\S+)", run(["ldd", _ldap.__file__]).stdout)
+    assert any("libldap" in path for path in linked), linked
+    closure = set(
+        run(
+            [
+                "apt-cache",
+                "depends",
+                "--recurse",
+                "--no-recommends",
+                "--no-suggests",
+                "--no-conflicts",
+                "--no-breaks",
+                "--no-replaces",
+                "--no-enhances",
+                *runtime,
+            ]
+        ).stdout.split()
+    )
+    for path in linked:
+        owner = run(["dpkg", "-S", str(Path(path).resolve())]).stdout.split(":", 1)[0]
+        if not owner:  # merged /usr: dpkg knows the /lib path
+            owner = run(["dpkg", "-S", path]).stdout.split(":", 1)[0]
+        assert owner in closure, f"{path} ({owner}) is not brought by {sorted(runtime)}"
