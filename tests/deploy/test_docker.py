@@ -58,8 +58,12 @@ def _apt_packages(stage: str) -> dict[str, str]:
     )
 
 
+DEBIAN_VERSION = Path("/etc/debian_version")
+
+
 @pytest.mark.skipif(
-    not Path("/etc/debian_version").read_text().startswith("12"), reason="Debian 12's package data: the image's release"
+    not (DEBIAN_VERSION.is_file() and DEBIAN_VERSION.read_text().startswith("12")),
+    reason="Debian 12's package data: the release of the image's stages",
 )
 def test_the_image_installs_ldap_and_its_runtime_library_covers_what_python_ldap_links():
     """The build stage compiles python-ldap (requirements/sso-ldap.txt); the runtime stage's packages must carry every
