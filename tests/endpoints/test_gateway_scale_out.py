@@ -39,6 +39,10 @@ class Balancer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        # Its output read as it comes: the test waits for HAProxy's own word that a server is down.
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -49,10 +53,14 @@ class Balancer:
             assert time.monotonic() < deadline and self.proc.poll() is None, self.output()
             time.sleep(0.2)
 
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.decode(errors="replace"))
+
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        return self.proc.stdout.read().decode(errors="replace")
+        if self.proc.poll() is not None:
+            self.reader.join(timeout=10)
+        return "".join(self.lines)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -159,10 +167,14 @@ def test_a_gateway_killed_mid_run_costs_the_clients_nothing(pool, admin, worker_
         threads = [threading.Thread(target=client) for _ in range(12)]
         for t in threads:
             t.start()
-        time.sleep(3)
+        wait_for(lambda: len(statuses) >= 36, timeout=60, what="three rounds of the clients' requests")
         before = len(statuses)
         os.killpg(gateways[0].proc.pid, signal.SIGKILL)  # the gateway and its data path, as an OOM kill would
-        time.sleep(5)
+        # Until HAProxy's health checks take the killed gateway out (two missed checks a second apart: balancer.py),
+        # its share of new requests finds it gone and is redispatched; then three more rounds on the other two.
+        wait_for(lambda: "is DOWN" in balancer.output(), timeout=30, what="HAProxy marking the killed gateway down")
+        after_down = len(statuses)
+        wait_for(lambda: len(statuses) >= after_down + 36, timeout=60, what="three rounds after it was marked down")
         stop.set()
         for t in threads:
             t.join(timeout=60)
