@@ -11,7 +11,10 @@ upstream (a fixed answer after --fake-delay-ms, --fake-slots at a time), in one 
 2. One gateway against --gateways gateways, each behind HAProxy with the deployment's configuration
    (endpoints/gateway/balancer.py), same load: throughput and the gateways' CPU time per request (all their
    processes, the compiled data paths included). On a machine with fewer cores than gateways the throughput cannot
-   grow; the CPU per request says whether each gateway's cost per request stays the same.
+   grow; the CPU per request says whether each gateway's cost per request stays the same. Each pool's CPU while
+   idle (--idle-seconds: its flushes, route refreshes, HAProxy's health checks, the shared routing publishes) is
+   measured first; "beyond idle" is the CPU a load's requests added to that rate over the load's wall time (the
+   background runs more often under load, 10 ms publishes instead of 50 ms: it is counted in "beyond idle").
 
 Needs Redis (REDIS_URL, a database of its own: the benchmark's keys are new keys) and haproxy (make haproxy).
 """
@@ -89,6 +92,10 @@ print(key_create(name="bench-limited", rpm_limit=10_000_000, tpm_limit=10_000_00
     return unlimited, limited
 
 
+def len_of(runs: list[dict]) -> int:
+    return sum(len(r["latencies"]) for r in runs)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300)
@@ -98,6 +105,7 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fake-delay-ms", type=float, default=5)
     parser.add_argument("--fake-slots", type=int, default=16)
+    parser.add_argument("--idle-seconds", type=float, default=10, help="how long each pool's idle CPU is measured")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     procs: list = []
@@ -146,6 +154,11 @@ def main():
         for n in (1, args.gateways):
             members = [start_gateway(env, procs) for _ in range(n)]
             pools[n] = (start_balancer([a for a, _ in members], tmp, procs), [p for _, p in members])
+        idle = {}  # pool size -> its gateways' CPU seconds per second, idle
+        for n, (_, members) in pools.items():
+            before = sum(cpu_seconds(p.pid) for p in members)
+            time.sleep(args.idle_seconds)
+            idle[n] = (sum(cpu_seconds(p.pid) for p in members) - before) / args.idle_seconds
         results = {(n, c): [] for n in pools for c in args.concurrency}
         cpu = dict.fromkeys(results, 0.0)
         for _ in range(args.rounds):
@@ -161,12 +174,20 @@ def main():
                 summary(results[(1, c)], cpu[(1, c)]),
                 summary(results[(args.gateways, c)], cpu[(args.gateways, c)]),
             )
+            beyond = {
+                n: 1000 * (cpu[(n, c)] - idle[n] * sum(r["wall"] for r in results[(n, c)])) / len_of(results[(n, c)])
+                for n in pools
+            }
             print(
-                f"  c={c:<3} 1 gateway {one['rps']:.0f}/s, {one['cpu_ms_per_request']:.2f} ms CPU/req, P50 "
-                f"{one['p50_ms']:.2f} ms   {args.gateways} gateways {many['rps']:.0f}/s "
-                f"({many['rps'] / one['rps']:.2f}x), {many['cpu_ms_per_request']:.2f} ms CPU/req, P50 "
-                f"{many['p50_ms']:.2f} ms   errors {one['errors'] + many['errors']}"
+                f"  c={c:<3} 1 gateway {one['rps']:.0f}/s, {one['cpu_ms_per_request']:.2f} ms CPU/req "
+                f"({beyond[1]:.2f} beyond idle), P50 {one['p50_ms']:.2f} ms   {args.gateways} gateways "
+                f"{many['rps']:.0f}/s ({many['rps'] / one['rps']:.2f}x), {many['cpu_ms_per_request']:.2f} ms CPU/req "
+                f"({beyond[args.gateways]:.2f} beyond idle), P50 {many['p50_ms']:.2f} ms   "
+                f"errors {one['errors'] + many['errors']}"
             )
+        print(
+            "  idle: " + ", ".join(f"{n} gateway{'s' * (n > 1)} {1000 * rate:.1f} ms CPU/s" for n, rate in idle.items())
+        )
         print(f"\n  measured on {os.cpu_count()} CPUs; load generator, HAProxy, gateways and upstream share them")
     finally:
         stop_processes(procs)

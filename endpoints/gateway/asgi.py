@@ -108,8 +108,9 @@ DOWN_SECONDS = 3.0  # a replica that refused a connection gets no traffic this l
 # 5 s: vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE): one reused just as the server closes it fails its request as if the
 # replica were unreachable, and a healthy replica then got no traffic for DOWN_SECONDS (503s with no other one).
 UPSTREAM_IDLE_SECONDS = 3.0
-# While no gateway has a request in flight the routing state is shared this many times less often (the first
-# request after a quiet spell is seen by the other gateways up to that much later).
+# While no gateway has a request in flight, or no other gateway publishes, the routing state is shared this many
+# times less often (the first request after a quiet spell is seen by the other gateways up to that much later; a
+# gateway just started sees a lone one's counts up to that much old).
 IDLE_SYNC_FACTOR = 5
 DRAIN_CHECK_SECONDS = 5.0  # how often a due blue-green drain looks whether the old side still answers
 GONE = object()  # what hold() returns when the client left while its request was held
@@ -280,10 +281,12 @@ class Gateway:
         return True
 
     async def _sync_loop(self, every: float):
-        """sync_routing every `every` seconds while any gateway has a request in flight, IDLE_SYNC_FACTOR times less
-        often while none has (an idle gateway's CPU: benchmarks/routing_scale.py)."""
+        """sync_routing every `every` seconds while another gateway publishes and any gateway has a request in
+        flight, IDLE_SYNC_FACTOR times less often otherwise: a gateway alone has nobody to keep up to date (an idle
+        gateway's CPU: benchmarks/routing_scale.py; a lone busy one's: benchmarks/gateway_scale.py)."""
         while True:
-            busy = bool(self.shared and self.shared.others) or any(self.outstanding.values())
+            shared = self.shared
+            busy = shared is not None and shared.peers > 0 and (bool(shared.others) or any(self.outstanding.values()))
             await asyncio.sleep(every if busy else every * IDLE_SYNC_FACTOR)
             try:
                 await self.sync_routing()

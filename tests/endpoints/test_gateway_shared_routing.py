@@ -270,3 +270,42 @@ def test_a_prefix_stays_on_one_replica_whichever_gateway_receives_it(
         assert len(seen) == 1, (c, seen)
         owners[c] = seen.pop()
     assert len(set(owners.values())) >= 2, owners  # conversations still spread over the replicas
+
+
+@pytest.mark.parametrize(
+    "peers, others, own, period",
+    [
+        (0, {}, 2, 0.05),  # alone and busy: nobody to keep up to date
+        (1, {}, 2, 0.01),  # another gateway publishes, this one has requests in flight
+        (1, {"http://a": 1}, 0, 0.01),  # the other gateway has requests in flight
+        (1, {}, 0, 0.05),  # nobody has
+    ],
+)
+def test_the_routing_state_is_shared_every_period_only_while_another_gateway_publishes_and_one_is_busy(
+    monkeypatch, peers, others, own, period
+):
+    """The sync loop's wait, read from the sleeps it asks for (no clock): every GATEWAY_SHARED_ROUTING_SECONDS while
+    another gateway publishes and any gateway has a request in flight, IDLE_SYNC_FACTOR times that otherwise."""
+    gw = Gateway()
+    gw.shared = SharedRouting("redis://127.0.0.1:1/0")  # never reached: sync_routing is replaced below
+    gw.shared.peers, gw.shared.others = peers, others
+    gw.outstanding["http://a"] = own
+    waits, synced = [], []
+
+    async def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 3:
+            raise asyncio.CancelledError
+
+    async def sync_routing():
+        synced.append(True)
+
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    monkeypatch.setattr(gw, "sync_routing", sync_routing)
+
+    async def run():
+        with pytest.raises(asyncio.CancelledError):
+            await gw._sync_loop(0.01)
+
+    asyncio.run(run())
+    assert waits == pytest.approx([period] * 3) and len(synced) == 2
