@@ -16,7 +16,9 @@ upstream (a fixed answer after --fake-delay-ms, --fake-slots at a time), in one 
    measured first; "beyond idle" is the CPU a load's requests added to that rate over the load's wall time (the
    background runs more often under load, 10 ms publishes instead of 50 ms: it is counted in "beyond idle").
 
-Needs Redis (REDIS_URL, a database of its own: the benchmark's keys are new keys) and haproxy (make haproxy).
+Needs Redis (REDIS_URL, a database of its own, and the next two: each pool of section 2 shares its limits and
+routing state in one of them, so that one pool's load does not set the other's gateways publishing every
+period) and haproxy (make haproxy).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -92,6 +95,12 @@ print(key_create(name="bench-limited", rpm_limit=10_000_000, tpm_limit=10_000_00
     return unlimited, limited
 
 
+def next_database(url: str, offset: int) -> str:
+    """REDIS_URL with its database number moved on by `offset`."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{int(parts.path.strip('/') or 0) + offset}"))
+
+
 def len_of(runs: list[dict]) -> int:
     return sum(len(r["latencies"]) for r in runs)
 
@@ -151,8 +160,9 @@ def main():
         # 2. One gateway against several, each pool behind HAProxy.
         print(f"\n2. 1 vs {args.gateways} gateways behind HAProxy (shared-limits key): req/s, gateway CPU ms/request")
         pools = {}
-        for n in (1, args.gateways):
-            members = [start_gateway(env, procs) for _ in range(n)]
+        for offset, n in enumerate((1, args.gateways), start=1):
+            pool_env = {**env, "REDIS_URL": next_database(env.get("REDIS_URL", "redis://127.0.0.1:6379/0"), offset)}
+            members = [start_gateway(pool_env, procs) for _ in range(n)]
             pools[n] = (start_balancer([a for a, _ in members], tmp, procs), [p for _, p in members])
         idle = {}  # pool size -> its gateways' CPU seconds per second, idle
         for n, (_, members) in pools.items():
