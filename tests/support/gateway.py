@@ -49,6 +49,10 @@ class FakeReplica(ServerThread):
 
     def __init__(self, name: str, delay: float = 0.0):
         self.name, self.delay, self.served = name, delay, 0
+        # Set by a test once its client has read the first streamed event: the rest is sent only then (or after 10 s),
+        # so a proxy that buffers a stream shows as the wait timing out, whatever the machine's load.
+        self.first_event_read: threading.Event | None = None
+        self.stream_waited: list[bool] = []  # per stream held back: whether the client read its first event in time
         self.models: list = []  # the "model" of each request, as the gateway forwarded it
         self.posts: list = []  # (path, body) of each POST
         self.lock = threading.Lock()
@@ -75,11 +79,14 @@ class FakeReplica(ServerThread):
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Connection", "close")
                     self.end_headers()
-                    for word in text.split():
+                    for i, word in enumerate(text.split()):
                         delta = {"delta": {"content": word + " "}} if chat else {"text": word + " "}
                         self.wfile.write(f"data: {json.dumps({'choices': [{'index': 0, **delta}]})}\n\n".encode())
                         self.wfile.flush()
-                        time.sleep(0.05)
+                        if i == 0 and outer.first_event_read is not None:
+                            outer.stream_waited.append(outer.first_event_read.wait(timeout=10))
+                        else:
+                            time.sleep(0.05)
                     usage = {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}}
                     self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
                     self.close_connection = True
