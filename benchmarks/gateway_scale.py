@@ -101,10 +101,6 @@ def next_database(url: str, offset: int) -> str:
     return urlunsplit(parts._replace(path=f"/{int(parts.path.strip('/') or 0) + offset}"))
 
 
-def len_of(runs: list[dict]) -> int:
-    return sum(len(r["latencies"]) for r in runs)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300)
@@ -180,13 +176,11 @@ def main():
                 results[(n, c)].append(asyncio.run(run_load(balancer, limited, "bench", args.requests, c)))
                 cpu[(n, c)] += sum(cpu_seconds(p.pid) for p in members) - before
         for c in args.concurrency:
-            one, many = (
-                summary(results[(1, c)], cpu[(1, c)]),
-                summary(results[(args.gateways, c)], cpu[(args.gateways, c)]),
-            )
+            measured = {n: summary(results[(n, c)], cpu[(n, c)]) for n in pools}
+            one, many = measured[1], measured[args.gateways]
             beyond = {
-                n: 1000 * (cpu[(n, c)] - idle[n] * sum(r["wall"] for r in results[(n, c)])) / len_of(results[(n, c)])
-                for n in pools
+                n: 1000 * (cpu[(n, c)] - idle[n] * sum(r["wall"] for r in results[(n, c)])) / figures["requests"]
+                for n, figures in measured.items()
             }
             print(
                 f"  c={c:<3} 1 gateway {one['rps']:.0f}/s, {one['cpu_ms_per_request']:.2f} ms CPU/req "

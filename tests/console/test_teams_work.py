@@ -36,7 +36,6 @@ def test_jobs_evaluations_and_tunings_of_another_team_are_404_and_left_out(two_t
     assert ours["evaluation"].team_id == ours["tuning"].team_id == two_teams["research"].pk
     nobodys = Job.objects.create(kind="hash_artifact", queue="default", rq_id="no-team")  # a node's, say
     ana = _client_for(two_teams["ana"])
-    api = _client_for(two_teams["ana"])
     for work, mine in ((theirs, False), (ours, True)):
         paths = [
             f"/jobs/{work['job'].pk}/",
@@ -52,27 +51,27 @@ def test_jobs_evaluations_and_tunings_of_another_team_are_404_and_left_out(two_t
             f"/api/v1/evaluations/{work['evaluation'].pk}",
             f"/api/v1/tunings/{work['tuning'].pk}",
         ):
-            assert api.get(path).status_code == (200 if mine else 404), path
+            assert ana.get(path).status_code == (200 if mine else 404), path
     assert ana.post(f"/jobs/{theirs['job'].pk}/cancel").status_code == 404
     assert ana.post(f"/tunings/{theirs['tuning'].pk}/apply").status_code == 404
     assert ApiClient(two_teams["ana"]).post(f"/api/v1/jobs/{theirs['job'].pk}/cancel").status_code == 404
     assert Job.objects.get(pk=theirs["job"].pk).status == Job.Status.QUEUED  # untouched
     assert ana.get(f"/jobs/{nobodys.pk}/").status_code == 200
 
-    jobs = {j["id"]: j["team"] for j in api.get("/api/v1/jobs").json()}
+    jobs = {j["id"]: j["team"] for j in ana.get("/api/v1/jobs").json()}
     assert jobs == {ours["job"].pk: two_teams["research"].pk, nobodys.pk: None}
-    assert api.get(f"/api/v1/evaluations/{ours['evaluation'].pk}").json()["team"] == two_teams["research"].pk
-    assert api.get(f"/api/v1/tunings/{ours['tuning'].pk}").json()["team"] == two_teams["research"].pk
+    assert ana.get(f"/api/v1/evaluations/{ours['evaluation'].pk}").json()["team"] == two_teams["research"].pk
+    assert ana.get(f"/api/v1/tunings/{ours['tuning'].pk}").json()["team"] == two_teams["research"].pk
     listed = ana.get("/jobs/").content.decode()
     assert f"/jobs/{ours['job'].pk}/" in listed and f"/jobs/{theirs['job'].pk}/" not in listed
     overview = ana.get("/").content.decode()
     assert f"/jobs/{ours['job'].pk}/" in overview and f"/jobs/{theirs['job'].pk}/" not in overview
-    assert [e["id"] for e in api.get("/api/v1/evaluations").json()] == [ours["evaluation"].pk]
+    assert [e["id"] for e in ana.get("/api/v1/evaluations").json()] == [ours["evaluation"].pk]
     page = ana.get("/evaluations/").content.decode()
     assert f"/evaluations/{ours['evaluation'].pk}/" in page and f"/evaluations/{theirs['evaluation'].pk}/" not in page
     assert "ep-theirs" not in page  # nor offered in the form
     pair = f"{ours['evaluation'].pk}/compare/{theirs['evaluation'].pk}"
-    assert api.get(f"/api/v1/evaluations/{pair}").status_code == 404
+    assert ana.get(f"/api/v1/evaluations/{pair}").status_code == 404
     # Starting work on another team's endpoint: as if it did not exist (the form's own refusal, beside the field).
     started = ana.post("/evaluations/new", {"endpoint": two_teams["theirs"]["endpoint"].pk, "tasks": "arc_easy"})
     assert started.status_code == 400 and "Choose an existing endpoint." in started.content.decode()

@@ -48,9 +48,8 @@ def test_hadolint_refuses_a_broken_dockerfile(tmp_path, change, rule):
     assert_refused(hadolint(broken), rule)
 
 
-def _apt_packages(stage: str) -> dict[str, str]:
-    """name -> pinned version of the `apt-get install` lines in one stage of deploy/docker/Dockerfile."""
-    text = (DEPLOY / "docker/Dockerfile").read_text()
+def _apt_packages(text: str, stage: str) -> dict[str, str]:
+    """name -> pinned version of the `apt-get install` lines in one stage of the Dockerfile `text`."""
     stages = re.split(r"^FROM ", text, flags=re.M)
     [body] = [s for s in stages if s.split("\n", 1)[0].strip().endswith(stage)]
     return dict(
@@ -74,7 +73,7 @@ def test_the_image_installs_ldap_and_its_runtime_library_covers_what_python_ldap
     does."""
     text = (DEPLOY / "docker/Dockerfile").read_text()
     assert "requirements/sso-ldap.txt" in text and "-r /tmp/sso-ldap.txt" in text
-    build, runtime = _apt_packages("AS build"), _apt_packages("python:3.11-slim-bookworm")
+    build, runtime = _apt_packages(text, "AS build"), _apt_packages(text, "python:3.11-slim-bookworm")
     assert {"gcc", "libldap2-dev", "libsasl2-dev"} <= set(build) and set(runtime) == {"libldap-2.5-0"}
     for name, version in {**build, **runtime}.items():  # installed here (the Makefile's venv target), or listed
         installed = run(["dpkg-query", "-W", "-f", "${Version}", name]).stdout
