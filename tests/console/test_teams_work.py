@@ -246,3 +246,15 @@ def test_the_node_pages_device_panel_names_only_the_users_teams_endpoints(two_te
     admin_client = _client_for(admin)
     everything = admin_client.get(url).content.decode()
     assert "ep-ours#0" in everything and "ep-theirs#0" in everything and "another team" not in everything
+    # The API's node answer shows the same: the process, not the endpoint.
+    api_node = ApiClient(two_teams["ana"]).get(f"/api/v1/nodes/{ascend_node.pk}").json()
+    [device] = [d for d in api_node["devices"] if d["index"] == 0]
+    theirs = two_teams["theirs"]["endpoint"]
+    assert device["latest"]["processes"] == [
+        processes[0],
+        {"pid": 102, "name": "vllm", "memory_mb": 2048, "other_team": True},
+    ]
+    assert theirs.name not in str(ApiClient(two_teams["ana"]).get("/api/v1/nodes").json())
+    assert (
+        ApiClient(admin).get(f"/api/v1/nodes/{ascend_node.pk}").json()["devices"][0]["latest"]["processes"] == processes
+    )

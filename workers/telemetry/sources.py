@@ -112,6 +112,19 @@ def hidden_endpoints(team_ids: set[int] | None) -> set[int]:
     return _other_teams(_endpoint_teams, team_ids)
 
 
+def processes_seen(latest: dict | None, hidden: set[int]) -> list[dict]:
+    """A device's processes (its latest reading) as a user sees them: one serving an endpoint in `hidden` (another
+    team's: hidden_endpoints) keeps its pid, name and memory, loses which endpoint it serves and is marked
+    `other_team`. The node is shared, the endpoint is not."""
+    seen = []
+    for proc in (latest or {}).get("processes", []):
+        if proc.get("endpoint_id") in hidden:
+            proc = {k: v for k, v in proc.items() if k not in ("endpoint_id", "endpoint", "replica")}
+            proc["other_team"] = True
+        seen.append(proc)
+    return seen
+
+
 def hidden_keys(team_ids: set[int] | None) -> set[str]:
     """The ids (as in the series' keys) of the gateway keys of teams not in `team_ids` (None: every team's seen)."""
     return {str(key) for key in _other_teams(_key_teams, team_ids)}

@@ -17,7 +17,7 @@ from workers.telemetry import selectors, services
 from workers.telemetry.exposition import exposition
 from workers.telemetry.forms import AlertRuleForm, AlertRuleUpdateForm
 from workers.telemetry.models import AlertRule
-from workers.telemetry.sources import hidden_endpoints, hidden_keys
+from workers.telemetry.sources import hidden_endpoints, hidden_keys, processes_seen
 
 PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -52,10 +52,7 @@ def node_panel(request, node_id: int):
     hidden = hidden_endpoints(visible_team_ids(request.user))
     devices = list(node.devices.all())
     for device in devices:
-        device.processes = [
-            {**proc, "other_team": proc.get("endpoint_id") in hidden}
-            for proc in (device.latest or {}).get("processes", [])
-        ]
+        device.processes = processes_seen(device.latest, hidden)
     return render(request, "telemetry/_node_panel.html", {"node": node, "devices": devices})
 
 
