@@ -29,7 +29,7 @@ from tests.support.agents import (
     stop_agent,
     wait_for,
 )
-from tests.support.gateway import CompletionLoad, served_requests
+from tests.support.gateway import CompletionLoad, requests_in_engine, served_requests
 from workers.models import Node
 
 pytestmark = [
@@ -261,8 +261,17 @@ def test_autoscale_canary_and_slo_rollback_on_real_replicas_fail_no_request(
             interval=1,
             what="the automatic rollback",
         )
-        time.sleep(2)  # requests after the rollback, on the live side only
+        # After the rollback the gateway routes to the live side only: once the staged replica has finished what it
+        # was sent before, more requests through the gateway leave its count where it was.
+        wait_for(lambda: gw.ready_replicas(MODEL) == 1, timeout=30, interval=0.2, what="the gateway's route back")
+        wait_for(
+            lambda: requests_in_engine(ports["green"]) == 0, timeout=120, interval=0.5, what="the staged side idle"
+        )
+        green_after_rollback = served_requests(ports["green"])
+        answered = len(load.statuses)
+        wait_for(lambda: len(load.statuses) >= answered + 6, timeout=120, interval=0.5, what="requests after rollback")
         statuses = load.stop()
+        assert served_requests(ports["green"]) == green_after_rollback
         pair = GatewayEndpoint.objects.get(endpoint_id=live)
         assert pair.serving == "live" and not pair.rollout_auto
         assert set(statuses) == {200}, Counter(statuses)

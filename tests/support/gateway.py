@@ -179,12 +179,13 @@ class GatewayProc:
     def wait_routes(self, model, n, timeout=10):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._ready(model) >= n:
+            if self.ready_replicas(model) >= n:
                 return
             time.sleep(0.1)
         raise AssertionError(f"{model}: not {n} ready replicas in the gateway")
 
-    def _ready(self, model):
+    def ready_replicas(self, model) -> int:
+        """How many replicas the gateway routes `model` to now."""
         # Replica counts are for the monitoring token only (an anonymous /healthz is a status).
         health = self.client.get("/healthz", headers={"Authorization": f"Bearer {HEALTH_TOKEN}"})
         return health.json().get("replicas", {}).get(model, 0)
@@ -237,8 +238,17 @@ class CompletionLoad:
 
 def served_requests(port: int) -> float:
     """Requests a real vLLM replica finished (vllm:request_success_total on its own /metrics)."""
+    return _metric_sum(port, "vllm:request_success_total")
+
+
+def requests_in_engine(port: int) -> float:
+    """Requests a real vLLM replica is running or has waiting (vllm:num_requests_running and _waiting)."""
+    return _metric_sum(port, "vllm:num_requests_running") + _metric_sum(port, "vllm:num_requests_waiting")
+
+
+def _metric_sum(port: int, name: str) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith((name + "{", name + " ")))
 
 
 def chat(model="tiny", stream=False):
