@@ -43,6 +43,9 @@ from console.settings import *  # noqa: E402,F401,F403
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
 STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}  # noqa: F405
 WHITENOISE_USE_FINDERS = True
+# Files looked up when asked for, not indexed when the middleware is made: each test client makes it anew, and the
+# index (a stat of every static file and its compressed forms) cost much of the tests' CPU (docs/ci.md).
+WHITENOISE_AUTOREFRESH = True
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # noqa: F405
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     # One test database file per test run, so runs side by side don't share (and delete) it.
