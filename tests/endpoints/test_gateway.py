@@ -468,11 +468,17 @@ def test_old_side_stops_after_the_drain(admin, gateway):
 def test_real_vllm_two_agents_balancing_streaming_and_failover(
     operator, admin, api_for, model_root, worker_env, redis_conn, tmp_path, gateway
 ):
+    """Two node agents, each with its own replica of one model (the two sides of a blue-green pair): each agent
+    runs only its own node's replica; through the real gateway they balance, stream, and take over from each other
+    when one is killed; Stop leaves no vLLM process (the two agents' check shares this test's two engine starts)."""
+    import psutil
+
     from tests.support.agents import (
         engine_available,
         kill_leftovers,
         start_agent,
         stop_agent,
+        vllm_processes,
         wait_for,
     )
     from tests.support.tiny_models import build_tiny_llama_hf
@@ -515,6 +521,11 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
         early = gw.post("/v1/chat/completions", raw, chat())
         assert early.status_code == 503 and int(early.headers["retry-after"]) > 0, early.text
         wait_for(lambda: Replica.objects.filter(state="ready").count() == 2, timeout=300, interval=1, what="2 ready")
+        for name, agent in agents.items():
+            replica = Replica.objects.get(endpoint__name=f"ep-{name}")
+            assert replica.node.name == name
+            assert psutil.Process(replica.pid).ppid() == agent.pid  # started by that node's own agent
+        assert len(set(Replica.objects.values_list("port", flat=True))) == 2
         live = Endpoint.objects.get(name="ep-gw-a").pk
         assert api.post(f"/api/v1/gateway/endpoints/{live}/canary", {"percent": 50}).status_code == 200
         gw.wait_routes("tiny", 2)
@@ -558,6 +569,11 @@ def test_real_vllm_two_agents_balancing_streaming_and_failover(
             for f in futures:
                 f.result()
         assert results == [200] * 45, results
+
+        for endpoint in Endpoint.objects.all():
+            assert api.post(f"/api/v1/endpoints/{endpoint.pk}/stop").status_code == 200
+        wait_for(lambda: all(e.state == "stopped" for e in Endpoint.objects.all()), timeout=120, what="both stopped")
+        assert vllm_processes(str(path)) == []
     finally:
         for agent in agents.values():
             stop_agent(agent)
