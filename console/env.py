@@ -151,6 +151,10 @@ INHERITED_ENV = frozenset(
     }
 )
 INHERITED_ENV_PREFIXES = ("LC_", "ASCEND_", "ATB_", "HCCL_", "CUDA_", "NVIDIA_", "VLLM_", "OMP_")
+#: The console's own settings (console/settings.py) whose names a prefix above would let through. They are not
+#: vLLM's: vLLM 0.32 warns of every VLLM_* name it does not know, and refuses to start on one under
+#: --fail-on-environ-validation (vllm/platforms/interface.py ``validate_environ``).
+CONSOLE_SETTINGS_NOT_INHERITED = frozenset({"VLLM_CPU_KVCACHE_GIB", "VLLM_ASCEND_VERSION"})
 #: What the console adds to these keeps the host's entries (CANN's Python packages on PYTHONPATH).
 SEARCH_PATHS = frozenset({"PYTHONPATH"})
 #: Allow-lists a host may set, comma-separated: vLLM loads every plugin it finds while VLLM_PLUGINS is unset
@@ -166,7 +170,11 @@ def child_environment(added: Mapping[str, str], *, base: Mapping[str, str] | Non
     goes before the inherited one instead of replacing it, and an allow-list (:data:`ALLOW_LISTS`), which
     joins the inherited one and is dropped where nothing is inherited."""
     base = os.environ if base is None else base
-    env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
+    env = {
+        k: v
+        for k, v in base.items()
+        if (k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)) and k not in CONSOLE_SETTINGS_NOT_INHERITED
+    }
     for key, value in added.items():
         if key in ALLOW_LISTS:
             if key in env:

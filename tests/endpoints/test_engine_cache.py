@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from console.env import child_environment
+from console.env import CONSOLE_SETTINGS_NOT_INHERITED, INHERITED_ENV_PREFIXES, child_environment
 from endpoints.commands import CommandSpecError, ContainerSpec, build_command, build_container_command, validate_env
 from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, CPU_AOT_PLUGIN_NAME, ENGINE_CACHE_ENV, engine_cache_dir_in
 from endpoints.launch import engine_cache_dir, make_engine_cache_dir, replica_process
@@ -173,6 +173,18 @@ def test_the_consoles_directory_wins_over_an_inherited_one():
         base={"VLLM_CACHE_ROOT": "/home/agent/.cache/vllm", "PATH": "/usr/bin", "TORCHINDUCTOR_CACHE_DIR": "/tmp/x"},
     )
     assert env["VLLM_CACHE_ROOT"] == f"{CACHE}/vllm" and env["TORCHINDUCTOR_CACHE_DIR"] == f"{CACHE}/torchinductor"
+
+
+def test_the_consoles_own_settings_do_not_reach_the_engine():
+    """The settings console/settings.py reads from the environment under a prefix replicas inherit (VLLM_, OMP_,
+    ...) are the console's: none reaches a child, where vLLM would warn of an unknown VLLM_* variable, or refuse to
+    start under --fail-on-environ-validation (vllm/platforms/interface.py ``validate_environ``). A new such setting
+    fails here until it is listed."""
+    source = (Path(__file__).resolve().parents[2] / "console" / "settings.py").read_text()
+    read = set(re.findall(r'env_[a-z_]+\(\s*"([A-Z0-9_]+)"', source))
+    assert {name for name in read if name.startswith(INHERITED_ENV_PREFIXES)} == CONSOLE_SETTINGS_NOT_INHERITED
+    base = {"PATH": "/usr/bin", "VLLM_LOGGING_LEVEL": "DEBUG", **dict.fromkeys(CONSOLE_SETTINGS_NOT_INHERITED, "1")}
+    assert child_environment({}, base=base) == {"PATH": "/usr/bin", "VLLM_LOGGING_LEVEL": "DEBUG"}
 
 
 def test_a_container_mounts_the_cache_read_write_at_the_same_path():
