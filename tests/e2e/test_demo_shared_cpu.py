@@ -454,14 +454,14 @@ def test_demo_endpoint_launched_once_serves_every_check(
 ):
     api = api_for(operator)
     artifact_id, model_dir = register_demo_copy(api, tmp_path, settings)
-    # The node's engine cache is the stream's (DATA_DIR's, in this process's settings as in the agent's: the
-    # preview's folders are the agent's), as a node keeps one: an earlier start may have done vLLM's inspection of
-    # the model class (a subprocess importing vLLM, kept in its modelinfos).
+    cache = tmp_path / "cache"
+    settings.ENDPOINT_ENGINE_CACHE_ROOT = str(cache)  # the preview's folders are the agent's
     settings.BENCH_DATA_DIR = tmp_path / "bench"
     settings.ENDPOINT_PROFILE_ROOT = tmp_path / "profiles"
     env = {
         **worker_env,
         "MODEL_ROOTS": str(model_dir.parent),
+        "ENDPOINT_ENGINE_CACHE_ROOT": str(cache),
         "ENDPOINT_PROFILE_ROOT": str(settings.ENDPOINT_PROFILE_ROOT),
     }
     # A scrape a second: phase 6 waits for the speculating replica's figures in the telemetry.

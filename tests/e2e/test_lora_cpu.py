@@ -85,9 +85,7 @@ def test_lora_adapter_on_vllm_cpu_matches_peft_and_loads_at_run_time(
     assert adapter["inspection"]["rank"] == 8 and adapter["inspection"]["base_architecture"] == "LlamaForCausalLM"
 
     marker = str(model_dir)
-    # The node's engine cache is the stream's (DATA_DIR's), as a node keeps one: an earlier start there has done
-    # vLLM's inspection of the model class (a subprocess importing vLLM, kept in its modelinfos).
-    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent)}
+    env = {**worker_env, "MODEL_ROOTS": str(model_dir.parent), "ENDPOINT_ENGINE_CACHE_ROOT": str(tmp_path / "cache")}
     kill_leftovers(marker)
     agent = start_agent(env, "lora-node", log_path=tmp_path / "agent.log")
     try:
