@@ -19,6 +19,7 @@ from endpoints.gateway import services as gateway
 from endpoints.gateway.controller import evaluate_rollouts
 from endpoints.gateway.models import GatewayEndpoint, GatewayKey
 from endpoints.gateway.rollout import HOLD, PROMOTE, ROLLBACK
+from endpoints.gateway.selectors import gateway_samples
 from endpoints.models import Endpoint, EndpointEvent, Replica
 from evaluations.models import Evaluation, GateRun
 from tests.support.agents import engine_available, kill_leftovers, start_agent, stop_agent, wait_for
@@ -169,9 +170,11 @@ def _clean_window(blue: Endpoint) -> None:
 
 
 def _traffic(proxy, endpoint: Endpoint, n: int = 4) -> None:
-    """Real requests to the staged side through the gateway (a key for that side alone): the SLO window's figures."""
+    """Real requests to the staged side through the gateway (a key for that side alone): the SLO window's figures,
+    once the gateway has stored them (its flush, every second). A new key needs no wait: the gateway looks up a key
+    it has not seen."""
     _, raw = gateway.key_create(name=f"traffic to {endpoint.name}", endpoints=[f"={endpoint.name}"])
-    time.sleep(2)  # the gateway's key cache
+    stored_before = _stored_requests(endpoint)
     for _ in range(n):
         answer = proxy.client.post(  # the first request warms the engine up: minutes on a loaded host
             "/v1/completions",
@@ -180,7 +183,14 @@ def _traffic(proxy, endpoint: Endpoint, n: int = 4) -> None:
             timeout=600,
         )
         assert answer.status_code == 200, answer.text
-    time.sleep(3)  # flushed every second
+    wait_for(
+        lambda: _stored_requests(endpoint) >= stored_before + n, timeout=60, interval=0.5, what="the requests stored"
+    )
+
+
+def _stored_requests(endpoint: Endpoint) -> int:
+    """The requests the gateway stored for the endpoint: what the rollout controller's window counts."""
+    return sum(sample.requests for sample in gateway_samples(endpoint.pk, since=0, until=time.time() + 1))
 
 
 def _gate_pass(proxy, staged: Endpoint):
