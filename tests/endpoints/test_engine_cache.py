@@ -20,6 +20,7 @@ from endpoints.commands.cache import CPU_AOT_PLUGIN_DIR, CPU_AOT_PLUGIN_NAME, EN
 from endpoints.launch import engine_cache_dir, make_engine_cache_dir, replica_process
 from endpoints.models import Endpoint, Replica
 from endpoints.reconcile import ReplicaWorkload
+from tests.support import ROOT
 from tests.support.agents import ENGINE_PYTHON, engine_available
 from tests.support.command_specs import spec
 from workers.agent.handles import ProcessHandle
@@ -180,7 +181,7 @@ def test_the_consoles_own_settings_do_not_reach_the_engine():
     ...) are the console's: none reaches a child, where vLLM would warn of an unknown VLLM_* variable, or refuse to
     start under --fail-on-environ-validation (vllm/platforms/interface.py ``validate_environ``). A new such setting
     fails here until it is listed."""
-    source = (Path(__file__).resolve().parents[2] / "console" / "settings.py").read_text()
+    source = (ROOT / "console" / "settings.py").read_text()
     read = set(re.findall(r'env_[a-z_]+\(\s*"([A-Z0-9_]+)"', source))
     assert {name for name in read if name.startswith(INHERITED_ENV_PREFIXES)} == CONSOLE_SETTINGS_NOT_INHERITED
     base = {"PATH": "/usr/bin", "VLLM_LOGGING_LEVEL": "DEBUG", **dict.fromkeys(CONSOLE_SETTINGS_NOT_INHERITED, "1")}
