@@ -45,6 +45,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from endpoints.bench.models import BenchmarkRun
 from endpoints.gateway import services as gateway_services
@@ -391,13 +392,15 @@ def speculation_answers_as_the_plain_demo(api, artifact_id: int, plain: list[str
 
 
 def _by_source(replica: Replica) -> dict[str, float]:
-    out = {}
-    for line in _metrics(replica).splitlines():
-        if line.startswith("vllm:prompt_tokens_by_source_total{"):
-            source = line.split('source="', 1)[1].split('"', 1)[0]
-            out[source] = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:external_prefix_cache_hits_total{"):
-            out["external_hits"] = float(line.rsplit(" ", 1)[1])
+    """The replica's prompt tokens by where their KV came from (vllm:prompt_tokens_by_source, by its `source`
+    label), and its external prefix-cache hits as the console reads them."""
+    text = _metrics(replica)
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:prompt_tokens_by_source_total":
+                out[sample.labels["source"]] = out.get(sample.labels["source"], 0.0) + sample.value
+    out["external_hits"] = parse_metrics(text).kv_external_hits
     return out
 
 
