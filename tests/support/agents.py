@@ -1,6 +1,7 @@
 """Running real node agents (subprocesses) against the test database."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,8 +32,40 @@ def engine_available() -> bool:
     return Path(ENGINE_PYTHON).exists()
 
 
+# vLLM keeps what it learns by importing a model's class (its interfaces) in <VLLM_CACHE_ROOT>/modelinfos, checked
+# against the hash of the class's module (vllm/model_executor/models/registry.py, _LazyRegisteredModel.
+# inspect_model_cls); a start without it runs that inspection in a process of its own. A real node keeps its cache
+# folder between starts (endpoints.launch.engine_cache_dir), but each test's agent is a new node: it is given the
+# model information the test run's earlier nodes made, as a node that has served before has it. Compiled code is
+# not shared: it stays in each node's own folder, as on real nodes.
+_NODE_CACHES: list[Path] = []
+
+
+def _modelinfo_seed() -> Path:
+    return Path(os.environ["DATA_DIR"]) / "engine-modelinfos"
+
+
+def _give_model_information(env: dict, node: str) -> None:
+    from endpoints.launch import engine_cache_dir
+    from workers.models import Node
+
+    seed = _modelinfo_seed()
+    for folder in _NODE_CACHES:  # what the earlier nodes learnt
+        if (folder / "vllm" / "modelinfos").is_dir():
+            shutil.copytree(folder / "vllm" / "modelinfos", seed, dirs_exist_ok=True)
+    root = Path(
+        env.get("ENDPOINT_ENGINE_CACHE_ROOT") or Path(env.get("DATA_DIR") or os.environ["DATA_DIR"]) / "engine-cache"
+    )
+    folder = root / engine_cache_dir(Node(name=node)).name
+    _NODE_CACHES.append(folder)
+    if seed.is_dir() and not (folder / "vllm" / "modelinfos").exists():
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copytree(seed, folder / "vllm" / "modelinfos")
+
+
 def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
     full = {**env, **AGENT_ENV, "ENGINE_PYTHON": ENGINE_PYTHON, "PYTHONUNBUFFERED": "1", **(extra or {})}
+    _give_model_information(full, node)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
     return subprocess.Popen(
         [sys.executable, "manage.py", "agent", "--node", node],
