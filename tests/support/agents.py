@@ -41,26 +41,26 @@ def engine_available() -> bool:
 _NODE_CACHES: list[Path] = []
 
 
-def _modelinfo_seed() -> Path:
-    return Path(os.environ["DATA_DIR"]) / "engine-modelinfos"
+def _modelinfos(node_cache: Path) -> Path:
+    from endpoints.commands.cache import engine_cache_env
+
+    return Path(engine_cache_env(str(node_cache))["VLLM_CACHE_ROOT"]) / "modelinfos"
 
 
 def _give_model_information(env: dict, node: str) -> None:
     from endpoints.launch import engine_cache_dir
     from workers.models import Node
 
-    seed = _modelinfo_seed()
-    for folder in _NODE_CACHES:  # what the earlier nodes learnt
-        if (folder / "vllm" / "modelinfos").is_dir():
-            shutil.copytree(folder / "vllm" / "modelinfos", seed, dirs_exist_ok=True)
     root = Path(
         env.get("ENDPOINT_ENGINE_CACHE_ROOT") or Path(env.get("DATA_DIR") or os.environ["DATA_DIR"]) / "engine-cache"
     )
     folder = root / engine_cache_dir(Node(name=node)).name
-    _NODE_CACHES.append(folder)
-    if seed.is_dir() and not (folder / "vllm" / "modelinfos").exists():
+    learnt = [_modelinfos(earlier) for earlier in _NODE_CACHES if _modelinfos(earlier).is_dir()]
+    if learnt:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        shutil.copytree(seed, folder / "vllm" / "modelinfos")
+    for earlier in learnt:
+        shutil.copytree(earlier, _modelinfos(folder), dirs_exist_ok=True)
+    _NODE_CACHES.append(folder)
 
 
 def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
