@@ -55,12 +55,14 @@ def _give_model_information(env: dict, node: str) -> None:
         env.get("ENDPOINT_ENGINE_CACHE_ROOT") or Path(env.get("DATA_DIR") or os.environ["DATA_DIR"]) / "engine-cache"
     )
     folder = root / engine_cache_dir(Node(name=node)).name
-    learnt = [_modelinfos(earlier) for earlier in _NODE_CACHES if _modelinfos(earlier).is_dir()]
+    # A restarted agent keeps its node's folder: it is no source of its own copy (shutil refuses a file onto itself).
+    learnt = [_modelinfos(earlier) for earlier in _NODE_CACHES if earlier != folder and _modelinfos(earlier).is_dir()]
     if learnt:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     for earlier in learnt:
         shutil.copytree(earlier, _modelinfos(folder), dirs_exist_ok=True)
-    _NODE_CACHES.append(folder)
+    if folder not in _NODE_CACHES:
+        _NODE_CACHES.append(folder)
 
 
 def start_agent(env: dict, node: str, *, extra: dict | None = None, log_path: Path | None = None) -> subprocess.Popen:
