@@ -83,6 +83,8 @@ from endpoints.services import endpoint_wake
 
 #: The "model" of the request a task serves (each request runs in a task of its own, on both data paths).
 REQUEST_MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("gateway_request_model", default=None)
+# This request's ticket in the usage journal (usage_journal.py), set once it is admitted and about to be relayed.
+REQUEST_TICKET: contextvars.ContextVar[int | None] = contextvars.ContextVar("gateway_request_ticket", default=None)
 log = logging.getLogger("console.gateway")
 
 # The client's request headers a replica gets: an allow-list (a client's Host, cookies, proxy or hop-by-hop headers
@@ -585,6 +587,8 @@ class Gateway:
         watch = forwarder.watch(send) if forwarder is not None else _ClientWatch(receive, send)
         # A disaggregated endpoint's request goes to a prefill replica, then a decode one (proxy_disaggregated).
         relay = self.proxy_disaggregated if any(b.role for b in backends) else self.proxy
+        ticket = self.journal.ticket() if self.journal is not None else None
+        REQUEST_TICKET.set(ticket)
         try:
             return await relay(
                 watch.send,
@@ -612,6 +616,8 @@ class Gateway:
             return await self.finish(None, key, None, start, 499)
         finally:
             watch.close()
+            if ticket is not None and self.journal is not None:
+                self.journal.forget(ticket)  # settled by finish() as a rule; this covers an exception
 
     async def admit(self, key, estimate):
         """The request's admission by the key's limits and budgets (endpoints/gateway/limits.py). Refused by a budget in
@@ -776,23 +782,44 @@ class Gateway:
             ttft=ttft,
             tokens=tokens,
         )
-        model = REQUEST_MODEL.get()
-        adapter = ""
-        if endpoint_id is not None and model is not None and endpoint_id in self.table.adapters.get(model, ()):
-            self.stats.record_adapter(endpoint_id=endpoint_id, name=model, status=status, tokens=tokens)
-            adapter = model  # the row's model is the endpoint's (store_gateway_stats reads it)
-        if key is not None:
-            # A model the table does not know is metered as "": a client cannot make rows of names it makes up.
-            asked = model if (model is not None and model in self.table.known) or adapter else ""
-            hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
-            row = (hour, key.team_id, key.id, key.name, endpoint_id, asked, adapter)
-            metered = self.journal.record if self.journal is not None else self.stats.record_usage
-            metered(row=row, status=status, prompt=prompt, completion=completion)
+        if adapter := self.adapter_asked(endpoint_id):
+            self.stats.record_adapter(endpoint_id=endpoint_id, name=adapter, status=status, tokens=tokens)
+        if (row := self.usage_row(key, endpoint_id)) is not None:
+            if self.journal is not None:
+                ticket = REQUEST_TICKET.get()
+                REQUEST_TICKET.set(None)
+                self.journal.record(row=row, status=status, prompt=prompt, completion=completion, ticket=ticket)
+            else:
+                self.stats.record_usage(row=row, status=status, prompt=prompt, completion=completion)
         if reservation is not None:
             assert self.limits is not None  # a reservation comes from the limits (made at startup)
             totals = await self.limits.settle(reservation, tokens)  # the real usage replaces the estimate
             self.soft_alerts(totals)
         return status
+
+    def usage_row(self, key, endpoint_id) -> tuple | None:
+        """The UsageHour row this request of `key` counts in, at this hour: (hour, team id, key id, key name, endpoint
+        id, model asked, LoRA adapter or ""); None without a key."""
+        if key is None:
+            return None
+        model, adapter = REQUEST_MODEL.get(), self.adapter_asked(endpoint_id)
+        # A model the table does not know is metered as "": a client cannot make rows of names it makes up.
+        asked = model if (model is not None and model in self.table.known) or adapter else ""
+        hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+        return (hour, key.team_id, key.id, key.name, endpoint_id, asked, adapter)
+
+    def adapter_asked(self, endpoint_id) -> str:
+        """The LoRA adapter this request asked for by name, where `endpoint_id` serves it as one; else ""."""
+        model = REQUEST_MODEL.get()
+        if endpoint_id is not None and model is not None and endpoint_id in self.table.adapters.get(model, ()):
+            return model  # its usage row's model is the endpoint's (store_gateway_stats reads it)
+        return ""
+
+    def dispatching(self, key, endpoint_id: int) -> None:
+        """The request goes to a replica of `endpoint_id` now: journaled as in flight until it is settled."""
+        ticket = REQUEST_TICKET.get()
+        if ticket is not None and self.journal is not None and (row := self.usage_row(key, endpoint_id)) is not None:
+            self.journal.dispatched(ticket, row=row)
 
     def store_orphaned_journals(self) -> None:
         """The usage journals of this host's gateways that died (killed, or stopped before their last flush): what
@@ -802,7 +829,9 @@ class Gateway:
         for name, fd in usage_journal.orphans(directory, own=self.journal.name):
             done = False
             try:
-                stored = store_journal(journal=name, segments=usage_journal.segments_of(directory, name), finished=True)
+                stored = store_journal(
+                    journal=name, segments=usage_journal.segments_of(directory, name), finished=True, died=True
+                )
                 done = True
                 if stored:
                     log.warning("gateway: stored %d usage segment(s) a stopped gateway (%s) had not", stored, name)
@@ -883,6 +912,7 @@ class Gateway:
                 )
             tried.add(backend.url)
             last_endpoint = backend.endpoint_id
+            self.dispatching(key, backend.endpoint_id)
             self.outstanding[backend.url] += 1
             self.ep_outstanding[backend.endpoint_id] += 1
             try:
@@ -1016,6 +1046,7 @@ class Gateway:
                     reservation=reservation,
                 )
             tried.add(backend.url)
+            self.dispatching(key, backend.endpoint_id)
             self.outstanding[backend.url] += 1
             self.ep_outstanding[backend.endpoint_id] += 1
             try:

@@ -109,6 +109,8 @@ class UsageHour(models.Model):
     adapter = models.CharField(max_length=200, blank=True)  # a LoRA adapter's name, else ""
     requests = models.BigIntegerField(default=0)
     errors = models.BigIntegerField(default=0)
+    # Of `requests`, those in flight on a gateway that died (killed): sent to a replica, answer and tokens unknown.
+    interrupted = models.BigIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
 

@@ -290,17 +290,23 @@ def store_usage(stats) -> int:
     return written
 
 
-def store_journal(*, journal: str, segments: list[tuple[int, Path]], finished: bool = False) -> int:
+def store_journal(*, journal: str, segments: list[tuple[int, Path]], finished: bool = False, died: bool = False) -> int:
     """Store a usage journal's finished segments (usage_journal.py), oldest first: each segment's usage and the
     journal's mark in one transaction, then its file deleted; a segment the mark already covers (its gateway died
     between the two) is only deleted. `finished`: the journal is done (its gateway stopped, or died and this is
-    all it left): its mark goes too. Returns the segments stored."""
+    all it left): its mark goes too. `died`: its gateway died; the requests in flight on it (the tickets its
+    segments leave open) go with the last segment, as interrupted requests. Returns the segments stored."""
     stored = 0
-    for seq, path in segments:
+    in_flight: dict[int, tuple] = {}
+    for number, (seq, path) in enumerate(segments, 1):
+        usage = read_segment(path, in_flight=in_flight)
+        if died and number == len(segments):
+            for row in in_flight.values():
+                usage.record_interrupted(row=row)
         with transaction.atomic():
             mark = UsageJournalMark.objects.select_for_update().filter(journal=journal).first()
             if mark is None or mark.seq < seq:
-                store_usage(read_segment(path))
+                store_usage(usage)
                 UsageJournalMark.objects.update_or_create(journal=journal, defaults={"seq": seq})
                 stored += 1
         path.unlink(missing_ok=True)

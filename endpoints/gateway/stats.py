@@ -32,7 +32,7 @@ class Stats:
         )
         # Metered usage (UsageHour), by (hour, team id, key id, key name, endpoint id, model, adapter name or "")
         self.usage: defaultdict[tuple, dict[str, int]] = defaultdict(
-            lambda: {"requests": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0}
+            lambda: {"requests": 0, "errors": 0, "interrupted": 0, "prompt_tokens": 0, "completion_tokens": 0}
         )
         # Soft budgets past 80 % / 100 % of their period: (budget id, percent, period start, reset) -> tokens used
         self.budget_alerts: dict[tuple, int] = {}
@@ -44,6 +44,12 @@ class Stats:
         u["completion_tokens"] += completion
         if status >= 400:
             u["errors"] += 1
+
+    def record_interrupted(self, *, row: tuple):
+        """A request in flight on a gateway that died: the replica received it; its answer and tokens are unknown."""
+        u = self.usage[row]
+        u["requests"] += 1
+        u["interrupted"] += 1
 
     def record_adapter(self, *, endpoint_id, name, status, tokens):
         a = self.adapter[(endpoint_id, name)]

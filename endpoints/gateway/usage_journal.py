@@ -11,12 +11,19 @@ its host restarted it) and stores their segments the same way. The journals of o
 (GATEWAY_USAGE_JOURNAL_DIR), so the gateway restarted in a killed one's place, or any other on that host, stores what
 it had not.
 
+A request sent to a replica is journaled too (`dispatched`, a line naming its ticket), and its settled line names the
+ticket: the requests a killed gateway had in flight are the tickets its journal left open. The replica received
+them, so they are stored as requests, counted as interrupted (their answer and tokens are unknown). Each new segment
+starts with the tickets open at its start, so a journal's last segments say what was in flight whatever was
+stored before.
+
 Written by hand: a few lines over flock and O_APPEND; no library journals counters for exactly-once storage."""
 
 from __future__ import annotations
 
 import fcntl
 import glob
+import itertools
 import json
 import logging
 import os
@@ -48,22 +55,48 @@ class UsageJournal:
         fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a name is one live gateway's
         self.seq = 0
         self.fd = -1
+        self.tickets = itertools.count(1)
+        self.open: dict[int, list] = {}  # tickets dispatched and not yet settled: their row, as journaled
         self.rotate()
 
-    def record(self, *, row: tuple, status: int, prompt: int, completion: int) -> None:
-        """One settled request: its UsageHour row (hour, team id, key id, key name, endpoint id, model, adapter) and
-        counts, as one line in one write."""
+    def ticket(self) -> int:
+        """A number for one request, unique in this journal."""
+        return next(self.tickets)
+
+    def dispatched(self, ticket: int, *, row: tuple) -> None:
+        """The request is on its way to a replica (again, on a retry: the row of the latest): in flight until it is
+        settled (`record`) or `forget`-ten."""
         hour, *rest = row
-        line = json.dumps([hour.isoformat(), *rest, status, prompt, completion]) + "\n"
-        os.write(self.fd, line.encode())
+        self.open[ticket] = [hour.isoformat(), *rest]
+        self._write([{"open": ticket, "row": self.open[ticket]}])
+
+    def record(self, *, row: tuple, status: int, prompt: int, completion: int, ticket: int | None = None) -> None:
+        """One settled request: its UsageHour row (hour, team id, key id, key name, endpoint id, model, adapter) and
+        counts, and the ticket it settles, as one line in one write."""
+        if ticket is not None:  # None: never dispatched (refused before)
+            self.open.pop(ticket, None)
+        hour, *rest = row
+        self._write([[hour.isoformat(), *rest, status, prompt, completion, ticket]])
+
+    def forget(self, ticket: int) -> None:
+        """The request ended without a settled line (it raised, or the client left before a replica answered it
+        was held for): no longer in flight."""
+        if self.open.pop(ticket, None) is not None:
+            self._write([{"close": ticket}])
 
     def rotate(self) -> None:
-        """Start a new segment; the one before is finished (listed by `segments` until `stored`)."""
+        """Start a new segment, beginning with the tickets open now; the one before is finished (listed by `segments`
+        until stored)."""
         if self.fd >= 0:
             os.close(self.fd)
         self.seq += 1
         path = self.directory / _segment_name(self.name, self.seq)
         self.fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        if self.open:
+            self._write([{"open": ticket, "row": row} for ticket, row in self.open.items()])
+
+    def _write(self, lines: list) -> None:
+        os.write(self.fd, "".join(json.dumps(line) + "\n" for line in lines).encode())
 
     def segments(self) -> list[tuple[int, Path]]:
         """This journal's finished segments, oldest first."""
@@ -117,18 +150,32 @@ def release(directory: Path, name: str, fd: int, *, done: bool) -> None:
     os.close(fd)
 
 
-def read_segment(path: Path) -> Stats:
-    """A segment's usage, summed per UsageHour row (a line cut short, by a power cut, is skipped and logged)."""
+def read_segment(path: Path, *, in_flight: dict[int, tuple] | None = None) -> Stats:
+    """A segment's usage, summed per UsageHour row (a line cut short, by a power cut, is skipped and logged).
+    `in_flight` (ticket -> row), carried from the journal's segments before: the tickets this one opens are added,
+    those it settles taken out."""
     stats = Stats()
+    in_flight = {} if in_flight is None else in_flight
     with open(path, encoding="utf-8") as lines:
         for number, line in enumerate(lines, 1):
             try:
-                hour, team_id, key_id, key_name, endpoint_id, model, adapter, status, prompt, completion = json.loads(
-                    line
-                )
-                row = (datetime.fromisoformat(hour), team_id, key_id, key_name, endpoint_id, model, adapter)
-            except (ValueError, TypeError):
+                entry = json.loads(line)
+                if isinstance(entry, dict):
+                    if "open" in entry:
+                        in_flight[int(entry["open"])] = _row(entry["row"])
+                    else:
+                        in_flight.pop(int(entry["close"]), None)
+                    continue
+                *fields, status, prompt, completion, ticket = entry if len(entry) == 11 else [*entry, None]
+                row = _row(fields)
+            except (ValueError, TypeError, KeyError):
                 log.warning("gateway: usage journal %s line %d is cut short; skipped", path.name, number)
                 continue
+            in_flight.pop(ticket, None)
             stats.record_usage(row=row, status=status, prompt=prompt, completion=completion)
     return stats
+
+
+def _row(fields: list) -> tuple:
+    hour, team_id, key_id, key_name, endpoint_id, model, adapter = fields
+    return (datetime.fromisoformat(hour), team_id, key_id, key_name, endpoint_id, model, adapter)

@@ -31,7 +31,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 }
 #: The names the rows carry for those fields (the API's and the CSV's columns).
 FIELD_NAMES = {"team__name": "team", "key_name": "key", "endpoint_name": "endpoint"}
-COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens")
+COUNTS = ("requests", "errors", "interrupted", "prompt_tokens", "completion_tokens")
 DEFAULT_DAYS = 7
 
 
@@ -101,7 +101,7 @@ def hour_floor(moment: datetime) -> datetime:
 
 def usage_rows(*, user, query: UsageQuery) -> list[dict]:
     """Sums of the hourly rows in the window, one row per group (one row of totals without group_by), each with
-    requests, errors, prompt_tokens, completion_tokens and total_tokens."""
+    requests, errors, interrupted, prompt_tokens, completion_tokens and total_tokens."""
     rows = visible(UsageHour.objects.all(), user).filter(hour__gte=query.since, hour__lt=query.until)
     if query.team_id is not None:
         rows = rows.filter(team_id=query.team_id)

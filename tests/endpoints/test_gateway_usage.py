@@ -374,3 +374,54 @@ def test_a_killed_gateways_journal_is_stored_once_by_another(tmp_path):
     gateway.store_orphaned_journals()
     assert UsageHour.objects.get(hour=hour).requests == 1  # once
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alive.000000000001.jsonl", "alive.lock"]
+
+
+IN_FLIGHT_GATEWAY = """
+import os, signal, sys
+from datetime import datetime, UTC
+from endpoints.gateway.usage_journal import UsageJournal
+journal = UsageJournal(sys.argv[1], "in-flight")
+hour = datetime(2026, 12, 6, 10, tzinfo=UTC)
+row = lambda endpoint: (hour, int(sys.argv[2]), None, "k", endpoint, "tiny", "")
+settled, across, retried, left, forgotten = (journal.ticket() for _ in range(5))
+for ticket in (settled, across, retried, left, forgotten):
+    journal.dispatched(ticket, row=row(7))
+journal.record(row=row(7), status=200, prompt=10, completion=5, ticket=settled)
+journal.forget(forgotten)
+journal.rotate()  # a flush, whose segment the test stores as the gateway did
+journal.dispatched(retried, row=row(8))  # its replica could not be reached: another endpoint's
+journal.record(row=row(7), status=200, prompt=10, completion=5, ticket=across)
+journal.rotate()  # a flush that never reached the database
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.django_db
+def test_the_requests_in_flight_on_a_killed_gateway_are_stored_as_interrupted(tmp_path):
+    """A request sent to a replica is journaled as in flight until it is settled; each new segment starts with the
+    tickets still open. A gateway killed with two requests in flight, both dispatched before a segment the gateway
+    stored itself: both are stored as interrupted requests (no tokens, not errors) with the row of their last
+    dispatch; settled and forgotten requests are not."""
+    import subprocess
+    import sys
+
+    from console.models import Team
+    from endpoints.gateway import usage_journal
+    from endpoints.gateway.asgi import Gateway
+    from endpoints.gateway.usage_journal import UsageJournal
+    from tests.support import ROOT
+
+    team = Team.default_id()
+    killed = subprocess.run([sys.executable, "-c", IN_FLIGHT_GATEWAY, str(tmp_path), str(team)], cwd=ROOT, check=False)
+    assert killed.returncode == -signal.SIGKILL
+    first, *_ = usage_journal.segments_of(tmp_path, "in-flight")
+    services.store_journal(journal="in-flight", segments=[first])  # the gateway's own flush: in flight stays so
+    assert list(UsageHour.objects.values_list("endpoint_id", "requests", "interrupted")) == [(7, 1, 0)]
+    gateway = Gateway()
+    gateway.journal = UsageJournal(tmp_path, "alive")
+    gateway.store_orphaned_journals()
+    rows = UsageHour.objects.order_by("endpoint_id").values_list(
+        "endpoint_id", "requests", "errors", "interrupted", "prompt_tokens", "completion_tokens"
+    )
+    assert list(rows) == [(7, 3, 0, 1, 20, 10), (8, 1, 0, 1, 0, 0)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alive.000000000001.jsonl", "alive.lock"]

@@ -24,7 +24,20 @@ from tests.support.accounts import make_user
 HOUR = datetime(2026, 3, 2, 10, tzinfo=UTC)
 
 
-def row(team, key, *, hour=HOUR, endpoint=None, model="m", adapter="", requests=1, errors=0, prompt=10, completion=5):
+def row(
+    team,
+    key,
+    *,
+    hour=HOUR,
+    endpoint=None,
+    model="m",
+    adapter="",
+    requests=1,
+    errors=0,
+    interrupted=0,
+    prompt=10,
+    completion=5,
+):
     return UsageHour.objects.create(
         hour=hour,
         team=team,
@@ -36,6 +49,7 @@ def row(team, key, *, hour=HOUR, endpoint=None, model="m", adapter="", requests=
         adapter=adapter,
         requests=requests,
         errors=errors,
+        interrupted=interrupted,
         prompt_tokens=prompt,
         completion_tokens=completion,
     )
@@ -78,13 +92,30 @@ def test_usage_api_groups_sums_and_filters_to_the_users_teams(teams):
     research, default = teams["research"], teams["default"]
     row(research, teams["ours"], endpoint=teams["endpoint"], prompt=10, completion=5)
     row(research, teams["ours"], hour=HOUR + timedelta(hours=1), endpoint=teams["endpoint"], adapter="sql", errors=1)
-    row(research, teams["ours"], hour=HOUR + timedelta(days=1), model="other", prompt=100, completion=1)
+    # Two requests, one of them in flight on a gateway that died (its tokens unknown).
+    row(
+        research,
+        teams["ours"],
+        hour=HOUR + timedelta(days=1),
+        model="other",
+        requests=2,
+        interrupted=1,
+        prompt=100,
+        completion=1,
+    )
     row(default, teams["theirs"], prompt=1000, completion=1000)
     vic = ApiClient(teams["vic"])
     totals = vic.get(f"/api/v1/usage?{window()}")
     assert totals.status_code == 200, totals.content
     assert totals.json()["rows"] == [
-        {"requests": 3, "errors": 1, "prompt_tokens": 120, "completion_tokens": 11, "total_tokens": 131}
+        {
+            "requests": 4,
+            "errors": 1,
+            "interrupted": 1,
+            "prompt_tokens": 120,
+            "completion_tokens": 11,
+            "total_tokens": 131,
+        }
     ]
     by_day_model = vic.get(f"/api/v1/usage?{window(group_by='day,model')}").json()["rows"]
     assert [(r["day"][:10], r["model"], r["total_tokens"]) for r in by_day_model] == [
@@ -139,13 +170,14 @@ def test_usage_csv_makes_formula_cells_inert(teams):
             "adapter",
             "requests",
             "errors",
+            "interrupted",
             "prompt_tokens",
             "completion_tokens",
             "total_tokens",
         ]
         assert rows[1:] == [
-            ["'=HYPERLINK(1)", str(key.pk), "'+cmd", "'@sum", "1", "0", "3", "4", "7"],
-            ["'=HYPERLINK(1)", str(key.pk), "'-x", "'\tTab", "1", "0", "10", "5", "15"],
+            ["'=HYPERLINK(1)", str(key.pk), "'+cmd", "'@sum", "1", "0", "0", "3", "4", "7"],
+            ["'=HYPERLINK(1)", str(key.pk), "'-x", "'\tTab", "1", "0", "0", "10", "5", "15"],
         ]
 
 
