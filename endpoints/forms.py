@@ -45,6 +45,16 @@ CONFIG_INPUTS = {
     "autoscale_max_replicas": ("autoscale", "max_replicas"),
     "autoscale_target_waiting": ("autoscale", "target_waiting"),
 }
+#: The prefill/decode roles' inputs (endpoints.roles): field -> (role, its key). Any of them gives the launch roles,
+#: which then need both.
+ROLE_INPUTS = {
+    "prefill_replicas": ("prefill", "replicas"),
+    "prefill_node": ("prefill", "node"),
+    "prefill_devices": ("prefill", "devices"),
+    "decode_replicas": ("decode", "replicas"),
+    "decode_node": ("decode", "node"),
+    "decode_devices": ("decode", "devices"),
+}
 #: The vLLM option each field becomes, shown under its label.
 FLAGS = {
     "artifact": "--model",
@@ -77,6 +87,13 @@ FLAGS = {
     "max_loras": "--max-loras",
     "max_cpu_loras": "--max-cpu-loras",
 }
+
+
+def _device_ids(text: str) -> list[int]:
+    try:
+        return [int(d) for d in re.split(r"[,\s]+", text) if d]
+    except ValueError:
+        raise ValidationError("Devices are numbers, e.g. 0,1.") from None
 
 
 class AdapterIdsField(forms.Field):
@@ -303,6 +320,24 @@ class EndpointLaunchForm(forms.Form):
         "(held meanwhile).",
     )
 
+    # Prefill/decode disaggregation (endpoints.roles): each role's replicas, node and devices (ROLE_INPUTS).
+    prefill_replicas = forms.IntegerField(
+        required=False,
+        label="Prefill replicas",
+        min_value=1,
+        help_text="replicas that only prefill (their KV goes to the decode replicas); with roles, the Replicas, Node "
+        "and Devices above stay blank. The KV connector: KV transfer in Ascend and config overrides.",
+    )
+    prefill_node = forms.CharField(required=False, label="Prefill node")
+    prefill_devices = forms.CharField(required=False, label="Prefill devices", help_text="ids on that node, e.g. 0.")
+    decode_replicas = forms.IntegerField(
+        required=False, label="Decode replicas", min_value=1, help_text="replicas that decode what was prefilled."
+    )
+    decode_node = forms.CharField(required=False, label="Decode node")
+    decode_devices = forms.CharField(
+        required=False, label="Decode devices", help_text="ids on that node, apart from the prefill role's."
+    )
+
     # Sent by the launch page, whose boxes are all shown (a recipe's ticked, by static/launch_form.js): an unticked box
     # is then "off", over a recipe's "on". Without it (a bare POST), an unticked box is not given.
     boxes_shown = forms.BooleanField(required=False, widget=forms.HiddenInput)
@@ -325,6 +360,17 @@ class EndpointLaunchForm(forms.Form):
                 self.add_error(field, f"{key} is also in the JSON box below, as {combined[key]!r}: give it once.")
                 continue
             data[config] = {**combined, key: value}
+        roles: dict[str, dict] = {}
+        for field, (role, key) in ROLE_INPUTS.items():
+            if not _blank(value := data.get(field)):
+                roles.setdefault(role, {})[key] = value
+        if roles:
+            for role in ("prefill", "decode"):
+                if role not in roles:
+                    self.add_error(
+                        f"{role}_replicas", f"Give the {role} role too: a disaggregated endpoint has both, or neither."
+                    )
+            data["roles"] = roles
         return data
 
     def _config(self, name):
@@ -359,7 +405,10 @@ class EndpointLaunchForm(forms.Form):
         given = {
             k: v
             for k, v in data.items()
-            if k not in CONFIG_INPUTS and k != "boxes_shown" and (v is False and k in off_given or not _blank(v))
+            if k not in CONFIG_INPUTS
+            and k not in ROLE_INPUTS
+            and k != "boxes_shown"
+            and (v is False and k in off_given or not _blank(v))
         }
         try:
             return EndpointSpec(**given)
@@ -376,10 +425,13 @@ class EndpointLaunchForm(forms.Form):
         return [name for name in re.split(r"[,\s]+", self.cleaned_data["worker_nodes"]) if name]
 
     def clean_devices(self):
-        try:
-            return [int(d) for d in re.split(r"[,\s]+", self.cleaned_data["devices"]) if d]
-        except ValueError:
-            raise ValidationError("Devices are numbers, e.g. 0,1.") from None
+        return _device_ids(self.cleaned_data["devices"])
+
+    def clean_prefill_devices(self):
+        return _device_ids(self.cleaned_data["prefill_devices"])
+
+    def clean_decode_devices(self):
+        return _device_ids(self.cleaned_data["decode_devices"])
 
     def clean_extra_args(self):
         return _json_object(self.cleaned_data["extra_args"], EXTRA_ARGS_OBJECT, blank={})

@@ -12,10 +12,11 @@ from django.core.exceptions import ValidationError
 from console.form_layout import field_context
 from console.teams import team_options, visible
 from endpoints import services
+from endpoints.commands.pd import ROLES
 from endpoints.commands.platforms import QUANTIZATION_METHODS
 from endpoints.commands.spec import EXECUTOR_BACKENDS
 from endpoints.endpoint_spec import EndpointSpec
-from endpoints.forms import CONFIG_INPUTS, FLAGS, EndpointLaunchForm
+from endpoints.forms import CONFIG_INPUTS, FLAGS, ROLE_INPUTS, EndpointLaunchForm
 from endpoints.models import Endpoint
 from endpoints.recipes import NOT_IN_RECIPES, RecipeInfo, recipe_list
 from models_registry.models import Artifact
@@ -81,10 +82,12 @@ SECTIONS = (
         ),
     ),
     ("restarts", "Restarts", False, ("restart_every_hours", "restart_daily_at")),
+    ("roles", "Disaggregated prefill and decode", True, tuple(ROLE_INPUTS)),
     ("advanced", "Advanced", True, ("extra_args", "env", "share_devices", "capacity_override", "profiling")),
 )
 #: What a new launch page shows.
-DEFAULTS = {"replicas": 1, "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True}
+#: Not Replicas (its placeholder shows the default): with roles it stays blank (endpoints.roles).
+DEFAULTS = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "enforce_eager": True}
 #: Input attributes beyond name, id and value (keys are this module's; values are escaped by the template).
 ATTRS = {
     "replicas": {"placeholder": "1"},
@@ -92,6 +95,10 @@ ATTRS = {
     "pipeline_parallel_size": {"placeholder": "1"},
     "name": {"pattern": "[a-z0-9][a-z0-9-]*", "autocomplete": "off"},
     "devices": {"placeholder": "0,1"},
+    "prefill_replicas": {"placeholder": "1"},
+    "decode_replicas": {"placeholder": "1"},
+    "prefill_devices": {"placeholder": "0"},
+    "decode_devices": {"placeholder": "1"},
     "worker_nodes": {"placeholder": "npu-2,npu-3"},
     "gpu_memory_utilization": {"placeholder": "0.9", "inputmode": "decimal"},
     "restart_daily_at": {"placeholder": "03:30"},
@@ -112,8 +119,11 @@ _MIN_ONE = {
     "num_speculative_tokens",
     "max_loras",
     "max_cpu_loras",
+    "prefill_replicas",
+    "decode_replicas",
 }
 _INPUT_OF = {(config, key): field for field, (config, key) in CONFIG_INPUTS.items()}
+_ROLE_INPUT_OF = {(role, key): field for field, (role, key) in ROLE_INPUTS.items()}
 _CONFIG_MESSAGE = re.compile(r"(?P<config>[a-z_]+)\.(?P<key>[a-z_]+)\b")
 
 
@@ -156,12 +166,17 @@ def posted_values(form: EndpointLaunchForm, data) -> dict:
 
 def launch_errors(exc: ValidationError) -> dict[str, list[str]]:
     """A refusal's messages by the field they go under: "autoscale.min_replicas" under autoscale, naming its setting;
-    a config key with an input of its own ("speculative.draft_artifact: ...") under that input."""
+    a config key with an input of its own ("speculative.draft_artifact: ...") under that input; a role's
+    ("roles.decode.devices") under the role's input, else its replicas."""
     found: dict[str, list[str]] = {}
     for key, messages in _errors(exc).items():
         head, dot, rest = key.partition(".")
         for message in messages:
-            if dot:
+            if head == "roles" and dot:
+                role, _, setting = rest.partition(".")
+                target = _ROLE_INPUT_OF.get((role, setting.split(".")[0])) or _ROLE_INPUT_OF.get((role, "replicas"))
+                message = f"{key}: {message}"
+            elif dot:
                 target = _INPUT_OF.get((head, rest.split(".")[0]), head)
                 message = f"{key}: {message}"
             else:
@@ -218,6 +233,11 @@ def _choices(artifacts, nodes, recipes, adapters, endpoints) -> dict[str, list[t
         + [(r.ref, f"{r.title or r.name} — {r.hardware} — {_recipe_source(r, short=True)}") for r in recipes],
         "artifact": artifact_options or [("", "No servable artifact: convert one first")],
         "node": [(n.pk, f"{n.name} ({n.platform}{'' if n.online else ', offline'})") for n in nodes],
+        **{
+            field: [("", "none (no roles)")] + [(n.pk, n.name) for n in nodes]
+            for field, (_, key) in ROLE_INPUTS.items()
+            if key == "node"
+        },
         "draft_artifact": [("", "none")] + [(a.pk, str(a)) for a in artifacts],
         "dtype": [(d, d or "(model default)") for d in services.DTYPES],
         "quantization": [("", "(the checkpoint's own)")] + [(q, q) for q in QUANTIZATION_METHODS],
@@ -270,7 +290,7 @@ def page_context(*, values: dict, errors: dict[str, list[str]], user) -> dict:
     recipes = recipe_list()
     choices = _choices(
         artifacts,
-        Node.objects.all(),
+        list(Node.objects.all()),
         recipes,
         visible(adapter_artifacts(), user),
         visible(Endpoint.objects.order_by("name"), user),
@@ -310,6 +330,10 @@ def page_context(*, values: dict, errors: dict[str, list[str]], user) -> dict:
                 config: {key: field for field, (c, key) in CONFIG_INPUTS.items() if c == config}
                 for config in {c for c, _ in CONFIG_INPUTS.values()}
             },
-            "fillable": sorted(name for name in shown if name not in NOT_IN_RECIPES),
+            # A recipe's roles: each role's keys to their inputs (a role's node belongs to the launch, not a recipe).
+            "nested": {"roles": {role: {k: f for (r, k), f in _ROLE_INPUT_OF.items() if r == role} for role in ROLES}},
+            "fillable": sorted(
+                name for name in shown if name not in NOT_IN_RECIPES and ROLE_INPUTS.get(name, ("", ""))[1] != "node"
+            ),
         },
     }

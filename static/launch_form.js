@@ -1,7 +1,8 @@
 /* The launch page (templates/endpoints/endpoint_launch.html).
    - Picking a recipe fills the form with its spec. Data: <script type="application/json" id="recipe-data">
      {"recipes": {"name@version": {"spec": {...}, "about": "..."}}, "inputs": {"speculative": {"method":
-     "speculative_method", ...}, "compilation": {...}}, "fillable": [the fields a recipe may set]}.
+     "speculative_method", ...}, "compilation": {...}}, "nested": {"roles": {"prefill": {"replicas":
+     "prefill_replicas", ...}, "decode": {...}}}, "fillable": [the fields a recipe may set]}.
      The fields a recipe may set are cleared first, so nothing of a recipe picked before stays.
    - The adapters' multi-select lists the chosen artifact's model's alone.
    - "Copy" beside a command of the "Show command" fragment: the clipboard, or else the text selected. */
@@ -45,7 +46,15 @@
     Object.keys(spec).forEach(function (key) {
       var value = spec[key];
       var inputs = d.inputs[key];
-      if (inputs && value && typeof value === "object") {  // a config: its common keys to their own inputs
+      var nested = (d.nested || {})[key];
+      if (nested && value && typeof value === "object") {  // roles: each role's keys to that role's inputs
+        Object.keys(value).forEach(function (part) {
+          var fields = nested[part] || {};
+          Object.keys(value[part] || {}).forEach(function (k) {
+            if (fields[k]) { setField(form, fields[k], value[part][k]); }
+          });
+        });
+      } else if (inputs && value && typeof value === "object") {  // a config: its common keys to their own inputs
         var rest = {};
         Object.keys(value).forEach(function (k) {
           if (inputs[k]) { setField(form, inputs[k], value[k]); } else { rest[k] = value[k]; }

@@ -41,12 +41,25 @@ def test_pick_a_recipe_show_its_command_copy_it_and_launch(page, operator, cpu_n
     assert "source: vllm-project/vllm-ascend docs/source/tutorials/models/Qwen3-30B-A3B.md @ v0.23.0" in (
         page.inner_text("#recipe-about")
     )
+    # A disaggregated recipe: its roles to the roles' inputs (folded section), its connector to the KV transfer box.
+    page.select_option("#id_recipe", "qwen2-5-vl-pd-mooncake@1")
+    roles = ("prefill_replicas", "prefill_devices", "decode_replicas", "decode_devices")
+    assert [_value(page, name) for name in roles] == ["1", "0", "1", "1"]
+    assert '"kv_connector":"MooncakeConnectorV1"' in _value(page, "kv_transfer")
+    assert _value(page, "speculative_method") == ""  # the eagle3 recipe's, cleared
     # Another recipe: what the first one set is cleared, then its own values filled.
     page.select_option("#id_recipe", "cpu-demo@1")
     assert _value(page, "max_model_len") == "2048" and _value(page, "max_num_seqs") == "8"
     assert _value(page, "dtype") == "float32" and _value(page, "enforce_eager") is True
     assert _value(page, "extra_args") == '{"--seed":0}'
-    for name in ("tensor_parallel_size", "speculative_method", "num_speculative_tokens", "cudagraph_mode", "ascend"):
+    for name in (
+        "tensor_parallel_size",
+        "speculative_method",
+        "num_speculative_tokens",
+        "cudagraph_mode",
+        "ascend",
+        *roles,
+    ):
         assert _value(page, name) == "", name
     assert _value(page, "trust_remote_code") is False and _value(page, "async_scheduling") == ""
     assert "hardware: any x86-64 CPU host" in page.inner_text("#recipe-about")

@@ -113,6 +113,68 @@ def test_autoscaling_has_typed_inputs_laid_over_its_json_box():
     assert not form.is_valid() and "max_replicas is also in the JSON box" in form.errors["autoscale_max_replicas"][0]
 
 
+def test_the_roles_inputs_make_the_launchs_roles():
+    """Prefill/decode disaggregation from the page: each role's replicas, node and devices (endpoints.roles)."""
+    spec = _spec(prefill_replicas="1", prefill_devices="0", decode_replicas="2", decode_node="3", decode_devices="1 2")
+    assert spec.roles is not None and spec.roles.model_dump() == {
+        "prefill": {"replicas": 1, "node": None, "devices": [0]},
+        "decode": {"replicas": 2, "node": "3", "devices": [1, 2]},
+    }
+    assert spec.replicas is None and "replicas" not in spec.given()  # the page no longer fills in Replicas
+    assert _spec(prefill_replicas="").roles is None  # none given: no roles (a recipe's stand)
+    form = EndpointLaunchForm({"name": "x", "decode_replicas": "1"})
+    assert not form.is_valid()
+    assert form.errors["prefill_replicas"] == [
+        "Give the prefill role too: a disaggregated endpoint has both, or neither."
+    ]
+    form = EndpointLaunchForm({"name": "x", "prefill_devices": "0,a", "decode_replicas": "1"})
+    assert not form.is_valid() and form.errors["prefill_devices"] == ["Devices are numbers, e.g. 0,1."]
+
+
+def test_a_roles_refusal_goes_under_the_roles_input():
+    from django.core.exceptions import ValidationError
+
+    errors = launch_errors(
+        ValidationError(
+            {
+                "roles.decode.devices": ["[0] are the prefill role's on cpu-host: each role has its own devices."],
+                "roles.prefill.replicas": ["A whole number from 1 to 32, not 40."],
+                "roles.decode": ["Field required"],
+            }
+        )
+    )
+    assert errors == {
+        "decode_devices": [
+            "roles.decode.devices: [0] are the prefill role's on cpu-host: each role has its own devices."
+        ],
+        "prefill_replicas": ["roles.prefill.replicas: A whole number from 1 to 32, not 40."],
+        "decode_replicas": ["roles.decode: Field required"],
+    }
+
+
+@pytest.mark.django_db
+def test_a_disaggregated_endpoint_launches_from_the_page(as_operator, cpu_node, tiny_artifact):
+    """The roles section (folded) launches one; a refusal of a role's devices opens it, under that input."""
+    page = as_operator.get("/endpoints/launch").content.decode()
+    assert re.search(r'<details class="card launch-section" id="section-roles">\s*<summary>Disaggregated', page)
+    assert re.search(
+        rf'<select name="decode_node"[^>]*>.*<option value="{cpu_node.pk}">cpu-host</option>', page, re.DOTALL
+    )
+    # The shipped PD recipe's roles fill the roles' inputs (static/launch_form.js reads "nested").
+    assert '"nested": {"roles": {"prefill": {"replicas": "prefill_replicas", "node": "prefill_node"' in page
+    form = {"name": "pd", "artifact": str(tiny_artifact.pk), "prefill_node": str(cpu_node.pk)}
+    refused = as_operator.post("/endpoints/launch", {**form, "decode_replicas": "2", "replicas": "1"})
+    assert refused.status_code == 400 and "With roles, each role names its replicas" in refused.content.decode()
+    response = as_operator.post("/endpoints/launch", {**form, "decode_replicas": "2", "decode_node": str(cpu_node.pk)})
+    assert response.status_code == 302, response.content.decode()[-3000:]
+    endpoint = Endpoint.objects.get(name="pd")
+    assert endpoint.roles == {
+        "prefill": {"replicas": 1, "node": "cpu-host", "devices": []},
+        "decode": {"replicas": 2, "node": "cpu-host", "devices": []},
+    }
+    assert [r.role for r in endpoint.replica_set.order_by("index")] == ["prefill", "decode", "decode"]
+
+
 def test_every_field_is_in_one_section():
     placed = [name for *_, names in SECTIONS for name in names]
     fields = [name for name in EndpointLaunchForm.base_fields if name != "boxes_shown"]  # hidden
