@@ -79,8 +79,8 @@ class UsageJournal:
         self._write([[hour.isoformat(), *rest, status, prompt, completion, ticket]])
 
     def forget(self, ticket: int) -> None:
-        """The request ended without a settled line (it raised, or the client left before a replica answered it
-        was held for): no longer in flight."""
+        """The request ended without a settled line (an error raised in its relay, or its task cancelled by a
+        shutdown): no longer in flight."""
         if self.open.pop(ticket, None) is not None:
             self._write([{"close": ticket}])
 
@@ -166,6 +166,7 @@ def read_segment(path: Path, *, in_flight: dict[int, tuple] | None = None) -> St
                     else:
                         in_flight.pop(int(entry["close"]), None)
                     continue
+                # Ten fields: written by a gateway of the release before tickets, still on the host.
                 *fields, status, prompt, completion, ticket = entry if len(entry) == 11 else [*entry, None]
                 row = _row(fields)
             except (ValueError, TypeError, KeyError):

@@ -425,3 +425,23 @@ def test_the_requests_in_flight_on_a_killed_gateway_are_stored_as_interrupted(tm
     )
     assert list(rows) == [(7, 3, 0, 1, 20, 10), (8, 1, 0, 1, 0, 0)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["alive.000000000001.jsonl", "alive.lock"]
+
+
+def test_a_segment_line_of_the_release_before_tickets_is_read(tmp_path):
+    """A host's journal may hold lines of a gateway of the release before tickets (ten fields, no ticket)."""
+    from endpoints.gateway.usage_journal import read_segment
+
+    segment = tmp_path / "old.000000000001.jsonl"
+    segment.write_text(
+        '["2026-12-06T10:00:00+00:00", 1, 2, "k", 7, "tiny", "", 200, 10, 5]\n'
+        '{"open": 3, "row": ["2026-12-06T10:00:00+00:00", 1, 2, "k", 7, "tiny", ""]}\n'
+        '["2026-12-06T10:00:00+00:00", 1, 2, "k", 7, "tiny", "", 200, 10, 5, 3]\n'
+        '["2026-12-06T10:00:00+00:00", 1, 2, "k", 7, "ti'  # cut short by a power cut
+    )
+    in_flight: dict = {}
+    usage = read_segment(segment, in_flight=in_flight)
+    row = (datetime(2026, 12, 6, 10, tzinfo=UTC), 1, 2, "k", 7, "tiny", "")
+    assert dict(usage.usage) == {
+        row: {"requests": 2, "errors": 0, "interrupted": 0, "prompt_tokens": 20, "completion_tokens": 10}
+    }
+    assert in_flight == {}
