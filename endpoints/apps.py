@@ -44,11 +44,13 @@ class EndpointsConfig(AppConfig):
         # The registry asks serving for these facts through hooks it defines (it never imports endpoints).
         from endpoints import quantize_check, registry_facts
         from endpoints.bench import jobs  # noqa: F401
+        from endpoints.gateway.controller import register_evaluator
         from endpoints.profiling import jobs as profiling_jobs  # noqa: F401
-        from endpoints.tuning import jobs as tuning_jobs  # noqa: F401
+        from endpoints.tuning import jobs as tuning_jobs
         from models_registry import hooks
         from models_registry.quantize import serving_check
 
+        register_evaluator(tuning_jobs.sweep_trial_replicas)  # a tuning's leftover trial replicas, once stopped
         hooks.register_artifact_users(registry_facts.artifact_users)
         hooks.register_live_device_memory(registry_facts.live_device_memory)
         hooks.register_launch_refusal(registry_facts.launch_refusal)

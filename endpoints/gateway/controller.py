@@ -323,8 +323,14 @@ def record_scaling(endpoint: Endpoint, decision: autoscale.Decision, now: float)
     )
 
 
-# The controller's loop body: each evaluator makes and applies its own decisions, one pass per call.
+# The controller's loop body: each evaluator makes and applies its own decisions, one pass per call. Other parts
+# of serving add theirs (register_evaluator, from EndpointsConfig.ready: tuning's leftover trial replicas).
 EVALUATORS: list[Callable[..., list]] = [evaluate_rollouts, evaluate_autoscaling]
+
+
+def register_evaluator(evaluator: Callable[..., list]) -> None:
+    if evaluator not in EVALUATORS:
+        EVALUATORS.append(evaluator)
 
 
 def run_once(now: float | None = None) -> dict[str, list]:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import random
 import time
+from dataclasses import dataclass
 
 import optuna
 from django.conf import settings
@@ -118,6 +119,40 @@ def remove_trial_replicas(tuning: Tuning, *, wait: bool, ctx=None) -> None:
                     ctx.check_cancelled()
         else:
             log.warning("trial replica %s did not stop within %s s: left stopping", endpoint.name, STOP_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A leftover trial replica deleted by the serving controller (its log line: action and reason)."""
+
+    action: str
+    reason: str
+
+
+def sweep_trial_replicas(now: float | None = None) -> list[tuple[Endpoint, Sweep, bool]]:
+    """The serving controller's pass over the trial replicas of tunings that ended: each one stopped is deleted.
+    A job stops its trial replicas as it ends but cannot wait for their agents when it is cancelled or reaped
+    (on_failure); a Retry that resumes the tuning deletes its own leftover first, so none is needed by then. Only
+    endpoints named in a trial row of the tuning, and stopped by it, are touched."""
+    ended = (TuningStatus.SUCCEEDED, TuningStatus.FAILED, TuningStatus.CANCELLED)
+    names = (
+        TuningTrial.objects.filter(tuning__status__in=ended)
+        .exclude(replica_endpoint="")
+        .values_list("replica_endpoint", "tuning_id")
+    )
+    of_tuning = dict(names)
+    swept = []
+    for endpoint in Endpoint.objects.filter(name__in=of_tuning, desired_state=Endpoint.Desired.STOPPED):
+        if not endpoint.name.startswith(f"tune{of_tuning[endpoint.name]}-"):
+            continue  # a name a trial row holds, but not its tuning's trial replica's
+        reason = f"trial replica of tuning #{of_tuning[endpoint.name]}, which ended"
+        try:
+            endpoint_delete(endpoint=endpoint, user=None)
+        except Conflict:  # its agent has not stopped the process yet: the next pass
+            swept.append((endpoint, Sweep("delete", f"{reason}: still stopping"), False))
+            continue
+        swept.append((endpoint, Sweep("delete", reason), True))
+    return swept
 
 
 def _wait_ready(endpoint: Endpoint, ctx, *, pct: float, what: str) -> str:

@@ -517,3 +517,49 @@ def test_the_real_demo_run_the_default_misses_the_slo_and_sixteen_sequences_beat
     assert best.params == {"max_num_seqs": 16} and best.throughput / found[0].throughput > 1.2
     assert [p.number for p in search.pareto_front(found)] == [2]  # better on both axes than the others
     assert search.runner_up(found, best) is None  # nothing else meets the SLO: only the best is repeated
+
+
+@pytest.mark.django_db
+def test_the_serving_controller_deletes_an_ended_tunings_stopped_trial_replicas(demo_endpoint):
+    """A cancelled or reaped tuning's job stops its trial replica without waiting for the agent; the serving
+    controller deletes it once stopped. A running tuning's replica, one still stopping, and an endpoint that only
+    bears a trial row's name (not its tuning's) are left."""
+    from endpoints.gateway.controller import run_once
+
+    def tuning_with_trial(status: str, number: int, name: str | None = None) -> tuple[Tuning, Endpoint]:
+        tuning = Tuning.objects.create(endpoint=demo_endpoint, endpoint_name="live", slo={}, space={}, status=status)
+        name = name or jobs.replica_name(tuning, number)
+        TuningTrial.objects.create(tuning=tuning, number=number, replica_endpoint=name, state=TrialState.FAILED)
+        endpoint = Endpoint.objects.create(
+            name=name,
+            artifact=demo_endpoint.artifact,
+            node=demo_endpoint.node,
+            served_model_name=name,
+            desired_state="stopped",
+            state="stopped",
+        )
+        return tuning, endpoint
+
+    _, cancelled = tuning_with_trial("cancelled", 3)
+    _, stopping = tuning_with_trial("failed", 2)
+    Replica.objects.create(endpoint=stopping, index=0, node=demo_endpoint.node, state="stopping", pid=4242)
+    running, live_trial = tuning_with_trial("running", 1)
+    _, not_a_trial = tuning_with_trial("cancelled", 4, name="tune-weekly")  # a row's name, not tune<id>-<n>
+
+    swept = run_once()["sweep_trial_replicas"]
+    assert sorted((e.name, d.action, applied) for e, d, applied in swept) == sorted(
+        [(cancelled.name, "delete", True), (stopping.name, "delete", False)]
+    )
+    assert not Endpoint.objects.filter(pk=cancelled.pk).exists()
+    assert set(Endpoint.objects.values_list("name", flat=True)) == {
+        "live",
+        stopping.name,
+        live_trial.name,
+        not_a_trial.name,
+    }
+    # Stopped now: the next pass deletes it; the running tuning's stays until its tuning ends.
+    Replica.objects.filter(endpoint=stopping).update(state="stopped", pid=None)
+    run_once()
+    assert not Endpoint.objects.filter(pk=stopping.pk).exists()
+    assert Endpoint.objects.filter(pk=live_trial.pk).exists()
+    assert Tuning.objects.get(pk=running.pk).status == "running"

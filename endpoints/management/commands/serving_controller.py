@@ -12,8 +12,8 @@ class Command(BaseCommand):
     help = (
         "The serving controller, in a loop: every SERVING_CONTROLLER_INTERVAL_SECONDS, each evaluator "
         "(SLO-gated rollouts, autoscaling) reads the stored telemetry and applies its decisions: a canary's "
-        "next share, its promotion (switch) or its rollback; an endpoint's replica count. Several may run: a "
-        "decision is applied once."
+        "next share, its promotion (switch) or its rollback; an endpoint's replica count; an ended tuning's "
+        "stopped trial replicas deleted. Several may run: a decision is applied once."
     )
 
     def add_arguments(self, parser):
