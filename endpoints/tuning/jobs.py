@@ -135,14 +135,16 @@ def sweep_trial_replicas(now: float | None = None) -> list[tuple[Endpoint, Sweep
     (on_failure); a Retry that resumes the tuning deletes its own leftover first, so none is needed by then. Only
     endpoints named in a trial row of the tuning, and stopped by it, are touched."""
     ended = (TuningStatus.SUCCEEDED, TuningStatus.FAILED, TuningStatus.CANCELLED)
-    names = (
-        TuningTrial.objects.filter(tuning__status__in=ended)
-        .exclude(replica_endpoint="")
-        .values_list("replica_endpoint", "tuning_id")
+    stopped = list(Endpoint.objects.filter(name__startswith="tune", desired_state=Endpoint.Desired.STOPPED))
+    if not stopped:  # the usual pass: no trial replica left
+        return []
+    of_tuning = dict(
+        TuningTrial.objects.filter(
+            tuning__status__in=ended, replica_endpoint__in=[e.name for e in stopped]
+        ).values_list("replica_endpoint", "tuning_id")
     )
-    of_tuning = dict(names)
     swept = []
-    for endpoint in Endpoint.objects.filter(name__in=of_tuning, desired_state=Endpoint.Desired.STOPPED):
+    for endpoint in (e for e in stopped if e.name in of_tuning):
         if not endpoint.name.startswith(f"tune{of_tuning[endpoint.name]}-"):
             continue  # a name a trial row holds, but not its tuning's trial replica's
         reason = f"trial replica of tuning #{of_tuning[endpoint.name]}, which ended"
