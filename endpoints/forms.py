@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from pydantic import ValidationError as SpecError
 
 from endpoints.commands import LORA_RANKS
+from endpoints.commands.pd import ROLES
 from endpoints.endpoint_spec import TIME_OF_DAY_MESSAGE, EndpointSpec, time_of_day
 
 EXTRA_ARGS_OBJECT = 'Extra vLLM args: a JSON object like {"--enable-prefix-caching": true}.'
@@ -365,7 +366,7 @@ class EndpointLaunchForm(forms.Form):
             if not _blank(value := data.get(field)):
                 roles.setdefault(role, {})[key] = value
         if roles:
-            for role in ("prefill", "decode"):
+            for role in ROLES:
                 if role not in roles:
                     self.add_error(
                         f"{role}_replicas", f"Give the {role} role too: a disaggregated endpoint has both, or neither."

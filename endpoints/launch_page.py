@@ -124,6 +124,8 @@ _MIN_ONE = {
 }
 _INPUT_OF = {(config, key): field for field, (config, key) in CONFIG_INPUTS.items()}
 _ROLE_INPUT_OF = {(role, key): field for field, (role, key) in ROLE_INPUTS.items()}
+#: Each role's node: chosen among the nodes, and left alone by a recipe (where a role runs belongs to the launch).
+_ROLE_NODE_INPUTS = tuple(_ROLE_INPUT_OF[(role, "node")] for role in ROLES)
 _CONFIG_MESSAGE = re.compile(r"(?P<config>[a-z_]+)\.(?P<key>[a-z_]+)\b")
 
 
@@ -233,11 +235,7 @@ def _choices(artifacts, nodes, recipes, adapters, endpoints) -> dict[str, list[t
         + [(r.ref, f"{r.title or r.name} — {r.hardware} — {_recipe_source(r, short=True)}") for r in recipes],
         "artifact": artifact_options or [("", "No servable artifact: convert one first")],
         "node": [(n.pk, f"{n.name} ({n.platform}{'' if n.online else ', offline'})") for n in nodes],
-        **{
-            field: [("", "none (no roles)")] + [(n.pk, n.name) for n in nodes]
-            for field, (_, key) in ROLE_INPUTS.items()
-            if key == "node"
-        },
+        **{field: [("", "none (no roles)")] + [(n.pk, n.name) for n in nodes] for field in _ROLE_NODE_INPUTS},
         "draft_artifact": [("", "none")] + [(a.pk, str(a)) for a in artifacts],
         "dtype": [(d, d or "(model default)") for d in services.DTYPES],
         "quantization": [("", "(the checkpoint's own)")] + [(q, q) for q in QUANTIZATION_METHODS],
@@ -330,10 +328,8 @@ def page_context(*, values: dict, errors: dict[str, list[str]], user) -> dict:
                 config: {key: field for field, (c, key) in CONFIG_INPUTS.items() if c == config}
                 for config in {c for c, _ in CONFIG_INPUTS.values()}
             },
-            # A recipe's roles: each role's keys to their inputs (a role's node belongs to the launch, not a recipe).
+            # A recipe's roles: each role's keys to their inputs.
             "nested": {"roles": {role: {k: f for (r, k), f in _ROLE_INPUT_OF.items() if r == role} for role in ROLES}},
-            "fillable": sorted(
-                name for name in shown if name not in NOT_IN_RECIPES and ROLE_INPUTS.get(name, ("", ""))[1] != "node"
-            ),
+            "fillable": sorted(name for name in shown if name not in NOT_IN_RECIPES and name not in _ROLE_NODE_INPUTS),
         },
     }
